@@ -1,0 +1,716 @@
+//! One task per machine runs that machine's operations, one at a time, in order. Each step
+//! of an operation is idempotent, and its completion is recorded (with its effects on the
+//! machine record and events) in one durable transaction before the next step begins; a
+//! restarted agent resumes each operation from its first unrecorded step. The actor also
+//! watches the running workload and applies the restart policy when it exits on its own.
+
+use crate::agent::Agent;
+use crate::record::{MachineRecord, OpKind, Operation, RunInfo, Step};
+use crate::restart::{decide, Decision, RETRY_WINDOW_MS};
+use crate::store::Batch;
+use bazaar_shim::{read_exit, ExitRecord, ShimError, ShimHandle};
+use bazaar_types::event::{EventRequest, ExitEvent, MachineEvent};
+use bazaar_types::signal::Signal;
+use bazaar_types::state::MachineState;
+use bazaar_types::{now_ms, rfc3339};
+use std::collections::VecDeque;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Messages to a machine's actor.
+#[derive(Debug)]
+pub enum ActorMsg {
+    /// A newly accepted operation.
+    Op(Operation),
+}
+
+/// How long a spawned-but-silent run directory is given before we assume its shim never
+/// started (an agent killed in the middle of spawning).
+const SPAWN_GRACE: Duration = Duration::from_secs(2);
+
+/// Starts the actor of `rec` with its unfinished operations.
+pub fn spawn_actor(
+    agent: &Agent,
+    rec: MachineRecord,
+    ops: Vec<Operation>,
+    run: Option<ShimHandle>,
+) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    agent
+        .0
+        .actors
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(rec.id.clone(), tx);
+    let actor = Actor {
+        agent: agent.clone(),
+        id: rec.id.clone(),
+        queue: ops.into_iter().collect(),
+        run,
+        rx,
+    };
+    agent.0.tracker.spawn(actor.run(rec));
+}
+
+struct Actor {
+    agent: Agent,
+    id: String,
+    queue: VecDeque<Operation>,
+    /// The live run, if any.
+    run: Option<ShimHandle>,
+    rx: mpsc::UnboundedReceiver<ActorMsg>,
+}
+
+/// An exit to record.
+struct Exit {
+    run_id: u64,
+    record: ExitRecord,
+}
+
+impl Actor {
+    async fn run(mut self, rec: MachineRecord) {
+        let shutdown = self.agent.0.shutdown.clone();
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            () = self.main(rec) => {}
+        }
+        // Stop routing new operations here; they are durable and resume on restart.
+        let mut actors = self
+            .agent
+            .0
+            .actors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if shutdown.is_cancelled() || actors.get(&self.id).is_some_and(|tx| tx.is_closed()) {
+            actors.remove(&self.id);
+        }
+    }
+
+    async fn main(&mut self, rec: MachineRecord) {
+        if let Err(err) = self.recover(rec).await {
+            tracing::error!(machine.id = %self.id, error = %err, "recovering machine");
+        }
+        loop {
+            while let Ok(msg) = self.rx.try_recv() {
+                self.accept(msg);
+            }
+            self.drop_superseded_policy_ops().await;
+            if let Some(op) = self.queue.front().cloned() {
+                let wait_ms = op.not_before_ms.saturating_sub(now_ms());
+                if wait_ms > 0 {
+                    let woke = tokio::select! {
+                        msg = self.rx.recv() => Some(msg),
+                        () = tokio::time::sleep(Duration::from_millis(wait_ms)) => None,
+                    };
+                    match woke {
+                        Some(Some(msg)) => self.accept(msg),
+                        Some(None) => return,
+                        None => {}
+                    }
+                    continue;
+                }
+                let done = self.execute(op).await;
+                self.queue.pop_front();
+                if let Some(MachineState::Destroyed) = done {
+                    // Any operation queued behind a destroy refers to a gone machine.
+                    self.queue.clear();
+                    self.agent
+                        .0
+                        .actors
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&self.id);
+                    return;
+                }
+                continue;
+            }
+            match self.run.take() {
+                Some(handle) => {
+                    let woke = tokio::select! {
+                        msg = self.rx.recv() => Some(msg),
+                        () = handle.wait() => None,
+                    };
+                    match woke {
+                        Some(Some(msg)) => {
+                            self.run = Some(handle);
+                            self.accept(msg);
+                        }
+                        Some(None) => return,
+                        None => self.on_unrequested_exit(handle.run_id()).await,
+                    }
+                }
+                None => match self.rx.recv().await {
+                    Some(msg) => self.accept(msg),
+                    None => return,
+                },
+            }
+        }
+    }
+
+    fn accept(&mut self, msg: ActorMsg) {
+        match msg {
+            ActorMsg::Op(op) => self.queue.push_back(op),
+        }
+    }
+
+    /// A restart the policy scheduled but that has not begun is dropped as soon as anything
+    /// else is queued: what a user asks for wins over the agent's own plan.
+    async fn drop_superseded_policy_ops(&mut self) {
+        if self.queue.len() < 2 {
+            return;
+        }
+        let mut dropped = Vec::new();
+        let last = self.queue.len() - 1;
+        let mut i = 0;
+        self.queue.retain(|op| {
+            let keep = !(i < last && op.kind == OpKind::PolicyRestart && op.steps_done == 0);
+            if !keep {
+                dropped.push(op.id);
+            }
+            i += 1;
+            keep
+        });
+        if !dropped.is_empty() {
+            let mut b = Batch::default();
+            for id in dropped {
+                b.delete_op(id);
+            }
+            if let Err(err) = self.agent.commit(b).await {
+                tracing::warn!(machine.id = %self.id, error = %err, "dropping policy restart");
+            }
+        }
+    }
+
+    fn load(&self) -> Option<MachineRecord> {
+        match self.agent.0.store.machine(&self.id) {
+            Ok(rec) => rec,
+            Err(err) => {
+                tracing::error!(machine.id = %self.id, error = %err, "reading machine");
+                None
+            }
+        }
+    }
+
+    fn set_transient(&self, state: Option<MachineState>) {
+        let mut t = self
+            .agent
+            .0
+            .transient
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match state {
+            Some(s) => t.insert(self.id.clone(), s),
+            None => t.remove(&self.id),
+        };
+    }
+
+    /// On start: re-adopt the live run, or record how it ended while the agent was away.
+    async fn recover(&mut self, rec: MachineRecord) -> Result<(), String> {
+        let Some(run) = rec.run.filter(|r| r.run_id > rec.exit_handled_run) else {
+            return Ok(());
+        };
+        if self.run.is_some() {
+            // Re-adopted by the agent on start.
+            return Ok(());
+        }
+        // The run ended while we were away. If the next operation stops the machine, its
+        // AwaitExit step records the exit; otherwise it is an exit of its own.
+        let next_step = self
+            .queue
+            .front()
+            .and_then(|op| op.kind.steps().get(op.steps_done as usize).copied());
+        if matches!(next_step, Some(Step::Signal) | Some(Step::AwaitExit)) {
+            return Ok(());
+        }
+        self.on_unrequested_exit(run.run_id).await;
+        Ok(())
+    }
+
+    fn exit_of(&self, run_id: u64) -> Exit {
+        let run_dir = self.agent.0.driver.run_dir(&self.id, run_id);
+        let record = read_exit(&run_dir).unwrap_or_else(|| ExitRecord {
+            run_id,
+            exit_code: None,
+            signal: Some(9),
+            oom_killed: false,
+            exited_at_ms: now_ms(),
+            error: Some("the machine's supervisor (shim) was lost".into()),
+        });
+        Exit { run_id, record }
+    }
+
+    /// The workload exited without being asked to: record it once, then apply the restart
+    /// policy (or relaunch after a host shutdown).
+    async fn on_unrequested_exit(&mut self, run_id: u64) {
+        let Some(mut rec) = self.load() else { return };
+        if rec.exit_handled_run >= run_id {
+            return;
+        }
+        let exit = self.exit_of(run_id);
+        let failed = exit.record.exit_code != Some(0);
+        let now = now_ms();
+        let host_shutdown = rec.host_shutdown_run == Some(run_id);
+        let policy = rec.config.restart_policy();
+        rec.policy_restarts
+            .retain(|t| now.saturating_sub(*t) < RETRY_WINDOW_MS);
+        let decision = if host_shutdown {
+            Decision::Restart {
+                delay: Duration::ZERO,
+            }
+        } else {
+            decide(policy, failed, &rec.policy_restarts, now)
+        };
+        let restarting = matches!(decision, Decision::Restart { .. }) && !rec.config.auto_destroy;
+        let mut b = Batch::default();
+        rec.exit_handled_run = run_id;
+        rec.state = MachineState::Stopped;
+        rec.updated_at_ms = now;
+        let mut event = exit_event(&exit, false, restarting);
+        if let Some(req) = event.request.as_mut() {
+            req.restart_count = Some(rec.restart_count);
+        }
+        b.event(&mut rec, event);
+        let mut new_op = None;
+        if rec.config.auto_destroy {
+            rec.desired = MachineState::Destroyed;
+            new_op = Some(self.op_for(&mut rec, OpKind::Destroy { force: true }, 0));
+        } else {
+            match decision {
+                Decision::Restart { delay } => {
+                    let kind = if host_shutdown {
+                        rec.host_shutdown_run = None;
+                        OpKind::Relaunch
+                    } else {
+                        rec.policy_restarts.push(now);
+                        rec.restart_count += 1;
+                        OpKind::PolicyRestart
+                    };
+                    rec.desired = MachineState::Started;
+                    new_op = Some(self.op_for(&mut rec, kind, now + delay.as_millis() as u64));
+                    tracing::info!(
+                        machine.id = %self.id,
+                        delay_ms = delay.as_millis() as u64,
+                        exit_code = ?exit.record.exit_code,
+                        signal = ?exit.record.signal,
+                        oom = exit.record.oom_killed,
+                        "workload exited, restarting"
+                    );
+                }
+                Decision::Stop(reason) => {
+                    if self.queue.is_empty() {
+                        rec.desired = MachineState::Stopped;
+                    }
+                    b.event(
+                        &mut rec,
+                        MachineEvent::new("stop", "stopped", "flyd").with_reason(reason),
+                    );
+                    tracing::info!(machine.id = %self.id, reason, "workload exited");
+                }
+            }
+        }
+        if let Some(op) = &new_op {
+            b.op(op);
+        }
+        b.machine(&rec);
+        if let Err(err) = self.agent.commit(b).await {
+            tracing::error!(machine.id = %self.id, error = %err, "recording exit");
+            return;
+        }
+        self.agent.publish(&rec);
+        if let Some(op) = new_op {
+            self.queue.push_back(op);
+        }
+    }
+
+    fn op_for(&self, rec: &mut MachineRecord, kind: OpKind, not_before_ms: u64) -> Operation {
+        let run_id = kind.launches().then(|| {
+            let id = rec.next_run_id;
+            rec.next_run_id += 1;
+            id
+        });
+        Operation {
+            id: self
+                .agent
+                .0
+                .next_op_id
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst),
+            machine_id: rec.id.clone(),
+            kind,
+            steps_done: 0,
+            run_id,
+            not_before_ms,
+            source: "flyd".into(),
+            created_at_ms: now_ms(),
+        }
+    }
+
+    /// Runs `op` from its first unrecorded step to the end. Returns the settled state.
+    async fn execute(&mut self, mut op: Operation) -> Option<MachineState> {
+        let steps = op.kind.steps();
+        self.set_transient(Some(op.kind.transient_state()));
+        if let Some(rec) = self.load() {
+            self.agent.publish(&rec);
+        }
+        let mut settled = None;
+        if steps.is_empty() {
+            // Create with skip_launch: the accept already recorded everything.
+            let mut b = Batch::default();
+            b.delete_op(op.id);
+            if let Err(err) = self.agent.commit(b).await {
+                tracing::error!(machine.id = %self.id, error = %err, "finishing operation");
+            }
+        }
+        while (op.steps_done as usize) < steps.len() {
+            let step = steps[op.steps_done as usize];
+            let Some(mut rec) = self.load() else { break };
+            let mut b = Batch::default();
+            let outcome = match step {
+                Step::Launch => self.step_launch(&mut rec, &op, &mut b).await,
+                Step::Signal => self.step_signal(&mut rec, &op),
+                Step::AwaitExit => self.step_await_exit(&mut rec, &op, &mut b).await,
+                Step::Release => self.step_release(&mut rec, &mut b).await,
+            };
+            op.steps_done += 1;
+            let last = op.steps_done as usize == steps.len() || outcome == StepOutcome::Abort;
+            if last {
+                b.delete_op(op.id);
+                rec.state = final_state(&op.kind, rec.state);
+                if self.queue.len() <= 1 {
+                    rec.desired = rec.state;
+                }
+                settled = Some(rec.state);
+            } else {
+                b.op(&op);
+            }
+            rec.updated_at_ms = now_ms();
+            b.machine(&rec);
+            if let Err(err) = self.agent.commit(b).await {
+                // The step will be redone when the agent restarts; stop here.
+                tracing::error!(machine.id = %self.id, step = step.name(), error = %err, "recording step");
+                return None;
+            }
+            self.agent.0.crash.at(op.kind.name(), op.steps_done);
+            if last {
+                self.set_transient(None);
+            }
+            self.agent.publish(&rec);
+            if last {
+                break;
+            }
+        }
+        self.set_transient(None);
+        if let Some(rec) = self.load() {
+            self.agent.publish(&rec);
+            // A run that was adopted as already over (it ended while we were away) is
+            // recorded as an exit now.
+            if self.run.is_none() {
+                if let Some(run) = rec.run.filter(|r| r.run_id > rec.exit_handled_run) {
+                    if rec.state == MachineState::Started {
+                        self.on_unrequested_exit(run.run_id).await;
+                    }
+                }
+            }
+        }
+        settled
+    }
+
+    async fn step_launch(
+        &mut self,
+        rec: &mut MachineRecord,
+        op: &Operation,
+        b: &mut Batch,
+    ) -> StepOutcome {
+        let Some(run_id) = op.run_id else {
+            return StepOutcome::Abort;
+        };
+        let driver = self.agent.0.driver.clone();
+        let run_dir = driver.run_dir(&self.id, run_id);
+        // Idempotence: the run may already exist (we crashed after spawning it).
+        let handle = match self.find_run(&run_dir).await {
+            RunFound::Alive(h) => Ok(h),
+            RunFound::Ended => {
+                // It started and ended while the agent was down; record the start, and the
+                // exit is handled right after this operation.
+                rec.run = Some(RunInfo {
+                    run_id,
+                    shim_pid: 0,
+                    workload_pid: 0,
+                    started_at_ms: now_ms(),
+                });
+                if let Some(exit) = read_exit(&run_dir).filter(|e| e.error.is_some()) {
+                    return self.launch_failed(rec, run_id, exit, b);
+                }
+                rec.state = MachineState::Started;
+                b.event(rec, MachineEvent::new("start", "started", &op.source));
+                return StepOutcome::Continue;
+            }
+            RunFound::None => driver.launch(rec, run_id).await,
+        };
+        match handle {
+            Ok(h) => {
+                rec.run = Some(RunInfo {
+                    run_id,
+                    shim_pid: h.shim_pid(),
+                    workload_pid: h.workload_pid(),
+                    started_at_ms: now_ms(),
+                });
+                rec.state = MachineState::Started;
+                let mut e = MachineEvent::new("start", "started", &op.source);
+                if op.kind == OpKind::PolicyRestart {
+                    e = e.with_reason("restart policy");
+                } else if op.kind == OpKind::Relaunch {
+                    e = e.with_reason("host restarted");
+                }
+                b.event(rec, e);
+                self.run = Some(h);
+                StepOutcome::Continue
+            }
+            Err(err) => {
+                let message = match err {
+                    ShimError::Launch(m) => m,
+                    other => other.to_string(),
+                };
+                let exit = read_exit(&run_dir).unwrap_or(ExitRecord {
+                    run_id,
+                    exit_code: None,
+                    signal: None,
+                    oom_killed: false,
+                    exited_at_ms: now_ms(),
+                    error: Some(message.clone()),
+                });
+                let exit = ExitRecord {
+                    error: Some(exit.error.unwrap_or(message)),
+                    ..exit
+                };
+                self.launch_failed(rec, run_id, exit, b)
+            }
+        }
+    }
+
+    fn launch_failed(
+        &mut self,
+        rec: &mut MachineRecord,
+        run_id: u64,
+        exit: ExitRecord,
+        b: &mut Batch,
+    ) -> StepOutcome {
+        tracing::warn!(machine.id = %self.id, error = ?exit.error, "launch failed");
+        rec.exit_handled_run = run_id;
+        rec.state = MachineState::Failed;
+        let ev = exit_event(
+            &Exit {
+                run_id,
+                record: exit,
+            },
+            false,
+            false,
+        );
+        b.event(rec, ev);
+        StepOutcome::Abort
+    }
+
+    async fn find_run(&self, run_dir: &std::path::Path) -> RunFound {
+        loop {
+            if read_exit(run_dir).is_some() {
+                return RunFound::Ended;
+            }
+            match ShimHandle::adopt(run_dir) {
+                Ok(Some(h)) => return RunFound::Alive(h),
+                Ok(None) => {}
+                Err(err) => {
+                    tracing::warn!(machine.id = %self.id, error = %err, "adopting run");
+                }
+            }
+            // A spec written moments ago may belong to a shim that is still starting.
+            let age = std::fs::metadata(run_dir.join("spec.json"))
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok());
+            match age {
+                Some(age) if age < SPAWN_GRACE => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                _ => return RunFound::None,
+            }
+        }
+    }
+
+    fn step_signal(&mut self, rec: &mut MachineRecord, op: &Operation) -> StepOutcome {
+        let (signal, _) = op.kind.stop_params(&rec.config);
+        if let Some(h) = &self.run {
+            let result = if signal == Signal::KILL {
+                h.kill()
+            } else {
+                h.signal(signal.0)
+            };
+            if let Err(err) = result {
+                tracing::debug!(machine.id = %self.id, error = %err, "signalling run");
+            }
+            if rec.state == MachineState::Started {
+                rec.state = MachineState::Stopping;
+            }
+        }
+        StepOutcome::Continue
+    }
+
+    async fn step_await_exit(
+        &mut self,
+        rec: &mut MachineRecord,
+        op: &Operation,
+        b: &mut Batch,
+    ) -> StepOutcome {
+        let (_, timeout) = op.kind.stop_params(&rec.config);
+        if let Some(h) = self.run.take() {
+            if tokio::time::timeout(timeout, h.wait()).await.is_err() {
+                tracing::info!(machine.id = %self.id, "stop timed out, killing");
+                if let Err(err) = h.kill() {
+                    tracing::warn!(machine.id = %self.id, error = %err, "killing run");
+                }
+                if tokio::time::timeout(Duration::from_secs(10), h.wait())
+                    .await
+                    .is_err()
+                {
+                    tracing::error!(machine.id = %self.id, "run did not die after SIGKILL");
+                }
+            }
+        }
+        if let Some(run) = rec.run.filter(|r| r.run_id > rec.exit_handled_run) {
+            let exit = self.exit_of(run.run_id);
+            rec.exit_handled_run = run.run_id;
+            b.event(rec, exit_event(&exit, true, false));
+        }
+        if rec.state != MachineState::Failed && rec.state != MachineState::Created {
+            rec.state = MachineState::Stopped;
+        }
+        StepOutcome::Continue
+    }
+
+    async fn step_release(&mut self, rec: &mut MachineRecord, b: &mut Batch) -> StepOutcome {
+        {
+            let mut ledger = self.agent.0.ledger.lock().await;
+            ledger.uncommit(&self.id);
+        }
+        self.agent.0.driver.cleanup(&self.id);
+        self.agent.release_ports(rec);
+        rec.state = MachineState::Destroyed;
+        rec.destroyed_at_ms = Some(now_ms());
+        b.event(rec, MachineEvent::new("destroy", "destroyed", "user"));
+        tracing::info!(machine.id = %self.id, "machine destroyed");
+        StepOutcome::Continue
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum StepOutcome {
+    Continue,
+    /// The operation cannot go on (launch failed): finish it here.
+    Abort,
+}
+
+enum RunFound {
+    Alive(ShimHandle),
+    Ended,
+    None,
+}
+
+/// The state an operation leaves the machine in.
+fn final_state(kind: &OpKind, current: MachineState) -> MachineState {
+    match (kind, current) {
+        (_, MachineState::Failed) => MachineState::Failed,
+        (_, MachineState::Destroyed) => MachineState::Destroyed,
+        (OpKind::Create { skip_launch: true }, _) => MachineState::Created,
+        (OpKind::Stop { .. }, _) => MachineState::Stopped,
+        (
+            OpKind::Update {
+                skip_launch: true, ..
+            },
+            s,
+        ) if s == MachineState::Created => s,
+        (
+            OpKind::Update {
+                skip_launch: true, ..
+            },
+            _,
+        ) => MachineState::Stopped,
+        (_, s) => s,
+    }
+}
+
+fn exit_event(exit: &Exit, requested: bool, restarting: bool) -> MachineEvent {
+    let r = &exit.record;
+    let status = if r.error.is_some() {
+        "failed"
+    } else {
+        "stopped"
+    };
+    let mut e = MachineEvent::new("exit", status, if requested { "user" } else { "flyd" });
+    e.request = Some(EventRequest {
+        exit_event: Some(ExitEvent {
+            exit_code: r.exit_code.unwrap_or(if r.signal.is_some() {
+                128 + r.signal.unwrap_or(0)
+            } else {
+                -1
+            }),
+            signal: r.signal.unwrap_or(0),
+            oom_killed: r.oom_killed,
+            requested_stop: requested,
+            restarting,
+            exited_at: rfc3339(r.exited_at_ms),
+            error: r.error.clone(),
+        }),
+        restart_count: None,
+        reason: if r.oom_killed {
+            Some("out of memory: killed by the kernel at the machine's memory limit".into())
+        } else {
+            None
+        },
+    });
+    let _ = exit.run_id;
+    e
+}
+
+/// Host shutdown (dev clusters): remember which run each machine had, so it is relaunched
+/// when the host comes back, then stop every workload gracefully.
+pub async fn stop_all_for_host_shutdown(agent: &Agent) {
+    let machines = agent.0.store.machines().unwrap_or_default();
+    let mut handles = Vec::new();
+    let mut b = Batch::default();
+    for mut rec in machines {
+        let Some(run) = rec.run.filter(|r| r.run_id > rec.exit_handled_run) else {
+            continue;
+        };
+        let run_dir = agent.0.driver.run_dir(&rec.id, run.run_id);
+        if let Ok(Some(h)) = ShimHandle::adopt(&run_dir) {
+            rec.host_shutdown_run = Some(run.run_id);
+            b.machine(&rec);
+            let (signal, timeout) = rec.config.stop_signal_and_timeout();
+            handles.push((h, signal, timeout));
+        }
+    }
+    if handles.is_empty() {
+        return;
+    }
+    if let Err(err) = agent.0.store.write(&b) {
+        tracing::error!(error = %err, "recording host shutdown");
+        return;
+    }
+    tracing::info!(num = handles.len(), "stopping workloads for host shutdown");
+    let waits = handles.into_iter().map(|(h, signal, timeout)| async move {
+        let _ = h.signal(signal.0);
+        if tokio::time::timeout(timeout, h.wait()).await.is_err() {
+            let _ = h.kill();
+            let _ = tokio::time::timeout(Duration::from_secs(5), h.wait()).await;
+        }
+    });
+    futures_join_all(waits).await;
+}
+
+async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(
+    futs: impl Iterator<Item = F>,
+) {
+    let mut set = tokio::task::JoinSet::new();
+    for f in futs {
+        set.spawn(f);
+    }
+    while set.join_next().await.is_some() {}
+}

@@ -1,0 +1,121 @@
+//! Agent configuration: a TOML file and/or command-line flags (the CLI merges them).
+//! Every listener defaults to loopback; nothing binds an auto-detected interface address.
+
+use bazaar_types::host::Resources;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything an agent needs to run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Where the store, machine directories and secrets live.
+    pub data_dir: PathBuf,
+    /// The region this host is in.
+    pub region: String,
+    /// Address of the HTTP listener (host interface now; the Machines API later).
+    pub api_listen: SocketAddr,
+    /// CPUs offered; `None` detects them (times `cpu_overcommit`).
+    pub cpus: Option<u32>,
+    /// Memory offered in MB; `None` detects it.
+    pub memory_mb: Option<u64>,
+    /// Shared CPUs are time-sliced: each detected CPU counts this many times.
+    pub cpu_overcommit: u32,
+    /// The cluster secret; `None` reads (or creates) `data_dir/cluster-secret`.
+    pub cluster_secret: Option<String>,
+    /// A file of API tokens (one per line) also accepted by this agent.
+    pub token_file: Option<PathBuf>,
+    /// Run workloads in their own namespaces, as an unprivileged user, under cgroup limits
+    /// (only possible as root; ignored otherwise).
+    pub isolate: bool,
+    /// Stop every workload when the agent shuts down (dev clusters). By default workloads
+    /// keep running and are re-adopted when the agent comes back (upgrades, crashes).
+    pub stop_machines_on_shutdown: bool,
+    /// Size cap of a machine's log file before it is rotated.
+    pub log_max_bytes: u64,
+    /// Longest time a bid's reservation is held unless claimed.
+    #[serde(with = "millis")]
+    pub reservation_ttl: Duration,
+    /// How long destroyed machines are kept as tombstones.
+    #[serde(with = "millis")]
+    pub tombstone_ttl: Duration,
+    /// The `bazaar` executable to run shims with (defaults to this executable).
+    pub shim_exe: Option<PathBuf>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            data_dir: PathBuf::from("/var/lib/bazaar"),
+            region: "local".into(),
+            api_listen: SocketAddr::from(([127, 0, 0, 1], 4280)),
+            cpus: None,
+            memory_mb: None,
+            cpu_overcommit: 8,
+            cluster_secret: None,
+            token_file: None,
+            isolate: true,
+            stop_machines_on_shutdown: false,
+            log_max_bytes: 8 * 1024 * 1024,
+            // Long enough for a claim round trip on a busy host, short enough that an
+            // exchange that died does not hold capacity for long (DESIGN.md: "a few seconds").
+            reservation_ttl: Duration::from_secs(5),
+            tombstone_ttl: Duration::from_secs(3600),
+            shim_exe: None,
+        }
+    }
+}
+
+impl AgentConfig {
+    /// Reads a TOML config file.
+    pub fn from_file(path: &std::path::Path) -> anyhow::Result<AgentConfig> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    }
+
+    /// The capacity this host offers.
+    pub fn capacity(&self) -> Resources {
+        let cpus = self
+            .cpus
+            .unwrap_or_else(|| detected_cpus() * self.cpu_overcommit.max(1));
+        let memory_mb = self.memory_mb.unwrap_or_else(detected_memory_mb);
+        Resources { cpus, memory_mb }
+    }
+}
+
+/// CPUs of this machine.
+pub fn detected_cpus() -> u32 {
+    std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1)
+}
+
+/// Memory of this machine in MB (from /proc/meminfo), less 10% for the host itself.
+pub fn detected_memory_mb() -> u64 {
+    let total_kb = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .unwrap_or(1024 * 1024);
+    total_kb / 1024 * 9 / 10
+}
+
+mod millis {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}

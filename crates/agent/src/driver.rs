@@ -1,0 +1,182 @@
+//! The process driver: turns a machine record into a shim spec (command, environment with
+//! the machine's identity, ports, limits, isolation) and launches, adopts and cleans up
+//! runs. Layout under `data_dir/machines/<id>/`: `work/` (the workload's directory),
+//! `output.log` (its stdout/stderr), `runs/<run_id>/` (one shim's files).
+
+use crate::record::MachineRecord;
+use bazaar_shim::{ShimError, ShimHandle, ShimSpec};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The PATH used when the machine's env does not set one.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Launches workloads through shims.
+#[derive(Debug, Clone)]
+pub struct Driver {
+    pub exe: PathBuf,
+    pub machines_dir: PathBuf,
+    pub host_id: String,
+    pub isolate: bool,
+    pub cgroups: bool,
+    pub log_max_bytes: u64,
+}
+
+impl Driver {
+    /// A machine's directory.
+    pub fn machine_dir(&self, id: &str) -> PathBuf {
+        self.machines_dir.join(id)
+    }
+
+    /// One run's directory.
+    pub fn run_dir(&self, id: &str, run_id: u64) -> PathBuf {
+        self.machine_dir(id).join("runs").join(run_id.to_string())
+    }
+
+    /// The machine's log file.
+    pub fn log_path(&self, id: &str) -> PathBuf {
+        self.machine_dir(id).join("output.log")
+    }
+
+    /// The machine's cgroup path (relative to each hierarchy's root).
+    pub fn cgroup(&self, id: &str) -> Option<String> {
+        self.cgroups
+            .then(|| format!("bazaar/{}/{}", self.host_id, id))
+    }
+
+    /// Builds the spec for run `run_id` of `rec`.
+    pub fn spec(&self, rec: &MachineRecord, run_id: u64) -> ShimSpec {
+        let argv = rec
+            .config
+            .init
+            .as_ref()
+            .map(|i| i.argv())
+            .unwrap_or_default();
+        let workdir = self.machine_dir(&rec.id).join("work");
+        let mut env: BTreeMap<String, String> = BTreeMap::new();
+        env.insert("PATH".into(), DEFAULT_PATH.into());
+        env.insert("HOME".into(), workdir.display().to_string());
+        for (k, v) in &rec.config.env {
+            env.insert(k.clone(), v.clone());
+        }
+        for (prefix, _) in [("BAZAAR", ()), ("FLY", ())] {
+            env.insert(format!("{prefix}_MACHINE_ID"), rec.id.clone());
+            env.insert(format!("{prefix}_APP_NAME"), rec.app.clone());
+            env.insert(format!("{prefix}_REGION"), rec.region.clone());
+            env.insert(format!("{prefix}_PRIVATE_IP"), "127.0.0.1".into());
+        }
+        env.insert("FLY_MACHINE_VERSION".into(), rec.instance_id.clone());
+        env.insert("BAZAAR_INSTANCE_ID".into(), rec.instance_id.clone());
+        env.insert("FLY_ALLOC_ID".into(), rec.id.clone());
+        env.insert("BAZAAR_HOST_ID".into(), self.host_id.clone());
+        // The first service's port is PORT; every service also gets PORT_<internal>.
+        for (i, svc) in rec.config.services.iter().enumerate() {
+            if let Some(host_port) = rec.host_ports.get(&svc.internal_port) {
+                if i == 0 {
+                    env.insert("PORT".into(), host_port.to_string());
+                }
+                env.insert(format!("PORT_{}", svc.internal_port), host_port.to_string());
+            }
+        }
+        ShimSpec {
+            machine_id: rec.id.clone(),
+            run_id,
+            argv,
+            env: env.into_iter().collect(),
+            workdir,
+            user: rec.config.init.as_ref().and_then(|i| i.user.clone()),
+            hostname: rec.id.clone(),
+            isolate: self.isolate,
+            memory_mb: rec.resources.memory_mb,
+            cpus: rec.resources.cpus as f64,
+            cgroup: self.cgroup(&rec.id),
+            log_path: self.log_path(&rec.id),
+            log_max_bytes: self.log_max_bytes,
+        }
+    }
+
+    /// Starts run `run_id` of `rec`.
+    pub async fn launch(&self, rec: &MachineRecord, run_id: u64) -> Result<ShimHandle, ShimError> {
+        let spec = self.spec(rec, run_id);
+        let run_dir = self.run_dir(&rec.id, run_id);
+        std::fs::create_dir_all(&run_dir)
+            .map_err(|e| ShimError::Io(format!("creating {}", run_dir.display()), e))?;
+        ShimHandle::spawn(&self.exe, &run_dir, &spec).await
+    }
+
+    /// Removes everything a destroyed machine left on the host.
+    pub fn cleanup(&self, id: &str) {
+        if let Some(cg) = self.cgroup(id) {
+            if let Err(err) = bazaar_shim::remove_cgroup(&cg) {
+                tracing::warn!(machine.id = id, error = %err, "removing cgroup");
+            }
+        }
+        let dir = self.machine_dir(id);
+        if let Err(err) = std::fs::remove_dir_all(&dir) {
+            if err.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(machine.id = id, error = %err, "removing machine directory");
+            }
+        }
+    }
+}
+
+/// Checks that the machine's command can run: non-empty, and its program exists and is
+/// executable (looked up in the machine's PATH when it has no `/`).
+pub fn validate_command(rec_env: &BTreeMap<String, String>, argv: &[String]) -> Result<(), String> {
+    let Some(program) = argv.first() else {
+        return Err(
+            "config.init.exec (or init.entrypoint/init.cmd) must name the command to run".into(),
+        );
+    };
+    if program.is_empty() {
+        return Err("the command to run is empty".into());
+    }
+    if program.contains('\0') || argv.iter().any(|a| a.contains('\0')) {
+        return Err("the command contains a NUL byte".into());
+    }
+    let path = rec_env
+        .get("PATH")
+        .map(String::as_str)
+        .unwrap_or(DEFAULT_PATH);
+    let found = if program.contains('/') {
+        is_executable(Path::new(program))
+    } else {
+        path.split(':')
+            .any(|dir| !dir.is_empty() && is_executable(&Path::new(dir).join(program)))
+    };
+    if found {
+        Ok(())
+    } else {
+        Err(format!("command not found: {program}"))
+    }
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// Picks a free loopback TCP port for a service.
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?
+        .local_addr()?
+        .port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_checked_before_anything_is_created() {
+        let env = BTreeMap::new();
+        assert!(validate_command(&env, &["sleep".into(), "1".into()]).is_ok());
+        assert!(validate_command(&env, &["/bin/sh".into()]).is_ok());
+        let err = validate_command(&env, &["no-such-program-xyz".into()]).unwrap_err();
+        assert_eq!(err, "command not found: no-such-program-xyz");
+        assert!(validate_command(&env, &[]).is_err());
+        assert!(validate_command(&env, &["/etc/passwd".into()]).is_err());
+    }
+}

@@ -1,0 +1,78 @@
+//! The agent's errors, each mapped to exactly one HTTP status and the Fly error body.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bazaar_types::error::ErrorBody;
+
+/// Errors from agent operations.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("machine {0} not found")]
+    MachineNotFound(String),
+    #[error("reservation {0} not found (it expired, was released, or never existed)")]
+    ReservationNotFound(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Transition(#[from] bazaar_types::state::TransitionError),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("aborted: could not reserve resources for machine: {0}")]
+    Capacity(String),
+    #[error("timeout waiting for machine {id} to be {states}")]
+    WaitTimeout { id: String, states: String },
+    #[error("unauthorized: a valid token is required (Authorization: Bearer <token>)")]
+    Unauthorized,
+    #[error("the agent is shutting down")]
+    ShuttingDown,
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<crate::store::StoreError> for AgentError {
+    fn from(e: crate::store::StoreError) -> Self {
+        AgentError::Internal(e.to_string())
+    }
+}
+
+impl From<tokio::task::JoinError> for AgentError {
+    fn from(e: tokio::task::JoinError) -> Self {
+        AgentError::Internal(e.to_string())
+    }
+}
+
+impl AgentError {
+    /// The HTTP status and the Fly `status` code of this error.
+    pub fn status(&self) -> (StatusCode, Option<&'static str>) {
+        match self {
+            Self::MachineNotFound(_) | Self::ReservationNotFound(_) => {
+                (StatusCode::NOT_FOUND, Some("not_found"))
+            }
+            Self::Invalid(_) => (StatusCode::BAD_REQUEST, None),
+            Self::Transition(_) => (StatusCode::PRECONDITION_FAILED, None),
+            Self::Conflict(_) => (StatusCode::CONFLICT, None),
+            Self::Capacity(_) => (StatusCode::CONFLICT, Some("insufficient_capacity")),
+            Self::WaitTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, None),
+            Self::Unauthorized => (StatusCode::UNAUTHORIZED, None),
+            Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, None),
+            Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, Some("unknown")),
+        }
+    }
+}
+
+impl IntoResponse for AgentError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status();
+        if status.is_server_error() {
+            tracing::error!(error = %self, "request failed");
+        } else {
+            tracing::debug!(error = %self, "request refused");
+        }
+        let body = ErrorBody {
+            error: self.to_string(),
+            status: code.map(str::to_string),
+        };
+        (status, Json(body)).into_response()
+    }
+}

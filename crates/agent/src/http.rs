@@ -1,0 +1,316 @@
+//! The host interface over HTTP/JSON, under `/host/v1`, authenticated with the cluster
+//! secret (or an API token) as `Authorization: Bearer <token>` (`FlyV1 <token>` also
+//! accepted). Every error is a Fly-shaped JSON body; malformed input is a 4xx and changes
+//! nothing.
+
+use crate::agent::Agent;
+use crate::error::AgentError;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use bazaar_types::host::{BidRequest, ClaimRequest, SignalRequest, StopRequest, UpdateRequest};
+use bazaar_types::state::MachineState;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use std::time::Duration;
+
+/// Largest request body accepted (a machine config is a few KB).
+const MAX_BODY_BYTES: usize = 1024 * 1024;
+/// Longest wait a client may ask for (Fly's limit).
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// The router of the host interface.
+pub fn router(agent: Agent) -> Router {
+    let host = Router::new()
+        .route("/info", get(info))
+        .route("/bids", post(bid))
+        .route("/reservations/{id}/claim", post(claim))
+        .route("/reservations/{id}", delete(release))
+        .route("/machines", get(list).post(create))
+        .route(
+            "/machines/{id}",
+            get(get_machine).post(update).delete(destroy),
+        )
+        .route("/machines/{id}/start", post(start))
+        .route("/machines/{id}/stop", post(stop))
+        .route("/machines/{id}/restart", post(restart))
+        .route("/machines/{id}/signal", post(signal))
+        .route("/machines/{id}/wait", get(wait))
+        .route("/machines/{id}/events", get(events))
+        .route("/machines/{id}/versions", get(versions))
+        .route("/machines/{id}/logs", get(logs))
+        .layer(middleware::from_fn_with_state(agent.clone(), require_token));
+    Router::new()
+        .nest("/host/v1", host)
+        .route("/health", get(|| async { "ok" }))
+        .fallback(|| async {
+            AgentError::Invalid("no such endpoint".into())
+                .into_response()
+                .status(StatusCode::NOT_FOUND)
+        })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(agent)
+}
+
+trait WithStatus {
+    fn status(self, status: StatusCode) -> Response;
+}
+
+impl WithStatus for Response {
+    fn status(mut self, status: StatusCode) -> Response {
+        *self.status_mut() = status;
+        self
+    }
+}
+
+async fn require_token(State(agent): State<Agent>, req: Request, next: Next) -> Response {
+    let token = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("FlyV1 "))
+                .map(str::trim)
+        });
+    match token {
+        Some(t) if agent.authorized(t) => next.run(req).await,
+        _ => AgentError::Unauthorized.into_response(),
+    }
+}
+
+/// Parses a JSON body into `T`, or a 400 saying what is wrong. An empty body is `{}`.
+fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, AgentError> {
+    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        body
+    };
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| AgentError::Invalid(format!("invalid JSON body: {e}")))?;
+    // serde would read a struct from an array too; only objects are accepted.
+    if !value.is_object() {
+        return Err(AgentError::Invalid(
+            "invalid JSON body: expected a JSON object".into(),
+        ));
+    }
+    serde_json::from_value(value).map_err(|e| AgentError::Invalid(format!("invalid request: {e}")))
+}
+
+type ApiResult<T> = Result<T, AgentError>;
+
+async fn info(State(agent): State<Agent>) -> Json<bazaar_types::host::HostInfo> {
+    Json(agent.info().await)
+}
+
+async fn bid(State(agent): State<Agent>, body: Bytes) -> ApiResult<Response> {
+    let req: BidRequest = parse_body(&body)?;
+    Ok(Json(agent.bid(req).await?).into_response())
+}
+
+async fn claim(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: ClaimRequest = parse_body(&body)?;
+    let machine = agent.claim(&id, req).await?;
+    Ok((StatusCode::CREATED, Json(machine)).into_response())
+}
+
+async fn release(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
+    agent.release(&id).await?;
+    Ok(Json(serde_json::json!({"ok": true})).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    app: Option<String>,
+    #[serde(default)]
+    include_deleted: bool,
+}
+
+async fn list(State(agent): State<Agent>, Query(q): Query<ListQuery>) -> ApiResult<Response> {
+    Ok(Json(agent.machines(q.app.as_deref(), q.include_deleted).await?).into_response())
+}
+
+async fn create(State(agent): State<Agent>, body: Bytes) -> ApiResult<Response> {
+    let req: ClaimRequest = parse_body(&body)?;
+    Ok(Json(agent.create(req).await?).into_response())
+}
+
+async fn get_machine(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
+    Ok(Json(agent.machine(&id).await?).into_response())
+}
+
+async fn update(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: UpdateRequest = parse_body(&body)?;
+    Ok(Json(agent.update_machine(&id, req).await?).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct DestroyQuery {
+    force: Option<String>,
+    kill: Option<String>,
+}
+
+fn truthy(v: &Option<String>) -> Result<bool, AgentError> {
+    match v.as_deref() {
+        None | Some("false") | Some("0") => Ok(false),
+        Some("true") | Some("1") | Some("") => Ok(true),
+        Some(other) => Err(AgentError::Invalid(format!(
+            "expected true or false, got {other:?}"
+        ))),
+    }
+}
+
+async fn destroy(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    Query(q): Query<DestroyQuery>,
+) -> ApiResult<Response> {
+    let force = truthy(&q.force)? || truthy(&q.kill)?;
+    agent.destroy_machine(&id, force).await?;
+    Ok(Json(serde_json::json!({"ok": true})).into_response())
+}
+
+async fn start(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
+    let before = agent.machine(&id).await?.state;
+    agent.start_machine(&id).await?;
+    Ok(
+        Json(serde_json::json!({"previous_state": before, "migrated": false, "new_host": ""}))
+            .into_response(),
+    )
+}
+
+async fn stop(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: StopRequest = parse_body(&body)?;
+    agent.stop_machine(&id, req).await?;
+    Ok(Json(serde_json::json!({"ok": true})).into_response())
+}
+
+async fn restart(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: StopRequest = parse_body(&body)?;
+    agent.restart_machine(&id, req).await?;
+    Ok(Json(serde_json::json!({"ok": true})).into_response())
+}
+
+async fn signal(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: SignalRequest = parse_body(&body)?;
+    agent.signal_machine(&id, req.signal).await?;
+    Ok(Json(serde_json::json!({"ok": true})).into_response())
+}
+
+/// `state` may be repeated or comma-separated; `timeout` is in seconds (or a Go duration);
+/// `instance_id` and `version` are the same thing.
+async fn wait(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> ApiResult<Response> {
+    let mut states = Vec::new();
+    let mut timeout = MAX_WAIT;
+    let mut version = None;
+    for (k, v) in &params {
+        match k.as_str() {
+            "state" => {
+                for s in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                    if s == "settled" {
+                        states.extend([
+                            MachineState::Created,
+                            MachineState::Started,
+                            MachineState::Stopped,
+                            MachineState::Suspended,
+                            MachineState::Failed,
+                            MachineState::Destroyed,
+                        ]);
+                    } else {
+                        states.push(MachineState::parse(s).ok_or_else(|| {
+                            AgentError::Invalid(format!("invalid state {s:?} to wait for"))
+                        })?);
+                    }
+                }
+            }
+            "timeout" => {
+                timeout = bazaar_types::duration::parse_go_duration(v)
+                    .map_err(|e| AgentError::Invalid(format!("invalid timeout: {e}")))?
+                    .min(MAX_WAIT);
+            }
+            "instance_id" | "version" => version = Some(v.clone()),
+            _ => {}
+        }
+    }
+    if states.is_empty() {
+        states.push(MachineState::Started);
+    }
+    Ok(Json(
+        agent
+            .wait(&id, &states, timeout, version.as_deref())
+            .await?,
+    )
+    .into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct EventsQuery {
+    limit: Option<usize>,
+}
+
+async fn events(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    Query(q): Query<EventsQuery>,
+) -> ApiResult<Response> {
+    let limit = q.limit.unwrap_or(20).clamp(1, 50);
+    Ok(Json(agent.events(&id, limit).await?).into_response())
+}
+
+async fn versions(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
+    let v: Vec<serde_json::Value> = agent
+        .versions(&id)
+        .await?
+        .into_iter()
+        .map(|(version, config)| serde_json::json!({"version": version, "user_config": config}))
+        .collect();
+    Ok(Json(v).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct LogsQuery {
+    max_bytes: Option<u64>,
+}
+
+async fn logs(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    Query(q): Query<LogsQuery>,
+) -> ApiResult<Response> {
+    let text = agent
+        .log_tail(&id, q.max_bytes.unwrap_or(64 * 1024).min(8 * 1024 * 1024))
+        .await?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+        text,
+    )
+        .into_response())
+}

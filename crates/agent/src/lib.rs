@@ -1,0 +1,66 @@
+//! The bazaar host agent (Fly's flyd): the only source of truth for the machines on its
+//! host. It keeps them in an embedded durable store, runs every operation on them as a
+//! durable sequence of idempotent steps, supervises each workload through a per-machine
+//! shim that outlives the agent, enforces restart policies, and answers the market: bids,
+//! reservations and claims.
+//!
+//! Layout:
+//! - [`agent`]: shared state, the accept side of operations, the market, reads.
+//! - [`actor`]: one task per machine that executes its operations step by step.
+//! - [`record`]: what is persisted (machine records, operations, steps).
+//! - [`store`]: the redb store.
+//! - [`driver`]: the process driver (command, environment, ports, shims).
+//! - [`restart`]: the restart policy.
+//! - [`http`]: the host interface (`/host/v1`).
+//! - [`config`], [`secrets`], [`fault`], [`error`].
+//!
+//! Entry point: [`run_agent`].
+
+pub mod actor;
+pub mod agent;
+pub mod config;
+pub mod driver;
+pub mod error;
+pub mod fault;
+pub mod http;
+pub mod record;
+pub mod restart;
+pub mod secrets;
+pub mod store;
+
+pub use agent::Agent;
+pub use config::AgentConfig;
+
+use anyhow::Context;
+use std::future::Future;
+
+/// Runs an agent until `shutdown_signal` completes: binds the listener, writes its address
+/// to `data_dir/api.addr`, serves the host interface, then shuts down cleanly.
+pub async fn run_agent(
+    config: AgentConfig,
+    shutdown_signal: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(config.api_listen)
+        .await
+        .with_context(|| format!("binding the API listener on {}", config.api_listen))?;
+    let addr = listener.local_addr()?;
+    let mut config = config;
+    config.api_listen = addr;
+    let agent = Agent::start(config.clone()).await?;
+    secrets::write_private(&config.data_dir.join("api.addr"), &addr.to_string())?;
+    tracing::info!(api.addr = %addr, host.id = agent.host_id(), region = %config.region, "listening");
+    let stop = agent.0.shutdown.clone();
+    let server = axum::serve(listener, http::router(agent.clone()))
+        .with_graceful_shutdown(async move { stop.cancelled().await });
+    let server = tokio::spawn(async move { server.await });
+    shutdown_signal.await;
+    tracing::info!("shutting down");
+    agent.shutdown().await;
+    match tokio::time::timeout(std::time::Duration::from_secs(5), server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(err))) => tracing::warn!(error = %err, "server error"),
+        Ok(Err(err)) => tracing::warn!(error = %err, "server task"),
+        Err(_) => tracing::warn!("server did not stop within 5 s"),
+    }
+    Ok(())
+}

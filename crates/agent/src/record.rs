@@ -1,0 +1,219 @@
+//! What the agent persists about each machine and each operation. These are the durable
+//! truth of the host; everything else (the ledger, the catalog rows to come) derives from
+//! them.
+
+use bazaar_types::config::MachineConfig;
+use bazaar_types::host::Resources;
+use bazaar_types::signal::Signal;
+use bazaar_types::state::{Action, MachineState};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// One machine, as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MachineRecord {
+    pub id: String,
+    pub name: String,
+    pub app: String,
+    pub region: String,
+    /// The state the machine is in (settled, or the state of a half-done operation).
+    pub state: MachineState,
+    /// The state the machine will be in once every queued operation has run; new
+    /// operations are validated against it.
+    pub desired: MachineState,
+    pub instance_id: String,
+    pub config: MachineConfig,
+    pub resources: Resources,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+    #[serde(default)]
+    pub cordoned: bool,
+    /// Host port for each service `internal_port` (process driver).
+    #[serde(default)]
+    pub host_ports: BTreeMap<u16, u16>,
+    /// The current (or last) run of the workload.
+    #[serde(default)]
+    pub run: Option<RunInfo>,
+    /// Run ids are allocated when an operation that launches is accepted.
+    pub next_run_id: u64,
+    /// The last run whose exit has been recorded (so an exit is handled exactly once).
+    #[serde(default)]
+    pub exit_handled_run: u64,
+    /// Times (ms) of restarts done by the restart policy, for the retry window.
+    #[serde(default)]
+    pub policy_restarts: Vec<u64>,
+    /// Total restarts by policy.
+    #[serde(default)]
+    pub restart_count: u32,
+    /// A run stopped because the host shut down: relaunch it when the host comes back.
+    #[serde(default)]
+    pub host_shutdown_run: Option<u64>,
+    /// Next event sequence number.
+    pub next_event_seq: u64,
+    /// When the machine was destroyed (tombstone).
+    #[serde(default)]
+    pub destroyed_at_ms: Option<u64>,
+}
+
+/// A run of the workload: one shim, one process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunInfo {
+    pub run_id: u64,
+    pub shim_pid: i32,
+    pub workload_pid: i32,
+    pub started_at_ms: u64,
+}
+
+/// An operation on a machine: a named sequence of steps, recorded as it goes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Operation {
+    /// Host-wide, increasing: operations of one machine run in this order.
+    pub id: u64,
+    pub machine_id: String,
+    pub kind: OpKind,
+    /// Number of steps completed (and recorded).
+    pub steps_done: u32,
+    /// The run this operation launches, if it launches one.
+    #[serde(default)]
+    pub run_id: Option<u64>,
+    /// Do not begin before this time (restart backoff).
+    #[serde(default)]
+    pub not_before_ms: u64,
+    /// `user` or `flyd` (Fly's name for the host agent).
+    pub source: String,
+    pub created_at_ms: u64,
+}
+
+/// What an operation does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum OpKind {
+    Create {
+        skip_launch: bool,
+    },
+    Start,
+    Stop {
+        signal: i32,
+        timeout_ms: u64,
+    },
+    Restart {
+        signal: i32,
+        timeout_ms: u64,
+    },
+    Update {
+        skip_launch: bool,
+        previous_instance_id: String,
+    },
+    Destroy {
+        force: bool,
+    },
+    /// Started by the restart policy after an exit.
+    PolicyRestart,
+    /// Relaunch after the host came back from a shutdown.
+    Relaunch,
+}
+
+/// The steps operations are made of. Each is idempotent: running it again after a crash
+/// (before its completion was recorded) has the same outcome as running it once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Start the run `op.run_id` unless it is already alive (adopt) or already over.
+    Launch,
+    /// Send the stop signal (or SIGKILL) to the current run, if alive.
+    Signal,
+    /// Wait for the current run to end (SIGKILL after the timeout); record its exit.
+    AwaitExit,
+    /// Free resources and files; the machine becomes a tombstone.
+    Release,
+}
+
+impl Step {
+    /// The step's name, for logs and fault injection.
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::Launch => "launch",
+            Step::Signal => "signal",
+            Step::AwaitExit => "await_exit",
+            Step::Release => "release",
+        }
+    }
+}
+
+impl OpKind {
+    /// The operation's name (`create`, `stop`, ...), for logs, events and fault injection.
+    pub fn name(&self) -> &'static str {
+        match self {
+            OpKind::Create { .. } => "create",
+            OpKind::Start => "start",
+            OpKind::Stop { .. } => "stop",
+            OpKind::Restart { .. } => "restart",
+            OpKind::Update { .. } => "update",
+            OpKind::Destroy { .. } => "destroy",
+            OpKind::PolicyRestart => "policy_restart",
+            OpKind::Relaunch => "relaunch",
+        }
+    }
+
+    /// The ordered steps of this kind of operation.
+    pub fn steps(&self) -> &'static [Step] {
+        use Step::*;
+        match self {
+            OpKind::Create { skip_launch: true } => &[],
+            OpKind::Create { skip_launch: false } => &[Launch],
+            OpKind::Start | OpKind::PolicyRestart | OpKind::Relaunch => &[Launch],
+            OpKind::Stop { .. } => &[Signal, AwaitExit],
+            OpKind::Restart { .. } => &[Signal, AwaitExit, Launch],
+            OpKind::Update {
+                skip_launch: true, ..
+            } => &[Signal, AwaitExit],
+            OpKind::Update {
+                skip_launch: false, ..
+            } => &[Signal, AwaitExit, Launch],
+            OpKind::Destroy { .. } => &[Signal, AwaitExit, Release],
+        }
+    }
+
+    /// True if the operation launches a new run.
+    pub fn launches(&self) -> bool {
+        self.steps().contains(&Step::Launch)
+    }
+
+    /// The state shown while the operation runs.
+    pub fn transient_state(&self) -> MachineState {
+        match self {
+            OpKind::Create { .. } | OpKind::Start | OpKind::PolicyRestart | OpKind::Relaunch => {
+                MachineState::Starting
+            }
+            OpKind::Stop { .. } => MachineState::Stopping,
+            OpKind::Restart { .. } => MachineState::Restarting,
+            OpKind::Update { .. } => MachineState::Updating,
+            OpKind::Destroy { .. } => MachineState::Destroying,
+        }
+    }
+
+    /// The API action this operation performs, for transition checks.
+    pub fn action(&self) -> Action {
+        match self {
+            OpKind::Create { .. } => Action::Create,
+            OpKind::Start | OpKind::PolicyRestart | OpKind::Relaunch => Action::Start,
+            OpKind::Stop { .. } => Action::Stop,
+            OpKind::Restart { .. } => Action::Restart,
+            OpKind::Update { .. } => Action::Update,
+            OpKind::Destroy { force: false } => Action::Destroy,
+            OpKind::Destroy { force: true } => Action::ForceDestroy,
+        }
+    }
+
+    /// The stop signal and timeout for operations that stop the workload.
+    pub fn stop_params(&self, config: &MachineConfig) -> (Signal, std::time::Duration) {
+        let (default_signal, default_timeout) = config.stop_signal_and_timeout();
+        match self {
+            OpKind::Stop { signal, timeout_ms } | OpKind::Restart { signal, timeout_ms } => (
+                Signal(*signal),
+                std::time::Duration::from_millis(*timeout_ms),
+            ),
+            OpKind::Destroy { force: true } => (Signal::KILL, std::time::Duration::from_secs(5)),
+            _ => (default_signal, default_timeout),
+        }
+    }
+}

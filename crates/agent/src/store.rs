@@ -1,0 +1,284 @@
+//! The host's durable store (redb): machines, their config versions, events, operations and
+//! reservations. Every write is one ACID transaction, fsynced before it returns, so what
+//! the agent acknowledged survives a kill -9.
+
+use crate::record::{MachineRecord, Operation};
+use bazaar_placement::Reservation;
+use bazaar_types::config::MachineConfig;
+use bazaar_types::event::MachineEvent;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::path::Path;
+use std::sync::Arc;
+
+const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
+const MACHINES: TableDefinition<&str, &[u8]> = TableDefinition::new("machines");
+/// Key: `machine_id/instance_id`.
+const VERSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("versions");
+/// Key: `machine_id/{seq:020}`.
+const EVENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("events");
+const OPERATIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("operations");
+const RESERVATIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("reservations");
+
+/// Store errors.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {0}")]
+    Db(String),
+    #[error("corrupt record: {0}")]
+    Decode(#[from] serde_json::Error),
+}
+
+macro_rules! db_err {
+    ($($t:ty),*) => {$(
+        impl From<$t> for StoreError {
+            fn from(e: $t) -> Self { StoreError::Db(e.to_string()) }
+        }
+    )*};
+}
+db_err!(
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
+/// The store, cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Store {
+    db: Arc<Database>,
+}
+
+/// Writes gathered into one transaction by [`Store::write`].
+#[derive(Debug, Default)]
+pub struct Batch {
+    machines: Vec<MachineRecord>,
+    versions: Vec<(String, String, MachineConfig)>,
+    events: Vec<(String, u64, MachineEvent)>,
+    put_ops: Vec<Operation>,
+    delete_ops: Vec<u64>,
+    put_reservations: Vec<Reservation>,
+    delete_reservations: Vec<String>,
+    meta: Vec<(String, String)>,
+    delete_machines: Vec<String>,
+}
+
+impl Batch {
+    /// Puts a machine record.
+    pub fn machine(&mut self, m: &MachineRecord) -> &mut Self {
+        self.machines.push(m.clone());
+        self
+    }
+    /// Records a config version.
+    pub fn version(
+        &mut self,
+        machine_id: &str,
+        instance_id: &str,
+        cfg: &MachineConfig,
+    ) -> &mut Self {
+        self.versions
+            .push((machine_id.into(), instance_id.into(), cfg.clone()));
+        self
+    }
+    /// Appends an event; `m.next_event_seq` is advanced (put the record after this).
+    pub fn event(&mut self, m: &mut MachineRecord, e: MachineEvent) -> &mut Self {
+        let seq = m.next_event_seq;
+        m.next_event_seq += 1;
+        self.events.push((m.id.clone(), seq, e));
+        self
+    }
+    /// Puts an operation.
+    pub fn op(&mut self, op: &Operation) -> &mut Self {
+        self.put_ops.push(op.clone());
+        self
+    }
+    /// Deletes an operation (it finished).
+    pub fn delete_op(&mut self, id: u64) -> &mut Self {
+        self.delete_ops.push(id);
+        self
+    }
+    /// Puts a reservation.
+    pub fn reservation(&mut self, r: &Reservation) -> &mut Self {
+        self.put_reservations.push(r.clone());
+        self
+    }
+    /// Deletes a reservation.
+    pub fn delete_reservation(&mut self, id: &str) -> &mut Self {
+        self.delete_reservations.push(id.into());
+        self
+    }
+    /// Sets a meta key.
+    pub fn meta(&mut self, key: &str, value: &str) -> &mut Self {
+        self.meta.push((key.into(), value.into()));
+        self
+    }
+    /// Deletes a machine with its versions and events (tombstone collection).
+    pub fn purge_machine(&mut self, id: &str) -> &mut Self {
+        self.delete_machines.push(id.into());
+        self
+    }
+}
+
+fn enc<T: Serialize>(v: &T) -> Vec<u8> {
+    // Serializing our own plain structs to JSON cannot fail.
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+fn dec<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, StoreError> {
+    Ok(serde_json::from_slice(bytes)?)
+}
+
+impl Store {
+    /// Opens (or creates) the store at `path`.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let db = Database::create(path)?;
+        let tx = db.begin_write()?;
+        {
+            tx.open_table(META)?;
+            tx.open_table(MACHINES)?;
+            tx.open_table(VERSIONS)?;
+            tx.open_table(EVENTS)?;
+            tx.open_table(OPERATIONS)?;
+            tx.open_table(RESERVATIONS)?;
+        }
+        tx.commit()?;
+        Ok(Store { db: Arc::new(db) })
+    }
+
+    /// Applies a batch in one durable transaction.
+    pub fn write(&self, batch: &Batch) -> Result<(), StoreError> {
+        let tx = self.db.begin_write()?;
+        {
+            let mut machines = tx.open_table(MACHINES)?;
+            let mut versions = tx.open_table(VERSIONS)?;
+            let mut events = tx.open_table(EVENTS)?;
+            for id in &batch.delete_machines {
+                machines.remove(id.as_str())?;
+                let prefix = format!("{id}/");
+                let end = format!("{id}0");
+                let keys: Vec<String> = versions
+                    .range(prefix.as_str()..end.as_str())?
+                    .filter_map(|r| r.ok().map(|(k, _)| k.value().to_string()))
+                    .collect();
+                for k in keys {
+                    versions.remove(k.as_str())?;
+                }
+                let keys: Vec<String> = events
+                    .range(prefix.as_str()..end.as_str())?
+                    .filter_map(|r| r.ok().map(|(k, _)| k.value().to_string()))
+                    .collect();
+                for k in keys {
+                    events.remove(k.as_str())?;
+                }
+            }
+            for m in &batch.machines {
+                machines.insert(m.id.as_str(), enc(m).as_slice())?;
+            }
+            for (mid, iid, cfg) in &batch.versions {
+                versions.insert(format!("{mid}/{iid}").as_str(), enc(cfg).as_slice())?;
+            }
+            for (mid, seq, e) in &batch.events {
+                events.insert(format!("{mid}/{seq:020}").as_str(), enc(e).as_slice())?;
+            }
+            let mut ops = tx.open_table(OPERATIONS)?;
+            for op in &batch.put_ops {
+                ops.insert(op.id, enc(op).as_slice())?;
+            }
+            for id in &batch.delete_ops {
+                ops.remove(*id)?;
+            }
+            let mut res = tx.open_table(RESERVATIONS)?;
+            for r in &batch.put_reservations {
+                res.insert(r.id.as_str(), enc(r).as_slice())?;
+            }
+            for id in &batch.delete_reservations {
+                res.remove(id.as_str())?;
+            }
+            let mut meta = tx.open_table(META)?;
+            for (k, v) in &batch.meta {
+                meta.insert(k.as_str(), v.as_str())?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Reads a meta key.
+    pub fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(META)?;
+        Ok(t.get(key)?.map(|v| v.value().to_string()))
+    }
+
+    /// Reads one machine.
+    pub fn machine(&self, id: &str) -> Result<Option<MachineRecord>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(MACHINES)?;
+        t.get(id)?.map(|v| dec(v.value())).transpose()
+    }
+
+    /// Reads every machine (tombstones included).
+    pub fn machines(&self) -> Result<Vec<MachineRecord>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(MACHINES)?;
+        let mut out = Vec::new();
+        for row in t.iter()? {
+            let (_, v) = row?;
+            out.push(dec(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Every unfinished operation, in order.
+    pub fn operations(&self) -> Result<Vec<Operation>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(OPERATIONS)?;
+        let mut out = Vec::new();
+        for row in t.iter()? {
+            let (_, v) = row?;
+            out.push(dec(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Every stored reservation.
+    pub fn reservations(&self) -> Result<Vec<Reservation>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(RESERVATIONS)?;
+        let mut out = Vec::new();
+        for row in t.iter()? {
+            let (_, v) = row?;
+            out.push(dec(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// A machine's events, newest first, at most `limit`.
+    pub fn events(&self, machine_id: &str, limit: usize) -> Result<Vec<MachineEvent>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(EVENTS)?;
+        let (start, end) = (format!("{machine_id}/"), format!("{machine_id}0"));
+        let mut out = Vec::new();
+        for row in t.range(start.as_str()..end.as_str())?.rev().take(limit) {
+            let (_, v) = row?;
+            out.push(dec(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// A machine's config versions, oldest first.
+    pub fn versions(&self, machine_id: &str) -> Result<Vec<(String, MachineConfig)>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(VERSIONS)?;
+        let (start, end) = (format!("{machine_id}/"), format!("{machine_id}0"));
+        let mut out = Vec::new();
+        for row in t.range(start.as_str()..end.as_str())? {
+            let (k, v) = row?;
+            let iid = k.value().rsplit('/').next().unwrap_or_default().to_string();
+            out.push((iid, dec(v.value())?));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,234 @@
+//! Agent benchmark (issue 2): create→started latency of a process machine through the host
+//! interface (p50/p99) beside a bare fork+exec of `sleep` measured in the same run; machines
+//! per second sustained over 1,000 machines; re-adoption time of 1,000 running machines after
+//! a kill -9 of the agent; agent RSS with 1,000 machines; RSS of one shim.
+//!
+//! Run: `cargo bench -p bazaar --bench agent` (prints a Markdown table for BENCHMARKS.md).
+//! `BAZAAR_BENCH_MACHINES` changes the machine count (default 1000).
+
+use bazaar_testkit::{create_request, AgentOptions, TestAgent};
+use std::time::{Duration, Instant};
+
+const EXE: &str = env!("CARGO_BIN_EXE_bazaar");
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn shim_pids(data_dir: &std::path::Path) -> Vec<i32> {
+    let needle = data_dir.display().to_string();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(" shim ") && cmd.contains(&needle) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn bare_spawn(n: usize) -> Vec<Duration> {
+    let mut times = Vec::new();
+    let mut children = Vec::new();
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let child = std::process::Command::new("sleep")
+            .arg("1000")
+            .spawn()
+            .unwrap();
+        times.push(t0.elapsed());
+        children.push(child);
+    }
+    for mut c in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    times.sort();
+    times
+}
+
+fn main() {
+    let total: usize = std::env::var("BAZAAR_BENCH_MACHINES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let latency_samples = 200.min(total);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut opts = AgentOptions::new(EXE);
+    opts.memory_mb = (total as u64 + 10) * 256;
+    opts.cpus = total as u32 + 10;
+    let mut agent = TestAgent::start(opts).expect("agent");
+    let c = agent.client();
+
+    let bare_before = bare_spawn(100);
+    let (lat, rate) = rt.block_on(async {
+        // Warm-up.
+        for _ in 0..5 {
+            let m = c
+                .create(&create_request("warm", &["sleep", "1000"]))
+                .await
+                .unwrap();
+            c.wait(&m.id, "started", 30).await.unwrap();
+            c.destroy(&m.id, true).await.unwrap();
+        }
+        let mut lat = Vec::new();
+        for _ in 0..latency_samples {
+            let t0 = Instant::now();
+            let m = c
+                .create(&create_request("bench", &["sleep", "1000"]))
+                .await
+                .unwrap();
+            c.wait(&m.id, "started", 30).await.unwrap();
+            lat.push(t0.elapsed());
+        }
+        lat.sort();
+        // Sustained: the rest, 32 at a time.
+        let rest = total - latency_samples;
+        let t0 = Instant::now();
+        let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
+        let mut tasks = Vec::new();
+        for _ in 0..rest {
+            let (c, sem) = (c.clone(), sem.clone());
+            tasks.push(tokio::spawn(async move {
+                let _permit = sem.acquire().await.unwrap();
+                let m = c
+                    .create(&create_request("bench", &["sleep", "1000"]))
+                    .await
+                    .unwrap();
+                c.wait(&m.id, "started", 60).await.unwrap();
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let rate = rest as f64 / t0.elapsed().as_secs_f64();
+        (lat, rate)
+    });
+    let bare = bare_spawn(100);
+    let mut bare_all: Vec<Duration> = bare_before.into_iter().chain(bare).collect();
+    bare_all.sort();
+
+    let agent_pid = agent.pid().unwrap() as i32;
+    let agent_rss = rss_kib(agent_pid);
+    let shims = shim_pids(&agent.data_dir);
+    let mut shim_rss: Vec<u64> = shims
+        .iter()
+        .map(|p| rss_kib(*p))
+        .filter(|r| *r > 0)
+        .collect();
+    shim_rss.sort();
+    let running = rt.block_on(async { c.machines(Some("bench"), false).await.unwrap().len() });
+
+    // Re-adoption: kill -9, restart, time until it serves with every run re-adopted.
+    agent.kill9();
+    let t0 = Instant::now();
+    agent.spawn(&[]).unwrap();
+    let readopt = t0.elapsed();
+    let check = rt.block_on(async {
+        let ms = c.machines(Some("bench"), false).await.unwrap();
+        ms.iter()
+            .filter(|m| m.state == bazaar_types::state::MachineState::Started)
+            .count()
+    });
+    let agent_rss_after = rss_kib(agent.pid().unwrap() as i32);
+
+    let p50 = percentile(&lat, 0.5);
+    let bare_p50 = percentile(&bare_all, 0.5);
+    println!("## Agent (issue 2)\n");
+    println!(
+        "`cargo bench -p bazaar --bench agent` on {} ({} cores, {} MiB)\n",
+        hostname(),
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        mem_mib()
+    );
+    println!("| measure | result | target |");
+    println!("|---|---|---|");
+    println!(
+        "| create→started p50 (host interface, {latency_samples} sequential) | {} | ≤ 8 ms |",
+        ms(p50)
+    );
+    println!(
+        "| create→started p99 | {} | ≤ 30 ms |",
+        ms(percentile(&lat, 0.99))
+    );
+    println!(
+        "| bare fork+exec of `sleep` p50 (same run) | {} | — |",
+        ms(bare_p50)
+    );
+    println!(
+        "| ratio create→started p50 / bare spawn p50 | {:.1}× | — |",
+        p50.as_secs_f64() / bare_p50.as_secs_f64()
+    );
+    println!(
+        "| machines/s sustained ({} creates→started, 32 in flight) | {:.0} | ≥ 150 |",
+        total - latency_samples,
+        rate
+    );
+    println!(
+        "| re-adoption of {running} running machines (exec → serving) | {} | ≤ 1 s |",
+        ms(readopt)
+    );
+    println!("| machines still started after re-adoption | {check} / {running} | all |");
+    println!(
+        "| agent RSS with {running} machines | {:.1} MiB (after restart: {:.1} MiB) | ≤ 64 MiB |",
+        agent_rss as f64 / 1024.0,
+        agent_rss_after as f64 / 1024.0
+    );
+    if !shim_rss.is_empty() {
+        println!(
+            "| shim RSS (median of {}) | {:.2} MiB (max {:.2} MiB) | ≤ 2 MiB |",
+            shim_rss.len(),
+            shim_rss[shim_rss.len() / 2] as f64 / 1024.0,
+            *shim_rss.last().unwrap() as f64 / 1024.0
+        );
+    }
+    drop(agent);
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn mem_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        / 1024
+}

@@ -1,0 +1,214 @@
+//! `bazaar dev`: a working local cluster with nothing to install. Starts N agents as child
+//! processes on loopback (API ports from `--base-port`), writes `DIR/dev.env` with the URLs
+//! and tokens, and stops everything on Ctrl-C or SIGTERM. Running it again on the same
+//! directory resumes the same cluster: same hosts, same machines (restarted if they were
+//! running).
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+/// Flags of `bazaar dev`.
+#[derive(Debug, clap::Args)]
+pub struct DevArgs {
+    /// Number of hosts (agents).
+    #[arg(long, default_value_t = 3)]
+    hosts: usize,
+    /// Regions, assigned to hosts in turn (e.g. `ams,ord`).
+    #[arg(long, default_value = "local", value_delimiter = ',')]
+    regions: Vec<String>,
+    /// Where the cluster keeps its state.
+    #[arg(long, default_value = ".bazaar-dev")]
+    data_dir: PathBuf,
+    /// API port of the first host; host i listens on base + i.
+    #[arg(long, default_value_t = 4280)]
+    base_port: u16,
+    /// Proxy port (served once the proxy lands).
+    #[arg(long, default_value_t = 8080)]
+    proxy_port: u16,
+    /// Memory (MB) each host offers; default: what this machine has.
+    #[arg(long)]
+    memory_mb: Option<u64>,
+    /// CPUs each host offers; default: detected × overcommit.
+    #[arg(long)]
+    cpus: Option<u32>,
+}
+
+/// What `dev` remembers between runs.
+#[derive(Debug, Serialize, Deserialize)]
+struct DevState {
+    token: String,
+    cluster_secret: String,
+}
+
+/// Runs the dev cluster until Ctrl-C / SIGTERM.
+pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (1..=64).contains(&args.hosts),
+        "--hosts must be between 1 and 64"
+    );
+    for r in &args.regions {
+        bazaar_types::ids::validate_name("region", r).map_err(anyhow::Error::msg)?;
+    }
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let dir = std::fs::canonicalize(&args.data_dir)?;
+    let state = load_or_create_state(&dir)?;
+    // dev.env appears only once the cluster answers.
+    let _ = std::fs::remove_file(dir.join("dev.env"));
+    let token_file = dir.join("api-tokens");
+    bazaar_agent::secrets::write_private(&token_file, &format!("{}\n", state.token))?;
+    let exe = std::env::current_exe()?;
+    let mut children = Vec::new();
+    for i in 0..args.hosts {
+        let region = &args.regions[i % args.regions.len()];
+        let host_dir = dir.join(format!("host-{i}"));
+        std::fs::create_dir_all(&host_dir)?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(host_dir.join("agent.log"))?;
+        let port = args
+            .base_port
+            .checked_add(i as u16)
+            .context("port out of range")?;
+        let mut cmd = tokio::process::Command::new(&exe);
+        cmd.arg("agent")
+            .arg("--data-dir")
+            .arg(&host_dir)
+            .arg("--region")
+            .arg(region)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--token-file")
+            .arg(&token_file)
+            .arg("--stop-machines-on-shutdown")
+            .env("BAZAAR_CLUSTER_SECRET", &state.cluster_secret)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            // Ctrl-C in the terminal must reach only `dev`, which stops agents in order.
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(m) = args.memory_mb {
+            cmd.arg("--memory-mb").arg(m.to_string());
+        }
+        if let Some(c) = args.cpus {
+            cmd.arg("--cpus").arg(c.to_string());
+        }
+        let child = cmd.spawn().context("starting an agent")?;
+        children.push((i, port, region.clone(), child));
+    }
+    let api_url = format!("http://127.0.0.1:{}", args.base_port);
+    let proxy_url = format!("http://127.0.0.1:{}", args.proxy_port);
+    for (i, port, _, child) in children.iter_mut() {
+        wait_healthy(*port, child).await.with_context(|| {
+            format!(
+                "host {i} did not start; see {}",
+                dir.join(format!("host-{i}/agent.log")).display()
+            )
+        })?;
+    }
+    let env = format!(
+        "BAZAAR_API_URL={api_url}\nBAZAAR_PROXY_URL={proxy_url}\nBAZAAR_TOKEN={}\nBAZAAR_CLUSTER_SECRET={}\n",
+        state.token, state.cluster_secret
+    );
+    bazaar_agent::secrets::write_private(&dir.join("dev.env"), &env)?;
+    println!(
+        "bazaar dev cluster: {} host(s) in {}",
+        args.hosts,
+        dir.display()
+    );
+    for (i, port, region, _) in &children {
+        println!("  host-{i}  region {region:<8} http://127.0.0.1:{port}");
+    }
+    println!("BAZAAR_API_URL={api_url}");
+    println!("BAZAAR_PROXY_URL={proxy_url}  (the proxy is not served yet)");
+    println!("BAZAAR_TOKEN={}", state.token);
+    println!(
+        "written to {}; load it with: set -a; . {}; set +a",
+        dir.join("dev.env").display(),
+        dir.join("dev.env").display()
+    );
+    println!("press Ctrl-C to stop");
+
+    let pids: Vec<(usize, u32)> = children
+        .iter()
+        .filter_map(|(i, _, _, c)| c.id().map(|pid| (*i, pid)))
+        .collect();
+    let mut running = tokio::task::JoinSet::new();
+    for (i, _, _, mut child) in children {
+        running.spawn(async move { (i, child.wait().await) });
+    }
+    tokio::select! {
+        () = crate::shutdown_signal() => println!("stopping the cluster..."),
+        Some(Ok((i, status))) = running.join_next() => {
+            eprintln!("host-{i} exited unexpectedly ({status:?}); stopping the cluster");
+        }
+    }
+    for (_, pid) in &pids {
+        send_signal(*pid, libc::SIGTERM);
+    }
+    let all_stopped = async { while running.join_next().await.is_some() {} };
+    if tokio::time::timeout(Duration::from_secs(30), all_stopped)
+        .await
+        .is_err()
+    {
+        eprintln!("some hosts did not stop in 30 s; killing them");
+        for (_, pid) in &pids {
+            send_signal(*pid, libc::SIGKILL);
+        }
+    }
+    println!(
+        "stopped; run `bazaar dev --data-dir {}` again to resume",
+        args.data_dir.display()
+    );
+    Ok(())
+}
+
+fn send_signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+fn load_or_create_state(dir: &Path) -> anyhow::Result<DevState> {
+    let path = dir.join("dev.json");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        return serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()));
+    }
+    let state = DevState {
+        token: bazaar_types::ids::new_secret(20),
+        cluster_secret: bazaar_types::ids::new_secret(24),
+    };
+    bazaar_agent::secrets::write_private(&path, &serde_json::to_string_pretty(&state)?)?;
+    Ok(state)
+}
+
+async fn wait_healthy(port: u16, child: &mut tokio::process::Child) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            anyhow::bail!("agent exited with {status}");
+        }
+        if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let _ = s
+                .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await;
+            let mut buf = Vec::new();
+            let _ = s.read_to_end(&mut buf).await;
+            if buf.starts_with(b"HTTP/1.1 200") {
+                return Ok(());
+            }
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no answer on port {port} within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

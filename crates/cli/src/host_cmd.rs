@@ -1,0 +1,373 @@
+//! `bazaar host ...`: commands against one agent's host interface, at `BAZAAR_API_URL`
+//! with `BAZAAR_TOKEN`. Human tables by default, `--json` for scripts.
+
+use anyhow::Context;
+use bazaar_client::HostClient;
+use bazaar_types::config::{
+    InitConfig, MachineConfig, MachineService, RestartConfig, RestartPolicyKind,
+};
+use bazaar_types::guest::Guest;
+use bazaar_types::host::{ClaimRequest, StopRequest};
+use bazaar_types::machine::Machine;
+use comfy_table::Table;
+
+/// Flags of `bazaar host`.
+#[derive(Debug, clap::Args)]
+pub struct HostArgs {
+    /// The agent's URL.
+    #[arg(long, env = "BAZAAR_API_URL", default_value = "http://127.0.0.1:4280")]
+    api_url: String,
+    /// API token (or the cluster secret).
+    #[arg(long, env = "BAZAAR_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: HostCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum HostCommand {
+    /// Show the host: region, capacity, what is committed and free.
+    Info,
+    /// List the machines on the host.
+    Machines {
+        #[arg(long)]
+        app: Option<String>,
+        /// Include destroyed machines.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Run a command as a new machine on this host.
+    Run {
+        #[arg(long)]
+        app: String,
+        #[arg(long)]
+        name: Option<String>,
+        /// A Fly size preset (shared-cpu-1x, performance-2x, ...).
+        #[arg(long, default_value = "shared-cpu-1x")]
+        size: String,
+        /// Memory in MB (overrides the preset's).
+        #[arg(long)]
+        memory_mb: Option<i64>,
+        /// A service's internal port (repeatable); the workload reads its host port in $PORT.
+        #[arg(long = "port")]
+        ports: Vec<u16>,
+        /// Environment variables, KEY=VALUE (repeatable).
+        #[arg(long = "env")]
+        env: Vec<String>,
+        /// Restart policy: no, always, on-failure.
+        #[arg(long)]
+        restart: Option<String>,
+        /// Create without starting.
+        #[arg(long)]
+        skip_launch: bool,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Show one machine.
+    Status { id: String },
+    /// Start a machine.
+    Start { id: String },
+    /// Stop a machine (its stop signal, then SIGKILL after the timeout).
+    Stop {
+        id: String,
+        #[arg(long)]
+        signal: Option<String>,
+        /// e.g. 10s
+        #[arg(long)]
+        timeout: Option<String>,
+    },
+    /// Restart a machine.
+    Restart { id: String },
+    /// Destroy a machine.
+    Destroy {
+        id: String,
+        /// Kill it at once if it is running.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Show a machine's events.
+    Events { id: String },
+    /// Show a machine's output.
+    Logs { id: String },
+    /// Wait for a machine to reach a state.
+    Wait {
+        id: String,
+        #[arg(long, default_value = "started")]
+        state: String,
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+    },
+}
+
+/// Runs a `bazaar host` command.
+pub async fn run(args: HostArgs) -> anyhow::Result<()> {
+    let token = args.token.context(
+        "no token: set BAZAAR_TOKEN (bazaar dev writes it to .bazaar-dev/dev.env) or pass --token",
+    )?;
+    let client = HostClient::new(&args.api_url, &token);
+    let json = args.json;
+    match args.command {
+        HostCommand::Info => {
+            let info = client.info().await?;
+            if json {
+                return print_json(&info);
+            }
+            let mut t = Table::new();
+            t.set_header([
+                "host",
+                "region",
+                "resource",
+                "capacity",
+                "committed",
+                "reserved",
+                "free",
+            ]);
+            t.add_row([
+                info.id.clone(),
+                info.region.clone(),
+                "memory_mb".into(),
+                info.capacity.memory_mb.to_string(),
+                info.committed.memory_mb.to_string(),
+                info.reserved.memory_mb.to_string(),
+                info.free.memory_mb.to_string(),
+            ]);
+            t.add_row([
+                String::new(),
+                String::new(),
+                "cpus".into(),
+                info.capacity.cpus.to_string(),
+                info.committed.cpus.to_string(),
+                info.reserved.cpus.to_string(),
+                info.free.cpus.to_string(),
+            ]);
+            println!("{t}");
+            println!(
+                "{} machine(s), {} open reservation(s)",
+                info.num_machines, info.num_reservations
+            );
+        }
+        HostCommand::Machines { app, all } => {
+            let machines = client.machines(app.as_deref(), all).await?;
+            if json {
+                return print_json(&machines);
+            }
+            print_machines(&machines);
+        }
+        HostCommand::Run {
+            app,
+            name,
+            size,
+            memory_mb,
+            ports,
+            env,
+            restart,
+            skip_launch,
+            command,
+        } => {
+            let mut guest = Guest::preset(&size).map_err(anyhow::Error::msg)?;
+            if let Some(m) = memory_mb {
+                guest.memory_mb = m;
+            }
+            let mut config = MachineConfig {
+                driver: Some("process".into()),
+                image: "process".into(),
+                guest: Some(guest),
+                init: Some(InitConfig {
+                    exec: command,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            for kv in env {
+                let (k, v) = kv.split_once('=').context("--env takes KEY=VALUE")?;
+                config.env.insert(k.into(), v.into());
+            }
+            for p in ports {
+                config.services.push(MachineService {
+                    protocol: "tcp".into(),
+                    internal_port: p,
+                    ..Default::default()
+                });
+            }
+            if let Some(r) = restart {
+                let policy: RestartPolicyKind =
+                    serde_json::from_value(serde_json::Value::String(r.clone())).map_err(|_| {
+                        anyhow::anyhow!("--restart must be no, always or on-failure, got {r:?}")
+                    })?;
+                config.restart = Some(RestartConfig {
+                    policy,
+                    max_retries: None,
+                });
+            }
+            let m = client
+                .create(&ClaimRequest {
+                    app,
+                    name,
+                    region: None,
+                    config,
+                    skip_launch,
+                    machine_id: None,
+                })
+                .await?;
+            if !skip_launch {
+                let _ = client.wait(&m.id, "started", 30).await;
+            }
+            let m = client.machine(&m.id).await?;
+            if json {
+                return print_json(&m);
+            }
+            println!("machine {} ({}) is {}", m.id, m.name, m.state);
+            for (internal, host) in &m.host_ports {
+                println!("  port {internal} -> 127.0.0.1:{host}");
+            }
+        }
+        HostCommand::Status { id } => {
+            let m = client.machine(&id).await?;
+            if json {
+                return print_json(&m);
+            }
+            print_machines(std::slice::from_ref(&m));
+            print_events(&m.events);
+        }
+        HostCommand::Start { id } => {
+            done(json, client.start(&id).await?, &format!("started {id}"))?
+        }
+        HostCommand::Stop {
+            id,
+            signal,
+            timeout,
+        } => {
+            let req = StopRequest {
+                signal: signal
+                    .map(|s| bazaar_types::signal::Signal::parse(&s))
+                    .transpose()
+                    .map_err(anyhow::Error::msg)?,
+                timeout: timeout
+                    .map(|t| {
+                        bazaar_types::duration::parse_go_duration(&t)
+                            .map(bazaar_types::duration::GoDuration)
+                    })
+                    .transpose()
+                    .map_err(anyhow::Error::msg)?,
+            };
+            done(
+                json,
+                client.stop(&id, &req).await?,
+                &format!("stopping {id}"),
+            )?
+        }
+        HostCommand::Restart { id } => done(
+            json,
+            client.restart(&id, &StopRequest::default()).await?,
+            &format!("restarting {id}"),
+        )?,
+        HostCommand::Destroy { id, force } => done(
+            json,
+            client.destroy(&id, force).await?,
+            &format!("destroying {id}"),
+        )?,
+        HostCommand::Events { id } => {
+            let events = client.events(&id).await?;
+            if json {
+                return print_json(&events);
+            }
+            print_events(&events);
+        }
+        HostCommand::Logs { id } => {
+            let text = client.logs(&id).await?;
+            for line in text.lines() {
+                match serde_json::from_str::<serde_json::Value>(line) {
+                    Ok(v) if !json => println!("{}", v["line"].as_str().unwrap_or_default()),
+                    _ => println!("{line}"),
+                }
+            }
+        }
+        HostCommand::Wait { id, state, timeout } => {
+            let r = client.wait(&id, &state, timeout).await?;
+            if json {
+                return print_json(&r);
+            }
+            println!("machine {id} is {}", r.state);
+        }
+    }
+    Ok(())
+}
+
+fn done(json: bool, v: serde_json::Value, message: &str) -> anyhow::Result<()> {
+    if json {
+        print_json(&v)
+    } else {
+        println!("{message}");
+        Ok(())
+    }
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn print_machines(machines: &[Machine]) {
+    let mut t = Table::new();
+    t.set_header([
+        "id", "name", "app", "state", "region", "version", "ports", "updated",
+    ]);
+    for m in machines {
+        let ports = m
+            .host_ports
+            .iter()
+            .map(|(i, h)| format!("{i}->{h}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        t.add_row([
+            m.id.clone(),
+            m.name.clone(),
+            m.app.clone(),
+            m.state.to_string(),
+            m.region.clone(),
+            m.instance_id.clone(),
+            ports,
+            m.updated_at.clone(),
+        ]);
+    }
+    println!("{t}");
+}
+
+fn print_events(events: &[bazaar_types::event::MachineEvent]) {
+    let mut t = Table::new();
+    t.set_header(["time", "type", "status", "source", "details"]);
+    for e in events {
+        let details = e
+            .request
+            .as_ref()
+            .map(|r| {
+                let mut parts = Vec::new();
+                if let Some(x) = &r.exit_event {
+                    parts.push(format!("exit_code={} signal={}", x.exit_code, x.signal));
+                    if x.oom_killed {
+                        parts.push("oom_killed".into());
+                    }
+                    if let Some(err) = &x.error {
+                        parts.push(err.clone());
+                    }
+                }
+                if let Some(reason) = &r.reason {
+                    parts.push(reason.clone());
+                }
+                parts.join(" ")
+            })
+            .unwrap_or_default();
+        t.add_row([
+            bazaar_types::rfc3339(e.timestamp),
+            e.kind.clone(),
+            e.status.clone(),
+            e.source.clone(),
+            details,
+        ]);
+    }
+    println!("{t}");
+}

@@ -1,0 +1,174 @@
+//! The `bazaar` binary: one executable for the agent, the local dev cluster, the CLI and the
+//! per-machine shim.
+//!
+//! - `bazaar agent`: run one host's agent ([`bazaar_agent`]).
+//! - `bazaar dev`: a local cluster of N agents on loopback ([`dev`]).
+//! - `bazaar host ...`: talk to one agent's host interface ([`host_cmd`]).
+//! - `bazaar shim RUN_DIR`: internal; the per-machine supervisor ([`bazaar_shim`]).
+
+mod dev;
+mod host_cmd;
+
+use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "bazaar",
+    version,
+    about = "A decentralized cluster orchestrator that speaks the Fly Machines API"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the agent of one host.
+    Agent(AgentArgs),
+    /// Start (or resume) a local cluster of agents on loopback.
+    Dev(dev::DevArgs),
+    /// Talk to one host's agent (host interface).
+    Host(host_cmd::HostArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct AgentArgs {
+    /// A TOML config file; flags override it.
+    #[arg(long, env = "BAZAAR_AGENT_CONFIG")]
+    config: Option<PathBuf>,
+    /// Data directory (store, machines, secrets).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Region of this host.
+    #[arg(long)]
+    region: Option<String>,
+    /// Address of the HTTP listener (default 127.0.0.1:4280).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// CPUs offered (default: detected CPUs × cpu overcommit).
+    #[arg(long)]
+    cpus: Option<u32>,
+    /// Memory offered in MB (default: 90% of detected memory).
+    #[arg(long)]
+    memory_mb: Option<u64>,
+    /// The cluster secret (default: read or created in the data dir).
+    #[arg(long, env = "BAZAAR_CLUSTER_SECRET", hide_env_values = true)]
+    cluster_secret: Option<String>,
+    /// File of API tokens this agent accepts (one per line).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Run workloads without namespaces, user switch or cgroups.
+    #[arg(long)]
+    no_isolate: bool,
+    /// Stop every workload when the agent stops (they restart with it).
+    #[arg(long)]
+    stop_machines_on_shutdown: bool,
+    /// Log format: text or json.
+    #[arg(long, default_value = "text")]
+    log_format: String,
+}
+
+fn main() {
+    // The shim must start single-threaded and small: dispatch to it before anything else
+    // (no runtime, no argument parser, no logging set-up).
+    let mut args = std::env::args_os();
+    if let (Some(_), Some(cmd)) = (args.next(), args.next()) {
+        if cmd == "shim" {
+            let run_dir = args.next().unwrap_or_default();
+            bazaar_shim::shim_main(std::path::Path::new(&run_dir));
+        }
+    }
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Agent(a) => {
+            init_logging(&a.log_format);
+            run_async(run_agent(a))
+        }
+        Command::Dev(d) => {
+            init_logging("text");
+            run_async(dev::run(d))
+        }
+        Command::Host(h) => run_async(host_cmd::run(h)),
+    };
+    if let Err(err) = result {
+        eprintln!("error: {err:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run_async<F: std::future::Future<Output = anyhow::Result<()>>>(f: F) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(f)
+}
+
+fn init_logging(format: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = std::env::var("BAZAAR_LOG")
+        .ok()
+        .or_else(|| std::env::var("RUST_LOG").ok())
+        .unwrap_or_else(|| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::new(filter))
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
+    let mut config = match &a.config {
+        Some(path) => bazaar_agent::AgentConfig::from_file(path)?,
+        None => bazaar_agent::AgentConfig::default(),
+    };
+    if let Some(d) = a.data_dir {
+        config.data_dir = d;
+    }
+    if let Some(r) = a.region {
+        bazaar_types::ids::validate_name("region", &r).map_err(anyhow::Error::msg)?;
+        config.region = r;
+    }
+    if let Some(l) = a.listen {
+        config.api_listen = l;
+    }
+    if a.cpus.is_some() {
+        config.cpus = a.cpus;
+    }
+    if a.memory_mb.is_some() {
+        config.memory_mb = a.memory_mb;
+    }
+    if a.cluster_secret.is_some() {
+        config.cluster_secret = a.cluster_secret;
+    }
+    if a.token_file.is_some() {
+        config.token_file = a.token_file;
+    }
+    if a.no_isolate {
+        config.isolate = false;
+    }
+    if a.stop_machines_on_shutdown {
+        config.stop_machines_on_shutdown = true;
+    }
+    bazaar_agent::run_agent(config, shutdown_signal()).await
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

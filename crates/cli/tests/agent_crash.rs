@@ -1,0 +1,172 @@
+//! Kills the agent with SIGKILL at every step boundary of every operation (fault injection:
+//! `BAZAAR_CRASH_AT=<op>:<k>`), restarts it, and checks that the operation completed exactly
+//! once: the machine settles in the right state and its workload ran the right number of
+//! times (each run appends a line to a counter file).
+
+mod common;
+
+use bazaar_testkit::{pid_alive, process_config, TestAgent};
+use bazaar_types::host::{ClaimRequest, StopRequest, UpdateRequest};
+use bazaar_types::state::MachineState;
+use common::*;
+use std::path::Path;
+use std::time::Duration;
+
+/// Number of step boundaries of each operation (0 = accepted, k = step k recorded).
+const CASES: &[(&str, u32)] = &[
+    ("create", 1),
+    ("start", 1),
+    ("stop", 2),
+    ("restart", 3),
+    ("update", 3),
+    ("destroy", 3),
+];
+
+fn request(id: &str, counter: &Path, version: &str) -> ClaimRequest {
+    let script = format!("echo {version} >> {}; exec sleep 1000", counter.display());
+    let mut config = process_config(&["sh", "-c", &script]);
+    config.env.insert("VERSION".into(), version.into());
+    ClaimRequest {
+        app: "crash".into(),
+        name: None,
+        region: None,
+        config,
+        skip_launch: false,
+        machine_id: Some(id.into()),
+    }
+}
+
+/// Runs operation `op` on a machine while the agent is set to die at `boundary`.
+async fn crash_case(op: &str, boundary: u32) {
+    let mut agent = agent();
+    let dir = scratch();
+    let counter = dir.path().join("runs");
+    let id = format!("c{op}{boundary}").replace('_', "");
+    let id = format!(
+        "{:0<14}",
+        id.chars()
+            .filter(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+            .collect::<String>()
+    );
+    let c = agent.client();
+
+    // Bring the machine to the state the operation starts from (without faults).
+    if op != "create" {
+        c.create(&request(&id, &counter, "v1")).await.unwrap();
+        wait_state(&c, &id, MachineState::Started).await;
+        if op == "start" {
+            c.stop(&id, &StopRequest::default()).await.unwrap();
+            wait_state(&c, &id, MachineState::Stopped).await;
+        }
+    }
+    let runs_before = lines(&counter);
+    let pid_before = c.machine(&id).await.ok().and_then(|m| m.pid);
+
+    // Restart with the fault armed, then run the operation.
+    agent.kill9();
+    let at = format!("{op}:{boundary}");
+    agent.spawn(&[("BAZAAR_CRASH_AT", &at)]).unwrap();
+    let c = agent.client();
+    let _ = match op {
+        "create" => c.create(&request(&id, &counter, "v1")).await.map(|_| ()),
+        "start" => c.start(&id).await.map(|_| ()),
+        "stop" => c.stop(&id, &StopRequest::default()).await.map(|_| ()),
+        "restart" => c.restart(&id, &StopRequest::default()).await.map(|_| ()),
+        "update" => {
+            let config = request(&id, &counter, "v2").config;
+            c.update(
+                &id,
+                &UpdateRequest {
+                    config,
+                    skip_launch: false,
+                    current_version: None,
+                },
+            )
+            .await
+            .map(|_| ())
+        }
+        "destroy" => c.destroy(&id, false).await.map(|_| ()),
+        _ => unreachable!(),
+    };
+    agent
+        .wait_exit(Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{at}: the agent did not crash: {e}\n{}", agent.log_tail()));
+
+    // Restart without faults: the operation must finish, once.
+    agent.spawn(&[]).unwrap();
+    let c = agent.client();
+    let (state, runs) = match op {
+        "create" => (MachineState::Started, 1),
+        "start" => (MachineState::Started, runs_before + 1),
+        "stop" => (MachineState::Stopped, runs_before),
+        "restart" | "update" => (MachineState::Started, runs_before + 1),
+        "destroy" => (MachineState::Destroyed, runs_before),
+        _ => unreachable!(),
+    };
+    let m = wait_state(&c, &id, state).await;
+    // Let anything that would wrongly run twice show itself.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        lines(&counter),
+        runs,
+        "{at}: workload ran {} times, expected {runs}",
+        lines(&counter)
+    );
+    let m2 = c.machine(&id).await.unwrap();
+    assert_eq!(m2.state, state, "{at}: state changed after settling");
+    match op {
+        "stop" | "destroy" => {
+            let pid = pid_before.expect("was running");
+            assert!(!pid_alive(pid), "{at}: workload still alive");
+        }
+        _ => {
+            let pid = m.pid.expect("started machine has a pid");
+            assert!(pid_alive(pid), "{at}: workload not running");
+            if let Some(before) = pid_before {
+                if op != "start" {
+                    assert_ne!(pid, before, "{at}: workload was not relaunched");
+                    assert!(!pid_alive(before), "{at}: old workload survived");
+                }
+            }
+        }
+    }
+    if op == "update" {
+        let text = std::fs::read_to_string(&counter).unwrap();
+        assert_eq!(
+            text.lines().last(),
+            Some("v2"),
+            "{at}: the new version runs"
+        );
+        assert_eq!(
+            c.versions(&id).await.unwrap().len(),
+            2,
+            "{at}: one new version"
+        );
+    }
+    if op == "destroy" {
+        assert_eq!(
+            c.info().await.unwrap().committed.memory_mb,
+            0,
+            "{at}: resources returned"
+        );
+    }
+    let starts = c
+        .events(&id)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| e.kind == "start")
+        .count();
+    assert_eq!(starts, runs, "{at}: one start event per run");
+    drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_survives_a_crash_at_every_step_boundary() {
+    for (op, steps) in CASES {
+        for boundary in 0..=*steps {
+            crash_case(op, boundary).await;
+        }
+    }
+    let _ = TestAgent::start; // the kit's entry point, used through common::agent
+}

@@ -1,0 +1,176 @@
+//! The host's side of the market: bids from exact local state, reservations that expire,
+//! idempotent claims, and the invariant that committed resources never exceed capacity
+//! whatever the concurrency.
+
+mod common;
+
+use bazaar_testkit::{create_request, AgentOptions, TestAgent};
+use bazaar_types::host::{BidRequest, BidResponse};
+use common::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn bid_req(ttl_ms: Option<u64>) -> BidRequest {
+    BidRequest {
+        placement_id: "test".into(),
+        cpus: 1,
+        memory_mb: 256,
+        ttl_ms,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_concurrent_bids_and_claims_fill_exactly_fifty_slots() {
+    let mut opts = AgentOptions::new(EXE);
+    opts.memory_mb = 50 * 256;
+    opts.cpus = 64;
+    let agent = TestAgent::start(opts).unwrap();
+    let c = agent.client();
+    let capacity = c.info().await.unwrap().capacity;
+    assert_eq!(capacity.memory_mb, 12800);
+
+    // Watch committed + reserved while the race runs.
+    let max_used = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (c, max_used, stop) = (c.clone(), max_used.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(i) = c.info().await {
+                    max_used.fetch_max(
+                        i.committed.memory_mb + i.reserved.memory_mb,
+                        Ordering::Relaxed,
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    let mut tasks = Vec::new();
+    for _ in 0..200 {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            match c.bid(&bid_req(None)).await.unwrap() {
+                BidResponse::Bid { reservation_id, .. } => {
+                    let m = c
+                        .claim(&reservation_id, &create_request("race", &["sleep", "1000"]))
+                        .await
+                        .unwrap();
+                    Some(m.id)
+                }
+                BidResponse::Refusal { reason, .. } => {
+                    assert!(reason.contains("insufficient memory"), "{reason}");
+                    None
+                }
+            }
+        }));
+    }
+    let mut won = Vec::new();
+    for t in tasks {
+        if let Some(id) = t.await.unwrap() {
+            won.push(id);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    watcher.await.unwrap();
+    assert_eq!(won.len(), 50, "exactly 50 bids won");
+    let machines = c.machines(Some("race"), true).await.unwrap();
+    assert_eq!(machines.len(), 50, "exactly 50 machines exist");
+    let info = c.info().await.unwrap();
+    assert_eq!(info.committed.memory_mb, 12800);
+    assert_eq!(info.num_reservations, 0, "no leaked reservation");
+    assert!(
+        max_used.load(Ordering::Relaxed) <= 12800,
+        "over capacity: {}",
+        max_used.load(Ordering::Relaxed)
+    );
+    // A full host refuses with a reason.
+    match c.bid(&bid_req(None)).await.unwrap() {
+        BidResponse::Refusal { reason, .. } => {
+            assert!(reason.contains("insufficient memory"), "{reason}")
+        }
+        other => panic!("a full host bid: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_expire_release_and_claims_are_idempotent() {
+    let agent = agent();
+    let c = agent.client();
+    // An unclaimed reservation returns its resources when it expires.
+    let BidResponse::Bid { reservation_id, .. } = c.bid(&bid_req(Some(200))).await.unwrap() else {
+        panic!()
+    };
+    assert_eq!(c.info().await.unwrap().reserved.memory_mb, 256);
+    bazaar_testkit::eventually(Duration::from_secs(5), || async {
+        (c.info().await.ok()?.reserved.memory_mb == 0).then_some(())
+    })
+    .await
+    .expect("reservation expires");
+    let err = c
+        .claim(&reservation_id, &create_request("late", &["sleep", "1"]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(404), "{err}");
+
+    // Release returns it at once.
+    let BidResponse::Bid { reservation_id, .. } = c.bid(&bid_req(None)).await.unwrap() else {
+        panic!()
+    };
+    c.release(&reservation_id).await.unwrap();
+    assert_eq!(c.info().await.unwrap().reserved.memory_mb, 0);
+
+    // A claim retried (same reservation) gives the same machine, once.
+    let BidResponse::Bid { reservation_id, .. } = c.bid(&bid_req(None)).await.unwrap() else {
+        panic!()
+    };
+    let req = create_request("idem", &["sleep", "1000"]);
+    let a = c.claim(&reservation_id, &req).await.unwrap();
+    let b = c.claim(&reservation_id, &req).await.unwrap();
+    assert_eq!(a.id, b.id);
+    assert_eq!(c.machines(Some("idem"), true).await.unwrap().len(), 1);
+    assert_eq!(c.info().await.unwrap().committed.memory_mb, 256);
+    // A claim whose config needs more than was reserved is refused and changes nothing.
+    let BidResponse::Bid { reservation_id, .. } = c.bid(&bid_req(None)).await.unwrap() else {
+        panic!()
+    };
+    let mut big = create_request("idem", &["sleep", "1000"]);
+    big.config.guest = Some(bazaar_types::guest::Guest::preset("shared-cpu-2x").unwrap());
+    let err = c.claim(&reservation_id, &big).await.unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
+    assert_eq!(c.machines(Some("idem"), true).await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_and_commitments_survive_an_agent_restart() {
+    let mut opts = AgentOptions::new(EXE);
+    opts.memory_mb = 1024;
+    let mut agent = TestAgent::start(opts).unwrap();
+    let c = agent.client();
+    let m = c
+        .create(&create_request("dur", &["sleep", "1000"]))
+        .await
+        .unwrap();
+    let BidResponse::Bid { reservation_id, .. } = c.bid(&bid_req(None)).await.unwrap() else {
+        panic!()
+    };
+    agent.kill9();
+    agent.spawn(&[]).unwrap();
+    let c = agent.client();
+    let info = c.info().await.unwrap();
+    assert_eq!(
+        info.committed.memory_mb, 256,
+        "the machine still holds its resources"
+    );
+    // The acknowledged reservation can still be claimed (if not expired).
+    let claimed = c
+        .claim(&reservation_id, &create_request("dur", &["sleep", "1000"]))
+        .await;
+    assert!(
+        claimed.is_ok() || claimed.as_ref().unwrap_err().status() == Some(404),
+        "{claimed:?}"
+    );
+    assert!(c.info().await.unwrap().committed.memory_mb <= 1024);
+    let _ = m;
+}

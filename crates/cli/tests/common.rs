@@ -1,0 +1,52 @@
+//! Helpers shared by the agent tests.
+#![allow(dead_code)]
+
+use bazaar_client::HostClient;
+use bazaar_testkit::{AgentOptions, TestAgent};
+use bazaar_types::machine::Machine;
+use bazaar_types::state::MachineState;
+use std::time::Duration;
+
+pub const EXE: &str = env!("CARGO_BIN_EXE_bazaar");
+
+pub fn agent() -> TestAgent {
+    TestAgent::start(AgentOptions::new(EXE)).expect("agent starts")
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Waits until the machine is in `state`.
+pub async fn wait_state(client: &HostClient, id: &str, state: MachineState) -> Machine {
+    let result = bazaar_testkit::eventually(Duration::from_secs(20), || async {
+        client.machine(id).await.ok().filter(|m| m.state == state)
+    })
+    .await;
+    match result {
+        Ok(m) => m,
+        Err(_) => {
+            let m = client.machine(id).await;
+            panic!("machine {id} never reached {state}; now: {m:#?}");
+        }
+    }
+}
+
+/// A world-writable scratch directory (workloads run as nobody).
+pub fn scratch() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("bazaar-scratch-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    dir
+}
+
+/// Counts lines of a file (0 if missing).
+pub fn lines(path: &std::path::Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}

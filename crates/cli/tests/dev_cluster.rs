@@ -1,0 +1,149 @@
+//! `bazaar dev` starts a working local cluster with nothing installed by hand, writes
+//! dev.env, stops cleanly on SIGTERM (taking its workloads down), and resumes the same
+//! cluster when run again on the same directory.
+
+mod common;
+
+use bazaar_client::HostClient;
+use bazaar_testkit::{create_request, pid_alive};
+use bazaar_types::state::MachineState;
+use common::*;
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Finds `n` consecutive free loopback ports.
+fn free_ports(n: u16) -> u16 {
+    for _ in 0..100 {
+        let base = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if base > 60000 {
+            continue;
+        }
+        let ok = (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+        if ok {
+            return base;
+        }
+    }
+    panic!("no free ports");
+}
+
+fn start_dev(dir: &std::path::Path, base: u16) -> Child {
+    Command::new(EXE)
+        .args([
+            "dev",
+            "--hosts",
+            "3",
+            "--regions",
+            "ams,ord",
+            "--memory-mb",
+            "4096",
+            "--data-dir",
+        ])
+        .arg(dir)
+        .args([
+            "--base-port",
+            &base.to_string(),
+            "--proxy-port",
+            &(base + 10).to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+fn read_env(dir: &std::path::Path) -> HashMap<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(dir.join("dev.env")) {
+            let env: HashMap<String, String> = text
+                .lines()
+                .filter_map(|l| {
+                    l.split_once('=')
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                })
+                .collect();
+            if env.len() >= 3 {
+                return env;
+            }
+        }
+        assert!(Instant::now() < deadline, "dev.env never appeared");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn stop_dev(mut child: Child) {
+    bazaar_testkit::signal(child.id() as i32, libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "dev exited with {status}");
+            return;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("dev did not stop on SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_starts_three_hosts_stops_cleanly_and_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cluster");
+    let base = free_ports(3);
+    let dev = start_dev(&dir, base);
+    let env = read_env(&dir);
+    assert_eq!(env["BAZAAR_API_URL"], format!("http://127.0.0.1:{base}"));
+    assert!(env.contains_key("BAZAAR_PROXY_URL"));
+    let token = env["BAZAAR_TOKEN"].clone();
+    assert!(token.len() >= 32);
+
+    // Three hosts, each answering with the API token, in the regions asked for.
+    let mut host_ids = Vec::new();
+    let mut regions = Vec::new();
+    for i in 0..3 {
+        let c = HostClient::new(&format!("http://127.0.0.1:{}", base + i), &token);
+        let info = c.info().await.unwrap();
+        host_ids.push(info.id);
+        regions.push(info.region);
+    }
+    host_ids.sort();
+    host_ids.dedup();
+    assert_eq!(host_ids.len(), 3, "three distinct hosts");
+    assert_eq!(regions, vec!["ams", "ord", "ams"]);
+
+    let c = HostClient::new(&env["BAZAAR_API_URL"], &token);
+    let m = c
+        .create(&create_request("devapp", &["sleep", "1000"]))
+        .await
+        .unwrap();
+    let pid = wait_state(&c, &m.id, MachineState::Started)
+        .await
+        .pid
+        .unwrap();
+
+    stop_dev(dev);
+    assert!(!pid_alive(pid), "stopping dev stops its workloads");
+
+    // Resume: same hosts, the machine comes back started.
+    let dev = start_dev(&dir, base);
+    let env2 = read_env(&dir);
+    assert_eq!(env2["BAZAAR_TOKEN"], token, "same token after resume");
+    let c = HostClient::new(&env2["BAZAAR_API_URL"], &token);
+    let back = bazaar_testkit::eventually(Duration::from_secs(20), || async {
+        let x = c.machine(&m.id).await.ok()?;
+        (x.state == MachineState::Started && x.pid.is_some_and(|p| p != pid)).then_some(x)
+    })
+    .await
+    .expect("the machine is relaunched when the cluster resumes");
+    let new_pid = back.pid.unwrap();
+    stop_dev(dev);
+    assert!(!pid_alive(new_pid));
+}

@@ -1,0 +1,83 @@
+//! Measures what the shim costs: `ShimHandle::spawn` latency (until the workload is exec'd)
+//! and the resident memory of a shim supervising `sleep 1000`. Prints the figures (run with
+//! `--nocapture` to see them) and fails only on gross regressions, since timings on a shared
+//! 2-core machine vary.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bazaar_shim::{ShimHandle, ShimSpec};
+
+/// Spawns per configuration: enough for a stable median, few enough to stay quick.
+const RUNS: usize = 25;
+/// Gross-regression bounds (the targets are 5 ms and 2 MiB; see the crate docs).
+const MAX_P50: Duration = Duration::from_millis(50);
+const MAX_RSS_KIB: u64 = 4 * 1024;
+
+fn spec(dir: &Path, isolate: bool, cgroup: Option<String>) -> ShimSpec {
+    ShimSpec {
+        machine_id: "m-perf".into(),
+        run_id: 1,
+        argv: vec!["sleep".into(), "1000".into()],
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        workdir: dir.join("work"),
+        user: Some("root".into()),
+        hostname: "m-perf".into(),
+        isolate,
+        memory_mb: if cgroup.is_some() { 256 } else { 0 },
+        cpus: if cgroup.is_some() { 1.0 } else { 0.0 },
+        cgroup,
+        log_path: dir.join("m-perf.log"),
+        log_max_bytes: 1 << 20,
+    }
+}
+
+/// VmRSS of `pid` in KiB.
+fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+async fn measure(label: &str, isolate: bool, cgroup: bool) -> (Duration, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = Path::new(env!("CARGO_BIN_EXE_bazaar"));
+    let mut latencies = Vec::with_capacity(RUNS);
+    let mut rss = Vec::with_capacity(RUNS);
+    for i in 0..RUNS {
+        let cg = cgroup.then(|| format!("bazaar-test-{}-perf-{i}", std::process::id()));
+        let spec = spec(dir.path(), isolate, cg);
+        let run_dir = dir.path().join(format!("run-{i}"));
+        let started = Instant::now();
+        let handle = ShimHandle::spawn(exe, &run_dir, &spec).await.unwrap();
+        latencies.push(started.elapsed());
+        // Let the shim settle into its event loop before sampling its memory.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        rss.push(rss_kib(handle.shim_pid()));
+        handle.kill().unwrap();
+        tokio::time::timeout(Duration::from_secs(10), handle.wait()).await.unwrap();
+    }
+    latencies.sort();
+    rss.sort_unstable();
+    let (p50, p90) = (latencies[RUNS / 2], latencies[RUNS * 9 / 10]);
+    eprintln!(
+        "shim {label}: spawn p50 {:.2} ms, p90 {:.2} ms; shim VmRSS median {} KiB, max {} KiB",
+        p50.as_secs_f64() * 1e3,
+        p90.as_secs_f64() * 1e3,
+        rss[RUNS / 2],
+        rss[RUNS - 1],
+    );
+    (p50, rss[RUNS / 2])
+}
+
+#[tokio::test]
+async fn spawn_latency_and_shim_memory() {
+    let (p50, rss) = measure("plain", false, false).await;
+    assert!(p50 < MAX_P50, "spawn p50 {p50:?}");
+    assert!(rss < MAX_RSS_KIB, "shim rss {rss} KiB");
+    if bazaar_shim::cgroups_available() {
+        let (p50, rss) = measure("isolated+cgroup", true, true).await;
+        assert!(p50 < MAX_P50, "spawn p50 {p50:?}");
+        assert!(rss < MAX_RSS_KIB, "shim rss {rss} KiB");
+    }
+}

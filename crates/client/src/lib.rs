@@ -1,0 +1,293 @@
+//! HTTP client for a bazaar agent's host interface (`/host/v1`), used by the CLI, the test
+//! kit and the benchmarks. Errors carry the server's Fly-shaped message.
+
+use bazaar_types::error::ErrorBody;
+use bazaar_types::event::MachineEvent;
+use bazaar_types::host::{
+    BidRequest, BidResponse, ClaimRequest, HostInfo, StopRequest, UpdateRequest, WaitResponse,
+};
+use bazaar_types::machine::Machine;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::time::Duration;
+
+/// A failed call.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server answered with an error status.
+    #[error("{status}: {message}")]
+    Status {
+        status: u16,
+        message: String,
+        code: Option<String>,
+    },
+    /// The request did not complete.
+    #[error("request to {url} failed: {source}")]
+    Transport {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+}
+
+impl ClientError {
+    /// The HTTP status, if the server answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Status { status, .. } => Some(*status),
+            ClientError::Transport { .. } => None,
+        }
+    }
+}
+
+/// A client for one agent.
+#[derive(Debug, Clone)]
+pub struct HostClient {
+    base: String,
+    token: String,
+    http: reqwest::Client,
+}
+
+impl HostClient {
+    /// A client for the agent at `base` (e.g. `http://127.0.0.1:4280`).
+    pub fn new(base: &str, token: &str) -> HostClient {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(64)
+            .build()
+            .unwrap_or_default();
+        HostClient {
+            base: base.trim_end_matches('/').to_string(),
+            token: token.to_string(),
+            http,
+        }
+    }
+
+    /// The base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}/host/v1{}", self.base, path)
+    }
+
+    async fn send<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+        url: String,
+    ) -> Result<T, ClientError> {
+        let resp = req
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|source| ClientError::Transport {
+                url: url.clone(),
+                source,
+            })?;
+        let status = resp.status();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|source| ClientError::Transport {
+                url: url.clone(),
+                source,
+            })?;
+        if !status.is_success() {
+            let (message, code) = match serde_json::from_slice::<ErrorBody>(&bytes) {
+                Ok(b) => (b.error, b.status),
+                Err(_) => (String::from_utf8_lossy(&bytes).into_owned(), None),
+            };
+            return Err(ClientError::Status {
+                status: status.as_u16(),
+                message,
+                code,
+            });
+        }
+        let body: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
+        serde_json::from_slice(body).map_err(|e| ClientError::Status {
+            status: status.as_u16(),
+            message: format!("unexpected response body: {e}"),
+            code: None,
+        })
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        let url = self.url(path);
+        self.send(self.http.get(&url), url).await
+    }
+
+    async fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        let url = self.url(path);
+        self.send(self.http.post(&url).json(body), url).await
+    }
+
+    /// The raw POST of a body (tests use it to send malformed JSON).
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        body: &'static str,
+    ) -> Result<serde_json::Value, ClientError> {
+        let url = self.url(path);
+        self.send(
+            self.http
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(body),
+            url,
+        )
+        .await
+    }
+
+    /// Host description.
+    pub async fn info(&self) -> Result<HostInfo, ClientError> {
+        self.get("/info").await
+    }
+
+    /// Asks for a bid.
+    pub async fn bid(&self, req: &BidRequest) -> Result<BidResponse, ClientError> {
+        self.post("/bids", req).await
+    }
+
+    /// Claims a reservation.
+    pub async fn claim(
+        &self,
+        reservation_id: &str,
+        req: &ClaimRequest,
+    ) -> Result<Machine, ClientError> {
+        self.post(&format!("/reservations/{reservation_id}/claim"), req)
+            .await
+    }
+
+    /// Releases a reservation.
+    pub async fn release(&self, reservation_id: &str) -> Result<serde_json::Value, ClientError> {
+        let url = self.url(&format!("/reservations/{reservation_id}"));
+        self.send(self.http.delete(&url), url).await
+    }
+
+    /// Creates a machine on this host directly.
+    pub async fn create(&self, req: &ClaimRequest) -> Result<Machine, ClientError> {
+        self.post("/machines", req).await
+    }
+
+    /// Lists machines.
+    pub async fn machines(
+        &self,
+        app: Option<&str>,
+        include_deleted: bool,
+    ) -> Result<Vec<Machine>, ClientError> {
+        let mut q = format!("/machines?include_deleted={include_deleted}");
+        if let Some(app) = app {
+            q.push_str(&format!("&app={app}"));
+        }
+        self.get(&q).await
+    }
+
+    /// One machine.
+    pub async fn machine(&self, id: &str) -> Result<Machine, ClientError> {
+        self.get(&format!("/machines/{id}")).await
+    }
+
+    /// Starts a machine.
+    pub async fn start(&self, id: &str) -> Result<serde_json::Value, ClientError> {
+        self.post(&format!("/machines/{id}/start"), &serde_json::json!({}))
+            .await
+    }
+
+    /// Stops a machine.
+    pub async fn stop(
+        &self,
+        id: &str,
+        req: &StopRequest,
+    ) -> Result<serde_json::Value, ClientError> {
+        self.post(&format!("/machines/{id}/stop"), req).await
+    }
+
+    /// Restarts a machine.
+    pub async fn restart(
+        &self,
+        id: &str,
+        req: &StopRequest,
+    ) -> Result<serde_json::Value, ClientError> {
+        self.post(&format!("/machines/{id}/restart"), req).await
+    }
+
+    /// Sends a signal (name or number).
+    pub async fn signal(
+        &self,
+        id: &str,
+        signal: serde_json::Value,
+    ) -> Result<serde_json::Value, ClientError> {
+        self.post(
+            &format!("/machines/{id}/signal"),
+            &serde_json::json!({ "signal": signal }),
+        )
+        .await
+    }
+
+    /// Updates a machine's config.
+    pub async fn update(&self, id: &str, req: &UpdateRequest) -> Result<Machine, ClientError> {
+        self.post(&format!("/machines/{id}"), req).await
+    }
+
+    /// Destroys a machine.
+    pub async fn destroy(&self, id: &str, force: bool) -> Result<serde_json::Value, ClientError> {
+        let url = self.url(&format!("/machines/{id}?force={force}"));
+        self.send(self.http.delete(&url), url).await
+    }
+
+    /// Waits for a state (seconds).
+    pub async fn wait(
+        &self,
+        id: &str,
+        state: &str,
+        timeout_secs: u64,
+    ) -> Result<WaitResponse, ClientError> {
+        self.get(&format!(
+            "/machines/{id}/wait?state={state}&timeout={timeout_secs}"
+        ))
+        .await
+    }
+
+    /// Events, newest first.
+    pub async fn events(&self, id: &str) -> Result<Vec<MachineEvent>, ClientError> {
+        self.get(&format!("/machines/{id}/events?limit=50")).await
+    }
+
+    /// Config versions, newest first.
+    pub async fn versions(&self, id: &str) -> Result<Vec<serde_json::Value>, ClientError> {
+        self.get(&format!("/machines/{id}/versions")).await
+    }
+
+    /// The machine's log tail (JSON lines).
+    pub async fn logs(&self, id: &str) -> Result<String, ClientError> {
+        let url = self.url(&format!("/machines/{id}/logs"));
+        let resp = self
+            .http
+            .get(&url)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|source| ClientError::Transport {
+                url: url.clone(),
+                source,
+            })?;
+        let status = resp.status().as_u16();
+        let text = resp
+            .text()
+            .await
+            .map_err(|source| ClientError::Transport { url, source })?;
+        if status >= 400 {
+            return Err(ClientError::Status {
+                status,
+                message: text,
+                code: None,
+            });
+        }
+        Ok(text)
+    }
+}

@@ -1,0 +1,522 @@
+//! Cgroups of runs: discovery of the hierarchies from `/proc/self/mountinfo`, creation with
+//! memory and cpu limits, joining, the `oom_kill` counter, freezing, killing and removal.
+//!
+//! Both layouts are supported. On the unified layout (cgroup v2: a `cgroup2` mount that has
+//! the memory controller, usually `/sys/fs/cgroup`) a run has one directory. On v1 (including
+//! "hybrid" hosts, whose `cgroup2` mount has no controllers) a run has one directory in each of
+//! the memory, cpu, cpuacct, pids and freezer hierarchies that are mounted. Run cgroup paths
+//! are relative to the root of each hierarchy, e.g. `bazaar/host-abc/m-123`.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::{sys, ShimError};
+
+/// v1 controllers a run gets a directory in (when they are mounted).
+const V1_CONTROLLERS: &[&str] = &["memory", "cpu", "cpuacct", "pids", "freezer"];
+/// v2 controllers enabled for runs in their ancestors' `cgroup.subtree_control`.
+const V2_CONTROLLERS: &[&str] = &["memory", "cpu", "pids"];
+/// CFS period for the cpu quota: the kernel's default of 100 ms.
+const CPU_PERIOD_US: u64 = 100_000;
+/// Smallest quota the kernel accepts (1 ms).
+const CPU_MIN_QUOTA_US: u64 = 1_000;
+/// How long freezing may take. Tasks freeze at their next safe point (microseconds) unless
+/// stuck in uninterruptible sleep, where waiting longer would not help.
+const FREEZE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long removal waits for killed tasks to leave the cgroup. Exiting a large process
+/// (freeing its memory) takes milliseconds; this bounds stuck cases.
+const REMOVE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Poll interval while waiting for the kernel to settle a cgroup.
+const SETTLE_POLL: Duration = Duration::from_millis(1);
+
+/// Returns true when runs can get cgroups: the process is root and the memory and cpu
+/// controllers are available (v1 or v2).
+pub fn cgroups_available() -> bool {
+    sys::effective_ids().0 == 0
+        && Layout::detect().is_some_and(|l| l.has_controller("memory") && l.has_controller("cpu"))
+}
+
+/// Kills whatever is left in the run cgroup `cgroup` (relative path) and removes its directory
+/// in every hierarchy. Idempotent: a missing cgroup is not an error. Parent directories are
+/// left alone (they are shared with other runs).
+///
+/// # Errors
+///
+/// [`ShimError::Spec`] for an invalid path; [`ShimError::Io`] if the cgroup cannot be emptied
+/// or removed within a few seconds.
+pub fn remove_cgroup(cgroup: &str) -> Result<(), ShimError> {
+    validate_relative(cgroup).map_err(ShimError::Spec)?;
+    let Some(layout) = Layout::detect() else {
+        return Ok(());
+    };
+    let cg = Cgroup::new(&layout, cgroup);
+    cg.remove()
+        .map_err(ShimError::io(format!("removing cgroup {cgroup}")))
+}
+
+/// Checks that `rel` is a relative path of plain components (no `..`, no empty parts).
+pub(crate) fn validate_relative(rel: &str) -> Result<(), String> {
+    let ok = !rel.is_empty()
+        && !rel.contains('\0')
+        && rel
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..");
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "cgroup path {rel:?} must be relative, with plain components"
+        ))
+    }
+}
+
+/// The cgroup hierarchies mounted on this host.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Layout {
+    /// The unified hierarchy mounted at `root`, whose root has `controllers`.
+    V2 {
+        root: PathBuf,
+        controllers: Vec<String>,
+    },
+    /// One mount per group of v1 controllers (only the controllers we use).
+    V1 { mounts: Vec<V1Mount> },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct V1Mount {
+    controllers: Vec<String>,
+    path: PathBuf,
+}
+
+impl Layout {
+    /// Reads the mounts of this process; `None` if no usable hierarchy is mounted.
+    pub(crate) fn detect() -> Option<Layout> {
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
+        Layout::from_mountinfo(&mountinfo, |root| {
+            fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default()
+        })
+    }
+
+    /// Parses `mountinfo`; `v2_controllers` reads `cgroup.controllers` of a cgroup2 mount.
+    fn from_mountinfo(mountinfo: &str, v2_controllers: impl Fn(&Path) -> String) -> Option<Layout> {
+        let mut v1: Vec<V1Mount> = Vec::new();
+        let mut v2 = None;
+        for line in mountinfo.lines() {
+            // "id parent maj:min root mountpoint opts [optional...] - fstype source superopts"
+            let Some((pre, post)) = line.split_once(" - ") else {
+                continue;
+            };
+            let Some(mountpoint) = pre.split(' ').nth(4) else {
+                continue;
+            };
+            let mut post = post.split(' ');
+            let (fstype, options) = (post.next(), post.nth(1).unwrap_or(""));
+            match fstype {
+                Some("cgroup2") if v2.is_none() => v2 = Some(PathBuf::from(unescape(mountpoint))),
+                Some("cgroup") => {
+                    let controllers: Vec<String> = options
+                        .split(',')
+                        .filter(|o| V1_CONTROLLERS.contains(o))
+                        .map(String::from)
+                        .collect();
+                    let seen = controllers
+                        .iter()
+                        .any(|c| v1.iter().any(|m| m.controllers.contains(c)));
+                    if !controllers.is_empty() && !seen {
+                        v1.push(V1Mount {
+                            controllers,
+                            path: PathBuf::from(unescape(mountpoint)),
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        // The unified layout is the cgroup2 mount when it has the memory controller (or when
+        // there is nothing else); on hybrid hosts it has none and the v1 mounts are used.
+        if let Some(root) = v2 {
+            let controllers: Vec<String> = v2_controllers(&root)
+                .split_whitespace()
+                .map(String::from)
+                .collect();
+            if controllers.iter().any(|c| c == "memory") || v1.is_empty() {
+                return Some(Layout::V2 { root, controllers });
+            }
+        }
+        (!v1.is_empty()).then_some(Layout::V1 { mounts: v1 })
+    }
+
+    fn has_controller(&self, name: &str) -> bool {
+        match self {
+            Layout::V2 { controllers, .. } => controllers.iter().any(|c| c == name),
+            Layout::V1 { mounts } => mounts
+                .iter()
+                .any(|m| m.controllers.iter().any(|c| c == name)),
+        }
+    }
+}
+
+/// Undoes the octal escapes (`\040` for a space...) of mountinfo paths.
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)));
+        match (bytes[i], octal) {
+            (b'\\', Some(d)) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The cgroup of one run, in every hierarchy it lives in.
+#[derive(Debug, Clone)]
+pub(crate) struct Cgroup {
+    /// The run's directory in each hierarchy, with that hierarchy's controllers.
+    dirs: Vec<(PathBuf, Vec<String>)>,
+    /// The hierarchy root on the unified layout (`None` on v1).
+    v2_root: Option<PathBuf>,
+}
+
+impl Cgroup {
+    /// Locates the run cgroup `rel` (already validated) in `layout`. Touches nothing.
+    pub(crate) fn new(layout: &Layout, rel: &str) -> Cgroup {
+        match layout {
+            Layout::V2 { root, controllers } => Cgroup {
+                dirs: vec![(root.join(rel), controllers.clone())],
+                v2_root: Some(root.clone()),
+            },
+            Layout::V1 { mounts } => Cgroup {
+                dirs: mounts
+                    .iter()
+                    .map(|m| (m.path.join(rel), m.controllers.clone()))
+                    .collect(),
+                v2_root: None,
+            },
+        }
+    }
+
+    /// Finds the hierarchies and locates `rel` in them.
+    pub(crate) fn open(rel: &str) -> Result<Cgroup, String> {
+        validate_relative(rel)?;
+        let layout = Layout::detect().ok_or("no cgroup hierarchy is mounted")?;
+        Ok(Cgroup::new(&layout, rel))
+    }
+
+    /// The run's directory in the hierarchy that has `controller`.
+    fn dir_with(&self, controller: &str) -> Option<&Path> {
+        match &self.v2_root {
+            Some(_) => self.dirs.first().map(|(p, _)| p.as_path()),
+            None => self
+                .dirs
+                .iter()
+                .find(|(_, c)| c.iter().any(|c| c == controller))
+                .map(|(p, _)| p.as_path()),
+        }
+    }
+
+    fn exists(&self) -> bool {
+        self.dirs.iter().any(|(p, _)| p.exists())
+    }
+
+    /// Creates the cgroup afresh: a leftover from an earlier run (whose shim was killed) is
+    /// emptied and removed first, so limits and the `oom_kill` counter start clean.
+    pub(crate) fn recreate(&self) -> io::Result<()> {
+        if self.exists() {
+            self.remove()?;
+        }
+        match &self.v2_root {
+            None => self
+                .dirs
+                .iter()
+                .try_for_each(|(p, _)| fs::create_dir_all(p).map_err(context(p))),
+            Some(root) => self.create_v2(root),
+        }
+    }
+
+    /// Creates the v2 directory, enabling our controllers in every ancestor on the way (a
+    /// controller is only available in a cgroup if its parent delegates it).
+    fn create_v2(&self, root: &Path) -> io::Result<()> {
+        let leaf = &self.dirs[0].0;
+        let rel = leaf.strip_prefix(root).unwrap_or(leaf);
+        let mut dir = root.to_path_buf();
+        for component in rel.components() {
+            let available = fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+            let enabled =
+                fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
+            for controller in V2_CONTROLLERS {
+                let has = |list: &str| list.split_whitespace().any(|c| c == *controller);
+                if has(&available) && !has(&enabled) {
+                    // Fails if `dir` has processes of its own (the "no internal processes"
+                    // rule); configure() then reports the missing controller file.
+                    let _ = fs::write(dir.join("cgroup.subtree_control"), format!("+{controller}"));
+                }
+            }
+            dir.push(component);
+            match fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(err) => return Err(context(&dir)(err)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the memory limit (MiB, 0 = none; swap disabled where possible) and the cpu quota
+    /// (in cpus, 0 = none).
+    pub(crate) fn configure(&self, memory_mb: u64, cpus: f64) -> io::Result<()> {
+        let bytes = memory_mb.saturating_mul(1024 * 1024);
+        let quota = ((cpus * CPU_PERIOD_US as f64) as u64).max(CPU_MIN_QUOTA_US);
+        match self.v2_root {
+            Some(_) => {
+                let dir = &self.dirs[0].0;
+                if memory_mb > 0 {
+                    write(&dir.join("memory.max"), &bytes.to_string())?;
+                    // Missing when swap accounting is off: then there is no swap to disable.
+                    let _ = write(&dir.join("memory.swap.max"), "0");
+                }
+                if cpus > 0.0 {
+                    write(&dir.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"))?;
+                }
+            }
+            None => {
+                if memory_mb > 0 {
+                    let dir = self.dir_with("memory").ok_or_else(|| missing("memory"))?;
+                    write(&dir.join("memory.limit_in_bytes"), &bytes.to_string())?;
+                    // memsw (memory + swap) exists when swap accounting is on; otherwise make
+                    // the cgroup avoid swap.
+                    if write(&dir.join("memory.memsw.limit_in_bytes"), &bytes.to_string()).is_err()
+                    {
+                        let _ = write(&dir.join("memory.swappiness"), "0");
+                    }
+                }
+                if cpus > 0.0 {
+                    let dir = self.dir_with("cpu").ok_or_else(|| missing("cpu"))?;
+                    write(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+                    write(&dir.join("cpu.cfs_quota_us"), &quota.to_string())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The number of OOM kills in this cgroup so far (`None` without a memory controller).
+    pub(crate) fn oom_kills(&self) -> Option<u64> {
+        let file = match self.v2_root {
+            Some(_) => "memory.events",
+            None => "memory.oom_control",
+        };
+        let text = fs::read_to_string(self.dir_with("memory")?.join(file)).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|n| n.trim().parse().ok())
+    }
+
+    /// Moves the calling process into the cgroup in every hierarchy.
+    pub(crate) fn join(&self) -> io::Result<()> {
+        // "0" means the writing process, whatever pid namespace it is in.
+        self.dirs
+            .iter()
+            .try_for_each(|(p, _)| write(&p.join("cgroup.procs"), "0"))
+    }
+
+    /// The processes in the cgroup (the union over all hierarchies).
+    fn procs(&self) -> Vec<i32> {
+        let mut pids: Vec<i32> = Vec::new();
+        for (dir, _) in &self.dirs {
+            let text = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
+    /// Freezes every process of the cgroup and waits until the kernel reports it frozen.
+    pub(crate) fn freeze(&self) -> io::Result<()> {
+        match self.v2_root {
+            Some(_) => {
+                let dir = &self.dirs[0].0;
+                write(&dir.join("cgroup.freeze"), "1")?;
+                wait_for(&dir.join("cgroup.events"), |text| {
+                    text.lines().any(|l| l == "frozen 1")
+                })
+            }
+            None => {
+                let dir = self.dir_with("freezer").ok_or_else(|| missing("freezer"))?;
+                let state = dir.join("freezer.state");
+                write(&state, "FROZEN")?;
+                wait_for(&state, |text| text.trim() == "FROZEN")
+            }
+        }
+    }
+
+    /// Thaws the cgroup.
+    pub(crate) fn thaw(&self) -> io::Result<()> {
+        match self.v2_root {
+            Some(_) => write(&self.dirs[0].0.join("cgroup.freeze"), "0"),
+            None => {
+                let dir = self.dir_with("freezer").ok_or_else(|| missing("freezer"))?;
+                write(&dir.join("freezer.state"), "THAWED")
+            }
+        }
+    }
+
+    /// Sends SIGKILL to every process in the cgroup, at once where the kernel allows it
+    /// (`cgroup.kill`), else while the cgroup is frozen so that nothing forks meanwhile.
+    pub(crate) fn kill_all(&self) {
+        if self.v2_root.is_some() && write(&self.dirs[0].0.join("cgroup.kill"), "1").is_ok() {
+            return;
+        }
+        let pids = self.procs();
+        if pids.is_empty() {
+            return;
+        }
+        let frozen = self.freeze().is_ok();
+        for pid in self.procs() {
+            let _ = sys::kill(pid, libc::SIGKILL);
+        }
+        if frozen {
+            let _ = self.thaw();
+        }
+    }
+
+    /// Kills what is left in the cgroup and removes its directories. Idempotent.
+    pub(crate) fn remove(&self) -> io::Result<()> {
+        let deadline = Instant::now() + REMOVE_TIMEOUT;
+        loop {
+            self.kill_all();
+            let mut busy = None;
+            for (dir, _) in &self.dirs {
+                match fs::remove_dir(dir) {
+                    Ok(()) => {}
+                    Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                    Err(err) => busy = Some(context(dir)(err)),
+                }
+            }
+            match busy {
+                None => return Ok(()),
+                Some(err) if Instant::now() >= deadline => return Err(err),
+                Some(_) => std::thread::sleep(SETTLE_POLL),
+            }
+        }
+    }
+}
+
+/// Writes `value` to the cgroup file `path`; errors name the file.
+fn write(path: &Path, value: &str) -> io::Result<()> {
+    fs::write(path, value).map_err(context(path))
+}
+
+/// Polls `path` until `done` accepts its content, for at most [`FREEZE_TIMEOUT`].
+fn wait_for(path: &Path, done: impl Fn(&str) -> bool) -> io::Result<()> {
+    let deadline = Instant::now() + FREEZE_TIMEOUT;
+    loop {
+        if done(&fs::read_to_string(path).map_err(context(path))?) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            let msg = format!(
+                "{} did not settle within {FREEZE_TIMEOUT:?}",
+                path.display()
+            );
+            return Err(io::Error::new(io::ErrorKind::TimedOut, msg));
+        }
+        std::thread::sleep(SETTLE_POLL);
+    }
+}
+
+fn context(path: &Path) -> impl FnOnce(io::Error) -> io::Error + '_ {
+    move |err| io::Error::new(err.kind(), format!("{}: {err}", path.display()))
+}
+
+fn missing(controller: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("the {controller} cgroup controller is not mounted"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory
+36 31 0:33 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices
+37 31 0:34 / /sys/fs/cgroup/free\\040zer rw,relatime - cgroup cgroup rw,freezer
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    #[test]
+    fn hybrid_hosts_use_the_v1_controllers() {
+        let layout = Layout::from_mountinfo(HYBRID, |_| "hugetlb\n".into()).unwrap();
+        let Layout::V1 { mounts } = &layout else {
+            panic!("{layout:?}")
+        };
+        let paths: Vec<_> = mounts.iter().map(|m| m.path.to_str().unwrap()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/sys/fs/cgroup/cpu",
+                "/sys/fs/cgroup/cpuacct",
+                "/sys/fs/cgroup/memory",
+                "/sys/fs/cgroup/free zer"
+            ]
+        );
+        assert!(layout.has_controller("memory") && layout.has_controller("cpu"));
+        assert!(!layout.has_controller("pids"));
+        let cg = Cgroup::new(&layout, "bazaar/m1");
+        assert_eq!(
+            cg.dir_with("freezer").unwrap(),
+            Path::new("/sys/fs/cgroup/free zer/bazaar/m1")
+        );
+    }
+
+    #[test]
+    fn joined_v1_controllers_share_a_mount() {
+        let info = "1 0 0:1 / /cg/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n";
+        let layout = Layout::from_mountinfo(info, |_| String::new()).unwrap();
+        let cg = Cgroup::new(&layout, "x");
+        assert_eq!(cg.dirs.len(), 1);
+        assert_eq!(cg.dir_with("cpuacct"), cg.dir_with("cpu"));
+    }
+
+    #[test]
+    fn unified_hosts_use_v2() {
+        let info = "25 1 0:22 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
+        let layout =
+            Layout::from_mountinfo(info, |_| "cpuset cpu io memory pids\n".into()).unwrap();
+        assert!(matches!(&layout, Layout::V2 { root, .. } if root == Path::new("/sys/fs/cgroup")));
+        let cg = Cgroup::new(&layout, "bazaar/m1");
+        assert_eq!(
+            cg.dir_with("memory").unwrap(),
+            Path::new("/sys/fs/cgroup/bazaar/m1")
+        );
+        assert!(Layout::from_mountinfo("", |_| String::new()).is_none());
+    }
+
+    #[test]
+    fn relative_paths_are_validated() {
+        assert!(validate_relative("bazaar/host-abc/m-123").is_ok());
+        for bad in ["", "/abs", "a//b", "a/../b", "a/./b", "a/", "a\0b"] {
+            assert!(validate_relative(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! Test kit: starts real `bazaar agent` processes on loopback ports with temporary data
+//! directories, so tests and benchmarks can create machines through the host interface,
+//! SIGKILL an agent at any moment and start it again on the same data and port.
+
+use bazaar_client::HostClient;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The cluster secret test agents share.
+pub const TEST_SECRET: &str = "test-cluster-secret-0123456789";
+
+/// How to start a test agent.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    pub exe: PathBuf,
+    pub region: String,
+    pub cpus: u32,
+    pub memory_mb: u64,
+    pub isolate: bool,
+    pub env: Vec<(String, String)>,
+    pub extra_args: Vec<String>,
+}
+
+impl AgentOptions {
+    /// Defaults: region `local`, 64 cpus, 64 GB, isolation on (when root).
+    pub fn new(exe: impl Into<PathBuf>) -> AgentOptions {
+        AgentOptions {
+            exe: exe.into(),
+            region: "local".into(),
+            cpus: 64,
+            memory_mb: 65536,
+            isolate: true,
+            env: Vec::new(),
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+/// One running (or stopped) agent process and its data directory.
+#[derive(Debug)]
+pub struct TestAgent {
+    pub opts: AgentOptions,
+    pub data_dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    child: Option<Child>,
+    port: u16,
+}
+
+impl TestAgent {
+    /// Starts an agent on a fresh temporary directory and a free port.
+    pub fn start(opts: AgentOptions) -> anyhow::Result<TestAgent> {
+        let tmp = tempfile::Builder::new().prefix("bazaar-test-").tempdir()?;
+        let data_dir = tmp.path().to_path_buf();
+        let mut agent = TestAgent {
+            opts,
+            data_dir,
+            _tmp: Some(tmp),
+            child: None,
+            port: 0,
+        };
+        agent.spawn(&[])?;
+        Ok(agent)
+    }
+
+    /// Starts (again) with extra environment variables for this run only.
+    pub fn spawn(&mut self, env: &[(&str, &str)]) -> anyhow::Result<()> {
+        anyhow::ensure!(self.child.is_none(), "agent already running");
+        let addr_file = self.data_dir.join("api.addr");
+        let _ = std::fs::remove_file(&addr_file);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.data_dir.join("agent.log"))?;
+        let mut cmd = Command::new(&self.opts.exe);
+        cmd.arg("agent")
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--region")
+            .arg(&self.opts.region)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{}", self.port))
+            .arg("--cpus")
+            .arg(self.opts.cpus.to_string())
+            .arg("--memory-mb")
+            .arg(self.opts.memory_mb.to_string())
+            .arg("--cluster-secret")
+            .arg(TEST_SECRET)
+            .args(&self.opts.extra_args)
+            .env(
+                "BAZAAR_LOG",
+                std::env::var("BAZAAR_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .env_remove("BAZAAR_CRASH_AT")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        if !self.opts.isolate {
+            cmd.arg("--no-isolate");
+        }
+        for (k, v) in &self.opts.env {
+            cmd.env(k, v);
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        self.child = Some(cmd.spawn()?);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&addr_file) {
+                if let Ok(addr) = text.trim().parse::<std::net::SocketAddr>() {
+                    self.port = addr.port();
+                    break;
+                }
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    self.child = None;
+                    anyhow::bail!(
+                        "agent exited at start ({status}); log:\n{}",
+                        self.log_tail()
+                    );
+                }
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "agent did not start; log:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
+    /// The agent's URL.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// A client with the cluster secret.
+    pub fn client(&self) -> HostClient {
+        HostClient::new(&self.url(), TEST_SECRET)
+    }
+
+    /// The agent's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// True while the process runs.
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Waits for the process to exit by itself (e.g. fault injection), up to `within`.
+    pub fn wait_exit(&mut self, within: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        while let Some(child) = self.child.as_mut() {
+            if child.try_wait()?.is_some() {
+                self.child = None;
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "agent still running after {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
+    /// SIGKILLs the agent (its shims and workloads keep running).
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERMs the agent and waits for it to exit.
+    pub fn stop(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            signal(child.id() as i32, libc::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while child.try_wait()?.is_none() {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    anyhow::bail!("agent did not stop within 30 s");
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        Ok(())
+    }
+
+    /// Restarts after a kill or stop, on the same data and port.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill9();
+        self.spawn(&[])
+    }
+
+    /// The last lines of the agent's log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.data_dir.join("agent.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for TestAgent {
+    fn drop(&mut self) {
+        // Take the workloads down with the test: stop the agent, then kill any shim left.
+        self.kill9();
+        kill_shims_under(&self.data_dir);
+    }
+}
+
+/// Kills every process whose command line mentions `dir` (the shims of a test agent).
+pub fn kill_shims_under(dir: &Path) {
+    let needle = dir.display().to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(" shim ") && cmdline.contains(&needle) {
+            signal(pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Sends a signal to a process.
+pub fn signal(pid: i32, sig: i32) {
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// True if the process exists and is not a zombie.
+pub fn pid_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s
+            .rsplit_once(')')
+            .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+/// Polls `probe` until it returns `Some`, for at most `within`.
+pub async fn eventually<T, F, Fut>(within: Duration, mut probe: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        if let Some(v) = probe().await {
+            return Ok(v);
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "condition not met within {within:?}"
+        );
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
+/// A process-machine config running `argv`.
+pub fn process_config(argv: &[&str]) -> bazaar_types::config::MachineConfig {
+    bazaar_types::config::MachineConfig {
+        driver: Some("process".into()),
+        image: "process".into(),
+        init: Some(bazaar_types::config::InitConfig {
+            exec: argv.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A create request for app `app` running `argv`.
+pub fn create_request(app: &str, argv: &[&str]) -> bazaar_types::host::ClaimRequest {
+    bazaar_types::host::ClaimRequest {
+        app: app.into(),
+        name: None,
+        region: None,
+        config: process_config(argv),
+        skip_launch: false,
+        machine_id: None,
+    }
+}

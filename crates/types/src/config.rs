@@ -1,0 +1,370 @@
+//! `MachineConfig` and its parts, spelled as the Fly Machines API spells them
+//! (reference/fly.md §2.5). Unknown fields are kept (`extra`) and echoed back, so a client's
+//! config survives a round trip even where bazaar does not act on a field yet.
+//!
+//! bazaar extensions: `driver` (`"process"` runs `init.exec` or `init.entrypoint` + `init.cmd`
+//! as a supervised process on the host; `"oci"` runs `image`), and `init.user`.
+
+use crate::duration::GoDuration;
+use crate::guest::Guest;
+use crate::signal::Signal;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::collections::BTreeMap;
+
+/// A machine's configuration: one version of it is named by an `instance_id`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MachineConfig {
+    /// OCI image reference; for process machines, a label (defaults to `"process"`).
+    #[serde(default)]
+    pub image: String,
+    /// bazaar extension: which driver runs the machine (`process`, or `oci` for images).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest: Option<Guest>,
+    /// Deprecated preset name (`shared-cpu-1x`); mutually exclusive with `guest`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<InitConfig>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<MachineService>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub checks: BTreeMap<String, CheckConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart: Option<RestartConfig>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_destroy: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_config: Option<StopConfig>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<FileConfig>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub standbys: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// Fields bazaar does not interpret, echoed back unchanged.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// How the machine's main process is started.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct InitConfig {
+    /// Replaces everything: the exact argv to run.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "str_or_vec"
+    )]
+    pub exec: Vec<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "str_or_vec"
+    )]
+    pub entrypoint: Vec<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "str_or_vec"
+    )]
+    pub cmd: Vec<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tty: bool,
+    /// bazaar extension: the user to run as (`root`, a name, `uid` or `uid:gid`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+impl InitConfig {
+    /// The argv the process driver runs: `exec`, else `entrypoint` + `cmd`.
+    pub fn argv(&self) -> Vec<String> {
+        if !self.exec.is_empty() {
+            return self.exec.clone();
+        }
+        self.entrypoint
+            .iter()
+            .chain(self.cmd.iter())
+            .cloned()
+            .collect()
+    }
+}
+
+/// A service: an internal port the proxy routes to, with its public ports and limits.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MachineService {
+    #[serde(default = "default_protocol")]
+    pub protocol: String,
+    pub internal_port: u16,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<MachinePort>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<Concurrency>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autostart: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autostop: Option<Autostop>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_machines_running: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<CheckConfig>,
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+fn default_protocol() -> String {
+    "tcp".into()
+}
+
+/// A public port of a service.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MachinePort {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub handlers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub force_https: Option<bool>,
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// Load limits of a service (`soft_limit` defaults to 20, as on Fly).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Concurrency {
+    #[serde(rename = "type", default = "default_concurrency_type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soft_limit: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hard_limit: Option<u32>,
+}
+
+fn default_concurrency_type() -> String {
+    "connections".into()
+}
+
+/// `autostop`: `"off" | "stop" | "suspend"`, also accepted as `false`/`true`. As Fly does,
+/// `off` and `stop` are written back as `false` and `true`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Autostop {
+    Off,
+    Stop,
+    Suspend,
+}
+
+impl Serialize for Autostop {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Autostop::Off => s.serialize_bool(false),
+            Autostop::Stop => s.serialize_bool(true),
+            Autostop::Suspend => s.serialize_str("suspend"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Autostop {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bool(bool),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Bool(false) => Ok(Autostop::Off),
+            Raw::Bool(true) => Ok(Autostop::Stop),
+            Raw::Text(t) => match t.as_str() {
+                "off" | "false" => Ok(Autostop::Off),
+                "stop" | "true" => Ok(Autostop::Stop),
+                "suspend" => Ok(Autostop::Suspend),
+                other => Err(serde::de::Error::custom(format!(
+                    "autostop must be off, stop or suspend, got {other:?}"
+                ))),
+            },
+        }
+    }
+}
+
+/// A health check (top-level `checks` map, or a service's `checks`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CheckConfig {
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<GoDuration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<GoDuration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_period: Option<GoDuration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// Restart policy: `no`, `always`, `on-failure` (flyctl's `on-fail` accepted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RestartPolicyKind {
+    #[serde(rename = "no")]
+    No,
+    #[serde(rename = "always")]
+    Always,
+    #[serde(rename = "on-failure", alias = "on-fail", alias = "on_failure")]
+    OnFailure,
+}
+
+/// `restart`: the policy and, for `on-failure`, how many retries (default 10 within 5 minutes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestartConfig {
+    #[serde(default = "default_policy")]
+    pub policy: RestartPolicyKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retries: Option<u32>,
+}
+
+fn default_policy() -> RestartPolicyKind {
+    RestartPolicyKind::OnFailure
+}
+
+/// Graceful stop: the signal to send, then SIGKILL after `timeout`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StopConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<Signal>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<GoDuration>,
+}
+
+/// A file written into the machine at boot.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FileConfig {
+    pub guest_path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<u32>,
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+fn str_or_vec<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        One(String),
+        Many(Vec<String>),
+        Null(()),
+    }
+    Ok(match Raw::deserialize(d)? {
+        Raw::One(s) => vec![s],
+        Raw::Many(v) => v,
+        Raw::Null(()) => Vec::new(),
+    })
+}
+
+/// The default stop timeout (fly.toml `kill_timeout` default, 5 s) and its maximum (300 s).
+pub const DEFAULT_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Upper bound for stop timeouts, as on Fly.
+pub const MAX_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+impl MachineConfig {
+    /// The driver that runs this machine: `process` when set so or when the config has a
+    /// command and no image; otherwise `oci`.
+    pub fn driver(&self) -> &str {
+        match self.driver.as_deref() {
+            Some(d) => d,
+            None if self.image.is_empty() || self.image == "process" => "process",
+            None => "oci",
+        }
+    }
+
+    /// The stop signal (default SIGINT, as Fly) and timeout (default 5 s, max 300 s).
+    pub fn stop_signal_and_timeout(&self) -> (Signal, std::time::Duration) {
+        let stop = self.stop_config.clone().unwrap_or_default();
+        let signal = stop.signal.unwrap_or(Signal::INT);
+        let timeout = stop
+            .timeout
+            .map(|t| t.get())
+            .unwrap_or(DEFAULT_STOP_TIMEOUT)
+            .min(MAX_STOP_TIMEOUT);
+        (signal, timeout)
+    }
+
+    /// The restart policy with Fly's defaults filled in.
+    pub fn restart_policy(&self) -> RestartConfig {
+        let mut r = self.restart.unwrap_or(RestartConfig {
+            policy: RestartPolicyKind::OnFailure,
+            max_retries: None,
+        });
+        if r.policy == RestartPolicyKind::OnFailure && r.max_retries.is_none() {
+            r.max_retries = Some(10);
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_fields_survive_a_round_trip() {
+        let json = r#"{"image":"nginx","dns":{"skip_registration":true},"guest":{"cpus":1,"memory_mb":256,"cpu_kind":"shared"}}"#;
+        let cfg: MachineConfig = serde_json::from_str(json).unwrap();
+        let back = serde_json::to_value(&cfg).unwrap();
+        assert_eq!(back["dns"]["skip_registration"], true);
+        assert_eq!(cfg.driver(), "oci");
+    }
+
+    #[test]
+    fn autostop_reads_bools_and_strings_and_writes_fly_style() {
+        let s: MachineService =
+            serde_json::from_str(r#"{"internal_port":8080,"autostop":"stop"}"#).unwrap();
+        assert_eq!(s.autostop, Some(Autostop::Stop));
+        assert_eq!(serde_json::to_value(&s).unwrap()["autostop"], true);
+        let s: MachineService =
+            serde_json::from_str(r#"{"internal_port":8080,"autostop":"suspend"}"#).unwrap();
+        assert_eq!(serde_json::to_value(&s).unwrap()["autostop"], "suspend");
+        let s: MachineService =
+            serde_json::from_str(r#"{"internal_port":8080,"autostop":false}"#).unwrap();
+        assert_eq!(s.autostop, Some(Autostop::Off));
+    }
+
+    #[test]
+    fn restart_policy_defaults_and_aliases() {
+        let c: MachineConfig = serde_json::from_str(r#"{"restart":{"policy":"on-fail"}}"#).unwrap();
+        assert_eq!(c.restart_policy().max_retries, Some(10));
+        let c = MachineConfig::default();
+        assert_eq!(c.restart_policy().policy, RestartPolicyKind::OnFailure);
+        let (sig, t) = c.stop_signal_and_timeout();
+        assert_eq!(sig, Signal::INT);
+        assert_eq!(t, DEFAULT_STOP_TIMEOUT);
+    }
+
+    #[test]
+    fn init_argv_prefers_exec() {
+        let i: InitConfig =
+            serde_json::from_str(r#"{"entrypoint":["/bin/sh","-c"],"cmd":"echo hi"}"#).unwrap();
+        assert_eq!(i.argv(), vec!["/bin/sh", "-c", "echo hi"]);
+        let i: InitConfig = serde_json::from_str(r#"{"exec":["sleep","1"],"cmd":["x"]}"#).unwrap();
+        assert_eq!(i.argv(), vec!["sleep", "1"]);
+    }
+}

@@ -1,0 +1,121 @@
+//! The host-to-host interface: what an exchange (the API on any node) sends to the agent
+//! that owns or may own a machine. Served under `/host/v1`, authenticated with the cluster
+//! secret. See DESIGN.md "The market".
+
+use crate::config::MachineConfig;
+use crate::guest::Size;
+use serde::{Deserialize, Serialize};
+
+/// Resources, as counted by a host's ledger.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resources {
+    pub cpus: u32,
+    pub memory_mb: u64,
+}
+
+impl From<Size> for Resources {
+    fn from(s: Size) -> Self {
+        Resources {
+            cpus: s.cpus,
+            memory_mb: s.memory_mb,
+        }
+    }
+}
+
+/// A request for a bid: "could you host a machine of this size?"
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BidRequest {
+    /// The exchange's id for this placement (for the record and for logs).
+    #[serde(default)]
+    pub placement_id: String,
+    pub cpus: u32,
+    pub memory_mb: u64,
+    /// How long the reservation should be held, in ms (bounded by the host).
+    #[serde(default)]
+    pub ttl_ms: Option<u64>,
+}
+
+/// A host's answer to a bid request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum BidResponse {
+    /// The host holds the resources until `expires_at_ms` unless claimed or released.
+    Bid {
+        host_id: String,
+        reservation_id: String,
+        /// Higher is better. The default policy spreads: the fraction of the host left free.
+        score: f64,
+        expires_at_ms: u64,
+        free: Resources,
+    },
+    /// The host cannot (or will not) take it.
+    Refusal { host_id: String, reason: String },
+}
+
+/// Turns a reservation into a machine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClaimRequest {
+    pub app: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub region: Option<String>,
+    pub config: MachineConfig,
+    #[serde(default)]
+    pub skip_launch: bool,
+    /// The machine id the exchange chose, so a retried claim is idempotent.
+    #[serde(default)]
+    pub machine_id: Option<String>,
+}
+
+/// A direct create on this host (reserve + claim in one call).
+pub type CreateRequest = ClaimRequest;
+
+/// A host's description of itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostInfo {
+    pub id: String,
+    pub region: String,
+    pub api_addr: String,
+    pub capacity: Resources,
+    pub committed: Resources,
+    pub reserved: Resources,
+    pub free: Resources,
+    pub num_machines: usize,
+    pub num_reservations: usize,
+    pub version: String,
+}
+
+/// Body of `POST /host/v1/machines/{id}/stop` (and the Fly stop endpoint).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StopRequest {
+    #[serde(default)]
+    pub signal: Option<crate::signal::Signal>,
+    #[serde(default)]
+    pub timeout: Option<crate::duration::GoDuration>,
+}
+
+/// Body of `POST /host/v1/machines/{id}/signal`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SignalRequest {
+    pub signal: crate::signal::Signal,
+}
+
+/// Body of an update: the whole new config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UpdateRequest {
+    pub config: MachineConfig,
+    #[serde(default)]
+    pub skip_launch: bool,
+    /// The expected current `instance_id`; a mismatch is refused with 409.
+    #[serde(default)]
+    pub current_version: Option<String>,
+}
+
+/// Answer of `wait`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WaitResponse {
+    pub ok: bool,
+    pub state: String,
+    pub version: String,
+}

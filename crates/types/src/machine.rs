@@ -1,0 +1,50 @@
+//! The machine object returned to clients (reference/fly.md §2.4), plus bazaar's extension
+//! fields (`host_id`, `app`, `host_ports`, `exit`).
+
+use crate::config::MachineConfig;
+use crate::event::MachineEvent;
+use crate::state::MachineState;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A machine as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Machine {
+    pub id: String,
+    pub name: String,
+    pub state: MachineState,
+    pub region: String,
+    /// The current config version (a ULID).
+    pub instance_id: String,
+    /// Same as `instance_id` (newer clients read `version`).
+    pub version: String,
+    pub private_ip: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339.
+    pub updated_at: String,
+    pub config: MachineConfig,
+    #[serde(default)]
+    pub events: Vec<MachineEvent>,
+    #[serde(default)]
+    pub checks: Vec<serde_json::Value>,
+    /// `ok`, `unknown` or `unreachable`.
+    pub host_status: String,
+    #[serde(default)]
+    pub cordoned: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
+    /// bazaar extension: the host that owns the machine.
+    #[serde(default)]
+    pub host_id: String,
+    /// bazaar extension: the app the machine belongs to.
+    #[serde(default)]
+    pub app: String,
+    /// bazaar extension: for process machines, the host port each `internal_port` is
+    /// mapped to (the address to reach is `private_ip:host_port`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub host_ports: BTreeMap<u16, u16>,
+    /// bazaar extension: the host pid of the workload while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+}
