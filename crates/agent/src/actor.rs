@@ -369,6 +369,7 @@ impl Actor {
                 Step::Signal => self.step_signal(&mut rec, &op),
                 Step::AwaitExit => self.step_await_exit(&mut rec, &op, &mut b).await,
                 Step::Release => self.step_release(&mut rec, &mut b).await,
+                Step::Freeze => self.step_freeze(&mut rec, &mut b),
             };
             op.steps_done += 1;
             let last = op.steps_done as usize == steps.len() || outcome == StepOutcome::Abort;
@@ -423,6 +424,25 @@ impl Actor {
         let Some(run_id) = op.run_id else {
             return StepOutcome::Abort;
         };
+        // A suspended machine resumes: its frozen run is thawed, not replaced.
+        if rec.state == MachineState::Suspended {
+            if let Some(h) = &self.run {
+                match h.thaw() {
+                    Ok(()) => {
+                        rec.state = MachineState::Started;
+                        b.event(rec, MachineEvent::new("start", "started", &op.source).with_reason("resumed"));
+                        return StepOutcome::Continue;
+                    }
+                    Err(err) => {
+                        tracing::warn!(machine.id = %self.id, error = %err, "thaw failed, killing the run");
+                        let _ = h.kill();
+                        if let Some(h) = self.run.take() {
+                            let _ = tokio::time::timeout(Duration::from_secs(10), h.wait()).await;
+                        }
+                    }
+                }
+            }
+        }
         let driver = self.agent.0.driver.clone();
         let run_dir = driver.run_dir(&self.id, run_id);
         // Idempotence: the run may already exist (we crashed after spawning it).
@@ -538,6 +558,12 @@ impl Actor {
     fn step_signal(&mut self, rec: &mut MachineRecord, op: &Operation) -> StepOutcome {
         let (signal, _) = op.kind.stop_params(&rec.config);
         if let Some(h) = &self.run {
+            // A frozen process cannot act on a signal; thaw it first.
+            if rec.state == MachineState::Suspended {
+                if let Err(err) = h.thaw() {
+                    tracing::debug!(machine.id = %self.id, error = %err, "thawing before stop");
+                }
+            }
             let result = if signal == Signal::KILL {
                 h.kill()
             } else {
@@ -546,7 +572,7 @@ impl Actor {
             if let Err(err) = result {
                 tracing::debug!(machine.id = %self.id, error = %err, "signalling run");
             }
-            if rec.state == MachineState::Started {
+            if matches!(rec.state, MachineState::Started | MachineState::Suspended) {
                 rec.state = MachineState::Stopping;
             }
         }
@@ -600,6 +626,26 @@ impl Actor {
     }
 }
 
+impl Actor {
+    fn step_freeze(&mut self, rec: &mut MachineRecord, b: &mut Batch) -> StepOutcome {
+        let Some(h) = &self.run else {
+            return StepOutcome::Abort;
+        };
+        match h.freeze() {
+            Ok(()) => {
+                rec.state = MachineState::Suspended;
+                b.event(rec, MachineEvent::new("suspend", "suspended", "user"));
+                StepOutcome::Continue
+            }
+            Err(err) => {
+                tracing::warn!(machine.id = %self.id, error = %err, "freeze failed");
+                b.event(rec, MachineEvent::new("suspend", "started", "flyd").with_reason(format!("suspend failed: {err}")));
+                StepOutcome::Abort
+            }
+        }
+    }
+}
+
 #[derive(Debug, PartialEq, Eq)]
 enum StepOutcome {
     Continue,
@@ -620,6 +666,7 @@ fn final_state(kind: &OpKind, current: MachineState) -> MachineState {
         (_, MachineState::Destroyed) => MachineState::Destroyed,
         (OpKind::Create { skip_launch: true }, _) => MachineState::Created,
         (OpKind::Stop { .. }, _) => MachineState::Stopped,
+        (OpKind::Suspend, s) => s,
         (
             OpKind::Update {
                 skip_launch: true, ..

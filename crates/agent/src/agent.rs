@@ -246,6 +246,7 @@ impl Agent {
             return Ok(BidResponse::Refusal {
                 host_id: self.0.host_id.clone(),
                 reason: "host is shutting down".into(),
+                retryable: false,
             });
         }
         let ttl = Duration::from_millis(req.ttl_ms.unwrap_or(u64::MAX))
@@ -276,6 +277,7 @@ impl Agent {
             Err(err) => Ok(BidResponse::Refusal {
                 host_id: self.0.host_id.clone(),
                 reason: err.to_string(),
+                retryable: !matches!(err, LedgerError::Draining) && ledger.fits_without_reservations(want),
             }),
         }
     }
@@ -426,7 +428,13 @@ impl Agent {
             host_shutdown_run: None,
             next_event_seq: 1,
             destroyed_at_ms: None,
+            lease: None,
+            placement: req.placement.clone(),
         };
+        rec.cordoned = req.skip_service_registration;
+        if let Some(ttl) = req.lease_ttl {
+            rec.lease = Some(new_lease(&rec, ttl, "", None)?);
+        }
         self.assign_ports(&mut rec)?;
         let kind = OpKind::Create {
             skip_launch: req.skip_launch,
@@ -444,7 +452,8 @@ impl Agent {
         self.0.crash.at(op.kind.name(), 0);
         tracing::info!(machine.id = %rec.id, app = %rec.app, "machine created");
         self.publish(&rec);
-        let machine = self.view(&rec, self.0.store.events(&rec.id, 20).unwrap_or_default());
+        let mut machine = self.view(&rec, self.0.store.events(&rec.id, 20).unwrap_or_default());
+        machine.nonce = rec.lease.as_ref().map(|l| l.nonce.clone());
         spawn_actor(self, rec, vec![op], None);
         machine
     }
@@ -504,14 +513,30 @@ impl Agent {
     // === Operations on existing machines ===
 
     /// Starts a machine.
-    pub async fn start_machine(&self, id: &str) -> Result<Machine, AgentError> {
-        self.submit(id, OpKind::Start, |_| Ok(None)).await
+    pub async fn start_machine(&self, id: &str, nonce: Option<&str>) -> Result<Machine, AgentError> {
+        self.submit(id, nonce, OpKind::Start, |_| Ok(None)).await
+    }
+
+    /// Suspends a started machine: its processes are frozen; `start` resumes them.
+    pub async fn suspend_machine(&self, id: &str, nonce: Option<&str>) -> Result<Machine, AgentError> {
+        if !self.0.driver.cgroups {
+            return Err(AgentError::Invalid(
+                "suspend needs cgroups: run the agent as root with isolation on".into(),
+            ));
+        }
+        self.submit(id, nonce, OpKind::Suspend, |_| Ok(None)).await
     }
 
     /// Stops a machine: its stop signal (or the one given), then SIGKILL after the timeout.
-    pub async fn stop_machine(&self, id: &str, req: StopRequest) -> Result<Machine, AgentError> {
+    pub async fn stop_machine(
+        &self,
+        id: &str,
+        req: StopRequest,
+        nonce: Option<&str>,
+    ) -> Result<Machine, AgentError> {
         self.submit(
             id,
+            nonce,
             OpKind::Stop {
                 signal: 0,
                 timeout_ms: 0,
@@ -528,9 +553,15 @@ impl Agent {
     }
 
     /// Restarts a started machine.
-    pub async fn restart_machine(&self, id: &str, req: StopRequest) -> Result<Machine, AgentError> {
+    pub async fn restart_machine(
+        &self,
+        id: &str,
+        req: StopRequest,
+        nonce: Option<&str>,
+    ) -> Result<Machine, AgentError> {
         self.submit(
             id,
+            nonce,
             OpKind::Restart {
                 signal: 0,
                 timeout_ms: 0,
@@ -547,8 +578,13 @@ impl Agent {
     }
 
     /// Destroys a machine: gracefully (stop first), or at once with `force`.
-    pub async fn destroy_machine(&self, id: &str, force: bool) -> Result<Machine, AgentError> {
-        self.submit(id, OpKind::Destroy { force }, |_| Ok(None))
+    pub async fn destroy_machine(
+        &self,
+        id: &str,
+        force: bool,
+        nonce: Option<&str>,
+    ) -> Result<Machine, AgentError> {
+        self.submit(id, nonce, OpKind::Destroy { force }, |_| Ok(None))
             .await
     }
 
@@ -558,10 +594,12 @@ impl Agent {
         &self,
         id: &str,
         req: UpdateRequest,
+        nonce: Option<&str>,
     ) -> Result<Machine, AgentError> {
         let resources = validate_config(&req.config)?;
         let mut ledger = self.0.ledger.lock().await;
         let mut rec = self.load_live(id)?;
+        check_lease(&rec, nonce)?;
         if let Some(expected) = &req.current_version {
             if *expected != rec.instance_id {
                 return Err(AgentError::Conflict(format!(
@@ -614,8 +652,9 @@ impl Agent {
     }
 
     /// Sends a signal to a started machine's workload (not an operation: nothing to resume).
-    pub async fn signal_machine(&self, id: &str, signal: Signal) -> Result<(), AgentError> {
+    pub async fn signal_machine(&self, id: &str, signal: Signal, nonce: Option<&str>) -> Result<(), AgentError> {
         let rec = self.load_live(id)?;
+        check_lease(&rec, nonce)?;
         let state = self.current_state(&rec);
         check_transition(state, bazaar_types::state::Action::Signal)?;
         let run = rec
@@ -635,11 +674,13 @@ impl Agent {
     async fn submit(
         &self,
         id: &str,
+        nonce: Option<&str>,
         kind: OpKind,
         refine: impl FnOnce(&MachineRecord) -> Result<Option<OpKind>, AgentError>,
     ) -> Result<Machine, AgentError> {
         let _ledger = self.0.ledger.lock().await;
         let mut rec = self.load_live(id)?;
+        check_lease(&rec, nonce)?;
         let kind = refine(&rec)?.unwrap_or(kind);
         rec.desired = check_transition(rec.desired, kind.action())?;
         rec.updated_at_ms = now_ms();
@@ -673,6 +714,155 @@ impl Agent {
             .machine(id)?
             .filter(|m| m.state != MachineState::Destroyed)
             .ok_or_else(|| AgentError::MachineNotFound(id.into()))
+    }
+
+    // === Leases, cordons, metadata ===
+
+    /// Takes or refreshes the lease. Refreshing needs the current nonce; another holder's
+    /// unexpired lease is a conflict. Returns the lease and whether it is new.
+    pub async fn lease_acquire(
+        &self,
+        id: &str,
+        ttl: u64,
+        description: &str,
+        nonce: Option<&str>,
+    ) -> Result<(bazaar_types::machine::Lease, bool), AgentError> {
+        let _guard = self.0.ledger.lock().await;
+        let mut rec = self.load_live(id)?;
+        let held = rec.lease.clone().filter(|l| l.expires_at * 1000 > now_ms());
+        let (lease, created) = match (&held, nonce) {
+            (Some(l), Some(n)) if l.nonce == n => (new_lease(&rec, ttl, description, Some(n))?, false),
+            (Some(l), _) => return Err(lease_conflict(id, l)),
+            (None, Some(n)) if !n.is_empty() && rec.lease.as_ref().is_some_and(|l| l.nonce == n) => {
+                // Refreshing a lease that just expired: renew it for the same holder.
+                (new_lease(&rec, ttl, description, Some(n))?, false)
+            }
+            (None, _) => (new_lease(&rec, ttl, description, None)?, true),
+        };
+        rec.lease = Some(lease.clone());
+        let mut b = Batch::default();
+        b.machine(&rec);
+        self.commit(b).await?;
+        Ok((lease, created))
+    }
+
+    /// The current lease, if one is held.
+    pub async fn lease_get(&self, id: &str) -> Result<Option<bazaar_types::machine::Lease>, AgentError> {
+        let rec = self.load_live(id)?;
+        Ok(rec.lease.filter(|l| l.expires_at * 1000 > now_ms()))
+    }
+
+    /// Releases the lease; the nonce must match.
+    pub async fn lease_release(&self, id: &str, nonce: Option<&str>) -> Result<(), AgentError> {
+        let _guard = self.0.ledger.lock().await;
+        let mut rec = self.load_live(id)?;
+        let Some(nonce) = nonce.filter(|n| !n.is_empty()) else {
+            return Err(AgentError::Invalid(
+                "releasing a lease needs its nonce in the fly-machine-lease-nonce header".into(),
+            ));
+        };
+        match rec.lease.clone().filter(|l| l.expires_at * 1000 > now_ms()) {
+            None => return Err(AgentError::LeaseNotFound(id.into())),
+            Some(l) if l.nonce != nonce => return Err(lease_conflict(id, &l)),
+            Some(_) => {}
+        }
+        rec.lease = None;
+        let mut b = Batch::default();
+        b.machine(&rec);
+        self.commit(b).await
+    }
+
+    /// Cordons (no new traffic from the proxy) or uncordons a machine.
+    pub async fn cordon(&self, id: &str, cordoned: bool, nonce: Option<&str>) -> Result<(), AgentError> {
+        let _guard = self.0.ledger.lock().await;
+        let mut rec = self.load_live(id)?;
+        check_lease(&rec, nonce)?;
+        rec.cordoned = cordoned;
+        rec.updated_at_ms = now_ms();
+        let mut b = Batch::default();
+        b.machine(&rec);
+        self.commit(b).await?;
+        self.publish(&rec);
+        Ok(())
+    }
+
+    /// A machine's metadata.
+    pub async fn metadata(&self, id: &str) -> Result<BTreeMap<String, String>, AgentError> {
+        Ok(self.load_live(id)?.config.metadata)
+    }
+
+    /// Sets or removes metadata keys (a `None` or empty value removes the key). With
+    /// `machine_version`, refuses (412) unless the machine is at that version.
+    pub async fn metadata_update(
+        &self,
+        id: &str,
+        changes: BTreeMap<String, Option<String>>,
+        machine_version: Option<&str>,
+        nonce: Option<&str>,
+    ) -> Result<(), AgentError> {
+        for key in changes.keys() {
+            validate_metadata_key(key)?;
+        }
+        let _guard = self.0.ledger.lock().await;
+        let mut rec = self.load_live(id)?;
+        check_lease(&rec, nonce)?;
+        if let Some(v) = machine_version {
+            if v != rec.instance_id {
+                return Err(AgentError::Precondition(format!(
+                    "machine version is {}, not {v}",
+                    rec.instance_id
+                )));
+            }
+        }
+        for (k, v) in changes {
+            match v.filter(|v| !v.is_empty()) {
+                Some(v) => rec.config.metadata.insert(k, v),
+                None => rec.config.metadata.remove(&k),
+            };
+        }
+        rec.updated_at_ms = now_ms();
+        let mut b = Batch::default();
+        b.machine(&rec);
+        self.commit(b).await?;
+        self.publish(&rec);
+        Ok(())
+    }
+
+    /// Runs a command in a started machine's context.
+    pub async fn exec(
+        &self,
+        id: &str,
+        req: bazaar_types::host::ExecRequest,
+    ) -> Result<bazaar_types::host::ExecResponse, AgentError> {
+        let rec = self.load_live(id)?;
+        check_transition(self.current_state(&rec), bazaar_types::state::Action::Exec)?;
+        let run = rec
+            .run
+            .filter(|r| r.run_id > rec.exit_handled_run && r.workload_pid > 0)
+            .ok_or_else(|| AgentError::Conflict(format!("machine {id} has no running process")))?;
+        let spec = self.0.driver.spec(&rec, run.run_id);
+        let target = crate::exec::ExecTarget {
+            workload_pid: run.workload_pid,
+            isolated: self.0.driver.isolate,
+            env: spec.env,
+            workdir: spec.workdir,
+        };
+        crate::exec::run(&target, &req).await
+    }
+
+    /// How the machine was placed, if it went through the market.
+    pub async fn placement(&self, id: &str) -> Result<Option<serde_json::Value>, AgentError> {
+        Ok(self
+            .0
+            .store
+            .machine(id)?
+            .ok_or_else(|| AgentError::MachineNotFound(id.into()))?
+            .placement)
+    }
+
+    /// The machine's log file, for streaming.
+    pub fn log_path(&self, id: &str) -> std::path::PathBuf {
+        self.0.driver.log_path(id)
     }
 
     // === Reads ===
@@ -824,6 +1014,7 @@ impl Agent {
             app: rec.app.clone(),
             host_ports: rec.host_ports.clone(),
             pid: live_run.map(|r| r.workload_pid),
+            lease: rec.lease.clone().filter(|l| l.expires_at * 1000 > now_ms()),
         }
     }
 
@@ -1001,4 +1192,59 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
         }
     }
     Ok(size.into())
+}
+
+/// A new lease (or a refresh keeping `keep_nonce`) of `ttl` seconds (1 s to 1 h).
+fn new_lease(
+    rec: &MachineRecord,
+    ttl: u64,
+    description: &str,
+    keep_nonce: Option<&str>,
+) -> Result<bazaar_types::machine::Lease, AgentError> {
+    if !(1..=3600).contains(&ttl) {
+        return Err(AgentError::Invalid(format!(
+            "lease ttl must be between 1 and 3600 seconds, got {ttl}"
+        )));
+    }
+    Ok(bazaar_types::machine::Lease {
+        nonce: keep_nonce
+            .map(str::to_string)
+            .unwrap_or_else(|| ids::new_secret(6)),
+        expires_at: now_ms() / 1000 + ttl,
+        owner: "api".into(),
+        description: description.chars().take(256).collect(),
+        version: rec.instance_id.clone(),
+    })
+}
+
+fn lease_conflict(id: &str, l: &bazaar_types::machine::Lease) -> AgentError {
+    AgentError::Conflict(format!(
+        "machine {id} lease currently held by {} ({}), expires at {}",
+        l.owner,
+        if l.description.is_empty() { "no description" } else { &l.description },
+        rfc3339(l.expires_at * 1000)
+    ))
+}
+
+/// Refuses a mutation of a leased machine unless `nonce` is the lease's.
+fn check_lease(rec: &MachineRecord, nonce: Option<&str>) -> Result<(), AgentError> {
+    match rec.lease.as_ref().filter(|l| l.expires_at * 1000 > now_ms()) {
+        Some(l) if nonce != Some(l.nonce.as_str()) => Err(lease_conflict(&rec.id, l)),
+        _ => Ok(()),
+    }
+}
+
+fn validate_metadata_key(key: &str) -> Result<(), AgentError> {
+    let ok = !key.is_empty()
+        && key.len() <= 128
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'));
+    if ok {
+        Ok(())
+    } else {
+        Err(AgentError::Invalid(format!(
+            "invalid metadata key {key:?}: use 1-128 letters, digits, '_', '-', '.', '/'"
+        )))
+    }
 }

@@ -18,6 +18,14 @@ pub enum AgentError {
     Transition(#[from] bazaar_types::state::TransitionError),
     #[error("{0}")]
     Conflict(String),
+    #[error("{0}")]
+    Precondition(String),
+    #[error("lease not found on machine {0}")]
+    LeaseNotFound(String),
+    #[error("metadata key {0:?} not found")]
+    MetadataNotFound(String),
+    #[error("{0}")]
+    NotFound(String),
     #[error("aborted: could not reserve resources for machine: {0}")]
     Capacity(String),
     #[error("timeout waiting for machine {id} to be {states}")]
@@ -52,6 +60,10 @@ impl AgentError {
             Self::Invalid(_) => (StatusCode::BAD_REQUEST, None),
             Self::Transition(_) => (StatusCode::PRECONDITION_FAILED, None),
             Self::Conflict(_) => (StatusCode::CONFLICT, None),
+            Self::Precondition(_) => (StatusCode::PRECONDITION_FAILED, None),
+            Self::LeaseNotFound(_) | Self::MetadataNotFound(_) | Self::NotFound(_) => {
+                (StatusCode::NOT_FOUND, None)
+            }
             Self::Capacity(_) => (StatusCode::CONFLICT, Some("insufficient_capacity")),
             Self::WaitTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, None),
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, None),

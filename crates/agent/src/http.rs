@@ -7,7 +7,7 @@ use crate::agent::Agent;
 use crate::error::AgentError;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -43,6 +43,17 @@ pub fn router(agent: Agent) -> Router {
         .route("/machines/{id}/events", get(events))
         .route("/machines/{id}/versions", get(versions))
         .route("/machines/{id}/logs", get(logs))
+        .route("/machines/{id}/suspend", post(suspend))
+        .route("/machines/{id}/cordon", post(cordon))
+        .route("/machines/{id}/uncordon", post(uncordon))
+        .route("/machines/{id}/lease", get(lease_get).post(lease_acquire).delete(lease_release))
+        .route("/machines/{id}/metadata", get(metadata_get).put(metadata_bulk).patch(metadata_bulk))
+        .route(
+            "/machines/{id}/metadata/{key}",
+            get(metadata_key_get).post(metadata_key_set).delete(metadata_key_delete),
+        )
+        .route("/machines/{id}/exec", post(exec))
+        .route("/machines/{id}/placement", get(placement))
         .layer(middleware::from_fn_with_state(agent.clone(), require_token));
     Router::new()
         .nest("/host/v1", host)
@@ -147,13 +158,24 @@ async fn get_machine(State(agent): State<Agent>, Path(id): Path<String>) -> ApiR
     Ok(Json(agent.machine(&id).await?).into_response())
 }
 
+/// The lease nonce a client sent, if any.
+pub const NONCE_HEADER: &str = "fly-machine-lease-nonce";
+
+fn nonce(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(NONCE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+}
+
 async fn update(
     State(agent): State<Agent>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: UpdateRequest = parse_body(&body)?;
-    Ok(Json(agent.update_machine(&id, req).await?).into_response())
+    Ok(Json(agent.update_machine(&id, req, nonce(&headers)).await?).into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -176,48 +198,69 @@ async fn destroy(
     State(agent): State<Agent>,
     Path(id): Path<String>,
     Query(q): Query<DestroyQuery>,
+    headers: HeaderMap,
 ) -> ApiResult<Response> {
     let force = truthy(&q.force)? || truthy(&q.kill)?;
-    agent.destroy_machine(&id, force).await?;
+    agent.destroy_machine(&id, force, nonce(&headers)).await?;
     Ok(Json(serde_json::json!({"ok": true})).into_response())
 }
 
-async fn start(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
+async fn start(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     let before = agent.machine(&id).await?.state;
-    agent.start_machine(&id).await?;
-    Ok(
-        Json(serde_json::json!({"previous_state": before, "migrated": false, "new_host": ""}))
-            .into_response(),
-    )
+    agent.start_machine(&id, nonce(&headers)).await?;
+    Ok(Json(serde_json::json!({"previous_state": before, "migrated": false, "new_host": ""})).into_response())
 }
 
 async fn stop(
     State(agent): State<Agent>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: StopRequest = parse_body(&body)?;
-    agent.stop_machine(&id, req).await?;
+    agent.stop_machine(&id, req, nonce(&headers)).await?;
     Ok(Json(serde_json::json!({"ok": true})).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct RestartQuery {
+    timeout: Option<String>,
+    signal: Option<String>,
 }
 
 async fn restart(
     State(agent): State<Agent>,
     Path(id): Path<String>,
+    Query(q): Query<RestartQuery>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let req: StopRequest = parse_body(&body)?;
-    agent.restart_machine(&id, req).await?;
+    let mut req: StopRequest = parse_body(&body)?;
+    // fly-go sends these in the query.
+    if let Some(t) = &q.timeout {
+        let d = bazaar_types::duration::parse_go_duration(t)
+            .map_err(|e| AgentError::Invalid(format!("invalid timeout: {e}")))?;
+        req.timeout = Some(bazaar_types::duration::GoDuration(d));
+    }
+    if let Some(sig) = &q.signal {
+        req.signal = Some(bazaar_types::signal::Signal::parse(sig).map_err(AgentError::Invalid)?);
+    }
+    agent.restart_machine(&id, req, nonce(&headers)).await?;
     Ok(Json(serde_json::json!({"ok": true})).into_response())
 }
 
 async fn signal(
     State(agent): State<Agent>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: SignalRequest = parse_body(&body)?;
-    agent.signal_machine(&id, req.signal).await?;
+    agent.signal_machine(&id, req.signal, nonce(&headers)).await?;
     Ok(Json(serde_json::json!({"ok": true})).into_response())
 }
 
@@ -298,8 +341,12 @@ async fn versions(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResu
 #[derive(Debug, Deserialize)]
 struct LogsQuery {
     max_bytes: Option<u64>,
+    follow: Option<String>,
 }
 
+/// The machine's output as JSON lines; with `follow=true`, keeps streaming new lines (the
+/// file is polled; rotation is followed) until the client goes away or the machine is
+/// destroyed.
 async fn logs(
     State(agent): State<Agent>,
     Path(id): Path<String>,
@@ -308,9 +355,165 @@ async fn logs(
     let text = agent
         .log_tail(&id, q.max_bytes.unwrap_or(64 * 1024).min(8 * 1024 * 1024))
         .await?;
-    Ok((
-        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
-        text,
-    )
-        .into_response())
+    let headers = [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")];
+    if !truthy(&q.follow)? {
+        return Ok((headers, text).into_response());
+    }
+    let path = agent.log_path(&id);
+    let start = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let first =
+        futures_util::stream::once(async move { Ok::<_, std::io::Error>(Bytes::from(text)) });
+    let rest = futures_util::stream::unfold((path, start), |(path, mut pos)| async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let len = match std::fs::metadata(&path) {
+                Ok(m) => m.len(),
+                // The machine was destroyed: end the stream.
+                Err(_) => return None,
+            };
+            if len < pos {
+                pos = 0; // rotated
+            }
+            if len > pos {
+                let data = read_range(&path, pos, len).unwrap_or_default();
+                pos = len;
+                return Some((Ok(Bytes::from(data)), (path, pos)));
+            }
+        }
+    });
+    let body = axum::body::Body::from_stream(futures_util::StreamExt::chain(first, rest));
+    Ok((headers, body).into_response())
+}
+
+fn read_range(path: &std::path::Path, from: u64, to: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path)?;
+    f.seek(SeekFrom::Start(from))?;
+    let mut buf = vec![0u8; (to - from).min(8 * 1024 * 1024) as usize];
+    f.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+async fn suspend(State(agent): State<Agent>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
+    agent.suspend_machine(&id, nonce(&headers)).await?;
+    Ok(Json(serde_json::json!({"ok": true})).into_response())
+}
+
+async fn cordon(State(agent): State<Agent>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
+    agent.cordon(&id, true, nonce(&headers)).await?;
+    Ok(Json(serde_json::json!({"ok": true})).into_response())
+}
+
+async fn uncordon(State(agent): State<Agent>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
+    agent.cordon(&id, false, nonce(&headers)).await?;
+    Ok(Json(serde_json::json!({"ok": true})).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct LeaseQuery {
+    ttl: Option<u64>,
+}
+
+/// Leases answer in the wrapped form fly-go expects: `{"status": "success", "data": lease}`.
+fn wrapped(lease: &bazaar_types::machine::Lease) -> serde_json::Value {
+    serde_json::json!({"status": "success", "data": lease})
+}
+
+async fn lease_acquire(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    Query(q): Query<LeaseQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: bazaar_types::host::LeaseRequest = parse_body(&body)?;
+    let ttl = req.ttl.or(q.ttl).unwrap_or(30);
+    let (lease, created) = agent
+        .lease_acquire(&id, ttl, req.description.as_deref().unwrap_or(""), nonce(&headers))
+        .await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(wrapped(&lease))).into_response())
+}
+
+async fn lease_get(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
+    match agent.lease_get(&id).await? {
+        Some(lease) => Ok(Json(wrapped(&lease)).into_response()),
+        None => Err(AgentError::LeaseNotFound(id)),
+    }
+}
+
+async fn lease_release(State(agent): State<Agent>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
+    agent.lease_release(&id, nonce(&headers)).await?;
+    Ok(Json(serde_json::json!({"status": "success"})).into_response())
+}
+
+async fn metadata_get(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
+    Ok(Json(agent.metadata(&id).await?).into_response())
+}
+
+async fn metadata_key_get(
+    State(agent): State<Agent>,
+    Path((id, key)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    match agent.metadata(&id).await?.get(&key) {
+        Some(v) => Ok(Json(serde_json::json!({"value": v})).into_response()),
+        None => Err(AgentError::MetadataNotFound(key)),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct MetadataValue {
+    value: String,
+}
+
+async fn metadata_key_set(
+    State(agent): State<Agent>,
+    Path((id, key)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let v: MetadataValue = parse_body(&body)?;
+    let changes = std::iter::once((key, Some(v.value))).collect();
+    agent.metadata_update(&id, changes, None, nonce(&headers)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn metadata_key_delete(
+    State(agent): State<Agent>,
+    Path((id, key)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    if !agent.metadata(&id).await?.contains_key(&key) {
+        return Err(AgentError::MetadataNotFound(key));
+    }
+    let changes = std::iter::once((key, None)).collect();
+    agent.metadata_update(&id, changes, None, nonce(&headers)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn metadata_bulk(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: bazaar_types::host::MetadataUpdate = parse_body(&body)?;
+    agent
+        .metadata_update(&id, req.metadata, req.machine_version.as_deref(), nonce(&headers))
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn exec(State(agent): State<Agent>, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
+    let req: bazaar_types::host::ExecRequest = parse_body(&body)?;
+    Ok(Json(agent.exec(&id, req).await?).into_response())
+}
+
+async fn placement(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
+    match agent.placement(&id).await? {
+        Some(p) => Ok(Json(p).into_response()),
+        None => Err(AgentError::NotFound(format!(
+            "machine {id} was created directly on its host, not through the market: no placement record"
+        ))),
+    }
 }

@@ -12,6 +12,7 @@
 //! - [`driver`]: the process driver (command, environment, ports, shims).
 //! - [`restart`]: the restart policy.
 //! - [`http`]: the host interface (`/host/v1`).
+//! - [`exec`]: running a command inside a machine.
 //! - [`config`], [`secrets`], [`fault`], [`error`].
 //!
 //! Entry point: [`run_agent`].
@@ -21,6 +22,7 @@ pub mod agent;
 pub mod config;
 pub mod driver;
 pub mod error;
+pub mod exec;
 pub mod fault;
 pub mod http;
 pub mod record;
@@ -63,4 +65,17 @@ pub async fn run_agent(
         Err(_) => tracing::warn!("server did not stop within 5 s"),
     }
     Ok(())
+}
+
+/// Each supervised machine holds a few pidfds; lift the soft limit on open files to the hard
+/// limit so a host with thousands of machines does not run out.
+fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(err) = setrlimit(Resource::Nofile, limit) {
+            tracing::warn!(error = %err, "raising the open-file limit");
+        }
+    }
 }

@@ -53,6 +53,12 @@ pub struct MachineRecord {
     /// When the machine was destroyed (tombstone).
     #[serde(default)]
     pub destroyed_at_ms: Option<u64>,
+    /// The lease, if one was taken (it may have expired).
+    #[serde(default)]
+    pub lease: Option<bazaar_types::machine::Lease>,
+    /// How the exchange placed this machine (`explain`).
+    #[serde(default)]
+    pub placement: Option<serde_json::Value>,
 }
 
 /// A run of the workload: one shim, one process.
@@ -107,6 +113,8 @@ pub enum OpKind {
     Destroy {
         force: bool,
     },
+    /// Freeze the workload (cgroup freezer); `Start` thaws it.
+    Suspend,
     /// Started by the restart policy after an exit.
     PolicyRestart,
     /// Relaunch after the host came back from a shutdown.
@@ -125,6 +133,8 @@ pub enum Step {
     AwaitExit,
     /// Free resources and files; the machine becomes a tombstone.
     Release,
+    /// Freeze every process of the current run.
+    Freeze,
 }
 
 impl Step {
@@ -135,6 +145,7 @@ impl Step {
             Step::Signal => "signal",
             Step::AwaitExit => "await_exit",
             Step::Release => "release",
+            Step::Freeze => "freeze",
         }
     }
 }
@@ -149,6 +160,7 @@ impl OpKind {
             OpKind::Restart { .. } => "restart",
             OpKind::Update { .. } => "update",
             OpKind::Destroy { .. } => "destroy",
+            OpKind::Suspend => "suspend",
             OpKind::PolicyRestart => "policy_restart",
             OpKind::Relaunch => "relaunch",
         }
@@ -170,6 +182,7 @@ impl OpKind {
                 skip_launch: false, ..
             } => &[Signal, AwaitExit, Launch],
             OpKind::Destroy { .. } => &[Signal, AwaitExit, Release],
+            OpKind::Suspend => &[Freeze],
         }
     }
 
@@ -188,6 +201,7 @@ impl OpKind {
             OpKind::Restart { .. } => MachineState::Restarting,
             OpKind::Update { .. } => MachineState::Updating,
             OpKind::Destroy { .. } => MachineState::Destroying,
+            OpKind::Suspend => MachineState::Suspending,
         }
     }
 
@@ -201,6 +215,7 @@ impl OpKind {
             OpKind::Update { .. } => Action::Update,
             OpKind::Destroy { force: false } => Action::Destroy,
             OpKind::Destroy { force: true } => Action::ForceDestroy,
+            OpKind::Suspend => Action::Suspend,
         }
     }
 

@@ -211,6 +211,9 @@ pub async fn run(args: HostArgs) -> anyhow::Result<()> {
                     config,
                     skip_launch,
                     machine_id: None,
+                    lease_ttl: None,
+                    skip_service_registration: false,
+        placement: None,
                 })
                 .await?;
             if !skip_launch {

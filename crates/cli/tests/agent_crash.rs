@@ -33,6 +33,9 @@ fn request(id: &str, counter: &Path, version: &str) -> ClaimRequest {
         config,
         skip_launch: false,
         machine_id: Some(id.into()),
+        lease_ttl: None,
+        skip_service_registration: false,
+        placement: None,
     }
 }
 

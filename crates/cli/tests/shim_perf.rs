@@ -2,8 +2,11 @@
 //! and the resident memory of a shim supervising `sleep 1000`. Prints the figures (run with
 //! `--nocapture` to see them) and fails only on gross regressions, since timings on a shared
 //! 2-core machine vary.
+//!
+//! Both depend on the size of the `bazaar` executable the shim runs as: set
+//! `BAZAAR_SHIM_PERF_EXE=target/release/bazaar` (an absolute path) to measure a release build.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bazaar_shim::{ShimHandle, ShimSpec};
@@ -41,7 +44,8 @@ fn rss_kib(pid: i32) -> u64 {
 
 async fn measure(label: &str, isolate: bool, cgroup: bool) -> (Duration, u64) {
     let dir = tempfile::tempdir().unwrap();
-    let exe = Path::new(env!("CARGO_BIN_EXE_bazaar"));
+    let exe = std::env::var_os("BAZAAR_SHIM_PERF_EXE")
+        .map_or_else(|| env!("CARGO_BIN_EXE_bazaar").into(), PathBuf::from);
     let mut latencies = Vec::with_capacity(RUNS);
     let mut rss = Vec::with_capacity(RUNS);
     for i in 0..RUNS {
@@ -49,13 +53,15 @@ async fn measure(label: &str, isolate: bool, cgroup: bool) -> (Duration, u64) {
         let spec = spec(dir.path(), isolate, cg);
         let run_dir = dir.path().join(format!("run-{i}"));
         let started = Instant::now();
-        let handle = ShimHandle::spawn(exe, &run_dir, &spec).await.unwrap();
+        let handle = ShimHandle::spawn(&exe, &run_dir, &spec).await.unwrap();
         latencies.push(started.elapsed());
         // Let the shim settle into its event loop before sampling its memory.
         tokio::time::sleep(Duration::from_millis(20)).await;
         rss.push(rss_kib(handle.shim_pid()));
         handle.kill().unwrap();
-        tokio::time::timeout(Duration::from_secs(10), handle.wait()).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), handle.wait())
+            .await
+            .unwrap();
     }
     latencies.sort();
     rss.sort_unstable();

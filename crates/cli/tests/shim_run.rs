@@ -359,19 +359,12 @@ async fn oom_kills_are_detected_and_contained() {
         return;
     }
     let dir = scratch();
-    let (oom_cg, sibling_cg) = (cgroup_name("oom"), cgroup_name("oom-sibling"));
-    let hog = ShimSpec {
-        memory_mb: 32,
-        cgroup: Some(oom_cg.clone()),
-        ..spec(
-            dir.path(),
-            &[
-                "/usr/bin/python3",
-                "-c",
-                "b = b'x' * (200 * 1024 * 1024); import time; time.sleep(5)",
-            ],
-        )
-    };
+    let hog_argv = [
+        "/usr/bin/python3",
+        "-c",
+        "b = b'x' * (200 * 1024 * 1024); import time; time.sleep(5)",
+    ];
+    let sibling_cg = cgroup_name("oom-sibling");
     let sibling = ShimSpec {
         memory_mb: 32,
         cgroup: Some(sibling_cg.clone()),
@@ -380,25 +373,33 @@ async fn oom_kills_are_detected_and_contained() {
     let sibling = ShimHandle::spawn(exe(), &dir.path().join("run-sibling"), &sibling)
         .await
         .unwrap();
-    let hog = ShimHandle::spawn(exe(), &dir.path().join("run-hog"), &hog)
-        .await
-        .unwrap();
-
-    let exit = finish(&hog).await;
-    assert!(exit.oom_killed, "{exit:?}");
-    assert_eq!(exit.signal, Some(libc::SIGKILL));
+    // Directly supervised, and under the init of an isolated run (which must survive it).
+    for isolate in [false, true] {
+        let cg = cgroup_name(&format!("oom-{isolate}"));
+        let hog = ShimSpec {
+            memory_mb: 32,
+            isolate,
+            cgroup: Some(cg.clone()),
+            ..spec(dir.path(), &hog_argv)
+        };
+        let hog = ShimHandle::spawn(exe(), &dir.path().join(format!("run-hog-{isolate}")), &hog)
+            .await
+            .unwrap();
+        let exit = finish(&hog).await;
+        assert!(exit.oom_killed, "isolate={isolate}: {exit:?}");
+        assert_eq!(exit.signal, Some(libc::SIGKILL), "isolate={isolate}");
+        assert!(
+            !Path::new("/sys/fs/cgroup/memory").join(&cg).exists(),
+            "shim left cgroup {cg}"
+        );
+        remove_cgroup(&cg).unwrap();
+    }
     assert!(alive(sibling.workload_pid()) && !sibling.has_exited());
 
     sibling.kill().unwrap();
     let exit = finish(&sibling).await;
     assert_eq!((exit.signal, exit.oom_killed), (Some(libc::SIGKILL), false));
-    for cg in [&oom_cg, &sibling_cg] {
-        assert!(
-            !Path::new("/sys/fs/cgroup/memory").join(cg).exists(),
-            "shim left cgroup {cg}"
-        );
-        remove_cgroup(cg).unwrap();
-    }
+    remove_cgroup(&sibling_cg).unwrap();
 }
 
 #[tokio::test]
@@ -507,21 +508,21 @@ async fn freeze_and_thaw() {
             .join("freezer.state"),
         Path::new("/sys/fs/cgroup").join(&cg).join("cgroup.events"),
     );
+    // `None` once the cgroup is gone (the run ended and the shim removed it).
     let frozen = || match std::fs::read_to_string(&v1_state) {
-        Ok(state) => state.trim() == "FROZEN",
+        Ok(state) => Some(state.trim() == "FROZEN"),
         Err(_) => std::fs::read_to_string(&v2_events)
-            .unwrap()
-            .lines()
-            .any(|l| l == "frozen 1"),
+            .ok()
+            .map(|events| events.lines().any(|l| l == "frozen 1")),
     };
     handle.freeze().unwrap();
-    assert!(frozen());
+    assert_eq!(frozen(), Some(true));
     // A frozen run does not act on signals until thawed.
     handle.signal(libc::SIGTERM).unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!handle.has_exited());
     handle.thaw().unwrap();
-    assert!(!frozen());
+    assert_ne!(frozen(), Some(true));
     let exit = finish(&handle).await;
     assert_eq!(exit.signal, Some(libc::SIGTERM));
 

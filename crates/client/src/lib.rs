@@ -72,7 +72,8 @@ impl HostClient {
         format!("{}/host/v1{}", self.base, path)
     }
 
-    async fn send<T: DeserializeOwned>(
+    /// Sends a prepared request (bearer token added) and decodes the answer.
+    pub async fn send<T: DeserializeOwned>(
         &self,
         req: reqwest::RequestBuilder,
         url: String,
@@ -105,6 +106,13 @@ impl HostClient {
             });
         }
         let body: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
+        if status == reqwest::StatusCode::NO_CONTENT {
+            return serde_json::from_slice(b"null").map_err(|e| ClientError::Status {
+                status: 204,
+                message: format!("unexpected empty response: {e}"),
+                code: None,
+            });
+        }
         serde_json::from_slice(body).map_err(|e| ClientError::Status {
             status: status.as_u16(),
             message: format!("unexpected response body: {e}"),
@@ -261,6 +269,41 @@ impl HostClient {
     /// Config versions, newest first.
     pub async fn versions(&self, id: &str) -> Result<Vec<serde_json::Value>, ClientError> {
         self.get(&format!("/machines/{id}/versions")).await
+    }
+
+    /// Sends a request with an optional lease nonce header.
+    pub async fn with_nonce<T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        nonce: Option<&str>,
+        body: Option<serde_json::Value>,
+    ) -> Result<T, ClientError> {
+        let url = self.url(path);
+        let mut req = self.http.request(method, &url);
+        if let Some(n) = nonce {
+            req = req.header("fly-machine-lease-nonce", n);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        self.send(req, url).await
+    }
+
+    /// Acquires (or, with `nonce`, refreshes) a lease; returns the wrapped answer.
+    pub async fn lease(&self, id: &str, ttl: u64, nonce: Option<&str>) -> Result<serde_json::Value, ClientError> {
+        self.with_nonce(reqwest::Method::POST, &format!("/machines/{id}/lease"), nonce, Some(serde_json::json!({"ttl": ttl})))
+            .await
+    }
+
+    /// Suspends a machine.
+    pub async fn suspend(&self, id: &str) -> Result<serde_json::Value, ClientError> {
+        self.post(&format!("/machines/{id}/suspend"), &serde_json::json!({})).await
+    }
+
+    /// Runs a command in a machine.
+    pub async fn exec(&self, id: &str, command: &[&str]) -> Result<bazaar_types::host::ExecResponse, ClientError> {
+        self.post(&format!("/machines/{id}/exec"), &serde_json::json!({ "command": command })).await
     }
 
     /// The machine's log tail (JSON lines).

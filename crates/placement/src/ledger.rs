@@ -127,6 +127,14 @@ impl Ledger {
         Ok(())
     }
 
+    /// True if `want` would fit once every open reservation is returned: a refusal now is
+    /// then only "busy", and asking again soon may succeed.
+    pub fn fits_without_reservations(&self, want: Resources) -> bool {
+        let committed = self.committed();
+        committed.memory_mb + want.memory_mb <= self.capacity.memory_mb
+            && committed.cpus + want.cpus <= self.capacity.cpus
+    }
+
     /// Makes a bid: reserves `want` under `id` until `expires_at_ms` and returns the score.
     pub fn reserve(
         &mut self,

@@ -4,7 +4,10 @@
 //! - [`ledger`]: a host's side of the market: capacity, committed resources, reservations,
 //!   and the bid it makes. Its invariant: committed + reserved never exceeds capacity.
 //! - [`score`]: how a bid is scored (the default spreads load).
+//! - [`exchange`]: the exchange's side: region expressions, candidates, which hosts to ask
+//!   (power of d choices, batch sampling), ranking bids, the placement record.
 
+pub mod exchange;
 pub mod ledger;
 pub mod score;
 

@@ -300,5 +300,8 @@ pub fn create_request(app: &str, argv: &[&str]) -> bazaar_types::host::ClaimRequ
         config: process_config(argv),
         skip_launch: false,
         machine_id: None,
+        lease_ttl: None,
+        skip_service_registration: false,
+        placement: None,
     }
 }

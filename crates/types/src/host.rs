@@ -48,8 +48,14 @@ pub enum BidResponse {
         expires_at_ms: u64,
         free: Resources,
     },
-    /// The host cannot (or will not) take it.
-    Refusal { host_id: String, reason: String },
+    /// The host cannot (or will not) take it. `retryable`: only other exchanges'
+    /// reservations stand in the way, so asking again shortly may succeed.
+    Refusal {
+        host_id: String,
+        reason: String,
+        #[serde(default)]
+        retryable: bool,
+    },
 }
 
 /// Turns a reservation into a machine.
@@ -66,6 +72,16 @@ pub struct ClaimRequest {
     /// The machine id the exchange chose, so a retried claim is idempotent.
     #[serde(default)]
     pub machine_id: Option<String>,
+    /// Take a lease of this many seconds on the new machine (its nonce is returned).
+    #[serde(default)]
+    pub lease_ttl: Option<u64>,
+    /// Create cordoned (Fly's `skip_service_registration`).
+    #[serde(default)]
+    pub skip_service_registration: bool,
+    /// The exchange's record of how this machine was placed (kept by the owner, shown by
+    /// `explain`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<serde_json::Value>,
 }
 
 /// A direct create on this host (reserve + claim in one call).
@@ -118,4 +134,48 @@ pub struct WaitResponse {
     pub ok: bool,
     pub state: String,
     pub version: String,
+}
+
+/// Body of `POST .../lease` (`ttl` may also come in the query).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LeaseRequest {
+    #[serde(default)]
+    pub ttl: Option<u64>,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+/// Body of `POST .../exec`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// The argv to run.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// Deprecated: a command line, split on whitespace.
+    #[serde(default)]
+    pub cmd: Option<String>,
+    /// Seconds (default 30, at most 300).
+    #[serde(default)]
+    pub timeout: Option<u64>,
+    #[serde(default)]
+    pub stdin: Option<String>,
+}
+
+/// Answer of `exec`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecResponse {
+    pub exit_code: i32,
+    pub exit_signal: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Body of `PUT/PATCH .../metadata`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MetadataUpdate {
+    /// Keys to set; `null` or `""` removes the key.
+    pub metadata: std::collections::BTreeMap<String, Option<String>>,
+    /// Refuse (412) unless the machine is at this version.
+    #[serde(default)]
+    pub machine_version: Option<String>,
 }

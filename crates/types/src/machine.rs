@@ -47,4 +47,21 @@ pub struct Machine {
     /// bazaar extension: the host pid of the workload while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<i32>,
+    /// The lease on the machine, if one is held (Fly's `include_leases`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<Lease>,
+}
+
+/// An exclusive, time-bound write lock on a machine (reference/fly.md §2.8).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Lease {
+    pub nonce: String,
+    /// Unix seconds.
+    pub expires_at: u64,
+    pub owner: String,
+    #[serde(default)]
+    pub description: String,
+    /// The machine version when the lease was taken.
+    #[serde(default)]
+    pub version: String,
 }

@@ -1,0 +1,144 @@
+//! `exec`: runs a command in a machine's context — inside its namespaces (through
+//! `nsenter`, from util-linux), as its user (`setpriv`), with its environment and working
+//! directory — and returns its exit status and output. Output is capped; the command is
+//! killed at its timeout.
+
+use crate::error::AgentError;
+use bazaar_types::host::{ExecRequest, ExecResponse};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Each of stdout and stderr is cut at this size.
+const MAX_OUTPUT: usize = 1024 * 1024;
+/// Default and maximum timeouts.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+const MAX_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Where and how to run: the workload's host pid and whether it is isolated.
+#[derive(Debug)]
+pub struct ExecTarget {
+    pub workload_pid: i32,
+    pub isolated: bool,
+    pub env: Vec<(String, String)>,
+    pub workdir: std::path::PathBuf,
+}
+
+/// The argv of a request (`command`, or the deprecated `cmd` string split on spaces).
+pub fn argv(req: &ExecRequest) -> Result<Vec<String>, AgentError> {
+    let argv = if !req.command.is_empty() {
+        req.command.clone()
+    } else if let Some(cmd) = &req.cmd {
+        cmd.split_whitespace().map(str::to_string).collect()
+    } else {
+        Vec::new()
+    };
+    if argv.is_empty() || argv[0].is_empty() {
+        return Err(AgentError::Invalid("exec needs a command".into()));
+    }
+    if argv.iter().any(|a| a.contains('\0')) {
+        return Err(AgentError::Invalid("the command contains a NUL byte".into()));
+    }
+    Ok(argv)
+}
+
+/// Runs the command.
+pub async fn run(target: &ExecTarget, req: &ExecRequest) -> Result<ExecResponse, AgentError> {
+    let argv = argv(req)?;
+    let timeout = req
+        .timeout
+        .map(Duration::from_secs)
+        .unwrap_or(DEFAULT_TIMEOUT)
+        .min(MAX_TIMEOUT);
+    let mut cmd = if target.isolated {
+        let (uid, gid) = ids_of(target.workload_pid)?;
+        let mut c = tokio::process::Command::new("nsenter");
+        c.arg("--target")
+            .arg(target.workload_pid.to_string())
+            .args(["--mount", "--uts", "--ipc", "--pid", "--"])
+            .arg("setpriv")
+            .arg(format!("--reuid={uid}"))
+            .arg(format!("--regid={gid}"))
+            .arg("--clear-groups")
+            .arg("--")
+            .args(&argv);
+        c
+    } else {
+        let mut c = tokio::process::Command::new(&argv[0]);
+        c.args(&argv[1..]);
+        c
+    };
+    cmd.env_clear()
+        .envs(target.env.iter().cloned())
+        .current_dir(&target.workdir)
+        .stdin(if req.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| AgentError::Invalid(format!("cannot run {:?}: {e}", argv[0])))?;
+    if let (Some(input), Some(mut stdin)) = (req.stdin.clone(), child.stdin.take()) {
+        tokio::spawn(async move {
+            let _ = stdin.write_all(input.as_bytes()).await;
+        });
+    }
+    let mut out = child.stdout.take();
+    let mut err = child.stderr.take();
+    let collect = async {
+        let (o, e) = tokio::join!(read_capped(out.as_mut()), read_capped(err.as_mut()));
+        let status = child.wait().await;
+        (o, e, status)
+    };
+    match tokio::time::timeout(timeout, collect).await {
+        Ok((stdout, stderr, status)) => {
+            let status = status.map_err(|e| AgentError::Internal(e.to_string()))?;
+            use std::os::unix::process::ExitStatusExt;
+            Ok(ExecResponse {
+                exit_code: status.code().unwrap_or(-1),
+                exit_signal: status.signal().unwrap_or(0),
+                stdout,
+                stderr,
+            })
+        }
+        Err(_) => Err(AgentError::WaitTimeout {
+            id: format!("exec of {:?}", argv[0]),
+            states: format!("finished within {}s", timeout.as_secs()),
+        }),
+    }
+}
+
+async fn read_capped<R: tokio::io::AsyncRead + Unpin>(r: Option<&mut R>) -> String {
+    let Some(r) = r else { return String::new() };
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        match r.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if buf.len() < MAX_OUTPUT {
+                    let take = n.min(MAX_OUTPUT - buf.len());
+                    buf.extend_from_slice(&chunk[..take]);
+                }
+            }
+        }
+    }
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// The real uid and gid of a process.
+fn ids_of(pid: i32) -> Result<(u32, u32), AgentError> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|_| AgentError::Conflict("the machine's process is gone".into()))?;
+    let field = |name: &str| -> Option<u32> {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+    };
+    match (field("Uid:"), field("Gid:")) {
+        (Some(u), Some(g)) => Ok((u, g)),
+        _ => Err(AgentError::Internal(format!("cannot read the ids of pid {pid}"))),
+    }
+}
