@@ -62,6 +62,11 @@ pub(crate) struct Inner {
     /// Accepted bearer tokens: the cluster secret and API tokens.
     pub tokens: Vec<String>,
     pub ports_in_use: Mutex<HashSet<u16>>,
+    pub cluster_secret: String,
+    /// The gossip replica, once attached: every change to a machine is published to it.
+    pub catalog: std::sync::OnceLock<bazaar_catalog::Catalog>,
+    /// The last host record published (to publish only changes).
+    pub last_host_record: Mutex<Option<bazaar_catalog::HostRecord>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -85,7 +90,7 @@ impl Agent {
             }
         };
         let secret = crate::secrets::cluster_secret(&config)?;
-        let mut tokens = vec![secret];
+        let mut tokens = vec![secret.clone()];
         if let Some(path) = &config.token_file {
             tokens.extend(crate::secrets::read_tokens(path)?);
         }
@@ -132,6 +137,9 @@ impl Agent {
             tracker: TaskTracker::new(),
             tokens,
             ports_in_use: Mutex::new(ports),
+            cluster_secret: secret,
+            catalog: std::sync::OnceLock::new(),
+            last_host_record: Mutex::new(None),
             config,
         });
         let agent = Agent(inner);
@@ -178,6 +186,58 @@ impl Agent {
             "agent started"
         );
         Ok(agent)
+    }
+
+    /// Attaches the catalog and publishes this host and all its machines to it (with
+    /// versions above anything published before a restart).
+    pub async fn attach_catalog(&self, catalog: bazaar_catalog::Catalog) {
+        if self.0.catalog.set(catalog).is_err() {
+            return;
+        }
+        self.publish_host().await;
+        for m in self.0.store.machines().unwrap_or_default() {
+            self.publish(&m);
+        }
+    }
+
+    /// The catalog, once attached.
+    pub fn catalog(&self) -> Option<&bazaar_catalog::Catalog> {
+        self.0.catalog.get()
+    }
+
+    /// The cluster secret (host-to-host calls).
+    pub fn cluster_secret(&self) -> &str {
+        &self.0.cluster_secret
+    }
+
+    /// Publishes this host's record to the catalog if it changed.
+    pub async fn publish_host(&self) {
+        let Some(catalog) = self.0.catalog.get() else {
+            return;
+        };
+        let (capacity, free) = {
+            let ledger = self.0.ledger.lock().await;
+            (ledger.capacity(), ledger.free())
+        };
+        let num_machines = lock(&self.0.actors).len() as u32;
+        let record = bazaar_catalog::HostRecord {
+            id: self.0.host_id.clone(),
+            region: self.0.config.region.clone(),
+            api_addr: self.0.config.api_listen.to_string(),
+            gossip_addr: catalog.local_addr().to_string(),
+            capacity,
+            free,
+            num_machines,
+            labels: BTreeMap::new(),
+            draining: self.0.shutdown.is_cancelled(),
+            updated_at_ms: 0,
+        };
+        let mut last = lock(&self.0.last_host_record);
+        if last.as_ref() != Some(&record) {
+            *last = Some(record.clone());
+            drop(last);
+            catalog.publish_host(record);
+        }
     }
 
     /// This host's id.
@@ -1018,8 +1078,15 @@ impl Agent {
         }
     }
 
-    /// Publishes a machine's state to waiters.
+    /// Publishes a machine's state to waiters and to the catalog.
     pub(crate) fn publish(&self, rec: &MachineRecord) {
+        if let Some(catalog) = self.0.catalog.get() {
+            if rec.state == MachineState::Destroyed {
+                catalog.delete_machine(&rec.id);
+            } else {
+                catalog.publish_machine(self.catalog_row(rec));
+            }
+        }
         let snap = Snapshot {
             state: self.current_state(rec),
             instance_id: rec.instance_id.clone(),
@@ -1039,6 +1106,38 @@ impl Agent {
             None => {
                 live.insert(rec.id.clone(), watch::channel(snap).0);
             }
+        }
+    }
+
+    /// The catalog row of a machine.
+    fn catalog_row(&self, rec: &MachineRecord) -> bazaar_catalog::MachineRecord {
+        let services = rec
+            .config
+            .services
+            .iter()
+            .filter_map(|svc| {
+                rec.host_ports
+                    .get(&svc.internal_port)
+                    .map(|port| bazaar_catalog::ServiceRecord {
+                        service: svc.clone(),
+                        address: self.0.config.api_listen.ip().to_string(),
+                        port: *port,
+                    })
+            })
+            .collect();
+        bazaar_catalog::MachineRecord {
+            id: rec.id.clone(),
+            app: rec.app.clone(),
+            name: rec.name.clone(),
+            region: rec.region.clone(),
+            host_id: self.0.host_id.clone(),
+            state: self.current_state(rec).to_string(),
+            instance_id: rec.instance_id.clone(),
+            services,
+            checks: Vec::new(),
+            cordoned: rec.cordoned,
+            metadata: rec.config.metadata.clone(),
+            updated_at_ms: rec.updated_at_ms,
         }
     }
 
@@ -1063,8 +1162,9 @@ impl Agent {
         });
     }
 
-    /// Expires unclaimed reservations and collects old tombstones.
+    /// Expires unclaimed reservations, collects old tombstones, republishes the host record.
     async fn housekeeping(&self) {
+        self.publish_host().await;
         let now = now_ms();
         {
             let mut ledger = self.0.ledger.lock().await;

@@ -15,8 +15,15 @@ pub struct AgentConfig {
     pub data_dir: PathBuf,
     /// The region this host is in.
     pub region: String,
-    /// Address of the HTTP listener (host interface now; the Machines API later).
+    /// Address of the HTTP listener (the Machines API and the host interface).
     pub api_listen: SocketAddr,
+    /// Address of the catalog's gossip (UDP and TCP on the same port).
+    pub gossip_listen: SocketAddr,
+    /// Gossip addresses of hosts to join through.
+    pub join: Vec<SocketAddr>,
+    /// A dead host is noticed everywhere within about this long.
+    #[serde(with = "millis")]
+    pub dead_after: Duration,
     /// CPUs offered; `None` detects them (times `cpu_overcommit`).
     pub cpus: Option<u32>,
     /// Memory offered in MB; `None` detects it.
@@ -51,6 +58,10 @@ impl Default for AgentConfig {
             data_dir: PathBuf::from("/var/lib/bazaar"),
             region: "local".into(),
             api_listen: SocketAddr::from(([127, 0, 0, 1], 4280)),
+            gossip_listen: SocketAddr::from(([127, 0, 0, 1], 4380)),
+            join: Vec::new(),
+            // Within the "≤ 10 s", with margin for a loaded host.
+            dead_after: Duration::from_secs(8),
             cpus: None,
             memory_mb: None,
             cpu_overcommit: 8,

@@ -49,6 +49,20 @@ pub async fn run_agent(
     let mut config = config;
     config.api_listen = addr;
     let agent = Agent::start(config.clone()).await?;
+    let mut catalog_config = bazaar_catalog::CatalogConfig::new(
+        agent.host_id(),
+        &config.region,
+        config.gossip_listen,
+        agent.cluster_secret(),
+    );
+    catalog_config.seeds = config.join.clone();
+    catalog_config.dead_after = config.dead_after;
+    catalog_config.probe_period = (config.dead_after / 8).max(std::time::Duration::from_millis(100));
+    let catalog = bazaar_catalog::Catalog::start(catalog_config)
+        .await
+        .with_context(|| format!("starting the catalog on {}", config.gossip_listen))?;
+    secrets::write_private(&config.data_dir.join("gossip.addr"), &catalog.local_addr().to_string())?;
+    agent.attach_catalog(catalog.clone()).await;
     secrets::write_private(&config.data_dir.join("api.addr"), &addr.to_string())?;
     tracing::info!(api.addr = %addr, host.id = agent.host_id(), region = %config.region, "listening");
     let stop = agent.0.shutdown.clone();
@@ -57,6 +71,8 @@ pub async fn run_agent(
     let server = tokio::spawn(async move { server.await });
     shutdown_signal.await;
     tracing::info!("shutting down");
+    // Leave first, so other hosts stop routing here at once.
+    catalog.leave().await;
     agent.shutdown().await;
     match tokio::time::timeout(std::time::Duration::from_secs(5), server).await {
         Ok(Ok(Ok(()))) => {}

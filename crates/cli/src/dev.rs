@@ -25,6 +25,9 @@ pub struct DevArgs {
     /// API port of the first host; host i listens on base + i.
     #[arg(long, default_value_t = 4280)]
     base_port: u16,
+    /// Gossip port of the first host; host i gossips on base + i.
+    #[arg(long, default_value_t = 4380)]
+    gossip_port: u16,
     /// Proxy port (served once the proxy lands).
     #[arg(long, default_value_t = 8080)]
     proxy_port: u16,
@@ -74,8 +77,16 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             .base_port
             .checked_add(i as u16)
             .context("port out of range")?;
+        let gossip = |j: usize| format!("127.0.0.1:{}", args.gossip_port as usize + j);
+        let seeds: Vec<String> = (0..args.hosts).filter(|j| *j != i).map(gossip).collect();
         let mut cmd = tokio::process::Command::new(&exe);
         cmd.arg("agent")
+            .arg("--gossip-listen")
+            .arg(gossip(i));
+        if !seeds.is_empty() {
+            cmd.arg("--join").arg(seeds.join(","));
+        }
+        cmd
             .arg("--data-dir")
             .arg(&host_dir)
             .arg("--region")

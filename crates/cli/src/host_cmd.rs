@@ -374,3 +374,99 @@ fn print_events(events: &[bazaar_types::event::MachineEvent]) {
     }
     println!("{t}");
 }
+
+/// Connection flags shared by the catalog commands.
+#[derive(Debug, clap::Args)]
+pub struct CatalogArgs {
+    #[arg(long, env = "BAZAAR_API_URL", default_value = "http://127.0.0.1:4280")]
+    api_url: String,
+    #[arg(long, env = "BAZAAR_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Flags of `bazaar status`.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    conn: CatalogArgs,
+    /// Only this app's machines.
+    #[arg(long)]
+    app: Option<String>,
+    /// Include destroyed machines not yet collected.
+    #[arg(long)]
+    all: bool,
+}
+
+async fn catalog_get(conn: &CatalogArgs, path: &str) -> anyhow::Result<serde_json::Value> {
+    let token = conn
+        .token
+        .clone()
+        .context("no token: set BAZAAR_TOKEN (bazaar dev writes it to .bazaar-dev/dev.env) or pass --token")?;
+    let client = HostClient::new(&conn.api_url, &token);
+    let url = format!("{}{path}", conn.api_url.trim_end_matches('/'));
+    let req = reqwest::Client::new().get(&url);
+    Ok(client.send(req, url).await?)
+}
+
+/// `bazaar hosts`.
+pub async fn hosts(a: CatalogArgs) -> anyhow::Result<()> {
+    let hosts = catalog_get(&a, "/v1/catalog/hosts").await?;
+    if a.json {
+        return print_json(&hosts);
+    }
+    let mut t = Table::new();
+    t.set_header(["host", "region", "status", "api", "machines", "free mem (MB)", "free cpus", "updated"]);
+    for h in hosts.as_array().into_iter().flatten() {
+        t.add_row([
+            h["id"].as_str().unwrap_or_default().to_string(),
+            h["region"].as_str().unwrap_or_default().to_string(),
+            h["status"].as_str().unwrap_or_default().to_string(),
+            h["api_addr"].as_str().unwrap_or_default().to_string(),
+            h["num_machines"].to_string(),
+            format!("{} / {}", h["free"]["memory_mb"], h["capacity"]["memory_mb"]),
+            format!("{} / {}", h["free"]["cpus"], h["capacity"]["cpus"]),
+            h["updated_at"].as_str().unwrap_or_default().to_string(),
+        ]);
+    }
+    println!("{t}");
+    Ok(())
+}
+
+/// `bazaar status`.
+pub async fn status(a: StatusArgs) -> anyhow::Result<()> {
+    let mut path = format!("/v1/catalog/machines?include_deleted={}", a.all);
+    if let Some(app) = &a.app {
+        path.push_str(&format!("&app={app}"));
+    }
+    let machines = catalog_get(&a.conn, &path).await?;
+    if a.conn.json {
+        return print_json(&machines);
+    }
+    let mut t = Table::new();
+    t.set_header(["id", "app", "name", "region", "state", "host", "host status", "services", "updated"]);
+    for m in machines.as_array().into_iter().flatten() {
+        let services = m["services"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| format!("{}->{}:{}", s["internal_port"], s["address"].as_str().unwrap_or_default(), s["port"]))
+            .collect::<Vec<_>>()
+            .join(",");
+        t.add_row([
+            m["id"].as_str().unwrap_or_default().to_string(),
+            m["app"].as_str().unwrap_or_default().to_string(),
+            m["name"].as_str().unwrap_or_default().to_string(),
+            m["region"].as_str().unwrap_or_default().to_string(),
+            m["state"].as_str().unwrap_or_default().to_string(),
+            m["host_id"].as_str().unwrap_or_default().to_string(),
+            m["host_status"].as_str().unwrap_or_default().to_string(),
+            services,
+            m["updated_at"].as_str().unwrap_or_default().to_string(),
+        ]);
+    }
+    println!("{t}");
+    Ok(())
+}

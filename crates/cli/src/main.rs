@@ -32,6 +32,10 @@ enum Command {
     Dev(dev::DevArgs),
     /// Talk to one host's agent (host interface).
     Host(host_cmd::HostArgs),
+    /// List the hosts this node's catalog knows, with their liveness and free capacity.
+    Hosts(host_cmd::CatalogArgs),
+    /// List machines as this node's catalog sees them (all hosts).
+    Status(host_cmd::StatusArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -48,6 +52,15 @@ struct AgentArgs {
     /// Address of the HTTP listener (default 127.0.0.1:4280).
     #[arg(long)]
     listen: Option<SocketAddr>,
+    /// Address of the catalog's gossip, UDP and TCP (default 127.0.0.1:4380).
+    #[arg(long)]
+    gossip_listen: Option<SocketAddr>,
+    /// Gossip addresses of hosts to join through (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    join: Vec<SocketAddr>,
+    /// A killed host is declared dead everywhere within about this long (ms).
+    #[arg(long)]
+    dead_after_ms: Option<u64>,
     /// CPUs offered (default: detected CPUs × cpu overcommit).
     #[arg(long)]
     cpus: Option<u32>,
@@ -92,6 +105,8 @@ fn main() {
             run_async(dev::run(d))
         }
         Command::Host(h) => run_async(host_cmd::run(h)),
+        Command::Hosts(a) => run_async(host_cmd::hosts(a)),
+        Command::Status(a) => run_async(host_cmd::status(a)),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");
@@ -138,6 +153,15 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     }
     if let Some(l) = a.listen {
         config.api_listen = l;
+    }
+    if let Some(g) = a.gossip_listen {
+        config.gossip_listen = g;
+    }
+    if !a.join.is_empty() {
+        config.join = a.join;
+    }
+    if let Some(ms) = a.dead_after_ms {
+        config.dead_after = std::time::Duration::from_millis(ms);
     }
     if a.cpus.is_some() {
         config.cpus = a.cpus;

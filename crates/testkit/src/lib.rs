@@ -45,6 +45,7 @@ pub struct TestAgent {
     _tmp: Option<tempfile::TempDir>,
     child: Option<Child>,
     port: u16,
+    gossip_port: u16,
 }
 
 impl TestAgent {
@@ -58,6 +59,7 @@ impl TestAgent {
             _tmp: Some(tmp),
             child: None,
             port: 0,
+            gossip_port: 0,
         };
         agent.spawn(&[])?;
         Ok(agent)
@@ -80,6 +82,8 @@ impl TestAgent {
             .arg(&self.opts.region)
             .arg("--listen")
             .arg(format!("127.0.0.1:{}", self.port))
+            .arg("--gossip-listen")
+            .arg(format!("127.0.0.1:{}", self.gossip_port))
             .arg("--cpus")
             .arg(self.opts.cpus.to_string())
             .arg("--memory-mb")
@@ -110,6 +114,8 @@ impl TestAgent {
             if let Ok(text) = std::fs::read_to_string(&addr_file) {
                 if let Ok(addr) = text.trim().parse::<std::net::SocketAddr>() {
                     self.port = addr.port();
+                    let gossip = std::fs::read_to_string(self.data_dir.join("gossip.addr"))?;
+                    self.gossip_port = gossip.trim().parse::<std::net::SocketAddr>()?.port();
                     break;
                 }
             }
@@ -130,6 +136,11 @@ impl TestAgent {
             std::thread::sleep(Duration::from_millis(10));
         }
         Ok(())
+    }
+
+    /// The agent's gossip address (to join through).
+    pub fn gossip_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.gossip_port)
     }
 
     /// The agent's URL.
@@ -216,6 +227,28 @@ impl Drop for TestAgent {
         self.kill9();
         kill_shims_under(&self.data_dir);
     }
+}
+
+/// Starts `n` agents that form one cluster: the first alone, the others joining it.
+/// `configure` adjusts each agent's options (by index) before it starts.
+pub fn start_cluster(
+    exe: &Path,
+    n: usize,
+    mut configure: impl FnMut(usize, &mut AgentOptions),
+) -> anyhow::Result<Vec<TestAgent>> {
+    let mut agents: Vec<TestAgent> = Vec::new();
+    for i in 0..n {
+        let mut opts = AgentOptions::new(exe);
+        // Fast failure detection for tests.
+        opts.extra_args.extend(["--dead-after-ms".to_string(), "2000".to_string()]);
+        if let Some(first) = agents.first() {
+            opts.extra_args.push("--join".into());
+            opts.extra_args.push(first.gossip_addr());
+        }
+        configure(i, &mut opts);
+        agents.push(TestAgent::start(opts)?);
+    }
+    Ok(agents)
 }
 
 /// Kills every process whose command line mentions `dir` (the shims of a test agent).

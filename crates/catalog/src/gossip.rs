@@ -1,0 +1,396 @@
+//! The gossip task: drives foca (SWIM membership, failure detection and custom
+//! broadcasts) over the node's UDP socket, with its timers, joins through the seeds, says
+//! goodbye on leave, and keeps the membership view current.
+
+use crate::membership::NodeIdentity;
+use crate::node::{Command, Counters, Shared};
+use crate::replica::Kind;
+use crate::wire::{self, BroadcastItem, Goodbye, DGRAM_GOODBYE, DGRAM_SWIM};
+use foca::{AccumulatingRuntime, BroadcastHandler, Foca, Invalidates, OwnedNotification, Timer};
+use rand_foca::rngs::SmallRng;
+use rand_foca::SeedableRng;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::UdpSocket;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+type Swim = Foca<NodeIdentity, foca::PostcardCodec, SmallRng, RowBroadcasts>;
+
+/// The key foca keeps a broadcast under: a newer version of a row replaces the older one
+/// still waiting in the dissemination queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BroadcastKey {
+    owner: String,
+    kind: Kind,
+    key: String,
+    version: u64,
+}
+
+impl Invalidates for BroadcastKey {
+    fn invalidates(&self, other: &Self) -> bool {
+        self.owner == other.owner
+            && self.kind == other.kind
+            && self.key == other.key
+            && self.version >= other.version
+    }
+}
+
+/// Why a broadcast item was refused.
+#[derive(Debug)]
+pub(crate) struct BadBroadcast(String);
+
+impl std::fmt::Display for BadBroadcast {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "bad broadcast: {}", self.0)
+    }
+}
+
+impl std::error::Error for BadBroadcast {}
+
+/// foca's hook for custom broadcasts: merges incoming rows into the replica and tells foca
+/// to keep disseminating only what was news here.
+pub(crate) struct RowBroadcasts {
+    shared: Arc<Shared>,
+    /// Set when an item from a peer was news, so the task forwards it at once.
+    fresh: Arc<AtomicBool>,
+}
+
+impl BroadcastHandler<NodeIdentity> for RowBroadcasts {
+    type Key = BroadcastKey;
+    type Error = BadBroadcast;
+
+    fn receive_item(
+        &mut self,
+        data: &[u8],
+        sender: Option<&NodeIdentity>,
+    ) -> Result<Option<BroadcastKey>, BadBroadcast> {
+        let item: BroadcastItem = wire::decode(data).map_err(|e| BadBroadcast(e.to_string()))?;
+        let (owner, kind, key, version) = item.ident();
+        let bkey = BroadcastKey {
+            owner: owner.to_owned(),
+            kind,
+            key: key.to_owned(),
+            version,
+        };
+        if sender.is_none() {
+            // Our own publication, already in the replica.
+            return Ok(Some(bkey));
+        }
+        let news = match item {
+            BroadcastItem::Row(w) => {
+                let row = w.into_row().map_err(|e| BadBroadcast(e.to_string()))?;
+                self.shared.merge(vec![row], None) > 0
+            }
+            BroadcastItem::Hint { .. } => {
+                let news = self.shared.is_newer(&bkey.owner, kind, &bkey.key, version);
+                if news && bkey.owner != self.shared.node_id() {
+                    let _ = self.shared.pulls.send(bkey.owner.clone());
+                }
+                news
+            }
+        };
+        if news {
+            self.fresh.store(true, Ordering::Relaxed);
+            Ok(Some(bkey))
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+/// A foca timer due at `at`; `seq` keeps equal instants in submission order.
+struct Due {
+    at: Instant,
+    seq: u64,
+    timer: Timer<NodeIdentity>,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Due {}
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
+/// The task's state.
+pub(crate) struct Gossip {
+    shared: Arc<Shared>,
+    socket: UdpSocket,
+    swim: Swim,
+    runtime: AccumulatingRuntime<NodeIdentity>,
+    timers: BinaryHeap<Reverse<Due>>,
+    seq: u64,
+    fresh: Arc<AtomicBool>,
+    commands: mpsc::UnboundedReceiver<Command>,
+}
+
+impl Gossip {
+    pub fn new(
+        shared: Arc<Shared>,
+        socket: UdpSocket,
+        commands: mpsc::UnboundedReceiver<Command>,
+    ) -> Self {
+        let identity = NodeIdentity {
+            node_id: shared.node_id().to_owned(),
+            addr: shared.addr,
+            bump: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_micros() as u64)
+                .unwrap_or(1),
+        };
+        let fresh = Arc::new(AtomicBool::new(false));
+        let handler = RowBroadcasts {
+            shared: shared.clone(),
+            fresh: fresh.clone(),
+        };
+        let swim = Foca::with_custom_broadcast(
+            identity,
+            shared.config.foca(),
+            SmallRng::seed_from_u64(rand::random()),
+            foca::PostcardCodec,
+            handler,
+        );
+        Gossip {
+            shared,
+            socket,
+            swim,
+            runtime: AccumulatingRuntime::new(),
+            timers: BinaryHeap::new(),
+            seq: 0,
+            fresh,
+            commands,
+        }
+    }
+
+    /// Runs until the node leaves (or the task is aborted).
+    pub async fn run(mut self) {
+        let mut buf = vec![0u8; 65_536];
+        let join_every = (self.shared.config.probe_period * 2).max(Duration::from_millis(200));
+        let mut join = tokio::time::interval(join_every);
+        join.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let next = self.timers.peek().map(|d| d.0.at);
+            tokio::select! {
+                received = self.socket.recv_from(&mut buf) => match received {
+                    Ok((n, from)) => self.on_datagram(&buf[..n], from),
+                    Err(e) => tracing::debug!(error = %e, "gossip socket receive failed"),
+                },
+                command = self.commands.recv() => match command {
+                    Some(Command::Broadcast(item)) => self.broadcast(&item),
+                    Some(Command::Leave(done)) => {
+                        self.leave().await;
+                        let _ = done.send(());
+                        return;
+                    }
+                    None => return,
+                },
+                _ = sleep_until(next) => self.fire_timers(),
+                _ = join.tick() => self.join_if_alone(),
+            }
+            self.flush().await;
+        }
+    }
+
+    fn on_datagram(&mut self, data: &[u8], from: SocketAddr) {
+        Counters::add(&self.shared.counters.udp_bytes_received, data.len());
+        Counters::add(&self.shared.counters.udp_packets_received, 1);
+        if self.shared.is_blocked(&from) {
+            Counters::add(&self.shared.counters.dropped_partitioned, 1);
+            return;
+        }
+        let Some((kind, payload)) = self.shared.auth.open_datagram(data) else {
+            Counters::add(&self.shared.counters.rejected, 1);
+            tracing::trace!(%from, "dropped unauthenticated datagram");
+            return;
+        };
+        match kind {
+            DGRAM_SWIM => {
+                if let Err(e) = self.swim.handle_data(payload, &mut self.runtime) {
+                    tracing::trace!(%from, error = %e, "foca refused a packet");
+                }
+                if self.fresh.swap(false, Ordering::Relaxed) {
+                    // Forward news right away instead of waiting for the next gossip round.
+                    let _ = self.swim.broadcast(&mut self.runtime);
+                }
+            }
+            DGRAM_GOODBYE => match wire::decode::<Goodbye>(payload) {
+                Ok(bye) => self.on_goodbye(bye),
+                Err(e) => tracing::debug!(%from, error = %e, "bad goodbye"),
+            },
+            other => tracing::debug!(%from, kind = other, "unknown datagram kind"),
+        }
+    }
+
+    /// A peer left cleanly: mark it left and tell foca it is down, so probing stops.
+    fn on_goodbye(&mut self, bye: Goodbye) {
+        let leaving: Vec<foca::Member<NodeIdentity>> = self
+            .swim
+            .iter_membership_state()
+            .filter(|m| m.id().node_id == bye.node_id && m.id().bump == bye.bump)
+            .map(|m| foca::Member::down(m.id().clone()))
+            .collect();
+        self.shared.write().members.mark_left(&bye.node_id, bye.bump);
+        if let Err(e) = self
+            .swim
+            .apply_many(leaving.into_iter(), true, &mut self.runtime)
+        {
+            tracing::debug!(error = %e, "applying a goodbye failed");
+        }
+        self.refresh_members();
+    }
+
+    fn broadcast(&mut self, item: &[u8]) {
+        match self.swim.add_broadcast(item) {
+            Ok(true) => {
+                let _ = self.swim.broadcast(&mut self.runtime);
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "could not broadcast a row"),
+        }
+    }
+
+    fn fire_timers(&mut self) {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        while self.timers.peek().is_some_and(|d| d.0.at <= now) {
+            due.push(self.timers.pop().expect("peeked").0);
+        }
+        // foca asks that late timers be handled in its own order (a stable sort keeps
+        // submission order among equals).
+        due.sort_by(|a, b| a.timer.cmp(&b.timer));
+        for d in due {
+            if let Err(e) = self.swim.handle_timer(d.timer, &mut self.runtime) {
+                tracing::debug!(error = %e, "foca timer failed");
+            }
+        }
+        self.refresh_members();
+    }
+
+    fn join_if_alone(&mut self) {
+        if self.swim.num_members() > 0 {
+            return;
+        }
+        for seed in &self.shared.config.seeds {
+            if *seed == self.shared.addr {
+                continue;
+            }
+            // foca needs an identity to address; a seed's id is unknown until it answers,
+            // and an announce is accepted by whoever holds the address.
+            let dst = NodeIdentity {
+                node_id: String::new(),
+                addr: *seed,
+                bump: 0,
+            };
+            if let Err(e) = self.swim.announce(dst, &mut self.runtime) {
+                tracing::debug!(%seed, error = %e, "announce failed");
+            }
+        }
+    }
+
+    async fn leave(&mut self) {
+        self.shared.write().left = true;
+        let bye = self.shared.auth.seal_datagram(
+            DGRAM_GOODBYE,
+            &wire::encode(&Goodbye {
+                node_id: self.shared.node_id().to_owned(),
+                bump: self.swim.identity().bump,
+            }),
+        );
+        let peers: Vec<SocketAddr> = self.swim.iter_members().map(|m| m.id().addr).collect();
+        for peer in peers {
+            self.send(&bye, peer).await;
+        }
+        if let Err(e) = self.swim.leave_cluster(&mut self.runtime) {
+            tracing::debug!(error = %e, "leave_cluster failed");
+        }
+        self.flush().await;
+        self.shared.notify_status(&[self.shared.node_id().to_owned()]);
+    }
+
+    /// Sends what foca asked to send, schedules its timers, and reacts to notifications.
+    async fn flush(&mut self) {
+        while let Some((to, data)) = self.runtime.to_send() {
+            let datagram = self.shared.auth.seal_datagram(DGRAM_SWIM, &data);
+            self.send(&datagram, to.addr).await;
+        }
+        let now = Instant::now();
+        while let Some((after, timer)) = self.runtime.to_schedule() {
+            self.seq += 1;
+            self.timers.push(Reverse(Due {
+                at: now + after,
+                seq: self.seq,
+                timer,
+            }));
+        }
+        let mut membership_changed = false;
+        while let Some(n) = self.runtime.to_notify() {
+            match &n {
+                OwnedNotification::Defunct => {
+                    tracing::warn!("this node was declared down and cannot rejoin")
+                }
+                OwnedNotification::Rejoin(id) => {
+                    tracing::info!(bump = id.bump, "rejoined the cluster with a new identity")
+                }
+                _ => {}
+            }
+            membership_changed = true;
+        }
+        if membership_changed {
+            self.refresh_members();
+        }
+    }
+
+    async fn send(&self, datagram: &[u8], to: SocketAddr) {
+        if self.shared.is_blocked(&to) {
+            Counters::add(&self.shared.counters.dropped_partitioned, 1);
+            return;
+        }
+        match self.socket.send_to(datagram, to).await {
+            Ok(n) => {
+                Counters::add(&self.shared.counters.udp_bytes_sent, n);
+                Counters::add(&self.shared.counters.udp_packets_sent, 1);
+            }
+            Err(e) => tracing::debug!(%to, error = %e, "gossip send failed"),
+        }
+    }
+
+    fn refresh_members(&mut self) {
+        let me = self.shared.node_id();
+        let changed = {
+            let mut st = self.shared.write();
+            st.members.refresh(
+                self.swim
+                    .iter_membership_state()
+                    // An identity of our own previous life may still be listed.
+                    .filter(|m| m.id().node_id != me)
+                    .map(|m| (m.id(), m.state())),
+            )
+        };
+        if !changed.is_empty() {
+            tracing::debug!(node = self.shared.node_id(), ?changed, "membership changed");
+            self.shared.notify_status(&changed);
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,375 @@
+//! The catalog (Fly's Corrosion): every node holds a full, eventually consistent replica
+//! of the cluster — hosts, machines, apps — so the API can find candidate hosts and the
+//! proxy can route without asking anyone.
+//!
+//! - Membership and failure detection: SWIM, by [foca](https://docs.rs/foca), driven by
+//!   our own task over one UDP socket ([`gossip`]).
+//! - Rows are host-owned: only the owning host writes its rows, each write replaces the
+//!   whole row with a higher version ([`replica`], the pure merge logic).
+//! - Fresh rows spread as foca custom broadcasts, forwarded as soon as they arrive; a
+//!   periodic anti-entropy exchange of per-owner digests over TCP repairs whatever was
+//!   missed ([`sync`]).
+//! - Every datagram and frame is signed with the cluster secret ([`wire`]).
+//!
+//! Use: [`Catalog::start`] with a [`CatalogConfig`], publish this host's rows, query and
+//! [`Catalog::subscribe`] to changes. The replica is soft state: after a restart the agent
+//! republishes its rows (their versions come from the clock, so they win over the old
+//! ones), and gossip brings the rest back.
+
+pub mod config;
+pub mod gossip;
+pub mod membership;
+mod node;
+pub mod records;
+pub mod replica;
+pub mod sync;
+pub mod wire;
+
+pub use config::CatalogConfig;
+pub use records::{
+    AppRecord, Change, CheckRecord, HostRecord, HostStatus, HostView, MachineFilter,
+    MachineRecord, MachineView, ServiceRecord,
+};
+
+use anyhow::Context;
+use node::{Command, Shared};
+use replica::{Kind, Record, Row};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use tokio::net::{TcpListener, UdpSocket};
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+/// Traffic and size counters of one node, for monitoring and benchmarks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CatalogStats {
+    pub udp_bytes_sent: u64,
+    pub udp_bytes_received: u64,
+    pub udp_packets_sent: u64,
+    pub udp_packets_received: u64,
+    pub tcp_bytes_sent: u64,
+    pub tcp_bytes_received: u64,
+    /// Anti-entropy exchanges started by this node, and how many failed.
+    pub syncs: u64,
+    pub syncs_failed: u64,
+    /// Datagrams and frames dropped for failing authentication or decoding.
+    pub rejected: u64,
+    /// Datagrams and syncs dropped by [`Catalog::set_partitioned`].
+    pub dropped_partitioned: u64,
+    /// Rows from peers that changed the replica.
+    pub rows_merged: u64,
+    /// Rows in the replica, tombstones included.
+    pub rows: u64,
+    pub tombstones: u64,
+    /// Hosts the failure detector knows, and how many of them are alive.
+    pub members: u64,
+    pub alive_members: u64,
+}
+
+/// A cheap, cloneable handle on a running catalog node. The node stops when
+/// [`Catalog::leave`] or [`Catalog::kill`] is called, or when the last handle is dropped.
+#[derive(Clone, Debug)]
+pub struct Catalog {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shared: Arc<Shared>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let tasks = self.tasks.get_mut().unwrap_or_else(|e| e.into_inner());
+        for t in tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Catalog {
+    /// Binds the UDP socket and the TCP listener, starts the node's tasks, and joins the
+    /// cluster through the seeds (retried in the background until one answers).
+    pub async fn start(config: CatalogConfig) -> anyhow::Result<Catalog> {
+        config.validate()?;
+        let (socket, listener) = bind(config.listen).await?;
+        let bound = socket.local_addr()?;
+        let addr = config.advertise.unwrap_or(bound);
+        if addr.ip().is_unspecified() {
+            anyhow::bail!("listening on {bound}: set `advertise` to an address peers can reach");
+        }
+        let (commands_tx, commands_rx) = mpsc::unbounded_channel();
+        let (pulls_tx, pulls_rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared::new(config, addr, commands_tx, pulls_tx));
+        let gossip = gossip::Gossip::new(shared.clone(), socket, commands_rx);
+        let tasks = vec![
+            tokio::spawn(gossip.run()),
+            tokio::spawn(sync::serve(shared.clone(), listener)),
+            tokio::spawn(sync::anti_entropy(shared.clone(), pulls_rx)),
+        ];
+        tracing::info!(node = shared.node_id(), %addr, "catalog started");
+        Ok(Catalog {
+            inner: Arc::new(Inner {
+                shared,
+                tasks: Mutex::new(tasks),
+            }),
+        })
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+
+    /// The address peers reach this node at (UDP and TCP).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared().addr
+    }
+
+    pub fn node_id(&self) -> &str {
+        self.shared().node_id()
+    }
+
+    /// Publishes this host's record (its `id` is set to this node's id).
+    pub fn publish_host(&self, mut record: HostRecord) {
+        record.id = self.node_id().to_owned();
+        if record.updated_at_ms == 0 {
+            record.updated_at_ms = bazaar_types::now_ms();
+        }
+        self.shared().publish(Record::Host(record), false);
+    }
+
+    /// Publishes one of this host's machines (its `host_id` is set to this node's id).
+    pub fn publish_machine(&self, mut record: MachineRecord) {
+        record.host_id = self.node_id().to_owned();
+        if record.updated_at_ms == 0 {
+            record.updated_at_ms = bazaar_types::now_ms();
+        }
+        self.shared().publish(Record::Machine(record), false);
+    }
+
+    /// Replaces one of this host's machines by a tombstone (state `destroyed`), collected
+    /// after `tombstone_ttl`. Does nothing if this host holds no such machine.
+    pub fn delete_machine(&self, id: &str) {
+        let current = self
+            .shared()
+            .read()
+            .replica
+            .get(self.node_id(), Kind::Machine, id)
+            .filter(|r| !r.deleted)
+            .map(|r| r.record.clone());
+        if let Some(Record::Machine(mut m)) = current {
+            m.state = "destroyed".into();
+            m.updated_at_ms = bazaar_types::now_ms();
+            self.shared().publish(Record::Machine(m), true);
+        }
+    }
+
+    /// Publishes an app created through this host's API.
+    pub fn publish_app(&self, record: AppRecord) {
+        self.shared().publish(Record::App(record), false);
+    }
+
+    /// Deletes this host's row of an app (rows other hosts published stay theirs).
+    pub fn delete_app(&self, name: &str) {
+        let current = self
+            .shared()
+            .read()
+            .replica
+            .get(self.node_id(), Kind::App, name)
+            .filter(|r| !r.deleted)
+            .map(|r| r.record.clone());
+        if let Some(record) = current {
+            self.shared().publish(record, true);
+        }
+    }
+
+    /// Every host with a published record, this one included, ordered by id.
+    pub fn hosts(&self) -> Vec<HostView> {
+        let st = self.shared().read();
+        let ids: Vec<String> = st.replica.owners().map(str::to_owned).collect();
+        ids.iter()
+            .filter_map(|id| self.host_view(&st, id))
+            .collect()
+    }
+
+    pub fn host(&self, id: &str) -> Option<HostView> {
+        let st = self.shared().read();
+        self.host_view(&st, id)
+    }
+
+    fn host_view(&self, st: &node::State, id: &str) -> Option<HostView> {
+        let row = st.replica.host(id)?;
+        let Record::Host(record) = &row.record else {
+            return None;
+        };
+        Some(HostView {
+            record: record.clone(),
+            // Not known to the failure detector (yet): not confirmed alive.
+            status: self
+                .shared()
+                .status_of(st, id)
+                .unwrap_or(HostStatus::Suspect),
+            version: row.version,
+        })
+    }
+
+    /// Machines matching the filter, ordered by (app, id).
+    pub fn machines(&self, filter: &MachineFilter) -> Vec<MachineView> {
+        let st = self.shared().read();
+        let rows: Box<dyn Iterator<Item = &Row>> = match &filter.app {
+            Some(app) => Box::new(st.replica.app_machines(app)),
+            None => Box::new(st.replica.machines()),
+        };
+        let mut out: Vec<MachineView> = rows
+            .filter_map(|row| {
+                let Record::Machine(m) = &row.record else {
+                    return None;
+                };
+                filter
+                    .matches(m, row.deleted)
+                    .then(|| self.machine_view(&st, row, m))
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.record.app, &a.record.id).cmp(&(&b.record.app, &b.record.id)));
+        out
+    }
+
+    /// One machine (a tombstone too, until collected).
+    pub fn machine(&self, id: &str) -> Option<MachineView> {
+        let st = self.shared().read();
+        let row = st.replica.machine(id)?;
+        let Record::Machine(m) = &row.record else {
+            return None;
+        };
+        Some(self.machine_view(&st, row, m))
+    }
+
+    fn machine_view(&self, st: &node::State, row: &Row, m: &MachineRecord) -> MachineView {
+        let host_status = match self.shared().status_of(st, &row.owner) {
+            Some(HostStatus::Alive) => "ok",
+            Some(_) => "unreachable",
+            None => "unknown",
+        };
+        MachineView {
+            record: m.clone(),
+            host_status,
+            deleted: row.deleted,
+            version: row.version,
+        }
+    }
+
+    /// Every app; if two hosts created the same name, the one with the smallest
+    /// (created_at_ms, created_by_host) wins, on every node alike.
+    pub fn apps(&self) -> Vec<AppRecord> {
+        self.shared()
+            .read()
+            .replica
+            .apps()
+            .into_iter()
+            .cloned()
+            .collect()
+    }
+
+    pub fn app(&self, name: &str) -> Option<AppRecord> {
+        self.shared().read().replica.app(name).cloned()
+    }
+
+    /// A stream of changes to the local replica and to hosts' liveness. A receiver that
+    /// falls more than 4096 changes behind gets `Lagged` and should re-read everything.
+    pub fn subscribe(&self) -> broadcast::Receiver<Change> {
+        self.shared().changes.subscribe()
+    }
+
+    /// A hash of the whole replica (every row's owner, kind, key and version), equal on
+    /// nodes that have converged.
+    pub fn digest(&self) -> String {
+        self.shared().read().replica.digest()
+    }
+
+    /// Fault injection for tests: drop all traffic to and from these gossip addresses,
+    /// UDP and TCP, until called again (an empty list heals).
+    pub fn set_partitioned(&self, blocked: &[SocketAddr]) {
+        self.shared().set_blocked(blocked);
+    }
+
+    pub fn stats(&self) -> CatalogStats {
+        let c = &self.shared().counters;
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let st = self.shared().read();
+        let members: Vec<HostStatus> = st.members.iter().map(|(_, m)| m.status).collect();
+        CatalogStats {
+            udp_bytes_sent: get(&c.udp_bytes_sent),
+            udp_bytes_received: get(&c.udp_bytes_received),
+            udp_packets_sent: get(&c.udp_packets_sent),
+            udp_packets_received: get(&c.udp_packets_received),
+            tcp_bytes_sent: get(&c.tcp_bytes_sent),
+            tcp_bytes_received: get(&c.tcp_bytes_received),
+            syncs: get(&c.syncs),
+            syncs_failed: get(&c.syncs_failed),
+            rejected: get(&c.rejected),
+            dropped_partitioned: get(&c.dropped_partitioned),
+            rows_merged: get(&c.rows_merged),
+            rows: st.replica.len() as u64,
+            tombstones: st.replica.num_tombstones() as u64,
+            members: members.len() as u64,
+            alive_members: members
+                .iter()
+                .filter(|s| **s == HostStatus::Alive)
+                .count() as u64,
+        }
+    }
+
+    /// Leaves the cluster cleanly: every known member is told at once (it sees this host
+    /// as `left`), then the node's tasks stop.
+    pub async fn leave(&self) {
+        let (done_tx, done_rx) = oneshot::channel();
+        if self
+            .shared()
+            .commands
+            .send(Command::Leave(done_tx))
+            .is_ok()
+        {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), done_rx).await;
+        }
+        self.stop().await;
+    }
+
+    /// Stops the node's tasks without telling anyone, as a crash would (for tests and
+    /// fault injection). Returns once the sockets are closed.
+    pub async fn kill(&self) {
+        self.stop().await;
+    }
+
+    async fn stop(&self) {
+        let tasks: Vec<JoinHandle<()>> = {
+            let mut tasks = self.inner.tasks.lock().unwrap_or_else(|e| e.into_inner());
+            tasks.drain(..).collect()
+        };
+        for t in &tasks {
+            t.abort();
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Binds UDP and TCP on the same port. With port 0, retries a few ports in case the one
+/// picked for UDP is taken for TCP.
+async fn bind(listen: SocketAddr) -> anyhow::Result<(UdpSocket, TcpListener)> {
+    let attempts = if listen.port() == 0 { 10 } else { 1 };
+    let mut last_err = None;
+    for _ in 0..attempts {
+        let socket = UdpSocket::bind(listen)
+            .await
+            .with_context(|| format!("binding UDP {listen}"))?;
+        let port = socket.local_addr()?.port();
+        match TcpListener::bind(SocketAddr::new(listen.ip(), port)).await {
+            Ok(listener) => return Ok((socket, listener)),
+            Err(e) => last_err = Some(e),
+        }
+    }
+    Err(last_err.expect("at least one attempt")).with_context(|| format!("binding TCP {listen}"))
+}

@@ -1,0 +1,255 @@
+//! The state one node's tasks share: the replica, the membership view, the version clock,
+//! counters, fault injection, and the merge-and-notify path every incoming row takes.
+
+use crate::config::CatalogConfig;
+use crate::membership::MemberView;
+use crate::records::{Change, HostStatus};
+use crate::replica::{Kind, Record, Replica, Row};
+use crate::wire::{self, Authenticator, BroadcastItem, WireRow};
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+/// Requests to the gossip task.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// Disseminate this encoded [`BroadcastItem`].
+    Broadcast(Vec<u8>),
+    /// Say goodbye, leave the SWIM cluster, and stop.
+    Leave(oneshot::Sender<()>),
+}
+
+/// Everything under the lock.
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    pub replica: Replica,
+    pub members: MemberView,
+    /// The last version this node gave one of its rows.
+    pub last_version: u64,
+    /// This node has merged a sync from a peer since it started, so its own rows are
+    /// complete (it has inherited what the cluster held of its previous life).
+    pub synced: bool,
+    /// This node has left the cluster.
+    pub left: bool,
+}
+
+/// Counters, updated without locking.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub udp_bytes_sent: AtomicU64,
+    pub udp_bytes_received: AtomicU64,
+    pub udp_packets_sent: AtomicU64,
+    pub udp_packets_received: AtomicU64,
+    pub tcp_bytes_sent: AtomicU64,
+    pub tcp_bytes_received: AtomicU64,
+    pub syncs: AtomicU64,
+    pub syncs_failed: AtomicU64,
+    pub rejected: AtomicU64,
+    pub dropped_partitioned: AtomicU64,
+    pub rows_merged: AtomicU64,
+}
+
+impl Counters {
+    pub fn add(counter: &AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// Shared by the handle and the node's tasks.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub config: CatalogConfig,
+    /// The address other nodes reach this one at (UDP and TCP).
+    pub addr: SocketAddr,
+    pub auth: Authenticator,
+    state: RwLock<State>,
+    pub changes: broadcast::Sender<Change>,
+    pub counters: Counters,
+    blocked: RwLock<HashSet<SocketAddr>>,
+    pub commands: mpsc::UnboundedSender<Command>,
+    /// Owners to pull from at once (a hint said they have rows too big to broadcast).
+    pub pulls: mpsc::UnboundedSender<String>,
+}
+
+impl Shared {
+    pub fn new(
+        config: CatalogConfig,
+        addr: SocketAddr,
+        commands: mpsc::UnboundedSender<Command>,
+        pulls: mpsc::UnboundedSender<String>,
+    ) -> Self {
+        let auth = Authenticator::new(&config.cluster_secret);
+        Shared {
+            config,
+            addr,
+            auth,
+            state: RwLock::new(State::default()),
+            changes: broadcast::channel(4096).0,
+            counters: Counters::default(),
+            blocked: RwLock::new(HashSet::new()),
+            commands,
+            pulls,
+        }
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.config.node_id
+    }
+
+    pub fn read(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn write(&self) -> RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Fault injection: whether traffic with this address is dropped.
+    pub fn is_blocked(&self, addr: &SocketAddr) -> bool {
+        let blocked = self.blocked.read().unwrap_or_else(|e| e.into_inner());
+        !blocked.is_empty() && blocked.contains(addr)
+    }
+
+    pub fn set_blocked(&self, addrs: &[SocketAddr]) {
+        let mut blocked = self.blocked.write().unwrap_or_else(|e| e.into_inner());
+        *blocked = addrs.iter().copied().collect();
+    }
+
+    /// Writes one of this node's own rows with a fresh version, and disseminates it.
+    pub fn publish(&self, record: Record, deleted: bool) {
+        let now = bazaar_types::now_ms();
+        let row = {
+            let mut st = self.write();
+            let version = (st.last_version + 1).max(now.saturating_mul(1000));
+            st.last_version = version;
+            let row = Row {
+                owner: self.node_id().to_owned(),
+                version,
+                deleted,
+                updated_at_ms: now,
+                record,
+            };
+            let outcome = st.replica.apply(row.clone());
+            debug_assert!(outcome.is_applied(), "own rows always apply");
+            row
+        };
+        self.notify(std::slice::from_ref(&row));
+        let wire = WireRow::from_row(&row);
+        let full = wire::encode(&BroadcastItem::Row(wire));
+        let item = if full.len() <= self.config.max_broadcast_item() {
+            full
+        } else {
+            wire::encode(&BroadcastItem::Hint {
+                owner: row.owner.clone(),
+                kind: row.kind(),
+                key: row.key().to_owned(),
+                version: row.version,
+            })
+        };
+        let _ = self.commands.send(Command::Broadcast(item));
+    }
+
+    /// Merges rows received from peers; `authority` names the owner whose complete set
+    /// `rows` includes (see [`Replica::apply_authoritative`]). Returns how many changed.
+    pub fn merge(&self, rows: Vec<Row>, authority: Option<&str>) -> usize {
+        let me = self.node_id();
+        let ttl = self.config.tombstone_ttl.as_millis() as u64;
+        let changed = {
+            let mut st = self.write();
+            let mut changed = Vec::new();
+            let mut owned = Vec::new();
+            for row in rows {
+                if row.owner == me {
+                    // Our own rows from a previous life: keep them (the agent republishes
+                    // or deletes them) and never write a version below them again.
+                    st.last_version = st.last_version.max(row.version);
+                }
+                match authority {
+                    Some(owner) if owner == row.owner && owner != me => owned.push(row),
+                    _ => {
+                        if st.replica.apply(row.clone()).is_applied() {
+                            changed.push(row);
+                        }
+                    }
+                }
+            }
+            if let Some(owner) = authority.filter(|o| *o != me) {
+                let now = bazaar_types::now_ms();
+                changed.extend(st.replica.apply_authoritative(owner, owned, now, ttl));
+            }
+            changed
+        };
+        Counters::add(&self.counters.rows_merged, changed.len());
+        self.notify(&changed);
+        changed.len()
+    }
+
+    /// Whether a row newer than `version` exists for this key somewhere (we hold older).
+    pub fn is_newer(&self, owner: &str, kind: Kind, key: &str, version: u64) -> bool {
+        let st = self.read();
+        st.replica
+            .get(owner, kind, key)
+            .is_none_or(|r| r.version < version)
+    }
+
+    /// Sends the change events for rows that changed.
+    pub fn notify(&self, rows: &[Row]) {
+        if self.changes.receiver_count() == 0 {
+            return;
+        }
+        for row in rows {
+            let _ = self.changes.send(change_of(row));
+        }
+    }
+
+    /// Sends the change events for hosts whose status changed: the host and each of its
+    /// machines.
+    pub fn notify_status(&self, hosts: &[String]) {
+        if hosts.is_empty() || self.changes.receiver_count() == 0 {
+            return;
+        }
+        let events: Vec<Change> = {
+            let st = self.read();
+            hosts
+                .iter()
+                .flat_map(|h| {
+                    std::iter::once(Change::Host(h.clone())).chain(
+                        st.replica
+                            .owner_rows(h)
+                            .filter(|r| r.kind() == Kind::Machine)
+                            .map(change_of),
+                    )
+                })
+                .collect()
+        };
+        for e in events {
+            let _ = self.changes.send(e);
+        }
+    }
+
+    /// A host's status; this node is alive until it leaves.
+    pub fn status_of(&self, st: &State, node_id: &str) -> Option<HostStatus> {
+        if node_id == self.node_id() {
+            Some(if st.left {
+                HostStatus::Left
+            } else {
+                HostStatus::Alive
+            })
+        } else {
+            st.members.status(node_id)
+        }
+    }
+}
+
+fn change_of(row: &Row) -> Change {
+    match &row.record {
+        Record::Host(h) => Change::Host(h.id.clone()),
+        Record::Machine(m) => Change::Machine {
+            id: m.id.clone(),
+            app: m.app.clone(),
+        },
+        Record::App(a) => Change::App(a.name.clone()),
+    }
+}

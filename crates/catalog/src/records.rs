@@ -1,0 +1,176 @@
+//! The records the catalog replicates (hosts, machines, apps) and the views and filters
+//! that queries return. These are plain data: no I/O, no locking.
+
+use bazaar_types::config::MachineService;
+use bazaar_types::host::Resources;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A host's description of itself, published by that host only.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct HostRecord {
+    /// The host id; always equal to the publishing node's id.
+    pub id: String,
+    pub region: String,
+    /// Where the host's API (and host-to-host interface) listens.
+    pub api_addr: String,
+    /// Where the host's catalog gossips (UDP and TCP).
+    pub gossip_addr: String,
+    pub capacity: Resources,
+    /// Advertised free resources; may be stale, the host's bid is authoritative.
+    pub free: Resources,
+    pub num_machines: u32,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub draining: bool,
+    pub updated_at_ms: u64,
+}
+
+/// One machine, published by the host that owns it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct MachineRecord {
+    pub id: String,
+    pub app: String,
+    pub name: String,
+    pub region: String,
+    /// The owning host; always equal to the publishing node's id.
+    pub host_id: String,
+    /// The machine state as the Fly API spells it (`started`, `stopped`, `destroyed`, ...).
+    pub state: String,
+    pub instance_id: String,
+    #[serde(default)]
+    pub services: Vec<ServiceRecord>,
+    #[serde(default)]
+    pub checks: Vec<CheckRecord>,
+    #[serde(default)]
+    pub cordoned: bool,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    pub updated_at_ms: u64,
+}
+
+/// A service of a machine and where to reach it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ServiceRecord {
+    pub service: MachineService,
+    /// The address the proxy connects to (the host's address for the machine).
+    pub address: String,
+    pub port: u16,
+}
+
+/// The last result of one health check.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CheckRecord {
+    pub name: String,
+    /// `passing`, `warning` or `critical`.
+    pub status: String,
+    #[serde(default)]
+    pub output: String,
+    pub updated_at_ms: u64,
+}
+
+/// An app, published by the host whose API created it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct AppRecord {
+    pub name: String,
+    pub org_slug: String,
+    pub created_at_ms: u64,
+    pub created_by_host: String,
+}
+
+/// Liveness of a host as this node's failure detector (SWIM) sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostStatus {
+    /// Answering probes.
+    Alive,
+    /// Failed a probe recently, or not (yet) known to the failure detector.
+    Suspect,
+    /// Declared down by the cluster.
+    Dead,
+    /// Announced a clean shutdown.
+    Left,
+}
+
+impl HostStatus {
+    /// The lowercase name (`alive`, `suspect`, `dead`, `left`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostStatus::Alive => "alive",
+            HostStatus::Suspect => "suspect",
+            HostStatus::Dead => "dead",
+            HostStatus::Left => "left",
+        }
+    }
+}
+
+impl fmt::Display for HostStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A host as a query returns it: its last published record and its liveness.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostView {
+    pub record: HostRecord,
+    pub status: HostStatus,
+    /// The version of the record (chosen by the host).
+    pub version: u64,
+}
+
+/// A machine as a query returns it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MachineView {
+    pub record: MachineRecord,
+    /// `"ok"` when the owning host is alive, `"unreachable"` when it is suspect, dead or
+    /// left, `"unknown"` when the failure detector has never heard of it.
+    pub host_status: &'static str,
+    /// True for a tombstone (the machine was destroyed); only returned when asked for.
+    pub deleted: bool,
+    /// The version of the record (chosen by the owning host).
+    pub version: u64,
+}
+
+/// What changed in the local replica. Subscribers re-read what they care about.
+///
+/// A `Host` change is also sent when the host's liveness changes; every machine of that
+/// host then gets a `Machine` change too, since its `host_status` changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    Host(String),
+    Machine { id: String, app: String },
+    App(String),
+}
+
+/// Which machines [`crate::Catalog::machines`] returns. The default matches every live
+/// machine.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MachineFilter {
+    pub app: Option<String>,
+    pub region: Option<String>,
+    /// Empty means any state.
+    pub states: Vec<String>,
+    /// Also return tombstones of destroyed machines (not yet collected).
+    pub include_deleted: bool,
+}
+
+impl MachineFilter {
+    /// Every live machine of `app`.
+    pub fn app(app: impl Into<String>) -> Self {
+        MachineFilter {
+            app: Some(app.into()),
+            ..Default::default()
+        }
+    }
+
+    /// Whether a machine passes the filter (the `app` and deletion tests included).
+    pub fn matches(&self, record: &MachineRecord, deleted: bool) -> bool {
+        (self.include_deleted || !deleted)
+            && self.app.as_deref().is_none_or(|a| a == record.app)
+            && self.region.as_deref().is_none_or(|r| r == record.region)
+            && (self.states.is_empty() || self.states.contains(&record.state))
+    }
+}

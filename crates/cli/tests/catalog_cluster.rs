@@ -1,0 +1,129 @@
+//! Three real agents gossiping: a machine created on one appears on the others with its
+//! state changes and its tombstone; a killed host is declared dead (its machines
+//! unreachable) and comes back alive after a restart; a host that stops cleanly leaves at
+//! once.
+
+mod common;
+
+use bazaar_testkit::{create_request, start_cluster, TestAgent, TEST_SECRET};
+use bazaar_types::host::StopRequest;
+use bazaar_types::state::MachineState;
+use common::*;
+use std::time::{Duration, Instant};
+
+async fn catalog(agent: &TestAgent, path: &str) -> serde_json::Value {
+    reqwest::Client::new()
+        .get(format!("{}/v1/catalog/{path}", agent.url()))
+        .bearer_auth(TEST_SECRET)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn machine_on(agent: &TestAgent, id: &str) -> Option<serde_json::Value> {
+    let all = catalog(agent, "machines?include_deleted=true").await;
+    all.as_array()?.iter().find(|m| m["id"] == id).cloned()
+}
+
+async fn host_status(agent: &TestAgent, host_id: &str) -> Option<String> {
+    let hosts = catalog(agent, "hosts").await;
+    hosts
+        .as_array()?
+        .iter()
+        .find(|h| h["id"] == host_id)
+        .and_then(|h| h["status"].as_str().map(str::to_string))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machines_and_host_liveness_spread_to_every_node() {
+    let mut agents = start_cluster(std::path::Path::new(EXE), 3, |_, _| {}).unwrap();
+    let ids: Vec<String> = {
+        let mut v = Vec::new();
+        for a in &agents {
+            v.push(a.client().info().await.unwrap().id);
+        }
+        v
+    };
+    // Everyone knows everyone.
+    for a in &agents {
+        bazaar_testkit::eventually(Duration::from_secs(10), || async {
+            let hosts = catalog(a, "hosts").await;
+            let alive = hosts.as_array()?.iter().filter(|h| h["status"] == "alive").count();
+            (alive == 3).then_some(())
+        })
+        .await
+        .expect("all three hosts alive in every catalog");
+    }
+
+    // A machine created on A shows up on B and C, with its state changes.
+    let a = agents[0].client();
+    let m = a.create(&create_request("gossip", &["sleep", "1000"])).await.unwrap();
+    wait_state(&a, &m.id, MachineState::Started).await;
+    for other in &agents[1..] {
+        let row = bazaar_testkit::eventually(Duration::from_secs(5), || async {
+            machine_on(other, &m.id).await.filter(|r| r["state"] == "started")
+        })
+        .await
+        .expect("the machine reaches the other nodes");
+        assert_eq!(row["host_id"], ids[0].as_str());
+        assert_eq!(row["app"], "gossip");
+        assert_eq!(row["host_status"], "ok");
+    }
+    a.stop(&m.id, &StopRequest::default()).await.unwrap();
+    bazaar_testkit::eventually(Duration::from_secs(5), || async {
+        machine_on(&agents[2], &m.id).await.filter(|r| r["state"] == "stopped")
+    })
+    .await
+    .expect("the stop propagates");
+    a.destroy(&m.id, false).await.unwrap();
+    let tomb = bazaar_testkit::eventually(Duration::from_secs(5), || async {
+        machine_on(&agents[1], &m.id).await.filter(|r| r["deleted"] == true)
+    })
+    .await
+    .expect("the destroy leaves a tombstone");
+    assert_eq!(tomb["state"], "destroyed");
+    let live = catalog(&agents[1], "machines?app=gossip").await;
+    assert_eq!(live.as_array().unwrap().len(), 0, "tombstones are hidden from normal lists");
+
+    // A killed host is declared dead everywhere, its machines unreachable.
+    let c = agents[2].client();
+    let mc = c.create(&create_request("gossip", &["sleep", "1000"])).await.unwrap();
+    wait_state(&c, &mc.id, MachineState::Started).await;
+    bazaar_testkit::eventually(Duration::from_secs(5), || async { machine_on(&agents[0], &mc.id).await })
+        .await
+        .unwrap();
+    agents[2].kill9();
+    let t0 = Instant::now();
+    bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        (host_status(&agents[0], &ids[2]).await.as_deref() == Some("dead")).then_some(())
+    })
+    .await
+    .expect("the killed host is declared dead");
+    let detected = t0.elapsed();
+    assert!(detected < Duration::from_secs(6), "detected after {detected:?} (dead_after is 2 s)");
+    let row = machine_on(&agents[1], &mc.id).await.unwrap();
+    assert_eq!(row["host_status"], "unreachable");
+
+    // It comes back alive after a restart; its machine is still there, reachable again.
+    agents[2].spawn(&[]).unwrap();
+    bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let alive = host_status(&agents[0], &ids[2]).await.as_deref() == Some("alive");
+        let row = machine_on(&agents[0], &mc.id).await?;
+        (alive && row["host_status"] == "ok").then_some(())
+    })
+    .await
+    .expect("the restarted host is alive again");
+
+    // A clean stop is seen as leaving at once.
+    agents[1].stop().unwrap();
+    let t0 = Instant::now();
+    bazaar_testkit::eventually(Duration::from_secs(5), || async {
+        (host_status(&agents[0], &ids[1]).await.as_deref() == Some("left")).then_some(())
+    })
+    .await
+    .expect("a graceful stop leaves");
+    assert!(t0.elapsed() < Duration::from_secs(1), "left after {:?}", t0.elapsed());
+}
