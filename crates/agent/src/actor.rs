@@ -430,7 +430,11 @@ impl Actor {
                 match h.thaw() {
                     Ok(()) => {
                         rec.state = MachineState::Started;
-                        b.event(rec, MachineEvent::new("start", "started", &op.source).with_reason("resumed"));
+                        b.event(
+                            rec,
+                            MachineEvent::new("start", "started", &op.source)
+                                .with_reason("resumed"),
+                        );
                         return StepOutcome::Continue;
                     }
                     Err(err) => {
@@ -639,7 +643,11 @@ impl Actor {
             }
             Err(err) => {
                 tracing::warn!(machine.id = %self.id, error = %err, "freeze failed");
-                b.event(rec, MachineEvent::new("suspend", "started", "flyd").with_reason(format!("suspend failed: {err}")));
+                b.event(
+                    rec,
+                    MachineEvent::new("suspend", "started", "flyd")
+                        .with_reason(format!("suspend failed: {err}")),
+                );
                 StepOutcome::Abort
             }
         }

@@ -215,9 +215,18 @@ impl Agent {
         let Some(catalog) = self.0.catalog.get() else {
             return;
         };
+        // Advertise capacity minus what is committed: reservations are short-lived, and
+        // counting them would make a host look full to every exchange during a burst.
         let (capacity, free) = {
             let ledger = self.0.ledger.lock().await;
-            (ledger.capacity(), ledger.free())
+            let (cap, used) = (ledger.capacity(), ledger.committed());
+            (
+                cap,
+                Resources {
+                    cpus: cap.cpus.saturating_sub(used.cpus),
+                    memory_mb: cap.memory_mb.saturating_sub(used.memory_mb),
+                },
+            )
         };
         let num_machines = lock(&self.0.actors).len() as u32;
         let record = bazaar_catalog::HostRecord {
@@ -318,26 +327,22 @@ impl Agent {
         let id = ids::new_reservation_id();
         let expires_at_ms = now_ms() + ttl.as_millis() as u64;
         let mut ledger = self.0.ledger.lock().await;
+        // Open reservations live in memory only: losing them in a crash is the same as
+        // their expiry, which the exchange handles (the claim fails, the next offer is
+        // taken). Claimed ones are persisted with the machine they became.
         match ledger.reserve(&id, want, expires_at_ms) {
-            Ok((reservation, score)) => {
-                let mut b = Batch::default();
-                b.reservation(&reservation);
-                if let Err(err) = self.commit(b).await {
-                    ledger.release(&id);
-                    return Err(err);
-                }
-                Ok(BidResponse::Bid {
-                    host_id: self.0.host_id.clone(),
-                    reservation_id: id,
-                    score,
-                    expires_at_ms,
-                    free: ledger.free(),
-                })
-            }
+            Ok((_, score)) => Ok(BidResponse::Bid {
+                host_id: self.0.host_id.clone(),
+                reservation_id: id,
+                score,
+                expires_at_ms,
+                free: ledger.free(),
+            }),
             Err(err) => Ok(BidResponse::Refusal {
                 host_id: self.0.host_id.clone(),
                 reason: err.to_string(),
-                retryable: !matches!(err, LedgerError::Draining) && ledger.fits_without_reservations(want),
+                retryable: !matches!(err, LedgerError::Draining)
+                    && ledger.fits_without_reservations(want),
             }),
         }
     }
@@ -354,9 +359,6 @@ impl Agent {
             }
             Some(_) => {}
         }
-        let mut b = Batch::default();
-        b.delete_reservation(reservation_id);
-        self.commit(b).await?;
         ledger.release(reservation_id);
         Ok(())
     }
@@ -368,6 +370,8 @@ impl Agent {
         reservation_id: &str,
         req: ClaimRequest,
     ) -> Result<Machine, AgentError> {
+        // Fault injection: a host that dies between its bid and the claim.
+        self.0.crash.at("claim", 0);
         let mut ledger = self.0.ledger.lock().await;
         let reservation = ledger
             .reservation(reservation_id)
@@ -573,12 +577,20 @@ impl Agent {
     // === Operations on existing machines ===
 
     /// Starts a machine.
-    pub async fn start_machine(&self, id: &str, nonce: Option<&str>) -> Result<Machine, AgentError> {
+    pub async fn start_machine(
+        &self,
+        id: &str,
+        nonce: Option<&str>,
+    ) -> Result<Machine, AgentError> {
         self.submit(id, nonce, OpKind::Start, |_| Ok(None)).await
     }
 
     /// Suspends a started machine: its processes are frozen; `start` resumes them.
-    pub async fn suspend_machine(&self, id: &str, nonce: Option<&str>) -> Result<Machine, AgentError> {
+    pub async fn suspend_machine(
+        &self,
+        id: &str,
+        nonce: Option<&str>,
+    ) -> Result<Machine, AgentError> {
         if !self.0.driver.cgroups {
             return Err(AgentError::Invalid(
                 "suspend needs cgroups: run the agent as root with isolation on".into(),
@@ -712,7 +724,12 @@ impl Agent {
     }
 
     /// Sends a signal to a started machine's workload (not an operation: nothing to resume).
-    pub async fn signal_machine(&self, id: &str, signal: Signal, nonce: Option<&str>) -> Result<(), AgentError> {
+    pub async fn signal_machine(
+        &self,
+        id: &str,
+        signal: Signal,
+        nonce: Option<&str>,
+    ) -> Result<(), AgentError> {
         let rec = self.load_live(id)?;
         check_lease(&rec, nonce)?;
         let state = self.current_state(&rec);
@@ -791,9 +808,13 @@ impl Agent {
         let mut rec = self.load_live(id)?;
         let held = rec.lease.clone().filter(|l| l.expires_at * 1000 > now_ms());
         let (lease, created) = match (&held, nonce) {
-            (Some(l), Some(n)) if l.nonce == n => (new_lease(&rec, ttl, description, Some(n))?, false),
+            (Some(l), Some(n)) if l.nonce == n => {
+                (new_lease(&rec, ttl, description, Some(n))?, false)
+            }
             (Some(l), _) => return Err(lease_conflict(id, l)),
-            (None, Some(n)) if !n.is_empty() && rec.lease.as_ref().is_some_and(|l| l.nonce == n) => {
+            (None, Some(n))
+                if !n.is_empty() && rec.lease.as_ref().is_some_and(|l| l.nonce == n) =>
+            {
                 // Refreshing a lease that just expired: renew it for the same holder.
                 (new_lease(&rec, ttl, description, Some(n))?, false)
             }
@@ -807,7 +828,10 @@ impl Agent {
     }
 
     /// The current lease, if one is held.
-    pub async fn lease_get(&self, id: &str) -> Result<Option<bazaar_types::machine::Lease>, AgentError> {
+    pub async fn lease_get(
+        &self,
+        id: &str,
+    ) -> Result<Option<bazaar_types::machine::Lease>, AgentError> {
         let rec = self.load_live(id)?;
         Ok(rec.lease.filter(|l| l.expires_at * 1000 > now_ms()))
     }
@@ -833,7 +857,12 @@ impl Agent {
     }
 
     /// Cordons (no new traffic from the proxy) or uncordons a machine.
-    pub async fn cordon(&self, id: &str, cordoned: bool, nonce: Option<&str>) -> Result<(), AgentError> {
+    pub async fn cordon(
+        &self,
+        id: &str,
+        cordoned: bool,
+        nonce: Option<&str>,
+    ) -> Result<(), AgentError> {
         let _guard = self.0.ledger.lock().await;
         let mut rec = self.load_live(id)?;
         check_lease(&rec, nonce)?;
@@ -1321,14 +1350,22 @@ fn lease_conflict(id: &str, l: &bazaar_types::machine::Lease) -> AgentError {
     AgentError::Conflict(format!(
         "machine {id} lease currently held by {} ({}), expires at {}",
         l.owner,
-        if l.description.is_empty() { "no description" } else { &l.description },
+        if l.description.is_empty() {
+            "no description"
+        } else {
+            &l.description
+        },
         rfc3339(l.expires_at * 1000)
     ))
 }
 
 /// Refuses a mutation of a leased machine unless `nonce` is the lease's.
 fn check_lease(rec: &MachineRecord, nonce: Option<&str>) -> Result<(), AgentError> {
-    match rec.lease.as_ref().filter(|l| l.expires_at * 1000 > now_ms()) {
+    match rec
+        .lease
+        .as_ref()
+        .filter(|l| l.expires_at * 1000 > now_ms())
+    {
         Some(l) if nonce != Some(l.nonce.as_str()) => Err(lease_conflict(&rec.id, l)),
         _ => Ok(()),
     }

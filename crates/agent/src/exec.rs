@@ -37,7 +37,9 @@ pub fn argv(req: &ExecRequest) -> Result<Vec<String>, AgentError> {
         return Err(AgentError::Invalid("exec needs a command".into()));
     }
     if argv.iter().any(|a| a.contains('\0')) {
-        return Err(AgentError::Invalid("the command contains a NUL byte".into()));
+        return Err(AgentError::Invalid(
+            "the command contains a NUL byte".into(),
+        ));
     }
     Ok(argv)
 }
@@ -71,7 +73,11 @@ pub async fn run(target: &ExecTarget, req: &ExecRequest) -> Result<ExecResponse,
     cmd.env_clear()
         .envs(target.env.iter().cloned())
         .current_dir(&target.workdir)
-        .stdin(if req.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if req.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
@@ -139,6 +145,8 @@ fn ids_of(pid: i32) -> Result<(u32, u32), AgentError> {
     };
     match (field("Uid:"), field("Gid:")) {
         (Some(u), Some(g)) => Ok((u, g)),
-        _ => Err(AgentError::Internal(format!("cannot read the ids of pid {pid}"))),
+        _ => Err(AgentError::Internal(format!(
+            "cannot read the ids of pid {pid}"
+        ))),
     }
 }

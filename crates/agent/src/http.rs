@@ -46,11 +46,19 @@ pub fn router(agent: Agent) -> Router {
         .route("/machines/{id}/suspend", post(suspend))
         .route("/machines/{id}/cordon", post(cordon))
         .route("/machines/{id}/uncordon", post(uncordon))
-        .route("/machines/{id}/lease", get(lease_get).post(lease_acquire).delete(lease_release))
-        .route("/machines/{id}/metadata", get(metadata_get).put(metadata_bulk).patch(metadata_bulk))
+        .route(
+            "/machines/{id}/lease",
+            get(lease_get).post(lease_acquire).delete(lease_release),
+        )
+        .route(
+            "/machines/{id}/metadata",
+            get(metadata_get).put(metadata_bulk).patch(metadata_bulk),
+        )
         .route(
             "/machines/{id}/metadata/{key}",
-            get(metadata_key_get).post(metadata_key_set).delete(metadata_key_delete),
+            get(metadata_key_get)
+                .post(metadata_key_set)
+                .delete(metadata_key_delete),
         )
         .route("/machines/{id}/exec", post(exec))
         .route("/machines/{id}/placement", get(placement))
@@ -218,7 +226,10 @@ async fn start(
 ) -> ApiResult<Response> {
     let before = agent.machine(&id).await?.state;
     agent.start_machine(&id, nonce(&headers)).await?;
-    Ok(Json(serde_json::json!({"previous_state": before, "migrated": false, "new_host": ""})).into_response())
+    Ok(
+        Json(serde_json::json!({"previous_state": before, "migrated": false, "new_host": ""}))
+            .into_response(),
+    )
 }
 
 async fn stop(
@@ -266,7 +277,9 @@ async fn signal(
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: SignalRequest = parse_body(&body)?;
-    agent.signal_machine(&id, req.signal, nonce(&headers)).await?;
+    agent
+        .signal_machine(&id, req.signal, nonce(&headers))
+        .await?;
     Ok(Json(serde_json::json!({"ok": true})).into_response())
 }
 
@@ -400,17 +413,29 @@ fn read_range(path: &std::path::Path, from: u64, to: u64) -> std::io::Result<Vec
     Ok(buf)
 }
 
-async fn suspend(State(agent): State<Agent>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
+async fn suspend(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     agent.suspend_machine(&id, nonce(&headers)).await?;
     Ok(Json(serde_json::json!({"ok": true})).into_response())
 }
 
-async fn cordon(State(agent): State<Agent>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
+async fn cordon(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     agent.cordon(&id, true, nonce(&headers)).await?;
     Ok(Json(serde_json::json!({"ok": true})).into_response())
 }
 
-async fn uncordon(State(agent): State<Agent>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
+async fn uncordon(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     agent.cordon(&id, false, nonce(&headers)).await?;
     Ok(Json(serde_json::json!({"ok": true})).into_response())
 }
@@ -435,9 +460,18 @@ async fn lease_acquire(
     let req: bazaar_types::host::LeaseRequest = parse_body(&body)?;
     let ttl = req.ttl.or(q.ttl).unwrap_or(30);
     let (lease, created) = agent
-        .lease_acquire(&id, ttl, req.description.as_deref().unwrap_or(""), nonce(&headers))
+        .lease_acquire(
+            &id,
+            ttl,
+            req.description.as_deref().unwrap_or(""),
+            nonce(&headers),
+        )
         .await?;
-    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok((status, Json(wrapped(&lease))).into_response())
 }
 
@@ -448,7 +482,11 @@ async fn lease_get(State(agent): State<Agent>, Path(id): Path<String>) -> ApiRes
     }
 }
 
-async fn lease_release(State(agent): State<Agent>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
+async fn lease_release(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     agent.lease_release(&id, nonce(&headers)).await?;
     Ok(Json(serde_json::json!({"status": "success"})).into_response())
 }
@@ -480,7 +518,9 @@ async fn metadata_key_set(
 ) -> ApiResult<Response> {
     let v: MetadataValue = parse_body(&body)?;
     let changes = std::iter::once((key, Some(v.value))).collect();
-    agent.metadata_update(&id, changes, None, nonce(&headers)).await?;
+    agent
+        .metadata_update(&id, changes, None, nonce(&headers))
+        .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -493,7 +533,9 @@ async fn metadata_key_delete(
         return Err(AgentError::MetadataNotFound(key));
     }
     let changes = std::iter::once((key, None)).collect();
-    agent.metadata_update(&id, changes, None, nonce(&headers)).await?;
+    agent
+        .metadata_update(&id, changes, None, nonce(&headers))
+        .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -505,12 +547,21 @@ async fn metadata_bulk(
 ) -> ApiResult<Response> {
     let req: bazaar_types::host::MetadataUpdate = parse_body(&body)?;
     agent
-        .metadata_update(&id, req.metadata, req.machine_version.as_deref(), nonce(&headers))
+        .metadata_update(
+            &id,
+            req.metadata,
+            req.machine_version.as_deref(),
+            nonce(&headers),
+        )
         .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn exec(State(agent): State<Agent>, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
+async fn exec(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
     let req: bazaar_types::host::ExecRequest = parse_body(&body)?;
     Ok(Json(agent.exec(&id, req).await?).into_response())
 }
@@ -601,7 +652,12 @@ async fn catalog_machines(
         region: q.region,
         states: q
             .state
-            .map(|s| s.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect())
+            .map(|s| {
+                s.split(',')
+                    .map(|x| x.trim().to_string())
+                    .filter(|x| !x.is_empty())
+                    .collect()
+            })
             .unwrap_or_default(),
         include_deleted: q.include_deleted,
     };

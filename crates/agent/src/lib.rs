@@ -36,12 +36,15 @@ pub use config::AgentConfig;
 use anyhow::Context;
 use std::future::Future;
 
-/// Runs an agent until `shutdown_signal` completes: binds the listener, writes its address
-/// to `data_dir/api.addr`, serves the host interface, then shuts down cleanly.
+/// Runs an agent until `shutdown_signal` completes: binds the listener, starts the catalog
+/// (writing `data_dir/gossip.addr`), writes `data_dir/api.addr`, serves the host interface
+/// plus `extra_routes` (the Machines API), then leaves the cluster and shuts down cleanly.
 pub async fn run_agent(
     config: AgentConfig,
+    extra_routes: impl FnOnce(Agent) -> axum::Router,
     shutdown_signal: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    raise_fd_limit();
     let listener = tokio::net::TcpListener::bind(config.api_listen)
         .await
         .with_context(|| format!("binding the API listener on {}", config.api_listen))?;
@@ -57,17 +60,22 @@ pub async fn run_agent(
     );
     catalog_config.seeds = config.join.clone();
     catalog_config.dead_after = config.dead_after;
-    catalog_config.probe_period = (config.dead_after / 8).max(std::time::Duration::from_millis(100));
+    catalog_config.probe_period =
+        (config.dead_after / 8).max(std::time::Duration::from_millis(100));
     let catalog = bazaar_catalog::Catalog::start(catalog_config)
         .await
         .with_context(|| format!("starting the catalog on {}", config.gossip_listen))?;
-    secrets::write_private(&config.data_dir.join("gossip.addr"), &catalog.local_addr().to_string())?;
+    secrets::write_private(
+        &config.data_dir.join("gossip.addr"),
+        &catalog.local_addr().to_string(),
+    )?;
     agent.attach_catalog(catalog.clone()).await;
     secrets::write_private(&config.data_dir.join("api.addr"), &addr.to_string())?;
     tracing::info!(api.addr = %addr, host.id = agent.host_id(), region = %config.region, "listening");
     let stop = agent.0.shutdown.clone();
-    let server = axum::serve(listener, http::router(agent.clone()))
-        .with_graceful_shutdown(async move { stop.cancelled().await });
+    let app = http::router(agent.clone()).merge(extra_routes(agent.clone()));
+    let server =
+        axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await });
     let server = tokio::spawn(async move { server.await });
     shutdown_signal.await;
     tracing::info!("shutting down");

@@ -80,14 +80,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         let gossip = |j: usize| format!("127.0.0.1:{}", args.gossip_port as usize + j);
         let seeds: Vec<String> = (0..args.hosts).filter(|j| *j != i).map(gossip).collect();
         let mut cmd = tokio::process::Command::new(&exe);
-        cmd.arg("agent")
-            .arg("--gossip-listen")
-            .arg(gossip(i));
+        cmd.arg("agent").arg("--gossip-listen").arg(gossip(i));
         if !seeds.is_empty() {
             cmd.arg("--join").arg(seeds.join(","));
         }
-        cmd
-            .arg("--data-dir")
+        cmd.arg("--data-dir")
             .arg(&host_dir)
             .arg("--region")
             .arg(region)

@@ -213,7 +213,7 @@ pub async fn run(args: HostArgs) -> anyhow::Result<()> {
                     machine_id: None,
                     lease_ttl: None,
                     skip_service_registration: false,
-        placement: None,
+                    placement: None,
                 })
                 .await?;
             if !skip_launch {
@@ -401,10 +401,9 @@ pub struct StatusArgs {
 }
 
 async fn catalog_get(conn: &CatalogArgs, path: &str) -> anyhow::Result<serde_json::Value> {
-    let token = conn
-        .token
-        .clone()
-        .context("no token: set BAZAAR_TOKEN (bazaar dev writes it to .bazaar-dev/dev.env) or pass --token")?;
+    let token = conn.token.clone().context(
+        "no token: set BAZAAR_TOKEN (bazaar dev writes it to .bazaar-dev/dev.env) or pass --token",
+    )?;
     let client = HostClient::new(&conn.api_url, &token);
     let url = format!("{}{path}", conn.api_url.trim_end_matches('/'));
     let req = reqwest::Client::new().get(&url);
@@ -418,7 +417,16 @@ pub async fn hosts(a: CatalogArgs) -> anyhow::Result<()> {
         return print_json(&hosts);
     }
     let mut t = Table::new();
-    t.set_header(["host", "region", "status", "api", "machines", "free mem (MB)", "free cpus", "updated"]);
+    t.set_header([
+        "host",
+        "region",
+        "status",
+        "api",
+        "machines",
+        "free mem (MB)",
+        "free cpus",
+        "updated",
+    ]);
     for h in hosts.as_array().into_iter().flatten() {
         t.add_row([
             h["id"].as_str().unwrap_or_default().to_string(),
@@ -426,7 +434,10 @@ pub async fn hosts(a: CatalogArgs) -> anyhow::Result<()> {
             h["status"].as_str().unwrap_or_default().to_string(),
             h["api_addr"].as_str().unwrap_or_default().to_string(),
             h["num_machines"].to_string(),
-            format!("{} / {}", h["free"]["memory_mb"], h["capacity"]["memory_mb"]),
+            format!(
+                "{} / {}",
+                h["free"]["memory_mb"], h["capacity"]["memory_mb"]
+            ),
             format!("{} / {}", h["free"]["cpus"], h["capacity"]["cpus"]),
             h["updated_at"].as_str().unwrap_or_default().to_string(),
         ]);
@@ -446,13 +457,30 @@ pub async fn status(a: StatusArgs) -> anyhow::Result<()> {
         return print_json(&machines);
     }
     let mut t = Table::new();
-    t.set_header(["id", "app", "name", "region", "state", "host", "host status", "services", "updated"]);
+    t.set_header([
+        "id",
+        "app",
+        "name",
+        "region",
+        "state",
+        "host",
+        "host status",
+        "services",
+        "updated",
+    ]);
     for m in machines.as_array().into_iter().flatten() {
         let services = m["services"]
             .as_array()
             .into_iter()
             .flatten()
-            .map(|s| format!("{}->{}:{}", s["internal_port"], s["address"].as_str().unwrap_or_default(), s["port"]))
+            .map(|s| {
+                format!(
+                    "{}->{}:{}",
+                    s["internal_port"],
+                    s["address"].as_str().unwrap_or_default(),
+                    s["port"]
+                )
+            })
             .collect::<Vec<_>>()
             .join(",");
         t.add_row([

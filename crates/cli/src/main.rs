@@ -181,7 +181,7 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     if a.stop_machines_on_shutdown {
         config.stop_machines_on_shutdown = true;
     }
-    bazaar_agent::run_agent(config, shutdown_signal()).await
+    bazaar_agent::run_agent(config, bazaar_api::router, shutdown_signal()).await
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -14,41 +14,97 @@ use std::time::Duration;
 async fn leases_guard_mutations_and_answer_in_the_wrapped_form() {
     let agent = agent();
     let c = agent.client();
-    let m = c.create(&create_request("lease", &["sleep", "1000"])).await.unwrap();
+    let m = c
+        .create(&create_request("lease", &["sleep", "1000"]))
+        .await
+        .unwrap();
     wait_state(&c, &m.id, MachineState::Started).await;
     let lease = c.lease(&m.id, 30, None).await.unwrap();
     assert_eq!(lease["status"], "success");
     let nonce = lease["data"]["nonce"].as_str().unwrap().to_string();
     assert_eq!(nonce.len(), 12);
     // Someone else cannot take it or mutate the machine.
-    assert_eq!(c.lease(&m.id, 30, None).await.unwrap_err().status(), Some(409));
+    assert_eq!(
+        c.lease(&m.id, 30, None).await.unwrap_err().status(),
+        Some(409)
+    );
     let err = c.stop(&m.id, &StopRequest::default()).await.unwrap_err();
     assert_eq!(err.status(), Some(409));
     assert!(err.to_string().contains("lease currently held"), "{err}");
-    let wrong: Result<serde_json::Value, _> =
-        c.with_nonce(Method::POST, &format!("/machines/{}/cordon", m.id), Some("000000000000"), None).await;
+    let wrong: Result<serde_json::Value, _> = c
+        .with_nonce(
+            Method::POST,
+            &format!("/machines/{}/cordon", m.id),
+            Some("000000000000"),
+            None,
+        )
+        .await;
     assert_eq!(wrong.unwrap_err().status(), Some(409));
-    assert_eq!(c.machine(&m.id).await.unwrap().state, MachineState::Started, "nothing changed");
+    assert_eq!(
+        c.machine(&m.id).await.unwrap().state,
+        MachineState::Started,
+        "nothing changed"
+    );
     // The holder can: refresh, cordon, stop.
     let refreshed = c.lease(&m.id, 60, Some(&nonce)).await.unwrap();
     assert_eq!(refreshed["data"]["nonce"], nonce.as_str());
-    let _: serde_json::Value =
-        c.with_nonce(Method::POST, &format!("/machines/{}/cordon", m.id), Some(&nonce), None).await.unwrap();
+    let _: serde_json::Value = c
+        .with_nonce(
+            Method::POST,
+            &format!("/machines/{}/cordon", m.id),
+            Some(&nonce),
+            None,
+        )
+        .await
+        .unwrap();
     assert!(c.machine(&m.id).await.unwrap().cordoned);
-    let got: serde_json::Value = c.with_nonce(Method::GET, &format!("/machines/{}/lease", m.id), None, None).await.unwrap();
+    let got: serde_json::Value = c
+        .with_nonce(
+            Method::GET,
+            &format!("/machines/{}/lease", m.id),
+            None,
+            None,
+        )
+        .await
+        .unwrap();
     assert_eq!(got["data"]["nonce"], nonce.as_str());
     let _: serde_json::Value = c
-        .with_nonce(Method::POST, &format!("/machines/{}/stop", m.id), Some(&nonce), Some(serde_json::json!({})))
+        .with_nonce(
+            Method::POST,
+            &format!("/machines/{}/stop", m.id),
+            Some(&nonce),
+            Some(serde_json::json!({})),
+        )
         .await
         .unwrap();
     wait_state(&c, &m.id, MachineState::Stopped).await;
     // Release needs the nonce; then anyone may mutate again.
-    let missing: Result<serde_json::Value, _> =
-        c.with_nonce(Method::DELETE, &format!("/machines/{}/lease", m.id), None, None).await;
+    let missing: Result<serde_json::Value, _> = c
+        .with_nonce(
+            Method::DELETE,
+            &format!("/machines/{}/lease", m.id),
+            None,
+            None,
+        )
+        .await;
     assert_eq!(missing.unwrap_err().status(), Some(400));
-    let _: serde_json::Value =
-        c.with_nonce(Method::DELETE, &format!("/machines/{}/lease", m.id), Some(&nonce), None).await.unwrap();
-    let none: Result<serde_json::Value, _> = c.with_nonce(Method::GET, &format!("/machines/{}/lease", m.id), None, None).await;
+    let _: serde_json::Value = c
+        .with_nonce(
+            Method::DELETE,
+            &format!("/machines/{}/lease", m.id),
+            Some(&nonce),
+            None,
+        )
+        .await
+        .unwrap();
+    let none: Result<serde_json::Value, _> = c
+        .with_nonce(
+            Method::GET,
+            &format!("/machines/{}/lease", m.id),
+            None,
+            None,
+        )
+        .await;
     assert_eq!(none.unwrap_err().status(), Some(404));
     c.start(&m.id).await.unwrap();
     wait_state(&c, &m.id, MachineState::Started).await;
@@ -57,7 +113,13 @@ async fn leases_guard_mutations_and_answer_in_the_wrapped_form() {
     req.lease_ttl = Some(1);
     let leased = c.create(&req).await.unwrap();
     assert!(leased.nonce.is_some());
-    assert_eq!(c.stop(&leased.id, &StopRequest::default()).await.unwrap_err().status(), Some(409));
+    assert_eq!(
+        c.stop(&leased.id, &StopRequest::default())
+            .await
+            .unwrap_err()
+            .status(),
+        Some(409)
+    );
     tokio::time::sleep(Duration::from_millis(2100)).await;
     wait_state(&c, &leased.id, MachineState::Started).await;
     c.stop(&leased.id, &StopRequest::default()).await.unwrap();
@@ -67,30 +129,61 @@ async fn leases_guard_mutations_and_answer_in_the_wrapped_form() {
 async fn metadata_get_set_delete_and_bulk_with_version_check() {
     let agent = agent();
     let c = agent.client();
-    let m = c.create(&create_request("meta", &["sleep", "1000"])).await.unwrap();
-    let path = format!("/machines/{}/metadata", m.id);
-    let _: serde_json::Value = c
-        .with_nonce(Method::POST, &format!("{path}/role"), None, Some(serde_json::json!({"value": "primary"})))
+    let m = c
+        .create(&create_request("meta", &["sleep", "1000"]))
         .await
         .unwrap();
-    let v: serde_json::Value = c.with_nonce(Method::GET, &format!("{path}/role"), None, None).await.unwrap();
+    let path = format!("/machines/{}/metadata", m.id);
+    let _: serde_json::Value = c
+        .with_nonce(
+            Method::POST,
+            &format!("{path}/role"),
+            None,
+            Some(serde_json::json!({"value": "primary"})),
+        )
+        .await
+        .unwrap();
+    let v: serde_json::Value = c
+        .with_nonce(Method::GET, &format!("{path}/role"), None, None)
+        .await
+        .unwrap();
     assert_eq!(v["value"], "primary");
     let _: serde_json::Value = c
-        .with_nonce(Method::PATCH, &path, None, Some(serde_json::json!({"metadata": {"a": "1", "role": null}})))
+        .with_nonce(
+            Method::PATCH,
+            &path,
+            None,
+            Some(serde_json::json!({"metadata": {"a": "1", "role": null}})),
+        )
         .await
         .unwrap();
     let all: serde_json::Value = c.with_nonce(Method::GET, &path, None, None).await.unwrap();
     assert_eq!(all, serde_json::json!({"a": "1"}));
     let stale: Result<serde_json::Value, _> = c
-        .with_nonce(Method::PUT, &path, None, Some(serde_json::json!({"metadata": {"b": "2"}, "machine_version": "01STALE"})))
+        .with_nonce(
+            Method::PUT,
+            &path,
+            None,
+            Some(serde_json::json!({"metadata": {"b": "2"}, "machine_version": "01STALE"})),
+        )
         .await;
     assert_eq!(stale.unwrap_err().status(), Some(412));
     let bad: Result<serde_json::Value, _> = c
-        .with_nonce(Method::POST, &format!("{path}/bad%20key"), None, Some(serde_json::json!({"value": "x"})))
+        .with_nonce(
+            Method::POST,
+            &format!("{path}/bad%20key"),
+            None,
+            Some(serde_json::json!({"value": "x"})),
+        )
         .await;
     assert_eq!(bad.unwrap_err().status(), Some(400));
-    let _: serde_json::Value = c.with_nonce(Method::DELETE, &format!("{path}/a"), None, None).await.unwrap();
-    let gone: Result<serde_json::Value, _> = c.with_nonce(Method::GET, &format!("{path}/a"), None, None).await;
+    let _: serde_json::Value = c
+        .with_nonce(Method::DELETE, &format!("{path}/a"), None, None)
+        .await
+        .unwrap();
+    let gone: Result<serde_json::Value, _> = c
+        .with_nonce(Method::GET, &format!("{path}/a"), None, None)
+        .await;
     assert_eq!(gone.unwrap_err().status(), Some(404));
     assert!(c.machine(&m.id).await.unwrap().config.metadata.is_empty());
 }
@@ -105,9 +198,18 @@ async fn suspend_freezes_and_start_resumes_the_same_process() {
     let c = agent.client();
     let dir = scratch();
     let ticks = dir.path().join("ticks");
-    let script = format!("while true; do echo t >> {}; sleep 0.05; done", ticks.display());
-    let m = c.create(&create_request("susp", &["sh", "-c", &script])).await.unwrap();
-    let pid = wait_state(&c, &m.id, MachineState::Started).await.pid.unwrap();
+    let script = format!(
+        "while true; do echo t >> {}; sleep 0.05; done",
+        ticks.display()
+    );
+    let m = c
+        .create(&create_request("susp", &["sh", "-c", &script]))
+        .await
+        .unwrap();
+    let pid = wait_state(&c, &m.id, MachineState::Started)
+        .await
+        .pid
+        .unwrap();
     c.suspend(&m.id).await.unwrap();
     wait_state(&c, &m.id, MachineState::Suspended).await;
     let n = lines(&ticks);
@@ -117,9 +219,11 @@ async fn suspend_freezes_and_start_resumes_the_same_process() {
     c.start(&m.id).await.unwrap();
     let resumed = wait_state(&c, &m.id, MachineState::Started).await;
     assert_eq!(resumed.pid, Some(pid), "resume keeps the process");
-    bazaar_testkit::eventually(Duration::from_secs(5), || async { (lines(&ticks) > n).then_some(()) })
-        .await
-        .expect("it runs again");
+    bazaar_testkit::eventually(Duration::from_secs(5), || async {
+        (lines(&ticks) > n).then_some(())
+    })
+    .await
+    .expect("it runs again");
     // Stopping a suspended machine works too.
     c.suspend(&m.id).await.unwrap();
     wait_state(&c, &m.id, MachineState::Suspended).await;
@@ -132,15 +236,31 @@ async fn suspend_freezes_and_start_resumes_the_same_process() {
 async fn exec_runs_inside_the_machine() {
     let agent = agent();
     let c = agent.client();
-    let m = c.create(&create_request("exec", &["sleep", "1000"])).await.unwrap();
+    let m = c
+        .create(&create_request("exec", &["sleep", "1000"]))
+        .await
+        .unwrap();
     wait_state(&c, &m.id, MachineState::Started).await;
-    let r = c.exec(&m.id, &["sh", "-c", "echo $FLY_MACHINE_ID; id -u; echo err >&2; exit 7"]).await.unwrap();
+    let r = c
+        .exec(
+            &m.id,
+            &[
+                "sh",
+                "-c",
+                "echo $FLY_MACHINE_ID; id -u; echo err >&2; exit 7",
+            ],
+        )
+        .await
+        .unwrap();
     assert_eq!(r.exit_code, 7);
     let mut out = r.stdout.lines();
     assert_eq!(out.next(), Some(m.id.as_str()));
     if is_root() {
         assert_eq!(out.next(), Some("65534"), "runs as the machine's user");
-        let ps = c.exec(&m.id, &["sh", "-c", "ls /proc | grep -c '^[0-9]'"]).await.unwrap();
+        let ps = c
+            .exec(&m.id, &["sh", "-c", "ls /proc | grep -c '^[0-9]'"])
+            .await
+            .unwrap();
         let n: usize = ps.stdout.trim().parse().unwrap();
         assert!(n < 10, "sees only the machine's processes, got {n}");
     }

@@ -51,7 +51,11 @@ async fn machines_and_host_liveness_spread_to_every_node() {
     for a in &agents {
         bazaar_testkit::eventually(Duration::from_secs(10), || async {
             let hosts = catalog(a, "hosts").await;
-            let alive = hosts.as_array()?.iter().filter(|h| h["status"] == "alive").count();
+            let alive = hosts
+                .as_array()?
+                .iter()
+                .filter(|h| h["status"] == "alive")
+                .count();
             (alive == 3).then_some(())
         })
         .await
@@ -60,11 +64,16 @@ async fn machines_and_host_liveness_spread_to_every_node() {
 
     // A machine created on A shows up on B and C, with its state changes.
     let a = agents[0].client();
-    let m = a.create(&create_request("gossip", &["sleep", "1000"])).await.unwrap();
+    let m = a
+        .create(&create_request("gossip", &["sleep", "1000"]))
+        .await
+        .unwrap();
     wait_state(&a, &m.id, MachineState::Started).await;
     for other in &agents[1..] {
         let row = bazaar_testkit::eventually(Duration::from_secs(5), || async {
-            machine_on(other, &m.id).await.filter(|r| r["state"] == "started")
+            machine_on(other, &m.id)
+                .await
+                .filter(|r| r["state"] == "started")
         })
         .await
         .expect("the machine reaches the other nodes");
@@ -74,27 +83,40 @@ async fn machines_and_host_liveness_spread_to_every_node() {
     }
     a.stop(&m.id, &StopRequest::default()).await.unwrap();
     bazaar_testkit::eventually(Duration::from_secs(5), || async {
-        machine_on(&agents[2], &m.id).await.filter(|r| r["state"] == "stopped")
+        machine_on(&agents[2], &m.id)
+            .await
+            .filter(|r| r["state"] == "stopped")
     })
     .await
     .expect("the stop propagates");
     a.destroy(&m.id, false).await.unwrap();
     let tomb = bazaar_testkit::eventually(Duration::from_secs(5), || async {
-        machine_on(&agents[1], &m.id).await.filter(|r| r["deleted"] == true)
+        machine_on(&agents[1], &m.id)
+            .await
+            .filter(|r| r["deleted"] == true)
     })
     .await
     .expect("the destroy leaves a tombstone");
     assert_eq!(tomb["state"], "destroyed");
     let live = catalog(&agents[1], "machines?app=gossip").await;
-    assert_eq!(live.as_array().unwrap().len(), 0, "tombstones are hidden from normal lists");
+    assert_eq!(
+        live.as_array().unwrap().len(),
+        0,
+        "tombstones are hidden from normal lists"
+    );
 
     // A killed host is declared dead everywhere, its machines unreachable.
     let c = agents[2].client();
-    let mc = c.create(&create_request("gossip", &["sleep", "1000"])).await.unwrap();
-    wait_state(&c, &mc.id, MachineState::Started).await;
-    bazaar_testkit::eventually(Duration::from_secs(5), || async { machine_on(&agents[0], &mc.id).await })
+    let mc = c
+        .create(&create_request("gossip", &["sleep", "1000"]))
         .await
         .unwrap();
+    wait_state(&c, &mc.id, MachineState::Started).await;
+    bazaar_testkit::eventually(Duration::from_secs(5), || async {
+        machine_on(&agents[0], &mc.id).await
+    })
+    .await
+    .unwrap();
     agents[2].kill9();
     let t0 = Instant::now();
     bazaar_testkit::eventually(Duration::from_secs(10), || async {
@@ -103,7 +125,10 @@ async fn machines_and_host_liveness_spread_to_every_node() {
     .await
     .expect("the killed host is declared dead");
     let detected = t0.elapsed();
-    assert!(detected < Duration::from_secs(6), "detected after {detected:?} (dead_after is 2 s)");
+    assert!(
+        detected < Duration::from_secs(6),
+        "detected after {detected:?} (dead_after is 2 s)"
+    );
     let row = machine_on(&agents[1], &mc.id).await.unwrap();
     assert_eq!(row["host_status"], "unreachable");
 
@@ -125,5 +150,9 @@ async fn machines_and_host_liveness_spread_to_every_node() {
     })
     .await
     .expect("a graceful stop leaves");
-    assert!(t0.elapsed() < Duration::from_secs(1), "left after {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "left after {:?}",
+        t0.elapsed()
+    );
 }

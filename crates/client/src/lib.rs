@@ -291,19 +291,38 @@ impl HostClient {
     }
 
     /// Acquires (or, with `nonce`, refreshes) a lease; returns the wrapped answer.
-    pub async fn lease(&self, id: &str, ttl: u64, nonce: Option<&str>) -> Result<serde_json::Value, ClientError> {
-        self.with_nonce(reqwest::Method::POST, &format!("/machines/{id}/lease"), nonce, Some(serde_json::json!({"ttl": ttl})))
-            .await
+    pub async fn lease(
+        &self,
+        id: &str,
+        ttl: u64,
+        nonce: Option<&str>,
+    ) -> Result<serde_json::Value, ClientError> {
+        self.with_nonce(
+            reqwest::Method::POST,
+            &format!("/machines/{id}/lease"),
+            nonce,
+            Some(serde_json::json!({"ttl": ttl})),
+        )
+        .await
     }
 
     /// Suspends a machine.
     pub async fn suspend(&self, id: &str) -> Result<serde_json::Value, ClientError> {
-        self.post(&format!("/machines/{id}/suspend"), &serde_json::json!({})).await
+        self.post(&format!("/machines/{id}/suspend"), &serde_json::json!({}))
+            .await
     }
 
     /// Runs a command in a machine.
-    pub async fn exec(&self, id: &str, command: &[&str]) -> Result<bazaar_types::host::ExecResponse, ClientError> {
-        self.post(&format!("/machines/{id}/exec"), &serde_json::json!({ "command": command })).await
+    pub async fn exec(
+        &self,
+        id: &str,
+        command: &[&str],
+    ) -> Result<bazaar_types::host::ExecResponse, ClientError> {
+        self.post(
+            &format!("/machines/{id}/exec"),
+            &serde_json::json!({ "command": command }),
+        )
+        .await
     }
 
     /// The machine's log tail (JSON lines).

@@ -71,13 +71,21 @@ pub struct PlacementRequest {
 pub fn parse_regions(expr: &str, known: &[String]) -> Result<Vec<Vec<String>>, String> {
     let mut groups: Vec<Vec<String>> = Vec::new();
     let mut listed: Vec<String> = Vec::new();
-    let parts: Vec<&str> = expr.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    let parts: Vec<&str> = expr
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
     if parts.is_empty() {
         return Err("empty region expression".into());
     }
     for part in parts {
         if part == "any" {
-            let rest: Vec<String> = known.iter().filter(|r| !listed.contains(r)).cloned().collect();
+            let rest: Vec<String> = known
+                .iter()
+                .filter(|r| !listed.contains(r))
+                .cloned()
+                .collect();
             if !rest.is_empty() {
                 listed.extend(rest.iter().cloned());
                 groups.push(rest);
@@ -90,7 +98,11 @@ pub fn parse_regions(expr: &str, known: &[String]) -> Result<Vec<Vec<String>>, S
         } else {
             return Err(format!(
                 "unknown region {part:?}; known regions: {}",
-                if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
             ));
         }
     }
@@ -120,17 +132,30 @@ pub fn candidates<'a>(
             Some("host is draining".to_string())
         } else if req.pinned_host.as_ref().is_some_and(|p| *p != h.host_id) {
             Some("not the host the machine is pinned to".to_string())
-        } else if let Some((k, v)) = req.labels.iter().find(|(k, v)| h.labels.get(*k) != Some(*v)) {
+        } else if let Some((k, v)) = req
+            .labels
+            .iter()
+            .find(|(k, v)| h.labels.get(*k) != Some(*v))
+        {
             Some(format!("missing label {k}={v}"))
         } else if h.free.memory_mb < req.size.memory_mb {
-            Some(format!("advertises {} MB free, needs {}", h.free.memory_mb, req.size.memory_mb))
+            Some(format!(
+                "advertises {} MB free, needs {}",
+                h.free.memory_mb, req.size.memory_mb
+            ))
         } else if h.free.cpus < req.size.cpus {
-            Some(format!("advertises {} cpus free, needs {}", h.free.cpus, req.size.cpus))
+            Some(format!(
+                "advertises {} cpus free, needs {}",
+                h.free.cpus, req.size.cpus
+            ))
         } else {
             None
         };
         match reason {
-            Some(reason) => excluded.push(Exclusion { host_id: h.host_id.clone(), reason }),
+            Some(reason) => excluded.push(Exclusion {
+                host_id: h.host_id.clone(),
+                reason,
+            }),
             None => ok.push(h),
         }
     }
@@ -165,7 +190,7 @@ pub fn choose_asks<R: Rng + ?Sized>(
         config.sample_size.max(1) * count
     };
     let slots = |c: &Candidate| -> u64 {
-        let per = |free: u64, want: u64| if want == 0 { u64::MAX } else { free / want };
+        let per = |free: u64, want: u64| free.checked_div(want).unwrap_or(u64::MAX);
         per(c.free.memory_mb, req.size.memory_mb).min(per(c.free.cpus as u64, req.size.cpus as u64))
     };
     let mut asks = Vec::with_capacity(wanted);
@@ -216,11 +241,20 @@ pub fn choose_winners(mut offers: Vec<Offer>, count: usize) -> (Vec<Offer>, Vec<
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum AskOutcome {
-    Bid { score: f64, reservation_id: String },
-    Refused { reason: String },
-    NoAnswer { error: String },
+    Bid {
+        score: f64,
+        reservation_id: String,
+    },
+    Refused {
+        reason: String,
+    },
+    NoAnswer {
+        error: String,
+    },
     /// Won the bid but the claim failed (host gone, reservation expired).
-    ClaimFailed { error: String },
+    ClaimFailed {
+        error: String,
+    },
 }
 
 /// One host asked in a round.
@@ -263,8 +297,14 @@ mod tests {
         Candidate {
             host_id: id.into(),
             region: region.into(),
-            capacity: Resources { cpus: 16, memory_mb: 8192 },
-            free: Resources { cpus: 16, memory_mb: free_mb },
+            capacity: Resources {
+                cpus: 16,
+                memory_mb: 8192,
+            },
+            free: Resources {
+                cpus: 16,
+                memory_mb: free_mb,
+            },
             alive: true,
             draining: false,
             labels: BTreeMap::new(),
@@ -273,38 +313,87 @@ mod tests {
 
     #[test]
     fn region_expressions() {
-        let known: Vec<String> = ["ams", "ord", "sin"].iter().map(|s| s.to_string()).collect();
-        assert_eq!(parse_regions("ams", &known).unwrap(), vec![vec!["ams".to_string()]]);
+        let known: Vec<String> = ["ams", "ord", "sin"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(
+            parse_regions("ams", &known).unwrap(),
+            vec![vec!["ams".to_string()]]
+        );
         assert_eq!(parse_regions("ord,ams", &known).unwrap().len(), 2);
         assert_eq!(parse_regions("any", &known).unwrap(), vec![known.clone()]);
         let g = parse_regions("sin,any", &known).unwrap();
-        assert_eq!(g, vec![vec!["sin".to_string()], vec!["ams".to_string(), "ord".to_string()]]);
-        assert!(parse_regions("xyz", &known).unwrap_err().contains("known regions: ams, ord, sin"));
+        assert_eq!(
+            g,
+            vec![
+                vec!["sin".to_string()],
+                vec!["ams".to_string(), "ord".to_string()]
+            ]
+        );
+        assert!(parse_regions("xyz", &known)
+            .unwrap_err()
+            .contains("known regions: ams, ord, sin"));
         assert!(parse_regions("", &known).is_err());
     }
 
     #[test]
     fn candidates_filter_with_reasons() {
-        let mut hosts = vec![host("a", "ams", 4096), host("b", "ams", 100), host("c", "ord", 4096), host("d", "ams", 4096)];
+        let mut hosts = vec![
+            host("a", "ams", 4096),
+            host("b", "ams", 100),
+            host("c", "ord", 4096),
+            host("d", "ams", 4096),
+        ];
         hosts[3].alive = false;
-        let req = PlacementRequest { size: Resources { cpus: 1, memory_mb: 256 }, count: 1, ..Default::default() };
+        let req = PlacementRequest {
+            size: Resources {
+                cpus: 1,
+                memory_mb: 256,
+            },
+            count: 1,
+            ..Default::default()
+        };
         let (ok, ex) = candidates(&hosts, &["ams".to_string()], &req);
-        assert_eq!(ok.iter().map(|c| c.host_id.as_str()).collect::<Vec<_>>(), vec!["a"]);
+        assert_eq!(
+            ok.iter().map(|c| c.host_id.as_str()).collect::<Vec<_>>(),
+            vec!["a"]
+        );
         assert_eq!(ex.len(), 2);
-        assert!(ex.iter().any(|e| e.host_id == "b" && e.reason.contains("100 MB")));
-        let pinned = PlacementRequest { pinned_host: Some("d".into()), ..req.clone() };
+        assert!(ex
+            .iter()
+            .any(|e| e.host_id == "b" && e.reason.contains("100 MB")));
+        let pinned = PlacementRequest {
+            pinned_host: Some("d".into()),
+            ..req.clone()
+        };
         let (ok, _) = candidates(&hosts, &["ams".to_string()], &pinned);
-        assert!(ok.is_empty(), "a pinned host that is down leaves no candidate");
+        assert!(
+            ok.is_empty(),
+            "a pinned host that is down leaves no candidate"
+        );
     }
 
     #[test]
     fn asks_sample_d_per_machine_or_everyone_when_few() {
-        let hosts: Vec<Candidate> = (0..20).map(|i| host(&format!("h{i:02}"), "ams", 4096)).collect();
+        let hosts: Vec<Candidate> = (0..20)
+            .map(|i| host(&format!("h{i:02}"), "ams", 4096))
+            .collect();
         let refs: Vec<&Candidate> = hosts.iter().collect();
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let config = MarketConfig::default();
-        let one = PlacementRequest { size: Resources { cpus: 1, memory_mb: 256 }, count: 1, ..Default::default() };
-        let five = PlacementRequest { count: 5, ..one.clone() };
+        let one = PlacementRequest {
+            size: Resources {
+                cpus: 1,
+                memory_mb: 256,
+            },
+            count: 1,
+            ..Default::default()
+        };
+        let five = PlacementRequest {
+            count: 5,
+            ..one.clone()
+        };
         let asks = choose_asks(&refs, &one, &config, &[], &mut rng);
         assert_eq!(asks.len(), 3);
         let mut distinct = asks.clone();
@@ -316,7 +405,10 @@ mod tests {
         let few: Vec<&Candidate> = refs[..3].to_vec();
         assert_eq!(choose_asks(&few, &one, &config, &[], &mut rng).len(), 3);
         // Few hosts, many machines: hosts are asked again while they could hold more.
-        let many = PlacementRequest { count: 40, ..one.clone() };
+        let many = PlacementRequest {
+            count: 40,
+            ..one.clone()
+        };
         let asks = choose_asks(&few, &many, &config, &[], &mut rng);
         assert_eq!(asks.len(), 40);
         let mut small = hosts[..2].to_vec();
@@ -332,12 +424,27 @@ mod tests {
     #[test]
     fn winners_are_the_best_offers() {
         let offers = vec![
-            Offer { host_id: "a".into(), reservation_id: "1".into(), score: 0.2 },
-            Offer { host_id: "b".into(), reservation_id: "2".into(), score: 0.9 },
-            Offer { host_id: "c".into(), reservation_id: "3".into(), score: 0.5 },
+            Offer {
+                host_id: "a".into(),
+                reservation_id: "1".into(),
+                score: 0.2,
+            },
+            Offer {
+                host_id: "b".into(),
+                reservation_id: "2".into(),
+                score: 0.9,
+            },
+            Offer {
+                host_id: "c".into(),
+                reservation_id: "3".into(),
+                score: 0.5,
+            },
         ];
         let (win, rest) = choose_winners(offers, 2);
-        assert_eq!(win.iter().map(|o| o.host_id.as_str()).collect::<Vec<_>>(), vec!["b", "c"]);
+        assert_eq!(
+            win.iter().map(|o| o.host_id.as_str()).collect::<Vec<_>>(),
+            vec!["b", "c"]
+        );
         assert_eq!(rest.len(), 1);
     }
 }

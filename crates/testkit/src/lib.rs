@@ -240,7 +240,8 @@ pub fn start_cluster(
     for i in 0..n {
         let mut opts = AgentOptions::new(exe);
         // Fast failure detection for tests.
-        opts.extra_args.extend(["--dead-after-ms".to_string(), "2000".to_string()]);
+        opts.extra_args
+            .extend(["--dead-after-ms".to_string(), "2000".to_string()]);
         if let Some(first) = agents.first() {
             opts.extra_args.push("--join".into());
             opts.extra_args.push(first.gossip_addr());

@@ -1,0 +1,149 @@
+//! `/v1/apps`: apps are records in the catalog, written by the node whose API created
+//! them. Names are unique cluster-wide; two nodes that create the same name while
+//! partitioned both succeed, and after the partition heals every node agrees on the older
+//! record (smallest creation time, then host id) — the machines of both stay under the one
+//! name (see ARCHITECTURE.md).
+
+use crate::error::ApiError;
+use crate::{parse_body, Api};
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+struct CreateApp {
+    #[serde(default)]
+    app_name: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    org_slug: Option<String>,
+}
+
+fn app_json(api: &Api, a: &bazaar_catalog::AppRecord) -> serde_json::Value {
+    let machine_count = api
+        .catalog()
+        .map(|c| {
+            c.machines(&bazaar_catalog::MachineFilter::app(&a.name))
+                .len()
+        })
+        .unwrap_or(0);
+    serde_json::json!({
+        "id": a.name,
+        "name": a.name,
+        "machine_count": machine_count,
+        "volume_count": 0,
+        "network": "default",
+        "organization": {"name": a.org_slug, "slug": a.org_slug},
+        "status": if machine_count > 0 { "deployed" } else { "pending" },
+        "created_at": bazaar_types::rfc3339(a.created_at_ms),
+    })
+}
+
+/// `POST /v1/apps`.
+pub async fn create(State(api): State<Api>, body: Bytes) -> Result<Response, ApiError> {
+    let req: CreateApp = parse_body(&body)?;
+    let name = req
+        .app_name
+        .or(req.name)
+        .ok_or_else(|| ApiError::BadRequest("app_name is required".into()))?;
+    bazaar_types::ids::validate_name("app", &name).map_err(ApiError::Unprocessable)?;
+    let org = req.org_slug.unwrap_or_else(|| "personal".into());
+    bazaar_types::ids::validate_name("organization", &org).map_err(ApiError::Unprocessable)?;
+    let catalog = api.catalog()?;
+    if catalog.app(&name).is_some() {
+        return Err(ApiError::NameTaken(format!(
+            "app name {name:?} is already taken"
+        )));
+    }
+    let record = bazaar_catalog::AppRecord {
+        name: name.clone(),
+        org_slug: org,
+        created_at_ms: bazaar_types::now_ms(),
+        created_by_host: api.0.agent.host_id().to_string(),
+    };
+    catalog.publish_app(record.clone());
+    Ok((StatusCode::CREATED, Json(app_json(&api, &record))).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    org_slug: Option<String>,
+}
+
+/// `GET /v1/apps?org_slug=`.
+pub async fn list(
+    State(api): State<Api>,
+    Query(q): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    let mut apps: Vec<_> = api
+        .catalog()?
+        .apps()
+        .into_iter()
+        .filter(|a| q.org_slug.as_ref().is_none_or(|o| *o == a.org_slug))
+        .collect();
+    apps.sort_by(|a, b| a.name.cmp(&b.name));
+    let list: Vec<_> = apps.iter().map(|a| app_json(&api, a)).collect();
+    Ok(Json(serde_json::json!({"total_apps": list.len(), "apps": list})).into_response())
+}
+
+/// `GET /v1/apps/{app}`.
+pub async fn get(State(api): State<Api>, Path(app): Path<String>) -> Result<Response, ApiError> {
+    match api.catalog()?.app(&app) {
+        Some(a) => Ok(Json(app_json(&api, &a)).into_response()),
+        None => Err(ApiError::NotFound(format!("app {app} not found"))),
+    }
+}
+
+/// `DELETE /v1/apps/{app}`: destroys its machines (at once), then the app. 202.
+pub async fn destroy(
+    State(api): State<Api>,
+    Path(app): Path<String>,
+) -> Result<Response, ApiError> {
+    let catalog = api.catalog()?;
+    let record = catalog
+        .app(&app)
+        .ok_or_else(|| ApiError::NotFound(format!("app {app} not found")))?;
+    for m in catalog.machines(&bazaar_catalog::MachineFilter::app(&app)) {
+        let Some(h) = catalog.host(&m.record.host_id) else {
+            continue;
+        };
+        let url = format!(
+            "http://{}/host/v1/machines/{}?force=true",
+            h.record.api_addr, m.record.id
+        );
+        if let Err(err) = api
+            .0
+            .http
+            .delete(url)
+            .bearer_auth(api.0.agent.cluster_secret())
+            .send()
+            .await
+        {
+            tracing::warn!(machine.id = %m.record.id, error = %err, "destroying a machine of a deleted app");
+        }
+    }
+    if record.created_by_host == api.0.agent.host_id() {
+        catalog.delete_app(&app);
+    } else if let Some(owner) = catalog.host(&record.created_by_host) {
+        // Only the host that wrote the app's record can delete it.
+        let url = format!("http://{}/v1/apps/{app}", owner.record.api_addr);
+        api.0
+            .http
+            .delete(url)
+            .bearer_auth(api.0.agent.cluster_secret())
+            .send()
+            .await
+            .map_err(|e| {
+                ApiError::Unavailable(format!("the host that owns app {app} is unreachable: {e}"))
+            })?;
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({"status": "accepted"})),
+    )
+        .into_response())
+}

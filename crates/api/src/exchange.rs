@@ -1,0 +1,477 @@
+//! The exchange: places machines by asking hosts for bids (DESIGN.md "The market").
+//!
+//! 1. Candidates come from the local catalog (alive, not draining, advertising room); the
+//!    region expression is tried group by group.
+//! 2. A sample is asked in parallel (`sample_size` per machine, or the whole region when it
+//!    is small), each with the bid deadline.
+//! 3. The best offers are claimed (with a machine id chosen here, so a retried claim is
+//!    idempotent); a failed claim falls to the next offer; the rest are released.
+//! 4. Refusals that only other reservations caused are retried after a short backoff,
+//!    within a time budget; otherwise the answer is `insufficient_capacity` at once, with
+//!    what was tried. Every placement is recorded and the record is kept by the machine's
+//!    owner (`GET .../placement`).
+
+use crate::error::ApiError;
+use crate::Api;
+use bazaar_placement::exchange::{
+    candidates, choose_asks, choose_winners, parse_regions, Ask, AskOutcome, Candidate, Offer,
+    PlacementRecord, PlacementRequest, Round,
+};
+use bazaar_types::host::{BidRequest, BidResponse, ClaimRequest, Resources};
+use bazaar_types::machine::Machine;
+use rand::Rng;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// How long one placement may keep retrying hosts that were only busy.
+const RETRY_BUDGET: Duration = Duration::from_secs(10);
+
+/// A host to talk to.
+#[derive(Debug, Clone)]
+pub struct HostAddr {
+    pub host_id: String,
+    pub api_addr: String,
+}
+
+/// The outcome of a placement: the machines created (maybe fewer than asked) and the record.
+#[derive(Debug)]
+pub struct Placed {
+    pub machines: Vec<Machine>,
+    pub record: PlacementRecord,
+}
+
+/// What to place.
+#[derive(Debug, Clone)]
+pub struct Order {
+    pub app: String,
+    pub template: ClaimRequest,
+    pub size: Resources,
+    pub count: usize,
+    pub regions: String,
+    /// Dry run: bid, then release everything.
+    pub dry_run: bool,
+}
+
+impl Api {
+    /// Every host the catalog knows, as market candidates, and where to reach them.
+    pub(crate) fn market_view(
+        &self,
+    ) -> Result<(Vec<Candidate>, HashMap<String, HostAddr>), ApiError> {
+        let catalog = self.catalog()?;
+        let mut cands = Vec::new();
+        let mut addrs = HashMap::new();
+        for h in catalog.hosts() {
+            let alive = h.status == bazaar_catalog::HostStatus::Alive
+                || h.record.id == self.0.agent.host_id();
+            cands.push(Candidate {
+                host_id: h.record.id.clone(),
+                region: h.record.region.clone(),
+                capacity: h.record.capacity,
+                free: h.record.free,
+                alive,
+                draining: h.record.draining,
+                labels: h.record.labels.clone(),
+            });
+            addrs.insert(
+                h.record.id.clone(),
+                HostAddr {
+                    host_id: h.record.id.clone(),
+                    api_addr: h.record.api_addr.clone(),
+                },
+            );
+        }
+        Ok((cands, addrs))
+    }
+
+    /// The regions the catalog knows, sorted.
+    pub(crate) fn known_regions(cands: &[Candidate]) -> Vec<String> {
+        let mut regions: Vec<String> = cands.iter().map(|c| c.region.clone()).collect();
+        regions.sort();
+        regions.dedup();
+        regions
+    }
+
+    /// Places `order.count` machines through the market.
+    pub async fn place(&self, order: Order) -> Result<Placed, ApiError> {
+        let started = Instant::now();
+        let (cands, addrs) = self.market_view()?;
+        let known = Self::known_regions(&cands);
+        let groups = parse_regions(&order.regions, &known).map_err(ApiError::BadRequest)?;
+        let placement_id = bazaar_types::ids::new_reservation_id().replacen("res_", "pl_", 1);
+        let mut record = PlacementRecord {
+            placement_id: placement_id.clone(),
+            size: order.size,
+            count: order.count,
+            regions: order.regions.clone(),
+            ..Default::default()
+        };
+        let mut machines = Vec::new();
+        let config = &self.0.market;
+        for group in &groups {
+            let mut skip: Vec<String> = Vec::new();
+            let mut round_no = 0u32;
+            loop {
+                let remaining = order.count - machines.len();
+                if remaining == 0 {
+                    break;
+                }
+                let preq = PlacementRequest {
+                    size: order.size,
+                    count: remaining,
+                    ..Default::default()
+                };
+                let (ok, excluded) = candidates(&cands, group, &preq);
+                if round_no == 0 {
+                    record.excluded.extend(excluded);
+                }
+                let asks = {
+                    let mut rng = rand::rng();
+                    choose_asks(&ok, &preq, config, &skip, &mut rng)
+                };
+                if asks.is_empty() {
+                    break;
+                }
+                let (round, offers, retryable) =
+                    self.ask(group, &asks, &addrs, &order, &placement_id).await;
+                record.rounds.push(round);
+                let (winners, mut rest) = choose_winners(offers, remaining);
+                let mut queue: Vec<Offer> = winners;
+                let mut claimed_hosts = Vec::new();
+                while let Some(offer) = queue.first().cloned() {
+                    queue.remove(0);
+                    if order.dry_run {
+                        claimed_hosts.push(offer.host_id.clone());
+                        rest.push(offer);
+                        continue;
+                    }
+                    let mut claim = order.template.clone();
+                    claim.machine_id = Some(bazaar_types::ids::new_machine_id());
+                    let mut rec_now = record.clone();
+                    rec_now.winners = vec![offer.host_id.clone()];
+                    rec_now.reason = format!(
+                        "best of {} offer(s): score {:.3} (spread: the share of the host left free)",
+                        record.rounds.last().map(|r| r.asked.iter().filter(|a| matches!(a.outcome, AskOutcome::Bid { .. })).count()).unwrap_or(0),
+                        offer.score
+                    );
+                    rec_now.elapsed_us = started.elapsed().as_micros() as u64;
+                    claim.placement = serde_json::to_value(&rec_now).ok();
+                    match self
+                        .claim(&addrs[&offer.host_id], &offer.reservation_id, &claim)
+                        .await
+                    {
+                        Ok(m) => {
+                            self.remember(&m.id, &offer.host_id);
+                            claimed_hosts.push(offer.host_id.clone());
+                            machines.push(m);
+                        }
+                        Err(err) => {
+                            tracing::info!(host.id = %offer.host_id, error = %err, "claim failed, trying the next offer");
+                            if let Some(round) = record.rounds.last_mut() {
+                                round.asked.push(Ask {
+                                    host_id: offer.host_id.clone(),
+                                    outcome: AskOutcome::ClaimFailed {
+                                        error: err.to_string(),
+                                    },
+                                    elapsed_us: 0,
+                                });
+                            }
+                            skip.push(offer.host_id.clone());
+                            // Offers of the failed host are worthless now.
+                            rest.retain(|o| o.host_id != offer.host_id);
+                            queue.retain(|o| o.host_id != offer.host_id);
+                            if let Some(next) = (!rest.is_empty()).then(|| rest.remove(0)) {
+                                queue.push(next);
+                            }
+                        }
+                    }
+                }
+                record.winners.extend(claimed_hosts);
+                self.release_all(&rest, &addrs).await;
+                if order.dry_run {
+                    break;
+                }
+                // Hosts that refused for good are not asked again in this group.
+                if let Some(round) = record.rounds.last() {
+                    for a in &round.asked {
+                        if matches!(
+                            a.outcome,
+                            AskOutcome::Refused { .. } | AskOutcome::NoAnswer { .. }
+                        ) && !retryable.contains(&a.host_id)
+                        {
+                            skip.push(a.host_id.clone());
+                        }
+                    }
+                }
+                round_no += 1;
+                let progress = machines.len() + asks.len() > 0;
+                if machines.len() == order.count {
+                    break;
+                }
+                if retryable.is_empty() && round_no >= config.rounds {
+                    break;
+                }
+                if !retryable.is_empty() {
+                    if started.elapsed() > RETRY_BUDGET || !progress {
+                        break;
+                    }
+                    let pause = rand::rng().random_range(2..20);
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+            }
+            if machines.len() == order.count {
+                break;
+            }
+        }
+        record.elapsed_us = started.elapsed().as_micros() as u64;
+        record.reason = if order.dry_run {
+            format!(
+                "dry run: {} of {} would be placed",
+                record.winners.len(),
+                order.count
+            )
+        } else {
+            format!("placed {} of {}", machines.len(), order.count)
+        };
+        Ok(Placed { machines, record })
+    }
+
+    /// Asks `asks` for bids in parallel; returns the round, the offers, and the hosts whose
+    /// refusals were only "busy".
+    async fn ask(
+        &self,
+        group: &[String],
+        asks: &[String],
+        addrs: &HashMap<String, HostAddr>,
+        order: &Order,
+        placement_id: &str,
+    ) -> (Round, Vec<Offer>, Vec<String>) {
+        let deadline = self.0.market.bid_deadline;
+        let ttl = self.0.market.reservation_ttl.as_millis() as u64;
+        let futures = asks.iter().map(|host_id| {
+            let addr = addrs.get(host_id).cloned();
+            let req = BidRequest {
+                placement_id: placement_id.to_string(),
+                cpus: order.size.cpus,
+                memory_mb: order.size.memory_mb,
+                ttl_ms: Some(ttl),
+            };
+            let host_id = host_id.clone();
+            let api = self.clone();
+            async move {
+                let t0 = Instant::now();
+                let Some(addr) = addr else {
+                    return (
+                        host_id,
+                        Err(("host has no address in the catalog".to_string(), false)),
+                        t0.elapsed(),
+                    );
+                };
+                let call = {
+                    let (api, addr) = (api.clone(), addr.clone());
+                    tokio::spawn(async move {
+                        api.post_host::<BidResponse>(&addr, "/host/v1/bids", &req)
+                            .await
+                    })
+                };
+                let mut call = call;
+                let outcome = match tokio::time::timeout(deadline, &mut call).await {
+                    Ok(Ok(Ok(r))) => Ok(r),
+                    Ok(Ok(Err(e))) => Err((e.to_string(), false)),
+                    Ok(Err(e)) => Err((e.to_string(), false)),
+                    Err(_) => {
+                        // Too late to count, but the host may still reserve: release it
+                        // when the answer comes, rather than hold it for the whole TTL.
+                        tokio::spawn(async move {
+                            if let Ok(Ok(BidResponse::Bid { reservation_id, .. })) = call.await {
+                                api.release_one(&addr, &reservation_id).await;
+                            }
+                        });
+                        // A slow host is busy, not full: worth asking again.
+                        Err((format!("no bid within {} ms", deadline.as_millis()), true))
+                    }
+                };
+                (host_id, outcome, t0.elapsed())
+            }
+        });
+        let results = futures_util::future::join_all(futures).await;
+        let mut asked = Vec::new();
+        let mut offers = Vec::new();
+        let mut retryable = Vec::new();
+        for (host_id, outcome, elapsed) in results {
+            let outcome = match outcome {
+                Ok(BidResponse::Bid {
+                    reservation_id,
+                    score,
+                    ..
+                }) => {
+                    offers.push(Offer {
+                        host_id: host_id.clone(),
+                        reservation_id: reservation_id.clone(),
+                        score,
+                    });
+                    AskOutcome::Bid {
+                        score,
+                        reservation_id,
+                    }
+                }
+                Ok(BidResponse::Refusal {
+                    reason,
+                    retryable: r,
+                    ..
+                }) => {
+                    if r {
+                        retryable.push(host_id.clone());
+                    }
+                    AskOutcome::Refused { reason }
+                }
+                Err((error, busy)) => {
+                    if busy {
+                        retryable.push(host_id.clone());
+                    }
+                    AskOutcome::NoAnswer { error }
+                }
+            };
+            asked.push(Ask {
+                host_id,
+                outcome,
+                elapsed_us: elapsed.as_micros() as u64,
+            });
+        }
+        (
+            Round {
+                regions: group.to_vec(),
+                asked,
+            },
+            offers,
+            retryable,
+        )
+    }
+
+    async fn claim(
+        &self,
+        host: &HostAddr,
+        reservation_id: &str,
+        claim: &ClaimRequest,
+    ) -> Result<Machine, String> {
+        self.post_host(
+            host,
+            &format!("/host/v1/reservations/{reservation_id}/claim"),
+            claim,
+        )
+        .await
+        .map_err(|e| e.to_string())
+    }
+
+    async fn release_one(&self, host: &HostAddr, reservation_id: &str) {
+        let url = format!(
+            "http://{}/host/v1/reservations/{reservation_id}",
+            host.api_addr
+        );
+        let req = self
+            .0
+            .http
+            .delete(url)
+            .bearer_auth(self.0.agent.cluster_secret());
+        if let Err(err) = req.send().await {
+            tracing::debug!(error = %err, "releasing a late reservation");
+        }
+    }
+
+    async fn release_all(&self, offers: &[Offer], addrs: &HashMap<String, HostAddr>) {
+        let futs = offers.iter().filter_map(|o| {
+            let addr = addrs.get(&o.host_id)?.clone();
+            let url = format!(
+                "http://{}/host/v1/reservations/{}",
+                addr.api_addr, o.reservation_id
+            );
+            let req = self
+                .0
+                .http
+                .delete(url)
+                .bearer_auth(self.0.agent.cluster_secret());
+            Some(async move {
+                if let Err(err) = req.send().await {
+                    // The reservation expires by itself.
+                    tracing::debug!(error = %err, "releasing a reservation");
+                }
+            })
+        });
+        futures_util::future::join_all(futs).await;
+    }
+
+    /// POSTs JSON to a host's interface and decodes the answer (errors keep the host's message).
+    pub(crate) async fn post_host<T: serde::de::DeserializeOwned>(
+        &self,
+        host: &HostAddr,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<T, HostCallError> {
+        let url = format!("http://{}{path}", host.api_addr);
+        let resp = self
+            .0
+            .http
+            .post(&url)
+            .bearer_auth(self.0.agent.cluster_secret())
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| {
+                HostCallError::Unreachable(format!(
+                    "host {} at {}: {e}",
+                    host.host_id, host.api_addr
+                ))
+            })?;
+        let status = resp.status();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| HostCallError::Unreachable(format!("host {}: {e}", host.host_id)))?;
+        if !status.is_success() {
+            let msg = serde_json::from_slice::<bazaar_types::error::ErrorBody>(&bytes)
+                .map(|b| b.error)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+            return Err(HostCallError::Refused {
+                status: status.as_u16(),
+                message: msg,
+            });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| HostCallError::Refused {
+            status: 502,
+            message: format!("bad answer from host {}: {e}", host.host_id),
+        })
+    }
+}
+
+/// A failed call to another host.
+#[derive(Debug, thiserror::Error)]
+pub enum HostCallError {
+    #[error("{0}")]
+    Unreachable(String),
+    #[error("{message}")]
+    Refused { status: u16, message: String },
+}
+
+/// Says what was tried, for an `insufficient_capacity` answer.
+pub fn describe_attempts(record: &PlacementRecord) -> String {
+    let mut parts = Vec::new();
+    for round in &record.rounds {
+        for a in &round.asked {
+            let what = match &a.outcome {
+                AskOutcome::Bid { score, .. } => format!("bid {score:.2}"),
+                AskOutcome::Refused { reason } => reason.clone(),
+                AskOutcome::NoAnswer { error } => format!("no answer: {error}"),
+                AskOutcome::ClaimFailed { error } => format!("claim failed: {error}"),
+            };
+            parts.push(format!("{} ({what})", a.host_id));
+        }
+    }
+    parts.dedup();
+    for e in &record.excluded {
+        parts.push(format!("{} excluded ({})", e.host_id, e.reason));
+    }
+    if parts.is_empty() {
+        "no host in the region(s)".into()
+    } else {
+        parts.join("; ")
+    }
+}

@@ -1,0 +1,165 @@
+//! The Fly Machines API v1, served by every agent (Fly's flaps), and the exchange side of
+//! the market. Machine-level calls are answered by the machine's owning host (this crate
+//! forwards them over the host interface); lists come from the local catalog; creates go
+//! through the market ([`exchange`]).
+//!
+//! - [`apps`]: apps (records spread through the catalog).
+//! - [`machines`]: create (market), list (catalog), everything else forwarded to the owner.
+//! - [`exchange`]: asking hosts for bids, claiming the best, releasing the rest.
+//! - [`platform`]: regions and placement dry runs.
+//! - [`error`]: errors in the Fly shape.
+//!
+//! Entry point: [`router`].
+
+pub mod apps;
+pub mod error;
+pub mod exchange;
+pub mod machines;
+pub mod platform;
+
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use axum::Router;
+use bazaar_agent::Agent;
+use bazaar_placement::exchange::MarketConfig;
+use error::ApiError;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Shared state of the API on one node.
+#[derive(Debug, Clone)]
+pub struct Api(pub(crate) Arc<ApiInner>);
+
+#[derive(Debug)]
+pub(crate) struct ApiInner {
+    pub agent: Agent,
+    pub http: reqwest::Client,
+    pub market: MarketConfig,
+    /// Machines this node placed recently → their host, so a read right after a create
+    /// works before the catalog has heard of the machine.
+    pub recent: Mutex<HashMap<String, String>>,
+}
+
+impl Api {
+    /// The API of the node running `agent`.
+    pub fn new(agent: Agent) -> Api {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(32)
+            .connect_timeout(std::time::Duration::from_millis(500))
+            .build()
+            .unwrap_or_default();
+        Api(Arc::new(ApiInner {
+            agent,
+            http,
+            market: MarketConfig::default(),
+            recent: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    pub(crate) fn catalog(&self) -> Result<&bazaar_catalog::Catalog, ApiError> {
+        self.0
+            .agent
+            .catalog()
+            .ok_or_else(|| ApiError::Unavailable("the catalog is not running yet".into()))
+    }
+
+    pub(crate) fn remember(&self, machine_id: &str, host_id: &str) {
+        let mut recent = self.0.recent.lock().unwrap_or_else(|p| p.into_inner());
+        if recent.len() > 10_000 {
+            recent.clear();
+        }
+        recent.insert(machine_id.to_string(), host_id.to_string());
+    }
+
+    pub(crate) fn recent_host(&self, machine_id: &str) -> Option<String> {
+        self.0
+            .recent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(machine_id)
+            .cloned()
+    }
+}
+
+/// The Machines API routes (`/v1/apps/...`, `/v1/platform/...`), behind the token check.
+pub fn router(agent: Agent) -> Router {
+    let api = Api::new(agent.clone());
+    Router::new()
+        .route("/v1/apps", get(apps::list).post(apps::create))
+        .route("/v1/apps/{app}", get(apps::get).delete(apps::destroy))
+        .route(
+            "/v1/apps/{app}/machines",
+            get(machines::list).post(machines::create),
+        )
+        .route(
+            "/v1/apps/{app}/machines/batch",
+            post(machines::create_batch),
+        )
+        .route("/v1/apps/{app}/machines/{id}", any(machines::forward_root))
+        .route(
+            "/v1/apps/{app}/machines/{id}/{*rest}",
+            any(machines::forward_rest),
+        )
+        .route("/v1/platform/regions", get(platform::regions))
+        .route("/v1/platform/placements", post(platform::placements))
+        .layer(middleware::from_fn_with_state(agent, require_token))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::map_response(fly_shaped_errors))
+        .with_state(api)
+}
+
+/// Largest request body accepted (a machine config is a few KB).
+const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// Errors produced by the HTTP stack itself (body too large, ...) in the Fly shape too.
+async fn fly_shaped_errors(resp: Response) -> Response {
+    if resp.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        let is_json = resp
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+        if !is_json {
+            return ApiError::TooLarge(format!(
+                "request body too large: at most {MAX_BODY_BYTES} bytes"
+            ))
+            .into_response();
+        }
+    }
+    resp
+}
+
+async fn require_token(State(agent): State<Agent>, req: Request, next: Next) -> Response {
+    let token = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("FlyV1 "))
+                .map(str::trim)
+        });
+    match token {
+        Some(t) if agent.authorized(t) => next.run(req).await,
+        _ => ApiError::Unauthorized.into_response(),
+    }
+}
+
+/// Parses a JSON object body (empty = `{}`), or a 400 saying what is wrong. Unknown
+/// fields are ignored, as Fly does.
+pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        body
+    };
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::BadRequest(
+            "invalid JSON body: expected a JSON object".into(),
+        ));
+    }
+    serde_json::from_value(value).map_err(|e| ApiError::BadRequest(format!("invalid request: {e}")))
+}

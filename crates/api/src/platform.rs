@@ -1,0 +1,115 @@
+//! `/v1/platform`: the regions the catalog knows, and placement dry runs (where N machines
+//! of a size would go, asked of the hosts for real, with every reservation released).
+
+use crate::error::ApiError;
+use crate::exchange::Order;
+use crate::{parse_body, Api};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bazaar_types::guest::Guest;
+use bazaar_types::host::ClaimRequest;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// `GET /v1/platform/regions`.
+pub async fn regions(State(api): State<Api>) -> Result<Response, ApiError> {
+    let (cands, _) = api.market_view()?;
+    let mut by_region: BTreeMap<String, (usize, u64, u64)> = BTreeMap::new();
+    for c in &cands {
+        let e = by_region.entry(c.region.clone()).or_default();
+        if c.alive {
+            e.0 += 1;
+            e.1 += c.free.memory_mb;
+            e.2 += c.capacity.memory_mb;
+        }
+    }
+    let regions: Vec<_> = by_region
+        .iter()
+        .map(|(code, (hosts, free, cap))| {
+            serde_json::json!({
+                "code": code,
+                "name": code,
+                "gateway_available": true,
+                "requires_paid_plan": false,
+                "deprecated": false,
+                "hosts": hosts,
+                "free_memory_mb": free,
+                "capacity_memory_mb": cap,
+            })
+        })
+        .collect();
+    Ok(
+        Json(serde_json::json!({"regions": regions, "nearest": api.0.agent.config().region}))
+            .into_response(),
+    )
+}
+
+#[derive(Debug, Deserialize)]
+struct PlacementsRequest {
+    #[serde(default)]
+    compute: Option<Guest>,
+    #[serde(default)]
+    size: Option<String>,
+    #[serde(default)]
+    region: Option<String>,
+    #[serde(default)]
+    count: Option<usize>,
+}
+
+/// `POST /v1/platform/placements`: a dry run of the market.
+pub async fn placements(State(api): State<Api>, body: Bytes) -> Result<Response, ApiError> {
+    let req: PlacementsRequest = parse_body(&body)?;
+    let guest = match (req.compute, req.size) {
+        (Some(g), _) => g,
+        (None, Some(s)) => Guest::preset(&s).map_err(ApiError::BadRequest)?,
+        (None, None) => Guest::default(),
+    };
+    let size = guest.validate().map_err(ApiError::BadRequest)?;
+    let count = req.count.unwrap_or(1).clamp(1, 1000);
+    let local = api.0.agent.config().region.clone();
+    let regions = req.region.unwrap_or_else(|| format!("{local},any"));
+    let order = Order {
+        app: String::new(),
+        template: ClaimRequest {
+            app: String::new(),
+            name: None,
+            region: None,
+            config: Default::default(),
+            skip_launch: true,
+            machine_id: None,
+            lease_ttl: None,
+            skip_service_registration: false,
+            placement: None,
+        },
+        size: size.into(),
+        count,
+        regions,
+        dry_run: true,
+    };
+    let placed = api.place(order).await?;
+    let (cands, _) = api.market_view()?;
+    let region_of: BTreeMap<&str, &str> = cands
+        .iter()
+        .map(|c| (c.host_id.as_str(), c.region.as_str()))
+        .collect();
+    let mut per_region: BTreeMap<String, usize> = BTreeMap::new();
+    let mut per_host: BTreeMap<String, usize> = BTreeMap::new();
+    for h in &placed.record.winners {
+        *per_region
+            .entry(region_of.get(h.as_str()).unwrap_or(&"?").to_string())
+            .or_default() += 1;
+        *per_host.entry(h.clone()).or_default() += 1;
+    }
+    let regions: Vec<_> = per_region
+        .iter()
+        .map(|(r, n)| serde_json::json!({"region": r, "count": n, "concurrency": n}))
+        .collect();
+    Ok(Json(serde_json::json!({
+        "regions": regions,
+        "hosts": per_host,
+        "placement": placed.record,
+    }))
+    .into_response())
+}

@@ -1,0 +1,664 @@
+//! The Fly Machines API on a 3-agent loopback cluster, driven with a plain HTTP client the
+//! way third-party clients drive it: the whole machine lifecycle, the field spellings of
+//! reference/fly.md §5, bad input, concurrent creates racing for capacity, and a bid winner
+//! that dies before its claim.
+
+mod common;
+
+use bazaar_testkit::{start_cluster, TestAgent, TEST_SECRET};
+use common::*;
+use reqwest::{Client, Method, StatusCode};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+struct Fly {
+    base: String,
+    http: Client,
+}
+
+impl Fly {
+    fn new(agent: &TestAgent) -> Fly {
+        Fly {
+            base: format!("{}/v1", agent.url()),
+            http: Client::new(),
+        }
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        nonce: Option<&str>,
+    ) -> (StatusCode, Value) {
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(TEST_SECRET);
+        if let Some(n) = nonce {
+            req = req.header("fly-machine-lease-nonce", n);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.call(Method::GET, path, None, None).await
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.call(Method::POST, path, Some(body), None).await
+    }
+}
+
+fn process_config(cmd: &[&str]) -> Value {
+    json!({"image": "process", "driver": "process", "init": {"exec": cmd}, "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256}})
+}
+
+async fn wait_started(fly: &Fly, app: &str, id: &str) {
+    let (s, v) = fly
+        .get(&format!(
+            "/apps/{app}/machines/{id}/wait?state=started&timeout=30"
+        ))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machine_lifecycle_through_the_api() {
+    let agents = start_cluster(std::path::Path::new(EXE), 3, |_, _| {}).unwrap();
+    let fly = Fly::new(&agents[1]);
+    let (s, v) = fly
+        .post("/apps", json!({"app_name": "web", "org_slug": "personal"}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (s, v) = fly
+        .post("/apps", json!({"app_name": "web", "org_slug": "personal"}))
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(v["status"], "name_taken");
+    let (s, v) = fly.get("/apps?org_slug=personal").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["total_apps"], 1);
+
+    // Create: placed by the market on some host, answered by it.
+    let (s, m) = fly
+        .post("/apps/web/machines", json!({"config": process_config(&["sh", "-c", "trap 'true' USR1; while true; do sleep 0.1; done"]), "region": "local", "some_unknown_field": 1}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    let id = m["id"].as_str().unwrap().to_string();
+    wait_started(&fly, "web", &id).await;
+    let (_, m) = fly.get(&format!("/apps/web/machines/{id}")).await;
+    assert_eq!(m["state"], "started");
+    assert_eq!(m["host_status"], "ok");
+    // Why it landed there.
+    let (s, p) = fly.get(&format!("/apps/web/machines/{id}/placement")).await;
+    assert_eq!(s, StatusCode::OK, "{p}");
+    assert_eq!(p["winners"][0], m["host_id"]);
+    assert!(!p["rounds"][0]["asked"].as_array().unwrap().is_empty());
+
+    // The list (from the catalog), full and summary, with filters.
+    let listed = bazaar_testkit::eventually(Duration::from_secs(5), || async {
+        let (_, v) = fly.get("/apps/web/machines").await;
+        (v.as_array()?.len() == 1).then_some(v)
+    })
+    .await
+    .unwrap();
+    assert_eq!(listed[0]["id"], id.as_str());
+    assert!(
+        listed[0]["config"]["init"].is_object(),
+        "full objects come from the owner"
+    );
+    let (_, v) = fly
+        .get("/apps/web/machines?summary=true&state=started,stopped")
+        .await;
+    assert!(v[0].get("config").is_none());
+    let (_, v) = fly.get("/apps/web/machines?region=elsewhere").await;
+    assert_eq!(v.as_array().unwrap().len(), 0);
+
+    // Stop (empty body), start, restart with the query spellings, signal by number.
+    let (s, _) = fly
+        .call(
+            Method::POST,
+            &format!("/apps/web/machines/{id}/stop"),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _) = fly
+        .get(&format!(
+            "/apps/web/machines/{id}/wait?state=stopped&timeout=30"
+        ))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, v) = fly
+        .post(&format!("/apps/web/machines/{id}/start"), json!({}))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["previous_state"], "stopped");
+    wait_started(&fly, "web", &id).await;
+    let (s, _) = fly
+        .call(
+            Method::POST,
+            &format!("/apps/web/machines/{id}/restart?timeout=5s&signal=SIGTERM"),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    wait_started(&fly, "web", &id).await;
+    let (s, _) = fly
+        .post(
+            &format!("/apps/web/machines/{id}/signal"),
+            json!({"signal": 10}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+
+    // Leases: ttl in the query (fly-go), wrapped answer, 409 without the nonce.
+    let (s, l) = fly
+        .call(
+            Method::POST,
+            &format!("/apps/web/machines/{id}/lease?ttl=30"),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{l}");
+    assert_eq!(l["status"], "success");
+    let nonce = l["data"]["nonce"].as_str().unwrap().to_string();
+    let (s, v) = fly
+        .post(&format!("/apps/web/machines/{id}/cordon"), json!({}))
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    let (s, _) = fly
+        .call(
+            Method::POST,
+            &format!("/apps/web/machines/{id}/cordon"),
+            None,
+            Some(&nonce),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _) = fly
+        .call(
+            Method::DELETE,
+            &format!("/apps/web/machines/{id}/lease"),
+            None,
+            Some(&nonce),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _) = fly
+        .post(&format!("/apps/web/machines/{id}/uncordon"), json!({}))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+
+    // Metadata, exec, logs, events, versions.
+    let (s, _) = fly
+        .post(
+            &format!("/apps/web/machines/{id}/metadata/role"),
+            json!({"value": "primary"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (_, v) = fly.get(&format!("/apps/web/machines/{id}/metadata")).await;
+    assert_eq!(v["role"], "primary");
+    let found = bazaar_testkit::eventually(Duration::from_secs(5), || async {
+        let (_, v) = fly.get("/apps/web/machines?metadata.role=primary").await;
+        (v.as_array()?.len() == 1).then_some(())
+    })
+    .await;
+    assert!(found.is_ok(), "metadata filter on list");
+    let (s, v) = fly
+        .post(
+            &format!("/apps/web/machines/{id}/exec"),
+            json!({"command": ["sh", "-c", "echo hello"]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["stdout"], "hello\n");
+    let (s, _) = fly.get(&format!("/apps/web/machines/{id}/logs")).await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, ev) = fly.get(&format!("/apps/web/machines/{id}/events")).await;
+    assert!(ev.as_array().unwrap().iter().any(|e| e["type"] == "launch"));
+
+    // Update: whole config, current_version checked.
+    let (_, m) = fly.get(&format!("/apps/web/machines/{id}")).await;
+    let version = m["instance_id"].as_str().unwrap().to_string();
+    let mut cfg = process_config(&["sleep", "2000"]);
+    cfg["env"] = json!({"V": "2"});
+    let (s, v) = fly
+        .post(
+            &format!("/apps/web/machines/{id}"),
+            json!({"config": cfg, "current_version": "01WRONG"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    let (s, v) = fly
+        .call(
+            Method::PUT,
+            &format!("/apps/web/machines/{id}"),
+            Some(json!({"config": cfg, "current_version": version})),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let new_version = v["instance_id"].as_str().unwrap().to_string();
+    let (s, _) = fly
+        .get(&format!(
+            "/apps/web/machines/{id}/wait?state=started&version={new_version}&timeout=30"
+        ))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, vs) = fly.get(&format!("/apps/web/machines/{id}/versions")).await;
+    assert_eq!(vs.as_array().unwrap().len(), 2);
+
+    // Destroy with fly-go's `kill`, then it lists only with include_deleted.
+    let (s, _) = fly
+        .call(
+            Method::DELETE,
+            &format!("/apps/web/machines/{id}?kill=true"),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _) = fly
+        .get(&format!(
+            "/apps/web/machines/{id}/wait?state=destroyed&timeout=30"
+        ))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    bazaar_testkit::eventually(Duration::from_secs(5), || async {
+        let (_, v) = fly.get("/apps/web/machines").await;
+        v.as_array()?.is_empty().then_some(())
+    })
+    .await
+    .unwrap();
+    let (_, v) = fly.get("/apps/web/machines?include_deleted=true").await;
+    assert_eq!(v.as_array().unwrap().len(), 1);
+
+    // Regions and a placement dry run change nothing.
+    let (_, r) = fly.get("/platform/regions").await;
+    assert_eq!(r["regions"][0]["code"], "local");
+    let (s, p) = fly.post("/platform/placements", json!({"compute": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256}, "region": "local", "count": 4})).await;
+    assert_eq!(s, StatusCode::OK, "{p}");
+    assert_eq!(p["regions"][0]["count"], 4);
+    for a in &agents {
+        assert_eq!(
+            a.client().info().await.unwrap().num_reservations,
+            0,
+            "dry run released everything"
+        );
+    }
+    let (s, _) = fly.call(Method::DELETE, "/apps/web", None, None).await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fly_field_spellings_both_work() {
+    let agents = start_cluster(std::path::Path::new(EXE), 1, |_, _| {}).unwrap();
+    let fly = Fly::new(&agents[0]);
+    fly.post("/apps", json!({"name": "quirks"})).await;
+    let mut cfg = process_config(&[
+        "sh",
+        "-c",
+        "trap 'exit 0' TERM INT; trap 'true' USR1 USR2; while true; do sleep 0.05; done",
+    ]);
+    cfg["services"] = json!([{"internal_port": 8080, "protocol": "tcp", "autostop": "stop", "autostart": true},
+                             {"internal_port": 8081, "protocol": "tcp", "autostop": false}]);
+    cfg["stop_config"] = json!({"signal": "SIGTERM", "timeout": 5000000000u64});
+    cfg["checks"] = json!({"alive": {"type": "tcp", "port": 8080, "interval": "15s", "timeout": 2000000000u64}});
+    let (s, m) = fly
+        .post("/apps/quirks/machines", json!({"config": cfg}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    let id = m["id"].as_str().unwrap().to_string();
+    // autostop is written back as a bool for stop/off; durations as Go strings.
+    assert_eq!(m["config"]["services"][0]["autostop"], true);
+    assert_eq!(m["config"]["services"][1]["autostop"], false);
+    assert_eq!(m["config"]["stop_config"]["timeout"], "5s");
+    assert_eq!(m["config"]["checks"]["alive"]["timeout"], "2s");
+    let version = m["instance_id"].as_str().unwrap().to_string();
+    // wait: `instance_id` and `version`; `state` repeated and comma-separated.
+    for q in [
+        format!("state=started&instance_id={version}"),
+        format!("state=started&version={version}"),
+        "state=stopped&state=started&timeout=10".to_string(),
+        "state=stopped,started&timeout=10".to_string(),
+    ] {
+        let (s, v) = fly
+            .get(&format!("/apps/quirks/machines/{id}/wait?{q}"))
+            .await;
+        assert_eq!(s, StatusCode::OK, "{q}: {v}");
+    }
+    let (s, v) = fly
+        .get(&format!(
+            "/apps/quirks/machines/{id}/wait?state=stopped&timeout=1"
+        ))
+        .await;
+    assert_eq!(s, StatusCode::REQUEST_TIMEOUT, "{v}");
+    // lease ttl in the body or in the query.
+    let (s, l) = fly
+        .post(
+            &format!("/apps/quirks/machines/{id}/lease"),
+            json!({"ttl": 10, "description": "deploy"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{l}");
+    let nonce = l["data"]["nonce"].as_str().unwrap().to_string();
+    let (s, l2) = fly
+        .call(
+            Method::POST,
+            &format!("/apps/quirks/machines/{id}/lease?ttl=20"),
+            None,
+            Some(&nonce),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "refresh with the nonce: {l2}");
+    fly.call(
+        Method::DELETE,
+        &format!("/apps/quirks/machines/{id}/lease"),
+        None,
+        Some(&nonce),
+    )
+    .await;
+    // signal as a name or a number.
+    let (s, _) = fly
+        .post(
+            &format!("/apps/quirks/machines/{id}/signal"),
+            json!({"signal": "SIGUSR1"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _) = fly
+        .post(
+            &format!("/apps/quirks/machines/{id}/signal"),
+            json!({"signal": 12}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    // stop with a body of Go-string and integer durations.
+    let (s, _) = fly
+        .post(
+            &format!("/apps/quirks/machines/{id}/stop"),
+            json!({"signal": "SIGTERM", "timeout": "3s"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    fly.get(&format!(
+        "/apps/quirks/machines/{id}/wait?state=stopped&timeout=30"
+    ))
+    .await;
+    fly.post(&format!("/apps/quirks/machines/{id}/start"), json!({}))
+        .await;
+    wait_started(&fly, "quirks", &id).await;
+    let (s, _) = fly
+        .post(
+            &format!("/apps/quirks/machines/{id}/stop"),
+            json!({"timeout": 3000000000u64}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    fly.get(&format!(
+        "/apps/quirks/machines/{id}/wait?state=stopped&timeout=30"
+    ))
+    .await;
+    // DELETE with `force` (spec) as well as `kill` (fly-go, other test).
+    let (s, _) = fly
+        .call(
+            Method::DELETE,
+            &format!("/apps/quirks/machines/{id}?force=true"),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    // FlyV1 tokens are accepted too.
+    let r = Client::new()
+        .get(format!("{}/apps", fly.base))
+        .header("authorization", format!("FlyV1 {TEST_SECRET}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_the_right_4xx_and_changes_nothing() {
+    let agents = start_cluster(std::path::Path::new(EXE), 1, |_, _| {}).unwrap();
+    let fly = Fly::new(&agents[0]);
+    fly.post("/apps", json!({"app_name": "bad"})).await;
+    let bad_json = Client::new()
+        .post(format!("{}/apps/bad/machines", fly.base))
+        .bearer_auth(TEST_SECRET)
+        .header("content-type", "application/json")
+        .body("{\"config\": ")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad_json.status(), StatusCode::BAD_REQUEST);
+    let body: Value = bad_json.json().await.unwrap();
+    assert!(
+        body["error"].as_str().unwrap().contains("invalid JSON"),
+        "{body}"
+    );
+    let huge = "x".repeat(3 * 1024 * 1024);
+    let r = Client::new()
+        .post(format!("{}/apps/bad/machines", fly.base))
+        .bearer_auth(TEST_SECRET)
+        .header("content-type", "application/json")
+        .body(format!("{{\"config\": {{\"image\": \"{huge}\"}}}}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["error"].as_str().unwrap().contains("too large"),
+        "{body}"
+    );
+    for name in ["../etc", "a\u{7}b", "UPPER", "x/y", ""] {
+        let (s, v) = fly.post("/apps", json!({"app_name": name})).await;
+        assert!(
+            s == StatusCode::UNPROCESSABLE_ENTITY || s == StatusCode::BAD_REQUEST,
+            "{name:?}: {s} {v}"
+        );
+    }
+    let (s, v) = fly
+        .post(
+            "/apps/bad/machines",
+            json!({"config": process_config(&["sleep", "1"]), "name": "../../x"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let (s, _) = fly
+        .post(
+            "/apps/nope/machines",
+            json!({"config": process_config(&["sleep", "1"])}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = fly.get("/apps/bad/machines/00000000000000").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = fly.get("/apps/bad/machines/..%2F..%2Fhost").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let mut cfg = process_config(&["sleep", "1"]);
+    cfg["guest"] = json!({"cpu_kind": "shared", "cpus": 64, "memory_mb": -1});
+    let (s, v) = fly.post("/apps/bad/machines", json!({"config": cfg})).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let (s, v) = fly
+        .post(
+            "/apps/bad/machines",
+            json!({"config": process_config(&["sleep", "1"]), "region": "atlantis"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("known regions: local"),
+        "{v}"
+    );
+    let (s, m) = fly
+        .post(
+            "/apps/bad/machines",
+            json!({"config": process_config(&["sleep", "1000"])}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let id = m["id"].as_str().unwrap();
+    wait_started(&fly, "bad", id).await;
+    let (_, l) = fly
+        .post(
+            &format!("/apps/bad/machines/{id}/lease"),
+            json!({"ttl": 30}),
+        )
+        .await;
+    assert_eq!(l["status"], "success");
+    let (s, _) = fly
+        .call(
+            Method::POST,
+            &format!("/apps/bad/machines/{id}/stop"),
+            Some(json!({})),
+            Some("wrongnonce00"),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    let r = Client::new()
+        .get(format!("{}/apps", fly.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    // Nothing changed: one machine, still started.
+    let (_, v) = fly.get("/apps/bad/machines?include_deleted=true").await;
+    assert_eq!(v.as_array().unwrap().len(), 1);
+    assert_eq!(v[0]["state"], "started");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_concurrent_creates_fill_exactly_sixty_slots() {
+    let agents =
+        start_cluster(std::path::Path::new(EXE), 3, |_, o| o.memory_mb = 20 * 256).unwrap();
+    let fly = Fly::new(&agents[0]);
+    fly.post("/apps", json!({"app_name": "race"})).await;
+    bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let (_, r) = fly.get("/platform/regions").await;
+        (r["regions"][0]["hosts"] == 3).then_some(())
+    })
+    .await
+    .unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..100 {
+        let base = agents[i % 3].url();
+        tasks.push(tokio::spawn(async move {
+            let r = Client::new()
+                .post(format!("{base}/v1/apps/race/machines"))
+                .bearer_auth(TEST_SECRET)
+                .json(&json!({"config": process_config(&["sleep", "1000"]), "region": "local"}))
+                .send()
+                .await
+                .unwrap();
+            let status = r.status();
+            let body: Value = r.json().await.unwrap();
+            (status, body)
+        }));
+    }
+    let mut ok = 0;
+    let mut full = 0;
+    for t in tasks {
+        let (status, body) = t.await.unwrap();
+        match status {
+            StatusCode::OK => ok += 1,
+            StatusCode::CONFLICT if body["status"] == "insufficient_capacity" => {
+                if full == 0 {
+                    eprintln!("first refusal: {}", body["error"]);
+                }
+                full += 1
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert_eq!((ok, full), (60, 40));
+    for a in &agents {
+        let c = a.client();
+        let info = c.info().await.unwrap();
+        assert!(info.committed.memory_mb <= info.capacity.memory_mb);
+        assert_eq!(info.committed.memory_mb, 20 * 256, "every host full");
+        bazaar_testkit::eventually(Duration::from_secs(8), || async {
+            (c.info().await.ok()?.num_reservations == 0).then_some(())
+        })
+        .await
+        .expect("no leaked reservation");
+        assert_eq!(c.machines(Some("race"), true).await.unwrap().len(), 20);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_winner_that_dies_before_the_claim_does_not_fail_the_create() {
+    // Host 2 is the emptiest, so it wins every bid; it is set to die on the claim.
+    let mut agents = start_cluster(std::path::Path::new(EXE), 3, |i, o| {
+        if i == 2 {
+            o.memory_mb = 1024 * 1024;
+            o.env.push(("BAZAAR_CRASH_AT".into(), "claim:0".into()));
+        } else {
+            o.memory_mb = 4096;
+        }
+    })
+    .unwrap();
+    let loser_id = agents[2].client().info().await.unwrap().id;
+    let fly = Fly::new(&agents[0]);
+    fly.post("/apps", json!({"app_name": "fault"})).await;
+    bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let (_, r) = fly.get("/platform/regions").await;
+        (r["regions"][0]["hosts"] == 3).then_some(())
+    })
+    .await
+    .unwrap();
+    let (s, m) = fly
+        .post(
+            "/apps/fault/machines",
+            json!({"config": process_config(&["sleep", "1000"]), "region": "local"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    assert_ne!(
+        m["host_id"],
+        loser_id.as_str(),
+        "placed on a host that is alive"
+    );
+    agents[2]
+        .wait_exit(Duration::from_secs(5))
+        .expect("the winner died at the claim");
+    let id = m["id"].as_str().unwrap();
+    let (_, p) = fly
+        .get(&format!("/apps/fault/machines/{id}/placement"))
+        .await;
+    let failed = p["rounds"][0]["asked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a["outcome"] == "claim_failed");
+    assert!(failed, "the record shows the failed claim: {p}");
+    // No half-created machine on the host that died.
+    agents[2].opts.env.clear();
+    agents[2].spawn(&[]).unwrap();
+    assert!(agents[2]
+        .client()
+        .machines(None, true)
+        .await
+        .unwrap()
+        .is_empty());
+}
