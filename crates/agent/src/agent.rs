@@ -60,7 +60,9 @@ pub(crate) struct Inner {
     pub shutdown: CancellationToken,
     pub tracker: TaskTracker,
     /// Accepted bearer tokens: the cluster secret and API tokens.
-    pub tokens: Vec<String>,
+    pub tokens: Mutex<Vec<String>>,
+    /// When the token file was last read (it is re-read when it changes).
+    pub tokens_read: Mutex<Option<std::time::SystemTime>>,
     pub ports_in_use: Mutex<HashSet<u16>>,
     pub cluster_secret: String,
     /// The gossip replica, once attached: every change to a machine is published to it.
@@ -135,7 +137,8 @@ impl Agent {
             next_op_id: AtomicU64::new(next_op_id),
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
-            tokens,
+            tokens: Mutex::new(tokens),
+            tokens_read: Mutex::new(None),
             ports_in_use: Mutex::new(ports),
             cluster_secret: secret,
             catalog: std::sync::OnceLock::new(),
@@ -261,10 +264,31 @@ impl Agent {
 
     /// Checks a bearer token in constant time.
     pub fn authorized(&self, token: &str) -> bool {
-        self.0
-            .tokens
-            .iter()
-            .any(|t| crate::secrets::constant_time_eq(t.as_bytes(), token.as_bytes()))
+        let check = |tokens: &Vec<String>| {
+            tokens
+                .iter()
+                .any(|t| crate::secrets::constant_time_eq(t.as_bytes(), token.as_bytes()))
+        };
+        if check(&lock(&self.0.tokens)) {
+            return true;
+        }
+        // `bazaar token create` appends to the token file: pick up new tokens.
+        let Some(path) = &self.0.config.token_file else {
+            return false;
+        };
+        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        let mut read = lock(&self.0.tokens_read);
+        if modified.is_none() || *read == modified {
+            return false;
+        }
+        *read = modified;
+        if let Ok(file_tokens) = crate::secrets::read_tokens(path) {
+            let mut tokens = lock(&self.0.tokens);
+            let secret = self.0.cluster_secret.clone();
+            *tokens = std::iter::once(secret).chain(file_tokens).collect();
+            return check(&tokens);
+        }
+        false
     }
 
     /// Stops the agent: operations in flight are interrupted (they resume on the next start)

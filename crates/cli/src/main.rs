@@ -4,8 +4,12 @@
 //! - `bazaar agent`: run one host's agent ([`bazaar_agent`]).
 //! - `bazaar dev`: a local cluster of N agents on loopback ([`dev`]).
 //! - `bazaar host ...`: talk to one agent's host interface ([`host_cmd`]).
+//! - `bazaar hosts`, `bazaar status`: the catalog as this node sees it.
+//! - `bazaar apps ...`, `bazaar machine ...`, `bazaar token create`: the Machines API
+//!   ([`api_cmd`]).
 //! - `bazaar shim RUN_DIR`: internal; the per-machine supervisor ([`bazaar_shim`]).
 
+mod api_cmd;
 mod dev;
 mod host_cmd;
 
@@ -36,6 +40,12 @@ enum Command {
     Hosts(host_cmd::CatalogArgs),
     /// List machines as this node's catalog sees them (all hosts).
     Status(host_cmd::StatusArgs),
+    /// Create, list and destroy apps.
+    Apps(api_cmd::AppsArgs),
+    /// Run and manage machines through the Machines API (placed by the market).
+    Machine(api_cmd::MachineArgs),
+    /// Manage API tokens.
+    Token(api_cmd::TokenArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -107,6 +117,9 @@ fn main() {
         Command::Host(h) => run_async(host_cmd::run(h)),
         Command::Hosts(a) => run_async(host_cmd::hosts(a)),
         Command::Status(a) => run_async(host_cmd::status(a)),
+        Command::Apps(a) => run_async(api_cmd::apps(a)),
+        Command::Machine(a) => run_async(api_cmd::machine(a)),
+        Command::Token(a) => run_async(api_cmd::token(a)),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

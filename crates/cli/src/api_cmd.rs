@@ -1,0 +1,550 @@
+//! User commands over the Machines API (`/v1`): `bazaar apps ...`, `bazaar machine ...`,
+//! and `bazaar token create`. They read `BAZAAR_API_URL` and `BAZAAR_TOKEN`; tables by
+//! default, `--json` for scripts.
+
+use anyhow::{bail, Context};
+use comfy_table::Table;
+use serde_json::{json, Value};
+
+/// Where the API is and how to authenticate.
+#[derive(Debug, clap::Args)]
+pub struct Conn {
+    #[arg(
+        long,
+        env = "BAZAAR_API_URL",
+        default_value = "http://127.0.0.1:4280",
+        global = true
+    )]
+    api_url: String,
+    #[arg(long, env = "BAZAAR_TOKEN", hide_env_values = true, global = true)]
+    token: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+impl Conn {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<Value> {
+        let token = self
+            .token
+            .clone()
+            .context("no token: set BAZAAR_TOKEN (bazaar dev writes it to .bazaar-dev/dev.env) or pass --token")?;
+        let url = format!("{}/v1{path}", self.api_url.trim_end_matches('/'));
+        let mut req = reqwest::Client::new()
+            .request(method, &url)
+            .bearer_auth(token);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.with_context(|| format!("calling {url}"))?;
+        let status = resp.status();
+        let text = resp.text().await?;
+        let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text.clone()));
+        if !status.is_success() {
+            let msg = value["error"].as_str().map(str::to_string).unwrap_or(text);
+            bail!("{} ({})", msg, status.as_u16());
+        }
+        Ok(value)
+    }
+}
+
+/// `bazaar apps`.
+#[derive(Debug, clap::Args)]
+pub struct AppsArgs {
+    #[command(flatten)]
+    conn: Conn,
+    #[command(subcommand)]
+    command: AppsCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum AppsCommand {
+    /// Create an app.
+    Create {
+        name: String,
+        #[arg(long, default_value = "personal")]
+        org: String,
+    },
+    /// List apps.
+    List,
+    /// Destroy an app and its machines.
+    Destroy { name: String },
+}
+
+/// Runs `bazaar apps`.
+pub async fn apps(a: AppsArgs) -> anyhow::Result<()> {
+    let c = &a.conn;
+    match a.command {
+        AppsCommand::Create { name, org } => {
+            let v = c
+                .call(
+                    reqwest::Method::POST,
+                    "/apps",
+                    Some(json!({"app_name": name, "org_slug": org})),
+                )
+                .await?;
+            out(c, &v, || {
+                println!("created app {}", v["name"].as_str().unwrap_or_default())
+            })
+        }
+        AppsCommand::List => {
+            let v = c.call(reqwest::Method::GET, "/apps", None).await?;
+            out(c, &v, || {
+                let mut t = Table::new();
+                t.set_header(["name", "org", "machines", "status"]);
+                for app in v["apps"].as_array().into_iter().flatten() {
+                    t.add_row([
+                        s(&app["name"]),
+                        s(&app["organization"]["slug"]),
+                        app["machine_count"].to_string(),
+                        s(&app["status"]),
+                    ]);
+                }
+                println!("{t}");
+            })
+        }
+        AppsCommand::Destroy { name } => {
+            let v = c
+                .call(reqwest::Method::DELETE, &format!("/apps/{name}"), None)
+                .await?;
+            out(c, &v, || println!("destroying app {name} and its machines"))
+        }
+    }
+}
+
+/// `bazaar machine`.
+#[derive(Debug, clap::Args)]
+pub struct MachineArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// The app.
+    #[arg(long, short, env = "BAZAAR_APP", global = true)]
+    app: Option<String>,
+    #[command(subcommand)]
+    command: MachineCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum MachineCommand {
+    /// Create (and start) machines running a command, placed by the market.
+    Run {
+        /// Region expression: `ams`, `ams,ord`, `any` (default: this node's region, then any).
+        #[arg(long)]
+        region: Option<String>,
+        #[arg(long, default_value = "shared-cpu-1x")]
+        size: String,
+        #[arg(long)]
+        memory_mb: Option<i64>,
+        #[arg(long)]
+        name: Option<String>,
+        /// Internal ports of services (repeatable); the workload reads its port in $PORT.
+        #[arg(long = "port")]
+        ports: Vec<u16>,
+        #[arg(long = "env")]
+        env: Vec<String>,
+        /// no, always, on-failure.
+        #[arg(long)]
+        restart: Option<String>,
+        /// How many machines (batch placement).
+        #[arg(long, default_value_t = 1)]
+        count: usize,
+        #[arg(long)]
+        skip_launch: bool,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// List the app's machines.
+    List,
+    /// Show a machine.
+    Status {
+        id: String,
+    },
+    Start {
+        id: String,
+    },
+    Stop {
+        id: String,
+    },
+    Restart {
+        id: String,
+    },
+    /// Freeze a machine (start resumes it).
+    Suspend {
+        id: String,
+    },
+    Destroy {
+        id: String,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Run a command inside a machine.
+    Exec {
+        id: String,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Show a machine's output.
+    Logs {
+        id: String,
+        #[arg(long, short)]
+        follow: bool,
+    },
+    /// Why a machine landed where it did.
+    Explain {
+        id: String,
+    },
+    /// Take a lease (prints the nonce), or release one with --release NONCE.
+    Lease {
+        id: String,
+        #[arg(long, default_value_t = 120)]
+        ttl: u64,
+        #[arg(long)]
+        release: Option<String>,
+    },
+}
+
+/// Runs `bazaar machine`.
+pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
+    use reqwest::Method;
+    let c = &a.conn;
+    let app = a
+        .app
+        .clone()
+        .context("which app? pass --app or set BAZAAR_APP")?;
+    let m = |id: &str, rest: &str| format!("/apps/{app}/machines/{id}{rest}");
+    match a.command {
+        MachineCommand::Run {
+            region,
+            size,
+            memory_mb,
+            name,
+            ports,
+            env,
+            restart,
+            count,
+            skip_launch,
+            command,
+        } => {
+            let mut guest =
+                bazaar_types::guest::Guest::preset(&size).map_err(anyhow::Error::msg)?;
+            if let Some(mb) = memory_mb {
+                guest.memory_mb = mb;
+            }
+            let mut env_map = serde_json::Map::new();
+            for kv in env {
+                let (k, v) = kv.split_once('=').context("--env takes KEY=VALUE")?;
+                env_map.insert(k.into(), json!(v));
+            }
+            let services: Vec<Value> = ports
+                .iter()
+                .map(|p| json!({"internal_port": p, "protocol": "tcp"}))
+                .collect();
+            let mut config = json!({"image": "process", "driver": "process", "guest": guest, "init": {"exec": command}, "env": env_map, "services": services});
+            if let Some(r) = restart {
+                config["restart"] = json!({"policy": r});
+            }
+            let mut body = json!({"config": config, "skip_launch": skip_launch});
+            if let Some(r) = region {
+                body["region"] = json!(r);
+            }
+            if let Some(n) = name {
+                body["name"] = json!(n);
+            }
+            let machines: Vec<Value> = if count > 1 {
+                body["count"] = json!(count);
+                let v = c
+                    .call(
+                        Method::POST,
+                        &format!("/apps/{app}/machines/batch"),
+                        Some(body),
+                    )
+                    .await?;
+                v["machines"].as_array().cloned().unwrap_or_default()
+            } else {
+                vec![
+                    c.call(Method::POST, &format!("/apps/{app}/machines"), Some(body))
+                        .await?,
+                ]
+            };
+            if !skip_launch {
+                for mm in &machines {
+                    let id = s(&mm["id"]);
+                    let _ = c
+                        .call(Method::GET, &m(&id, "/wait?state=started&timeout=30"), None)
+                        .await;
+                }
+            }
+            let v = Value::Array(machines);
+            out(c, &v, || {
+                for mm in v.as_array().into_iter().flatten() {
+                    println!(
+                        "machine {} ({}) on host {} in {}",
+                        s(&mm["id"]),
+                        s(&mm["name"]),
+                        s(&mm["host_id"]),
+                        s(&mm["region"])
+                    );
+                }
+            })
+        }
+        MachineCommand::List => {
+            let v = c
+                .call(Method::GET, &format!("/apps/{app}/machines"), None)
+                .await?;
+            out(c, &v, || print_machines(&v))
+        }
+        MachineCommand::Status { id } => {
+            let v = c.call(Method::GET, &m(&id, ""), None).await?;
+            out(c, &v, || print_machines(&Value::Array(vec![v.clone()])))
+        }
+        MachineCommand::Start { id } => {
+            simple(
+                c,
+                Method::POST,
+                &m(&id, "/start"),
+                &format!("starting {id}"),
+            )
+            .await
+        }
+        MachineCommand::Stop { id } => {
+            simple(c, Method::POST, &m(&id, "/stop"), &format!("stopping {id}")).await
+        }
+        MachineCommand::Restart { id } => {
+            simple(
+                c,
+                Method::POST,
+                &m(&id, "/restart"),
+                &format!("restarting {id}"),
+            )
+            .await
+        }
+        MachineCommand::Suspend { id } => {
+            simple(
+                c,
+                Method::POST,
+                &m(&id, "/suspend"),
+                &format!("suspending {id}"),
+            )
+            .await
+        }
+        MachineCommand::Destroy { id, force } => {
+            simple(
+                c,
+                Method::DELETE,
+                &m(&id, &format!("?force={force}")),
+                &format!("destroying {id}"),
+            )
+            .await
+        }
+        MachineCommand::Exec { id, command } => {
+            let v = c
+                .call(
+                    Method::POST,
+                    &m(&id, "/exec"),
+                    Some(json!({"command": command})),
+                )
+                .await?;
+            out(c, &v, || {
+                print!("{}", v["stdout"].as_str().unwrap_or_default());
+                eprint!("{}", v["stderr"].as_str().unwrap_or_default());
+                if v["exit_code"] != 0 {
+                    eprintln!("exit code {}", v["exit_code"]);
+                }
+            })
+        }
+        MachineCommand::Logs { id, follow } => {
+            let token = c.token.clone().context("no token: set BAZAAR_TOKEN")?;
+            let url = format!(
+                "{}/v1{}",
+                c.api_url.trim_end_matches('/'),
+                m(&id, &format!("/logs?follow={follow}"))
+            );
+            let mut resp = reqwest::Client::new()
+                .get(url)
+                .bearer_auth(token)
+                .send()
+                .await?;
+            if !resp.status().is_success() {
+                bail!("{}", resp.text().await?);
+            }
+            let mut pending = String::new();
+            while let Some(chunk) = resp.chunk().await? {
+                pending.push_str(&String::from_utf8_lossy(&chunk));
+                while let Some(pos) = pending.find('\n') {
+                    let line: String = pending.drain(..=pos).collect();
+                    match serde_json::from_str::<Value>(line.trim()) {
+                        Ok(v) if !c.json => println!("{}", s(&v["line"])),
+                        _ => print!("{line}"),
+                    }
+                }
+            }
+            Ok(())
+        }
+        MachineCommand::Explain { id } => {
+            let v = c.call(Method::GET, &m(&id, "/placement"), None).await?;
+            out(c, &v, || {
+                println!(
+                    "placement {} for {} cpu(s) / {} MB in {:?}: {}",
+                    s(&v["placement_id"]),
+                    v["size"]["cpus"],
+                    v["size"]["memory_mb"],
+                    s(&v["regions"]),
+                    s(&v["reason"])
+                );
+                let mut t = Table::new();
+                t.set_header(["round", "host", "answer", "µs"]);
+                for (i, r) in v["rounds"].as_array().into_iter().flatten().enumerate() {
+                    for ask in r["asked"].as_array().into_iter().flatten() {
+                        let answer = match ask["outcome"].as_str() {
+                            Some("bid") => {
+                                format!("bid {:.3}", ask["score"].as_f64().unwrap_or(0.0))
+                            }
+                            Some("refused") => format!("refused: {}", s(&ask["reason"])),
+                            Some(other) => format!("{other}: {}", s(&ask["error"])),
+                            None => String::new(),
+                        };
+                        t.add_row([
+                            (i + 1).to_string(),
+                            s(&ask["host_id"]),
+                            answer,
+                            ask["elapsed_us"].to_string(),
+                        ]);
+                    }
+                }
+                println!("{t}");
+                for e in v["excluded"].as_array().into_iter().flatten() {
+                    println!("excluded {}: {}", s(&e["host_id"]), s(&e["reason"]));
+                }
+                println!("winner: {}", v["winners"]);
+            })
+        }
+        MachineCommand::Lease { id, ttl, release } => {
+            if let Some(nonce) = release {
+                let token = c.token.clone().context("no token")?;
+                let url = format!("{}/v1{}", c.api_url.trim_end_matches('/'), m(&id, "/lease"));
+                let r = reqwest::Client::new()
+                    .delete(url)
+                    .bearer_auth(token)
+                    .header("fly-machine-lease-nonce", nonce)
+                    .send()
+                    .await?;
+                if !r.status().is_success() {
+                    bail!("{}", r.text().await?);
+                }
+                println!("released");
+                return Ok(());
+            }
+            let v = c
+                .call(Method::POST, &m(&id, &format!("/lease?ttl={ttl}")), None)
+                .await?;
+            out(c, &v, || {
+                println!(
+                    "lease nonce {} (expires at {})",
+                    s(&v["data"]["nonce"]),
+                    v["data"]["expires_at"]
+                )
+            })
+        }
+    }
+}
+
+/// `bazaar token create`.
+#[derive(Debug, clap::Args)]
+pub struct TokenArgs {
+    #[command(subcommand)]
+    command: TokenCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum TokenCommand {
+    /// Make a new API token and add it to the token file the agents read.
+    Create {
+        /// The agents' token file (`bazaar dev` uses .bazaar-dev/api-tokens).
+        #[arg(
+            long,
+            env = "BAZAAR_TOKEN_FILE",
+            default_value = ".bazaar-dev/api-tokens"
+        )]
+        token_file: std::path::PathBuf,
+    },
+}
+
+/// Runs `bazaar token`.
+pub async fn token(a: TokenArgs) -> anyhow::Result<()> {
+    match a.command {
+        TokenCommand::Create { token_file } => {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let token = bazaar_types::ids::new_secret(20);
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(&token_file)
+                .with_context(|| format!("opening {}", token_file.display()))?;
+            writeln!(f, "{token}")?;
+            f.sync_all()?;
+            println!("{token}");
+            Ok(())
+        }
+    }
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+fn out(c: &Conn, v: &Value, human: impl FnOnce()) -> anyhow::Result<()> {
+    if c.json {
+        println!("{}", serde_json::to_string_pretty(v)?);
+    } else {
+        human();
+    }
+    Ok(())
+}
+
+async fn simple(
+    c: &Conn,
+    method: reqwest::Method,
+    path: &str,
+    message: &str,
+) -> anyhow::Result<()> {
+    let v = c.call(method, path, Some(json!({}))).await?;
+    out(c, &v, || println!("{message}"))
+}
+
+fn print_machines(v: &Value) {
+    let mut t = Table::new();
+    t.set_header([
+        "id",
+        "name",
+        "state",
+        "region",
+        "host",
+        "host status",
+        "version",
+        "updated",
+    ]);
+    for m in v.as_array().into_iter().flatten() {
+        t.add_row([
+            s(&m["id"]),
+            s(&m["name"]),
+            s(&m["state"]),
+            s(&m["region"]),
+            s(&m["host_id"]),
+            s(&m["host_status"]),
+            s(&m["instance_id"]),
+            s(&m["updated_at"]),
+        ]);
+    }
+    println!("{t}");
+}
