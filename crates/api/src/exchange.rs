@@ -131,10 +131,12 @@ impl Api {
                 if asks.is_empty() {
                     break;
                 }
-                let (round, offers, retryable) =
+                let round_started = Instant::now();
+                let (mut round, offers, retryable) =
                     self.ask(group, &asks, &addrs, &order, &placement_id).await;
-                record.rounds.push(round);
                 let (winners, mut rest) = choose_winners(offers, remaining);
+                round.elapsed_us = round_started.elapsed().as_micros() as u64;
+                record.rounds.push(round);
                 let mut queue: Vec<Offer> = winners;
                 let mut claimed_hosts = Vec::new();
                 while let Some(offer) = queue.first().cloned() {
@@ -186,7 +188,15 @@ impl Api {
                     }
                 }
                 record.winners.extend(claimed_hosts);
-                self.release_all(&rest, &addrs).await;
+                // Losing offers are returned in the background: the answer does not wait
+                // for them, and a lost release only means the reservation expires.
+                // (A dry run answers only once everything is returned.)
+                if order.dry_run {
+                    self.release_all(&rest, &addrs).await;
+                } else if !rest.is_empty() {
+                    let (api, rest, addrs) = (self.clone(), rest.clone(), addrs.clone());
+                    tokio::spawn(async move { api.release_all(&rest, &addrs).await });
+                }
                 if order.dry_run {
                     break;
                 }
@@ -341,6 +351,7 @@ impl Api {
             Round {
                 regions: group.to_vec(),
                 asked,
+                elapsed_us: 0,
             },
             offers,
             retryable,

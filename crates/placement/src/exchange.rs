@@ -271,6 +271,9 @@ pub struct Ask {
 pub struct Round {
     pub regions: Vec<String>,
     pub asked: Vec<Ask>,
+    /// From the first bid request sent to the winners chosen.
+    #[serde(default)]
+    pub elapsed_us: u64,
 }
 
 /// Everything about one placement: who was asked, what each answered, who won and why.
