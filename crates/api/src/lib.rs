@@ -15,6 +15,7 @@ pub mod apps;
 pub mod error;
 pub mod exchange;
 pub mod machines;
+pub mod openapi;
 pub mod platform;
 
 use axum::extract::{Request, State};
@@ -86,7 +87,7 @@ impl Api {
 /// The Machines API routes (`/v1/apps/...`, `/v1/platform/...`), behind the token check.
 pub fn router(agent: Agent) -> Router {
     let api = Api::new(agent.clone());
-    Router::new()
+    let machines_api = Router::new()
         .route("/v1/apps", get(apps::list).post(apps::create))
         .route("/v1/apps/{app}", get(apps::get).delete(apps::destroy))
         .route(
@@ -107,7 +108,10 @@ pub fn router(agent: Agent) -> Router {
         .layer(middleware::from_fn_with_state(agent, require_token))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::map_response(fly_shaped_errors))
-        .with_state(api)
+        .with_state(api);
+    Router::new()
+        .route("/openapi.json", get(openapi::serve))
+        .merge(machines_api)
 }
 
 /// Largest request body accepted (a machine config is a few KB).

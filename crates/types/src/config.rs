@@ -8,11 +8,12 @@
 use crate::duration::GoDuration;
 use crate::guest::Guest;
 use crate::signal::Signal;
+use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::BTreeMap;
 
 /// A machine's configuration: one version of it is named by an `instance_id`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct MachineConfig {
     /// OCI image reference; for process machines, a label (defaults to `"process"`).
     #[serde(default)]
@@ -55,7 +56,7 @@ pub struct MachineConfig {
 }
 
 /// How the machine's main process is started.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct InitConfig {
     /// Replaces everything: the exact argv to run.
     #[serde(
@@ -63,18 +64,21 @@ pub struct InitConfig {
         skip_serializing_if = "Vec::is_empty",
         deserialize_with = "str_or_vec"
     )]
+    #[schemars(schema_with = "str_or_vec_schema")]
     pub exec: Vec<String>,
     #[serde(
         default,
         skip_serializing_if = "Vec::is_empty",
         deserialize_with = "str_or_vec"
     )]
+    #[schemars(schema_with = "str_or_vec_schema")]
     pub entrypoint: Vec<String>,
     #[serde(
         default,
         skip_serializing_if = "Vec::is_empty",
         deserialize_with = "str_or_vec"
     )]
+    #[schemars(schema_with = "str_or_vec_schema")]
     pub cmd: Vec<String>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tty: bool,
@@ -100,7 +104,7 @@ impl InitConfig {
 }
 
 /// A service: an internal port the proxy routes to, with its public ports and limits.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct MachineService {
     #[serde(default = "default_protocol")]
     pub protocol: String,
@@ -126,7 +130,7 @@ fn default_protocol() -> String {
 }
 
 /// A public port of a service.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct MachinePort {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
@@ -143,7 +147,7 @@ pub struct MachinePort {
 }
 
 /// Load limits of a service (`soft_limit` defaults to 20, as on Fly).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Concurrency {
     #[serde(rename = "type", default = "default_concurrency_type")]
     pub kind: String,
@@ -199,8 +203,24 @@ impl<'de> Deserialize<'de> for Autostop {
     }
 }
 
+impl JsonSchema for Autostop {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Autostop".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Whether the proxy stops idle machines: `\"off\"`, `\"stop\"` or `\"suspend\"`, or a boolean (`false` = off, `true` = stop). `off` and `stop` are written back as `false` and `true`.",
+            "oneOf": [
+                {"type": "boolean"},
+                {"type": "string", "enum": ["off", "stop", "suspend"]}
+            ]
+        })
+    }
+}
+
 /// A health check (top-level `checks` map, or a service's `checks`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct CheckConfig {
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
@@ -221,7 +241,7 @@ pub struct CheckConfig {
 }
 
 /// Restart policy: `no`, `always`, `on-failure` (flyctl's `on-fail` accepted).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum RestartPolicyKind {
     #[serde(rename = "no")]
     No,
@@ -232,7 +252,7 @@ pub enum RestartPolicyKind {
 }
 
 /// `restart`: the policy and, for `on-failure`, how many retries (default 10 within 5 minutes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct RestartConfig {
     #[serde(default = "default_policy")]
     pub policy: RestartPolicyKind,
@@ -245,7 +265,7 @@ fn default_policy() -> RestartPolicyKind {
 }
 
 /// Graceful stop: the signal to send, then SIGKILL after `timeout`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct StopConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<Signal>,
@@ -254,7 +274,7 @@ pub struct StopConfig {
 }
 
 /// A file written into the machine at boot.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct FileConfig {
     pub guest_path: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -263,6 +283,18 @@ pub struct FileConfig {
     pub mode: Option<u32>,
     #[serde(flatten)]
     pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// Schema of a field read by [`str_or_vec`]: one string, a list of strings, or null.
+fn str_or_vec_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "A list of strings; a single string is taken as a one-element list.",
+        "oneOf": [
+            {"type": "array", "items": {"type": "string"}},
+            {"type": "string"},
+            {"type": "null"}
+        ]
+    })
 }
 
 fn str_or_vec<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {

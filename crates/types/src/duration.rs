@@ -116,6 +116,22 @@ impl<'de> Deserialize<'de> for GoDuration {
     }
 }
 
+impl schemars::JsonSchema for GoDuration {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "GoDuration".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A duration: a Go duration string (`\"10s\"`, `\"1m30s\"`, `\"500ms\"`; a bare number is seconds) or an integer number of nanoseconds. Written back as a Go duration string.",
+            "oneOf": [
+                {"type": "string", "examples": ["10s", "1m30s", "500ms"]},
+                {"type": "integer", "minimum": 0, "description": "nanoseconds"}
+            ]
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,10 +2,11 @@
 //! `{"error": "<message>", "status": "<code>"}` (`status` is one of `unknown`,
 //! `insufficient_capacity`, `volume_placement_capacity`, `name_taken`, or absent).
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// A Fly-style error body.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ErrorBody {
     /// What went wrong, for a person.
     #[serde(alias = "message")]

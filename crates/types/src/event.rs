@@ -1,9 +1,10 @@
 //! Machine events, newest first in responses, as Fly reports them.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// One thing that happened to a machine.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct MachineEvent {
     pub id: String,
     /// `launch`, `start`, `stop`, `exit`, `restart`, `update`, `destroy`, `suspend`, ...
@@ -20,7 +21,7 @@ pub struct MachineEvent {
 }
 
 /// Details of an event.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct EventRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_event: Option<ExitEvent>,
@@ -32,7 +33,7 @@ pub struct EventRequest {
 }
 
 /// How a machine's process ended.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ExitEvent {
     pub exit_code: i32,
     #[serde(default)]

@@ -1,10 +1,11 @@
 //! Guest sizes: CPU kind, CPU count and memory, validated as Fly validates them, plus Fly's
 //! named presets (`shared-cpu-1x`, `performance-2x`, ...).
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// A machine's size.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Guest {
     #[serde(default = "default_cpu_kind")]
     pub cpu_kind: String,
@@ -38,7 +39,7 @@ impl Default for Guest {
 }
 
 /// A validated size: what the ledger counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub struct Size {
     pub cpus: u32,
     pub memory_mb: u64,

@@ -4,10 +4,11 @@
 
 use crate::config::MachineConfig;
 use crate::guest::Size;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Resources, as counted by a host's ledger.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Resources {
     pub cpus: u32,
     pub memory_mb: u64,
@@ -23,7 +24,7 @@ impl From<Size> for Resources {
 }
 
 /// A request for a bid: "could you host a machine of this size?"
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct BidRequest {
     /// The exchange's id for this placement (for the record and for logs).
     #[serde(default)]
@@ -36,7 +37,7 @@ pub struct BidRequest {
 }
 
 /// A host's answer to a bid request.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum BidResponse {
     /// The host holds the resources until `expires_at_ms` unless claimed or released.
@@ -59,7 +60,7 @@ pub enum BidResponse {
 }
 
 /// Turns a reservation into a machine.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ClaimRequest {
     pub app: String,
     #[serde(default)]
@@ -88,7 +89,7 @@ pub struct ClaimRequest {
 pub type CreateRequest = ClaimRequest;
 
 /// A host's description of itself.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct HostInfo {
     pub id: String,
     pub region: String,
@@ -103,7 +104,7 @@ pub struct HostInfo {
 }
 
 /// Body of `POST /host/v1/machines/{id}/stop` (and the Fly stop endpoint).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct StopRequest {
     #[serde(default)]
     pub signal: Option<crate::signal::Signal>,
@@ -112,13 +113,13 @@ pub struct StopRequest {
 }
 
 /// Body of `POST /host/v1/machines/{id}/signal`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SignalRequest {
     pub signal: crate::signal::Signal,
 }
 
 /// Body of an update: the whole new config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct UpdateRequest {
     pub config: MachineConfig,
     #[serde(default)]
@@ -129,7 +130,7 @@ pub struct UpdateRequest {
 }
 
 /// Answer of `wait`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct WaitResponse {
     pub ok: bool,
     pub state: String,
@@ -137,7 +138,7 @@ pub struct WaitResponse {
 }
 
 /// Body of `POST .../lease` (`ttl` may also come in the query).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct LeaseRequest {
     #[serde(default)]
     pub ttl: Option<u64>,
@@ -146,7 +147,7 @@ pub struct LeaseRequest {
 }
 
 /// Body of `POST .../exec`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ExecRequest {
     /// The argv to run.
     #[serde(default)]
@@ -162,7 +163,7 @@ pub struct ExecRequest {
 }
 
 /// Answer of `exec`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ExecResponse {
     pub exit_code: i32,
     pub exit_signal: i32,
@@ -171,7 +172,7 @@ pub struct ExecResponse {
 }
 
 /// Body of `PUT/PATCH .../metadata`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct MetadataUpdate {
     /// Keys to set; `null` or `""` removes the key.
     pub metadata: std::collections::BTreeMap<String, Option<String>>,

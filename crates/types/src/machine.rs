@@ -4,11 +4,12 @@
 use crate::config::MachineConfig;
 use crate::event::MachineEvent;
 use crate::state::MachineState;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// A machine as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Machine {
     pub id: String,
     pub name: String,
@@ -53,7 +54,7 @@ pub struct Machine {
 }
 
 /// An exclusive, time-bound write lock on a machine (reference/fly.md §2.8).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Lease {
     pub nonce: String,
     /// Unix seconds.

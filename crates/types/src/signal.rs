@@ -92,6 +92,27 @@ impl<'de> Deserialize<'de> for Signal {
     }
 }
 
+impl schemars::JsonSchema for Signal {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Signal".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let names: Vec<String> = SIGNALS
+            .iter()
+            .flat_map(|(n, _)| [format!("SIG{n}"), n.to_string()])
+            .collect();
+        let numbers: Vec<i32> = SIGNALS.iter().map(|(_, n)| *n).collect();
+        schemars::json_schema!({
+            "description": "A signal: its name (`\"SIGTERM\"` or `\"TERM\"`, any case) or its Linux number (`15`). Written back as a `SIG...` name.",
+            "oneOf": [
+                {"type": "string", "examples": names},
+                {"type": "integer", "enum": numbers}
+            ]
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,11 +1,12 @@
 //! Machine states (Fly Machines API, reference/fly.md §2.6) and the single place where an
 //! operation is checked against the state a machine is in.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// A machine's state, as reported to clients.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum MachineState {
     Creating,
@@ -81,7 +82,7 @@ impl fmt::Display for MachineState {
 }
 
 /// What a client (or the agent itself) asks of a machine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Action {
     Create,
