@@ -7,6 +7,7 @@
 //! - `bazaar hosts`, `bazaar status`: the catalog as this node sees it.
 //! - `bazaar apps ...`, `bazaar machine ...`, `bazaar token create`: the Machines API
 //!   ([`api_cmd`]).
+//! - `bazaar sim`: the fleet simulator ([`bazaar_sim`]).
 //! - `bazaar shim RUN_DIR`: internal; the per-machine supervisor ([`bazaar_shim`]).
 
 mod api_cmd;
@@ -46,6 +47,8 @@ enum Command {
     Machine(api_cmd::MachineArgs),
     /// Manage API tokens.
     Token(api_cmd::TokenArgs),
+    /// Simulate a fleet and compare placement policies (see docs/SIMULATION.md).
+    Sim(bazaar_sim::cli::SimArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -120,6 +123,7 @@ fn main() {
         Command::Apps(a) => run_async(api_cmd::apps(a)),
         Command::Machine(a) => run_async(api_cmd::machine(a)),
         Command::Token(a) => run_async(api_cmd::token(a)),
+        Command::Sim(a) => bazaar_sim::cli::run(a),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");
