@@ -36,7 +36,8 @@ fn spec(dir: &Path, argv: &[&str]) -> ShimSpec {
         argv: argv.iter().map(|s| s.to_string()).collect(),
         env: vec![("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into())],
         workdir: dir.join("work"),
-        user: Some("root".into()),
+        // As root, stay root unless a test says otherwise (the default would be nobody).
+        user: is_root().then(|| "root".into()),
         hostname: "m-test".into(),
         isolate: false,
         memory_mb: 0,
@@ -52,8 +53,8 @@ fn cgroup_name(test: &str) -> String {
     format!("bazaar-test-{}-{test}", std::process::id())
 }
 
-/// True while `pid` exists and is not a zombie. (Orphans become zombies of this sandbox's
-/// pid 1, which does not reap them.)
+/// True while `pid` exists and is not a zombie (an orphaned workload stays a zombie until
+/// the host's init reaps it).
 fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => {
@@ -354,8 +355,8 @@ async fn isolated_workloads_get_forwarded_signals() {
 
 #[tokio::test]
 async fn oom_kills_are_detected_and_contained() {
-    if !bazaar_shim::cgroups_available() {
-        eprintln!("skipped: needs root and cgroups");
+    if !bazaar_shim::cgroups_available() || !Path::new("/usr/bin/python3").exists() {
+        eprintln!("skipped: needs root, cgroups and python3");
         return;
     }
     let dir = scratch();
@@ -494,12 +495,12 @@ async fn freeze_and_thaw() {
     }
     let dir = scratch();
     let cg = cgroup_name("freeze");
-    let spec = ShimSpec {
+    let frozen_spec = ShimSpec {
         cgroup: Some(cg.clone()),
         isolate: true,
         ..spec(dir.path(), &["sleep", "1000"])
     };
-    let handle = ShimHandle::spawn(exe(), &run_dir(dir.path()), &spec)
+    let handle = ShimHandle::spawn(exe(), &run_dir(dir.path()), &frozen_spec)
         .await
         .unwrap();
     let (v1_state, v2_events) = (
@@ -530,15 +531,11 @@ async fn freeze_and_thaw() {
     let plain = ShimHandle::spawn(
         exe(),
         &run_dir(dir2.path()),
-        &spec_without_cgroup(dir2.path()),
+        &spec(dir2.path(), &["sleep", "1000"]),
     )
     .await
     .unwrap();
     assert!(matches!(plain.freeze(), Err(ShimError::NoCgroup)));
     plain.kill().unwrap();
     finish(&plain).await;
-}
-
-fn spec_without_cgroup(dir: &Path) -> ShimSpec {
-    spec(dir, &["sleep", "1000"])
 }

@@ -512,6 +512,51 @@ mod tests {
         assert!(Layout::from_mountinfo("", |_| String::new()).is_none());
     }
 
+    /// Exercises the v2 code paths on whatever cgroup2 hierarchy is mounted (on a v1
+    /// "hybrid" host, the controller-less unified one: enough for create, join, freeze, kill
+    /// and remove). Needs root.
+    #[test]
+    fn v2_lifecycle_on_the_mounted_cgroup2_hierarchy() {
+        use std::os::unix::process::ExitStatusExt;
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let v2_root = mountinfo.lines().find_map(|line| {
+            let (pre, post) = line.split_once(" - ")?;
+            let mountpoint = pre.split(' ').nth(4)?;
+            post.starts_with("cgroup2 ")
+                .then(|| PathBuf::from(unescape(mountpoint)))
+        });
+        let Some(root) = v2_root.filter(|_| sys::effective_ids().0 == 0) else {
+            eprintln!("skipped: needs root and a cgroup2 mount");
+            return;
+        };
+        let controllers = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+        let layout = Layout::V2 {
+            root: root.clone(),
+            controllers: controllers.split_whitespace().map(String::from).collect(),
+        };
+        let parent = format!("bazaar-unit-{}", std::process::id());
+        let cg = Cgroup::new(&layout, &format!("{parent}/run"));
+        cg.recreate().unwrap();
+        cg.configure(0, 0.0).unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        fs::write(cg.dirs[0].0.join("cgroup.procs"), pid.to_string()).unwrap();
+        assert_eq!(cg.procs(), [pid]);
+        cg.freeze().unwrap();
+        cg.thaw().unwrap();
+        // Recreating kills what is left in a stale cgroup.
+        cg.recreate().unwrap();
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+        assert!(cg.procs().is_empty());
+        cg.remove().unwrap();
+        cg.remove().unwrap();
+        assert!(!cg.dirs[0].0.exists());
+        fs::remove_dir(root.join(parent)).unwrap();
+    }
+
     #[test]
     fn relative_paths_are_validated() {
         assert!(validate_relative("bazaar/host-abc/m-123").is_ok());

@@ -17,6 +17,8 @@ const HOST_NAME_MAX: usize = 64;
 /// `/proc/<pid>/stat`) make the pids safe against reuse.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct PidRecord {
+    /// The run this record belongs to (a reused RUN_DIR may hold a dead shim's record).
+    pub run_id: u64,
     pub shim_pid: i32,
     pub shim_start: u64,
     /// The mini init of an isolated run (host pid).
@@ -144,17 +146,17 @@ mod tests {
     #[test]
     fn validate_accepts_a_plain_spec_and_rejects_bad_fields() {
         assert!(validate(&spec()).is_ok());
-        let cases: Vec<Box<dyn Fn(&mut ShimSpec)>> = vec![
-            Box::new(|s| s.argv.clear()),
-            Box::new(|s| s.argv[0] = "a\0b".into()),
-            Box::new(|s| s.env.push(("A=B".into(), "x".into()))),
-            Box::new(|s| s.workdir = "rel".into()),
-            Box::new(|s| s.log_path = "log".into()),
-            Box::new(|s| s.cpus = f64::NAN),
-            Box::new(|s| s.cpus = -1.0),
-            Box::new(|s| s.hostname = "x".repeat(65)),
-            Box::new(|s| s.cgroup = Some("../escape".into())),
-            Box::new(|s| s.cgroup = Some("/abs".into())),
+        let cases: &[fn(&mut ShimSpec)] = &[
+            |s| s.argv.clear(),
+            |s| s.argv[0] = "a\0b".into(),
+            |s| s.env.push(("A=B".into(), "x".into())),
+            |s| s.workdir = "rel".into(),
+            |s| s.log_path = "log".into(),
+            |s| s.cpus = f64::NAN,
+            |s| s.cpus = -1.0,
+            |s| s.hostname = "x".repeat(65),
+            |s| s.cgroup = Some("../escape".into()),
+            |s| s.cgroup = Some("/abs".into()),
         ];
         for (i, mutate) in cases.iter().enumerate() {
             let mut s = spec();

@@ -31,6 +31,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long `adopt` waits for a shim that is still launching to record its workload (the
 /// launch phase is milliseconds long).
 const ADOPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long `spawn` waits for a shim that reported a launch failure to exit (it exits at once).
+const FAILED_EXIT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest readiness line accepted from a shim.
 const MAX_READY_LINE: usize = 64 * 1024;
 
@@ -78,7 +80,7 @@ impl ShimHandle {
     /// # Errors
     ///
     /// [`ShimError::Launch`] with the shim's message if the workload could not be started
-    /// (its `exit.json` then holds the same `error`); [`ShimError::Busy`] if a live shim
+    /// (its `exit.json` then holds the same `error`, and the shim has exited); [`ShimError::Busy`] if a live shim
     /// holds `run_dir`; [`ShimError::Spec`] for an invalid spec; [`ShimError::Io`] if the
     /// shim could not be started.
     pub async fn spawn(
@@ -123,7 +125,12 @@ impl ShimHandle {
         let pids = match ready {
             Ok(Ok(Ready::Started(pids))) => pids,
             Ok(Ok(Ready::Failed(msg))) => {
-                reap_later(shim);
+                // The shim exits right after reporting; wait for it, so that the run directory
+                // is free again when we return.
+                if let Some(watch) = watch_pidfd(shim) {
+                    let _ = tokio::time::timeout(FAILED_EXIT_TIMEOUT, watch.readable()).await;
+                    reap_later(watch.into_inner());
+                }
                 return Err(ShimError::Launch(msg));
             }
             Ok(Err(err)) => {
@@ -153,7 +160,11 @@ impl ShimHandle {
     }
 
     /// Re-attaches to the live shim of `run_dir` (after an agent restart). `Ok(None)` if no
-    /// live shim holds the directory's lock. Waits briefly if the shim is still launching.
+    /// live shim holds the directory's lock (none was started, it has exited, or it is so
+    /// new that it has not taken the lock yet).
+    ///
+    /// A shim still launching its workload is waited for: this may block the calling thread
+    /// for the length of a launch (milliseconds), at most 2 s.
     ///
     /// # Errors
     ///
@@ -173,8 +184,9 @@ impl ShimHandle {
             })?;
         let deadline = Instant::now() + ADOPT_TIMEOUT;
         loop {
-            // The record may still be the previous shim's, or not say `running` yet.
-            if let Some(pids) = PidRecord::read(&run_dir).filter(|p| p.running) {
+            // The record may not say `running` yet, or still be a previous run's.
+            let record = PidRecord::read(&run_dir).filter(|p| p.running && p.run_id == spec.run_id);
+            if let Some(pids) = record {
                 if let Some(shim) = open_pidfd(Some(pids.shim_pid), Some(pids.shim_start)) {
                     // The pidfd pins the process; if the lock is still held now, it is by
                     // this shim, which is therefore alive (or a zombie we can still await).
@@ -439,5 +451,40 @@ fn lock_held(run_dir: &Path) -> Result<bool, ShimError> {
             format!("probing {}", path.display()),
             err.into(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_can_be_shared_across_tasks() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<ShimHandle>();
+    }
+
+    #[test]
+    fn lock_probe_sees_only_a_held_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!lock_held(dir.path()).unwrap(), "no lock file");
+        let file = File::create(dir.path().join(LOCK_FILE)).unwrap();
+        assert!(!lock_held(dir.path()).unwrap(), "lock file, not locked");
+        rustix::fs::flock(&file, FlockOperation::LockExclusive).unwrap();
+        assert!(lock_held(dir.path()).unwrap());
+        drop(file);
+        assert!(!lock_held(dir.path()).unwrap(), "released with the holder");
+    }
+
+    #[test]
+    fn pidfds_are_only_opened_for_the_recorded_process() {
+        let me = std::process::id() as i32;
+        let start = sys::start_time(me).unwrap();
+        assert!(open_pidfd(Some(me), Some(start)).is_some());
+        assert!(
+            open_pidfd(Some(me), Some(start + 1)).is_none(),
+            "a reused pid"
+        );
+        assert!(open_pidfd(None, None).is_none());
     }
 }

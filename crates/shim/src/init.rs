@@ -105,6 +105,8 @@ pub(crate) fn run(setup: &InitSetup<'_>) -> ! {
         }
     };
     report(&InitMessage::Started);
+    // The init shares the run's cgroup (and memory limit) with the workload: keep it small.
+    sys::trim_resident_memory();
     supervise(workload)
 }
 

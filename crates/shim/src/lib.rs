@@ -36,15 +36,42 @@
 //! | `shim.pid` | shim | pids and `/proc` start times of shim, init and workload |
 //! | `exit.json` | shim, last thing before it exits | [`ExitRecord`] |
 //!
-//! # Measured on the 2-core development box (debug build)
+//! # Guarantees and limits
 //!
-//! `spawn` of `sleep 1000` (no cgroup, no isolation): p50 ≈ 1.6 ms; with a cgroup and
-//! isolation ≈ 4.4 ms. Shim RSS while supervising `sleep 1000`: ≈ 1.8 MiB. See the
-//! `shim_perf` test in `crates/cli/tests` to measure again.
+//! * The workload never outlives its shim. The shim's child (the workload, or the init of
+//!   an isolated run) has `PR_SET_PDEATHSIG(SIGKILL)`; an isolated run is a pid
+//!   namespace, which the kernel empties when its init dies; a run with a cgroup is emptied
+//!   when the workload exits, and a stale cgroup is emptied before the next run reuses it.
+//!   Weak spot: in a run with neither isolation nor a cgroup (a non-root agent), a process
+//!   that the workload moved out of its process group survives a SIGKILLed shim.
+//! * The shim is never in the run's cgroup, so the run's OOM kills cannot hit it.
+//! * `exit.json` is written last, durably (fsync of the file and of RUN_DIR), once the
+//!   workload and everything it left are dead and the cgroup is removed: its presence means
+//!   the run is over.
 //!
-//! This crate uses `unsafe` for `fork`, `execve` and signal masks; every block says why it is
-//! sound. Everything that runs between `fork` and `execve` relies on the shim being
-//! single-threaded: the shim never starts a thread or a runtime.
+//! # Cost
+//!
+//! Measured on the 2-core development VM (cgroup v1, other jobs running, load 1-2) with the
+//! `shim_perf` test in `crates/cli/tests`: `spawn` of `sleep 1000` until it is exec'd (p50),
+//! and VmRSS of the shim supervising it.
+//!
+//! | `bazaar` build | plain | isolated | cgroup | isolated + cgroup | shim VmRSS |
+//! |---|---|---|---|---|---|
+//! | release | 2.9-3.8 ms | 4-6.5 ms | 16-17 ms | 17-19 ms | 0.85-0.9 MiB |
+//! | debug | 5-6 ms | 7-8 ms | 17-21 ms | 20-22 ms | 2.1-2.2 MiB |
+//!
+//! * Most of a plain spawn is loading and relocating the large `bazaar` executable, and
+//!   most of the shim's memory is its relocated read-only data; both grow with the binary.
+//!   The shim drops every clean page it touched while starting (`sys::trim_resident_memory`).
+//! * On cgroup v1, moving the first process into a cgroup waits for an RCU grace period (the
+//!   kernel's `cgroup_threadgroup_rwsem`): 10-15 ms here, the whole difference between the
+//!   plain and the cgroup columns. Linux's `favordynmods` cgroup option trades fork speed for
+//!   cheap migrations; on cgroup v2, `clone3(CLONE_INTO_CGROUP)` would avoid the migration
+//!   altogether (not used yet: it cannot be tested on this host).
+//!
+//! This crate uses `unsafe` for `fork`, `execve`, signal masks and a few raw system calls;
+//! every block says why it is sound. Everything that runs between `fork` and `execve`
+//! relies on the shim being single-threaded: the shim never starts a thread or a runtime.
 
 mod cgroup;
 mod files;

@@ -221,6 +221,20 @@ mod tests {
     }
 
     #[test]
+    fn a_newline_right_after_a_full_line_ends_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.log");
+        let mut log = LogWriter::open(&path, 0).unwrap();
+        let mut bytes = vec![b'y'; MAX_LINE];
+        bytes.extend_from_slice(b"\nnext\n");
+        log.feed(Stream::Stderr, &bytes);
+        log.flush();
+        let got = lines(&path);
+        assert_eq!(got.len(), 2);
+        assert_eq!((got[0].1.len(), got[1].1.as_str()), (MAX_LINE, "next"));
+    }
+
+    #[test]
     fn rotates_keeping_one_old_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.log");

@@ -80,15 +80,10 @@ fn run(run_dir: &Path) -> i32 {
             return 1;
         }
     };
-    // A record left by an earlier run of this directory would be mistaken for ours.
+    // Records left by an earlier run of this directory would be mistaken for ours.
     let _ = fs::remove_file(run_dir.join(EXIT_FILE));
-    let shim_pid = rustix::process::getpid().as_raw_nonzero().get();
-    let mut pids = PidRecord {
-        shim_pid,
-        shim_start: sys::start_time(shim_pid).unwrap_or_default(),
-        ..PidRecord::default()
-    };
-    let launched = write_pids(run_dir, &pids).and_then(|()| Run::launch(&spec));
+    let _ = fs::remove_file(run_dir.join(PID_FILE));
+    let launched = Run::launch(&spec);
     let run = match launched {
         Ok(run) => run,
         Err(msg) => {
@@ -106,18 +101,29 @@ fn run(run_dir: &Path) -> i32 {
             return 0;
         }
     };
-    pids.init_pid = run.init;
-    pids.init_start = run.init.and_then(|pid| sys::start_time(pid).ok());
-    pids.workload_pid = run.workload;
-    pids.workload_start = run.workload.and_then(|pid| sys::start_time(pid).ok());
-    pids.running = true;
-    let _ = write_pids(run_dir, &pids);
+    let shim_pid = rustix::process::getpid().as_raw_nonzero().get();
+    let pids = PidRecord {
+        run_id: spec.run_id,
+        shim_pid,
+        shim_start: sys::start_time(shim_pid).unwrap_or_default(),
+        init_pid: run.init,
+        init_start: run.init.and_then(|pid| sys::start_time(pid).ok()),
+        workload_pid: run.workload,
+        workload_start: run.workload.and_then(|pid| sys::start_time(pid).ok()),
+        running: true,
+    };
     drop(spec);
-    report(&Ready::Started(pids));
+    report(&Ready::Started(pids.clone()));
+    // For `adopt`, after the report (spawn is waiting). Written once, when final: `adopt`
+    // polls until it appears, and replacing an existing file by rename would make ext4
+    // flush it synchronously (auto_da_alloc).
+    let _ = write_pids(run_dir, &pids);
     // The agent may be gone by the time we write anything else: stdout is /dev/null now.
     if let Ok(null) = sys::dev_null() {
         let _ = sys::dup2(null.as_raw_fd(), libc::STDOUT_FILENO);
     }
+    // Only the event loop runs from here on: shed the memory touched while starting up.
+    sys::trim_resident_memory();
     let record = run.supervise();
     if write_exit(run_dir, &record).is_err() {
         return 1;
@@ -232,6 +238,8 @@ impl Run {
                 Some(cgroup)
             }
         };
+        // Before the workload starts: a fresh cgroup reads 0, and an instant OOM kill counts.
+        let oom_before = cgroup.as_ref().and_then(Cgroup::oom_kills);
         let parts = Parts {
             spec,
             command: &command,
@@ -253,7 +261,7 @@ impl Run {
                 signals: started.signals,
                 outputs: [Some(started.stdout), Some(started.stderr)],
                 log,
-                oom_before: cgroup.as_ref().and_then(Cgroup::oom_kills),
+                oom_before,
                 cgroup,
             }),
             Err(msg) => {
@@ -269,6 +277,7 @@ impl Run {
     /// returns the exit record.
     fn supervise(mut self) -> ExitRecord {
         let mut child_status = None;
+        let mut exited_at_ms = 0;
         let mut drain_deadline: Option<Instant> = None;
         let mut buf = [0u8; READ_CHUNK];
         loop {
@@ -305,6 +314,7 @@ impl Run {
             }
             self.log.flush();
             if child_status.is_some() && drain_deadline.is_none() {
+                exited_at_ms = sys::now_ms();
                 // The workload is gone: kill what it left behind, which closes the pipes.
                 self.kill_leftovers();
                 drain_deadline = Some(Instant::now() + DRAIN_TIMEOUT);
@@ -317,7 +327,6 @@ impl Run {
 
         let status = self.workload_status(child_status.unwrap_or_default());
         let (exit_code, signal) = sys::decode_status(status);
-        let exited_at_ms = sys::now_ms();
         let oom_killed = self.oom_killed(signal);
         if let Some(cgroup) = &self.cgroup {
             let _ = cgroup.remove();
@@ -336,6 +345,13 @@ impl Run {
     fn handle_signals(&mut self, child_status: &mut Option<i32>) {
         while let Some(sig) = sys::read_signalfd(&self.signals) {
             if sig == libc::SIGCHLD {
+                if child_status.is_none() && sys::child_exited(self.child) {
+                    // Kill the workload's process group while its unreaped zombie still
+                    // pins the group id (so it cannot name an unrelated group).
+                    if let (Some(workload), None) = (self.workload, self.init) {
+                        let _ = sys::kill(-workload, libc::SIGKILL);
+                    }
+                }
                 // SIGCHLDs coalesce: reap everything (orphans we adopted as subreaper too).
                 while let Some((pid, status)) = sys::reap_any() {
                     if pid == self.child {
@@ -364,13 +380,10 @@ impl Run {
         self.outputs[index] = None;
     }
 
-    /// Kills whatever the workload left: its process group, orphans re-parented to us (we
-    /// are a subreaper) and everything in the cgroup. An isolated run needs none of it (its
-    /// namespace died with the init) but it is harmless.
+    /// Kills whatever the workload left (beyond its process group, see `handle_signals`):
+    /// orphans re-parented to us (we are a subreaper) and everything in the cgroup. An
+    /// isolated run needs none of it (its namespace died with the init) but it is harmless.
     fn kill_leftovers(&self) {
-        if let (Some(workload), None) = (self.workload, self.init) {
-            let _ = sys::kill(-workload, libc::SIGKILL);
-        }
         let shim_pid = rustix::process::getpid().as_raw_nonzero().get();
         for orphan in sys::children(shim_pid) {
             let _ = sys::kill(orphan, libc::SIGKILL);

@@ -1,7 +1,7 @@
 //! Thin wrappers over the raw Linux system calls the shim needs and that std and rustix don't
 //! offer in a usable shape: `fork`, pipes, signal masks and `signalfd`, `waitpid`, fd
-//! juggling, plus small readers for `/proc`. Every `unsafe` block of the crate that is not
-//! about `fork` itself lives here.
+//! juggling, credentials, trimming resident memory, plus small readers for `/proc`. Most of
+//! the crate's `unsafe` code lives here, behind safe functions.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -164,6 +164,17 @@ pub(crate) fn reap_any() -> Option<(libc::pid_t, libc::c_int)> {
     (pid > 0).then_some((pid, status))
 }
 
+/// Whether the child `pid` has exited, without reaping it (its pid stays reserved).
+pub(crate) fn child_exited(pid: libc::pid_t) -> bool {
+    // SAFETY: siginfo_t is plain data; all-zero is a valid value.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+    // SAFETY: `info` is a valid out pointer.
+    let ret = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, flags) };
+    // SAFETY: waitid filled `info` (si_pid stays 0 when no child has changed state).
+    ret == 0 && unsafe { info.si_pid() } != 0
+}
+
 /// Waits for the child `pid` to exit and returns its wait status.
 pub(crate) fn wait_child(pid: libc::pid_t) -> io::Result<libc::c_int> {
     let mut status = 0;
@@ -320,6 +331,55 @@ pub(crate) fn children(pid: libc::pid_t) -> Vec<libc::pid_t> {
         .collect()
 }
 
+/// Shrinks the resident memory of the process after start-up, without changing its content.
+///
+/// `bazaar` is a large executable: loading and relocating it, and the launch code, touch a few
+/// MiB of its file-backed pages that the shim's event loop never needs again. This unmaps
+/// every clean file-backed page from the page tables (`MADV_DONTNEED` on read-only file
+/// mappings that hold no private copy-on-write page, so nothing is lost: a page needed again
+/// comes back from the page cache on a minor fault) and returns free heap to the kernel.
+/// Mappings with private modifications (the relocated `.data.rel.ro`) are left alone.
+pub(crate) fn trim_resident_memory() {
+    if let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") {
+        for (start, end) in clean_file_mappings(&smaps) {
+            // SAFETY: the range is a read-only file mapping without private pages (see
+            // `clean_file_mappings`); dropping its pages loses nothing, and nothing here can
+            // make it writable or dirty it concurrently (the process is single-threaded).
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+        }
+    }
+    // SAFETY: malloc_trim only releases memory that malloc holds free.
+    unsafe { libc::malloc_trim(0) };
+}
+
+/// The `(start, end)` of every mapping in `smaps` that is file-backed, not writable, and has
+/// no anonymous (copy-on-write) page.
+fn clean_file_mappings(smaps: &str) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut current: Option<(usize, usize)> = None;
+    for line in smaps.lines() {
+        let mut fields = line.split_ascii_whitespace();
+        let first = fields.next().unwrap_or("");
+        if let Some((start, end)) = first.split_once('-') {
+            // A mapping header: "start-end perms offset dev inode [path]".
+            let (perms, inode) = (fields.next().unwrap_or(""), fields.nth(2).unwrap_or("0"));
+            let range = (
+                usize::from_str_radix(start, 16),
+                usize::from_str_radix(end, 16),
+            );
+            current = match range {
+                (Ok(start), Ok(end)) if !perms.contains('w') && inode != "0" => Some((start, end)),
+                _ => None,
+            };
+        } else if first == "Anonymous:" {
+            if let (Some(range), Some("0")) = (current.take(), fields.next()) {
+                out.push(range);
+            }
+        }
+    }
+    out
+}
+
 /// Current time in unix milliseconds.
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
@@ -350,6 +410,29 @@ mod tests {
         // SAFETY: getpid cannot fail.
         let pid = unsafe { libc::getpid() };
         assert_eq!(start_time(pid).unwrap(), start_time(pid).unwrap());
+    }
+
+    #[test]
+    fn only_clean_read_only_file_mappings_are_trimmed() {
+        let smaps = "\
+5600-5700 r--p 00000000 fe:00 42 /bin/x
+Rss:                  16 kB
+Anonymous:             0 kB
+5700-5800 r--p 00100000 fe:00 42 /bin/x
+Anonymous:            60 kB
+5800-5900 rw-p 00200000 fe:00 42 /bin/x
+Anonymous:             0 kB
+5900-5a00 rw-p 00000000 00:00 0 [heap]
+Anonymous:             4 kB
+7f00-7f10 r-xp 00026000 fe:00 7 /usr/lib/libc.so.6
+Anonymous:             0 kB
+7f20-7f30 r--p 00000000 00:00 0 [vvar]
+Anonymous:             0 kB
+";
+        assert_eq!(
+            clean_file_mappings(smaps),
+            [(0x5600, 0x5700), (0x7f00, 0x7f10)]
+        );
     }
 
     #[test]
