@@ -36,7 +36,10 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE_BYTES.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
+        LIVE_BYTES.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
@@ -76,7 +79,8 @@ fn main() {
         .expect("runtime");
 
     println!("## Change propagation (publish on a random node until every node has it)\n");
-    println!("| nodes | changes | p50 | p99 | max | cluster formed in |");
+    println!("Measured once the cluster has formed and settled (no broadcast backlog).\n");
+    println!("| nodes | changes | p50 | p99 | max | cluster formed and settled in |");
     println!("|---:|---:|---:|---:|---:|---:|");
     let mut bandwidth_rows = Vec::new();
     for &n in &sizes {
@@ -95,8 +99,10 @@ fn main() {
                 formed.as_secs_f64()
             );
             if n == *sizes.iter().max().unwrap_or(&0) {
-                for per_host in [10usize, 50] {
-                    bandwidth_rows.push(bandwidth(&nodes, per_host, window).await);
+                for per_host in per_host_counts() {
+                    let row = bandwidth(&nodes, per_host, window).await;
+                    eprintln!("  measured: {row}");
+                    bandwidth_rows.push(row);
                 }
             }
             for node in &nodes {
@@ -108,25 +114,36 @@ fn main() {
     if !bandwidth_rows.is_empty() {
         println!("\n## Steady-state gossip bandwidth per node (no changes during the window)\n");
         println!(
-            "| nodes | machines per host | total machine rows | UDP sent B/s | TCP sent B/s | total sent B/s | received B/s |"
+            "| nodes | machines per host | rows per replica | converged in | UDP sent B/s | TCP sent B/s | total sent B/s | received B/s |"
         );
-        println!("|---:|---:|---:|---:|---:|---:|---:|");
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in &bandwidth_rows {
             println!("{r}");
         }
     }
 
     println!("\n## Replica memory\n");
-    println!("| machine rows | heap bytes | bytes per row | per 10,000 rows |");
-    println!("|---:|---:|---:|---:|");
+    println!("| machine rows | replica heap bytes | bytes per row | per 10,000 rows | of which the records alone |");
+    println!("|---:|---:|---:|---:|---:|");
     for rows in [10_000usize, 50_000] {
         let bytes = replica_heap(rows);
+        let records = records_heap(rows);
         println!(
-            "| {rows} | {bytes} | {} | {:.1} MiB |",
+            "| {rows} | {bytes} | {} | {} MiB | {} MiB |",
             bytes / rows,
-            (bytes as f64 / rows as f64 * 10_000.0) / (1024.0 * 1024.0)
+            mib(bytes as f64 / rows as f64 * 10_000.0),
+            mib(records as f64 / rows as f64 * 10_000.0),
         );
     }
+}
+
+/// Machines per host for the bandwidth runs (`BENCH_MACHINES`, default `10,50`).
+fn per_host_counts() -> Vec<usize> {
+    std::env::var("BENCH_MACHINES")
+        .unwrap_or_else(|_| "10,50".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect()
 }
 
 fn config(id: &str, seeds: Vec<SocketAddr>) -> CatalogConfig {
@@ -146,7 +163,7 @@ async fn start_cluster(n: usize) -> Vec<Catalog> {
         c.publish_host(host_record(c.node_id()));
         nodes.push(c);
     }
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         let ready = nodes.iter().all(|c| {
             let s = c.stats();
@@ -155,10 +172,23 @@ async fn start_cluster(n: usize) -> Vec<Catalog> {
         if ready {
             break;
         }
-        assert!(Instant::now() < deadline, "the {n}-node cluster did not form");
+        assert!(
+            Instant::now() < deadline,
+            "the {n}-node cluster did not form"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    settle(&nodes).await;
     nodes
+}
+
+/// Waits until foca has finished retransmitting every broadcast (a settled cluster).
+async fn settle(nodes: &[Catalog]) {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while nodes.iter().any(|n| n.stats().broadcast_backlog > 0) {
+        assert!(Instant::now() < deadline, "broadcasts did not drain");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Publishes `changes` machine updates, one at a time on a random node, and returns how
@@ -197,17 +227,40 @@ async fn bandwidth(nodes: &[Catalog], per_host: usize, window: Duration) -> Stri
             }
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(300);
+    let started = Instant::now();
+    let mut last_report = Instant::now();
     loop {
-        let d = nodes[0].digest();
-        if nodes.iter().all(|n| n.digest() == d) {
+        let digests: std::collections::HashSet<String> =
+            nodes.iter().map(Catalog::digest).collect();
+        if digests.len() == 1 {
             break;
         }
-        assert!(Instant::now() < deadline, "no convergence with {per_host} machines per host");
+        if last_report.elapsed() > Duration::from_secs(5) {
+            let stats: Vec<CatalogStats> = nodes.iter().map(Catalog::stats).collect();
+            eprintln!(
+                "  converging ({:.0} s): {} distinct digests, rows min {} max {}, syncs {} (pulls {}) failed {}, alive min {}, backlog max {}",
+                started.elapsed().as_secs_f64(),
+                digests.len(),
+                stats.iter().map(|s| s.rows).min().unwrap_or(0),
+                stats.iter().map(|s| s.rows).max().unwrap_or(0),
+                stats.iter().map(|s| s.syncs).sum::<u64>(),
+                stats.iter().map(|s| s.pulls).sum::<u64>(),
+                stats.iter().map(|s| s.syncs_failed).sum::<u64>(),
+                stats.iter().map(|s| s.alive_members).min().unwrap_or(0),
+                stats.iter().map(|s| s.broadcast_backlog).max().unwrap_or(0),
+            );
+            last_report = Instant::now();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "no convergence with {per_host} machines per host"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let converged = started.elapsed();
     // foca keeps retransmitting fresh broadcasts for a while; let that finish.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    settle(nodes).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let before: Vec<CatalogStats> = nodes.iter().map(Catalog::stats).collect();
     tokio::time::sleep(window).await;
     let after: Vec<CatalogStats> = nodes.iter().map(Catalog::stats).collect();
@@ -225,8 +278,9 @@ async fn bandwidth(nodes: &[Catalog], per_host: usize, window: Duration) -> Stri
     let received = sum(|s| s.udp_bytes_received + s.tcp_bytes_received);
     let rows = nodes[0].stats().rows;
     format!(
-        "| {} | {per_host} | {rows} | {udp:.0} | {tcp:.0} | {:.0} | {received:.0} |",
+        "| {} | {per_host} | {rows} | {:.0} s | {udp:.0} | {tcp:.0} | {:.0} | {received:.0} |",
         nodes.len(),
+        converged.as_secs_f64(),
         udp + tcp
     )
 }
@@ -253,6 +307,27 @@ fn replica_heap(rows: usize) -> usize {
     assert_eq!(replica.len(), rows);
     drop(replica);
     (after - before).max(0) as usize
+}
+
+/// Heap bytes of the same machine records in a plain `Vec` (the data itself).
+fn records_heap(rows: usize) -> usize {
+    let before = LIVE_BYTES.load(Ordering::Relaxed);
+    let records: Vec<MachineRecord> = (0..rows)
+        .map(|i| {
+            machine_record(
+                &format!("machine-{i:06}"),
+                &format!("host-{:03}", i % 100),
+                "started",
+            )
+        })
+        .collect();
+    let after = LIVE_BYTES.load(Ordering::Relaxed);
+    drop(records);
+    (after - before).max(0) as usize
+}
+
+fn mib(bytes: f64) -> String {
+    format!("{:.1}", bytes / (1024.0 * 1024.0))
 }
 
 fn host_record(id: &str) -> HostRecord {

@@ -127,7 +127,8 @@ impl CatalogConfig {
     /// The largest broadcast item carried in full; larger rows travel as hints. Leaves
     /// room for foca's header (two identities) and framing.
     pub(crate) fn max_broadcast_item(&self) -> usize {
-        self.foca_packet_size().saturating_sub(2 * (self.node_id.len() + 64) + 64)
+        self.foca_packet_size()
+            .saturating_sub(2 * (self.node_id.len() + 64) + 64)
     }
 }
 

@@ -94,7 +94,7 @@ impl BroadcastHandler<NodeIdentity> for RowBroadcasts {
                 news
             }
         };
-        if news {
+        if news && !self.shared.broadcasts_saturated() {
             self.fresh.store(true, Ordering::Relaxed);
             Ok(Some(bkey))
         } else {
@@ -132,9 +132,13 @@ pub(crate) struct Gossip {
     shared: Arc<Shared>,
     socket: UdpSocket,
     swim: Swim,
+    /// The configuration `swim` runs with (foca has no getter).
+    swim_config: foca::Config,
     runtime: AccumulatingRuntime<NodeIdentity>,
     timers: BinaryHeap<Reverse<Due>>,
     seq: u64,
+    /// A hash of foca's member list when the membership view was last rebuilt.
+    members_fingerprint: u64,
     fresh: Arc<AtomicBool>,
     commands: mpsc::UnboundedReceiver<Command>,
 }
@@ -158,9 +162,10 @@ impl Gossip {
             shared: shared.clone(),
             fresh: fresh.clone(),
         };
+        let swim_config = shared.config.foca();
         let swim = Foca::with_custom_broadcast(
             identity,
-            shared.config.foca(),
+            swim_config.clone(),
             SmallRng::seed_from_u64(rand::random()),
             foca::PostcardCodec,
             handler,
@@ -169,9 +174,11 @@ impl Gossip {
             shared,
             socket,
             swim,
+            swim_config,
             runtime: AccumulatingRuntime::new(),
             timers: BinaryHeap::new(),
             seq: 0,
+            members_fingerprint: 0,
             fresh,
             commands,
         }
@@ -187,7 +194,21 @@ impl Gossip {
             let next = self.timers.peek().map(|d| d.0.at);
             tokio::select! {
                 received = self.socket.recv_from(&mut buf) => match received {
-                    Ok((n, from)) => self.on_datagram(&buf[..n], from),
+                    Ok((n, from)) => {
+                        self.on_datagram(&buf[..n], from);
+                        // Under load, take what else is queued before answering, so news
+                        // is forwarded in full packets rather than one packet per item.
+                        for _ in 0..64 {
+                            let Ok((n, from)) = self.socket.try_recv_from(&mut buf) else {
+                                break;
+                            };
+                            self.on_datagram(&buf[..n], from);
+                        }
+                        if self.fresh.swap(false, Ordering::Relaxed) {
+                            // Forward news right away, not at the next gossip round.
+                            let _ = self.swim.broadcast(&mut self.runtime);
+                        }
+                    }
                     Err(e) => tracing::debug!(error = %e, "gossip socket receive failed"),
                 },
                 command = self.commands.recv() => match command {
@@ -223,10 +244,6 @@ impl Gossip {
                 if let Err(e) = self.swim.handle_data(payload, &mut self.runtime) {
                     tracing::trace!(%from, error = %e, "foca refused a packet");
                 }
-                if self.fresh.swap(false, Ordering::Relaxed) {
-                    // Forward news right away instead of waiting for the next gossip round.
-                    let _ = self.swim.broadcast(&mut self.runtime);
-                }
             }
             DGRAM_GOODBYE => match wire::decode::<Goodbye>(payload) {
                 Ok(bye) => self.on_goodbye(bye),
@@ -244,7 +261,10 @@ impl Gossip {
             .filter(|m| m.id().node_id == bye.node_id && m.id().bump == bye.bump)
             .map(|m| foca::Member::down(m.id().clone()))
             .collect();
-        self.shared.write().members.mark_left(&bye.node_id, bye.bump);
+        self.shared
+            .write()
+            .members
+            .mark_left(&bye.node_id, bye.bump);
         if let Err(e) = self
             .swim
             .apply_many(leaving.into_iter(), true, &mut self.runtime)
@@ -319,7 +339,8 @@ impl Gossip {
             tracing::debug!(error = %e, "leave_cluster failed");
         }
         self.flush().await;
-        self.shared.notify_status(&[self.shared.node_id().to_owned()]);
+        self.shared
+            .notify_status(&[self.shared.node_id().to_owned()]);
     }
 
     /// Sends what foca asked to send, schedules its timers, and reacts to notifications.
@@ -353,6 +374,10 @@ impl Gossip {
         if membership_changed {
             self.refresh_members();
         }
+        self.shared.counters.broadcast_backlog.store(
+            self.swim.custom_broadcast_backlog() as u64,
+            Ordering::Relaxed,
+        );
     }
 
     async fn send(&self, datagram: &[u8], to: SocketAddr) {
@@ -370,6 +395,19 @@ impl Gossip {
     }
 
     fn refresh_members(&mut self) {
+        // Rebuilding the view allocates; skip it when foca's member list is unchanged.
+        let fingerprint = self.swim.iter_membership_state().fold(0u64, |acc, m| {
+            let id = m.id();
+            let state = m.state() as u64;
+            let port = u64::from(id.addr.port());
+            let x = (id.bump ^ (port << 48) ^ (state << 40) ^ u64::from(m.incarnation()))
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            acc.wrapping_add(x ^ (x >> 29))
+        });
+        if fingerprint == self.members_fingerprint {
+            return;
+        }
+        self.members_fingerprint = fingerprint;
         let me = self.shared.node_id();
         let changed = {
             let mut st = self.shared.write();
@@ -384,6 +422,23 @@ impl Gossip {
         if !changed.is_empty() {
             tracing::debug!(node = self.shared.node_id(), ?changed, "membership changed");
             self.shared.notify_status(&changed);
+            self.tune_transmissions();
+        }
+    }
+
+    /// Scales how often each broadcast is retransmitted with the cluster's size, like
+    /// memberlist's 4 × log10(n + 1) but with 5: a node misses a change with probability
+    /// about e^-(retransmissions), and anti-entropy repairs the rare miss.
+    fn tune_transmissions(&mut self) {
+        let n = self.swim.num_members() as f64 + 1.0;
+        let wanted = ((n + 1.0).log10() * 5.0).ceil().clamp(3.0, 15.0) as u8;
+        if self.swim_config.max_transmissions.get() != wanted {
+            let mut config = self.swim_config.clone();
+            config.max_transmissions = std::num::NonZeroU8::new(wanted).expect("at least 3");
+            match self.swim.set_config(config.clone()) {
+                Ok(()) => self.swim_config = config,
+                Err(e) => tracing::debug!(error = %e, "could not retune foca"),
+            }
         }
     }
 }

@@ -27,8 +27,8 @@ pub mod wire;
 
 pub use config::CatalogConfig;
 pub use records::{
-    AppRecord, Change, CheckRecord, HostRecord, HostStatus, HostView, MachineFilter,
-    MachineRecord, MachineView, ServiceRecord,
+    AppRecord, Change, CheckRecord, HostRecord, HostStatus, HostView, MachineFilter, MachineRecord,
+    MachineView, ServiceRecord,
 };
 
 use anyhow::Context;
@@ -53,12 +53,17 @@ pub struct CatalogStats {
     /// Anti-entropy exchanges started by this node, and how many failed.
     pub syncs: u64,
     pub syncs_failed: u64,
+    /// Immediate pulls triggered by hints (rows too big to broadcast), included in `syncs`.
+    pub pulls: u64,
     /// Datagrams and frames dropped for failing authentication or decoding.
     pub rejected: u64,
     /// Datagrams and syncs dropped by [`Catalog::set_partitioned`].
     pub dropped_partitioned: u64,
     /// Rows from peers that changed the replica.
     pub rows_merged: u64,
+    /// Broadcast items waiting to be transmitted (bursts beyond a bound go by
+    /// anti-entropy instead).
+    pub broadcast_backlog: u64,
     /// Rows in the replica, tombstones included.
     pub rows: u64,
     pub tombstones: u64,
@@ -308,16 +313,15 @@ impl Catalog {
             tcp_bytes_received: get(&c.tcp_bytes_received),
             syncs: get(&c.syncs),
             syncs_failed: get(&c.syncs_failed),
+            pulls: get(&c.pulls),
             rejected: get(&c.rejected),
             dropped_partitioned: get(&c.dropped_partitioned),
             rows_merged: get(&c.rows_merged),
+            broadcast_backlog: get(&c.broadcast_backlog),
             rows: st.replica.len() as u64,
             tombstones: st.replica.num_tombstones() as u64,
             members: members.len() as u64,
-            alive_members: members
-                .iter()
-                .filter(|s| **s == HostStatus::Alive)
-                .count() as u64,
+            alive_members: members.iter().filter(|s| **s == HostStatus::Alive).count() as u64,
         }
     }
 
@@ -325,12 +329,7 @@ impl Catalog {
     /// as `left`), then the node's tasks stop.
     pub async fn leave(&self) {
         let (done_tx, done_rx) = oneshot::channel();
-        if self
-            .shared()
-            .commands
-            .send(Command::Leave(done_tx))
-            .is_ok()
-        {
+        if self.shared().commands.send(Command::Leave(done_tx)).is_ok() {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(2), done_rx).await;
         }
         self.stop().await;
@@ -362,9 +361,7 @@ async fn bind(listen: SocketAddr) -> anyhow::Result<(UdpSocket, TcpListener)> {
     let attempts = if listen.port() == 0 { 10 } else { 1 };
     let mut last_err = None;
     for _ in 0..attempts {
-        let socket = UdpSocket::bind(listen)
-            .await
-            .with_context(|| format!("binding UDP {listen}"))?;
+        let socket = bind_udp(listen).with_context(|| format!("binding UDP {listen}"))?;
         let port = socket.local_addr()?.port();
         match TcpListener::bind(SocketAddr::new(listen.ip(), port)).await {
             Ok(listener) => return Ok((socket, listener)),
@@ -372,4 +369,21 @@ async fn bind(listen: SocketAddr) -> anyhow::Result<(UdpSocket, TcpListener)> {
         }
     }
     Err(last_err.expect("at least one attempt")).with_context(|| format!("binding TCP {listen}"))
+}
+
+/// The gossip socket, with a receive buffer large enough to absorb bursts (the kernel caps
+/// it at `net.core.rmem_max`; failing to enlarge it is not an error).
+fn bind_udp(listen: SocketAddr) -> std::io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(
+        Domain::for_address(listen),
+        Type::DGRAM,
+        Some(Protocol::UDP),
+    )?;
+    if let Err(e) = socket.set_recv_buffer_size(4 << 20) {
+        tracing::debug!(error = %e, "could not enlarge the gossip receive buffer");
+    }
+    socket.bind(&listen.into())?;
+    socket.set_nonblocking(true)?;
+    UdpSocket::from_std(socket.into())
 }

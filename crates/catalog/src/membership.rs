@@ -115,7 +115,13 @@ impl MemberView {
                 } else {
                     HostStatus::Dead
                 };
-                fresh.insert(node_id.clone(), MemberInfo { status, ..old.clone() });
+                fresh.insert(
+                    node_id.clone(),
+                    MemberInfo {
+                        status,
+                        ..old.clone()
+                    },
+                );
             }
         }
         let mut changed: Vec<String> = fresh

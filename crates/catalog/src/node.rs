@@ -12,6 +12,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
+/// Past this many items waiting in foca's broadcast queue, a node stops forwarding other
+/// nodes' rows (it still merges them, and still broadcasts its own): a burst of changes
+/// (a cluster starting, many hosts booting at once) then travels by anti-entropy, which
+/// moves rows in bulk, instead of queueing retransmissions that would take minutes to
+/// drain. foca sends the freshest items first, so a backlog does not delay new changes.
+pub(crate) const MAX_BROADCAST_BACKLOG: u64 = 256;
+
 /// Requests to the gossip task.
 #[derive(Debug)]
 pub(crate) enum Command {
@@ -45,10 +52,13 @@ pub(crate) struct Counters {
     pub tcp_bytes_sent: AtomicU64,
     pub tcp_bytes_received: AtomicU64,
     pub syncs: AtomicU64,
+    pub pulls: AtomicU64,
     pub syncs_failed: AtomicU64,
     pub rejected: AtomicU64,
     pub dropped_partitioned: AtomicU64,
     pub rows_merged: AtomicU64,
+    /// Gauge: broadcast items foca still has to transmit.
+    pub broadcast_backlog: AtomicU64,
 }
 
 impl Counters {
@@ -149,6 +159,11 @@ impl Shared {
             })
         };
         let _ = self.commands.send(Command::Broadcast(item));
+    }
+
+    /// Whether the broadcast queue is full (see [`MAX_BROADCAST_BACKLOG`]).
+    pub fn broadcasts_saturated(&self) -> bool {
+        self.counters.broadcast_backlog.load(Ordering::Relaxed) >= MAX_BROADCAST_BACKLOG
     }
 
     /// Merges rows received from peers; `authority` names the owner whose complete set

@@ -166,7 +166,7 @@ struct Marker {
 pub struct Replica {
     owners: BTreeMap<String, OwnerRows>,
     /// machine id -> owners holding a row for it (normally one; two while a machine moves).
-    machine_owners: HashMap<String, BTreeSet<String>>,
+    machine_owners: HashMap<String, Vec<String>>,
     /// app name -> (owner, machine id) of its machines.
     app_machines: HashMap<String, BTreeSet<(String, String)>>,
     /// app name -> owners holding an App row of that name.
@@ -282,10 +282,10 @@ impl Replica {
         let owner = row.owner.clone();
         match &row.record {
             Record::Machine(m) => {
-                self.machine_owners
-                    .entry(m.id.clone())
-                    .or_default()
-                    .insert(owner.clone());
+                let owners = self.machine_owners.entry(m.id.clone()).or_default();
+                if !owners.contains(&owner) {
+                    owners.push(owner.clone());
+                }
                 self.app_machines
                     .entry(m.app.clone())
                     .or_default()
@@ -321,7 +321,12 @@ impl Replica {
         }
         match &row.record {
             Record::Machine(m) => {
-                remove_from_index(&mut self.machine_owners, &m.id, &owner.to_owned());
+                if let Some(owners) = self.machine_owners.get_mut(&m.id) {
+                    owners.retain(|o| o != owner);
+                    if owners.is_empty() {
+                        self.machine_owners.remove(&m.id);
+                    }
+                }
                 remove_from_index(
                     &mut self.app_machines,
                     &m.app,
@@ -332,12 +337,8 @@ impl Replica {
             Record::Host(_) => {}
         }
         if row.deleted {
-            self.tombstones.remove(&(
-                row.updated_at_ms,
-                owner.to_owned(),
-                key.0,
-                key.1.clone(),
-            ));
+            self.tombstones
+                .remove(&(row.updated_at_ms, owner.to_owned(), key.0, key.1.clone()));
         }
         Some(row)
     }
@@ -349,7 +350,10 @@ impl Replica {
 
     /// Every row of one owner.
     pub fn owner_rows(&self, owner: &str) -> impl Iterator<Item = &Row> + '_ {
-        self.owners.get(owner).into_iter().flat_map(|o| o.rows.values())
+        self.owners
+            .get(owner)
+            .into_iter()
+            .flat_map(|o| o.rows.values())
     }
 
     /// Every owner with at least one row.
@@ -402,12 +406,12 @@ impl Replica {
     /// A hash of the whole replica: equal on two nodes holding the same rows.
     pub fn digest(&self) -> String {
         let mut h = Sha256::new();
-        for e in self.digest_entries() {
-            h.update((e.owner.len() as u64).to_be_bytes());
-            h.update(e.owner.as_bytes());
-            h.update(e.max_version.to_be_bytes());
-            h.update(e.count.to_be_bytes());
-            h.update(e.hash.to_be_bytes());
+        for (owner, o) in &self.owners {
+            h.update((owner.len() as u64).to_be_bytes());
+            h.update(owner.as_bytes());
+            h.update(o.max_version.to_be_bytes());
+            h.update((o.rows.len() as u32).to_be_bytes());
+            h.update(o.hash.to_be_bytes());
         }
         hex::encode(&h.finalize()[..16])
     }
@@ -530,11 +534,24 @@ mod tests {
     #[test]
     fn higher_version_wins_and_same_version_is_idempotent() {
         let mut r = Replica::new();
-        assert!(r.apply(row("a", Kind::Machine, "m1", 5, false)).is_applied());
-        assert_eq!(r.apply(row("a", Kind::Machine, "m1", 5, false)), Outcome::Stale);
-        assert_eq!(r.apply(row("a", Kind::Machine, "m1", 4, false)), Outcome::Stale);
+        assert!(r
+            .apply(row("a", Kind::Machine, "m1", 5, false))
+            .is_applied());
+        assert_eq!(
+            r.apply(row("a", Kind::Machine, "m1", 5, false)),
+            Outcome::Stale
+        );
+        assert_eq!(
+            r.apply(row("a", Kind::Machine, "m1", 4, false)),
+            Outcome::Stale
+        );
         let out = r.apply(row("a", Kind::Machine, "m1", 7, true));
-        assert_eq!(out, Outcome::Applied { previous_version: Some(5) });
+        assert_eq!(
+            out,
+            Outcome::Applied {
+                previous_version: Some(5)
+            }
+        );
         assert_eq!(r.len(), 1);
         assert_eq!(r.num_tombstones(), 1);
         assert_eq!(r.entry("a").unwrap().max_version, 7);
@@ -548,10 +565,18 @@ mod tests {
         assert_eq!(r.collect_garbage(20, 10).len(), 1);
         assert!(r.is_empty());
         // A node that was away still holds the live version 5: refused.
-        assert_eq!(r.apply(row("a", Kind::Machine, "m1", 5, false)), Outcome::Stale);
-        assert_eq!(r.apply(row("a", Kind::Machine, "m1", 10, true)), Outcome::Stale);
+        assert_eq!(
+            r.apply(row("a", Kind::Machine, "m1", 5, false)),
+            Outcome::Stale
+        );
+        assert_eq!(
+            r.apply(row("a", Kind::Machine, "m1", 10, true)),
+            Outcome::Stale
+        );
         // A newer write of the same key is accepted.
-        assert!(r.apply(row("a", Kind::Machine, "m1", 11, false)).is_applied());
+        assert!(r
+            .apply(row("a", Kind::Machine, "m1", 11, false))
+            .is_applied());
         // Markers are forgotten after another ttl.
         r.collect_garbage(100, 10);
         assert!(r.markers.is_empty());
@@ -571,7 +596,10 @@ mod tests {
         assert!(r.get("a", Kind::Machine, "m1").is_none());
         assert!(r.get("a", Kind::Machine, "m2").is_some());
         assert!(r.get("b", Kind::Machine, "m3").is_some());
-        assert_eq!(r.apply(row("a", Kind::Machine, "m1", 2, false)), Outcome::Stale);
+        assert_eq!(
+            r.apply(row("a", Kind::Machine, "m1", 2, false)),
+            Outcome::Stale
+        );
     }
 
     #[test]

@@ -2,10 +2,12 @@
 //!
 //! Every `anti_entropy_interval` (±25%) a node picks `sync_fanout` random live peers (its
 //! seeds while it knows none) and sends each its digest (one entry per owner: max version,
-//! count, hash). The peer answers with all rows of every owner whose entry differs, and
-//! names the owners it wants in return; the node pushes those. Both sides then hold the
-//! union, so a node that was away or partitioned catches up from a couple of peers, and
-//! a converged cluster exchanges only digests. Rows too big to broadcast make receivers of
+//! count, hash). The peer answers with the rows the node lacks of every owner whose entry
+//! differs (the rows above the node's max version when it is merely behind, all of that
+//! owner's rows when it missed one) and its own entries for those owners; the node pushes
+//! what the peer lacks in return. A node that was away or partitioned thus catches up from
+//! a couple of peers without a full resend, and a converged cluster exchanges only
+//! digests (a few dozen bytes per host, independent of the number of machines). Rows too big to broadcast make receivers of
 //! their hint pull from the owner at once through the same exchange.
 
 use crate::node::{Counters, Shared};
@@ -25,6 +27,9 @@ use tokio::time::timeout;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+/// Rows per response or push, at most (whole owners only, so a little more): a node far
+/// behind catches up over a few rounds instead of in one huge, slow exchange.
+pub(crate) const MAX_ROWS_PER_MESSAGE: usize = 1000;
 
 /// Accepts anti-entropy connections until aborted.
 pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener) {
@@ -73,6 +78,7 @@ pub(crate) async fn anti_entropy(shared: Arc<Shared>, mut pulls: mpsc::Unbounded
                     owners.insert(more);
                 }
                 for owner in owners {
+                    Counters::add(&shared.counters.pulls, 1);
                     if let Some(peer) = pull_target(&shared, &owner) {
                         syncs.spawn(sync_logged(shared.clone(), peer));
                     }
@@ -111,7 +117,12 @@ fn pick_peers(shared: &Shared) -> Vec<SocketAddr> {
 fn pull_target(shared: &Shared, owner: &str) -> Option<SocketAddr> {
     let st = shared.read();
     match st.members.get(owner) {
-        Some(m) if matches!(m.status, crate::HostStatus::Alive | crate::HostStatus::Suspect) => {
+        Some(m)
+            if matches!(
+                m.status,
+                crate::HostStatus::Alive | crate::HostStatus::Suspect
+            ) =>
+        {
             Some(m.addr)
         }
         _ => {
@@ -167,9 +178,22 @@ pub(crate) async fn sync_with(shared: &Shared, peer: SocketAddr) -> anyhow::Resu
     shared.merge(decode_rows(rows), authoritative.then_some(from.as_str()));
     shared.write().synced = true;
     if !want.is_empty() {
-        let rows = rows_of(&shared.read().replica, want.iter().map(String::as_str));
+        let rows: Vec<Row> = {
+            let st = shared.read();
+            let me = shared.node_id();
+            let mut rows = Vec::new();
+            for t in &want {
+                if rows.len() >= MAX_ROWS_PER_MESSAGE {
+                    break;
+                }
+                if let Some(mine) = st.replica.entry(&t.owner) {
+                    rows.extend(rows_for(&st.replica, me, &mine, Some(t)));
+                }
+            }
+            rows
+        };
         let push = SyncMsg::Push {
-            rows,
+            rows: rows.iter().map(WireRow::from_row).collect(),
             authoritative: true,
         };
         send(shared, &mut stream, &push).await?;
@@ -192,15 +216,17 @@ async fn answer(shared: &Shared, mut stream: TcpStream) -> anyhow::Result<()> {
         Counters::add(&shared.counters.dropped_partitioned, 1);
         return Ok(());
     }
-    let response = {
+    // Copy under the lock, encode outside it.
+    let (rows, want, authoritative) = {
         let st = shared.read();
-        let (rows, want) = diff(&st.replica, &digest);
-        SyncMsg::Response {
-            from: shared.node_id().to_owned(),
-            rows,
-            want,
-            authoritative: st.synced,
-        }
+        let (rows, want) = diff(&st.replica, shared.node_id(), &digest);
+        (rows, want, st.synced)
+    };
+    let response = SyncMsg::Response {
+        from: shared.node_id().to_owned(),
+        rows: rows.iter().map(WireRow::from_row).collect(),
+        want,
+        authoritative,
     };
     let wants = matches!(&response, SyncMsg::Response { want, .. } if !want.is_empty());
     send(shared, &mut stream, &response).await?;
@@ -218,34 +244,66 @@ async fn answer(shared: &Shared, mut stream: TcpStream) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Compares a peer's digest with the replica: the rows to send (all rows of every owner
-/// whose entry differs or the peer lacks) and the owners to ask for (whose entry differs
-/// or the replica lacks).
-pub(crate) fn diff(replica: &Replica, theirs: &[DigestEntry]) -> (Vec<WireRow>, Vec<String>) {
+/// Compares a peer's digest with the replica: the rows to send, and this replica's
+/// entries for the owners where the peer's entry differs (the peer sends what we lack
+/// of those; a zero entry stands for an owner we do not know).
+pub(crate) fn diff(
+    replica: &Replica,
+    me: &str,
+    theirs: &[DigestEntry],
+) -> (Vec<Row>, Vec<DigestEntry>) {
     let theirs_by_owner: HashMap<&str, &DigestEntry> =
         theirs.iter().map(|e| (e.owner.as_str(), e)).collect();
-    let mut send_owners = Vec::new();
+    let mut rows = Vec::new();
     for mine in replica.digest_entries() {
-        match theirs_by_owner.get(mine.owner.as_str()) {
-            Some(t) if t.same_as(&mine) => {}
-            _ => send_owners.push(mine.owner),
+        if rows.len() >= MAX_ROWS_PER_MESSAGE {
+            break;
         }
+        let their = theirs_by_owner.get(mine.owner.as_str()).copied();
+        rows.extend(rows_for(replica, me, &mine, their));
     }
     let want = theirs
         .iter()
-        .filter(|t| replica.entry(&t.owner).is_none_or(|m| !m.same_as(t)))
-        .map(|t| t.owner.clone())
+        .filter_map(|t| match replica.entry(&t.owner) {
+            Some(mine) if mine.same_as(t) => None,
+            Some(mine) => Some(mine),
+            None => Some(DigestEntry {
+                owner: t.owner.clone(),
+                max_version: 0,
+                count: 0,
+                hash: 0,
+            }),
+        })
         .collect();
-    (
-        rows_of(replica, send_owners.iter().map(String::as_str)),
-        want,
-    )
+    (rows, want)
 }
 
-fn rows_of<'a>(replica: &Replica, owners: impl Iterator<Item = &'a str>) -> Vec<WireRow> {
-    owners
-        .flat_map(|o| replica.owner_rows(o))
-        .map(WireRow::from_row)
+/// The rows of one owner that a peer whose digest entry is `theirs` should get.
+///
+/// An owner's versions only grow, so when the peer is merely behind (our max version is
+/// higher) the rows above its max are the ones it certainly lacks: send just those. When
+/// the max versions are equal but the sets differ (a row was missed), send all of the
+/// owner's rows. When the peer is ahead, send nothing: it sends us its newer rows, and the
+/// next round compares again. Our own rows always go whole, since the receiver takes them
+/// as our complete set.
+fn rows_for(
+    replica: &Replica,
+    me: &str,
+    mine: &DigestEntry,
+    theirs: Option<&DigestEntry>,
+) -> Vec<Row> {
+    let above = match theirs {
+        Some(t) if t.same_as(mine) => return Vec::new(),
+        _ if mine.owner == me => 0,
+        None => 0,
+        Some(t) if mine.max_version > t.max_version => t.max_version,
+        Some(t) if mine.max_version == t.max_version => 0,
+        Some(_) => return Vec::new(),
+    };
+    replica
+        .owner_rows(&mine.owner)
+        .filter(|r| r.version > above)
+        .cloned()
         .collect()
 }
 
@@ -270,7 +328,10 @@ async fn send(shared: &Shared, stream: &mut TcpStream, msg: &SyncMsg) -> anyhow:
 async fn receive(shared: &Shared, stream: &mut TcpStream) -> anyhow::Result<Option<SyncMsg>> {
     match shared.auth.read_frame(stream).await? {
         Some(frame) => {
-            Counters::add(&shared.counters.tcp_bytes_received, frame.len() + 4 + TAG_LEN);
+            Counters::add(
+                &shared.counters.tcp_bytes_received,
+                frame.len() + 4 + TAG_LEN,
+            );
             Ok(Some(wire::decode(&frame)?))
         }
         None => Ok(None),
@@ -307,13 +368,35 @@ mod tests {
         }
         a.apply(machine("x", "m3", 2));
         b.apply(machine("z", "m4", 1));
-        let (rows, want) = diff(&a, &b.digest_entries());
-        // a sends all of x (it differs), nothing of y (same); wants x and z.
-        let owners: BTreeSet<&str> = rows.iter().map(|r| r.owner.as_str()).collect();
-        assert_eq!(owners, BTreeSet::from(["x"]));
-        assert_eq!(rows.len(), 2);
-        assert_eq!(want, vec!["x".to_string(), "z".to_string()]);
-        let (rows, want) = diff(&a, &a.digest_entries());
+        let (rows, want) = diff(&a, "a", &b.digest_entries());
+        // b is behind on x: a sends only the row above b's max; nothing of y (same).
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].key(), "m3");
+        // a asks for x (differs) and z (unknown, zero entry).
+        let owners: Vec<&str> = want.iter().map(|e| e.owner.as_str()).collect();
+        assert_eq!(owners, vec!["x", "z"]);
+        assert_eq!(want[1].max_version, 0);
+        let (rows, want) = diff(&a, "a", &a.digest_entries());
         assert!(rows.is_empty() && want.is_empty());
+    }
+
+    #[test]
+    fn diff_sends_whole_owner_on_holes_and_own_rows_whole() {
+        let mut a = Replica::new();
+        let mut b = Replica::new();
+        // Same max version, but b missed m1: a sends all of x.
+        for r in [machine("x", "m1", 1), machine("x", "m2", 2)] {
+            a.apply(r);
+        }
+        b.apply(machine("x", "m2", 2));
+        let (rows, _) = diff(&a, "a", &b.digest_entries());
+        assert_eq!(rows.len(), 2);
+        // b is ahead of a on x: a sends nothing of x.
+        b.apply(machine("x", "m3", 3));
+        let (rows, _) = diff(&a, "a", &b.digest_entries());
+        assert!(rows.is_empty());
+        // a's own rows always go whole.
+        let (rows, _) = diff(&a, "x", &b.digest_entries());
+        assert_eq!(rows.len(), 2);
     }
 }

@@ -245,8 +245,9 @@ pub struct Goodbye {
 }
 
 /// The anti-entropy exchange. The initiator sends a `Request` with its digest; the peer
-/// answers with the rows of every owner whose digest entry differs (all rows of those
-/// owners) and the owners it wants in return; the initiator then sends a `Push` with those.
+/// answers with the rows the initiator lacks of every owner whose digest entry differs,
+/// and its own entries for those owners; the initiator then sends a `Push` with what the
+/// peer lacks. See [`crate::sync`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum SyncMsg {
     Request {
@@ -257,7 +258,8 @@ pub enum SyncMsg {
     Response {
         from: String,
         rows: Vec<WireRow>,
-        want: Vec<String>,
+        /// The responder's entries for the owners where the digests differ.
+        want: Vec<DigestEntry>,
         /// The responder has merged a sync since it started, so its own rows in `rows`
         /// are its complete set (see [`crate::replica::Replica::apply_authoritative`]).
         authoritative: bool,

@@ -2,8 +2,7 @@
 //! timings, checked by polling until a deadline (never by fixed long sleeps).
 
 use bazaar_catalog::{
-    AppRecord, Catalog, CatalogConfig, Change, HostRecord, HostStatus, MachineFilter,
-    MachineRecord,
+    AppRecord, Catalog, CatalogConfig, Change, HostRecord, HostStatus, MachineFilter, MachineRecord,
 };
 use bazaar_types::host::Resources;
 use std::net::{SocketAddr, UdpSocket};
@@ -147,7 +146,8 @@ async fn machines_propagate_change_and_leave_tombstones() {
     // Free capacity travels with the host record.
     b.publish_host(host("n1", 1234));
     eventually("b's new free memory reaches a", PATIENCE, || {
-        a.host("n1").is_some_and(|h| h.record.free.memory_mb == 1234)
+        a.host("n1")
+            .is_some_and(|h| h.record.free.memory_mb == 1234)
     })
     .await;
 
@@ -228,7 +228,10 @@ async fn killed_node_is_declared_dead_then_comes_back_with_newer_rows() {
     })
     .await;
     // The restarted node got everyone else's rows back.
-    eventually("n3 knows every host again", PATIENCE, || d2.hosts().len() == 4).await;
+    eventually("n3 knows every host again", PATIENCE, || {
+        d2.hosts().len() == 4
+    })
+    .await;
     let mut all = others.to_vec();
     all.push(d2);
     eventually("replicas converge", PATIENCE, || {
@@ -310,7 +313,12 @@ async fn partitioned_groups_keep_serving_and_converge_after_healing() {
     .await;
     for n in &nodes {
         for id in ["ml", "mr", "ml2", "mr2"] {
-            assert_eq!(n.machine(id).unwrap().host_status, "ok", "{id} on {}", n.node_id());
+            assert_eq!(
+                n.machine(id).unwrap().host_status,
+                "ok",
+                "{id} on {}",
+                n.node_id()
+            );
         }
     }
 }
@@ -379,7 +387,8 @@ async fn rows_too_big_for_a_datagram_arrive_through_hints() {
     }
     a.publish_machine(m.clone());
     eventually("the big row reaches b", Duration::from_secs(5), || {
-        b.machine("big").is_some_and(|v| v.record.metadata == m.metadata)
+        b.machine("big")
+            .is_some_and(|v| v.record.metadata == m.metadata)
     })
     .await;
 }
