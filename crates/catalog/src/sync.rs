@@ -29,17 +29,27 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 /// Rows per response or push, at most (whole owners only, so a little more): a node far
 /// behind catches up over a few rounds instead of in one huge, slow exchange.
-pub(crate) const MAX_ROWS_PER_MESSAGE: usize = 1000;
+pub(crate) const MAX_ROWS_PER_MESSAGE: usize = 500;
+/// Exchanges a node answers at once; more are refused at once (the initiator tries other
+/// peers next round), so an overloaded node sheds work instead of timing everything out.
+const MAX_CONCURRENT_ANSWERS: usize = 4;
 
 /// Accepts anti-entropy connections until aborted.
 pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener) {
     let mut conns = JoinSet::new();
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_ANSWERS));
     loop {
         while conns.try_join_next().is_some() {}
         match listener.accept().await {
             Ok((stream, peer)) => {
+                let Ok(permit) = permits.clone().try_acquire_owned() else {
+                    tracing::debug!(%peer, "too many syncs at once, refusing one");
+                    drop(stream);
+                    continue;
+                };
                 let shared = shared.clone();
                 conns.spawn(async move {
+                    let _permit = permit;
                     match timeout(SYNC_TIMEOUT, answer(&shared, stream)).await {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => {
@@ -175,7 +185,8 @@ pub(crate) async fn sync_with(shared: &Shared, peer: SocketAddr) -> anyhow::Resu
     else {
         bail!("expected a sync response");
     };
-    shared.merge(decode_rows(rows), authoritative.then_some(from.as_str()));
+    let authority = authoritative.then_some(from.as_str());
+    shared.merge(decode_rows(shared, rows, authority), authority);
     shared.write().synced = true;
     if !want.is_empty() {
         let rows: Vec<Row> = {
@@ -238,7 +249,8 @@ async fn answer(shared: &Shared, mut stream: TcpStream) -> anyhow::Result<()> {
         else {
             bail!("expected a sync push");
         };
-        shared.merge(decode_rows(rows), authoritative.then_some(from.as_str()));
+        let authority = authoritative.then_some(from.as_str());
+        shared.merge(decode_rows(shared, rows, authority), authority);
         shared.write().synced = true;
     }
     Ok(())
@@ -307,7 +319,22 @@ fn rows_for(
         .collect()
 }
 
-fn decode_rows(rows: Vec<WireRow>) -> Vec<Row> {
+/// Decodes the rows worth merging. Rows the replica already holds at that version or a
+/// newer one are skipped before their JSON is parsed (most of a sync, when it repairs a
+/// missed row), except those of `authority`, whose complete set is needed.
+fn decode_rows(shared: &Shared, rows: Vec<WireRow>, authority: Option<&str>) -> Vec<Row> {
+    let rows: Vec<WireRow> = {
+        let st = shared.read();
+        rows.into_iter()
+            .filter(|w| {
+                authority == Some(w.owner.as_str())
+                    || st
+                        .replica
+                        .get(&w.owner, w.kind, &w.key)
+                        .is_none_or(|r| r.version < w.version)
+            })
+            .collect()
+    };
     rows.into_iter()
         .filter_map(|w| match w.into_row() {
             Ok(row) => Some(row),
