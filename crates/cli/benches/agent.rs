@@ -4,7 +4,8 @@
 //! a kill -9 of the agent; agent RSS with 1,000 machines; RSS of one shim.
 //!
 //! Run: `cargo bench -p bazaar --bench agent` (prints a Markdown table for BENCHMARKS.md).
-//! `BAZAAR_BENCH_MACHINES` changes the machine count (default 1000).
+//! `BAZAAR_BENCH_MACHINES` changes the machine count (default 1000);
+//! `BAZAAR_BENCH_NO_ISOLATE=1` runs the workloads without namespaces and cgroups.
 
 use bazaar_testkit::{create_request, AgentOptions, TestAgent};
 use std::time::{Duration, Instant};
@@ -84,6 +85,8 @@ fn main() {
     let mut opts = AgentOptions::new(EXE);
     opts.memory_mb = (total as u64 + 10) * 256;
     opts.cpus = total as u32 + 10;
+    // BAZAAR_BENCH_NO_ISOLATE=1 measures without namespaces and cgroups, to attribute cost.
+    opts.isolate = std::env::var("BAZAAR_BENCH_NO_ISOLATE").is_err();
     let mut agent = TestAgent::start(opts).expect("agent");
     let c = agent.client();
 
