@@ -48,6 +48,9 @@ struct DevState {
 
 /// Runs the dev cluster until Ctrl-C / SIGTERM.
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    // Before anything else: a Ctrl-C or SIGTERM during start-up must stop the cluster
+    // cleanly, not kill `dev` and orphan its agents.
+    let stop = crate::shutdown_signal();
     anyhow::ensure!(
         (1..=64).contains(&args.hosts),
         "--hosts must be between 1 and 64"
@@ -151,7 +154,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         running.spawn(async move { (i, child.wait().await) });
     }
     tokio::select! {
-        () = crate::shutdown_signal() => println!("stopping the cluster..."),
+        () = stop => println!("stopping the cluster..."),
         Some(Ok((i, status))) = running.join_next() => {
             eprintln!("host-{i} exited unexpectedly ({status:?}); stopping the cluster");
         }

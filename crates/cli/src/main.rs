@@ -201,15 +201,22 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     bazaar_agent::run_agent(config, bazaar_api::router, shutdown_signal()).await
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
+/// Registers the SIGINT and SIGTERM handlers now, so that a signal arriving while the
+/// process starts up is not fatal, and returns a future that resolves when one arrives.
+/// Must be called inside the runtime.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            _ => std::future::pending().await,
+        }
     }
 }

@@ -31,7 +31,7 @@ fn free_ports(n: u16) -> u16 {
     panic!("no free ports");
 }
 
-fn start_dev(dir: &std::path::Path, base: u16) -> Child {
+fn start_dev(dir: &std::path::Path, base: u16, gossip: u16) -> Child {
     Command::new(EXE)
         .args([
             "dev",
@@ -44,6 +44,8 @@ fn start_dev(dir: &std::path::Path, base: u16) -> Child {
             "--data-dir",
         ])
         .arg(dir)
+        .arg("--gossip-port")
+        .arg(gossip.to_string())
         .args([
             "--base-port",
             &base.to_string(),
@@ -98,7 +100,8 @@ async fn dev_starts_three_hosts_stops_cleanly_and_resumes() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("cluster");
     let base = free_ports(3);
-    let dev = start_dev(&dir, base);
+    let gossip = free_ports(3);
+    let dev = start_dev(&dir, base, gossip);
     let env = read_env(&dir);
     assert_eq!(env["BAZAAR_API_URL"], format!("http://127.0.0.1:{base}"));
     assert!(env.contains_key("BAZAAR_PROXY_URL"));
@@ -133,7 +136,7 @@ async fn dev_starts_three_hosts_stops_cleanly_and_resumes() {
     assert!(!pid_alive(pid), "stopping dev stops its workloads");
 
     // Resume: same hosts, the machine comes back started.
-    let dev = start_dev(&dir, base);
+    let dev = start_dev(&dir, base, gossip);
     let env2 = read_env(&dir);
     assert_eq!(env2["BAZAAR_TOKEN"], token, "same token after resume");
     let c = HostClient::new(&env2["BAZAAR_API_URL"], &token);
