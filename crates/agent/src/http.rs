@@ -92,7 +92,10 @@ impl WithStatus for Response {
     }
 }
 
-async fn require_token(State(agent): State<Agent>, req: Request, next: Next) -> Response {
+/// The one bearer-token check of every HTTP interface of the agent (host interface, catalog,
+/// Machines API): `Authorization: Bearer <token>` or `FlyV1 <token>`, checked by
+/// [`Agent::authorized`]; 401 in the Fly shape otherwise.
+pub async fn require_token(State(agent): State<Agent>, req: Request, next: Next) -> Response {
     let token = req
         .headers()
         .get(axum::http::header::AUTHORIZATION)

@@ -18,8 +18,7 @@ pub mod machines;
 pub mod openapi;
 pub mod platform;
 
-use axum::extract::{Request, State};
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::Router;
@@ -105,7 +104,10 @@ pub fn router(agent: Agent) -> Router {
         )
         .route("/v1/platform/regions", get(platform::regions))
         .route("/v1/platform/placements", post(platform::placements))
-        .layer(middleware::from_fn_with_state(agent, require_token))
+        .layer(middleware::from_fn_with_state(
+            agent,
+            bazaar_agent::http::require_token,
+        ))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::map_response(fly_shaped_errors))
         .with_state(api);
@@ -132,22 +134,6 @@ async fn fly_shaped_errors(resp: Response) -> Response {
         }
     }
     resp
-}
-
-async fn require_token(State(agent): State<Agent>, req: Request, next: Next) -> Response {
-    let token = req
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("FlyV1 "))
-                .map(str::trim)
-        });
-    match token {
-        Some(t) if agent.authorized(t) => next.run(req).await,
-        _ => ApiError::Unauthorized.into_response(),
-    }
 }
 
 /// Parses a JSON object body (empty = `{}`), or a 400 saying what is wrong. Unknown
