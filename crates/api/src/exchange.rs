@@ -389,24 +389,10 @@ impl Api {
     }
 
     async fn release_all(&self, offers: &[Offer], addrs: &HashMap<String, HostAddr>) {
-        let futs = offers.iter().filter_map(|o| {
-            let addr = addrs.get(&o.host_id)?.clone();
-            let url = format!(
-                "http://{}/host/v1/reservations/{}",
-                addr.api_addr, o.reservation_id
-            );
-            let req = self
-                .0
-                .http
-                .delete(url)
-                .bearer_auth(self.0.agent.cluster_secret());
-            Some(async move {
-                if let Err(err) = req.send().await {
-                    // The reservation expires by itself.
-                    tracing::debug!(error = %err, "releasing a reservation");
-                }
-            })
-        });
+        // A lost release only means the reservation expires by itself.
+        let futs = offers
+            .iter()
+            .filter_map(|o| Some(self.release_one(addrs.get(&o.host_id)?, &o.reservation_id)));
         futures_util::future::join_all(futs).await;
     }
 
