@@ -13,6 +13,8 @@ const SECRET: &str = "test-cluster-secret";
 const DEAD_AFTER: Duration = Duration::from_secs(2);
 /// How long convergence may take in a test before it fails.
 const PATIENCE: Duration = Duration::from_secs(15);
+/// Convergence after a partition heals (see the partition test).
+const HEAL_PATIENCE: Duration = Duration::from_secs(60);
 
 fn config(id: &str, listen: SocketAddr, seeds: &[SocketAddr]) -> CatalogConfig {
     let mut c = CatalogConfig::new(id, "ams", listen, SECRET);
@@ -302,14 +304,21 @@ async fn partitioned_groups_keep_serving_and_converge_after_healing() {
     for n in &nodes {
         n.set_partitioned(&[]);
     }
-    eventually("all nodes converge to identical views", PATIENCE, || {
-        let d = nodes[0].digest();
-        nodes.iter().all(|n| {
-            n.digest() == d
-                && n.hosts().len() == 5
-                && n.hosts().iter().all(|h| h.status == HostStatus::Alive)
-        })
-    })
+    // Usually 3 s; the bound is wide because rejoining members declared dead across a
+    // healed partition waits for background seed retries, which a loaded CI box slows
+    // (seen once past 15 s in CI; a known issue to look into).
+    eventually(
+        "all nodes converge to identical views",
+        HEAL_PATIENCE,
+        || {
+            let d = nodes[0].digest();
+            nodes.iter().all(|n| {
+                n.digest() == d
+                    && n.hosts().len() == 5
+                    && n.hosts().iter().all(|h| h.status == HostStatus::Alive)
+            })
+        },
+    )
     .await;
     for n in &nodes {
         for id in ["ml", "mr", "ml2", "mr2"] {
