@@ -69,10 +69,22 @@ pub(crate) struct Inner {
     pub catalog: std::sync::OnceLock<bazaar_catalog::Catalog>,
     /// The last host record published (to publish only changes).
     pub last_host_record: Mutex<Option<bazaar_catalog::HostRecord>>,
+    /// Where this host's edge proxy listens, once it does (published as the host label
+    /// `proxy_addr`, so other proxies can hand requests for this host's machines to it).
+    pub proxy_addr: std::sync::OnceLock<std::net::SocketAddr>,
+    /// The latest health-check results of this host's machines ([`crate::checks`]).
+    pub checks: Mutex<HashMap<String, Vec<bazaar_catalog::CheckRecord>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The health-check results of this host's machines ([`crate::checks`]).
+pub(crate) fn lock_checks(
+    agent: &Agent,
+) -> std::sync::MutexGuard<'_, HashMap<String, Vec<bazaar_catalog::CheckRecord>>> {
+    lock(&agent.0.checks)
 }
 
 impl Agent {
@@ -143,6 +155,8 @@ impl Agent {
             cluster_secret: secret,
             catalog: std::sync::OnceLock::new(),
             last_host_record: Mutex::new(None),
+            proxy_addr: std::sync::OnceLock::new(),
+            checks: Mutex::new(HashMap::new()),
             config,
         });
         let agent = Agent(inner);
@@ -180,6 +194,7 @@ impl Agent {
             spawn_actor(&agent, m, ops, run);
         }
         agent.spawn_housekeeping();
+        crate::checks::spawn(&agent);
         tracing::info!(
             host.id = %agent.0.host_id,
             num_machines,
@@ -240,7 +255,12 @@ impl Agent {
             capacity,
             free,
             num_machines,
-            labels: BTreeMap::new(),
+            labels: self
+                .0
+                .proxy_addr
+                .get()
+                .map(|a| BTreeMap::from([("proxy_addr".to_string(), a.to_string())]))
+                .unwrap_or_default(),
             draining: self.0.shutdown.is_cancelled(),
             updated_at_ms: 0,
         };
@@ -250,6 +270,17 @@ impl Agent {
             drop(last);
             catalog.publish_host(record);
         }
+    }
+
+    /// Records where this host's edge proxy listens and republishes the host record.
+    pub async fn set_proxy_addr(&self, addr: std::net::SocketAddr) {
+        let _ = self.0.proxy_addr.set(addr);
+        self.publish_host().await;
+    }
+
+    /// Cancelled when the agent shuts down (for services that run beside it).
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.0.shutdown.clone()
     }
 
     /// This host's id.
@@ -1119,7 +1150,22 @@ impl Agent {
             updated_at: rfc3339(rec.updated_at_ms),
             config: rec.config.clone(),
             events,
-            checks: Vec::new(),
+            checks: lock(&self.0.checks)
+                .get(&rec.id)
+                .filter(|_| self.current_state(rec) == MachineState::Started)
+                .map(|list| {
+                    list.iter()
+                        .map(|c| {
+                            serde_json::json!({
+                                "name": c.name,
+                                "status": c.status,
+                                "output": c.output,
+                                "updated_at": rfc3339(c.updated_at_ms),
+                            })
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
             host_status: "ok".into(),
             cordoned: rec.cordoned,
             nonce: None,
@@ -1187,7 +1233,14 @@ impl Agent {
             state: self.current_state(rec).to_string(),
             instance_id: rec.instance_id.clone(),
             services,
-            checks: Vec::new(),
+            checks: if self.current_state(rec) == MachineState::Started {
+                lock(&self.0.checks)
+                    .get(&rec.id)
+                    .cloned()
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            },
             cordoned: rec.cordoned,
             metadata: rec.config.metadata.clone(),
             updated_at_ms: rec.updated_at_ms,

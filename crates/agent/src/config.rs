@@ -50,6 +50,16 @@ pub struct AgentConfig {
     pub tombstone_ttl: Duration,
     /// The `bazaar` executable to run shims with (defaults to this executable).
     pub shim_exe: Option<PathBuf>,
+    /// Address of the edge proxy's HTTP listener.
+    pub proxy_listen: SocketAddr,
+    /// Apps are served at `<app>.<proxy_domain>`.
+    pub proxy_domain: String,
+    /// A machine of a service with `autostop` is stopped after this long without requests.
+    #[serde(with = "millis")]
+    pub autostop_idle: Duration,
+    /// How long the proxy holds a request that no machine can take yet before it answers 503.
+    #[serde(with = "millis")]
+    pub proxy_queue_timeout: Duration,
 }
 
 impl Default for AgentConfig {
@@ -75,6 +85,10 @@ impl Default for AgentConfig {
             reservation_ttl: Duration::from_secs(5),
             tombstone_ttl: Duration::from_secs(3600),
             shim_exe: None,
+            proxy_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            proxy_domain: "localhost".into(),
+            autostop_idle: Duration::from_secs(30),
+            proxy_queue_timeout: Duration::from_secs(5),
         }
     }
 }

@@ -13,12 +13,14 @@
 //! - [`restart`]: the restart policy.
 //! - [`http`]: the host interface (`/host/v1`).
 //! - [`exec`]: running a command inside a machine.
+//! - [`checks`]: service health checks of this host's machines (results go in the catalog).
 //! - [`config`], [`secrets`], [`fault`], [`error`].
 //!
 //! Entry point: [`run_agent`].
 
 pub mod actor;
 pub mod agent;
+pub mod checks;
 pub mod config;
 pub mod driver;
 pub mod error;
@@ -38,10 +40,12 @@ use std::future::Future;
 
 /// Runs an agent until `shutdown_signal` completes: binds the listener, starts the catalog
 /// (writing `data_dir/gossip.addr`), writes `data_dir/api.addr`, serves the host interface
-/// plus `extra_routes` (the Machines API), then leaves the cluster and shuts down cleanly.
+/// plus `extra_routes` (the Machines API, `/metrics`), then leaves the cluster and shuts down
+/// cleanly. `extra_routes` runs once the catalog is attached and may start services of its
+/// own (the edge proxy); an error from it stops the agent from starting.
 pub async fn run_agent(
     config: AgentConfig,
-    extra_routes: impl FnOnce(Agent) -> axum::Router,
+    extra_routes: impl FnOnce(Agent) -> anyhow::Result<axum::Router>,
     shutdown_signal: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     raise_fd_limit();
@@ -70,10 +74,13 @@ pub async fn run_agent(
         &catalog.local_addr().to_string(),
     )?;
     agent.attach_catalog(catalog.clone()).await;
+    // Services beside the API (the edge proxy) start here, before `api.addr` announces
+    // that the agent is up.
+    let extra = extra_routes(agent.clone())?;
     secrets::write_private(&config.data_dir.join("api.addr"), &addr.to_string())?;
     tracing::info!(api.addr = %addr, host.id = agent.host_id(), region = %config.region, "listening");
     let stop = agent.0.shutdown.clone();
-    let app = http::router(agent.clone()).merge(extra_routes(agent.clone()));
+    let app = http::router(agent.clone()).merge(extra);
     let server =
         axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await });
     let server = tokio::spawn(async move { server.await });

@@ -28,7 +28,7 @@ pub struct DevArgs {
     /// Gossip port of the first host; host i gossips on base + i.
     #[arg(long, default_value_t = 4380)]
     gossip_port: u16,
-    /// Proxy port (served once the proxy lands).
+    /// Proxy port of the first host; host i's proxy listens on base + i.
     #[arg(long, default_value_t = 8080)]
     proxy_port: u16,
     /// Memory (MB) each host offers; default: what this machine has.
@@ -93,6 +93,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             .arg(region)
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
+            .arg("--proxy-listen")
+            .arg(format!("127.0.0.1:{}", args.proxy_port as usize + i))
             .arg("--token-file")
             .arg(&token_file)
             .arg("--stop-machines-on-shutdown")
@@ -136,7 +138,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         println!("  host-{i}  region {region:<8} http://127.0.0.1:{port}");
     }
     println!("BAZAAR_API_URL={api_url}");
-    println!("BAZAAR_PROXY_URL={proxy_url}  (the proxy is not served yet)");
+    println!(
+        "BAZAAR_PROXY_URL={proxy_url}  (apps at http://<app>.localhost:{})",
+        args.proxy_port
+    );
     println!("BAZAAR_TOKEN={}", state.token);
     println!(
         "written to {}; load it with: set -a; . {}; set +a",

@@ -92,6 +92,19 @@ struct AgentArgs {
     /// Stop every workload when the agent stops (they restart with it).
     #[arg(long)]
     stop_machines_on_shutdown: bool,
+    /// Address of the edge proxy (default 127.0.0.1:8080).
+    #[arg(long)]
+    proxy_listen: Option<SocketAddr>,
+    /// The proxy serves app `a` at `a.<domain>` (default localhost).
+    #[arg(long)]
+    proxy_domain: Option<String>,
+    /// Stop machines of services with autostop after this long without requests (ms;
+    /// default 30000).
+    #[arg(long)]
+    autostop_idle_ms: Option<u64>,
+    /// Answer 503 when no machine could take a request within this long (ms; default 5000).
+    #[arg(long)]
+    proxy_queue_timeout_ms: Option<u64>,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: String,
@@ -198,7 +211,27 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     if a.stop_machines_on_shutdown {
         config.stop_machines_on_shutdown = true;
     }
-    bazaar_agent::run_agent(config, bazaar_api::router, shutdown_signal()).await
+    if let Some(l) = a.proxy_listen {
+        config.proxy_listen = l;
+    }
+    if let Some(d) = a.proxy_domain {
+        config.proxy_domain = d;
+    }
+    if let Some(ms) = a.autostop_idle_ms {
+        config.autostop_idle = std::time::Duration::from_millis(ms);
+    }
+    if let Some(ms) = a.proxy_queue_timeout_ms {
+        config.proxy_queue_timeout = std::time::Duration::from_millis(ms);
+    }
+    bazaar_agent::run_agent(
+        config,
+        |agent| {
+            let proxy = bazaar_proxy::Proxy::start(agent.clone())?;
+            Ok(bazaar_api::router(agent).merge(proxy.router()))
+        },
+        shutdown_signal(),
+    )
+    .await
 }
 
 /// Registers the SIGINT and SIGTERM handlers now, so that a signal arriving while the

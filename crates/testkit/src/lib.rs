@@ -46,6 +46,7 @@ pub struct TestAgent {
     child: Option<Child>,
     port: u16,
     gossip_port: u16,
+    proxy_port: u16,
 }
 
 impl TestAgent {
@@ -60,6 +61,7 @@ impl TestAgent {
             child: None,
             port: 0,
             gossip_port: 0,
+            proxy_port: 0,
         };
         agent.spawn(&[])?;
         Ok(agent)
@@ -84,6 +86,8 @@ impl TestAgent {
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("--gossip-listen")
             .arg(format!("127.0.0.1:{}", self.gossip_port))
+            .arg("--proxy-listen")
+            .arg(format!("127.0.0.1:{}", self.proxy_port))
             .arg("--cpus")
             .arg(self.opts.cpus.to_string())
             .arg("--memory-mb")
@@ -116,6 +120,9 @@ impl TestAgent {
                     self.port = addr.port();
                     let gossip = std::fs::read_to_string(self.data_dir.join("gossip.addr"))?;
                     self.gossip_port = gossip.trim().parse::<std::net::SocketAddr>()?.port();
+                    if let Ok(p) = std::fs::read_to_string(self.data_dir.join("proxy.addr")) {
+                        self.proxy_port = p.trim().parse::<std::net::SocketAddr>()?.port();
+                    }
                     break;
                 }
             }
@@ -141,6 +148,16 @@ impl TestAgent {
     /// The agent's gossip address (to join through).
     pub fn gossip_addr(&self) -> String {
         format!("127.0.0.1:{}", self.gossip_port)
+    }
+
+    /// The address of the agent's edge proxy (`127.0.0.1:<port>`).
+    pub fn proxy_addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.proxy_port))
+    }
+
+    /// The agent's proxy as a base URL (send `Host: <app>.localhost` with requests).
+    pub fn proxy_url(&self) -> String {
+        format!("http://{}", self.proxy_addr())
     }
 
     /// The agent's URL.

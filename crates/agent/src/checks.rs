@@ -1,0 +1,295 @@
+//! Service health checks (Fly's `services[].checks`), run by the agent that owns the
+//! machine. Every started machine of this host is checked on its own schedule (`interval`,
+//! `timeout`, `grace_period`) with a TCP connect or an HTTP request to the service's host
+//! port. Results are kept in memory and travel in the machine's catalog row
+//! (`MachineRecord.checks`, names `servicecheck-<n>-<type>-<internal port>`); the row is
+//! republished only when a status changes. The proxy routes no traffic to a machine with a
+//! `critical` service check; a failure inside the grace period after start is reported as
+//! `warning`. As on Fly, a failing check never restarts or stops a machine.
+
+use crate::agent::Agent;
+use bazaar_catalog::{CheckRecord, MachineFilter};
+use bazaar_types::config::CheckConfig;
+use bazaar_types::now_ms;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+/// Default time between two runs of a check.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
+/// Default time a check may take.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One check of one machine, ready to run.
+#[derive(Debug, Clone)]
+struct Spec {
+    name: String,
+    kind: String,
+    addr: String,
+    method: String,
+    path: String,
+    interval: Duration,
+    timeout: Duration,
+    grace: Duration,
+}
+
+#[derive(Debug)]
+struct Scheduled {
+    spec: Spec,
+    next_due: Instant,
+    running: bool,
+}
+
+#[derive(Debug)]
+struct MachineChecks {
+    started_seen: Instant,
+    instance_id: String,
+    checks: Vec<Scheduled>,
+}
+
+/// Starts the check loop of this agent.
+pub(crate) fn spawn(agent: &Agent) {
+    let agent = agent.clone();
+    let shutdown = agent.0.shutdown.clone();
+    agent.0.tracker.clone().spawn(async move {
+        let (tx, mut rx) = mpsc::unbounded_channel::<(String, String, CheckRecord)>();
+        let mut machines: HashMap<String, MachineChecks> = HashMap::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = tick.tick() => schedule(&agent, &mut machines, &tx),
+                Some((id, instance, result)) = rx.recv() => {
+                    record(&agent, &mut machines, id, instance, result).await;
+                }
+            }
+        }
+    });
+}
+
+/// Brings the schedule in line with this host's started machines and runs what is due.
+fn schedule(
+    agent: &Agent,
+    machines: &mut HashMap<String, MachineChecks>,
+    tx: &mpsc::UnboundedSender<(String, String, CheckRecord)>,
+) {
+    let Some(catalog) = agent.catalog() else {
+        return;
+    };
+    let host = agent.host_id();
+    let filter = MachineFilter {
+        states: vec!["started".into()],
+        ..Default::default()
+    };
+    let now = Instant::now();
+    let mut seen = Vec::new();
+    for view in catalog.machines(&filter) {
+        let m = view.record;
+        if m.host_id != host {
+            continue;
+        }
+        seen.push(m.id.clone());
+        let stale = machines
+            .get(&m.id)
+            .is_some_and(|c| c.instance_id != m.instance_id);
+        if stale || !machines.contains_key(&m.id) {
+            let specs = specs(&m);
+            machines.insert(
+                m.id.clone(),
+                MachineChecks {
+                    started_seen: now,
+                    instance_id: m.instance_id.clone(),
+                    checks: specs
+                        .into_iter()
+                        .map(|spec| Scheduled {
+                            spec,
+                            next_due: now,
+                            running: false,
+                        })
+                        .collect(),
+                },
+            );
+        }
+    }
+    let before = machines.len();
+    machines.retain(|id, _| seen.contains(id));
+    if machines.len() != before {
+        let mut results = crate::agent::lock_checks(agent);
+        results.retain(|id, _| seen.contains(id));
+    }
+    for (id, mc) in machines.iter_mut() {
+        for sc in mc.checks.iter_mut() {
+            if sc.running || sc.next_due > now {
+                continue;
+            }
+            sc.running = true;
+            let spec = sc.spec.clone();
+            let in_grace = now.duration_since(mc.started_seen) < spec.grace;
+            let (tx, id, instance) = (tx.clone(), id.clone(), mc.instance_id.clone());
+            tokio::spawn(async move {
+                let outcome = run_check(&spec).await;
+                let status = match &outcome {
+                    Ok(_) => "passing",
+                    Err(_) if in_grace => "warning",
+                    Err(_) => "critical",
+                };
+                let output = match outcome {
+                    Ok(o) | Err(o) => o,
+                };
+                let _ = tx.send((
+                    id,
+                    instance,
+                    CheckRecord {
+                        name: spec.name,
+                        status: status.into(),
+                        output,
+                        updated_at_ms: now_ms(),
+                    },
+                ));
+            });
+        }
+    }
+}
+
+/// Stores one result; republishes the machine when a status changed.
+async fn record(
+    agent: &Agent,
+    machines: &mut HashMap<String, MachineChecks>,
+    id: String,
+    instance: String,
+    result: CheckRecord,
+) {
+    let Some(mc) = machines.get_mut(&id) else {
+        return;
+    };
+    if mc.instance_id != instance {
+        return;
+    }
+    if let Some(sc) = mc.checks.iter_mut().find(|s| s.spec.name == result.name) {
+        sc.running = false;
+        sc.next_due = Instant::now() + sc.spec.interval;
+    }
+    let changed = {
+        let mut all = crate::agent::lock_checks(agent);
+        let list = all.entry(id.clone()).or_default();
+        match list.iter_mut().find(|c| c.name == result.name) {
+            Some(c) if c.status == result.status => {
+                *c = result;
+                false
+            }
+            Some(c) => {
+                *c = result;
+                true
+            }
+            None => {
+                list.push(result);
+                list.sort_by(|a, b| a.name.cmp(&b.name));
+                true
+            }
+        }
+    };
+    if changed {
+        let store = agent.0.store.clone();
+        let id2 = id.clone();
+        match tokio::task::spawn_blocking(move || store.machine(&id2)).await {
+            Ok(Ok(Some(rec))) => agent.publish(&rec),
+            Ok(Ok(None)) => {}
+            Ok(Err(err)) => tracing::warn!(machine.id = %id, error = %err, "reading machine"),
+            Err(err) => tracing::warn!(machine.id = %id, error = %err, "reading machine"),
+        }
+    }
+}
+
+/// The checks of a machine's services, with where to reach them.
+fn specs(m: &bazaar_catalog::MachineRecord) -> Vec<Spec> {
+    let mut out = Vec::new();
+    for svc in &m.services {
+        for (i, c) in svc.service.checks.iter().enumerate() {
+            out.push(spec(m, svc, i, c));
+        }
+    }
+    out
+}
+
+fn spec(
+    m: &bazaar_catalog::MachineRecord,
+    svc: &bazaar_catalog::ServiceRecord,
+    i: usize,
+    c: &CheckConfig,
+) -> Spec {
+    let kind = c.kind.clone().unwrap_or_else(|| "tcp".into());
+    // `port` names an internal port; find the host port it is published on.
+    let port = c
+        .port
+        .and_then(|p| {
+            m.services
+                .iter()
+                .find(|s| s.service.internal_port == p)
+                .map(|s| s.port)
+        })
+        .unwrap_or(svc.port);
+    Spec {
+        name: format!(
+            "servicecheck-{i:02}-{kind}-{}",
+            c.port.unwrap_or(svc.service.internal_port)
+        ),
+        kind,
+        addr: format!("{}:{port}", svc.address),
+        method: c.method.clone().unwrap_or_else(|| "GET".into()),
+        path: c.path.clone().unwrap_or_else(|| "/".into()),
+        interval: c.interval.map(|d| d.get()).unwrap_or(DEFAULT_INTERVAL),
+        timeout: c.timeout.map(|d| d.get()).unwrap_or(DEFAULT_TIMEOUT),
+        grace: c.grace_period.map(|d| d.get()).unwrap_or_default(),
+    }
+}
+
+/// Runs one check: `Ok(output)` when it passes, `Err(output)` when it fails.
+async fn run_check(spec: &Spec) -> Result<String, String> {
+    match tokio::time::timeout(spec.timeout, probe(spec)).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("timed out after {:?}", spec.timeout)),
+    }
+}
+
+async fn probe(spec: &Spec) -> Result<String, String> {
+    let mut stream = tokio::net::TcpStream::connect(&spec.addr)
+        .await
+        .map_err(|e| format!("connecting to {}: {e}", spec.addr))?;
+    if spec.kind != "http" {
+        return Ok(format!("connected to {}", spec.addr));
+    }
+    let req = format!(
+        "{} {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: bazaar-check\r\nConnection: close\r\n\r\n",
+        spec.method, spec.path, spec.addr
+    );
+    stream
+        .write_all(req.as_bytes())
+        .await
+        .map_err(|e| format!("writing: {e}"))?;
+    let mut buf = vec![0u8; 512];
+    let mut len = 0;
+    while len < 12 {
+        let n = stream
+            .read(&mut buf[len..])
+            .await
+            .map_err(|e| format!("reading: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        len += n;
+    }
+    let head = String::from_utf8_lossy(&buf[..len]);
+    let status = head
+        .lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse::<u16>().ok())
+        .ok_or_else(|| format!("not an HTTP response: {:?}", head.lines().next()))?;
+    if (200..400).contains(&status) {
+        Ok(format!("HTTP {status}"))
+    } else {
+        Err(format!("HTTP {status}"))
+    }
+}

@@ -1,0 +1,143 @@
+//! Request and response bodies of the proxy, and the guard that counts a request in flight
+//! on a machine until its response body has been sent.
+
+use crate::table::Load;
+use crate::Shared;
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+/// A request body sent upstream: buffered (replayable) or streamed once.
+#[derive(Debug)]
+pub enum ReqBody {
+    Full(Option<Bytes>),
+    Stream(Incoming),
+}
+
+impl Body for ReqBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            ReqBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            ReqBody::Stream(s) => Pin::new(s).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ReqBody::Full(b) => b.is_none(),
+            ReqBody::Stream(s) => s.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ReqBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            ReqBody::Full(None) => SizeHint::with_exact(0),
+            ReqBody::Stream(s) => s.size_hint(),
+        }
+    }
+}
+
+/// Counts one request in flight on a machine; dropping it ends the request.
+pub struct Guard {
+    pub load: Arc<Load>,
+    pub shared: Arc<Shared>,
+    pub gauge: Option<prometheus_client::metrics::gauge::Gauge>,
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Guard")
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.load
+            .last_active_ms
+            .store(bazaar_types::now_ms(), Ordering::SeqCst);
+        self.load.inflight.fetch_sub(1, Ordering::SeqCst);
+        if let Some(g) = &self.gauge {
+            g.dec();
+        }
+        self.shared.slot_freed.notify_waiters();
+    }
+}
+
+/// A response body: from a machine (holding its in-flight guard) or made by the proxy.
+#[derive(Debug)]
+pub struct RespBody {
+    inner: RespInner,
+    guard: Option<Guard>,
+}
+
+#[derive(Debug)]
+enum RespInner {
+    Full(Option<Bytes>),
+    Upstream(Incoming),
+}
+
+impl RespBody {
+    /// A body made by the proxy.
+    pub fn full(b: impl Into<Bytes>) -> RespBody {
+        let b = b.into();
+        RespBody {
+            inner: RespInner::Full((!b.is_empty()).then_some(b)),
+            guard: None,
+        }
+    }
+
+    /// A machine's body; the request stays in flight until it is sent (or dropped).
+    pub fn upstream(b: Incoming, guard: Guard) -> RespBody {
+        RespBody {
+            inner: RespInner::Upstream(b),
+            guard: Some(guard),
+        }
+    }
+}
+
+impl Body for RespBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let r = match &mut this.inner {
+            RespInner::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            RespInner::Upstream(s) => Pin::new(s).poll_frame(cx),
+        };
+        if let Poll::Ready(None) = r {
+            // Finished: the machine is done with this request.
+            this.guard = None;
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            RespInner::Full(b) => b.is_none(),
+            RespInner::Upstream(s) => s.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            RespInner::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            RespInner::Full(None) => SizeHint::with_exact(0),
+            RespInner::Upstream(s) => s.size_hint(),
+        }
+    }
+}

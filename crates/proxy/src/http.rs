@@ -1,0 +1,716 @@
+//! The HTTP side: the listener (HTTP/1.1 and HTTP/2, with limits against slow and
+//! oversized clients), routing by Host, forwarding with `X-Forwarded-*` and a request id,
+//! `fly-force-instance-id`, retries, bounded waiting, and the owner side of a hop.
+
+use crate::balance::{self, Availability, Candidate, Choice};
+use crate::body::{Guard, ReqBody, RespBody};
+use crate::metrics::{AppLabel, KindLabels, StatusLabels};
+use crate::table::{Backend, RouteState};
+use crate::Shared;
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, HOST};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Header a proxy sets when it hands a request to the proxy of the machine's host.
+pub const HOP_TOKEN: HeaderName = HeaderName::from_static("bazaar-proxy-hop");
+/// The machine a hop is for.
+pub const HOP_MACHINE: HeaderName = HeaderName::from_static("bazaar-proxy-machine");
+/// Set on a hop's answer when the request was not delivered (safe to send elsewhere).
+pub const HOP_RETRY: HeaderName = HeaderName::from_static("bazaar-proxy-retry");
+/// Set on a hop when the first proxy chose to wake the machine.
+pub const HOP_WAKE: HeaderName = HeaderName::from_static("bazaar-proxy-wake");
+/// The request id (as Fly names it).
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("fly-request-id");
+/// Pins a request to one machine.
+pub const FORCE_INSTANCE: HeaderName = HeaderName::from_static("fly-force-instance-id");
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+/// Bodies up to this size are buffered, so the request can be retried elsewhere.
+const REPLAYABLE_BODY: u64 = 64 * 1024;
+/// A machine whose connection failed is skipped this long.
+const FAILED_SKIP_MS: u64 = 1000;
+/// Slow clients: the whole request head must arrive within this.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest request head accepted.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// Starts proxy thread `i`: a single-threaded runtime serving `listener` until shutdown.
+pub(crate) fn spawn_server_thread(
+    i: usize,
+    shared: Arc<Shared>,
+    listener: std::net::TcpListener,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name(format!("proxy-{i}"))
+        .spawn(move || {
+            rt.block_on(async move {
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => serve(shared, l, shutdown).await,
+                    Err(err) => tracing::error!(error = %err, "proxy listener"),
+                }
+            })
+        })?;
+    Ok(())
+}
+
+async fn serve(
+    shared: Arc<Shared>,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) {
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEAD_BYTES);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(MAX_HEAD_BYTES as u32)
+        .max_concurrent_streams(256)
+        .keep_alive_interval(Some(Duration::from_secs(30)));
+    let builder = Arc::new(builder);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(err) => {
+                    // Out of file descriptors and the like: back off, keep serving.
+                    tracing::warn!(error = %err, "proxy accept");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        let builder = builder.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(handle(shared, peer, req).await) }
+            });
+            if let Err(err) = builder.serve_connection(TokioIo::new(stream), svc).await {
+                tracing::debug!(error = %err, %peer, "proxy connection");
+            }
+        });
+    }
+}
+
+/// A response made by the proxy itself.
+pub(crate) fn reply(status: StatusCode, text: impl Into<String>) -> Response<RespBody> {
+    let mut text = text.into();
+    text.push('\n');
+    let mut r = Response::new(RespBody::full(Bytes::from(text)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// The app a Host header names: `<app>.<domain>`, port and trailing dot ignored.
+pub(crate) fn app_of_host<'a>(host: &'a str, suffix: &str) -> Option<&'a str> {
+    let host = match host.rsplit_once(':') {
+        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => host,
+    };
+    let host = host.strip_suffix('.').unwrap_or(host);
+    if host.len() <= suffix.len() || !host.is_char_boundary(host.len() - suffix.len()) {
+        return None;
+    }
+    let (app, tail) = host.split_at(host.len() - suffix.len());
+    (tail.eq_ignore_ascii_case(suffix) && !app.is_empty() && !app.contains('.')).then_some(app)
+}
+
+fn host_of(req: &Request<Incoming>) -> Option<String> {
+    req.headers()
+        .get(HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| req.uri().authority().map(|a| a.to_string()))
+}
+
+async fn handle(
+    shared: Arc<Shared>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Response<RespBody> {
+    if let Some(token) = req.headers().get(&HOP_TOKEN) {
+        if token.as_bytes() == shared.secret.as_bytes() {
+            return serve_hop(shared, req).await;
+        }
+        return reply(StatusCode::FORBIDDEN, "bazaar proxy: bad hop token");
+    }
+    let started = Instant::now();
+    let Some(host) = host_of(&req) else {
+        return reply(
+            StatusCode::BAD_REQUEST,
+            "bazaar proxy: the request has no Host header",
+        );
+    };
+    let host = host.to_ascii_lowercase();
+    let Some(app) = app_of_host(&host, &shared.domain_suffix).map(str::to_string) else {
+        return reply(
+            StatusCode::NOT_FOUND,
+            format!(
+                "bazaar proxy: no app is served at {host:?} (apps are served at <app>{})",
+                shared.domain_suffix
+            ),
+        );
+    };
+    let resp = route(&shared, &app, peer, req).await;
+    let labels = AppLabel { app: app.clone() };
+    shared
+        .metrics
+        .latency
+        .get_or_create(&labels)
+        .observe(started.elapsed().as_secs_f64());
+    shared
+        .metrics
+        .requests
+        .get_or_create(&StatusLabels {
+            app,
+            status: resp.status().as_u16(),
+        })
+        .inc();
+    resp
+}
+
+/// What one attempt at a machine came to.
+enum Attempt {
+    Done(Response<RespBody>),
+    /// Not delivered; another machine may take it. `failed`: the machine (or its host)
+    /// failed, rather than being busy.
+    Retry {
+        failed: bool,
+    },
+}
+
+/// A request ready to be sent (possibly several times).
+struct Prepared {
+    parts: http::request::Parts,
+    /// `Some` when the body can be replayed.
+    body: Option<Bytes>,
+    stream: Option<Incoming>,
+}
+
+impl Prepared {
+    fn replayable(&self) -> bool {
+        self.body.is_some()
+    }
+
+    /// The request for one attempt, or `None` when the streamed body was already used.
+    fn build(&mut self, uri: Uri) -> Option<Request<ReqBody>> {
+        let body = match (&self.body, self.stream.take()) {
+            (Some(b), _) => ReqBody::Full((!b.is_empty()).then(|| b.clone())),
+            (None, Some(s)) => ReqBody::Stream(s),
+            (None, None) => return None,
+        };
+        let mut req = Request::new(body);
+        *req.method_mut() = self.parts.method.clone();
+        *req.uri_mut() = uri;
+        *req.version_mut() = Version::HTTP_11;
+        *req.headers_mut() = self.parts.headers.clone();
+        Some(req)
+    }
+
+    fn idempotent(&self) -> bool {
+        matches!(
+            self.parts.method,
+            Method::GET
+                | Method::HEAD
+                | Method::OPTIONS
+                | Method::PUT
+                | Method::DELETE
+                | Method::TRACE
+        )
+    }
+}
+
+/// Headers that apply to one connection only (RFC 9110 §7.6.1).
+fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
+    if let Some(conn) = headers.get(http::header::CONNECTION).cloned() {
+        if let Ok(conn) = conn.to_str() {
+            for name in conn.split(',') {
+                if let Ok(n) = HeaderName::from_bytes(name.trim().as_bytes()) {
+                    headers.remove(n);
+                }
+            }
+        }
+    }
+    for h in [
+        http::header::CONNECTION,
+        http::header::TE,
+        http::header::TRAILER,
+        http::header::TRANSFER_ENCODING,
+        http::header::UPGRADE,
+        http::header::PROXY_AUTHORIZATION,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+    ] {
+        headers.remove(h);
+    }
+}
+
+async fn prepare(req: Request<Incoming>) -> Result<Prepared, Response<RespBody>> {
+    let (mut parts, body) = req.into_parts();
+    if !parts.headers.contains_key(HOST) {
+        if let Some(a) = parts.uri.authority() {
+            if let Ok(v) = HeaderValue::from_str(a.as_str()) {
+                parts.headers.insert(HOST, v);
+            }
+        }
+    }
+    strip_hop_by_hop(&mut parts.headers);
+    let small = http_body::Body::size_hint(&body)
+        .upper()
+        .is_some_and(|n| n <= REPLAYABLE_BODY);
+    if http_body::Body::is_end_stream(&body) {
+        return Ok(Prepared {
+            parts,
+            body: Some(Bytes::new()),
+            stream: None,
+        });
+    }
+    if small {
+        return match body.collect().await {
+            Ok(b) => Ok(Prepared {
+                parts,
+                body: Some(b.to_bytes()),
+                stream: None,
+            }),
+            Err(err) => Err(reply(
+                StatusCode::BAD_REQUEST,
+                format!("bazaar proxy: reading the request body: {err}"),
+            )),
+        };
+    }
+    Ok(Prepared {
+        parts,
+        body: None,
+        stream: Some(body),
+    })
+}
+
+fn request_id(shared: &Shared) -> HeaderValue {
+    let id = format!("{}-{}", ulid::Ulid::new(), shared.region);
+    HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("-"))
+}
+
+/// The edge side: choose a machine, send, retry, wait, wake.
+async fn route(
+    shared: &Arc<Shared>,
+    app: &str,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Response<RespBody> {
+    let Some(_) = shared.table().apps.get(app).cloned() else {
+        return reply(
+            StatusCode::NOT_FOUND,
+            format!("bazaar proxy: no app named {app:?}"),
+        );
+    };
+    let force = req
+        .headers()
+        .get(&FORCE_INSTANCE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let rid = request_id(shared);
+    let mut prepared = match prepare(req).await {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
+    {
+        let h = &mut prepared.parts.headers;
+        let peer_ip = peer.ip().to_string();
+        let xff = match h.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+            Some(prev) => format!("{prev}, {peer_ip}"),
+            None => peer_ip,
+        };
+        if let Ok(v) = HeaderValue::from_str(&xff) {
+            h.insert(X_FORWARDED_FOR, v);
+        }
+        h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        h.insert(REQUEST_ID, rid.clone());
+        h.remove(&HOP_TOKEN);
+        h.remove(&HOP_MACHINE);
+        h.remove(&HOP_WAKE);
+    }
+    let deadline = Instant::now() + shared.queue_timeout;
+    let mut tried: Vec<String> = Vec::new();
+    let mut last_failure: Option<&'static str> = None;
+    let mut resp = loop {
+        let table = shared.table();
+        let Some(route) = table.apps.get(app) else {
+            break reply(
+                StatusCode::NOT_FOUND,
+                format!("bazaar proxy: no app named {app:?}"),
+            );
+        };
+        let backends: Vec<&Arc<Backend>> = match &force {
+            Some(id) => route.backends.iter().filter(|b| &b.id == id).collect(),
+            None => route.backends.iter().collect(),
+        };
+        if backends.is_empty() {
+            break match &force {
+                Some(id) => reply(
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "bazaar proxy: app {app:?} has no machine {id:?} (fly-force-instance-id)"
+                    ),
+                ),
+                None => reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("bazaar proxy: app {app:?} has no machines with an HTTP service"),
+                ),
+            };
+        }
+        let now_ms = bazaar_types::now_ms();
+        let candidates: Vec<Candidate> = backends
+            .iter()
+            .map(|b| candidate(b, &tried, now_ms, force.is_some()))
+            .collect();
+        let choice = balance::choose(&candidates, rand::random());
+        let (b, wake) = match choice {
+            Choice::Send(i) => (backends[i], false),
+            Choice::Wake(i) => (backends[i], true),
+            Choice::Wait => {
+                let now = Instant::now();
+                if now >= deadline {
+                    let why = match last_failure {
+                        Some(w) => format!(" (last attempt: {w})"),
+                        None => String::new(),
+                    };
+                    break reply(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "bazaar proxy: no machine of app {app:?} could take the request within {:?}{why}",
+                            shared.queue_timeout
+                        ),
+                    );
+                }
+                // Machines that were only busy may have room now.
+                tried.clear();
+                let pause = (deadline - now).min(Duration::from_millis(50));
+                tokio::select! {
+                    () = shared.slot_freed.notified() => {}
+                    () = tokio::time::sleep(pause) => {}
+                }
+                continue;
+            }
+        };
+        let b = b.clone();
+        drop(table);
+        let attempt = if b.local {
+            if wake || b.state != RouteState::Ready {
+                match crate::scale::ensure_awake(shared, &b).await {
+                    Ok(()) => send_local(shared, &b, &mut prepared).await,
+                    Err(err) => {
+                        tracing::warn!(machine.id = %b.id, error = %err, "waking a machine");
+                        Attempt::Retry { failed: true }
+                    }
+                }
+            } else {
+                send_local(shared, &b, &mut prepared).await
+            }
+        } else {
+            send_remote(shared, &b, &mut prepared, wake).await
+        };
+        match attempt {
+            Attempt::Done(r) => break r,
+            Attempt::Retry { failed } => {
+                if failed {
+                    last_failure = Some("the machine failed");
+                } else {
+                    last_failure = Some("the machine was busy");
+                }
+                if !prepared.replayable() {
+                    break reply(
+                        StatusCode::BAD_GATEWAY,
+                        format!(
+                            "bazaar proxy: machine {} failed and the request cannot be replayed",
+                            b.id
+                        ),
+                    );
+                }
+                shared
+                    .metrics
+                    .retries
+                    .get_or_create(&AppLabel {
+                        app: app.to_string(),
+                    })
+                    .inc();
+                tried.push(b.id.clone());
+                if force.is_some() && Instant::now() >= deadline {
+                    break reply(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("bazaar proxy: machine {} cannot take the request", b.id),
+                    );
+                }
+            }
+        }
+    };
+    resp.headers_mut().insert(REQUEST_ID, rid);
+    resp
+}
+
+fn candidate(b: &Backend, tried: &[String], now_ms: u64, forced: bool) -> Candidate {
+    let reachable = b.local || b.hop.is_some();
+    let skipped = tried.contains(&b.id)
+        || b.load.failed_until_ms.load(Ordering::Relaxed) > now_ms
+        || (b.local && b.load.draining.load(Ordering::Relaxed));
+    let state = match b.state {
+        _ if skipped || !reachable => Availability::Unavailable,
+        RouteState::Ready => Availability::Ready,
+        RouteState::Starting => Availability::Wakeable,
+        RouteState::Stopped if b.limits.autostart || forced => Availability::Wakeable,
+        _ => Availability::Unavailable,
+    };
+    Candidate {
+        load: b.load.inflight.load(Ordering::Relaxed),
+        soft_limit: b.limits.soft,
+        hard_limit: b.limits.hard,
+        distance: b.distance,
+        state,
+    }
+}
+
+fn path_uri(authority: SocketAddr, parts: &http::request::Parts) -> Uri {
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    Uri::try_from(format!("http://{authority}{pq}")).unwrap_or_else(|_| Uri::from_static("/"))
+}
+
+/// Sends to a machine of this host, counting it against the machine's hard limit.
+async fn send_local(shared: &Arc<Shared>, b: &Backend, prepared: &mut Prepared) -> Attempt {
+    if !b.load.try_admit(b.limits.hard) {
+        return Attempt::Retry { failed: false };
+    }
+    let gauge = shared
+        .metrics
+        .in_flight
+        .get_or_create(&AppLabel { app: b.app.clone() })
+        .clone();
+    gauge.inc();
+    let guard = Guard {
+        load: b.load.clone(),
+        shared: shared.clone(),
+        gauge: Some(gauge),
+    };
+    b.load
+        .last_active_ms
+        .store(bazaar_types::now_ms(), Ordering::SeqCst);
+    let uri = path_uri(b.addr, &prepared.parts);
+    let Some(req) = prepared.build(uri) else {
+        return Attempt::Retry { failed: true };
+    };
+    match crate::client().request(req).await {
+        Ok(resp) => {
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            Attempt::Done(Response::from_parts(parts, RespBody::upstream(body, guard)))
+        }
+        Err(err) => {
+            let connect = err.is_connect();
+            let kind = if connect { "connect" } else { "request" };
+            tracing::debug!(machine.id = %b.id, error = %err, kind, "upstream error");
+            shared
+                .metrics
+                .upstream_errors
+                .get_or_create(&KindLabels {
+                    app: b.app.clone(),
+                    kind,
+                })
+                .inc();
+            b.load
+                .failed_until_ms
+                .store(bazaar_types::now_ms() + FAILED_SKIP_MS, Ordering::Relaxed);
+            drop(guard);
+            if connect || prepared.idempotent() {
+                Attempt::Retry { failed: true }
+            } else {
+                Attempt::Done(reply(
+                    StatusCode::BAD_GATEWAY,
+                    format!("bazaar proxy: machine {} failed: {err}", b.id),
+                ))
+            }
+        }
+    }
+}
+
+/// Sends to a machine of another host, through that host's proxy.
+async fn send_remote(
+    shared: &Arc<Shared>,
+    b: &Backend,
+    prepared: &mut Prepared,
+    wake: bool,
+) -> Attempt {
+    let Some(hop) = b.hop else {
+        return Attempt::Retry { failed: true };
+    };
+    // This proxy's own share of the machine's load: never above its hard limit either.
+    if !b.load.try_admit(b.limits.hard) {
+        return Attempt::Retry { failed: false };
+    }
+    let guard = Guard {
+        load: b.load.clone(),
+        shared: shared.clone(),
+        gauge: None,
+    };
+    let uri = path_uri(hop, &prepared.parts);
+    let Some(mut req) = prepared.build(uri) else {
+        return Attempt::Retry { failed: true };
+    };
+    let h = req.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&shared.secret) {
+        h.insert(HOP_TOKEN, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&b.id) {
+        h.insert(HOP_MACHINE, v);
+    }
+    if wake {
+        h.insert(HOP_WAKE, HeaderValue::from_static("1"));
+    }
+    match crate::client().request(req).await {
+        Ok(resp) => {
+            if let Some(v) = resp.headers().get(&HOP_RETRY) {
+                let failed = v.as_bytes() == b"failed";
+                if failed {
+                    b.load
+                        .failed_until_ms
+                        .store(bazaar_types::now_ms() + FAILED_SKIP_MS, Ordering::Relaxed);
+                }
+                return Attempt::Retry { failed };
+            }
+            let (parts, body) = resp.into_parts();
+            Attempt::Done(Response::from_parts(parts, RespBody::upstream(body, guard)))
+        }
+        Err(err) => {
+            let connect = err.is_connect();
+            tracing::debug!(machine.id = %b.id, %hop, error = %err, "hop error");
+            shared
+                .metrics
+                .upstream_errors
+                .get_or_create(&KindLabels {
+                    app: b.app.clone(),
+                    kind: if connect {
+                        "hop_connect"
+                    } else {
+                        "hop_request"
+                    },
+                })
+                .inc();
+            b.load
+                .failed_until_ms
+                .store(bazaar_types::now_ms() + FAILED_SKIP_MS, Ordering::Relaxed);
+            if connect || prepared.idempotent() {
+                Attempt::Retry { failed: true }
+            } else {
+                Attempt::Done(reply(
+                    StatusCode::BAD_GATEWAY,
+                    format!("bazaar proxy: the host of machine {} failed: {err}", b.id),
+                ))
+            }
+        }
+    }
+}
+
+fn retry_reply(failed: bool, text: String) -> Response<RespBody> {
+    let mut r = reply(StatusCode::SERVICE_UNAVAILABLE, text);
+    r.headers_mut().insert(
+        HOP_RETRY,
+        HeaderValue::from_static(if failed { "failed" } else { "busy" }),
+    );
+    r
+}
+
+/// The owner side of a hop: deliver to one machine of this host, or say why not.
+async fn serve_hop(shared: Arc<Shared>, req: Request<Incoming>) -> Response<RespBody> {
+    let id = req
+        .headers()
+        .get(&HOP_MACHINE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let wake = req.headers().contains_key(&HOP_WAKE);
+    let table = shared.table();
+    let Some(b) = table
+        .apps
+        .values()
+        .flat_map(|r| r.backends.iter())
+        .find(|b| b.id == id && b.local)
+        .cloned()
+    else {
+        return retry_reply(
+            true,
+            format!("bazaar proxy: no machine {id:?} on this host"),
+        );
+    };
+    drop(table);
+    let ready = b.state == RouteState::Ready && !b.load.draining.load(Ordering::SeqCst);
+    if !ready {
+        let wakeable = matches!(b.state, RouteState::Stopped | RouteState::Starting)
+            && (wake || b.limits.autostart);
+        if !wakeable {
+            return retry_reply(
+                true,
+                format!("bazaar proxy: machine {id} cannot take traffic"),
+            );
+        }
+        if let Err(err) = crate::scale::ensure_awake(&shared, &b).await {
+            return retry_reply(true, format!("bazaar proxy: waking machine {id}: {err}"));
+        }
+    }
+    let mut prepared = match prepare(req).await {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
+    prepared.parts.headers.remove(&HOP_TOKEN);
+    prepared.parts.headers.remove(&HOP_MACHINE);
+    prepared.parts.headers.remove(&HOP_WAKE);
+    match send_local(&shared, &b, &mut prepared).await {
+        Attempt::Done(r) => r,
+        Attempt::Retry { failed } => retry_reply(
+            failed,
+            format!("bazaar proxy: machine {id} could not take the request"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apps_from_hosts() {
+        assert_eq!(app_of_host("web.localhost", ".localhost"), Some("web"));
+        assert_eq!(app_of_host("web.localhost:8080", ".localhost"), Some("web"));
+        assert_eq!(app_of_host("web.localhost.", ".localhost"), Some("web"));
+        assert_eq!(app_of_host("a.b.localhost", ".localhost"), None);
+        assert_eq!(app_of_host("localhost", ".localhost"), None);
+        assert_eq!(app_of_host(".localhost", ".localhost"), None);
+        assert_eq!(app_of_host("web.example.com", ".localhost"), None);
+        assert_eq!(app_of_host("wéb.localhost", ".localhost"), Some("wéb"));
+    }
+}

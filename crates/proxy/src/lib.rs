@@ -1,0 +1,238 @@
+//! The edge proxy (Fly's fly-proxy), served by every agent. It routes HTTP/1.1 and HTTP/2
+//! requests for `<app>.<domain>` to the app's machines, deciding from the local catalog
+//! alone ([`table`], rebuilt from the catalog's change stream).
+//!
+//! - Balancing ([`balance`]): started, healthy, uncordoned machines only; nearest first,
+//!   least loaded by in-flight requests, above the soft limit only when all are, never above
+//!   the hard limit; a request nothing can take waits (bounded), then gets a 503.
+//! - Two hops, as on Fly: a machine of this host is reached directly; a machine of another
+//!   host through that host's proxy (`proxy_addr` label of its host record), which counts
+//!   every request its machines serve, so hard limits and drains hold cluster-wide. A hop
+//!   that could not deliver answers with `bazaar-proxy-retry`, and the first proxy tries
+//!   another machine.
+//! - Retries: a request whose body is replayable (empty or buffered, ≤ 64 KiB) goes to
+//!   another machine after a refused connection (any method) or a failed exchange
+//!   (idempotent methods).
+//! - Scale from zero and to zero (`scale.rs`): autostart wakes the nearest stopped machine
+//!   through its owning agent, shared by concurrent requests; autostop drains and stops idle
+//!   machines down to `min_machines_running`.
+//! - Raw TCP services (`tcp.rs`) and Prometheus metrics ([`metrics`], `/metrics`).
+//!
+//! Entry point: [`Proxy::start`].
+
+pub mod balance;
+mod body;
+mod http;
+pub mod metrics;
+mod scale;
+pub mod table;
+mod tcp;
+
+use bazaar_agent::Agent;
+use body::ReqBody;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use table::{Load, Table};
+use tokio::sync::{watch, Notify};
+
+/// Longest time a request is held while its machine is woken.
+pub const WAKE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The proxy of one agent, cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Proxy(Arc<Shared>);
+
+pub(crate) type WakeResult = Option<Result<(), String>>;
+
+pub(crate) struct Shared {
+    pub agent: Agent,
+    pub catalog: bazaar_catalog::Catalog,
+    pub host_id: String,
+    pub region: String,
+    pub domain_suffix: String,
+    pub secret: String,
+    pub queue_timeout: Duration,
+    pub autostop_idle: Duration,
+    pub table: RwLock<Arc<Table>>,
+    pub loads: Mutex<HashMap<String, Arc<Load>>>,
+    /// Notified when a request ends or the table changes (waiting requests look again).
+    pub slot_freed: Notify,
+    /// Wake-ups in progress, by machine id: concurrent requests share one.
+    pub wakes: Mutex<HashMap<String, watch::Receiver<WakeResult>>>,
+    pub metrics: metrics::Metrics,
+    pub local_addr: SocketAddr,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy")
+            .field("host_id", &self.host_id)
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    pub fn table(&self) -> Arc<Table> {
+        self.table.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn rebuild(&self) {
+        let t = table::build(&self.catalog, &self.host_id, &self.region, &self.loads);
+        *self.table.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(t);
+        self.slot_freed.notify_waiters();
+    }
+}
+
+impl Proxy {
+    /// Binds the agent's `proxy_listen` address, writes `data_dir/proxy.addr`, publishes
+    /// the address in the host record and serves until the agent shuts down. Needs the
+    /// agent's catalog attached. Must be called inside the tokio runtime.
+    pub fn start(agent: Agent) -> anyhow::Result<Proxy> {
+        use anyhow::Context;
+        let config = agent.config().clone();
+        let catalog = agent
+            .catalog()
+            .cloned()
+            .context("the proxy needs the agent's catalog")?;
+        // One listener per proxy thread on the same address (SO_REUSEPORT): the kernel
+        // spreads connections, and each thread serves its own without handing work across.
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .clamp(1, 16);
+        let first = bind_reuseport(config.proxy_listen)
+            .with_context(|| format!("binding the proxy listener on {}", config.proxy_listen))?;
+        let local_addr = first.local_addr()?;
+        let mut listeners = vec![first];
+        for _ in 1..threads {
+            listeners.push(bind_reuseport(local_addr)?);
+        }
+        let domain = config.proxy_domain.trim_matches('.').to_ascii_lowercase();
+        let shared = Arc::new(Shared {
+            host_id: agent.host_id().to_string(),
+            region: config.region.clone(),
+            domain_suffix: format!(".{domain}"),
+            secret: agent.cluster_secret().to_string(),
+            queue_timeout: config.proxy_queue_timeout,
+            autostop_idle: config.autostop_idle,
+            table: RwLock::new(Arc::new(Table::default())),
+            loads: Mutex::new(HashMap::new()),
+            slot_freed: Notify::new(),
+            wakes: Mutex::new(HashMap::new()),
+            metrics: metrics::Metrics::new(),
+            local_addr,
+            catalog,
+            agent: agent.clone(),
+        });
+        shared.rebuild();
+        std::fs::write(config.data_dir.join("proxy.addr"), local_addr.to_string())
+            .context("writing proxy.addr")?;
+        let shutdown = agent.shutdown_token();
+        spawn_table_refresh(shared.clone(), shutdown.clone());
+        for (i, listener) in listeners.into_iter().enumerate() {
+            http::spawn_server_thread(i, shared.clone(), listener, shutdown.clone())?;
+        }
+        scale::spawn_autostop(shared.clone(), shutdown.clone());
+        tcp::spawn(shared.clone(), config.proxy_listen.ip(), shutdown);
+        {
+            let agent = agent.clone();
+            tokio::spawn(async move { agent.set_proxy_addr(local_addr).await });
+        }
+        tracing::info!(proxy.addr = %local_addr, domain = %domain, "proxy listening");
+        Ok(Proxy(shared))
+    }
+
+    /// Where the proxy listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.0.local_addr
+    }
+
+    /// The metrics, as Prometheus text.
+    pub fn metrics_text(&self) -> String {
+        self.0.metrics.encode()
+    }
+
+    /// Routes to merge into the agent's API: `GET /metrics`.
+    pub fn router(&self) -> axum::Router {
+        let proxy = self.clone();
+        axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let proxy = proxy.clone();
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        proxy.metrics_text(),
+                    )
+                }
+            }),
+        )
+    }
+}
+
+/// A listening socket with SO_REUSEPORT, detached from any runtime.
+fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket.set_nodelay(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)?.into_std()
+}
+
+thread_local! {
+    /// The upstream client of this proxy thread (its pooled connections live on this
+    /// thread's runtime).
+    static CLIENT: Client<HttpConnector, ReqBody> = {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_timer(TokioTimer::new())
+            .build(connector)
+    };
+}
+
+/// This thread's upstream client.
+pub(crate) fn client() -> Client<HttpConnector, ReqBody> {
+    CLIENT.with(|c| c.clone())
+}
+
+/// Rebuilds the table on every catalog change (batched), and every 2 s regardless.
+fn spawn_table_refresh(shared: Arc<Shared>, shutdown: tokio_util::sync::CancellationToken) {
+    let mut rx = shared.catalog.subscribe();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(2));
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                r = rx.recv() => match r {
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        while rx.try_recv().is_ok() {}
+                        shared.rebuild();
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                },
+                _ = tick.tick() => shared.rebuild(),
+            }
+        }
+    });
+}

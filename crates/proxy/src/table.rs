@@ -1,0 +1,286 @@
+//! The routing table: every app's machines as the local catalog sees them, rebuilt from the
+//! catalog's change stream, with the per-machine load counters that outlive rebuilds.
+
+use bazaar_catalog::{Catalog, MachineFilter, MachineRecord, ServiceRecord};
+use bazaar_types::config::{Autostop, MachineService};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Live counters of one machine. On the owning host, `inflight` counts every request the
+/// machine is serving (whichever proxy it came through); elsewhere it is this proxy's own
+/// share, an estimate.
+#[derive(Debug, Default)]
+pub struct Load {
+    pub inflight: AtomicU32,
+    pub last_active_ms: AtomicU64,
+    /// Autostop is taking the machine down: admit nothing new.
+    pub draining: AtomicBool,
+    /// A connection to it failed: skip it until then.
+    pub failed_until_ms: AtomicU64,
+    /// Whether the last table saw it started (to restart the idle clock on a start).
+    pub was_started: AtomicBool,
+}
+
+impl Load {
+    /// Counts one more request unless the machine is draining or at `hard`.
+    pub fn try_admit(&self, hard: u32) -> bool {
+        if self.draining.load(Ordering::SeqCst) {
+            return false;
+        }
+        let ok = self
+            .inflight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < hard).then_some(n + 1)
+            })
+            .is_ok();
+        if ok && self.draining.load(Ordering::SeqCst) {
+            self.inflight.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        ok
+    }
+}
+
+/// A machine's state as far as routing goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteState {
+    /// Started, healthy, uncordoned and its host alive.
+    Ready,
+    /// Stopped or suspended (can be started).
+    Stopped,
+    /// Being started.
+    Starting,
+    /// Anything else.
+    Down,
+}
+
+/// The concurrency and scaling settings of a machine's routed service.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub soft: u32,
+    /// `u32::MAX` for none.
+    pub hard: u32,
+    pub autostart: bool,
+    pub autostop: Autostop,
+    pub min_running: u32,
+}
+
+impl Limits {
+    fn of(svc: &MachineService) -> Limits {
+        let c = svc.concurrency.as_ref();
+        Limits {
+            soft: c.and_then(|c| c.soft_limit).unwrap_or(20).max(1),
+            hard: c.and_then(|c| c.hard_limit).unwrap_or(u32::MAX).max(1),
+            autostart: svc.autostart.unwrap_or(false),
+            autostop: svc.autostop.unwrap_or(Autostop::Off),
+            min_running: svc.min_machines_running.unwrap_or(0),
+        }
+    }
+}
+
+/// One machine of an app, for routing.
+#[derive(Debug, Clone)]
+pub struct Backend {
+    pub id: String,
+    pub app: String,
+    pub host_id: String,
+    pub state: RouteState,
+    /// True when the catalog state is `started` (healthy or not).
+    pub started: bool,
+    pub distance: u8,
+    /// Owned by this host: connect to `addr` directly.
+    pub local: bool,
+    /// Where the machine's service listens (on its host).
+    pub addr: SocketAddr,
+    /// The owning host's proxy, for machines of other hosts.
+    pub hop: Option<SocketAddr>,
+    pub limits: Limits,
+    pub load: Arc<Load>,
+}
+
+/// The routed machines of one app.
+#[derive(Debug, Default)]
+pub struct AppRoute {
+    /// Sorted by machine id.
+    pub backends: Vec<Arc<Backend>>,
+}
+
+/// Every app.
+#[derive(Debug, Default)]
+pub struct Table {
+    pub apps: HashMap<String, Arc<AppRoute>>,
+    /// Raw TCP services by public port: the app and its machines (`addr` is the service's
+    /// address on each machine's host).
+    pub tcp: HashMap<u16, (String, Arc<AppRoute>)>,
+}
+
+/// Public ports of a service that carry raw TCP (no `http` handler).
+pub fn tcp_ports(svc: &MachineService) -> impl Iterator<Item = u16> + '_ {
+    svc.ports
+        .iter()
+        .filter(|p| !p.handlers.iter().any(|h| h == "http"))
+        .filter_map(|p| p.port)
+}
+
+/// The service of a machine that HTTP traffic goes to: one with an `http` handler (port 80
+/// first), else one without public ports (`bazaar machine run --port`).
+pub fn http_service(m: &MachineRecord) -> Option<&ServiceRecord> {
+    let has_http = |s: &&ServiceRecord| {
+        s.service
+            .ports
+            .iter()
+            .any(|p| p.handlers.iter().any(|h| h == "http"))
+    };
+    let on_80 = |s: &&ServiceRecord| {
+        s.service
+            .ports
+            .iter()
+            .any(|p| p.port == Some(80) && p.handlers.iter().any(|h| h == "http"))
+    };
+    m.services
+        .iter()
+        .find(on_80)
+        .or_else(|| m.services.iter().find(has_http))
+        .or_else(|| m.services.iter().find(|s| s.service.ports.is_empty()))
+}
+
+/// Builds the table from the catalog. `loads` keeps the counters of machines across
+/// rebuilds (and loses those of machines that are gone).
+pub fn build(
+    catalog: &Catalog,
+    host_id: &str,
+    region: &str,
+    loads: &Mutex<HashMap<String, Arc<Load>>>,
+) -> Table {
+    let hosts: HashMap<String, Option<SocketAddr>> = catalog
+        .hosts()
+        .into_iter()
+        .map(|h| {
+            let hop = h
+                .record
+                .labels
+                .get("proxy_addr")
+                .and_then(|a| a.parse().ok());
+            (h.record.id, hop)
+        })
+        .collect();
+    let mut apps: HashMap<String, AppRoute> = catalog
+        .apps()
+        .into_iter()
+        .map(|a| (a.name, AppRoute::default()))
+        .collect();
+    let mut tcp: HashMap<u16, (String, AppRoute)> = HashMap::new();
+    let mut loads = loads.lock().unwrap_or_else(|p| p.into_inner());
+    let mut live = std::collections::HashSet::new();
+    let now = bazaar_types::now_ms();
+    for view in catalog.machines(&MachineFilter::default()) {
+        let m = &view.record;
+        let http = http_service(m);
+        let routed: Vec<(&ServiceRecord, bool, Vec<u16>)> = m
+            .services
+            .iter()
+            .filter_map(|s| {
+                let is_http = http.is_some_and(|h| std::ptr::eq(h, s));
+                let ports: Vec<u16> = if is_http {
+                    Vec::new()
+                } else {
+                    tcp_ports(&s.service).collect()
+                };
+                (is_http || !ports.is_empty()).then_some((s, is_http, ports))
+            })
+            .collect();
+        if routed.is_empty() {
+            continue;
+        }
+        let local = m.host_id == host_id;
+        let healthy = m
+            .checks
+            .iter()
+            .filter(|c| c.name.starts_with("servicecheck-"))
+            .all(|c| c.status != "critical");
+        let started = m.state == "started";
+        let state = match m.state.as_str() {
+            "started" if healthy && !m.cordoned && view.host_status == "ok" => RouteState::Ready,
+            "stopped" | "suspended" if view.host_status == "ok" => RouteState::Stopped,
+            "starting" if view.host_status == "ok" => RouteState::Starting,
+            _ => RouteState::Down,
+        };
+        let load = loads.entry(m.id.clone()).or_default().clone();
+        if started && !load.was_started.swap(true, Ordering::SeqCst) {
+            load.last_active_ms.store(now, Ordering::SeqCst);
+        }
+        if !started {
+            load.was_started.store(false, Ordering::SeqCst);
+            if m.state != "stopping" && m.state != "suspending" {
+                load.draining.store(false, Ordering::SeqCst);
+            }
+        }
+        live.insert(m.id.clone());
+        let distance = if local {
+            0
+        } else if m.region == region {
+            1
+        } else {
+            2
+        };
+        let backend = |svc: &ServiceRecord, load: Arc<Load>| {
+            let ip = svc.address.parse::<std::net::IpAddr>().ok()?;
+            Some(Arc::new(Backend {
+                id: m.id.clone(),
+                app: m.app.clone(),
+                host_id: m.host_id.clone(),
+                state,
+                started,
+                distance,
+                local,
+                addr: SocketAddr::new(ip, svc.port),
+                hop: hosts.get(&m.host_id).copied().flatten(),
+                limits: Limits::of(&svc.service),
+                load,
+            }))
+        };
+        for (svc, is_http, ports) in &routed {
+            if *is_http {
+                if let Some(b) = backend(svc, load.clone()) {
+                    apps.entry(m.app.clone()).or_default().backends.push(b);
+                }
+            }
+            for port in ports {
+                // Connections to a TCP service are counted on their own key.
+                let key = format!("{}:{port}", m.id);
+                let tload = loads.entry(key.clone()).or_default().clone();
+                live.insert(key);
+                let Some(b) = backend(svc, tload) else {
+                    continue;
+                };
+                let entry = tcp
+                    .entry(*port)
+                    .or_insert_with(|| (m.app.clone(), AppRoute::default()));
+                // One app per public port: the first by name wins.
+                if entry.0 == m.app {
+                    entry.1.backends.push(b);
+                } else if m.app < entry.0 {
+                    *entry = (m.app.clone(), AppRoute::default());
+                    entry.1.backends.push(b);
+                }
+            }
+        }
+    }
+    loads.retain(|id, _| live.contains(id));
+    let sorted = |mut route: AppRoute| {
+        route.backends.sort_by(|a, b| a.id.cmp(&b.id));
+        Arc::new(route)
+    };
+    Table {
+        apps: apps
+            .into_iter()
+            .map(|(name, route)| (name, sorted(route)))
+            .collect(),
+        tcp: tcp
+            .into_iter()
+            .map(|(port, (app, route))| (port, (app, sorted(route))))
+            .collect(),
+    }
+}
