@@ -1,0 +1,61 @@
+# A test backend for the proxy tests: answers JSON with its machine id, the headers it got
+# and the concurrency it has seen; answers 500 if its concurrency ever exceeds $LIMIT.
+# /healthz fails while the file $SCRATCH/sick-<machine id> exists. ?sleep=MS delays.
+import http.server, json, os, socketserver, threading, time, urllib.parse
+
+LOCK = threading.Lock()
+STATE = {"cur": 0, "max": 0, "count": 0}
+MID = os.environ.get("FLY_MACHINE_ID", "?")
+LIMIT = int(os.environ.get("LIMIT", "0"))
+SICK = os.path.join(os.environ.get("SCRATCH", "/nonexistent"), "sick-" + MID)
+
+
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        u = urllib.parse.urlparse(self.path)
+        if u.path == "/healthz":
+            sick = os.path.exists(SICK)
+            return self.reply(500 if sick else 200, b"sick" if sick else b"ok")
+        with LOCK:
+            STATE["cur"] += 1
+            STATE["count"] += 1
+            STATE["max"] = max(STATE["max"], STATE["cur"])
+            cur = STATE["cur"]
+        try:
+            q = urllib.parse.parse_qs(u.query)
+            ms = int(q.get("sleep", ["0"])[0])
+            if ms:
+                time.sleep(ms / 1000.0)
+            body = json.dumps({
+                "machine": MID,
+                "cur": cur,
+                "max": STATE["max"],
+                "count": STATE["count"],
+                "headers": {k.lower(): v for k, v in self.headers.items()},
+            }).encode()
+            over = LIMIT and cur > LIMIT
+            self.reply(500 if over else 200, body)
+        finally:
+            with LOCK:
+                STATE["cur"] -= 1
+
+    def reply(self, code, body):
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256
+
+
+S(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()

@@ -1,0 +1,193 @@
+//! Helpers shared by the proxy tests: a cluster, apps and machines through the Machines
+//! API, and a Python backend (`tests/proxy/backend.py`) that reports the concurrency it saw.
+#![allow(dead_code)]
+
+use bazaar_testkit::{start_cluster, AgentOptions, TestAgent, TEST_SECRET};
+use reqwest::{Client, Method, StatusCode};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub const EXE: &str = env!("CARGO_BIN_EXE_bazaar");
+const BACKEND: &str = include_str!("backend.py");
+
+pub struct Cluster {
+    pub agents: Vec<TestAgent>,
+    pub http: Client,
+    pub scratch: tempfile::TempDir,
+    pub script: PathBuf,
+}
+
+impl Cluster {
+    /// `n` agents; `args` are extra agent flags.
+    pub fn start(n: usize, args: &[&str]) -> Cluster {
+        let agents = start_cluster(std::path::Path::new(EXE), n, |_, o: &mut AgentOptions| {
+            o.extra_args.extend(args.iter().map(|s| s.to_string()));
+        })
+        .expect("cluster starts");
+        let scratch = tempfile::Builder::new()
+            .prefix("bazaar-proxy-")
+            .tempdir()
+            .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let script = scratch.path().join("backend.py");
+        std::fs::write(&script, BACKEND).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+        Cluster {
+            agents,
+            http: Client::builder()
+                .pool_max_idle_per_host(64)
+                .build()
+                .unwrap(),
+            scratch,
+            script,
+        }
+    }
+
+    pub async fn api(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut req = self
+            .http
+            .request(method, format!("{}/v1{path}", self.agents[0].url()))
+            .bearer_auth(TEST_SECRET);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub async fn create_app(&self, app: &str) {
+        let (s, v) = self
+            .api(
+                Method::POST,
+                "/apps",
+                Some(json!({"app_name": app, "org_slug": "personal"})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+    }
+
+    /// Creates a machine running the backend with `service` (merged over internal port
+    /// 8080); waits until it is started. `env` adds environment variables.
+    pub async fn create_machine(&self, app: &str, service: Value, env: Value) -> String {
+        let mut svc = json!({"internal_port": 8080, "protocol": "tcp"});
+        if let (Some(base), Some(extra)) = (svc.as_object_mut(), service.as_object()) {
+            for (k, v) in extra {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+        let mut envs = json!({"SCRATCH": self.scratch.path().display().to_string()});
+        if let (Some(base), Some(extra)) = (envs.as_object_mut(), env.as_object()) {
+            for (k, v) in extra {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+        let config = json!({
+            "image": "process", "driver": "process",
+            "init": {"exec": ["python3", self.script.display().to_string()]},
+            "env": envs,
+            "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256},
+            "restart": {"policy": "no"},
+            "services": [svc],
+        });
+        let (s, m) = self
+            .api(
+                Method::POST,
+                &format!("/apps/{app}/machines"),
+                Some(json!({"config": config})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{m}");
+        let id = m["id"].as_str().unwrap().to_string();
+        self.wait_state(app, &id, "started").await;
+        id
+    }
+
+    pub async fn wait_state(&self, app: &str, id: &str, state: &str) {
+        let (s, v) = self
+            .api(
+                Method::GET,
+                &format!("/apps/{app}/machines/{id}/wait?state={state}&timeout=30"),
+                None,
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{id} never {state}: {v}");
+    }
+
+    pub async fn machine(&self, app: &str, id: &str) -> Value {
+        self.api(Method::GET, &format!("/apps/{app}/machines/{id}"), None)
+            .await
+            .1
+    }
+
+    /// GET through agent `i`'s proxy with `Host: <app>.localhost`.
+    pub async fn get(
+        &self,
+        i: usize,
+        app: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, reqwest::header::HeaderMap, String) {
+        let mut req = self
+            .http
+            .get(format!("{}{path}", self.agents[i].proxy_url()))
+            .header("host", format!("{app}.localhost"))
+            .timeout(Duration::from_secs(30));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        match req.send().await {
+            Ok(resp) => {
+                let status = resp.status();
+                let headers = resp.headers().clone();
+                let body = resp.text().await.unwrap_or_default();
+                (status, headers, body)
+            }
+            Err(err) => (
+                StatusCode::from_u16(599).unwrap(),
+                Default::default(),
+                err.to_string(),
+            ),
+        }
+    }
+
+    /// Waits until agent `i`'s proxy answers 200 for the app.
+    pub async fn wait_routable(&self, i: usize, app: &str) {
+        bazaar_testkit::eventually(Duration::from_secs(20), || async {
+            let (s, _, _) = self.get(i, app, "/", &[]).await;
+            (s == StatusCode::OK).then_some(())
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{app} never routable through proxy {i}"));
+    }
+
+    pub async fn metrics(&self, i: usize) -> String {
+        self.http
+            .get(format!("{}/metrics", self.agents[i].url()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+}
+
+/// The machine id in a backend answer.
+pub fn machine_of(body: &str) -> String {
+    serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| v["machine"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}

@@ -1,0 +1,272 @@
+//! The edge proxy on a 3-agent loopback cluster with real HTTP backends: routing by Host,
+//! forwarded headers and request ids, `fly-force-instance-id`, load spread over every
+//! machine, hard limits under concurrent load, the bounded wait and its 503, unknown apps,
+//! malformed and oversized requests, slow clients, and `/metrics`.
+
+mod proxy;
+
+use proxy::*;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn routes_spreads_and_never_exceeds_the_hard_limit() {
+    let c = Cluster::start(3, &["--proxy-queue-timeout-ms", "10000"]);
+    c.create_app("web").await;
+    let svc = json!({"concurrency": {"type": "requests", "soft_limit": 2, "hard_limit": 3}});
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(
+            c.create_machine("web", svc.clone(), json!({"LIMIT": "3"}))
+                .await,
+        );
+    }
+    // Every proxy routes, whichever host the machines are on.
+    for i in 0..3 {
+        c.wait_routable(i, "web").await;
+    }
+
+    // Headers: X-Forwarded-For/Proto and a request id reach the machine and the client.
+    let (s, h, body) = c.get(0, "web", "/hello", &[]).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["headers"]["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(v["headers"]["x-forwarded-proto"], "http");
+    assert_eq!(v["headers"]["host"], "web.localhost");
+    let rid = h
+        .get("fly-request-id")
+        .expect("request id")
+        .to_str()
+        .unwrap();
+    assert_eq!(v["headers"]["fly-request-id"], rid);
+    assert!(
+        v["headers"].get("bazaar-proxy-hop").is_none(),
+        "hop secret leaked: {v}"
+    );
+
+    // fly-force-instance-id pins the machine, through any proxy.
+    for id in &ids {
+        for i in 0..3 {
+            let (s, _, body) = c
+                .get(i, "web", "/", &[("fly-force-instance-id", id.as_str())])
+                .await;
+            assert_eq!(s, StatusCode::OK, "{body}");
+            assert_eq!(&machine_of(&body), id);
+        }
+    }
+    let (s, _, body) = c
+        .get(0, "web", "/", &[("fly-force-instance-id", "nope")])
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{body}");
+
+    // 36 concurrent slow requests through one proxy: 3 machines × hard limit 3 = 9 at a
+    // time; the rest wait. Every machine serves, none ever sees more than 3 at once.
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..36 {
+        let c2 = c.http.clone();
+        let url = format!("{}/?sleep=150", c.agents[0].proxy_url());
+        tasks.push(tokio::spawn(async move {
+            let r = c2
+                .get(url)
+                .header("host", "web.localhost")
+                .send()
+                .await
+                .unwrap();
+            (r.status(), r.text().await.unwrap())
+        }));
+    }
+    let mut per_machine: HashMap<String, u32> = HashMap::new();
+    for t in tasks {
+        let (s, body) = t.await.unwrap();
+        assert_eq!(s, StatusCode::OK, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert!(v["max"].as_u64().unwrap() <= 3, "hard limit exceeded: {v}");
+        *per_machine.entry(machine_of(&body)).or_default() += 1;
+    }
+    assert_eq!(
+        per_machine.len(),
+        3,
+        "every machine serves: {per_machine:?}"
+    );
+    // 36 requests of 150 ms, 9 at a time: at least 4 rounds.
+    assert!(started.elapsed() >= Duration::from_millis(550));
+
+    // Requests through all three proxies at once: still never above the hard limit
+    // (each host's proxy admits requests for its own machines).
+    let mut tasks = Vec::new();
+    for k in 0..30 {
+        let c2 = c.http.clone();
+        let url = format!("{}/?sleep=100", c.agents[k % 3].proxy_url());
+        tasks.push(tokio::spawn(async move {
+            let r = c2
+                .get(url)
+                .header("host", "web.localhost")
+                .send()
+                .await
+                .unwrap();
+            (r.status(), r.text().await.unwrap())
+        }));
+    }
+    for t in tasks {
+        let (s, body) = t.await.unwrap();
+        assert_eq!(s, StatusCode::OK, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert!(v["max"].as_u64().unwrap() <= 3, "hard limit exceeded: {v}");
+    }
+
+    let m = c.metrics(0).await;
+    assert!(
+        m.contains("bazaar_proxy_requests_total{app=\"web\",status=\"200\"}"),
+        "{m}"
+    );
+    assert!(
+        m.contains("bazaar_proxy_request_duration_seconds_bucket"),
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_app_answers_503_after_a_bounded_wait() {
+    let c = Cluster::start(1, &["--proxy-queue-timeout-ms", "800"]);
+    c.create_app("slow").await;
+    let svc = json!({"concurrency": {"type": "requests", "soft_limit": 1, "hard_limit": 1}});
+    c.create_machine("slow", svc, json!({"LIMIT": "1"})).await;
+    c.wait_routable(0, "slow").await;
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let c2 = c.http.clone();
+        let url = format!("{}/?sleep=3000", c.agents[0].proxy_url());
+        tasks.push(tokio::spawn(async move {
+            let t0 = Instant::now();
+            let r = c2
+                .get(url)
+                .header("host", "slow.localhost")
+                .send()
+                .await
+                .unwrap();
+            (r.status(), t0.elapsed(), r.text().await.unwrap())
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        let (s, elapsed, body) = t.await.unwrap();
+        if s == StatusCode::OK {
+            ok += 1;
+        } else {
+            assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+            assert!(body.contains("could take the request within"), "{body}");
+            assert!(elapsed < Duration::from_millis(2500), "{elapsed:?}");
+        }
+    }
+    assert_eq!(ok, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_answered_without_hurting_other_clients() {
+    let c = Cluster::start(1, &[]);
+    c.create_app("web").await;
+    c.create_machine("web", json!({}), json!({})).await;
+    c.wait_routable(0, "web").await;
+
+    // Unknown app, and a host outside the domain.
+    let (s, _, body) = c.get(0, "nope", "/", &[]).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(body.contains("no app named \"nope\""), "{body}");
+    let r = c
+        .http
+        .get(format!("{}/", c.agents[0].proxy_url()))
+        .header("host", "example.com")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+
+    let addr = c.agents[0].proxy_addr();
+    // Slow clients: 50 connections that send half a request head and stall.
+    let mut slow = Vec::new();
+    for _ in 0..50 {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: web.localhost\r\nX-Slow: ")
+            .unwrap();
+        slow.push(s);
+    }
+    // Malformed request line.
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GARBAGE\x01\x02 / NOT-HTTP\r\n\r\n").unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert!(out.is_empty() || out.starts_with("HTTP/1.1 400"), "{out}");
+    // A huge header block.
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let big = "x".repeat(200 * 1024);
+    let _ = s.write_all(
+        format!("GET / HTTP/1.1\r\nHost: web.localhost\r\nX-Big: {big}\r\n\r\n").as_bytes(),
+    );
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert!(
+        out.is_empty() || out.starts_with("HTTP/1.1 431") || out.starts_with("HTTP/1.1 400"),
+        "{}",
+        &out[..out.len().min(200)]
+    );
+    // Meanwhile others are served promptly.
+    for _ in 0..20 {
+        let t0 = Instant::now();
+        let (s, _, body) = c.get(0, "web", "/", &[]).await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    }
+    // HTTP/2 (prior knowledge) works too, with the app in :authority.
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .resolve("web.localhost", addr)
+        .build()
+        .unwrap();
+    let r = h2
+        .get(format!("http://web.localhost:{}/h2", addr.port()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.version(), reqwest::Version::HTTP_2);
+    drop(slow);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_tcp_services_are_proxied() {
+    let c = Cluster::start(1, &[]);
+    c.create_app("raw").await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let id = c
+        .create_machine("raw", json!({"ports": [{"port": port}]}), json!({}))
+        .await;
+    let body = bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        s.write_all(b"GET /raw HTTP/1.1\r\nHost: whatever\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        out.starts_with("HTTP/1.1 200").then_some(out)
+    })
+    .await
+    .expect("the TCP port answers");
+    assert!(body.contains(&id), "{body}");
+    // No X-Forwarded-For on raw TCP: the bytes pass through untouched.
+    assert!(!body.contains("x-forwarded-for"), "{body}");
+    let m = c.metrics(0).await;
+    assert!(
+        m.contains("bazaar_proxy_tcp_connections_total{app=\"raw\"}"),
+        "{m}"
+    );
+}
