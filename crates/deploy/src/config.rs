@@ -1,0 +1,1111 @@
+//! The app config file: `bazaar.toml`, which reads the common `fly.toml` keys unchanged
+//! (docs/DEPLOY.md has the mapping), and its translation into one `MachineConfig` per
+//! process group.
+//!
+//! Invalid values fail with `file:line:col: message` (toml's spans); keys bazaar does not
+//! know or act on are collected as warnings, never silently dropped.
+
+use bazaar_types::config::{
+    Autostop, CheckConfig, Concurrency, InitConfig, MachineConfig, MachinePort, MachineService,
+    RestartConfig, RestartPolicyKind, StopConfig,
+};
+use bazaar_types::duration::GoDuration;
+use bazaar_types::guest::Guest;
+use bazaar_types::signal::Signal;
+use serde::{Deserialize, Deserializer};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The default process group when the file has no `[processes]`.
+pub const DEFAULT_GROUP: &str = "app";
+
+/// A parsed app config file.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct AppConfig {
+    /// The app's name.
+    #[serde(default)]
+    pub app: String,
+    #[serde(default)]
+    pub primary_region: Option<String>,
+    #[serde(default)]
+    pub kill_signal: Option<SignalName>,
+    #[serde(default)]
+    pub kill_timeout: Option<Seconds>,
+    #[serde(default)]
+    pub build: Build,
+    #[serde(default)]
+    pub env: BTreeMap<String, Scalar>,
+    /// Process groups: name → command line.
+    #[serde(default)]
+    pub processes: BTreeMap<String, Command>,
+    #[serde(default)]
+    pub http_service: Option<HttpService>,
+    #[serde(default)]
+    pub services: Vec<Service>,
+    /// Top-level machine checks (`[checks.NAME]`).
+    #[serde(default)]
+    pub checks: BTreeMap<String, TopCheck>,
+    #[serde(default)]
+    pub vm: Vec<Vm>,
+    #[serde(default)]
+    pub deploy: DeploySection,
+    #[serde(default)]
+    pub restart: Vec<Restart>,
+}
+
+/// `[build]`: an image, or `driver = "process"` (bazaar) to run `[processes]` commands.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Build {
+    #[serde(default)]
+    pub image: Option<String>,
+    #[serde(default)]
+    pub driver: Option<Driver>,
+}
+
+/// Which driver runs the machines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Driver {
+    Process,
+    Oci,
+}
+
+/// `[http_service]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct HttpService {
+    pub internal_port: u16,
+    #[serde(default)]
+    pub force_https: bool,
+    #[serde(default)]
+    pub auto_stop_machines: Option<AutostopSetting>,
+    #[serde(default)]
+    pub auto_start_machines: Option<bool>,
+    #[serde(default)]
+    pub min_machines_running: Option<u32>,
+    #[serde(default)]
+    pub concurrency: Option<ConcurrencySection>,
+    #[serde(default)]
+    pub processes: Vec<String>,
+    #[serde(default)]
+    pub checks: Vec<ServiceCheck>,
+}
+
+/// `[[services]]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Service {
+    #[serde(default = "tcp")]
+    pub protocol: String,
+    pub internal_port: u16,
+    #[serde(default)]
+    pub ports: Vec<Port>,
+    #[serde(default)]
+    pub auto_stop_machines: Option<AutostopSetting>,
+    #[serde(default)]
+    pub auto_start_machines: Option<bool>,
+    #[serde(default)]
+    pub min_machines_running: Option<u32>,
+    #[serde(default)]
+    pub concurrency: Option<ConcurrencySection>,
+    #[serde(default)]
+    pub processes: Vec<String>,
+    #[serde(default)]
+    pub tcp_checks: Vec<ServiceCheck>,
+    #[serde(default)]
+    pub http_checks: Vec<ServiceCheck>,
+}
+
+fn tcp() -> String {
+    "tcp".into()
+}
+
+/// `[[services.ports]]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Port {
+    #[serde(default)]
+    pub port: Option<u16>,
+    #[serde(default)]
+    pub start_port: Option<u16>,
+    #[serde(default)]
+    pub end_port: Option<u16>,
+    #[serde(default)]
+    pub handlers: Vec<String>,
+    #[serde(default)]
+    pub force_https: Option<bool>,
+}
+
+/// `concurrency = { type, soft_limit, hard_limit }`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ConcurrencySection {
+    #[serde(rename = "type", default)]
+    pub kind: Option<ConcurrencyKind>,
+    #[serde(default)]
+    pub soft_limit: Option<u32>,
+    #[serde(default)]
+    pub hard_limit: Option<u32>,
+}
+
+/// What a concurrency limit counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConcurrencyKind {
+    Connections,
+    Requests,
+}
+
+/// A service check (`[[http_service.checks]]`, `[[services.tcp_checks]]`, ...).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ServiceCheck {
+    #[serde(default)]
+    pub interval: Option<Millis>,
+    #[serde(default)]
+    pub timeout: Option<Millis>,
+    #[serde(default)]
+    pub grace_period: Option<Millis>,
+    #[serde(default)]
+    pub method: Option<String>,
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub protocol: Option<String>,
+    #[serde(default)]
+    pub tls_skip_verify: Option<bool>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+/// `[checks.NAME]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct TopCheck {
+    #[serde(rename = "type", default)]
+    pub kind: Option<CheckKind>,
+    #[serde(default)]
+    pub port: Option<u16>,
+    #[serde(default)]
+    pub interval: Option<Millis>,
+    #[serde(default)]
+    pub timeout: Option<Millis>,
+    #[serde(default)]
+    pub grace_period: Option<Millis>,
+    #[serde(default)]
+    pub method: Option<String>,
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub processes: Vec<String>,
+}
+
+/// A check's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckKind {
+    Http,
+    Tcp,
+}
+
+/// `[[vm]]`: a size preset, overridden by `cpus`, `memory`, `cpu_kind`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Vm {
+    #[serde(default)]
+    pub size: Option<Size>,
+    #[serde(default, alias = "memory_mb")]
+    pub memory: Option<Memory>,
+    #[serde(default)]
+    pub cpus: Option<u32>,
+    #[serde(default)]
+    pub cpu_kind: Option<CpuKind>,
+    #[serde(default)]
+    pub processes: Vec<String>,
+}
+
+/// `shared` or `performance`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuKind {
+    Shared,
+    Performance,
+}
+
+/// `[deploy]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct DeploySection {
+    #[serde(default)]
+    pub strategy: Option<Strategy>,
+    #[serde(default)]
+    pub max_unavailable: Option<MaxUnavailable>,
+    #[serde(default)]
+    pub wait_timeout: Option<Millis>,
+}
+
+/// How a deploy replaces machines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    /// A few at a time (`max_unavailable`), each health-gated.
+    Rolling,
+    /// One machine first, health-gated, then the rest rolling.
+    Canary,
+    /// A new set beside the old, health-gated, traffic switched, old destroyed.
+    Bluegreen,
+    /// All at once, not health-gated.
+    Immediate,
+}
+
+impl std::fmt::Display for Strategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Strategy::Rolling => "rolling",
+            Strategy::Canary => "canary",
+            Strategy::Bluegreen => "bluegreen",
+            Strategy::Immediate => "immediate",
+        })
+    }
+}
+
+impl std::str::FromStr for Strategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "rolling" => Ok(Strategy::Rolling),
+            "canary" => Ok(Strategy::Canary),
+            "bluegreen" => Ok(Strategy::Bluegreen),
+            "immediate" => Ok(Strategy::Immediate),
+            _ => Err(format!(
+                "unknown strategy {s:?}: rolling, canary, bluegreen or immediate"
+            )),
+        }
+    }
+}
+
+/// `max_unavailable`: a count (≥ 1) or a fraction of the group (0 < f < 1).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MaxUnavailable {
+    Count(usize),
+    Fraction(f64),
+}
+
+impl MaxUnavailable {
+    /// How many of `total` machines may be down at once (at least 1).
+    pub fn of(self, total: usize) -> usize {
+        match self {
+            MaxUnavailable::Count(n) => n.max(1),
+            MaxUnavailable::Fraction(f) => ((total as f64 * f).floor() as usize).max(1),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for MaxUnavailable {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        if v >= 1.0 && v.fract() == 0.0 {
+            Ok(MaxUnavailable::Count(v as usize))
+        } else if v > 0.0 && v < 1.0 {
+            Ok(MaxUnavailable::Fraction(v))
+        } else {
+            Err(serde::de::Error::custom(format!(
+                "max_unavailable must be a whole number ≥ 1 or a fraction between 0 and 1, got {v}"
+            )))
+        }
+    }
+}
+
+/// `[[restart]]`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Restart {
+    pub policy: RestartPolicyName,
+    #[serde(default, alias = "max_retries")]
+    pub retries: Option<u32>,
+    #[serde(default)]
+    pub processes: Vec<String>,
+}
+
+/// `always`, `never`/`no`, `on-failure`/`on-fail`.
+#[derive(Debug, Clone, Copy)]
+pub struct RestartPolicyName(pub RestartPolicyKind);
+
+impl<'de> Deserialize<'de> for RestartPolicyName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Ok(RestartPolicyName(match s.as_str() {
+            "always" => RestartPolicyKind::Always,
+            "never" | "no" => RestartPolicyKind::No,
+            "on-failure" | "on-fail" | "on_failure" => RestartPolicyKind::OnFailure,
+            _ => {
+                return Err(serde::de::Error::custom(format!(
+                    "restart policy must be always, never or on-failure, got {s:?}"
+                )))
+            }
+        }))
+    }
+}
+
+/// An env value: strings, numbers and booleans are all written as strings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scalar(pub String);
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            S(String),
+            I(i64),
+            F(f64),
+            B(bool),
+        }
+        Raw::deserialize(d)
+            .map(|r| {
+                Scalar(match r {
+                    Raw::S(s) => s,
+                    Raw::I(i) => i.to_string(),
+                    Raw::F(f) => f.to_string(),
+                    Raw::B(b) => b.to_string(),
+                })
+            })
+            .map_err(|_| serde::de::Error::custom("env values must be strings, numbers or booleans"))
+    }
+}
+
+/// A process group's command: a command line (split like a shell) or a list of arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Command(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for Command {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Line(String),
+            Argv(Vec<String>),
+        }
+        let argv = match Raw::deserialize(d).map_err(|_| {
+            serde::de::Error::custom("a process command must be a string or a list of strings")
+        })? {
+            Raw::Line(l) => split_command(&l).map_err(serde::de::Error::custom)?,
+            Raw::Argv(v) => v,
+        };
+        if argv.is_empty() {
+            return Err(serde::de::Error::custom("a process command cannot be empty"));
+        }
+        Ok(Command(argv))
+    }
+}
+
+/// Splits a command line as a POSIX shell would (quotes and backslashes; no expansion).
+pub fn split_command(line: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut in_word = false;
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                in_word = true;
+                loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(c) => cur.push(c),
+                        None => return Err(format!("unterminated ' in {line:?}")),
+                    }
+                }
+            }
+            '"' => {
+                in_word = true;
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => match chars.next() {
+                            Some(c) => cur.push(c),
+                            None => return Err(format!("trailing \\ in {line:?}")),
+                        },
+                        Some(c) => cur.push(c),
+                        None => return Err(format!("unterminated \" in {line:?}")),
+                    }
+                }
+            }
+            '\\' => {
+                in_word = true;
+                match chars.next() {
+                    Some(c) => cur.push(c),
+                    None => return Err(format!("trailing \\ in {line:?}")),
+                }
+            }
+            c if c.is_whitespace() => {
+                if in_word {
+                    out.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            c => {
+                in_word = true;
+                cur.push(c);
+            }
+        }
+    }
+    if in_word {
+        out.push(cur);
+    }
+    Ok(out)
+}
+
+/// A signal name (`SIGINT`, `TERM`) or number.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SignalName(pub Signal);
+
+impl<'de> Deserialize<'de> for SignalName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            S(String),
+            I(i32),
+        }
+        let sig = match Raw::deserialize(d)
+            .map_err(|_| serde::de::Error::custom("a signal is a name such as SIGTERM"))?
+        {
+            Raw::S(s) => Signal::parse(&s),
+            Raw::I(n) => Signal::from_number(n),
+        };
+        sig.map(SignalName).map_err(serde::de::Error::custom)
+    }
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D, int_unit: Duration) -> Result<Duration, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        S(String),
+        I(u64),
+    }
+    match Raw::deserialize(d).map_err(|_| {
+        serde::de::Error::custom("a duration is a string such as \"10s\" or a whole number")
+    })? {
+        Raw::S(s) => {
+            bazaar_types::duration::parse_go_duration(&s).map_err(serde::de::Error::custom)
+        }
+        Raw::I(n) => Ok(int_unit * n as u32),
+    }
+}
+
+/// A duration: a Go string (`"10s"`), or a whole number of milliseconds (as fly.toml).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Millis(pub Duration);
+
+impl<'de> Deserialize<'de> for Millis {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        duration(d, Duration::from_millis(1)).map(Millis)
+    }
+}
+
+/// A duration: a Go string, or a whole number of seconds (`kill_timeout = 5`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Seconds(pub Duration);
+
+impl<'de> Deserialize<'de> for Seconds {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = duration(d, Duration::from_secs(1))?;
+        if v > bazaar_types::config::MAX_STOP_TIMEOUT {
+            return Err(serde::de::Error::custom("kill_timeout is at most 300s"));
+        }
+        Ok(Seconds(v))
+    }
+}
+
+/// A validated size preset (`shared-cpu-1x`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Size(pub Guest);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Guest::preset(&s).map(Size).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Memory: a whole number of MB, or a string with a unit (`"512mb"`, `"1gb"`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Memory(pub u64);
+
+impl<'de> Deserialize<'de> for Memory {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            S(String),
+            I(u64),
+        }
+        let bad = |s: &str| serde::de::Error::custom(format!("invalid memory {s:?}: use a number of MB or a string such as \"512mb\" or \"1gb\""));
+        match Raw::deserialize(d).map_err(|_| bad("?"))? {
+            Raw::I(n) => Ok(Memory(n)),
+            Raw::S(s) => {
+                let t = s.trim().to_ascii_lowercase();
+                let (num, mult) = if let Some(n) = t.strip_suffix("gb") {
+                    (n, 1024.0)
+                } else if let Some(n) = t.strip_suffix("mb") {
+                    (n, 1.0)
+                } else {
+                    (t.as_str(), 1.0)
+                };
+                let v: f64 = num.trim().parse().map_err(|_| bad(&s))?;
+                if v <= 0.0 {
+                    return Err(bad(&s));
+                }
+                Ok(Memory((v * mult).round() as u64))
+            }
+        }
+    }
+}
+
+/// `auto_stop_machines`: `"off" | "stop" | "suspend"` or a boolean.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AutostopSetting(pub Autostop);
+
+impl<'de> Deserialize<'de> for AutostopSetting {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Autostop::deserialize(d).map(AutostopSetting)
+    }
+}
+
+/// A config file that could not be read: where and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError {
+    pub file: String,
+    /// 1-based line and column, when known.
+    pub line: Option<usize>,
+    pub col: Option<usize>,
+    pub message: String,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.line, self.col) {
+            (Some(l), Some(c)) => write!(f, "{}:{l}:{c}: {}", self.file, self.message),
+            _ => write!(f, "{}: {}", self.file, self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A loaded config and the warnings about keys it ignored.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: AppConfig,
+    pub warnings: Vec<String>,
+}
+
+/// Reads and checks a config file.
+pub fn load(path: &std::path::Path) -> Result<Loaded, ConfigError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: file.clone(),
+        line: None,
+        col: None,
+        message: format!("cannot read: {e}"),
+    })?;
+    parse(&file, &text)
+}
+
+/// Parses config text; `file` names it in errors and warnings.
+pub fn parse(file: &str, text: &str) -> Result<Loaded, ConfigError> {
+    let at = |span: Option<std::ops::Range<usize>>, message: String| {
+        let (line, col) = match span {
+            Some(s) => {
+                let before = &text[..s.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                (Some(line), Some(col))
+            }
+            None => (None, None),
+        };
+        ConfigError {
+            file: file.to_string(),
+            line,
+            col,
+            message,
+        }
+    };
+    let de = toml::Deserializer::parse(text).map_err(|e| at(e.span(), e.message().to_string()))?;
+    let mut ignored = Vec::new();
+    let config: AppConfig = serde_ignored::deserialize(de, |path| ignored.push(path.to_string()))
+        .map_err(|e: toml::de::Error| at(e.span(), e.message().to_string()))?;
+    let mut warnings: Vec<String> = ignored
+        .into_iter()
+        .map(|k| format!("{file}: key `{k}` is not known to bazaar; ignored"))
+        .collect();
+    validate(&config, &mut warnings).map_err(|m| at(None, m))?;
+    Ok(Loaded { config, warnings })
+}
+
+fn validate(c: &AppConfig, warnings: &mut Vec<String>) -> Result<(), String> {
+    if c.app.trim().is_empty() {
+        return Err("`app` (the app's name) is required".into());
+    }
+    bazaar_types::ids::validate_name("app", &c.app)?;
+    let process = c.build.driver == Some(Driver::Process);
+    if process && c.processes.is_empty() {
+        return Err(
+            "[build] driver = \"process\" needs the commands to run in [processes]".into(),
+        );
+    }
+    if !process && c.build.image.is_none() {
+        return Err(
+            "[build] needs an `image`, or `driver = \"process\"` with commands in [processes]"
+                .into(),
+        );
+    }
+    let groups = c.groups();
+    let mut check_groups = |what: &str, list: &[String]| -> Result<(), String> {
+        for g in list {
+            if !groups.contains(g) {
+                return Err(format!(
+                    "{what} names process group {g:?}, which is not in [processes]"
+                ));
+            }
+        }
+        Ok(())
+    };
+    if let Some(h) = &c.http_service {
+        check_groups("[http_service] processes", &h.processes)?;
+    }
+    for s in &c.services {
+        check_groups("[[services]] processes", &s.processes)?;
+    }
+    for (name, ch) in &c.checks {
+        check_groups(&format!("[checks.{name}] processes"), &ch.processes)?;
+    }
+    for v in &c.vm {
+        check_groups("[[vm]] processes", &v.processes)?;
+    }
+    for r in &c.restart {
+        check_groups("[[restart]] processes", &r.processes)?;
+    }
+    for g in &groups {
+        c.guest(g)?;
+    }
+    if !c.checks.is_empty() {
+        warnings.push(
+            "[checks] become machine checks; deploys are gated on service checks ([http_service.checks], [[services.*_checks]])".into(),
+        );
+    }
+    Ok(())
+}
+
+fn applies(list: &[String], group: &str) -> bool {
+    list.is_empty() || list.iter().any(|g| g == group)
+}
+
+fn check_config(kind: &str, c: &ServiceCheck) -> CheckConfig {
+    CheckConfig {
+        kind: Some(kind.into()),
+        port: None,
+        interval: c.interval.map(|d| GoDuration(d.0)),
+        timeout: c.timeout.map(|d| GoDuration(d.0)),
+        grace_period: c.grace_period.map(|d| GoDuration(d.0)),
+        method: c.method.as_ref().map(|m| m.to_ascii_uppercase()),
+        path: c.path.clone(),
+        extra: Default::default(),
+    }
+}
+
+fn concurrency(c: &Option<ConcurrencySection>) -> Option<Concurrency> {
+    c.as_ref().map(|c| Concurrency {
+        kind: match c.kind {
+            Some(ConcurrencyKind::Requests) => "requests".into(),
+            _ => "connections".into(),
+        },
+        soft_limit: c.soft_limit,
+        hard_limit: c.hard_limit,
+    })
+}
+
+impl AppConfig {
+    /// The process groups: the keys of `[processes]`, or [`DEFAULT_GROUP`].
+    pub fn groups(&self) -> Vec<String> {
+        if self.processes.is_empty() {
+            vec![DEFAULT_GROUP.to_string()]
+        } else {
+            self.processes.keys().cloned().collect()
+        }
+    }
+
+    /// The guest size of a group: its `[[vm]]` (or the one without `processes`), else
+    /// shared-cpu-1x.
+    pub fn guest(&self, group: &str) -> Result<Guest, String> {
+        let vm = self
+            .vm
+            .iter()
+            .find(|v| v.processes.iter().any(|g| g == group))
+            .or_else(|| self.vm.iter().find(|v| v.processes.is_empty()));
+        let mut guest = Guest::default();
+        if let Some(vm) = vm {
+            if let Some(Size(g)) = &vm.size {
+                guest = g.clone();
+            }
+            if let Some(k) = vm.cpu_kind {
+                guest.cpu_kind = match k {
+                    CpuKind::Shared => "shared".into(),
+                    CpuKind::Performance => "performance".into(),
+                };
+                if vm.size.is_none() && k == CpuKind::Performance && vm.memory.is_none() {
+                    guest.memory_mb = 2048 * guest.cpus;
+                }
+            }
+            if let Some(n) = vm.cpus {
+                guest.cpus = n as i64;
+            }
+            if let Some(Memory(mb)) = vm.memory {
+                guest.memory_mb = mb as i64;
+            }
+        }
+        guest
+            .validate()
+            .map_err(|e| format!("[[vm]] for process group {group:?}: {e}"))?;
+        Ok(guest)
+    }
+
+    /// The strategy (`[deploy] strategy`, default rolling).
+    pub fn strategy(&self) -> Strategy {
+        self.deploy.strategy.unwrap_or(Strategy::Rolling)
+    }
+
+    /// How long to wait for a machine to start and pass its checks (default 5 min, as Fly).
+    pub fn wait_timeout(&self) -> Duration {
+        self.deploy
+            .wait_timeout
+            .map(|m| m.0)
+            .unwrap_or(Duration::from_secs(300))
+    }
+
+    /// The machine config of one process group (without release metadata).
+    pub fn machine_config(&self, group: &str) -> Result<MachineConfig, String> {
+        let process = self.build.driver == Some(Driver::Process);
+        let mut cfg = MachineConfig {
+            image: self
+                .build
+                .image
+                .clone()
+                .unwrap_or_else(|| "process".into()),
+            driver: self.build.driver.map(|d| match d {
+                Driver::Process => "process".to_string(),
+                Driver::Oci => "oci".to_string(),
+            }),
+            guest: Some(self.guest(group)?),
+            ..Default::default()
+        };
+        if let Some(Command(argv)) = self.processes.get(group) {
+            cfg.init = Some(if process {
+                InitConfig {
+                    exec: argv.clone(),
+                    ..Default::default()
+                }
+            } else {
+                InitConfig {
+                    cmd: argv.clone(),
+                    ..Default::default()
+                }
+            });
+        }
+        cfg.env = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.0.clone()))
+            .collect();
+        if let Some(h) = self.http_service.as_ref().filter(|h| applies(&h.processes, group)) {
+            cfg.services.push(MachineService {
+                protocol: "tcp".into(),
+                internal_port: h.internal_port,
+                ports: vec![
+                    MachinePort {
+                        port: Some(80),
+                        handlers: vec!["http".into()],
+                        force_https: Some(h.force_https),
+                        ..Default::default()
+                    },
+                    MachinePort {
+                        port: Some(443),
+                        handlers: vec!["tls".into(), "http".into()],
+                        ..Default::default()
+                    },
+                ],
+                concurrency: concurrency(&h.concurrency),
+                autostart: h.auto_start_machines,
+                autostop: h.auto_stop_machines.map(|a| a.0),
+                min_machines_running: h.min_machines_running,
+                checks: h.checks.iter().map(|c| check_config("http", c)).collect(),
+                extra: Default::default(),
+            });
+        }
+        for s in self.services.iter().filter(|s| applies(&s.processes, group)) {
+            cfg.services.push(MachineService {
+                protocol: s.protocol.clone(),
+                internal_port: s.internal_port,
+                ports: s
+                    .ports
+                    .iter()
+                    .map(|p| MachinePort {
+                        port: p.port,
+                        start_port: p.start_port,
+                        end_port: p.end_port,
+                        handlers: p.handlers.clone(),
+                        force_https: p.force_https,
+                        extra: Default::default(),
+                    })
+                    .collect(),
+                concurrency: concurrency(&s.concurrency),
+                autostart: s.auto_start_machines,
+                autostop: s.auto_stop_machines.map(|a| a.0),
+                min_machines_running: s.min_machines_running,
+                checks: s
+                    .tcp_checks
+                    .iter()
+                    .map(|c| check_config("tcp", c))
+                    .chain(s.http_checks.iter().map(|c| check_config("http", c)))
+                    .collect(),
+                extra: Default::default(),
+            });
+        }
+        for (name, c) in self.checks.iter().filter(|(_, c)| applies(&c.processes, group)) {
+            cfg.checks.insert(
+                name.clone(),
+                CheckConfig {
+                    kind: Some(
+                        match c.kind {
+                            Some(CheckKind::Http) => "http",
+                            _ => "tcp",
+                        }
+                        .into(),
+                    ),
+                    port: c.port,
+                    interval: c.interval.map(|d| GoDuration(d.0)),
+                    timeout: c.timeout.map(|d| GoDuration(d.0)),
+                    grace_period: c.grace_period.map(|d| GoDuration(d.0)),
+                    method: c.method.clone(),
+                    path: c.path.clone(),
+                    extra: Default::default(),
+                },
+            );
+        }
+        if let Some(r) = self
+            .restart
+            .iter()
+            .find(|r| r.processes.iter().any(|g| g == group))
+            .or_else(|| self.restart.iter().find(|r| r.processes.is_empty()))
+        {
+            cfg.restart = Some(RestartConfig {
+                policy: r.policy.0,
+                max_retries: r.retries,
+            });
+        }
+        if self.kill_signal.is_some() || self.kill_timeout.is_some() {
+            cfg.stop_config = Some(StopConfig {
+                signal: self.kill_signal.map(|s| s.0),
+                timeout: self.kill_timeout.map(|s| GoDuration(s.0)),
+            });
+        }
+        cfg.metadata
+            .insert(crate::META_GROUP.into(), group.to_string());
+        cfg.metadata
+            .insert(crate::META_PLATFORM.into(), "v2".into());
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FLY_TOML: &str = r#"
+# fly.toml app configuration file generated for hello on 2024-03-01T10:00:00Z
+app = "hello"
+primary_region = "ams"
+kill_signal = "SIGTERM"
+kill_timeout = 10
+console_command = "/code/manage.py shell"
+
+[build]
+  image = "registry.fly.io/hello:deployment-01HQ"
+
+[env]
+  PORT = "8080"
+  WORKERS = 4
+
+[processes]
+  web = "gunicorn --bind :8080 'hello.wsgi:application'"
+  worker = "python -m celery -A hello worker"
+
+[http_service]
+  internal_port = 8080
+  force_https = true
+  auto_stop_machines = "stop"
+  auto_start_machines = true
+  min_machines_running = 1
+  processes = ["web"]
+  [http_service.concurrency]
+    type = "requests"
+    soft_limit = 200
+    hard_limit = 250
+  [[http_service.checks]]
+    grace_period = "10s"
+    interval = "30s"
+    method = "GET"
+    timeout = "5s"
+    path = "/healthz"
+
+[[services]]
+  protocol = "tcp"
+  internal_port = 5432
+  processes = ["worker"]
+  [[services.ports]]
+    port = 5432
+  [[services.tcp_checks]]
+    interval = 15000
+    timeout = "2s"
+
+[checks]
+  [checks.status]
+    port = 8080
+    type = "http"
+    interval = "10s"
+    timeout = "2s"
+    grace_period = "5s"
+    method = "GET"
+    path = "/status"
+    processes = ["web"]
+
+[[vm]]
+  size = "shared-cpu-2x"
+  memory = "1gb"
+  processes = ["web"]
+
+[[vm]]
+  cpu_kind = "shared"
+  cpus = 1
+  memory_mb = 512
+
+[deploy]
+  strategy = "canary"
+  max_unavailable = 0.5
+  wait_timeout = "2m"
+  release_command = "python manage.py migrate"
+
+[[restart]]
+  policy = "always"
+  retries = 5
+  processes = ["worker"]
+
+[mounts]
+  source = "data"
+  destination = "/data"
+"#;
+
+    #[test]
+    fn a_real_fly_toml_loads_with_the_documented_mapping() {
+        let l = parse("fly.toml", FLY_TOML).unwrap();
+        let c = &l.config;
+        assert_eq!(c.app, "hello");
+        assert_eq!(c.primary_region.as_deref(), Some("ams"));
+        assert_eq!(c.groups(), vec!["web", "worker"]);
+        assert_eq!(c.strategy(), Strategy::Canary);
+        assert_eq!(c.wait_timeout(), Duration::from_secs(120));
+        assert_eq!(c.deploy.max_unavailable.unwrap().of(10), 5);
+        for key in ["console_command", "deploy.release_command", "mounts"] {
+            assert!(
+                l.warnings.iter().any(|w| w.contains(&format!("`{key}`"))),
+                "{key}: {:?}",
+                l.warnings
+            );
+        }
+        let web = c.machine_config("web").unwrap();
+        assert_eq!(web.image, "registry.fly.io/hello:deployment-01HQ");
+        assert_eq!(
+            web.init.as_ref().unwrap().cmd,
+            vec!["gunicorn", "--bind", ":8080", "hello.wsgi:application"]
+        );
+        assert_eq!(web.env["WORKERS"], "4");
+        let g = web.guest.as_ref().unwrap();
+        assert_eq!((g.cpus, g.memory_mb), (2, 1024));
+        assert_eq!(web.services.len(), 1);
+        let s = &web.services[0];
+        assert_eq!(s.internal_port, 8080);
+        assert_eq!(s.autostop, Some(Autostop::Stop));
+        assert_eq!(s.autostart, Some(true));
+        assert_eq!(s.min_machines_running, Some(1));
+        assert_eq!(s.concurrency.as_ref().unwrap().hard_limit, Some(250));
+        assert_eq!(s.checks[0].path.as_deref(), Some("/healthz"));
+        assert_eq!(s.checks[0].kind.as_deref(), Some("http"));
+        assert_eq!(s.ports[0].force_https, Some(true));
+        assert!(web.checks.contains_key("status"));
+        let (sig, t) = web.stop_signal_and_timeout();
+        assert_eq!((sig, t), (Signal::TERM, Duration::from_secs(10)));
+        assert_eq!(web.metadata[crate::META_GROUP], "web");
+        assert!(web.restart.is_none());
+
+        let worker = c.machine_config("worker").unwrap();
+        assert_eq!(worker.services[0].internal_port, 5432);
+        assert_eq!(
+            worker.services[0].checks[0].interval.unwrap().get(),
+            Duration::from_secs(15)
+        );
+        let g = worker.guest.as_ref().unwrap();
+        assert_eq!((g.cpus, g.memory_mb), (1, 512));
+        assert_eq!(worker.restart.unwrap().policy, RestartPolicyKind::Always);
+        assert!(worker.checks.is_empty());
+    }
+
+    #[test]
+    fn process_driver_runs_the_commands() {
+        let l = parse(
+            "bazaar.toml",
+            "app = \"p\"\n[build]\ndriver = \"process\"\n[processes]\napp = [\"python3\", \"-m\", \"http.server\"]\n",
+        )
+        .unwrap();
+        let cfg = l.config.machine_config("app").unwrap();
+        assert_eq!(cfg.driver.as_deref(), Some("process"));
+        assert_eq!(cfg.init.unwrap().exec, vec!["python3", "-m", "http.server"]);
+        assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+    }
+
+    fn error(text: &str) -> ConfigError {
+        parse("fly.toml", text).unwrap_err()
+    }
+
+    #[test]
+    fn broken_files_say_file_line_and_what() {
+        let e = error("app = \"x\"\n[build]\nimage = \"i\"\n[deploy]\nstrategy = \"fast\"\n");
+        assert_eq!((e.line, e.col), (Some(5), Some(12)), "{e}");
+        assert!(e.to_string().starts_with("fly.toml:5:12: "), "{e}");
+        assert!(e.message.contains("fast"), "{e}");
+
+        let e = error("app = \"x\"\n[build]\nimage = \"i\"\n\n[[vm]]\n  size = \"shared-cpu-3x\"\n");
+        assert_eq!(e.line, Some(6), "{e}");
+        assert!(e.message.contains("shared-cpu-3x"), "{e}");
+
+        let e = error("app = \"x\"\n[build]\nimage = \"i\"\n[http_service]\ninternal_port = \"eighty\"\n");
+        assert_eq!(e.line, Some(5), "{e}");
+
+        let e = error("app = \"x\"\nkill_timeout = \"forever\"\n[build]\nimage = \"i\"\n");
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("forever"), "{e}");
+
+        let e = error("app = \"x\"\n[build\nimage = \"i\"\n");
+        assert_eq!(e.line, Some(2), "{e}");
+
+        let e = error("app = \"x\"\n[build]\nimage = \"i\"\n[[vm]]\nmemory = \"lots\"\n");
+        assert_eq!(e.line, Some(5), "{e}");
+
+        let e = error("[build]\nimage = \"i\"\n");
+        assert!(e.message.contains("`app`"), "{e}");
+
+        let e = error("app = \"x\"\n[build]\ndriver = \"process\"\n");
+        assert!(e.message.contains("[processes]"), "{e}");
+    }
+
+    #[test]
+    fn command_lines_split_like_a_shell() {
+        assert_eq!(
+            split_command(r#"sh -c 'echo "hi there"' a\ b"#).unwrap(),
+            vec!["sh", "-c", "echo \"hi there\"", "a b"]
+        );
+        assert!(split_command("sh 'open").is_err());
+    }
+}

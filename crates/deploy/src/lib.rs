@@ -1,0 +1,29 @@
+//! Deploys, the way flyctl does them over the Machines API: policy here, in the client;
+//! primitives (create, update, leases, cordon, wait) in the server.
+//!
+//! - [`config`]: the app config file (`bazaar.toml`, reading fly.toml keys) → one
+//!   `MachineConfig` per process group.
+//! - [`plan`]: desired vs existing machines → create / update / keep / destroy, per group
+//!   and region (pure).
+//! - [`api`]: the small Machines API client deploys use.
+//! - [`lease`]: short leases, refreshed while a deploy works.
+//! - [`health`]: waiting for a machine to be started and its checks passing.
+//! - [`execute`]: running a plan with a strategy, draining, automatic rollback.
+//! - [`release`]: release numbers and history, read back from machine config versions.
+//! - [`progress`]: what a deploy reports while it works.
+
+pub mod api;
+pub mod config;
+pub mod execute;
+pub mod health;
+pub mod lease;
+pub mod plan;
+pub mod progress;
+pub mod release;
+
+/// Metadata key: the release a machine's config belongs to.
+pub const META_RELEASE: &str = "fly_release_version";
+/// Metadata key: the machine's process group.
+pub const META_GROUP: &str = "fly_process_group";
+/// Metadata key: the platform version (always `v2`, as on Fly).
+pub const META_PLATFORM: &str = "fly_platform_version";
