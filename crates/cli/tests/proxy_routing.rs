@@ -270,3 +270,87 @@ async fn raw_tcp_services_are_proxied() {
         "{m}"
     );
 }
+
+/// Opens a WebSocket to `/ws` of `app` through the proxy at `addr` and checks the
+/// handshake; returns the stream (after the 101 head) and the machine id the backend sent.
+fn open_websocket(addr: std::net::SocketAddr, app: &str) -> (std::net::TcpStream, String) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let key = "dGhlIHNhbXBsZSBub25jZQ==";
+    write!(
+        s,
+        "GET /ws HTTP/1.1\r\nHost: {app}.localhost\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: {key}\r\n\r\n"
+    )
+    .unwrap();
+    // The head, then the machine id line the backend sends first.
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !String::from_utf8_lossy(&buf).contains("\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "closed during the handshake");
+        buf.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: websocket"), "{head}");
+    // RFC 6455's example key and its accept value: the machine's handshake came through.
+    assert!(
+        head.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
+        "{head}"
+    );
+    let mut line = Vec::new();
+    while line.last() != Some(&b'\n') {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "closed before the greeting");
+        line.push(byte[0]);
+    }
+    let id = String::from_utf8_lossy(&line).trim().to_string();
+    (s, id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websockets_are_spliced_through_local_and_remote_proxies() {
+    let c = Cluster::start(2, &[]);
+    c.create_app("chat").await;
+    let svc = json!({"concurrency": {"type": "connections", "soft_limit": 5, "hard_limit": 5}});
+    let id = c.create_machine("chat", svc, json!({})).await;
+    for i in 0..2 {
+        c.wait_routable(i, "chat").await;
+    }
+    for i in 0..2 {
+        let addr = c.agents[i].proxy_addr();
+        let (mut s, greeted_by) = tokio::task::spawn_blocking(move || open_websocket(addr, "chat"))
+            .await
+            .unwrap();
+        assert_eq!(greeted_by, id);
+        // Bytes flow both ways, unchanged, several times on the same connection.
+        for n in 0..3 {
+            let msg = format!("frame {n} via proxy {i}\n");
+            s.write_all(msg.as_bytes()).unwrap();
+            let mut back = vec![0u8; msg.len()];
+            s.read_exact(&mut back).unwrap();
+            assert_eq!(String::from_utf8_lossy(&back), msg);
+        }
+        // An open WebSocket counts as a connection in flight on the machine's owner.
+        let gauge = "bazaar_proxy_in_flight{app=\"chat\"} 1";
+        let mut counted = false;
+        for j in 0..2 {
+            counted |= c.metrics(j).await.contains(gauge);
+        }
+        assert!(counted, "no proxy counts the open WebSocket");
+        drop(s);
+    }
+    // Closed WebSockets end their in-flight count.
+    bazaar_testkit::eventually(Duration::from_secs(5), || async {
+        let mut total = 0;
+        for j in 0..2 {
+            total += c
+                .metrics(j)
+                .await
+                .matches("bazaar_proxy_in_flight{app=\"chat\"} 1")
+                .count();
+        }
+        (total == 0).then_some(())
+    })
+    .await
+    .expect("in-flight count returns to zero");
+}

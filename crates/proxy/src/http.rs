@@ -6,6 +6,7 @@ use crate::balance::{self, Availability, Candidate, Choice};
 use crate::body::{Guard, ReqBody, RespBody};
 use crate::metrics::{AppLabel, KindLabels, StatusLabels};
 use crate::table::{Backend, RouteState};
+use crate::upgrade::ClientUpgrade;
 use crate::Shared;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, HOST};
@@ -106,7 +107,10 @@ async fn serve(
                 let shared = shared.clone();
                 async move { Ok::<_, Infallible>(handle(shared, peer, req).await) }
             });
-            if let Err(err) = builder.serve_connection(TokioIo::new(stream), svc).await {
+            if let Err(err) = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+                .await
+            {
                 tracing::debug!(error = %err, %peer, "proxy connection");
             }
         });
@@ -210,6 +214,8 @@ struct Prepared {
     /// `Some` when the body can be replayed.
     body: Option<Bytes>,
     stream: Option<Incoming>,
+    /// The client asked to switch protocols (WebSocket).
+    upgrade: Option<ClientUpgrade>,
 }
 
 impl Prepared {
@@ -229,6 +235,9 @@ impl Prepared {
         *req.uri_mut() = uri;
         *req.version_mut() = Version::HTTP_11;
         *req.headers_mut() = self.parts.headers.clone();
+        if let Some(u) = &self.upgrade {
+            u.mark(req.headers_mut());
+        }
         Some(req)
     }
 
@@ -279,6 +288,7 @@ async fn prepare(req: Request<Incoming>) -> Result<Prepared, Response<RespBody>>
             }
         }
     }
+    let upgrade = ClientUpgrade::take(&mut parts);
     strip_hop_by_hop(&mut parts.headers);
     let small = http_body::Body::size_hint(&body)
         .upper()
@@ -288,6 +298,7 @@ async fn prepare(req: Request<Incoming>) -> Result<Prepared, Response<RespBody>>
             parts,
             body: Some(Bytes::new()),
             stream: None,
+            upgrade,
         });
     }
     if small {
@@ -296,6 +307,7 @@ async fn prepare(req: Request<Incoming>) -> Result<Prepared, Response<RespBody>>
                 parts,
                 body: Some(b.to_bytes()),
                 stream: None,
+                upgrade,
             }),
             Err(err) => Err(reply(
                 StatusCode::BAD_REQUEST,
@@ -307,6 +319,7 @@ async fn prepare(req: Request<Incoming>) -> Result<Prepared, Response<RespBody>>
         parts,
         body: None,
         stream: Some(body),
+        upgrade,
     })
 }
 
@@ -526,11 +539,7 @@ async fn send_local(shared: &Arc<Shared>, b: &Backend, prepared: &mut Prepared) 
         return Attempt::Retry { failed: true };
     };
     match crate::client().request(req).await {
-        Ok(resp) => {
-            let (mut parts, body) = resp.into_parts();
-            strip_hop_by_hop(&mut parts.headers);
-            Attempt::Done(Response::from_parts(parts, RespBody::upstream(body, guard)))
-        }
+        Ok(resp) => Attempt::Done(pass_on(prepared, resp, guard)),
         Err(err) => {
             let connect = err.is_connect();
             let kind = if connect { "connect" } else { "request" };
@@ -557,6 +566,21 @@ async fn send_local(shared: &Arc<Shared>, b: &Backend, prepared: &mut Prepared) 
             }
         }
     }
+}
+
+/// The machine's response to pass on to the client; a switched protocol is spliced
+/// ([`crate::upgrade`]).
+fn pass_on(prepared: &mut Prepared, resp: Response<Incoming>, guard: Guard) -> Response<RespBody> {
+    let (resp, guard) = match prepared.upgrade.as_mut() {
+        Some(upgrade) => match upgrade.accept(resp, guard) {
+            Ok(head) => return head.map(|()| RespBody::full(Bytes::new())),
+            Err(not_switched) => not_switched,
+        },
+        None => (resp, guard),
+    };
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Response::from_parts(parts, RespBody::upstream(body, guard))
 }
 
 /// Sends to a machine of another host, through that host's proxy.
@@ -603,8 +627,7 @@ async fn send_remote(
                 }
                 return Attempt::Retry { failed };
             }
-            let (parts, body) = resp.into_parts();
-            Attempt::Done(Response::from_parts(parts, RespBody::upstream(body, guard)))
+            Attempt::Done(pass_on(prepared, resp, guard))
         }
         Err(err) => {
             let connect = err.is_connect();

@@ -16,6 +16,8 @@
 //! - Scale from zero and to zero (`scale.rs`): autostart wakes the nearest stopped machine
 //!   through its owning agent, shared by concurrent requests; autostop drains and stops idle
 //!   machines down to `min_machines_running`.
+//! - WebSockets and other upgraded connections (`upgrade.rs`), spliced once the machine
+//!   switches protocols.
 //! - Raw TCP services (`tcp.rs`) and Prometheus metrics ([`metrics`], `/metrics`).
 //!
 //! Entry point: [`Proxy::start`].
@@ -27,6 +29,7 @@ pub mod metrics;
 mod scale;
 pub mod table;
 mod tcp;
+mod upgrade;
 
 use bazaar_agent::Agent;
 use body::ReqBody;

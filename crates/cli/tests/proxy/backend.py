@@ -1,7 +1,9 @@
 # A test backend for the proxy tests: answers JSON with its machine id, the headers it got
 # and the concurrency it has seen; answers 500 if its concurrency ever exceeds $LIMIT.
 # /healthz fails while the file $SCRATCH/sick-<machine id> exists. ?sleep=MS delays.
-import http.server, json, os, socketserver, threading, time, urllib.parse
+# A WebSocket upgrade (/ws) is accepted (RFC 6455 handshake) and then every byte received is
+# echoed back, prefixed once by the machine id and a newline.
+import base64, hashlib, http.server, json, os, socketserver, threading, time, urllib.parse
 
 LOCK = threading.Lock()
 STATE = {"cur": 0, "max": 0, "count": 0}
@@ -18,6 +20,8 @@ class H(http.server.BaseHTTPRequestHandler):
         if u.path == "/healthz":
             sick = os.path.exists(SICK)
             return self.reply(500 if sick else 200, b"sick" if sick else b"ok")
+        if u.path == "/ws" and self.headers.get("Upgrade", "").lower() == "websocket":
+            return self.echo_websocket()
         with LOCK:
             STATE["cur"] += 1
             STATE["count"] += 1
@@ -40,6 +44,25 @@ class H(http.server.BaseHTTPRequestHandler):
         finally:
             with LOCK:
                 STATE["cur"] -= 1
+
+    def echo_websocket(self):
+        key = self.headers.get("Sec-WebSocket-Key", "")
+        guid = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+        accept = base64.b64encode(hashlib.sha1((key + guid).encode()).digest()).decode()
+        self.send_response(101)
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept)
+        self.end_headers()
+        self.wfile.flush()
+        self.wfile.write((MID + "\n").encode())
+        self.wfile.flush()
+        while True:
+            data = self.connection.recv(65536)
+            if not data:
+                break
+            self.connection.sendall(data)
+        self.close_connection = True
 
     def reply(self, code, body):
         self.send_response(code)
