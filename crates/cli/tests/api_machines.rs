@@ -662,3 +662,98 @@ async fn a_winner_that_dies_before_the_claim_does_not_fail_the_create() {
         .unwrap()
         .is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_whose_host_is_down_is_shown_but_not_changed() {
+    let mut agents = start_cluster(std::path::Path::new(EXE), 2, |i, o| {
+        o.region = if i == 0 { "ams" } else { "ord" }.into();
+    })
+    .unwrap();
+    let fly = Fly::new(&agents[0]);
+    fly.post("/apps", json!({"app_name": "orphan"})).await;
+    bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let (_, r) = fly.get("/platform/regions").await;
+        (r["regions"].as_array().map(Vec::len) == Some(2)).then_some(())
+    })
+    .await
+    .unwrap();
+    let (s, m) = fly
+        .post(
+            "/apps/orphan/machines",
+            json!({"config": process_config(&["sleep", "1000"]), "region": "ord"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    let id = m["id"].as_str().unwrap().to_string();
+    wait_started(&fly, "orphan", &id).await;
+    // The machine's row reaches the first node's catalog, then its host dies.
+    bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let (_, list) = fly.get("/apps/orphan/machines").await;
+        (list.as_array().map(Vec::len) == Some(1)).then_some(())
+    })
+    .await
+    .unwrap();
+    agents[1].kill9();
+
+    // At once (the host is not yet declared dead) and after it is: reads answer from the
+    // catalog with host_status unreachable; every change is refused with a clear 503.
+    for phase in ["refused connection", "declared dead"] {
+        if phase == "declared dead" {
+            bazaar_testkit::eventually(Duration::from_secs(15), || async {
+                let (_, hosts) = fly.get("/catalog/hosts").await;
+                let dead = hosts
+                    .as_array()?
+                    .iter()
+                    .any(|h| h["region"] == "ord" && matches!(h["status"].as_str(), Some("dead")));
+                dead.then_some(())
+            })
+            .await
+            .expect("the catalog declares the host dead");
+            let (_, list) = fly.get("/apps/orphan/machines").await;
+            assert_eq!(list[0]["host_status"], "unreachable", "{list}");
+        }
+        let (s, v) = fly.get(&format!("/apps/orphan/machines/{id}")).await;
+        assert_eq!(s, StatusCode::OK, "{phase}: {v}");
+        assert_eq!(v["host_status"], "unreachable", "{phase}: {v}");
+        assert_eq!(v["state"], "started", "{phase}: last known state: {v}");
+        for (method, path, body) in [
+            (Method::POST, "/stop", None),
+            (Method::POST, "/start", None),
+            (Method::DELETE, "?force=true", None),
+            (
+                Method::POST,
+                "",
+                Some(json!({"config": process_config(&["sleep", "5"])})),
+            ),
+        ] {
+            let (s, e) = fly
+                .call(
+                    method.clone(),
+                    &format!("/apps/orphan/machines/{id}{path}"),
+                    body,
+                    None,
+                )
+                .await;
+            assert_eq!(
+                s,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "{phase} {method} {path}: {e}"
+            );
+            let msg = e["error"].as_str().unwrap_or_default();
+            assert!(
+                msg.contains("unreachable") && msg.contains(&id),
+                "{phase}: a clear error: {e}"
+            );
+        }
+    }
+    // The host comes back: the machine is changeable again, and was never touched.
+    agents[1].spawn(&[]).unwrap();
+    bazaar_testkit::eventually(Duration::from_secs(20), || async {
+        let (s, v) = fly
+            .post(&format!("/apps/orphan/machines/{id}/stop"), json!({}))
+            .await;
+        (s == StatusCode::OK).then_some(v)
+    })
+    .await
+    .expect("stop works once the host is back");
+}
