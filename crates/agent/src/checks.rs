@@ -95,6 +95,11 @@ fn schedule(
             .get(&m.id)
             .is_some_and(|c| c.instance_id != m.instance_id);
         if stale || !machines.contains_key(&m.id) {
+            if stale {
+                // A new config version: the old version's results say nothing about it
+                // (a deploy waits for the new version's checks to pass).
+                crate::agent::lock_checks(agent).remove(&m.id);
+            }
             let specs = specs(&m);
             machines.insert(
                 m.id.clone(),

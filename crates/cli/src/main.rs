@@ -7,10 +7,13 @@
 //! - `bazaar hosts`, `bazaar status`: the catalog as this node sees it.
 //! - `bazaar apps ...`, `bazaar machine ...`, `bazaar token create`: the Machines API
 //!   ([`api_cmd`]).
+//! - `bazaar deploy`, `releases`, `rollback`, `scale`, `app-status`, `logs`: apps as code
+//!   ([`deploy_cmd`], over [`bazaar_deploy`]).
 //! - `bazaar sim`: the fleet simulator ([`bazaar_sim`]).
 //! - `bazaar shim RUN_DIR`: internal; the per-machine supervisor ([`bazaar_shim`]).
 
 mod api_cmd;
+mod deploy_cmd;
 mod dev;
 mod host_cmd;
 
@@ -47,6 +50,18 @@ enum Command {
     Machine(api_cmd::MachineArgs),
     /// Manage API tokens.
     Token(api_cmd::TokenArgs),
+    /// Deploy the app config file (bazaar.toml or fly.toml) as a new release.
+    Deploy(deploy_cmd::DeployArgs),
+    /// List an app's releases.
+    Releases(deploy_cmd::ReleasesArgs),
+    /// Deploy an earlier release again (default: the one before the current).
+    Rollback(deploy_cmd::RollbackArgs),
+    /// Change how many machines an app runs, or their size.
+    Scale(deploy_cmd::ScaleArgs),
+    /// An app's machines per process group and region: state, health, release, host.
+    AppStatus(deploy_cmd::AppStatusArgs),
+    /// Output of every machine of an app.
+    Logs(deploy_cmd::LogsArgs),
     /// Simulate a fleet and compare placement policies (see docs/SIMULATION.md).
     Sim(bazaar_sim::cli::SimArgs),
 }
@@ -136,6 +151,12 @@ fn main() {
         Command::Apps(a) => run_async(api_cmd::apps(a)),
         Command::Machine(a) => run_async(api_cmd::machine(a)),
         Command::Token(a) => run_async(api_cmd::token(a)),
+        Command::Deploy(a) => run_async(deploy_cmd::deploy(a)),
+        Command::Releases(a) => run_async(deploy_cmd::releases(a)),
+        Command::Rollback(a) => run_async(deploy_cmd::rollback(a)),
+        Command::Scale(a) => run_async(deploy_cmd::scale(a)),
+        Command::AppStatus(a) => run_async(deploy_cmd::app_status(a)),
+        Command::Logs(a) => run_async(deploy_cmd::logs(a)),
         Command::Sim(a) => bazaar_sim::cli::run(a),
     };
     if let Err(err) = result {

@@ -654,7 +654,7 @@ fn validate(c: &AppConfig, warnings: &mut Vec<String>) -> Result<(), String> {
         );
     }
     let groups = c.groups();
-    let mut check_groups = |what: &str, list: &[String]| -> Result<(), String> {
+    let check_groups = |what: &str, list: &[String]| -> Result<(), String> {
         for g in list {
             if !groups.contains(g) {
                 return Err(format!(

@@ -9,6 +9,7 @@
 //! - [`lease`]: short leases, refreshed while a deploy works.
 //! - [`health`]: waiting for a machine to be started and its checks passing.
 //! - [`execute`]: running a plan with a strategy, draining, automatic rollback.
+//! - [`ops`]: deploy, rollback, scale: plan, then (unless a dry run) execute.
 //! - [`release`]: release numbers and history, read back from machine config versions.
 //! - [`progress`]: what a deploy reports while it works.
 
@@ -17,6 +18,7 @@ pub mod config;
 pub mod execute;
 pub mod health;
 pub mod lease;
+pub mod ops;
 pub mod plan;
 pub mod progress;
 pub mod release;

@@ -1,0 +1,395 @@
+//! The user-level operations, as the CLI and the benchmarks call them: deploy an app
+//! config, roll back to a release, scale a process group's count or size. Each computes a
+//! plan from what exists, returns it untouched on a dry run, and otherwise executes it.
+
+use crate::api::Client;
+use crate::config::{AppConfig, MaxUnavailable, Strategy};
+use crate::execute::{execute, existing_from, Options, Report};
+use crate::plan::{counts, distribute, plan, Existing, GroupTarget, Plan};
+use crate::progress::Progress;
+use crate::release::{history, next_version, release_of};
+use bazaar_types::config::MachineConfig;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Settings shared by every operation.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub strategy: Option<Strategy>,
+    pub max_unavailable: Option<MaxUnavailable>,
+    pub wait_timeout: Option<Duration>,
+    pub drain: Duration,
+    pub dry_run: bool,
+    pub rollback: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            strategy: None,
+            max_unavailable: None,
+            wait_timeout: None,
+            drain: Duration::from_millis(500),
+            dry_run: false,
+            rollback: true,
+        }
+    }
+}
+
+/// The result of an operation.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub app: String,
+    /// The release deployed (none for scale).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub release: Option<u64>,
+    pub plan: Plan,
+    pub dry_run: bool,
+    /// What happened (none on a dry run or an empty plan).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report: Option<Report>,
+}
+
+impl Outcome {
+    /// Whether it succeeded (a dry run always does).
+    pub fn ok(&self) -> bool {
+        self.report.as_ref().is_none_or(|r| r.ok)
+    }
+}
+
+fn with_release(mut c: MachineConfig, release: Option<u64>) -> MachineConfig {
+    if let Some(n) = release {
+        c.metadata
+            .insert(crate::META_RELEASE.into(), n.to_string());
+    }
+    c
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    client: &Client,
+    app: &str,
+    release: Option<u64>,
+    targets: BTreeMap<String, GroupTarget>,
+    existing: Vec<Existing>,
+    plan: Plan,
+    strategy: Strategy,
+    max_unavailable: MaxUnavailable,
+    wait_timeout: Duration,
+    s: &Settings,
+    progress: Arc<dyn Progress>,
+) -> Outcome {
+    let mut out = Outcome {
+        app: app.to_string(),
+        release,
+        plan,
+        dry_run: s.dry_run,
+        report: None,
+    };
+    if s.dry_run || out.plan.is_empty() {
+        return out;
+    }
+    let opts = Options {
+        app: app.to_string(),
+        strategy,
+        max_unavailable,
+        wait_timeout,
+        drain: s.drain,
+        rollback: s.rollback,
+        relabel: release.is_some(),
+    };
+    out.report = Some(execute(client, &opts, &targets, &existing, &out.plan, progress).await);
+    out
+}
+
+/// Where a first deploy puts a group's machines.
+#[derive(Debug, Clone, Default)]
+pub struct Initial {
+    /// Machines per new group (default 1).
+    pub count: Option<usize>,
+    /// Regions to spread them over (default: `primary_region`, else the API's default).
+    pub regions: Vec<String>,
+}
+
+/// Deploys an app config as a new release.
+pub async fn deploy(
+    client: &Client,
+    config: &AppConfig,
+    initial: &Initial,
+    s: &Settings,
+    progress: Arc<dyn Progress>,
+) -> anyhow::Result<Outcome> {
+    let app = &config.app;
+    if !client.app_exists(app).await? {
+        if s.dry_run {
+            anyhow::bail!("app {app} does not exist (a deploy would create it)");
+        }
+        client.create_app(app).await?;
+    }
+    let existing = existing_from(&client.machines(app).await?);
+    let hist = history(client, app).await?;
+    let release = next_version(&hist);
+    let mut targets = BTreeMap::new();
+    for g in config.groups() {
+        let cfg = with_release(
+            config.machine_config(&g).map_err(anyhow::Error::msg)?,
+            Some(release),
+        );
+        let now = counts(&existing, &g);
+        let regions = if now.is_empty() {
+            let regions = if !initial.regions.is_empty() {
+                initial.regions.clone()
+            } else {
+                vec![config.primary_region.clone().unwrap_or_default()]
+            };
+            distribute(initial.count.unwrap_or(1), &regions, &BTreeMap::new())
+        } else {
+            now
+        };
+        targets.insert(
+            g,
+            GroupTarget {
+                config: cfg,
+                regions,
+            },
+        );
+    }
+    let p = plan(&targets, &existing);
+    let strategy = s.strategy.unwrap_or(config.strategy());
+    let mu = s
+        .max_unavailable
+        .or(config.deploy.max_unavailable)
+        .unwrap_or(MaxUnavailable::Count(1));
+    let wait = s.wait_timeout.unwrap_or(config.wait_timeout());
+    Ok(run(
+        client,
+        app,
+        Some(release),
+        targets,
+        existing,
+        p,
+        strategy,
+        mu,
+        wait,
+        s,
+        progress,
+    )
+    .await)
+}
+
+/// Deploys the config of release `version` (default: the one before the current) again,
+/// as a new release.
+pub async fn rollback(
+    client: &Client,
+    app: &str,
+    version: Option<u64>,
+    s: &Settings,
+    progress: Arc<dyn Progress>,
+) -> anyhow::Result<Outcome> {
+    let hist = history(client, app).await?;
+    let current = hist
+        .iter()
+        .find(|r| r.status == "deployed")
+        .map(|r| r.version);
+    let target = match version {
+        Some(v) => hist
+            .iter()
+            .find(|r| r.version == v)
+            .ok_or_else(|| anyhow::anyhow!("release {v} of {app} is not known (any more)"))?,
+        None => hist
+            .iter()
+            .find(|r| r.status == "superseded" && Some(r.version) < current)
+            .ok_or_else(|| anyhow::anyhow!("{app} has no earlier release to roll back to"))?,
+    };
+    if target.configs.is_empty() {
+        anyhow::bail!(
+            "release {} has no recorded machine config to deploy",
+            target.version
+        );
+    }
+    let existing = existing_from(&client.machines(app).await?);
+    let release = next_version(&hist);
+    let mut targets = BTreeMap::new();
+    for (g, cfg) in &target.configs {
+        let now = counts(&existing, g);
+        let regions = if now.is_empty() {
+            BTreeMap::from([(String::new(), 1)])
+        } else {
+            now
+        };
+        targets.insert(
+            g.clone(),
+            GroupTarget {
+                config: with_release(cfg.clone(), Some(release)),
+                regions,
+            },
+        );
+    }
+    let p = plan(&targets, &existing);
+    Ok(run(
+        client,
+        app,
+        Some(release),
+        targets,
+        existing,
+        p,
+        s.strategy.unwrap_or(Strategy::Rolling),
+        s.max_unavailable.unwrap_or(MaxUnavailable::Count(1)),
+        s.wait_timeout.unwrap_or(Duration::from_secs(300)),
+        s,
+        progress,
+    )
+    .await)
+}
+
+/// The config new machines of a group get: the newest release's config among its live
+/// machines, else the newest release in the history that has the group.
+async fn template(
+    client: &Client,
+    app: &str,
+    existing: &[Existing],
+    group: &str,
+) -> anyhow::Result<MachineConfig> {
+    if let Some(m) = existing
+        .iter()
+        .filter(|m| m.group == group)
+        .max_by_key(|m| release_of(&m.config).unwrap_or(0))
+    {
+        return Ok(m.config.clone());
+    }
+    let hist = history(client, app).await?;
+    hist.iter()
+        .filter(|r| r.status != "failed")
+        .find_map(|r| r.configs.get(group).cloned())
+        .ok_or_else(|| {
+            anyhow::anyhow!("process group {group:?} of {app} has no machines and no release: deploy first")
+        })
+}
+
+/// The groups an operation acts on: the one given, else every group with machines.
+fn groups_of(existing: &[Existing], group: Option<&str>) -> Vec<String> {
+    match group {
+        Some(g) => vec![g.to_string()],
+        None => {
+            let mut v: Vec<String> = existing.iter().map(|m| m.group.clone()).collect();
+            v.sort();
+            v.dedup();
+            if v.is_empty() {
+                v.push(crate::config::DEFAULT_GROUP.to_string());
+            }
+            v
+        }
+    }
+}
+
+/// `scale count N`: N machines per group, spread over `regions` (default: the regions the
+/// group runs in). Existing machines keep their config; new ones get the group's newest.
+pub async fn scale_count(
+    client: &Client,
+    app: &str,
+    count: usize,
+    regions: &[String],
+    group: Option<&str>,
+    s: &Settings,
+    progress: Arc<dyn Progress>,
+) -> anyhow::Result<Outcome> {
+    let all = existing_from(&client.machines(app).await?);
+    let groups = groups_of(&all, group);
+    let existing: Vec<Existing> = all
+        .into_iter()
+        .filter(|m| groups.contains(&m.group))
+        .collect();
+    let mut targets = BTreeMap::new();
+    for g in &groups {
+        let config = template(client, app, &existing, g).await?;
+        let now = counts(&existing, g);
+        let rs: Vec<String> = if !regions.is_empty() {
+            regions.to_vec()
+        } else if !now.is_empty() {
+            now.keys().cloned().collect()
+        } else {
+            vec![String::new()]
+        };
+        targets.insert(
+            g.clone(),
+            GroupTarget {
+                config,
+                regions: distribute(count, &rs, &now),
+            },
+        );
+    }
+    let mut p = plan(&targets, &existing);
+    for step in &mut p.steps {
+        let kept = std::mem::take(&mut step.update);
+        step.keep.extend(kept);
+        step.keep.sort();
+    }
+    Ok(run(
+        client,
+        app,
+        None,
+        targets,
+        existing,
+        p,
+        Strategy::Rolling,
+        MaxUnavailable::Count(1),
+        s.wait_timeout.unwrap_or(Duration::from_secs(300)),
+        s,
+        progress,
+    )
+    .await)
+}
+
+/// `scale vm SIZE`: every machine of the group(s) gets the new guest, rolling.
+#[allow(clippy::too_many_arguments)]
+pub async fn scale_vm(
+    client: &Client,
+    app: &str,
+    size: &str,
+    memory_mb: Option<u64>,
+    group: Option<&str>,
+    s: &Settings,
+    progress: Arc<dyn Progress>,
+) -> anyhow::Result<Outcome> {
+    let mut guest = bazaar_types::guest::Guest::preset(size).map_err(anyhow::Error::msg)?;
+    if let Some(mb) = memory_mb {
+        guest.memory_mb = mb as i64;
+    }
+    guest.validate().map_err(anyhow::Error::msg)?;
+    let all = existing_from(&client.machines(app).await?);
+    let groups = groups_of(&all, group);
+    let existing: Vec<Existing> = all
+        .into_iter()
+        .filter(|m| groups.contains(&m.group))
+        .collect();
+    let mut targets = BTreeMap::new();
+    for g in &groups {
+        let mut config = template(client, app, &existing, g).await?;
+        config.guest = Some(guest.clone());
+        config.size = None;
+        targets.insert(
+            g.clone(),
+            GroupTarget {
+                config,
+                regions: counts(&existing, g),
+            },
+        );
+    }
+    let p = plan(&targets, &existing);
+    Ok(run(
+        client,
+        app,
+        None,
+        targets,
+        existing,
+        p,
+        s.strategy.unwrap_or(Strategy::Rolling),
+        s.max_unavailable.unwrap_or(MaxUnavailable::Count(1)),
+        s.wait_timeout.unwrap_or(Duration::from_secs(300)),
+        s,
+        progress,
+    )
+    .await)
+}
