@@ -1,27 +1,27 @@
-//! The agent's shared state and the accept side of every operation: validate a request
-//! against the machine's state, record the operation durably in the same transaction as
-//! its effects on the record, then hand it to the machine's actor ([`crate::actor`]) to run.
-//! Also the host's side of the market: bids, reservations and claims.
+//! The agent's shared state, its start-up (re-adoption, resuming operations), and the accept
+//! side of every operation on an existing machine: validate a request against the machine's
+//! state, record the operation durably in the same transaction as its effects on the record,
+//! then hand it to the machine's actor ([`crate::actor`]) to run. Every change is published
+//! to the catalog from here. Creates and the market live in [`crate::market`], leases and
+//! metadata in [`crate::leases`], reads in [`crate::views`].
 
 use crate::actor::{spawn_actor, ActorMsg};
 use crate::config::AgentConfig;
 use crate::driver::{self, Driver};
 use crate::error::AgentError;
 use crate::fault::CrashPoint;
+use crate::leases::check_lease;
 use crate::record::{MachineRecord, OpKind, Operation};
 use crate::store::{Batch, Store};
 use bazaar_placement::{Ledger, LedgerError};
 use bazaar_types::config::MachineConfig;
 use bazaar_types::event::MachineEvent;
 use bazaar_types::guest::Guest;
-use bazaar_types::host::{
-    BidRequest, BidResponse, ClaimRequest, HostInfo, Resources, StopRequest, UpdateRequest,
-    WaitResponse,
-};
+use bazaar_types::host::{HostInfo, Resources, StopRequest, UpdateRequest};
 use bazaar_types::machine::Machine;
 use bazaar_types::signal::Signal;
 use bazaar_types::state::{check_transition, MachineState};
-use bazaar_types::{ids, now_ms, rfc3339};
+use bazaar_types::{ids, now_ms};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -76,7 +76,7 @@ pub(crate) struct Inner {
     pub checks: Mutex<HashMap<String, Vec<bazaar_catalog::CheckRecord>>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
@@ -356,228 +356,7 @@ impl Agent {
         }
     }
 
-    // === The market: bids, claims, releases ===
-
-    /// Answers a bid request from exact local state: a reservation and a score, or a
-    /// refusal with the reason.
-    pub async fn bid(&self, req: BidRequest) -> Result<BidResponse, AgentError> {
-        if req.memory_mb == 0 || req.cpus == 0 {
-            return Err(AgentError::Invalid(
-                "a bid needs cpus and memory_mb greater than zero".into(),
-            ));
-        }
-        if self.0.shutdown.is_cancelled() {
-            return Ok(BidResponse::Refusal {
-                host_id: self.0.host_id.clone(),
-                reason: "host is shutting down".into(),
-                retryable: false,
-            });
-        }
-        let ttl = Duration::from_millis(req.ttl_ms.unwrap_or(u64::MAX))
-            .min(self.0.config.reservation_ttl);
-        let want = Resources {
-            cpus: req.cpus,
-            memory_mb: req.memory_mb,
-        };
-        let id = ids::new_reservation_id();
-        let expires_at_ms = now_ms() + ttl.as_millis() as u64;
-        let mut ledger = self.0.ledger.lock().await;
-        // Open reservations live in memory only: losing them in a crash is the same as
-        // their expiry, which the exchange handles (the claim fails, the next offer is
-        // taken). Claimed ones are persisted with the machine they became.
-        match ledger.reserve(&id, want, expires_at_ms) {
-            Ok((_, score)) => Ok(BidResponse::Bid {
-                host_id: self.0.host_id.clone(),
-                reservation_id: id,
-                score,
-                expires_at_ms,
-                free: ledger.free(),
-            }),
-            Err(err) => Ok(BidResponse::Refusal {
-                host_id: self.0.host_id.clone(),
-                reason: err.to_string(),
-                retryable: !matches!(err, LedgerError::Draining)
-                    && ledger.fits_without_reservations(want),
-            }),
-        }
-    }
-
-    /// Returns an unclaimed reservation.
-    pub async fn release(&self, reservation_id: &str) -> Result<(), AgentError> {
-        let mut ledger = self.0.ledger.lock().await;
-        match ledger.reservation(reservation_id) {
-            None => return Err(AgentError::ReservationNotFound(reservation_id.into())),
-            Some(r) if r.claimed_by.is_some() => {
-                return Err(AgentError::Conflict(format!(
-                    "reservation {reservation_id} was claimed and cannot be released"
-                )))
-            }
-            Some(_) => {}
-        }
-        ledger.release(reservation_id);
-        Ok(())
-    }
-
-    /// Turns a reservation into a machine. Idempotent: claiming a reservation again returns
-    /// the machine it became.
-    pub async fn claim(
-        &self,
-        reservation_id: &str,
-        req: ClaimRequest,
-    ) -> Result<Machine, AgentError> {
-        // Fault injection: a host that dies between its bid and the claim.
-        self.0.crash.at("claim", 0);
-        let mut ledger = self.0.ledger.lock().await;
-        let reservation = ledger
-            .reservation(reservation_id)
-            .cloned()
-            .ok_or_else(|| AgentError::ReservationNotFound(reservation_id.into()))?;
-        if let Some(existing) = &reservation.claimed_by {
-            if req.machine_id.as_deref().is_some_and(|m| m != existing) {
-                return Err(AgentError::Conflict(format!(
-                    "reservation {reservation_id} was already claimed by machine {existing}"
-                )));
-            }
-            drop(ledger);
-            return self.machine(existing).await;
-        }
-        let (rec, op, mut batch) = self.prepare_create(&req)?;
-        if rec.resources != reservation.resources {
-            self.release_ports(&rec);
-            return Err(AgentError::Invalid(format!(
-                "the machine needs {} cpus / {} MB but reservation {reservation_id} holds {} cpus / {} MB",
-                rec.resources.cpus,
-                rec.resources.memory_mb,
-                reservation.resources.cpus,
-                reservation.resources.memory_mb
-            )));
-        }
-        ledger
-            .claim(reservation_id, &rec.id)
-            .map_err(|e| AgentError::Conflict(e.to_string()))?;
-        let mut claimed = reservation.clone();
-        claimed.claimed_by = Some(rec.id.clone());
-        batch.reservation(&claimed);
-        if let Err(err) = self.commit(batch).await {
-            ledger.uncommit(&rec.id);
-            ledger.restore_reservation(reservation);
-            self.release_ports(&rec);
-            return Err(err);
-        }
-        drop(ledger);
-        Ok(self.accepted_create(rec, op).await)
-    }
-
-    /// Creates a machine here directly (a reservation and its claim in one step).
-    pub async fn create(&self, req: ClaimRequest) -> Result<Machine, AgentError> {
-        let mut ledger = self.0.ledger.lock().await;
-        if let Some(id) = &req.machine_id {
-            if self.0.store.machine(id)?.is_some() {
-                drop(ledger);
-                return self.machine(id).await;
-            }
-        }
-        let (rec, op, batch) = self.prepare_create(&req)?;
-        if let Err(err) = ledger.commit(&rec.id, rec.resources) {
-            self.release_ports(&rec);
-            return Err(capacity_error(err));
-        }
-        if let Err(err) = self.commit(batch).await {
-            ledger.uncommit(&rec.id);
-            self.release_ports(&rec);
-            return Err(err);
-        }
-        drop(ledger);
-        Ok(self.accepted_create(rec, op).await)
-    }
-
-    /// Validates a create request and builds the record, its first operation and the batch
-    /// that records them (not yet written).
-    fn prepare_create(
-        &self,
-        req: &ClaimRequest,
-    ) -> Result<(MachineRecord, Operation, Batch), AgentError> {
-        ids::validate_name("app", &req.app).map_err(AgentError::Invalid)?;
-        let name = match &req.name {
-            Some(n) => {
-                ids::validate_name("machine", n).map_err(AgentError::Invalid)?;
-                n.clone()
-            }
-            None => ids::new_machine_name(),
-        };
-        if let Some(region) = &req.region {
-            if !region.is_empty() && *region != self.0.config.region {
-                return Err(AgentError::Invalid(format!(
-                    "this host is in region {}, not {region}",
-                    self.0.config.region
-                )));
-            }
-        }
-        let id = match &req.machine_id {
-            Some(id) if ids::is_valid_machine_id(id) => id.clone(),
-            Some(id) => return Err(AgentError::Invalid(format!("invalid machine id {id:?}"))),
-            None => ids::new_machine_id(),
-        };
-        let resources = validate_config(&req.config)?;
-        let now = now_ms();
-        let instance_id = ids::new_instance_id();
-        let mut rec = MachineRecord {
-            id: id.clone(),
-            name,
-            app: req.app.clone(),
-            region: self.0.config.region.clone(),
-            state: MachineState::Created,
-            desired: if req.skip_launch {
-                MachineState::Created
-            } else {
-                MachineState::Started
-            },
-            instance_id: instance_id.clone(),
-            config: req.config.clone(),
-            resources,
-            created_at_ms: now,
-            updated_at_ms: now,
-            cordoned: false,
-            host_ports: BTreeMap::new(),
-            run: None,
-            next_run_id: 1,
-            exit_handled_run: 0,
-            policy_restarts: Vec::new(),
-            restart_count: 0,
-            host_shutdown_run: None,
-            next_event_seq: 1,
-            destroyed_at_ms: None,
-            lease: None,
-            placement: req.placement.clone(),
-        };
-        rec.cordoned = req.skip_service_registration;
-        if let Some(ttl) = req.lease_ttl {
-            rec.lease = Some(new_lease(&rec, ttl, "", None)?);
-        }
-        self.assign_ports(&mut rec)?;
-        let kind = OpKind::Create {
-            skip_launch: req.skip_launch,
-        };
-        let op = self.new_op(&mut rec, kind, "user");
-        let mut batch = Batch::default();
-        batch
-            .version(&id, &instance_id, &req.config)
-            .event(&mut rec, MachineEvent::new("launch", "created", "user"));
-        batch.machine(&rec).op(&op);
-        Ok((rec, op, batch))
-    }
-
-    async fn accepted_create(&self, rec: MachineRecord, op: Operation) -> Machine {
-        self.0.crash.at(op.kind.name(), 0);
-        tracing::info!(machine.id = %rec.id, app = %rec.app, "machine created");
-        self.publish(&rec);
-        let mut machine = self.view(&rec, self.0.store.events(&rec.id, 20).unwrap_or_default());
-        machine.nonce = rec.lease.as_ref().map(|l| l.nonce.clone());
-        spawn_actor(self, rec, vec![op], None);
-        machine
-    }
-
-    fn new_op(&self, rec: &mut MachineRecord, kind: OpKind, source: &str) -> Operation {
+    pub(crate) fn new_op(&self, rec: &mut MachineRecord, kind: OpKind, source: &str) -> Operation {
         let run_id = kind.launches().then(|| {
             let id = rec.next_run_id;
             rec.next_run_id += 1;
@@ -595,7 +374,7 @@ impl Agent {
         }
     }
 
-    fn assign_ports(&self, rec: &mut MachineRecord) -> Result<(), AgentError> {
+    pub(crate) fn assign_ports(&self, rec: &mut MachineRecord) -> Result<(), AgentError> {
         let wanted: Vec<u16> = rec
             .config
             .services
@@ -661,21 +440,10 @@ impl Agent {
         req: StopRequest,
         nonce: Option<&str>,
     ) -> Result<Machine, AgentError> {
-        self.submit(
-            id,
-            nonce,
-            OpKind::Stop {
-                signal: 0,
-                timeout_ms: 0,
-            },
-            |rec| {
-                let (sig, timeout) = stop_params(&rec.config, &req);
-                Ok(Some(OpKind::Stop {
-                    signal: sig.0,
-                    timeout_ms: timeout.as_millis() as u64,
-                }))
-            },
-        )
+        self.submit_with_stop(id, req, nonce, |signal, timeout_ms| OpKind::Stop {
+            signal,
+            timeout_ms,
+        })
         .await
     }
 
@@ -686,21 +454,26 @@ impl Agent {
         req: StopRequest,
         nonce: Option<&str>,
     ) -> Result<Machine, AgentError> {
-        self.submit(
-            id,
-            nonce,
-            OpKind::Restart {
-                signal: 0,
-                timeout_ms: 0,
-            },
-            |rec| {
-                let (sig, timeout) = stop_params(&rec.config, &req);
-                Ok(Some(OpKind::Restart {
-                    signal: sig.0,
-                    timeout_ms: timeout.as_millis() as u64,
-                }))
-            },
-        )
+        self.submit_with_stop(id, req, nonce, |signal, timeout_ms| OpKind::Restart {
+            signal,
+            timeout_ms,
+        })
+        .await
+    }
+
+    /// Submits an operation that stops the workload first, with the signal and timeout of
+    /// the request or, failing that, of the machine's config.
+    async fn submit_with_stop(
+        &self,
+        id: &str,
+        req: StopRequest,
+        nonce: Option<&str>,
+        kind: fn(i32, u64) -> OpKind,
+    ) -> Result<Machine, AgentError> {
+        self.submit(id, nonce, kind(0, 0), |rec| {
+            let (signal, timeout) = stop_params(&rec.config, &req);
+            Ok(Some(kind(signal.0, timeout.as_millis() as u64)))
+        })
         .await
     }
 
@@ -824,7 +597,11 @@ impl Agent {
         self.enqueue(&rec, op).await
     }
 
-    async fn enqueue(&self, rec: &MachineRecord, op: Operation) -> Result<Machine, AgentError> {
+    pub(crate) async fn enqueue(
+        &self,
+        rec: &MachineRecord,
+        op: Operation,
+    ) -> Result<Machine, AgentError> {
         self.0.crash.at(op.kind.name(), 0);
         tracing::debug!(machine.id = %rec.id, op = op.kind.name(), "operation accepted");
         let sender = lock(&self.0.actors).get(&rec.id).cloned();
@@ -837,7 +614,7 @@ impl Agent {
         self.machine(&rec.id).await
     }
 
-    fn load_live(&self, id: &str) -> Result<MachineRecord, AgentError> {
+    pub(crate) fn load_live(&self, id: &str) -> Result<MachineRecord, AgentError> {
         if !ids::is_valid_machine_id(id) {
             return Err(AgentError::MachineNotFound(id.into()));
         }
@@ -846,335 +623,6 @@ impl Agent {
             .machine(id)?
             .filter(|m| m.state != MachineState::Destroyed)
             .ok_or_else(|| AgentError::MachineNotFound(id.into()))
-    }
-
-    // === Leases, cordons, metadata ===
-
-    /// Takes or refreshes the lease. Refreshing needs the current nonce; another holder's
-    /// unexpired lease is a conflict. Returns the lease and whether it is new.
-    pub async fn lease_acquire(
-        &self,
-        id: &str,
-        ttl: u64,
-        description: &str,
-        nonce: Option<&str>,
-    ) -> Result<(bazaar_types::machine::Lease, bool), AgentError> {
-        let _guard = self.0.ledger.lock().await;
-        let mut rec = self.load_live(id)?;
-        let held = rec.lease.clone().filter(|l| l.expires_at * 1000 > now_ms());
-        let (lease, created) = match (&held, nonce) {
-            (Some(l), Some(n)) if l.nonce == n => {
-                (new_lease(&rec, ttl, description, Some(n))?, false)
-            }
-            (Some(l), _) => return Err(lease_conflict(id, l)),
-            (None, Some(n))
-                if !n.is_empty() && rec.lease.as_ref().is_some_and(|l| l.nonce == n) =>
-            {
-                // Refreshing a lease that just expired: renew it for the same holder.
-                (new_lease(&rec, ttl, description, Some(n))?, false)
-            }
-            (None, _) => (new_lease(&rec, ttl, description, None)?, true),
-        };
-        rec.lease = Some(lease.clone());
-        let mut b = Batch::default();
-        b.machine(&rec);
-        self.commit(b).await?;
-        Ok((lease, created))
-    }
-
-    /// The current lease, if one is held.
-    pub async fn lease_get(
-        &self,
-        id: &str,
-    ) -> Result<Option<bazaar_types::machine::Lease>, AgentError> {
-        let rec = self.load_live(id)?;
-        Ok(rec.lease.filter(|l| l.expires_at * 1000 > now_ms()))
-    }
-
-    /// Releases the lease; the nonce must match.
-    pub async fn lease_release(&self, id: &str, nonce: Option<&str>) -> Result<(), AgentError> {
-        let _guard = self.0.ledger.lock().await;
-        let mut rec = self.load_live(id)?;
-        let Some(nonce) = nonce.filter(|n| !n.is_empty()) else {
-            return Err(AgentError::Invalid(
-                "releasing a lease needs its nonce in the fly-machine-lease-nonce header".into(),
-            ));
-        };
-        match rec.lease.clone().filter(|l| l.expires_at * 1000 > now_ms()) {
-            None => return Err(AgentError::LeaseNotFound(id.into())),
-            Some(l) if l.nonce != nonce => return Err(lease_conflict(id, &l)),
-            Some(_) => {}
-        }
-        rec.lease = None;
-        let mut b = Batch::default();
-        b.machine(&rec);
-        self.commit(b).await
-    }
-
-    /// Cordons (no new traffic from the proxy) or uncordons a machine.
-    pub async fn cordon(
-        &self,
-        id: &str,
-        cordoned: bool,
-        nonce: Option<&str>,
-    ) -> Result<(), AgentError> {
-        let _guard = self.0.ledger.lock().await;
-        let mut rec = self.load_live(id)?;
-        check_lease(&rec, nonce)?;
-        rec.cordoned = cordoned;
-        rec.updated_at_ms = now_ms();
-        let mut b = Batch::default();
-        b.machine(&rec);
-        self.commit(b).await?;
-        self.publish(&rec);
-        Ok(())
-    }
-
-    /// A machine's metadata.
-    pub async fn metadata(&self, id: &str) -> Result<BTreeMap<String, String>, AgentError> {
-        Ok(self.load_live(id)?.config.metadata)
-    }
-
-    /// Sets or removes metadata keys (a `None` or empty value removes the key). With
-    /// `machine_version`, refuses (412) unless the machine is at that version.
-    pub async fn metadata_update(
-        &self,
-        id: &str,
-        changes: BTreeMap<String, Option<String>>,
-        machine_version: Option<&str>,
-        nonce: Option<&str>,
-    ) -> Result<(), AgentError> {
-        for key in changes.keys() {
-            validate_metadata_key(key)?;
-        }
-        let _guard = self.0.ledger.lock().await;
-        let mut rec = self.load_live(id)?;
-        check_lease(&rec, nonce)?;
-        if let Some(v) = machine_version {
-            if v != rec.instance_id {
-                return Err(AgentError::Precondition(format!(
-                    "machine version is {}, not {v}",
-                    rec.instance_id
-                )));
-            }
-        }
-        for (k, v) in changes {
-            match v.filter(|v| !v.is_empty()) {
-                Some(v) => rec.config.metadata.insert(k, v),
-                None => rec.config.metadata.remove(&k),
-            };
-        }
-        rec.updated_at_ms = now_ms();
-        let mut b = Batch::default();
-        b.machine(&rec);
-        self.commit(b).await?;
-        self.publish(&rec);
-        Ok(())
-    }
-
-    /// Runs a command in a started machine's context.
-    pub async fn exec(
-        &self,
-        id: &str,
-        req: bazaar_types::host::ExecRequest,
-    ) -> Result<bazaar_types::host::ExecResponse, AgentError> {
-        let rec = self.load_live(id)?;
-        check_transition(self.current_state(&rec), bazaar_types::state::Action::Exec)?;
-        let run = rec
-            .run
-            .filter(|r| r.run_id > rec.exit_handled_run && r.workload_pid > 0)
-            .ok_or_else(|| AgentError::Conflict(format!("machine {id} has no running process")))?;
-        let spec = self.0.driver.spec(&rec, run.run_id);
-        let target = crate::exec::ExecTarget {
-            workload_pid: run.workload_pid,
-            isolated: self.0.driver.isolate,
-            env: spec.env,
-            workdir: spec.workdir,
-        };
-        crate::exec::run(&target, &req).await
-    }
-
-    /// How the machine was placed, if it went through the market.
-    pub async fn placement(&self, id: &str) -> Result<Option<serde_json::Value>, AgentError> {
-        Ok(self
-            .0
-            .store
-            .machine(id)?
-            .ok_or_else(|| AgentError::MachineNotFound(id.into()))?
-            .placement)
-    }
-
-    /// The machine's log file, for streaming.
-    pub fn log_path(&self, id: &str) -> std::path::PathBuf {
-        self.0.driver.log_path(id)
-    }
-
-    // === Reads ===
-
-    /// One machine (tombstones included), with its latest events.
-    pub async fn machine(&self, id: &str) -> Result<Machine, AgentError> {
-        if !ids::is_valid_machine_id(id) {
-            return Err(AgentError::MachineNotFound(id.into()));
-        }
-        let rec = self
-            .0
-            .store
-            .machine(id)?
-            .ok_or_else(|| AgentError::MachineNotFound(id.into()))?;
-        let events = self.0.store.events(id, 20)?;
-        Ok(self.view(&rec, events))
-    }
-
-    /// Machines on this host, optionally of one app.
-    pub async fn machines(
-        &self,
-        app: Option<&str>,
-        include_deleted: bool,
-    ) -> Result<Vec<Machine>, AgentError> {
-        let mut out: Vec<Machine> = self
-            .0
-            .store
-            .machines()?
-            .into_iter()
-            .filter(|m| app.is_none_or(|a| m.app == a))
-            .filter(|m| include_deleted || m.state != MachineState::Destroyed)
-            .map(|m| self.view(&m, Vec::new()))
-            .collect();
-        out.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
-        Ok(out)
-    }
-
-    /// A machine's events, newest first.
-    pub async fn events(&self, id: &str, limit: usize) -> Result<Vec<MachineEvent>, AgentError> {
-        self.machine(id).await?;
-        Ok(self.0.store.events(id, limit)?)
-    }
-
-    /// A machine's config versions, newest first.
-    pub async fn versions(&self, id: &str) -> Result<Vec<(String, MachineConfig)>, AgentError> {
-        self.machine(id).await?;
-        let mut v = self.0.store.versions(id)?;
-        v.reverse();
-        Ok(v)
-    }
-
-    /// The tail of a machine's log (JSON lines), at most `max_bytes`.
-    pub async fn log_tail(&self, id: &str, max_bytes: u64) -> Result<String, AgentError> {
-        self.machine(id).await?;
-        let path = self.0.driver.log_path(id);
-        let data = match std::fs::read(&path) {
-            Ok(d) => d,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(AgentError::Internal(e.to_string())),
-        };
-        let start = data.len().saturating_sub(max_bytes as usize);
-        let text = String::from_utf8_lossy(&data[start..]);
-        // Do not start in the middle of a line.
-        let text = if start > 0 {
-            text.split_once('\n').map(|(_, t)| t).unwrap_or("")
-        } else {
-            &text
-        };
-        Ok(text.to_string())
-    }
-
-    /// Waits until the machine is in one of `states` (and at `instance_id`, if given).
-    pub async fn wait(
-        &self,
-        id: &str,
-        states: &[MachineState],
-        timeout: Duration,
-        instance_id: Option<&str>,
-    ) -> Result<WaitResponse, AgentError> {
-        let machine = self.machine(id).await?;
-        let rx = lock(&self.0.live).get(id).map(|tx| tx.subscribe());
-        let matches = |s: &Snapshot| {
-            let state_ok = states.contains(&s.state);
-            state_ok && instance_id.is_none_or(|v| v == s.instance_id)
-        };
-        let Some(mut rx) = rx else {
-            // A tombstone: it only ever is destroyed.
-            let snap = Snapshot {
-                state: machine.state,
-                instance_id: machine.instance_id.clone(),
-            };
-            if matches(&snap) {
-                return Ok(WaitResponse {
-                    ok: true,
-                    state: snap.state.to_string(),
-                    version: snap.instance_id,
-                });
-            }
-            return Err(AgentError::WaitTimeout {
-                id: id.into(),
-                states: join_states(states),
-            });
-        };
-        let result = tokio::time::timeout(timeout, rx.wait_for(|s| matches(s))).await;
-        match result {
-            Ok(Ok(snap)) => Ok(WaitResponse {
-                ok: true,
-                state: snap.state.to_string(),
-                version: snap.instance_id.clone(),
-            }),
-            _ => Err(AgentError::WaitTimeout {
-                id: id.into(),
-                states: join_states(states),
-            }),
-        }
-    }
-
-    /// The state clients see: the running operation's state, else the recorded one.
-    pub(crate) fn current_state(&self, rec: &MachineRecord) -> MachineState {
-        if rec.state == MachineState::Destroyed {
-            return rec.state;
-        }
-        lock(&self.0.transient)
-            .get(&rec.id)
-            .copied()
-            .unwrap_or(rec.state)
-    }
-
-    /// Shows a record as the API's machine object.
-    pub(crate) fn view(&self, rec: &MachineRecord, events: Vec<MachineEvent>) -> Machine {
-        let live_run = rec.run.filter(|r| r.run_id > rec.exit_handled_run);
-        Machine {
-            id: rec.id.clone(),
-            name: rec.name.clone(),
-            state: self.current_state(rec),
-            region: rec.region.clone(),
-            instance_id: rec.instance_id.clone(),
-            version: rec.instance_id.clone(),
-            private_ip: "127.0.0.1".into(),
-            created_at: rfc3339(rec.created_at_ms),
-            updated_at: rfc3339(rec.updated_at_ms),
-            config: rec.config.clone(),
-            events,
-            checks: lock(&self.0.checks)
-                .get(&rec.id)
-                .filter(|_| self.current_state(rec) == MachineState::Started)
-                .map(|list| {
-                    list.iter()
-                        .map(|c| {
-                            serde_json::json!({
-                                "name": c.name,
-                                "status": c.status,
-                                "output": c.output,
-                                "updated_at": rfc3339(c.updated_at_ms),
-                            })
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
-            host_status: "ok".into(),
-            cordoned: rec.cordoned,
-            nonce: None,
-            host_id: self.0.host_id.clone(),
-            app: rec.app.clone(),
-            host_ports: rec.host_ports.clone(),
-            pid: live_run.map(|r| r.workload_pid),
-            lease: rec.lease.clone().filter(|l| l.expires_at * 1000 > now_ms()),
-        }
     }
 
     /// Publishes a machine's state to waiters and to the catalog.
@@ -1327,15 +775,7 @@ impl Agent {
     }
 }
 
-fn join_states(states: &[MachineState]) -> String {
-    states
-        .iter()
-        .map(|s| s.as_str())
-        .collect::<Vec<_>>()
-        .join(" or ")
-}
-
-fn capacity_error(err: LedgerError) -> AgentError {
+pub(crate) fn capacity_error(err: LedgerError) -> AgentError {
     AgentError::Capacity(err.to_string())
 }
 
@@ -1398,67 +838,4 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
         }
     }
     Ok(size.into())
-}
-
-/// A new lease (or a refresh keeping `keep_nonce`) of `ttl` seconds (1 s to 1 h).
-fn new_lease(
-    rec: &MachineRecord,
-    ttl: u64,
-    description: &str,
-    keep_nonce: Option<&str>,
-) -> Result<bazaar_types::machine::Lease, AgentError> {
-    if !(1..=3600).contains(&ttl) {
-        return Err(AgentError::Invalid(format!(
-            "lease ttl must be between 1 and 3600 seconds, got {ttl}"
-        )));
-    }
-    Ok(bazaar_types::machine::Lease {
-        nonce: keep_nonce
-            .map(str::to_string)
-            .unwrap_or_else(|| ids::new_secret(6)),
-        expires_at: now_ms() / 1000 + ttl,
-        owner: "api".into(),
-        description: description.chars().take(256).collect(),
-        version: rec.instance_id.clone(),
-    })
-}
-
-fn lease_conflict(id: &str, l: &bazaar_types::machine::Lease) -> AgentError {
-    AgentError::Conflict(format!(
-        "machine {id} lease currently held by {} ({}), expires at {}",
-        l.owner,
-        if l.description.is_empty() {
-            "no description"
-        } else {
-            &l.description
-        },
-        rfc3339(l.expires_at * 1000)
-    ))
-}
-
-/// Refuses a mutation of a leased machine unless `nonce` is the lease's.
-fn check_lease(rec: &MachineRecord, nonce: Option<&str>) -> Result<(), AgentError> {
-    match rec
-        .lease
-        .as_ref()
-        .filter(|l| l.expires_at * 1000 > now_ms())
-    {
-        Some(l) if nonce != Some(l.nonce.as_str()) => Err(lease_conflict(&rec.id, l)),
-        _ => Ok(()),
-    }
-}
-
-fn validate_metadata_key(key: &str) -> Result<(), AgentError> {
-    let ok = !key.is_empty()
-        && key.len() <= 128
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'));
-    if ok {
-        Ok(())
-    } else {
-        Err(AgentError::Invalid(format!(
-            "invalid metadata key {key:?}: use 1-128 letters, digits, '_', '-', '.', '/'"
-        )))
-    }
 }

@@ -5,7 +5,10 @@
 //! reservations and claims.
 //!
 //! Layout:
-//! - [`agent`]: shared state, the accept side of operations, the market, reads.
+//! - [`agent`]: shared state, start-up, the accept side of operations, catalog publishing.
+//! - [`market`]: bids, reservations, claims and creates (the host's side of the market).
+//! - [`leases`]: leases, cordons and metadata.
+//! - [`views`]: reads of machines (the API view, lists, events, versions, logs, `wait`).
 //! - [`actor`]: one task per machine that executes its operations step by step.
 //! - [`record`]: what is persisted (machine records, operations, steps).
 //! - [`store`]: the redb store.
@@ -27,10 +30,13 @@ pub mod error;
 pub mod exec;
 pub mod fault;
 pub mod http;
+pub mod leases;
+pub mod market;
 pub mod record;
 pub mod restart;
 pub mod secrets;
 pub mod store;
+pub mod views;
 
 pub use agent::Agent;
 pub use config::AgentConfig;
