@@ -111,15 +111,9 @@ pub async fn destroy(
         let Some(h) = catalog.host(&m.record.host_id) else {
             continue;
         };
-        let url = format!(
-            "http://{}/host/v1/machines/{}?force=true",
-            h.record.api_addr, m.record.id
-        );
+        let path = format!("/host/v1/machines/{}?force=true", m.record.id);
         if let Err(err) = api
-            .0
-            .http
-            .delete(url)
-            .bearer_auth(api.0.agent.cluster_secret())
+            .to_node(reqwest::Method::DELETE, &h.record.api_addr, &path)
             .send()
             .await
         {
@@ -130,16 +124,16 @@ pub async fn destroy(
         catalog.delete_app(&app);
     } else if let Some(owner) = catalog.host(&record.created_by_host) {
         // Only the host that wrote the app's record can delete it.
-        let url = format!("http://{}/v1/apps/{app}", owner.record.api_addr);
-        api.0
-            .http
-            .delete(url)
-            .bearer_auth(api.0.agent.cluster_secret())
-            .send()
-            .await
-            .map_err(|e| {
-                ApiError::Unavailable(format!("the host that owns app {app} is unreachable: {e}"))
-            })?;
+        api.to_node(
+            reqwest::Method::DELETE,
+            &owner.record.api_addr,
+            &format!("/v1/apps/{app}"),
+        )
+        .send()
+        .await
+        .map_err(|e| {
+            ApiError::Unavailable(format!("the host that owns app {app} is unreachable: {e}"))
+        })?;
     }
     Ok((
         StatusCode::ACCEPTED,

@@ -374,15 +374,8 @@ impl Api {
     }
 
     async fn release_one(&self, host: &HostAddr, reservation_id: &str) {
-        let url = format!(
-            "http://{}/host/v1/reservations/{reservation_id}",
-            host.api_addr
-        );
-        let req = self
-            .0
-            .http
-            .delete(url)
-            .bearer_auth(self.0.agent.cluster_secret());
+        let path = format!("/host/v1/reservations/{reservation_id}");
+        let req = self.to_node(reqwest::Method::DELETE, &host.api_addr, &path);
         if let Err(err) = req.send().await {
             tracing::debug!(error = %err, "releasing a late reservation");
         }
@@ -403,12 +396,8 @@ impl Api {
         path: &str,
         body: &impl serde::Serialize,
     ) -> Result<T, HostCallError> {
-        let url = format!("http://{}{path}", host.api_addr);
         let resp = self
-            .0
-            .http
-            .post(&url)
-            .bearer_auth(self.0.agent.cluster_secret())
+            .to_node(reqwest::Method::POST, &host.api_addr, path)
             .json(body)
             .send()
             .await

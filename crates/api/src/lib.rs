@@ -65,6 +65,20 @@ impl Api {
             .ok_or_else(|| ApiError::Unavailable("the catalog is not running yet".into()))
     }
 
+    /// A request to another node (its host interface or its API), authenticated with the
+    /// cluster secret. `addr` is the node's API address, `path` starts with `/`.
+    pub(crate) fn to_node(
+        &self,
+        method: reqwest::Method,
+        addr: &str,
+        path: &str,
+    ) -> reqwest::RequestBuilder {
+        self.0
+            .http
+            .request(method, format!("http://{addr}{path}"))
+            .bearer_auth(self.0.agent.cluster_secret())
+    }
+
     pub(crate) fn remember(&self, machine_id: &str, host_id: &str) {
         let mut recent = self.0.recent.lock().unwrap_or_else(|p| p.into_inner());
         if recent.len() > 10_000 {

@@ -225,15 +225,11 @@ pub async fn list(
         hosts.dedup();
         let fetches = hosts.into_iter().filter_map(|h| {
             let addr = host_addr(&api, &h)?;
-            let url = format!(
-                "http://{}/host/v1/machines?app={app}&include_deleted={}",
-                addr.api_addr, filter.include_deleted
+            let path = format!(
+                "/host/v1/machines?app={app}&include_deleted={}",
+                filter.include_deleted
             );
-            let req = api
-                .0
-                .http
-                .get(url)
-                .bearer_auth(api.0.agent.cluster_secret());
+            let req = api.to_node(Method::GET, &addr.api_addr, &path);
             Some(async move {
                 let r = tokio::time::timeout(std::time::Duration::from_secs(2), req.send())
                     .await
@@ -411,16 +407,12 @@ async fn forward(
     if !reachable {
         return unreachable("declared down by the cluster".into());
     }
-    let mut url = format!("http://{}/host/v1/machines/{id}{rest}", host.api_addr);
+    let mut path = format!("/host/v1/machines/{id}{rest}");
     if let Some(q) = query.filter(|q| !q.is_empty()) {
-        url.push('?');
-        url.push_str(&q);
+        path.push('?');
+        path.push_str(&q);
     }
-    let mut req = api
-        .0
-        .http
-        .request(method.clone(), &url)
-        .bearer_auth(api.0.agent.cluster_secret());
+    let mut req = api.to_node(method.clone(), &host.api_addr, &path);
     if let Some(n) = headers.get("fly-machine-lease-nonce") {
         req = req.header("fly-machine-lease-nonce", n);
     }
