@@ -91,6 +91,8 @@ struct Run<'a> {
     leases: Leases,
     progress: Arc<dyn Progress>,
     done: Mutex<Done>,
+    /// Set while rolling back: waits get at least a minute, whatever `wait_timeout`.
+    rolling_back: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -150,7 +152,9 @@ impl Run<'_> {
             self.drain(&c.id, &c.region).await.map_err(fail)?;
         }
         let nonce = self.leases.acquire(&c.id).await.map_err(fail)?;
-        lock(&self.done).updated.push(c.clone());
+        if !self.rolling_back.load(std::sync::atomic::Ordering::SeqCst) {
+            lock(&self.done).updated.push(c.clone());
+        }
         let m = self
             .client
             .update(self.app(), &c.id, &c.to, Some(&nonce))
@@ -177,7 +181,11 @@ impl Run<'_> {
         config: &MachineConfig,
         gate: bool,
     ) -> anyhow::Result<()> {
-        let deadline = tokio::time::Instant::now() + self.opts.wait_timeout;
+        let mut timeout = self.opts.wait_timeout;
+        if self.rolling_back.load(std::sync::atomic::Ordering::SeqCst) {
+            timeout = timeout.max(Duration::from_secs(60));
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
         health::wait_started(self.client, self.app(), id, version, deadline).await?;
         if gate {
             let n = health::service_checks(config);
@@ -254,6 +262,12 @@ impl Run<'_> {
             .await
             .map_err(fail)?;
         self.leases.forget(id);
+        // Gone means gone: stopped (kill_signal, then kill_timeout) and destroyed.
+        let timeout = self.opts.wait_timeout.max(Duration::from_secs(30));
+        self.client
+            .wait(self.app(), id, "destroyed", None, timeout)
+            .await
+            .map_err(fail)?;
         lock(&self.done).destroyed.push(id.to_string());
         self.say(id, region, "destroyed");
         self.progress.event(Event::Advance);
@@ -308,6 +322,7 @@ pub async fn execute(
         leases: Leases::new(client.clone(), &opts.app),
         progress,
         done: Mutex::new(Done::default()),
+        rolling_back: Default::default(),
     };
     let result = match opts.strategy {
         Strategy::Bluegreen => bluegreen(&run, targets, existing, plan).await,
@@ -556,6 +571,8 @@ async fn bluegreen(
 /// health-gated like a rolling update), new machines are drained and destroyed, labels
 /// restored.
 async fn rollback(run: &Run<'_>) -> anyhow::Result<()> {
+    run.rolling_back
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     let (created, updated, relabeled) = {
         let d = lock(&run.done);
         (d.created.clone(), d.updated.clone(), d.relabeled.clone())
