@@ -5,7 +5,8 @@
 //! - [`config`]: scenarios (fleet, workload, faults, network), from TOML or flags.
 //! - [`fleet`]: hosts with their exact ledgers, the stale catalog views, region sampling.
 //! - [`policy`]: the policies, plug-ins of one interface (market, random, central ones).
-//! - [`engine`]: the event loop and the protocols with modelled round trips.
+//! - [`engine`]: the event loop and the protocols with modelled round trips (the market,
+//!   direct placement and central schedulers each in a module of their own).
 //! - [`metrics`]: what a run measures.
 //! - [`theory`]: balls into bins and the supermarket model, measured against formulas.
 //! - [`report`]: the comparison table, CSV and SVG.
