@@ -1,0 +1,270 @@
+//! Schema-only mirrors of the bodies the handlers build or read ad hoc: they exist to give
+//! those bodies a schema in the document.
+
+#![allow(dead_code)]
+
+use bazaar_types::config::MachineConfig;
+use bazaar_types::guest::Guest;
+use bazaar_types::host::Resources;
+use bazaar_types::machine::{Lease, Machine};
+use bazaar_types::state::MachineState;
+use schemars::JsonSchema;
+use std::collections::BTreeMap;
+
+/// Body of `POST /v1/apps`.
+#[derive(JsonSchema)]
+pub struct CreateAppRequest {
+    /// The app's name: 1-63 lowercase letters, digits and `-`.
+    app_name: Option<String>,
+    /// Accepted in place of `app_name`.
+    name: Option<String>,
+    /// The organization (default `personal`).
+    org_slug: Option<String>,
+}
+
+#[derive(JsonSchema)]
+pub struct Organization {
+    name: String,
+    slug: String,
+}
+
+/// An app.
+#[derive(JsonSchema)]
+pub struct App {
+    id: String,
+    name: String,
+    machine_count: u64,
+    volume_count: u64,
+    network: String,
+    organization: Organization,
+    /// `deployed` when it has machines, else `pending`.
+    status: String,
+    /// RFC 3339.
+    created_at: String,
+}
+
+#[derive(JsonSchema)]
+pub struct AppList {
+    total_apps: u64,
+    apps: Vec<App>,
+}
+
+#[derive(JsonSchema)]
+pub struct StatusResponse {
+    /// `accepted` or `success`.
+    status: String,
+}
+
+#[derive(JsonSchema)]
+pub struct OkResponse {
+    ok: bool,
+}
+
+/// Fly's CreateMachineRequest.
+#[derive(JsonSchema)]
+pub struct CreateMachineRequest {
+    config: MachineConfig,
+    /// The machine's name (generated when absent).
+    name: Option<String>,
+    /// A region expression: `ord`, `ord,any`, ... (default: this node's region, then any).
+    region: Option<String>,
+    /// Create the machine without starting it.
+    #[schemars(default)]
+    skip_launch: bool,
+    /// Create it cordoned.
+    #[schemars(default)]
+    skip_service_registration: bool,
+    /// Take a lease of this many seconds on the new machine (its nonce is returned).
+    lease_ttl: Option<u64>,
+}
+
+/// bazaar extension: a batch create.
+#[derive(JsonSchema)]
+pub struct BatchCreateRequest {
+    config: MachineConfig,
+    region: Option<String>,
+    #[schemars(default)]
+    skip_launch: bool,
+    #[schemars(default)]
+    skip_service_registration: bool,
+    lease_ttl: Option<u64>,
+    /// How many machines (1 to 1000, default 1).
+    count: Option<u64>,
+}
+
+#[derive(JsonSchema)]
+pub struct BatchCreateResponse {
+    machines: Vec<Machine>,
+    requested: u64,
+    created: u64,
+    placement: PlacementRecord,
+}
+
+/// How the market placed machines: the hosts asked per round and what they answered.
+#[derive(JsonSchema)]
+pub struct PlacementRecord {
+    placement_id: String,
+    size: Resources,
+    count: u64,
+    regions: String,
+    excluded: Vec<serde_json::Value>,
+    rounds: Vec<serde_json::Value>,
+    /// The winning host per machine placed.
+    winners: Vec<String>,
+    reason: String,
+    elapsed_us: u64,
+}
+
+/// A machine in a list with `summary=true`.
+#[derive(JsonSchema)]
+pub struct MachineSummary {
+    id: String,
+    name: String,
+    state: MachineState,
+    region: String,
+    instance_id: String,
+    version: String,
+    private_ip: String,
+    created_at: String,
+    updated_at: String,
+    cordoned: bool,
+    host_id: String,
+    app: String,
+}
+
+#[derive(JsonSchema)]
+pub struct StartResponse {
+    previous_state: MachineState,
+    migrated: bool,
+    new_host: String,
+}
+
+/// A lease, in the wrapped form fly-go expects.
+#[derive(JsonSchema)]
+pub struct LeaseResponse {
+    /// `success`.
+    status: String,
+    data: Lease,
+}
+
+#[derive(JsonSchema)]
+pub struct MetadataValue {
+    value: String,
+}
+
+#[derive(JsonSchema)]
+pub struct MachineVersion {
+    /// The version's `instance_id`.
+    version: String,
+    user_config: MachineConfig,
+}
+
+#[derive(JsonSchema)]
+pub struct RegionList {
+    regions: Vec<Region>,
+    /// This node's region.
+    nearest: String,
+}
+
+#[derive(JsonSchema)]
+pub struct Region {
+    code: String,
+    name: String,
+    gateway_available: bool,
+    requires_paid_plan: bool,
+    deprecated: bool,
+    /// bazaar extension: live hosts in the region.
+    hosts: u64,
+    /// bazaar extension.
+    free_memory_mb: u64,
+    /// bazaar extension.
+    capacity_memory_mb: u64,
+}
+
+#[derive(JsonSchema)]
+pub struct PlacementsRequest {
+    /// The size (wins over `size`).
+    compute: Option<Guest>,
+    /// A preset name (`shared-cpu-1x`).
+    size: Option<String>,
+    /// A region expression (default: this node's region, then any).
+    region: Option<String>,
+    /// How many machines (1 to 1000, default 1).
+    count: Option<u64>,
+}
+
+#[derive(JsonSchema)]
+pub struct PlacementsResponse {
+    regions: Vec<RegionCount>,
+    /// Machines per host.
+    hosts: BTreeMap<String, u64>,
+    placement: PlacementRecord,
+}
+
+#[derive(JsonSchema)]
+pub struct RegionCount {
+    region: String,
+    count: u64,
+    concurrency: u64,
+}
+
+#[derive(JsonSchema)]
+pub struct CatalogHost {
+    id: String,
+    region: String,
+    /// `alive`, `suspect`, `dead` or `left`.
+    status: String,
+    api_addr: String,
+    gossip_addr: String,
+    capacity: Resources,
+    free: Resources,
+    num_machines: u32,
+    draining: bool,
+    labels: BTreeMap<String, String>,
+    updated_at: String,
+    version: u64,
+}
+
+#[derive(JsonSchema)]
+pub struct CatalogMachine {
+    id: String,
+    app: String,
+    name: String,
+    region: String,
+    host_id: String,
+    /// `ok`, `unknown` or `unreachable`.
+    host_status: String,
+    state: String,
+    instance_id: String,
+    services: Vec<CatalogService>,
+    checks: Vec<CatalogCheck>,
+    cordoned: bool,
+    metadata: BTreeMap<String, String>,
+    updated_at: String,
+    deleted: bool,
+    version: u64,
+}
+
+#[derive(JsonSchema)]
+pub struct CatalogService {
+    internal_port: u16,
+    protocol: String,
+    /// Where the proxy connects.
+    address: String,
+    port: u16,
+}
+
+#[derive(JsonSchema)]
+pub struct CatalogCheck {
+    name: String,
+    /// `passing`, `warning` or `critical`.
+    status: String,
+    output: String,
+    updated_at_ms: u64,
+}
+
+#[derive(JsonSchema)]
+pub struct CatalogDigest {
+    digest: String,
+    node_id: String,
+}
