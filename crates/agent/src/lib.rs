@@ -16,6 +16,7 @@
 //! - [`restart`]: the restart policy.
 //! - [`http`]: the host interface (`/host/v1`).
 //! - [`exec`]: running a command inside a machine.
+//! - [`standby`]: starts stopped standbys when their primary's host is declared dead.
 //! - [`checks`]: service health checks of this host's machines (results go in the catalog).
 //! - [`config`], [`secrets`], [`fault`], [`error`].
 //!
@@ -35,6 +36,7 @@ pub mod market;
 pub mod record;
 pub mod restart;
 pub mod secrets;
+pub mod standby;
 pub mod store;
 pub mod views;
 
@@ -80,6 +82,7 @@ pub async fn run_agent(
         &catalog.local_addr().to_string(),
     )?;
     agent.attach_catalog(catalog.clone()).await;
+    standby::spawn(&agent);
     // Services beside the API (the edge proxy) start here, before `api.addr` announces
     // that the agent is up.
     let extra = extra_routes(agent.clone())?;

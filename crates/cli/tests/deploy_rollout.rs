@@ -27,7 +27,11 @@ async fn strategies_keep_serving_and_a_failed_release_rolls_back() {
     ]);
     assert!(ok, "{out}\n{err}");
     assert_eq!(out["release"], 1, "{out}");
-    assert_eq!(out["report"]["created"].as_array().unwrap().len(), 3, "{out}");
+    assert_eq!(
+        out["report"]["created"].as_array().unwrap().len(),
+        3,
+        "{out}"
+    );
     let ms = env.machines(app).await;
     assert_eq!(regions(&ms).get("ams"), Some(&2), "{ms:#?}");
     assert_eq!(regions(&ms).get("ord"), Some(&1), "{ms:#?}");
@@ -60,7 +64,8 @@ async fn strategies_keep_serving_and_a_failed_release_rolls_back() {
         assert_eq!(out["report"]["ok"], true, "{out}");
         assert_eq!(out["release"], version, "{out}");
         assert_eq!(
-            seen.failed, 0,
+            seen.failed,
+            0,
             "{strategy}: {} failed of {}: {:?}",
             seen.failed,
             seen.ok + seen.failed,
@@ -72,16 +77,27 @@ async fn strategies_keep_serving_and_a_failed_release_rolls_back() {
             "{strategy}: the new release never answered: {seen:?}"
         );
         let ms = env.machines(app).await;
-        let want: Vec<(String, String)> =
-            vec![(version.to_string(), version.to_string()); 3];
+        let want: Vec<(String, String)> = vec![(version.to_string(), version.to_string()); 3];
         assert_eq!(versions(&ms), want, "{strategy}");
         assert_eq!(regions(&ms).get("ams"), Some(&2), "{strategy}");
         assert_eq!(regions(&ms).get("ord"), Some(&1), "{strategy}");
         if strategy == "bluegreen" {
-            assert_eq!(out["report"]["created"].as_array().unwrap().len(), 3, "{out}");
-            assert_eq!(out["report"]["destroyed"].as_array().unwrap().len(), 3, "{out}");
+            assert_eq!(
+                out["report"]["created"].as_array().unwrap().len(),
+                3,
+                "{out}"
+            );
+            assert_eq!(
+                out["report"]["destroyed"].as_array().unwrap().len(),
+                3,
+                "{out}"
+            );
         } else {
-            assert_eq!(out["report"]["updated"].as_array().unwrap().len(), 3, "{out}");
+            assert_eq!(
+                out["report"]["updated"].as_array().unwrap().len(),
+                3,
+                "{out}"
+            );
         }
         assert!(ms.iter().all(|m| m["cordoned"] == false), "{ms:#?}");
     }
@@ -111,7 +127,10 @@ async fn strategies_keep_serving_and_a_failed_release_rolls_back() {
         r["error"].as_str().unwrap().contains("health checks"),
         "{out}"
     );
-    assert!(r["failed_machine"].is_string() && r["failed_region"].is_string(), "{out}");
+    assert!(
+        r["failed_machine"].is_string() && r["failed_region"].is_string(),
+        "{out}"
+    );
     assert_eq!(seen.failed, 0, "{:?}", seen.failures);
     assert!(!seen.versions.contains("5"), "{seen:?}");
     let ms = env.machines(app).await;
@@ -122,7 +141,10 @@ async fn strategies_keep_serving_and_a_failed_release_rolls_back() {
         env.cli(&["deploy", "-c", v5.to_str().unwrap(), "--wait-timeout", "2s"])
     });
     assert!(!ok);
-    assert!(err.contains("deploy failed") && err.contains("rolled back"), "{err}");
+    assert!(
+        err.contains("deploy failed") && err.contains("rolled back"),
+        "{err}"
+    );
 
     // The history: v4 runs, v5 (and v6) failed; v1-v3 superseded.
     let (ok, hist, err) = env.cli_json(&["releases", "-a", app]);

@@ -108,17 +108,27 @@ async fn scale_to_zero_and_back_across_regions_and_dry_runs_change_nothing() {
     let (ok, out, err) = env.cli_json(&["deploy", "-c", v2.to_str().unwrap(), "--dry-run"]);
     assert!(ok, "{out}\n{err}");
     assert_eq!(out["dry_run"], true);
-    assert_eq!(out["plan"]["steps"][0]["update"].as_array().unwrap().len(), 2, "{out}");
+    assert_eq!(
+        out["plan"]["steps"][0]["update"].as_array().unwrap().len(),
+        2,
+        "{out}"
+    );
     assert!(out.get("report").is_none(), "{out}");
     let (ok, text, err) = env.cli(&["scale", "count", "5", "-a", app, "--dry-run"]);
     assert!(ok, "{err}");
-    assert!(text.contains("create 3") && text.contains("dry run"), "{text}");
+    assert!(
+        text.contains("create 3") && text.contains("dry run"),
+        "{text}"
+    );
     // A realistic fly.toml loads (with warnings for what bazaar ignores) and plans.
     let fly = env.dir.path().join("fly.toml");
     std::fs::write(&fly, FLY_TOML).unwrap();
     let (ok, out, err) = env.cli_json(&["deploy", "-c", fly.to_str().unwrap(), "--dry-run"]);
     assert!(ok, "{out}\n{err}");
-    assert!(err.contains("`swap_size_mb`") && err.contains("`statics`"), "{err}");
+    assert!(
+        err.contains("`swap_size_mb`") && err.contains("`statics`"),
+        "{err}"
+    );
     let groups: Vec<&str> = out["plan"]["steps"]
         .as_array()
         .unwrap()
@@ -137,11 +147,17 @@ async fn scale_to_zero_and_back_across_regions_and_dry_runs_change_nothing() {
     .unwrap();
     let (ok, _, err) = env.cli(&["deploy", "-c", broken.to_str().unwrap()]);
     assert!(!ok);
-    assert!(err.contains("broken.toml:5:14:") && err.contains("fast"), "{err}");
+    assert!(
+        err.contains("broken.toml:5:14:") && err.contains("fast"),
+        "{err}"
+    );
     std::fs::write(&broken, "app = \"web\"\n[[vm]]\n  memory = \"lots\"\n").unwrap();
     let (ok, _, err) = env.cli(&["deploy", "-c", broken.to_str().unwrap()]);
     assert!(!ok);
-    assert!(err.contains("broken.toml:3:") && err.contains("lots"), "{err}");
+    assert!(
+        err.contains("broken.toml:3:") && err.contains("lots"),
+        "{err}"
+    );
 
     // Across regions: 4 over ams and ord, then 2 in ord only.
     let (ok, out, err) = env.cli_json(&["scale", "count", "4", "--region", "ams,ord", "-a", app]);
@@ -172,23 +188,34 @@ async fn scale_to_zero_and_back_across_regions_and_dry_runs_change_nothing() {
     // scale vm: every machine gets the new size, rolling.
     let (ok, out, err) = env.cli_json(&["scale", "vm", "shared-cpu-2x", "-a", app]);
     assert!(ok, "{out}\n{err}");
-    assert_eq!(out["report"]["updated"].as_array().unwrap().len(), 3, "{out}");
+    assert_eq!(
+        out["report"]["updated"].as_array().unwrap().len(),
+        3,
+        "{out}"
+    );
     let ms = env.machines(app).await;
     assert!(
-        ms.iter().all(|m| m["config"]["guest"]["cpus"] == 2 && m["state"] == "started"),
+        ms.iter()
+            .all(|m| m["config"]["guest"]["cpus"] == 2 && m["state"] == "started"),
         "{ms:#?}"
     );
 
     // Status and logs of the whole app.
     let (ok, text, err) = env.cli(&["app-status", "-a", app]);
     assert!(ok, "{err}");
-    assert!(text.contains("ams") && text.contains("ord") && text.contains("v1"), "{text}");
+    assert!(
+        text.contains("ams") && text.contains("ord") && text.contains("v1"),
+        "{text}"
+    );
     assert!(text.contains("1/1 passing"), "{text}");
     let (ok, st, err) = env.cli_json(&["app-status", "-a", app]);
     assert!(ok, "{err}");
     assert_eq!(st["machines"].as_array().unwrap().len(), 3);
     let (ok, text, err) = env.cli(&["logs", "-a", app]);
     assert!(ok, "{err}");
-    let serving = text.lines().filter(|l| l.contains("serving version 1")).count();
+    let serving = text
+        .lines()
+        .filter(|l| l.contains("serving version 1"))
+        .count();
     assert!(serving >= 3, "{text}");
 }

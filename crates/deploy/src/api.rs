@@ -98,7 +98,10 @@ impl Client {
 
     /// The app exists (or not).
     pub async fn app_exists(&self, app: &str) -> anyhow::Result<bool> {
-        match self.call(Method::GET, &format!("/apps/{app}"), None, None).await {
+        match self
+            .call(Method::GET, &format!("/apps/{app}"), None, None)
+            .await
+        {
             Ok(_) => Ok(true),
             Err(e) if status_of(&e) == Some(404) => Ok(false),
             Err(e) => Err(e),
@@ -140,8 +143,13 @@ impl Client {
 
     /// One machine.
     pub async fn machine(&self, app: &str, id: &str) -> anyhow::Result<Value> {
-        self.call(Method::GET, &format!("/apps/{app}/machines/{id}"), None, None)
-            .await
+        self.call(
+            Method::GET,
+            &format!("/apps/{app}/machines/{id}"),
+            None,
+            None,
+        )
+        .await
     }
 
     /// Creates `count` machines of one config in `region` (batch placement), each leased.

@@ -361,7 +361,9 @@ impl<'de> Deserialize<'de> for Scalar {
                     Raw::B(b) => b.to_string(),
                 })
             })
-            .map_err(|_| serde::de::Error::custom("env values must be strings, numbers or booleans"))
+            .map_err(|_| {
+                serde::de::Error::custom("env values must be strings, numbers or booleans")
+            })
     }
 }
 
@@ -384,7 +386,9 @@ impl<'de> Deserialize<'de> for Command {
             Raw::Argv(v) => v,
         };
         if argv.is_empty() {
-            return Err(serde::de::Error::custom("a process command cannot be empty"));
+            return Err(serde::de::Error::custom(
+                "a process command cannot be empty",
+            ));
         }
         Ok(Command(argv))
     }
@@ -517,7 +521,9 @@ pub struct Size(pub Guest);
 impl<'de> Deserialize<'de> for Size {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        Guest::preset(&s).map(Size).map_err(serde::de::Error::custom)
+        Guest::preset(&s)
+            .map(Size)
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -533,7 +539,11 @@ impl<'de> Deserialize<'de> for Memory {
             S(String),
             I(u64),
         }
-        let bad = |s: &str| serde::de::Error::custom(format!("invalid memory {s:?}: use a number of MB or a string such as \"512mb\" or \"1gb\""));
+        let bad = |s: &str| {
+            serde::de::Error::custom(format!(
+                "invalid memory {s:?}: use a number of MB or a string such as \"512mb\" or \"1gb\""
+            ))
+        };
         match Raw::deserialize(d).map_err(|_| bad("?"))? {
             Raw::I(n) => Ok(Memory(n)),
             Raw::S(s) => {
@@ -643,9 +653,7 @@ fn validate(c: &AppConfig, warnings: &mut Vec<String>) -> Result<(), String> {
     bazaar_types::ids::validate_name("app", &c.app)?;
     let process = c.build.driver == Some(Driver::Process);
     if process && c.processes.is_empty() {
-        return Err(
-            "[build] driver = \"process\" needs the commands to run in [processes]".into(),
-        );
+        return Err("[build] driver = \"process\" needs the commands to run in [processes]".into());
     }
     if !process && c.build.image.is_none() {
         return Err(
@@ -780,11 +788,7 @@ impl AppConfig {
     pub fn machine_config(&self, group: &str) -> Result<MachineConfig, String> {
         let process = self.build.driver == Some(Driver::Process);
         let mut cfg = MachineConfig {
-            image: self
-                .build
-                .image
-                .clone()
-                .unwrap_or_else(|| "process".into()),
+            image: self.build.image.clone().unwrap_or_else(|| "process".into()),
             driver: self.build.driver.map(|d| match d {
                 Driver::Process => "process".to_string(),
                 Driver::Oci => "oci".to_string(),
@@ -810,7 +814,11 @@ impl AppConfig {
             .iter()
             .map(|(k, v)| (k.clone(), v.0.clone()))
             .collect();
-        if let Some(h) = self.http_service.as_ref().filter(|h| applies(&h.processes, group)) {
+        if let Some(h) = self
+            .http_service
+            .as_ref()
+            .filter(|h| applies(&h.processes, group))
+        {
             cfg.services.push(MachineService {
                 protocol: "tcp".into(),
                 internal_port: h.internal_port,
@@ -835,7 +843,11 @@ impl AppConfig {
                 extra: Default::default(),
             });
         }
-        for s in self.services.iter().filter(|s| applies(&s.processes, group)) {
+        for s in self
+            .services
+            .iter()
+            .filter(|s| applies(&s.processes, group))
+        {
             cfg.services.push(MachineService {
                 protocol: s.protocol.clone(),
                 internal_port: s.internal_port,
@@ -864,7 +876,11 @@ impl AppConfig {
                 extra: Default::default(),
             });
         }
-        for (name, c) in self.checks.iter().filter(|(_, c)| applies(&c.processes, group)) {
+        for (name, c) in self
+            .checks
+            .iter()
+            .filter(|(_, c)| applies(&c.processes, group))
+        {
             cfg.checks.insert(
                 name.clone(),
                 CheckConfig {
@@ -1076,11 +1092,14 @@ console_command = "/code/manage.py shell"
         assert!(e.to_string().starts_with("fly.toml:5:12: "), "{e}");
         assert!(e.message.contains("fast"), "{e}");
 
-        let e = error("app = \"x\"\n[build]\nimage = \"i\"\n\n[[vm]]\n  size = \"shared-cpu-3x\"\n");
+        let e =
+            error("app = \"x\"\n[build]\nimage = \"i\"\n\n[[vm]]\n  size = \"shared-cpu-3x\"\n");
         assert_eq!(e.line, Some(6), "{e}");
         assert!(e.message.contains("shared-cpu-3x"), "{e}");
 
-        let e = error("app = \"x\"\n[build]\nimage = \"i\"\n[http_service]\ninternal_port = \"eighty\"\n");
+        let e = error(
+            "app = \"x\"\n[build]\nimage = \"i\"\n[http_service]\ninternal_port = \"eighty\"\n",
+        );
         assert_eq!(e.line, Some(5), "{e}");
 
         let e = error("app = \"x\"\nkill_timeout = \"forever\"\n[build]\nimage = \"i\"\n");

@@ -287,7 +287,11 @@ impl Run<'_> {
             .machine(self.app(), id)
             .await
             .ok()
-            .and_then(|m| m["config"]["metadata"][crate::META_RELEASE].as_str().map(str::to_string));
+            .and_then(|m| {
+                m["config"]["metadata"][crate::META_RELEASE]
+                    .as_str()
+                    .map(str::to_string)
+            });
         self.client
             .call(
                 reqwest::Method::POST,
@@ -531,7 +535,13 @@ async fn bluegreen(
         .steps
         .iter()
         .filter(|s| s.create + s.update.len() > 0)
-        .map(|s| (s.group.as_str(), s.region.as_str(), s.create + s.update.len()))
+        .map(|s| {
+            (
+                s.group.as_str(),
+                s.region.as_str(),
+                s.create + s.update.len(),
+            )
+        })
         .collect();
     run.progress.event(Event::Phase {
         name: "creating the green machines".into(),

@@ -31,7 +31,13 @@ pub async fn wait_started(
             );
         }
         match client
-            .wait(app, id, "started", version, left.min(Duration::from_secs(10)))
+            .wait(
+                app,
+                id,
+                "started",
+                version,
+                left.min(Duration::from_secs(10)),
+            )
             .await
         {
             Ok(()) => return Ok(()),

@@ -35,8 +35,10 @@ impl Leases {
         let refresher = tokio::spawn(async move {
             loop {
                 tokio::time::sleep(REFRESH).await;
-                let list: Vec<(String, String)> =
-                    lock(&h).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                let list: Vec<(String, String)> = lock(&h)
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
                 let calls = list.into_iter().map(|(id, nonce)| {
                     let (c, a) = (c.clone(), a.clone());
                     async move {
@@ -90,7 +92,11 @@ impl Leases {
                 .await;
             match r {
                 Ok(v) => {
-                    let data = if v["data"].is_object() { &v["data"] } else { &v };
+                    let data = if v["data"].is_object() {
+                        &v["data"]
+                    } else {
+                        &v
+                    };
                     let nonce = data["nonce"].as_str().unwrap_or_default().to_string();
                     self.adopt(id, &nonce);
                     return Ok(nonce);

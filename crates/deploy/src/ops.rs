@@ -61,8 +61,7 @@ impl Outcome {
 
 fn with_release(mut c: MachineConfig, release: Option<u64>) -> MachineConfig {
     if let Some(n) = release {
-        c.metadata
-            .insert(crate::META_RELEASE.into(), n.to_string());
+        c.metadata.insert(crate::META_RELEASE.into(), n.to_string());
     }
     c
 }
@@ -264,7 +263,9 @@ async fn template(
         .filter(|r| r.status != "failed")
         .find_map(|r| r.configs.get(group).cloned())
         .ok_or_else(|| {
-            anyhow::anyhow!("process group {group:?} of {app} has no machines and no release: deploy first")
+            anyhow::anyhow!(
+                "process group {group:?} of {app} has no machines and no release: deploy first"
+            )
         })
 }
 

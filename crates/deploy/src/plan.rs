@@ -149,9 +149,7 @@ pub fn counts(existing: &[Existing], group: &str) -> BTreeMap<String, usize> {
 fn destroy_order(ms: &mut [&Existing]) {
     ms.sort_by(|a, b| {
         let running = |m: &Existing| m.state == "started";
-        running(a)
-            .cmp(&running(b))
-            .then_with(|| b.id.cmp(&a.id))
+        running(a).cmp(&running(b)).then_with(|| b.id.cmp(&a.id))
     });
 }
 
@@ -337,9 +335,6 @@ mod tests {
             distribute(0, &r(&["ams", "ord"]), &now),
             regions(&[("ams", 0), ("ord", 0)])
         );
-        assert_eq!(
-            distribute(2, &r(&["fra"]), &now),
-            regions(&[("fra", 2)])
-        );
+        assert_eq!(distribute(2, &r(&["fra"]), &now), regions(&[("fra", 2)]));
     }
 }

@@ -290,19 +290,19 @@ impl Load {
                         Err(e) => Err(format!("{e}")),
                     };
                     {
-                    let mut res = result.lock().unwrap();
-                    match outcome {
-                        Ok(v) => {
-                            res.ok += 1;
-                            res.versions.insert(v);
-                        }
-                        Err(e) => {
-                            res.failed += 1;
-                            if res.failures.len() < 10 {
-                                res.failures.push(e);
+                        let mut res = result.lock().unwrap();
+                        match outcome {
+                            Ok(v) => {
+                                res.ok += 1;
+                                res.versions.insert(v);
+                            }
+                            Err(e) => {
+                                res.failed += 1;
+                                if res.failures.len() < 10 {
+                                    res.failures.push(e);
+                                }
                             }
                         }
-                    }
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }

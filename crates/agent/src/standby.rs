@@ -1,0 +1,86 @@
+//! Standbys (Fly's `config.standbys`): a stopped (or never started) machine that names
+//! other machines in `standbys` is started when the host of one of them is declared dead.
+//! Each agent watches the catalog (its change stream, and a periodic look in case a change
+//! was missed) for its own standbys. A standby is started once per death of its primary's
+//! host: when that host comes back, a later death triggers it again.
+
+use crate::agent::Agent;
+use bazaar_catalog::HostStatus;
+use bazaar_types::state::MachineState;
+use std::collections::HashSet;
+use std::time::Duration;
+
+/// Looks at least this often, whatever the change stream says.
+const PERIOD: Duration = Duration::from_secs(1);
+
+/// Starts the standby watcher of this agent (call once the catalog is attached).
+pub fn spawn(agent: &Agent) {
+    let agent = agent.clone();
+    tokio::spawn(async move {
+        let Some(catalog) = agent.catalog().cloned() else {
+            return;
+        };
+        let mut changes = catalog.subscribe();
+        let shutdown = agent.shutdown_token();
+        // (standby, primary's host) pairs already acted on while that host is dead.
+        let mut fired: HashSet<(String, String)> = HashSet::new();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = changes.recv() => {}
+                () = tokio::time::sleep(PERIOD) => {}
+            }
+            check(&agent, &catalog, &mut fired).await;
+        }
+    });
+}
+
+async fn check(
+    agent: &Agent,
+    catalog: &bazaar_catalog::Catalog,
+    fired: &mut HashSet<(String, String)>,
+) {
+    // Forget pairs whose host is no longer dead.
+    fired.retain(|(_, host)| {
+        catalog
+            .host(host)
+            .is_some_and(|h| h.status == HostStatus::Dead)
+    });
+    let Ok(machines) = agent.machines(None, false).await else {
+        return;
+    };
+    for m in machines {
+        if m.config.standbys.is_empty()
+            || !matches!(m.state, MachineState::Stopped | MachineState::Created)
+        {
+            continue;
+        }
+        for primary in &m.config.standbys {
+            let Some(view) = catalog.machine(primary) else {
+                continue;
+            };
+            let host = view.record.host_id.clone();
+            if host == agent.host_id() {
+                continue;
+            }
+            let dead = catalog
+                .host(&host)
+                .is_some_and(|h| h.status == HostStatus::Dead);
+            if !dead || fired.contains(&(m.id.clone(), host.clone())) {
+                continue;
+            }
+            fired.insert((m.id.clone(), host.clone()));
+            match agent.start_machine(&m.id, None).await {
+                Ok(_) => tracing::info!(
+                    machine.id = %m.id, primary = %primary, host = %host,
+                    "standby: primary's host is dead, starting"
+                ),
+                Err(err) => tracing::warn!(
+                    machine.id = %m.id, primary = %primary, error = %err,
+                    "standby: could not start"
+                ),
+            }
+            break;
+        }
+    }
+}
