@@ -271,6 +271,54 @@ async fn raw_tcp_services_are_proxied() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_tcp_to_another_hosts_machine_goes_through_that_hosts_proxy() {
+    // Two hosts whose proxies listen on their own addresses, as two servers would.
+    let c = Cluster::start_with(2, |i, o| {
+        o.proxy_ip = std::net::Ipv4Addr::new(127, 0, 0, 2 + i as u8);
+    });
+    c.create_app("rawhop").await;
+    let port = std::net::TcpListener::bind("127.0.0.2:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let id = c
+        .create_machine("rawhop", json!({"ports": [{"port": port}]}), json!({}))
+        .await;
+    let owner_id = c.machine("rawhop", &id).await["host_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut owner = 0;
+    for (i, a) in c.agents.iter().enumerate() {
+        if a.client().info().await.unwrap().id == owner_id {
+            owner = i;
+        }
+    }
+    let entry = 1 - owner;
+    let entry_ip = c.agents[entry].proxy_addr().ip();
+    let body = bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let mut s = std::net::TcpStream::connect((entry_ip, port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        s.write_all(b"GET /raw HTTP/1.1\r\nHost: whatever\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        out.starts_with("HTTP/1.1 200").then_some(out)
+    })
+    .await
+    .expect("the TCP port of the host without the machine answers");
+    assert!(body.contains(&id), "{body}");
+    // The bytes went through the owner's proxy: it delivered the connection, the entry
+    // proxy did not dial the machine itself.
+    let delivered = "bazaar_proxy_tcp_connections_total{app=\"rawhop\"}";
+    let owner_metrics = c.metrics(owner).await;
+    assert!(owner_metrics.contains(delivered), "{owner_metrics}");
+    let entry_metrics = c.metrics(entry).await;
+    assert!(!entry_metrics.contains(delivered), "{entry_metrics}");
+}
+
 /// Opens a WebSocket to `/ws` of `app` through the proxy at `addr` and checks the
 /// handshake; returns the stream (after the 101 head) and the machine id the backend sent.
 fn open_websocket(addr: std::net::SocketAddr, app: &str) -> (std::net::TcpStream, String) {

@@ -571,13 +571,13 @@ async fn send_local(shared: &Arc<Shared>, b: &Backend, prepared: &mut Prepared) 
 /// The machine's response to pass on to the client; a switched protocol is spliced
 /// ([`crate::upgrade`]).
 fn pass_on(prepared: &mut Prepared, resp: Response<Incoming>, guard: Guard) -> Response<RespBody> {
-    let (resp, guard) = match prepared.upgrade.as_mut() {
-        Some(upgrade) => match upgrade.accept(resp, guard) {
-            Ok(head) => return head.map(|()| RespBody::full(Bytes::new())),
-            Err(not_switched) => not_switched,
-        },
-        None => (resp, guard),
-    };
+    if let Some(upgrade) = prepared.upgrade.as_mut() {
+        if let Some(client) = upgrade.switched(&resp) {
+            return upgrade
+                .splice(client, resp, guard)
+                .map(|()| RespBody::full(Bytes::new()));
+        }
+    }
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     Response::from_parts(parts, RespBody::upstream(body, guard))
@@ -659,7 +659,8 @@ async fn send_remote(
     }
 }
 
-fn retry_reply(failed: bool, text: String) -> Response<RespBody> {
+/// A hop's answer when the request was not delivered: busy, or failed (retry elsewhere).
+pub(crate) fn retry_reply(failed: bool, text: String) -> Response<RespBody> {
     let mut r = reply(StatusCode::SERVICE_UNAVAILABLE, text);
     r.headers_mut().insert(
         HOP_RETRY,
@@ -677,6 +678,12 @@ async fn serve_hop(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Resp
         .unwrap_or_default()
         .to_string();
     let wake = req.headers().contains_key(&HOP_WAKE);
+    if let Some(port) = req.headers().get(&crate::tcp::HOP_TCP_PORT) {
+        return match port.to_str().ok().and_then(|p| p.parse::<u16>().ok()) {
+            Some(port) => crate::tcp::serve_hop(shared, req, port, &id, wake).await,
+            None => reply(StatusCode::BAD_REQUEST, "bazaar proxy: bad TCP hop port"),
+        };
+    }
     let table = shared.table();
     let Some(b) = table
         .apps

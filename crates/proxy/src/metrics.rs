@@ -113,7 +113,7 @@ impl Metrics {
         );
         registry.register(
             "tcp_connections",
-            "TCP connections proxied, by app",
+            "TCP connections delivered to this host's machines, by app",
             tcp_connections.clone(),
         );
         Metrics {

@@ -2,21 +2,41 @@
 //! gets a listener on the proxy's address (the first app by name wins a port two apps
 //! claim; a port this host cannot bind is logged once and skipped). Each connection is
 //! balanced like an HTTP request ([`crate::balance`], counting connections against the
-//! service's limits), a stopped machine of this host is woken first (autostart), a refused
-//! connection is retried on another machine, then bytes are copied both ways.
+//! service's limits), a stopped machine is woken first (autostart), a refused connection is
+//! retried on another machine, then bytes are copied both ways.
+//!
+//! A machine of another host is reached through that host's proxy, as HTTP requests are:
+//! the entry proxy opens an HTTP/1.1 upgrade to [`TCP_PROTOCOL`] on the owner's proxy
+//! listener with the hop headers and the public port; the owner admits the connection
+//! against the machine's limits (waking it if asked), connects to it, answers `101` and
+//! splices. A machine's address is only ever dialled on its own host.
 
 use crate::balance::{self, Availability, Candidate, Choice};
-use crate::body::Guard;
+use crate::body::{Guard, RespBody};
+use crate::http::{retry_reply, HOP_MACHINE, HOP_TOKEN, HOP_WAKE};
 use crate::metrics::{AppLabel, KindLabels};
 use crate::table::{Backend, RouteState};
 use crate::Shared;
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CONNECTION, UPGRADE};
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
+
+/// The protocol a TCP hop upgrades to.
+pub const TCP_PROTOCOL: &str = "bazaar-tcp";
+/// The public port of the TCP service a hop is for.
+pub const HOP_TCP_PORT: HeaderName = HeaderName::from_static("bazaar-proxy-tcp-port");
+/// Longest response head a TCP hop accepts from the owner's proxy.
+const MAX_HOP_HEAD: usize = 16 * 1024;
 
 /// Starts the loop that keeps one listener per TCP service port.
 pub(crate) fn spawn(shared: Arc<Shared>, ip: IpAddr, shutdown: CancellationToken) {
@@ -114,7 +134,8 @@ async fn serve(shared: Arc<Shared>, port: u16, mut client: TcpStream) {
                 continue;
             }
         };
-        if b.local && b.state != RouteState::Ready {
+        let wake = b.state != RouteState::Ready;
+        if b.local && wake {
             if let Err(err) = crate::scale::ensure_awake(&shared, &b).await {
                 tracing::warn!(machine.id = %b.id, error = %err, "waking a machine");
                 tried.push(b.id.clone());
@@ -130,14 +151,22 @@ async fn serve(shared: Arc<Shared>, port: u16, mut client: TcpStream) {
             shared: shared.clone(),
             gauge: None,
         };
-        match TcpStream::connect(b.addr).await {
-            Ok(mut upstream) => {
+        let connected = if b.local {
+            TcpStream::connect(b.addr)
+                .await
+                .map(|upstream| (upstream, Vec::new()))
+        } else {
+            hop_connect(&shared, &b, port, wake).await
+        };
+        match connected {
+            Ok((mut upstream, early)) => {
                 let _ = upstream.set_nodelay(true);
-                shared
-                    .metrics
-                    .tcp_connections
-                    .get_or_create(&AppLabel { app: app.clone() })
-                    .inc();
+                if b.local {
+                    count_delivered(&shared, &app);
+                }
+                if !early.is_empty() && client.write_all(&early).await.is_err() {
+                    return;
+                }
                 let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
                 return;
             }
@@ -148,7 +177,7 @@ async fn serve(shared: Arc<Shared>, port: u16, mut client: TcpStream) {
                     .upstream_errors
                     .get_or_create(&KindLabels {
                         app: app.clone(),
-                        kind: "tcp_connect",
+                        kind: if b.local { "tcp_connect" } else { "tcp_hop" },
                     })
                     .inc();
                 b.load
@@ -160,17 +189,157 @@ async fn serve(shared: Arc<Shared>, port: u16, mut client: TcpStream) {
     }
 }
 
+fn count_delivered(shared: &Shared, app: &str) {
+    shared
+        .metrics
+        .tcp_connections
+        .get_or_create(&AppLabel {
+            app: app.to_string(),
+        })
+        .inc();
+}
+
+/// Opens a connection to machine `b` of another host through that host's proxy. Returns
+/// the stream and any bytes the machine already sent after the owner's `101` head.
+async fn hop_connect(
+    shared: &Shared,
+    b: &Backend,
+    port: u16,
+    wake: bool,
+) -> std::io::Result<(TcpStream, Vec<u8>)> {
+    let hop = b
+        .hop
+        .ok_or_else(|| std::io::Error::other("the machine's host has no proxy address"))?;
+    let mut stream = TcpStream::connect(hop).await?;
+    let _ = stream.set_nodelay(true);
+    let mut head = format!(
+        "GET / HTTP/1.1\r\nhost: {hop}\r\nconnection: upgrade\r\nupgrade: {TCP_PROTOCOL}\r\n\
+         {HOP_TOKEN}: {}\r\n{HOP_MACHINE}: {}\r\n{HOP_TCP_PORT}: {port}\r\n",
+        shared.secret, b.id
+    );
+    if wake {
+        head.push_str(&format!("{HOP_WAKE}: 1\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).await?;
+    // The owner may take a while when it wakes the machine first.
+    let answer = tokio::time::timeout(crate::WAKE_TIMEOUT + Duration::from_secs(5), async {
+        let mut buf = Vec::with_capacity(512);
+        let mut chunk = [0u8; 2048];
+        loop {
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(std::io::Error::other("the owner's proxy closed the hop"));
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let early = buf.split_off(end + 4);
+                return Ok((buf, early));
+            }
+            if buf.len() > MAX_HOP_HEAD {
+                return Err(std::io::Error::other(
+                    "the owner's proxy sent an oversized head",
+                ));
+            }
+        }
+    })
+    .await
+    .map_err(|_| std::io::Error::other("the owner's proxy did not answer the hop in time"))??;
+    let (head, early) = answer;
+    if !head.starts_with(b"HTTP/1.1 101") {
+        let status =
+            String::from_utf8_lossy(head.split(|&c| c == b'\r').next().unwrap_or_default())
+                .into_owned();
+        return Err(std::io::Error::other(format!(
+            "the owner's proxy refused the hop: {status}"
+        )));
+    }
+    Ok((stream, early))
+}
+
+/// The owner side of a TCP hop: admit the connection to this host's machine `id` on the
+/// service of public `port`, connect to it, answer `101` and splice.
+pub(crate) async fn serve_hop(
+    shared: Arc<Shared>,
+    mut req: Request<Incoming>,
+    port: u16,
+    id: &str,
+    wake: bool,
+) -> Response<RespBody> {
+    let table = shared.table();
+    let Some((app, b)) = table.tcp.get(&port).and_then(|(app, route)| {
+        let b = route.backends.iter().find(|b| b.id == id && b.local)?;
+        Some((app.clone(), b.clone()))
+    }) else {
+        return retry_reply(
+            true,
+            format!("bazaar proxy: no machine {id:?} with TCP port {port} on this host"),
+        );
+    };
+    drop(table);
+    if b.state != RouteState::Ready {
+        let wakeable = matches!(b.state, RouteState::Stopped | RouteState::Starting)
+            && (wake || b.limits.autostart);
+        if !wakeable {
+            return retry_reply(
+                true,
+                format!("bazaar proxy: machine {id} cannot take traffic"),
+            );
+        }
+        if let Err(err) = crate::scale::ensure_awake(&shared, &b).await {
+            return retry_reply(true, format!("bazaar proxy: waking machine {id}: {err}"));
+        }
+    }
+    if !b.load.try_admit(b.limits.hard) {
+        return retry_reply(
+            false,
+            format!("bazaar proxy: machine {id} is at its hard limit"),
+        );
+    }
+    let guard = Guard {
+        load: b.load.clone(),
+        shared: shared.clone(),
+        gauge: None,
+    };
+    let mut upstream = match TcpStream::connect(b.addr).await {
+        Ok(s) => s,
+        Err(err) => {
+            b.load
+                .failed_until_ms
+                .store(bazaar_types::now_ms() + 1000, Ordering::Relaxed);
+            return retry_reply(true, format!("bazaar proxy: machine {id}: {err}"));
+        }
+    };
+    let _ = upstream.set_nodelay(true);
+    count_delivered(&shared, &app);
+    let client = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let _in_flight = guard;
+        match client.await {
+            Ok(client) => {
+                let mut client = TokioIo::new(client);
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+            }
+            Err(err) => tracing::debug!(error = %err, "TCP hop upgrade failed"),
+        }
+    });
+    let mut resp = Response::new(RespBody::full(Bytes::new()));
+    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = resp.headers_mut();
+    h.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+    h.insert(UPGRADE, HeaderValue::from_static(TCP_PROTOCOL));
+    resp
+}
+
 fn candidate(b: &Backend, tried: &[String], now_ms: u64) -> Candidate {
     let skipped = tried.contains(&b.id)
         || b.load.failed_until_ms.load(Ordering::Relaxed) > now_ms
-        || b.load.draining.load(Ordering::Relaxed);
+        || (b.local && b.load.draining.load(Ordering::Relaxed));
+    let reachable = b.local || b.hop.is_some();
     let state = match b.state {
-        _ if skipped => Availability::Unavailable,
+        _ if skipped || !reachable => Availability::Unavailable,
         RouteState::Ready => Availability::Ready,
-        // Only this host's machines can be woken from here (no hop for raw TCP).
-        RouteState::Starting | RouteState::Stopped if b.local && b.limits.autostart => {
-            Availability::Wakeable
-        }
+        RouteState::Starting | RouteState::Stopped if b.limits.autostart => Availability::Wakeable,
         _ => Availability::Unavailable,
     };
     Candidate {

@@ -38,20 +38,23 @@ impl ClientUpgrade {
         headers.insert(UPGRADE, self.protocol.clone());
     }
 
-    /// When `resp` switches protocols, splices the client's connection to the machine's in
-    /// the background (the machine keeps `guard` until the spliced connection closes) and
-    /// returns the head to send to the client. Otherwise gives `resp` and `guard` back.
-    pub(crate) fn accept<B>(
-        &mut self,
+    /// The client's side of the connection, when the machine's `resp` switches protocols.
+    pub(crate) fn switched<B>(&mut self, resp: &Response<B>) -> Option<OnUpgrade> {
+        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            return None;
+        }
+        self.client.take()
+    }
+
+    /// Splices the client's connection to the machine's in the background (the machine
+    /// keeps `guard` until the spliced connection closes) and returns the head to send to
+    /// the client.
+    pub(crate) fn splice<B>(
+        &self,
+        client: OnUpgrade,
         mut resp: Response<B>,
         guard: Guard,
-    ) -> Result<Response<()>, (Response<B>, Guard)> {
-        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-            return Err((resp, guard));
-        }
-        let Some(client) = self.client.take() else {
-            return Err((resp, guard));
-        };
+    ) -> Response<()> {
         let upstream = hyper::upgrade::on(&mut resp);
         let (parts, _) = resp.into_parts();
         tokio::spawn(async move {
@@ -73,7 +76,7 @@ impl ClientUpgrade {
         head.headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("upgrade"));
         head.headers_mut().insert(UPGRADE, self.protocol.clone());
-        Ok(head)
+        head
     }
 }
 

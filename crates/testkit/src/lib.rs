@@ -20,6 +20,9 @@ pub struct AgentOptions {
     pub isolate: bool,
     pub env: Vec<(String, String)>,
     pub extra_args: Vec<String>,
+    /// The loopback address the edge proxy listens on (hosts of a multi-host test can
+    /// each take their own, as separate servers would have).
+    pub proxy_ip: std::net::Ipv4Addr,
 }
 
 impl AgentOptions {
@@ -33,6 +36,7 @@ impl AgentOptions {
             isolate: true,
             env: Vec::new(),
             extra_args: Vec::new(),
+            proxy_ip: std::net::Ipv4Addr::LOCALHOST,
         }
     }
 }
@@ -87,7 +91,7 @@ impl TestAgent {
             .arg("--gossip-listen")
             .arg(format!("127.0.0.1:{}", self.gossip_port))
             .arg("--proxy-listen")
-            .arg(format!("127.0.0.1:{}", self.proxy_port))
+            .arg(format!("{}:{}", self.opts.proxy_ip, self.proxy_port))
             .arg("--cpus")
             .arg(self.opts.cpus.to_string())
             .arg("--memory-mb")
@@ -150,9 +154,9 @@ impl TestAgent {
         format!("127.0.0.1:{}", self.gossip_port)
     }
 
-    /// The address of the agent's edge proxy (`127.0.0.1:<port>`).
+    /// The address of the agent's edge proxy (`127.0.0.1:<port>` unless `proxy_ip` says).
     pub fn proxy_addr(&self) -> std::net::SocketAddr {
-        std::net::SocketAddr::from(([127, 0, 0, 1], self.proxy_port))
+        std::net::SocketAddr::from((self.opts.proxy_ip, self.proxy_port))
     }
 
     /// The agent's proxy as a base URL (send `Host: <app>.localhost` with requests).

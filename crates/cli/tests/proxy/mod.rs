@@ -21,10 +21,15 @@ pub struct Cluster {
 impl Cluster {
     /// `n` agents; `args` are extra agent flags.
     pub fn start(n: usize, args: &[&str]) -> Cluster {
-        let agents = start_cluster(std::path::Path::new(EXE), n, |_, o: &mut AgentOptions| {
+        Cluster::start_with(n, |_, o| {
             o.extra_args.extend(args.iter().map(|s| s.to_string()));
         })
-        .expect("cluster starts");
+    }
+
+    /// `n` agents, each configured by `configure` (by index).
+    pub fn start_with(n: usize, configure: impl FnMut(usize, &mut AgentOptions)) -> Cluster {
+        let agents =
+            start_cluster(std::path::Path::new(EXE), n, configure).expect("cluster starts");
         let scratch = tempfile::Builder::new()
             .prefix("bazaar-proxy-")
             .tempdir()
