@@ -70,7 +70,7 @@ impl Drop for Guard {
         if let Some(g) = &self.gauge {
             g.dec();
         }
-        self.shared.slot_freed.notify_waiters();
+        self.shared.request_ended();
     }
 }
 

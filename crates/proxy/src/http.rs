@@ -423,10 +423,7 @@ async fn route(
                 // Machines that were only busy may have room now.
                 tried.clear();
                 let pause = (deadline - now).min(Duration::from_millis(50));
-                tokio::select! {
-                    () = shared.slot_freed.notified() => {}
-                    () = tokio::time::sleep(pause) => {}
-                }
+                shared.wait_for_slot(pause).await;
                 continue;
             }
         };

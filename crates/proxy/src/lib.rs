@@ -38,6 +38,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use table::{Load, Table};
@@ -63,8 +64,12 @@ pub(crate) struct Shared {
     pub autostop_idle: Duration,
     pub table: RwLock<Arc<Table>>,
     pub loads: Mutex<HashMap<String, Arc<Load>>>,
-    /// Notified when a request ends or the table changes (waiting requests look again).
+    /// Notified when a request ends or the table changes (waiting requests look again);
+    /// only while some request waits ([`Shared::wait_for_slot`]), so that ending a request
+    /// touches no shared lock on the hot path.
     pub slot_freed: Notify,
+    /// Requests waiting for a slot.
+    pub waiting: AtomicUsize,
     /// Wake-ups in progress, by machine id: concurrent requests share one.
     pub wakes: Mutex<HashMap<String, watch::Receiver<WakeResult>>>,
     pub metrics: metrics::Metrics,
@@ -93,6 +98,30 @@ impl Shared {
         let t = table::build(&self.catalog, &self.host_id, &self.region, &self.loads);
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(t);
         self.slot_freed.notify_waiters();
+    }
+
+    /// Waits until a request ends or the table changes, or `pause` passes (a notification
+    /// sent just before the wait began is only caught by the pause).
+    pub(crate) async fn wait_for_slot(&self, pause: Duration) {
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(&self.waiting);
+        tokio::select! {
+            () = self.slot_freed.notified() => {}
+            () = tokio::time::sleep(pause) => {}
+        }
+    }
+
+    /// A request ended: wakes the requests waiting for a slot, if any.
+    pub(crate) fn request_ended(&self) {
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            self.slot_freed.notify_waiters();
+        }
     }
 }
 
@@ -131,6 +160,7 @@ impl Proxy {
             table: RwLock::new(Arc::new(Table::default())),
             loads: Mutex::new(HashMap::new()),
             slot_freed: Notify::new(),
+            waiting: AtomicUsize::new(0),
             wakes: Mutex::new(HashMap::new()),
             metrics: metrics::Metrics::new(),
             local_addr,

@@ -1,12 +1,14 @@
 //! The proxy's Prometheus metrics (prometheus-client), served as text at `/metrics` on the
 //! agent's API listener.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Labels: the app.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -28,9 +30,66 @@ pub struct KindLabels {
     pub kind: &'static str,
 }
 
-fn latency_histogram() -> Histogram {
-    // 50 µs .. ~26 s.
-    Histogram::new(exponential_buckets(0.000_05, 2.0, 20))
+/// A latency histogram (seconds; buckets from 50 µs doubling to ~26 s) that records without
+/// locks: every request of every proxy thread observes one, and prometheus-client's own
+/// histogram takes a mutex per observation, which makes proxy threads wait on each other
+/// (and on a thread preempted while holding it).
+#[derive(Debug, Clone)]
+pub struct Latency(Arc<LatencyBuckets>);
+
+#[derive(Debug)]
+struct LatencyBuckets {
+    bounds: Vec<f64>,
+    /// One more than `bounds`: the last counts everything above them (`+Inf`).
+    counts: Vec<AtomicU64>,
+    sum_ns: AtomicU64,
+}
+
+impl Default for Latency {
+    fn default() -> Self {
+        let bounds: Vec<f64> = (0..20).map(|i| 0.000_05 * 2f64.powi(i)).collect();
+        let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
+        Latency(Arc::new(LatencyBuckets {
+            bounds,
+            counts,
+            sum_ns: AtomicU64::new(0),
+        }))
+    }
+}
+
+impl Latency {
+    /// Records one duration, in seconds.
+    pub fn observe(&self, seconds: f64) {
+        let b = &self.0;
+        let i = b.bounds.partition_point(|bound| *bound < seconds);
+        b.counts[i].fetch_add(1, Ordering::Relaxed);
+        b.sum_ns
+            .fetch_add((seconds * 1e9) as u64, Ordering::Relaxed);
+    }
+}
+
+impl TypedMetric for Latency {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for Latency {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let b = &self.0;
+        let buckets: Vec<(f64, u64)> = b
+            .bounds
+            .iter()
+            .copied()
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(b.counts.iter().map(|c| c.load(Ordering::Relaxed)))
+            .collect();
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        let sum = b.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
 }
 
 /// Every metric of the proxy.
@@ -38,12 +97,12 @@ fn latency_histogram() -> Histogram {
 pub struct Metrics {
     pub registry: Registry,
     pub requests: Family<StatusLabels, Counter>,
-    pub latency: Family<AppLabel, Histogram, fn() -> Histogram>,
+    pub latency: Family<AppLabel, Latency>,
     pub upstream_errors: Family<KindLabels, Counter>,
     pub retries: Family<AppLabel, Counter>,
     pub in_flight: Family<AppLabel, Gauge>,
     pub wakes: Family<KindLabels, Counter>,
-    pub wake_latency: Family<AppLabel, Histogram, fn() -> Histogram>,
+    pub wake_latency: Family<AppLabel, Latency>,
     pub autostops: Family<KindLabels, Counter>,
     pub tcp_connections: Family<AppLabel, Counter>,
 }
@@ -59,16 +118,12 @@ impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("bazaar_proxy");
         let requests = Family::<StatusLabels, Counter>::default();
-        let latency = Family::<AppLabel, Histogram, fn() -> Histogram>::new_with_constructor(
-            latency_histogram as fn() -> Histogram,
-        );
+        let latency = Family::<AppLabel, Latency>::default();
         let upstream_errors = Family::<KindLabels, Counter>::default();
         let retries = Family::<AppLabel, Counter>::default();
         let in_flight = Family::<AppLabel, Gauge>::default();
         let wakes = Family::<KindLabels, Counter>::default();
-        let wake_latency = Family::<AppLabel, Histogram, fn() -> Histogram>::new_with_constructor(
-            latency_histogram as fn() -> Histogram,
-        );
+        let wake_latency = Family::<AppLabel, Latency>::default();
         let autostops = Family::<KindLabels, Counter>::default();
         let tcp_connections = Family::<AppLabel, Counter>::default();
         registry.register(
@@ -137,5 +192,41 @@ impl Metrics {
             tracing::warn!(error = %err, "encoding metrics");
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_is_encoded_as_a_cumulative_histogram() {
+        let m = Metrics::new();
+        let app = AppLabel { app: "web".into() };
+        let h = m.latency.get_or_create(&app).clone();
+        h.observe(0.000_01); // first bucket (le 5e-5)
+        h.observe(0.000_05); // a bound is inclusive: still the first bucket
+        h.observe(0.003); // le 0.0032
+        h.observe(1000.0); // +Inf
+        let text = m.encode();
+        let line = |le: &str| {
+            let key =
+                format!("bazaar_proxy_request_duration_seconds_bucket{{le=\"{le}\",app=\"web\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(key.as_str()).map(str::to_string))
+                .unwrap_or_else(|| panic!("no bucket {le} in\n{text}"))
+        };
+        assert_eq!(line("0.00005"), "2");
+        assert_eq!(line("0.0016"), "2");
+        assert_eq!(line("0.0032"), "3");
+        assert_eq!(line("+Inf"), "4");
+        assert!(
+            text.contains("bazaar_proxy_request_duration_seconds_count{app=\"web\"} 4"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE bazaar_proxy_request_duration_seconds histogram"),
+            "{text}"
+        );
     }
 }

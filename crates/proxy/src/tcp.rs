@@ -127,10 +127,7 @@ async fn serve(shared: Arc<Shared>, port: u16, mut client: TcpStream) {
                     return;
                 }
                 tried.clear();
-                tokio::select! {
-                    () = shared.slot_freed.notified() => {}
-                    () = tokio::time::sleep(Duration::from_millis(50)) => {}
-                }
+                shared.wait_for_slot(Duration::from_millis(50)).await;
                 continue;
             }
         };
