@@ -7,6 +7,7 @@
 //! The agent's driver uses [`ImageStore`]: [`ImageStore::pull`] → [`Image`],
 //! [`ImageStore::rootfs`] → the machine's root directory, [`Image::process`] → what to run.
 
+pub mod archive;
 pub mod config;
 pub mod digest;
 pub mod error;

@@ -172,7 +172,9 @@ impl Document {
                     OCI_MANIFEST.into()
                 }
             });
-        if probe.schema_version == Some(1) || kind.contains("manifest.v1") {
+        if probe.schema_version == Some(1)
+            || kind.starts_with("application/vnd.docker.distribution.manifest.v1")
+        {
             return Err(Error::Manifest(
                 "uses Docker manifest schema 1, which is not supported".into(),
             ));

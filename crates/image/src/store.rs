@@ -97,7 +97,7 @@ pub struct PullProgress {
 }
 
 /// The callback pulls report progress to.
-pub type ProgressFn = dyn Fn(PullProgress) + Send + Sync;
+pub type ProgressFn<'a> = dyn Fn(PullProgress) + Send + Sync + 'a;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct StoreMeta {
@@ -281,7 +281,7 @@ impl ImageStore {
         &self,
         reference: &Reference,
         auth: &Auth,
-        progress: &ProgressFn,
+        progress: &ProgressFn<'_>,
     ) -> Result<Image> {
         let _shared = self.inner.gc_lock.read().await;
         let registry = self.registry(&reference.registry, auth.clone())?;
@@ -343,7 +343,7 @@ impl ImageStore {
         manifest: Manifest,
         config_bytes: &[u8],
         source: Option<(&Registry, &str)>,
-        progress: &ProgressFn,
+        progress: &ProgressFn<'_>,
     ) -> Result<Image> {
         let config: ImageConfig = serde_json::from_slice(config_bytes)
             .map_err(|e| Error::Manifest(format!("{reference}: bad config: {e}")))?;
@@ -381,7 +381,7 @@ impl ImageStore {
         diff_id: Option<Digest>,
         index: usize,
         count: usize,
-        progress: &ProgressFn,
+        progress: &ProgressFn<'_>,
     ) -> Result<()> {
         let report = |done, phase| {
             progress(PullProgress {
