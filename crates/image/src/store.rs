@@ -120,6 +120,15 @@ pub struct ImageStore {
     inner: Arc<Inner>,
 }
 
+/// A temp file removed when dropped (also when a pull is cancelled); a no-op once renamed.
+struct TmpFile(PathBuf);
+
+impl Drop for TmpFile {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// Writes `bytes` to `path` atomically (a temp file in `tmp`, then rename).
@@ -361,7 +370,11 @@ impl ImageStore {
             let diff_id = (diff_ids.len() == count).then(|| diff_ids[index].clone());
             self.ensure_layer(source, layer, diff_id, index, count, progress)
         });
-        futures_util::future::try_join_all(jobs).await?;
+        // Every layer finishes (or fails) before an error is returned: nothing is left
+        // half-done in the background.
+        for result in futures_util::future::join_all(jobs).await {
+            result?;
+        }
         let image = Image {
             reference,
             digest,
@@ -403,17 +416,13 @@ impl ImageStore {
             let Some((registry, repo)) = source else {
                 return Err(Error::NotFound(format!("layer blob {}", layer.digest)));
             };
-            let tmp = tmp_name(&self.tmp_dir(), "blob");
-            let fetched = registry
-                .blob_to_file(repo, &layer.digest, layer.size, &tmp, &mut |done| {
+            let tmp = TmpFile(tmp_name(&self.tmp_dir(), "blob"));
+            registry
+                .blob_to_file(repo, &layer.digest, layer.size, &tmp.0, &mut |done| {
                     report(done, PullPhase::Downloading)
                 })
-                .await;
-            if let Err(e) = fetched {
-                let _ = fs::remove_file(&tmp);
-                return Err(e);
-            }
-            fs::rename(&tmp, &blob).at(&blob)?;
+                .await?;
+            fs::rename(&tmp.0, &blob).at(&blob)?;
         }
         report(layer.size, PullPhase::Unpacking);
         let (digest, tmp, whiteouts) = (
