@@ -7,10 +7,9 @@ mod common;
 use bazaar_image::manifest::{Descriptor, Index, Platform, OCI_INDEX, OCI_MANIFEST};
 use bazaar_image::{Auth, Error, ImageStore, PullPhase, PullProgress, Reference, RootfsKind};
 use bazaar_image::StoreOptions;
-use common::{busybox_layer, push, top_layer, TestRegistry};
+use common::{busybox_layer, check_rootfs, push, top_layer, Machines, TestRegistry};
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 use std::sync::Mutex;
 
 fn reference(s: &str) -> Reference {
@@ -190,7 +189,7 @@ async fn basic_auth_with_htpasswd() {
 async fn rootfs_shares_layers_and_applies_whiteouts() {
     let reg = TestRegistry::start(None);
     let store_dir = tempfile::tempdir().unwrap();
-    let machines = tempfile::tempdir().unwrap();
+    let machines = Machines::new();
     let store = ImageStore::open(store_dir.path(), StoreOptions::default()).unwrap();
     let client = store.registry(&reg.host, Auth::Anonymous).unwrap();
     push(&client, "test/bb", "v1", &[&busybox_layer(), &top_layer()], "amd64").await;
@@ -246,26 +245,4 @@ async fn rootfs_shares_layers_and_applies_whiteouts() {
     check_rootfs(&rc);
     copying.remove_rootfs(&c).await.unwrap();
     assert!(!rc.exists());
-}
-
-/// The merged view of busybox_layer + top_layer, checked by running busybox in it.
-fn check_rootfs(root: &Path) {
-    assert!(root.join("bin/busybox").is_file());
-    assert_eq!(
-        std::fs::read_link(root.join("bin/sh")).unwrap(),
-        Path::new("/bin/busybox")
-    );
-    assert!(!root.join("etc/gone").exists(), "whiteout hides the lower file");
-    assert!(!root.join("opq/old").exists(), "opaque dir hides the lower dir");
-    assert!(root.join("opq/new").exists());
-    assert!(root.join("etc/motd").exists());
-    let out = std::process::Command::new("/usr/sbin/chroot")
-        .arg(root)
-        .args(["/bin/sh", "-c", "busybox cat /etc/hello; ls /etc; ls /opq"])
-        .env("PATH", "/bin")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let text = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(text, "hello from layer 1\nhello\nmotd\nnew\n");
 }

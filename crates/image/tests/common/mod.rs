@@ -259,3 +259,51 @@ pub async fn push(
         .await
         .unwrap()
 }
+
+/// The merged view of busybox_layer + top_layer, checked by running busybox in it.
+pub fn check_rootfs(root: &Path) {
+    assert!(root.join("bin/busybox").is_file());
+    assert_eq!(
+        std::fs::read_link(root.join("bin/sh")).unwrap(),
+        Path::new("/bin/busybox")
+    );
+    assert!(!root.join("etc/gone").exists(), "whiteout hides the lower file");
+    assert!(!root.join("opq/old").exists(), "opaque dir hides the lower dir");
+    assert!(root.join("opq/new").exists());
+    assert!(root.join("etc/motd").exists());
+    let out = std::process::Command::new("/usr/sbin/chroot")
+        .arg(root)
+        .args(["/bin/sh", "-c", "busybox cat /etc/hello; ls /etc; ls /opq"])
+        .env("PATH", "/bin")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text, "hello from layer 1\nhello\nmotd\nnew\n");
+}
+
+/// A temp dir for machine dirs that lazily unmounts any rootfs left below it when dropped,
+/// so a failing test leaves no mounts behind.
+pub struct Machines(tempfile::TempDir);
+
+impl Machines {
+    pub fn new() -> Machines {
+        Machines(tempfile::tempdir().unwrap())
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for Machines {
+    fn drop(&mut self) {
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let prefix = self.0.path().display().to_string();
+        for target in mounts.lines().filter_map(|l| l.split(' ').nth(1)) {
+            if target.starts_with(&prefix) {
+                let _ = Command::new("umount").args(["-l", target]).status();
+            }
+        }
+    }
+}
