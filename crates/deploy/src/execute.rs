@@ -1,4 +1,4 @@
-//! Runs a [`Plan`](crate::plan::Plan) through the Machines API with a strategy, holding
+//! Runs a [`crate::plan::Plan`] through the Machines API with a strategy, holding
 //! short leases on every machine it touches:
 //!
 //! - `rolling`: new machines first (health-gated), then updates `max_unavailable` at a time:
@@ -211,20 +211,53 @@ impl Run<'_> {
             region: region.to_string(),
             error,
         };
-        let ms = self
-            .client
-            .create(self.app(), config, region, count, cordoned, TTL_SECS)
-            .await
-            .map_err(fail)?;
+        // A batch may place only some: ask again for the rest, a few rounds.
+        let mut ms = Vec::new();
+        for round in 0.. {
+            let want = count - ms.len();
+            if want == 0 {
+                break;
+            }
+            let got = self
+                .client
+                .create(self.app(), config, region, want, cordoned, TTL_SECS)
+                .await;
+            let got = match got {
+                Ok(g) => g,
+                Err(e)
+                    if round < 5
+                        && crate::api::status_of(&e).is_some_and(|s| s == 409 || s >= 500) =>
+                {
+                    Vec::new()
+                }
+                Err(e) => return Err(fail(e)),
+            };
+            for m in &got {
+                let id = m["id"].as_str().unwrap_or_default().to_string();
+                if let Some(n) = m["nonce"].as_str() {
+                    self.leases.adopt(&id, n);
+                }
+                lock(&self.done).created.push((id, region.to_string()));
+            }
+            if got.is_empty() {
+                if round >= 5 {
+                    return Err(fail(anyhow::anyhow!(
+                        "only {} of {count} machine(s) could be placed in {}",
+                        ms.len(),
+                        if region.is_empty() {
+                            "the default region"
+                        } else {
+                            region
+                        }
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(200 << round.min(4))).await;
+            }
+            ms.extend(got);
+        }
         let mut ids = Vec::new();
         for m in &ms {
             let id = m["id"].as_str().unwrap_or_default().to_string();
-            if let Some(n) = m["nonce"].as_str() {
-                self.leases.adopt(&id, n);
-            }
-            lock(&self.done)
-                .created
-                .push((id.clone(), region.to_string()));
             self.say(&id, region, "created");
             ids.push((id, m["instance_id"].as_str().map(str::to_string)));
         }
@@ -337,20 +370,18 @@ pub async fn execute(
         ..Default::default()
     };
     if let Err(f) = result {
-        report.error = Some(format!(
-            "{}{}: {:#}",
-            if f.id.is_empty() {
-                String::new()
-            } else {
-                format!("machine {} ", f.id)
-            },
-            if f.region.is_empty() {
-                String::new()
-            } else {
-                format!("in {}", f.region)
-            },
-            f.error
-        ));
+        let mut at = Vec::new();
+        if !f.id.is_empty() {
+            at.push(format!("machine {}", f.id));
+        }
+        if !f.region.is_empty() {
+            at.push(format!("in {}", f.region));
+        }
+        report.error = Some(if at.is_empty() {
+            format!("{:#}", f.error)
+        } else {
+            format!("{}: {:#}", at.join(" "), f.error)
+        });
         report.failed_machine = Some(f.id).filter(|s| !s.is_empty());
         report.failed_region = Some(f.region).filter(|s| !s.is_empty());
         run.progress.event(Event::Note {
