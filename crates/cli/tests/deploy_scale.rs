@@ -1,5 +1,5 @@
 //! Scaling and the app config file through the CLI (issue 6, acceptance 3 and 4): scale to
-//! zero and back, across regions, `scale vm`; `--dry-run` changes nothing; a realistic
+//! zero and back, across regions, `scale vm`; the immediate strategy; `--dry-run` changes nothing; a realistic
 //! fly.toml loads and plans; a broken one gives file:line:col errors; app status and logs.
 
 mod deploy_support;
@@ -200,11 +200,43 @@ async fn scale_to_zero_and_back_across_regions_and_dry_runs_change_nothing() {
         "{ms:#?}"
     );
 
+    // immediate: every machine at once (not health-gated, but started).
+    let (ok, out, err) = env.cli_json(&[
+        "deploy",
+        "-c",
+        v2.to_str().unwrap(),
+        "--strategy",
+        "immediate",
+    ]);
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(
+        out["report"]["updated"].as_array().unwrap().len(),
+        3,
+        "{out}"
+    );
+    let ms = env.machines(app).await;
+    assert_eq!(versions(&ms), vec![("2".into(), "2".into()); 3]);
+    assert!(ms.iter().all(|m| m["state"] == "started"), "{ms:#?}");
+    env.wait_routable(app).await;
+    // Not gated: checks pass a little later.
+    bazaar_testkit::eventually(std::time::Duration::from_secs(20), || async {
+        let ms = env.machines(app).await;
+        ms.iter()
+            .all(|m| {
+                m["checks"]
+                    .as_array()
+                    .is_some_and(|c| !c.is_empty() && c.iter().all(|c| c["status"] == "passing"))
+            })
+            .then_some(())
+    })
+    .await
+    .expect("checks pass");
+
     // Status and logs of the whole app.
     let (ok, text, err) = env.cli(&["app-status", "-a", app]);
     assert!(ok, "{err}");
     assert!(
-        text.contains("ams") && text.contains("ord") && text.contains("v1"),
+        text.contains("ams") && text.contains("ord") && text.contains("v2"),
         "{text}"
     );
     assert!(text.contains("1/1 passing"), "{text}");
@@ -215,7 +247,7 @@ async fn scale_to_zero_and_back_across_regions_and_dry_runs_change_nothing() {
     assert!(ok, "{err}");
     let serving = text
         .lines()
-        .filter(|l| l.contains("serving version 1"))
+        .filter(|l| l.contains("serving version 2"))
         .count();
     assert!(serving >= 3, "{text}");
 }
