@@ -81,7 +81,10 @@ impl ImageStore {
                 .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
                 .collect();
             let clean = clean.trim_matches('-');
-            format!("localhost/{}", if clean.is_empty() { "import" } else { clean })
+            format!(
+                "localhost/{}",
+                if clean.is_empty() { "import" } else { clean }
+            )
         };
         if path.is_dir() {
             return self.scan_dir(path, path, &default_repo);
@@ -113,8 +116,11 @@ impl ImageStore {
             Ok(p)
         };
         if root.join("manifest.json").is_file() {
-            let entries: Vec<SaveEntry> =
-                parse_json(archive, "manifest.json", &fs::read(inside("manifest.json")?).at(dir)?)?;
+            let entries: Vec<SaveEntry> = parse_json(
+                archive,
+                "manifest.json",
+                &fs::read(inside("manifest.json")?).at(dir)?,
+            )?;
             let mut found = Vec::new();
             for entry in entries {
                 let config_path = inside(&entry.config)?;
@@ -123,7 +129,11 @@ impl ImageStore {
                 for l in &entry.layers {
                     let (digest, size, gzip) = self.import_blob(&inside(l)?, None)?;
                     layers.push(descriptor(
-                        if gzip { DOCKER_LAYER_GZIP } else { DOCKER_LAYER_TAR },
+                        if gzip {
+                            DOCKER_LAYER_GZIP
+                        } else {
+                            DOCKER_LAYER_TAR
+                        },
                         digest,
                         size,
                     ));
@@ -155,7 +165,9 @@ impl ImageStore {
             return Ok(found);
         }
         if !root.join("index.json").is_file() {
-            return Err(bad("neither manifest.json (docker save) nor index.json (OCI layout)".into()));
+            return Err(bad(
+                "neither manifest.json (docker save) nor index.json (OCI layout)".into(),
+            ));
         }
         let blob = |d: &Digest| -> Result<Vec<u8>> {
             let path = inside(&format!("blobs/sha256/{}", d.hex()))?;
@@ -163,7 +175,11 @@ impl ImageStore {
             d.verify("blob", &bytes)?;
             Ok(bytes)
         };
-        let index: Index = parse_json(archive, "index.json", &fs::read(inside("index.json")?).at(dir)?)?;
+        let index: Index = parse_json(
+            archive,
+            "index.json",
+            &fs::read(inside("index.json")?).at(dir)?,
+        )?;
         let mut found = Vec::new();
         for desc in &index.manifests {
             let top = blob(&desc.digest)?;
@@ -251,7 +267,11 @@ impl ImageStore {
     }
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(archive: &Path, what: &str, bytes: &[u8]) -> Result<T> {
+fn parse_json<T: serde::de::DeserializeOwned>(
+    archive: &Path,
+    what: &str,
+    bytes: &[u8],
+) -> Result<T> {
     serde_json::from_slice(bytes).map_err(|e| Error::Archive {
         path: archive.to_path_buf(),
         reason: format!("{what}: {e}"),

@@ -153,10 +153,16 @@ mod tests {
         let env = BTreeMap::new();
         let i = image();
         let p = |j: &str| i.process(Some(&init(j)), &env).unwrap().args;
-        assert_eq!(p(r#"{"exec":["sh","-c","x"],"cmd":["y"]}"#), v(&["sh", "-c", "x"]));
+        assert_eq!(
+            p(r#"{"exec":["sh","-c","x"],"cmd":["y"]}"#),
+            v(&["sh", "-c", "x"])
+        );
         assert_eq!(p(r#"{"cmd":["other"]}"#), v(&["/bin/tini", "--", "other"]));
         assert_eq!(p(r#"{"entrypoint":["/bin/sh"]}"#), v(&["/bin/sh"]));
-        assert_eq!(p(r#"{"entrypoint":"/bin/sh","cmd":"-c"}"#), v(&["/bin/sh", "-c"]));
+        assert_eq!(
+            p(r#"{"entrypoint":"/bin/sh","cmd":"-c"}"#),
+            v(&["/bin/sh", "-c"])
+        );
         let u = i.process(Some(&init(r#"{"user":"0:0"}"#)), &env).unwrap();
         assert_eq!(u.user.as_deref(), Some("0:0"));
     }

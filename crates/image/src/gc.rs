@@ -29,8 +29,8 @@ fn du(path: &Path) -> u64 {
     }
     m.len()
         + fs::read_dir(path)
-        .map(|rd| rd.flatten().map(|e| du(&e.path())).sum())
-        .unwrap_or(0)
+            .map(|rd| rd.flatten().map(|e| du(&e.path())).sum())
+            .unwrap_or(0)
 }
 
 /// Digests named by the entries of `dir` (files or dirs named by their hex).

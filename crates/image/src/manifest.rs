@@ -181,13 +181,15 @@ impl Document {
         }
         let bad = |e: serde_json::Error| Error::Manifest(format!("malformed {kind}: {e}"));
         match kind.as_str() {
-            OCI_INDEX | DOCKER_LIST => Ok(Document::Index(
-                serde_json::from_slice(bytes).map_err(bad)?,
-            )),
+            OCI_INDEX | DOCKER_LIST => {
+                Ok(Document::Index(serde_json::from_slice(bytes).map_err(bad)?))
+            }
             OCI_MANIFEST | DOCKER_MANIFEST => Ok(Document::Manifest(
                 serde_json::from_slice(bytes).map_err(bad)?,
             )),
-            other => Err(Error::Manifest(format!("has unsupported media type {other}"))),
+            other => Err(Error::Manifest(format!(
+                "has unsupported media type {other}"
+            ))),
         }
     }
 }
@@ -216,7 +218,11 @@ mod tests {
         let index = Index {
             schema_version: 2,
             media_type: Some(OCI_INDEX.into()),
-            manifests: vec![entry("arm", Some("v7")), entry("arm64", None), entry("amd64", None)],
+            manifests: vec![
+                entry("arm", Some("v7")),
+                entry("arm64", None),
+                entry("amd64", None),
+            ],
         };
         let amd64 = Platform {
             architecture: "amd64".into(),
@@ -251,6 +257,9 @@ mod tests {
             Document::Index(_)
         ));
         let v1 = br#"{"schemaVersion":1,"fsLayers":[]}"#;
-        assert!(Document::parse(None, v1).unwrap_err().to_string().contains("schema 1"));
+        assert!(Document::parse(None, v1)
+            .unwrap_err()
+            .to_string()
+            .contains("schema 1"));
     }
 }

@@ -166,7 +166,10 @@ mod tests {
             "docker.io/library/nginx:latest"
         );
         let x = r("localhost/x");
-        assert_eq!((x.registry.as_str(), x.repository.as_str()), ("localhost", "x"));
+        assert_eq!(
+            (x.registry.as_str(), x.repository.as_str()),
+            ("localhost", "x")
+        );
     }
 
     #[test]
@@ -187,7 +190,16 @@ mod tests {
 
     #[test]
     fn rejects_bad() {
-        for s in ["", "UPPER", "a//b", "a:", "a:b c", "a@sha256:12", "-a", "a/b:..x/"] {
+        for s in [
+            "",
+            "UPPER",
+            "a//b",
+            "a:",
+            "a:b c",
+            "a@sha256:12",
+            "-a",
+            "a/b:..x/",
+        ] {
             assert!(s.parse::<Reference>().is_err(), "{s}");
         }
     }

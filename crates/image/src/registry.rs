@@ -85,10 +85,8 @@ pub struct Registry {
     basic: Mutex<bool>,
 }
 
-/// An HTTP client for registries (rustls with the ring provider, system roots).
+/// An HTTP client for registries (rustls, the platform's root certificates).
 pub(crate) fn http_client() -> Result<reqwest::Client> {
-    // Fails only if a provider is installed already, which is fine.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .user_agent(concat!("bazaar/", env!("CARGO_PKG_VERSION")))
         .connect_timeout(Duration::from_secs(10))
@@ -101,7 +99,10 @@ pub(crate) fn http_client() -> Result<reqwest::Client> {
 }
 
 fn scope(repo: &str, push: bool) -> String {
-    format!("repository:{repo}:{}", if push { "pull,push" } else { "pull" })
+    format!(
+        "repository:{repo}:{}",
+        if push { "pull,push" } else { "pull" }
+    )
 }
 
 async fn body_text(resp: Response) -> String {
@@ -355,16 +356,12 @@ impl Registry {
         let digest = Digest::of(data);
         let scope = scope(repo, true);
         let head = self.url(&format!("v2/{repo}/blobs/{digest}"));
-        let resp = self
-            .send(&scope, || self.http.head(head.clone()))
-            .await?;
+        let resp = self.send(&scope, || self.http.head(head.clone())).await?;
         if resp.status() == StatusCode::OK {
             return Ok(digest);
         }
         let start = self.url(&format!("v2/{repo}/blobs/uploads/"));
-        let resp = self
-            .send(&scope, || self.http.post(start.clone()))
-            .await?;
+        let resp = self.send(&scope, || self.http.post(start.clone())).await?;
         let resp = expect(resp, &[StatusCode::ACCEPTED]).await?;
         let location = resp
             .headers()
@@ -446,7 +443,10 @@ mod tests {
         assert_eq!(c.params["service"], "registry.docker.io");
         assert_eq!(c.params["scope"], "repository:library/busybox:pull,push");
         let b = Challenge::parse(r#"Basic realm="Registry Realm""#).unwrap();
-        assert_eq!((b.scheme.as_str(), b.params["realm"].as_str()), ("basic", "Registry Realm"));
+        assert_eq!(
+            (b.scheme.as_str(), b.params["realm"].as_str()),
+            ("basic", "Registry Realm")
+        );
         let odd = Challenge::parse(r#"Bearer realm=http://x/t, error="a\"b""#).unwrap();
         assert_eq!(odd.params["realm"], "http://x/t");
         assert_eq!(odd.params["error"], "a\"b");

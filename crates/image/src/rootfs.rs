@@ -13,8 +13,8 @@ use crate::error::{Error, IoContext, Result};
 use crate::unpack::{OPAQUE, OPAQUE_XATTR, WHITEOUT};
 use rustix::fs::{FileTypeExt as _, CWD};
 use rustix::mount::{
-    fsconfig_create, fsconfig_set_string, fsmount, fsopen, move_mount, FsMountFlags,
-    FsOpenFlags, MountAttrFlags, MountFlags, MoveMountFlags, UnmountFlags,
+    fsconfig_create, fsconfig_set_string, fsmount, fsopen, move_mount, FsMountFlags, FsOpenFlags,
+    MountAttrFlags, MountFlags, MoveMountFlags, UnmountFlags,
 };
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;
@@ -46,8 +46,10 @@ pub(crate) struct RootfsRecord {
 /// Whether overlayfs can be used here: root, and the kernel lists it.
 pub(crate) fn overlay_available() -> bool {
     rustix::process::geteuid().is_root()
-        && fs::read_to_string("/proc/filesystems")
-            .is_ok_and(|s| s.lines().any(|l| l.split_whitespace().last() == Some("overlay")))
+        && fs::read_to_string("/proc/filesystems").is_ok_and(|s| {
+            s.lines()
+                .any(|l| l.split_whitespace().last() == Some("overlay"))
+        })
 }
 
 /// Reads a machine's rootfs record.
@@ -140,8 +142,18 @@ fn mount_overlay(layers: &[(Digest, PathBuf)], machine_dir: &Path) -> Result<()>
         fsconfig_set_string(&fs_fd, "upperdir", &upper)?;
         fsconfig_set_string(&fs_fd, "workdir", &work)?;
         fsconfig_create(&fs_fd)?;
-        let mnt = fsmount(&fs_fd, FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::empty())?;
-        move_mount(&mnt, "", CWD, &rootfs, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+        let mnt = fsmount(
+            &fs_fd,
+            FsMountFlags::FSMOUNT_CLOEXEC,
+            MountAttrFlags::empty(),
+        )?;
+        move_mount(
+            &mnt,
+            "",
+            CWD,
+            &rootfs,
+            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+        )
     };
     if new_api().is_ok() {
         return Ok(());

@@ -178,7 +178,12 @@ impl ImageStore {
                     Whiteouts::Markers
                 };
                 let meta = StoreMeta {
-                    whiteouts: if w == Whiteouts::Overlay { "overlay" } else { "markers" }.into(),
+                    whiteouts: if w == Whiteouts::Overlay {
+                        "overlay"
+                    } else {
+                        "markers"
+                    }
+                    .into(),
                 };
                 let bytes = serde_json::to_vec(&meta).expect("serializable");
                 write_atomic(&tmp, &meta_path, &bytes)?;
@@ -231,7 +236,12 @@ impl ImageStore {
     /// A registry client for `host`, over plain HTTP if it is loopback or configured insecure.
     pub fn registry(&self, host: &str, auth: Auth) -> Result<Registry> {
         let plain = crate::reference::is_loopback_host(host)
-            || self.inner.options.insecure_registries.iter().any(|h| h == host);
+            || self
+                .inner
+                .options
+                .insecure_registries
+                .iter()
+                .any(|h| h == host);
         Registry::with_client(self.inner.http.clone(), host, auth, plain)
     }
 
@@ -323,9 +333,7 @@ impl ImageStore {
                 }
             }
         };
-        let config_bytes = registry
-            .blob_bytes(repo, &manifest.config.digest)
-            .await?;
+        let config_bytes = registry.blob_bytes(repo, &manifest.config.digest).await?;
         let image = self
             .store_image(
                 reference.to_string(),

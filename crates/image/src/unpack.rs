@@ -196,9 +196,8 @@ impl Unpacker<'_> {
                     .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
                     .open(&path)
                     .at(&path)?;
-                io::copy(&mut entry, &mut file).map_err(|e| {
-                    self.reject(&raw, format!("reading the layer failed: {e}"))
-                })?;
+                io::copy(&mut entry, &mut file)
+                    .map_err(|e| self.reject(&raw, format!("reading the layer failed: {e}")))?;
                 file.set_permissions(fs::Permissions::from_mode(mode))
                     .at(&path)?;
                 if let Ok(mtime) = header.mtime() {

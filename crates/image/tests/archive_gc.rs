@@ -99,9 +99,19 @@ async fn imports_docker_save_and_oci_layouts() {
     assert_eq!(names, ["example.com/app:v1", "example.com/base:v1"]);
     let app = store.image(&r("example.com/app:v1")).unwrap().unwrap();
     let base = store.image(&r("example.com/base:v1")).unwrap().unwrap();
-    assert_eq!(app.layers[0].digest, base.layers[0].digest, "shared bottom layer");
-    assert_eq!(app.layers[0].digest, busybox_layer().diff_id, "uncompressed layer");
-    let root = store.rootfs(&app, &machines.path().join("m1")).await.unwrap();
+    assert_eq!(
+        app.layers[0].digest, base.layers[0].digest,
+        "shared bottom layer"
+    );
+    assert_eq!(
+        app.layers[0].digest,
+        busybox_layer().diff_id,
+        "uncompressed layer"
+    );
+    let root = store
+        .rootfs(&app, &machines.path().join("m1"))
+        .await
+        .unwrap();
     check_rootfs(&root);
     assert_eq!(
         app.process(None, &BTreeMap::new()).unwrap().args,
@@ -133,8 +143,14 @@ async fn imports_docker_save_and_oci_layouts() {
     std::fs::write(&junk, tar_of(&[("hello", b"x")], &[])).unwrap();
     let err = store.import_archive(&junk).await.unwrap_err();
     assert!(err.to_string().contains("neither manifest.json"), "{err}");
-    store.remove_rootfs(&machines.path().join("m1")).await.unwrap();
-    store.remove_rootfs(&machines.path().join("m2")).await.unwrap();
+    store
+        .remove_rootfs(&machines.path().join("m1"))
+        .await
+        .unwrap();
+    store
+        .remove_rootfs(&machines.path().join("m2"))
+        .await
+        .unwrap();
 }
 
 fn count(dir: &Path) -> usize {
@@ -163,7 +179,11 @@ async fn gc_frees_unreferenced_and_keeps_referenced() {
     assert_eq!(report.layers, vec![top.clone()]);
     let mut freed = report.blobs.clone();
     freed.sort();
-    let mut want = vec![top.clone(), app.manifest_digest.clone(), app.config_digest.clone()];
+    let mut want = vec![
+        top.clone(),
+        app.manifest_digest.clone(),
+        app.config_digest.clone(),
+    ];
     want.sort();
     assert_eq!(freed, want);
     assert!(report.bytes > top_layer().tar.len() as u64);
@@ -174,7 +194,7 @@ async fn gc_frees_unreferenced_and_keeps_referenced() {
     let m = machines.path().join("m");
     let rootfs = store.rootfs(&base, &m).await.unwrap();
     assert!(store.remove_image(&r("example.com/base:v1")).unwrap());
-    let report = store.gc(&[m.clone()]).await.unwrap();
+    let report = store.gc(std::slice::from_ref(&m)).await.unwrap();
     assert!(report.layers.is_empty());
     assert!(store.layer_dir(shared).is_dir());
     assert!(rootfs.join("bin/busybox").is_file());

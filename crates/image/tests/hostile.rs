@@ -30,7 +30,11 @@ fn assert_untouched(outside: &Path) {
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
-    assert_eq!(left, vec![std::ffi::OsString::from("sentinel")], "{outside:?}");
+    assert_eq!(
+        left,
+        vec![std::ffi::OsString::from("sentinel")],
+        "{outside:?}"
+    );
 }
 
 #[test]
@@ -59,10 +63,7 @@ fn hostile_entries_are_rejected() {
         ),
         (
             "symlink to a host path",
-            vec![
-                Entry::Symlink("out", o.clone()),
-                file("out/pwned", b"x"),
-            ],
+            vec![Entry::Symlink("out", o.clone()), file("out/pwned", b"x")],
             "out/pwned",
             "through the symlink out",
         ),
@@ -154,10 +155,18 @@ async fn hostile_image_from_a_registry_leaves_nothing() {
     let r = format!("{}/evil/app:v1", reg.host).parse().unwrap();
     let err = store.pull(&r, &Auth::Anonymous, &|_| {}).await.unwrap_err();
     let text = err.to_string();
-    assert!(text.contains(evil.digest().as_str()) && text.contains("etc/pwned"), "{text}");
+    assert!(
+        text.contains(evil.digest().as_str()) && text.contains("etc/pwned"),
+        "{text}"
+    );
     assert_untouched(outside.path());
     assert!(!store.layer_dir(&evil.digest()).exists());
     assert!(store.image(&r).unwrap().is_none());
-    let tmp: Vec<_> = std::fs::read_dir(root.path().join("tmp")).unwrap().collect();
-    assert!(tmp.is_empty(), "half-unpacked layers are cleaned up: {tmp:?}");
+    let tmp: Vec<_> = std::fs::read_dir(root.path().join("tmp"))
+        .unwrap()
+        .collect();
+    assert!(
+        tmp.is_empty(),
+        "half-unpacked layers are cleaned up: {tmp:?}"
+    );
 }

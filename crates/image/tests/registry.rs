@@ -5,8 +5,8 @@
 mod common;
 
 use bazaar_image::manifest::{Descriptor, Index, Platform, OCI_INDEX, OCI_MANIFEST};
-use bazaar_image::{Auth, Error, ImageStore, PullPhase, PullProgress, Reference, RootfsKind};
 use bazaar_image::StoreOptions;
+use bazaar_image::{Auth, Error, ImageStore, PullPhase, PullProgress, Reference, RootfsKind};
 use common::{busybox_layer, check_rootfs, push, top_layer, Machines, TestRegistry};
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -28,7 +28,9 @@ async fn pull_by_tag_and_digest_with_progress() {
     let events = Mutex::new(Vec::<PullProgress>::new());
     let by_tag = reference(&format!("{}/test/busybox:v1", reg.host));
     let image = store
-        .pull(&by_tag, &Auth::Anonymous, &|p| events.lock().unwrap().push(p))
+        .pull(&by_tag, &Auth::Anonymous, &|p| {
+            events.lock().unwrap().push(p)
+        })
         .await
         .unwrap();
     assert_eq!(image.manifest_digest, digest);
@@ -40,7 +42,10 @@ async fn pull_by_tag_and_digest_with_progress() {
         assert!(mine.iter().any(|e| e.phase == PullPhase::Downloading));
         let last = mine.last().unwrap();
         assert_eq!(last.phase, PullPhase::Ready);
-        assert_eq!((last.done, last.total), (l.blob.len() as u64, l.blob.len() as u64));
+        assert_eq!(
+            (last.done, last.total),
+            (l.blob.len() as u64, l.blob.len() as u64)
+        );
         assert!(store.layer_dir(&l.digest()).join(".").is_dir());
     }
     assert!(store
@@ -59,15 +64,23 @@ async fn pull_by_tag_and_digest_with_progress() {
     let cached = Mutex::new(Vec::<PullPhase>::new());
     let by_digest = reference(&format!("{}/test/busybox@{digest}", reg.host));
     let again = store
-        .pull(&by_digest, &Auth::Anonymous, &|p| cached.lock().unwrap().push(p.phase))
+        .pull(&by_digest, &Auth::Anonymous, &|p| {
+            cached.lock().unwrap().push(p.phase)
+        })
         .await
         .unwrap();
     assert_eq!(again.manifest_digest, digest);
-    assert_eq!(*cached.lock().unwrap(), [PullPhase::Cached, PullPhase::Cached]);
+    assert_eq!(
+        *cached.lock().unwrap(),
+        [PullPhase::Cached, PullPhase::Cached]
+    );
 
     // Unknown tag: the registry's 404 comes back.
     let missing = reference(&format!("{}/test/busybox:nope", reg.host));
-    let err = store.pull(&missing, &Auth::Anonymous, &|_| {}).await.unwrap_err();
+    let err = store
+        .pull(&missing, &Auth::Anonymous, &|_| {})
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::Registry { status: 404, .. }), "{err}");
 }
 
@@ -83,7 +96,10 @@ async fn multi_arch_index_resolves_to_this_platform() {
     let arm_digest = push(&client, "test/multi", "arm64", &[&arm], "arm64").await;
     let mut manifests = Vec::new();
     for (digest, arch) in [(&arm_digest, "arm64"), (&amd_digest, "amd64")] {
-        let (bytes, _) = client.manifest("test/multi", digest.as_str()).await.unwrap();
+        let (bytes, _) = client
+            .manifest("test/multi", digest.as_str())
+            .await
+            .unwrap();
         let mut d: Descriptor = common::descriptor(OCI_MANIFEST, &bytes);
         d.platform = Some(Platform {
             architecture: arch.into(),
@@ -121,7 +137,10 @@ async fn multi_arch_index_resolves_to_this_platform() {
     assert_eq!(&image.manifest_digest, want);
     assert_eq!(image.config.architecture, content);
     let layer = store.layer_dir(&image.layers[0].digest);
-    assert_eq!(std::fs::read(layer.join("arch")).unwrap(), content.as_bytes());
+    assert_eq!(
+        std::fs::read(layer.join("arch")).unwrap(),
+        content.as_bytes()
+    );
 
     // An index without this platform is a clear error.
     let (bytes, _) = client.manifest("test/multi", "amd64").await.unwrap();
@@ -167,7 +186,10 @@ async fn basic_auth_with_htpasswd() {
     let layer = busybox_layer();
 
     let anonymous = store.registry(&reg.host, Auth::Anonymous).unwrap();
-    let err = anonymous.push_blob("private/app", &layer.blob).await.unwrap_err();
+    let err = anonymous
+        .push_blob("private/app", &layer.blob)
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::Auth { .. }), "{err}");
 
     let client = store.registry(&reg.host, alice.clone()).unwrap();
@@ -192,7 +214,14 @@ async fn rootfs_shares_layers_and_applies_whiteouts() {
     let machines = Machines::new();
     let store = ImageStore::open(store_dir.path(), StoreOptions::default()).unwrap();
     let client = store.registry(&reg.host, Auth::Anonymous).unwrap();
-    push(&client, "test/bb", "v1", &[&busybox_layer(), &top_layer()], "amd64").await;
+    push(
+        &client,
+        "test/bb",
+        "v1",
+        &[&busybox_layer(), &top_layer()],
+        "amd64",
+    )
+    .await;
     let r = reference(&format!("{}/test/bb:v1", reg.host));
     let image = store.pull(&r, &Auth::Anonymous, &|_| {}).await.unwrap();
     let layer_inodes: Vec<u64> = image
@@ -215,20 +244,37 @@ async fn rootfs_shares_layers_and_applies_whiteouts() {
         .map(|l| std::fs::metadata(store.layer_dir(&l.digest)).unwrap().ino())
         .collect();
     assert_eq!(layer_inodes, after);
-    assert_eq!(std::fs::read_dir(store_dir.path().join("layers/sha256")).unwrap().count(), 2);
+    assert_eq!(
+        std::fs::read_dir(store_dir.path().join("layers/sha256"))
+            .unwrap()
+            .count(),
+        2
+    );
     // Writes stay in the machine's upper dir.
     std::fs::write(ra.join("etc/hello"), "changed by a").unwrap();
-    assert_eq!(std::fs::read_to_string(rb.join("etc/hello")).unwrap(), "hello from layer 1\n");
+    assert_eq!(
+        std::fs::read_to_string(rb.join("etc/hello")).unwrap(),
+        "hello from layer 1\n"
+    );
     let bottom = store.layer_dir(&image.layers[0].digest);
-    assert_eq!(std::fs::read_to_string(bottom.join("etc/hello")).unwrap(), "hello from layer 1\n");
+    assert_eq!(
+        std::fs::read_to_string(bottom.join("etc/hello")).unwrap(),
+        "hello from layer 1\n"
+    );
     // Idempotent.
     assert_eq!(store.rootfs(&image, &a).await.unwrap(), ra);
-    assert_eq!(std::fs::read_to_string(ra.join("etc/hello")).unwrap(), "changed by a");
+    assert_eq!(
+        std::fs::read_to_string(ra.join("etc/hello")).unwrap(),
+        "changed by a"
+    );
 
     store.remove_rootfs(&a).await.unwrap();
     store.remove_rootfs(&b).await.unwrap();
     assert!(!ra.exists() && !a.join("upper").exists());
-    assert!(bottom.join("bin/busybox").is_file(), "layers survive rootfs removal");
+    assert!(
+        bottom.join("bin/busybox").is_file(),
+        "layers survive rootfs removal"
+    );
 
     // Without overlayfs: a flattened copy, same view.
     let copying = ImageStore::open(

@@ -16,7 +16,13 @@ use std::time::{Duration, Instant};
 pub fn ensure_packages() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        if Path::new("/usr/bin/docker-registry").exists() && Path::new("/bin/busybox").exists() {
+        let static_busybox = Command::new("dpkg")
+            .args(["-s", "busybox-static"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if Path::new("/usr/bin/docker-registry").exists() && static_busybox {
             return;
         }
         let ok = Command::new("apt-get")
@@ -24,7 +30,10 @@ pub fn ensure_packages() {
             .env("DEBIAN_FRONTEND", "noninteractive")
             .status()
             .expect("apt-get");
-        assert!(ok.success(), "apt-get install docker-registry busybox-static failed");
+        assert!(
+            ok.success(),
+            "apt-get install docker-registry busybox-static failed"
+        );
     });
 }
 
@@ -267,8 +276,14 @@ pub fn check_rootfs(root: &Path) {
         std::fs::read_link(root.join("bin/sh")).unwrap(),
         Path::new("/bin/busybox")
     );
-    assert!(!root.join("etc/gone").exists(), "whiteout hides the lower file");
-    assert!(!root.join("opq/old").exists(), "opaque dir hides the lower dir");
+    assert!(
+        !root.join("etc/gone").exists(),
+        "whiteout hides the lower file"
+    );
+    assert!(
+        !root.join("opq/old").exists(),
+        "opaque dir hides the lower dir"
+    );
     assert!(root.join("opq/new").exists());
     assert!(root.join("etc/motd").exists());
     let out = std::process::Command::new("/usr/sbin/chroot")
