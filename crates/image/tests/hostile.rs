@@ -170,3 +170,20 @@ async fn hostile_image_from_a_registry_leaves_nothing() {
         "half-unpacked layers are cleaned up: {tmp:?}"
     );
 }
+
+#[test]
+fn zstd_and_plain_tar_layers_unpack() {
+    let store = tempfile::tempdir().unwrap();
+    let mut l = layer(vec![file("etc/zstd", b"z")]);
+    for blob in [
+        ruzstd::encoding::compress_to_vec(&l.tar[..], ruzstd::encoding::CompressionLevel::Fastest),
+        l.tar.clone(),
+    ] {
+        l.blob = blob;
+        unpack(store.path(), &l).unwrap();
+        assert_eq!(
+            std::fs::read(store.path().join("dest/etc/zstd")).unwrap(),
+            b"z"
+        );
+    }
+}

@@ -292,3 +292,58 @@ async fn rootfs_shares_layers_and_applies_whiteouts() {
     copying.remove_rootfs(&c).await.unwrap();
     assert!(!rc.exists());
 }
+
+#[tokio::test]
+async fn docker_v2_manifest_and_manifest_list() {
+    use bazaar_image::manifest::{
+        Manifest, DOCKER_CONFIG, DOCKER_LAYER_GZIP, DOCKER_LIST, DOCKER_MANIFEST,
+    };
+    let reg = TestRegistry::start(None);
+    let store_dir = tempfile::tempdir().unwrap();
+    let store = ImageStore::open(store_dir.path(), StoreOptions::default()).unwrap();
+    let client = store.registry(&reg.host, Auth::Anonymous).unwrap();
+    let layer = busybox_layer();
+    let config = common::config(&[&layer], "amd64");
+    client.push_blob("test/docker", &layer.blob).await.unwrap();
+    client.push_blob("test/docker", &config).await.unwrap();
+    let manifest = serde_json::to_vec(&Manifest {
+        schema_version: 2,
+        media_type: Some(DOCKER_MANIFEST.into()),
+        config: common::descriptor(DOCKER_CONFIG, &config),
+        layers: vec![common::descriptor(DOCKER_LAYER_GZIP, &layer.blob)],
+    })
+    .unwrap();
+    let digest = client
+        .push_manifest("test/docker", "v2", DOCKER_MANIFEST, &manifest)
+        .await
+        .unwrap();
+    let mut entry = common::descriptor(DOCKER_MANIFEST, &manifest);
+    entry.platform = Some(Platform::current());
+    let list = serde_json::to_vec(&Index {
+        schema_version: 2,
+        media_type: Some(DOCKER_LIST.into()),
+        manifests: vec![entry],
+    })
+    .unwrap();
+    let list_digest = client
+        .push_manifest("test/docker", "list", DOCKER_LIST, &list)
+        .await
+        .unwrap();
+
+    let v2 = reference(&format!("{}/test/docker:v2", reg.host));
+    let image = store.pull(&v2, &Auth::Anonymous, &|_| {}).await.unwrap();
+    assert_eq!((&image.digest, &image.manifest_digest), (&digest, &digest));
+    let listed = reference(&format!("{}/test/docker:list", reg.host));
+    let image = store
+        .pull(&listed, &Auth::Anonymous, &|_| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        (&image.digest, &image.manifest_digest),
+        (&list_digest, &digest)
+    );
+    assert!(store
+        .layer_dir(&image.layers[0].digest)
+        .join("bin/busybox")
+        .is_file());
+}
