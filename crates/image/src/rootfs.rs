@@ -257,8 +257,8 @@ fn apply_layer(src: &Path, dst: &Path) -> Result<()> {
                 remove_any(&d)?;
                 fs::create_dir(&d).at(&d)?;
             }
-            fs::set_permissions(&d, fs::Permissions::from_mode(meta.mode() & 0o7777)).at(&d)?;
             own(&meta, &d)?;
+            fs::set_permissions(&d, fs::Permissions::from_mode(meta.mode() & 0o7777)).at(&d)?;
             apply_layer(&s, &d)?;
         } else if ft.is_symlink() {
             remove_any(&d)?;
@@ -267,7 +267,9 @@ fn apply_layer(src: &Path, dst: &Path) -> Result<()> {
         } else if ft.is_file() {
             remove_any(&d)?;
             fs::copy(&s, &d).at(&d)?;
+            // chown before chmod: chown clears setuid/setgid bits.
             own(&meta, &d)?;
+            fs::set_permissions(&d, fs::Permissions::from_mode(meta.mode() & 0o7777)).at(&d)?;
         }
     }
     Ok(())

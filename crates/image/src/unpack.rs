@@ -158,8 +158,8 @@ impl Unpacker<'_> {
         let Some(rel) = rel else {
             // The layer root itself: only its permissions matter.
             if kind == EntryType::Directory {
-                fs::set_permissions(self.dest, fs::Permissions::from_mode(mode)).at(self.dest)?;
                 self.owner(self.dest, &header)?;
+                fs::set_permissions(self.dest, fs::Permissions::from_mode(mode)).at(self.dest)?;
             }
             return Ok(());
         };
@@ -184,8 +184,8 @@ impl Unpacker<'_> {
                     }
                     Err(_) => fs::create_dir(&path).at(&path)?,
                 }
-                fs::set_permissions(&path, fs::Permissions::from_mode(mode)).at(&path)?;
                 self.owner(&path, &header)?;
+                fs::set_permissions(&path, fs::Permissions::from_mode(mode)).at(&path)?;
             }
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
                 remove_any(&path).at(&path)?;
@@ -198,12 +198,13 @@ impl Unpacker<'_> {
                     .at(&path)?;
                 io::copy(&mut entry, &mut file)
                     .map_err(|e| self.reject(&raw, format!("reading the layer failed: {e}")))?;
+                // chown before chmod: chown clears setuid/setgid bits.
+                self.owner(&path, &header)?;
                 file.set_permissions(fs::Permissions::from_mode(mode))
                     .at(&path)?;
                 if let Ok(mtime) = header.mtime() {
                     let _ = file.set_modified(UNIX_EPOCH + Duration::from_secs(mtime));
                 }
-                self.owner(&path, &header)?;
             }
             EntryType::Symlink => {
                 let target = entry

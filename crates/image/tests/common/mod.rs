@@ -7,6 +7,7 @@ use bazaar_image::{Digest, Registry};
 use flate2::write::GzEncoder;
 use std::collections::BTreeMap;
 use std::net::TcpListener;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Once;
@@ -107,6 +108,8 @@ impl Drop for TestRegistry {
 pub enum Entry {
     Dir(&'static str),
     File(String, Vec<u8>, u32),
+    /// A file with this owner (uid = gid) and mode.
+    FileAs(&'static str, u64, u32),
     Symlink(&'static str, String),
     Hardlink(&'static str, &'static str),
     CharDev(&'static str),
@@ -162,6 +165,12 @@ pub fn layer(entries: Vec<Entry>) -> Layer {
                 name[..target.len()].copy_from_slice(target.as_bytes());
                 (h, vec![])
             }
+            Entry::FileAs(p, id, mode) => {
+                let mut h = header(p, tar::EntryType::Regular, mode, 1);
+                h.set_uid(id);
+                h.set_gid(id);
+                (h, b"x".to_vec())
+            }
             Entry::CharDev(p) => (header(p, tar::EntryType::Char, 0o644, 0), vec![]),
         };
         h.set_cksum();
@@ -192,6 +201,7 @@ pub fn busybox_layer() -> Layer {
         Entry::Dir("opq/"),
         file("opq/old", b"hidden by the opaque dir\n"),
         Entry::Dir("tmp/"),
+        Entry::FileAs("bin/suid", 1000, 0o4755),
     ])
 }
 
