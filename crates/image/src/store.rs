@@ -462,10 +462,17 @@ impl ImageStore {
     /// an existing rootfs is kept (and an overlay remounted after a reboot).
     pub async fn rootfs(&self, image: &Image, machine_dir: &Path) -> Result<PathBuf> {
         let _shared = self.inner.gc_lock.read().await;
-        let layers: Vec<(Digest, PathBuf)> = image
-            .layers
-            .iter()
-            .map(|l| (l.digest.clone(), self.layer_dir(&l.digest)))
+        // An existing rootfs keeps the layers it was made of, even if the tag moved since.
+        let digests: Vec<Digest> = match rootfs::read_record(machine_dir)? {
+            Some(record) => record.layers,
+            None => image.layers.iter().map(|l| l.digest.clone()).collect(),
+        };
+        let layers: Vec<(Digest, PathBuf)> = digests
+            .into_iter()
+            .map(|d| {
+                let dir = self.layer_dir(&d);
+                (d, dir)
+            })
             .collect();
         if let Some((d, _)) = layers.iter().find(|(_, p)| !p.is_dir()) {
             return Err(Error::NotFound(format!(
