@@ -267,6 +267,18 @@ async fn rootfs_shares_layers_and_applies_whiteouts() {
         std::fs::read_to_string(ra.join("etc/hello")).unwrap(),
         "changed by a"
     );
+    // After a reboot (unmounted), the same layers and upper dir are mounted again.
+    let umount = std::process::Command::new("umount")
+        .arg(&ra)
+        .status()
+        .unwrap();
+    assert!(umount.success());
+    assert!(!ra.join("bin/busybox").exists());
+    assert_eq!(store.rootfs(&image, &a).await.unwrap(), ra);
+    assert_eq!(
+        std::fs::read_to_string(ra.join("etc/hello")).unwrap(),
+        "changed by a"
+    );
 
     store.remove_rootfs(&a).await.unwrap();
     store.remove_rootfs(&b).await.unwrap();
