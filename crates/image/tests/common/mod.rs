@@ -282,6 +282,11 @@ pub async fn push(
 /// The merged view of busybox_layer + top_layer, checked by running busybox in it.
 pub fn check_rootfs(root: &Path) {
     assert!(root.join("bin/busybox").is_file());
+    let suid = std::fs::metadata(root.join("bin/suid")).unwrap();
+    assert_eq!(
+        (suid.mode() & 0o7777, suid.uid(), suid.gid()),
+        (0o4755, 1000, 1000)
+    );
     assert_eq!(
         std::fs::read_link(root.join("bin/sh")).unwrap(),
         Path::new("/bin/busybox")
