@@ -223,6 +223,26 @@ fn own(meta: &fs::Metadata, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Copies the xattrs unpacking keeps (`user.*`, `security.capability`) from `src` to `dst`.
+fn copy_xattrs(src: &Path, dst: &Path) -> Result<()> {
+    let mut names = vec![0u8; 4096];
+    let Ok(n) = rustix::fs::llistxattr(src, &mut names[..]) else {
+        return Ok(());
+    };
+    for name in names[..n].split(|b| *b == 0).filter(|n| !n.is_empty()) {
+        let Ok(name) = std::str::from_utf8(name) else {
+            continue;
+        };
+        if !(name.starts_with("user.") || name == "security.capability") {
+            continue;
+        }
+        let mut value = vec![0u8; 65536];
+        let len = rustix::fs::lgetxattr(src, name, &mut value[..]).at(src)?;
+        rustix::fs::lsetxattr(dst, name, &value[..len], rustix::fs::XattrFlags::empty()).at(dst)?;
+    }
+    Ok(())
+}
+
 /// Copies the unpacked layer `src` over `dst`, applying its whiteouts (overlay form or
 /// `.wh.` markers) and opaque directories. Symlinks are copied, never followed.
 fn apply_layer(src: &Path, dst: &Path) -> Result<()> {
@@ -259,6 +279,7 @@ fn apply_layer(src: &Path, dst: &Path) -> Result<()> {
             }
             own(&meta, &d)?;
             fs::set_permissions(&d, fs::Permissions::from_mode(meta.mode() & 0o7777)).at(&d)?;
+            copy_xattrs(&s, &d)?;
             apply_layer(&s, &d)?;
         } else if ft.is_symlink() {
             remove_any(&d)?;
@@ -267,9 +288,10 @@ fn apply_layer(src: &Path, dst: &Path) -> Result<()> {
         } else if ft.is_file() {
             remove_any(&d)?;
             fs::copy(&s, &d).at(&d)?;
-            // chown before chmod: chown clears setuid/setgid bits.
+            // chown before chmod and xattrs: chown clears setuid bits and capabilities.
             own(&meta, &d)?;
             fs::set_permissions(&d, fs::Permissions::from_mode(meta.mode() & 0o7777)).at(&d)?;
+            copy_xattrs(&s, &d)?;
         }
     }
     Ok(())

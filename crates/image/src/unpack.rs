@@ -1,7 +1,8 @@
 //! Safe layer extraction. Entries are written only below the destination: `..` components,
 //! writes through symlinks, hard links out of the layer, and device nodes or fifos are
 //! refused; symlinks are created but never followed. Whiteouts become overlayfs whiteouts
-//! (0/0 char devices, `trusted.overlay.opaque=y`) or stay as `.wh.` marker files.
+//! (0/0 char devices, `trusted.overlay.opaque=y`) or stay as `.wh.` marker files. Owners,
+//! modes (setuid included), mtimes of files, and `user.*` / capability xattrs are kept.
 
 use crate::digest::Digest;
 use crate::error::{Error, IoContext, Result};
@@ -152,6 +153,7 @@ impl Unpacker<'_> {
             .map_err(|e| self.reject(Path::new("?"), format!("unreadable path: {e}")))?
             .into_owned();
         let rel = normalize(&raw).map_err(|why| self.reject(&raw, why))?;
+        let xattrs = self.xattrs(&mut entry);
         let header = entry.header().clone();
         let kind = header.entry_type();
         let mode = header.mode().unwrap_or(0o644) & 0o7777;
@@ -186,6 +188,7 @@ impl Unpacker<'_> {
                 }
                 self.owner(&path, &header)?;
                 fs::set_permissions(&path, fs::Permissions::from_mode(mode)).at(&path)?;
+                set_xattrs(&path, &xattrs)?;
             }
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
                 remove_any(&path).at(&path)?;
@@ -205,6 +208,8 @@ impl Unpacker<'_> {
                 if let Ok(mtime) = header.mtime() {
                     let _ = file.set_modified(UNIX_EPOCH + Duration::from_secs(mtime));
                 }
+                // After chown, which drops file capabilities.
+                set_xattrs(&path, &xattrs)?;
             }
             EntryType::Symlink => {
                 let target = entry
@@ -250,6 +255,23 @@ impl Unpacker<'_> {
         Ok(())
     }
 
+    /// The entry's PAX `SCHILY.xattr.*` records that images may carry: `user.*`, and
+    /// `security.capability` (file capabilities) when running as root. Others, such as
+    /// `trusted.overlay.*`, which would change what overlayfs shows, are dropped.
+    fn xattrs(&self, entry: &mut tar::Entry<'_, impl Read>) -> Vec<(String, Vec<u8>)> {
+        let Ok(Some(pax)) = entry.pax_extensions() else {
+            return vec![];
+        };
+        pax.flatten()
+            .filter_map(|ext| {
+                let name = ext.key().ok()?.strip_prefix("SCHILY.xattr.")?;
+                let allowed =
+                    name.starts_with("user.") || (self.chown && name == "security.capability");
+                allowed.then(|| (name.to_string(), ext.value_bytes().to_vec()))
+            })
+            .collect()
+    }
+
     /// `rel` as an existing non-directory of this layer, reached through real directories only.
     fn existing_file(&self, rel: &Path) -> Option<PathBuf> {
         let mut at = self.dest.to_path_buf();
@@ -289,6 +311,13 @@ impl Unpacker<'_> {
         )
         .at(&target)
     }
+}
+
+fn set_xattrs(path: &Path, xattrs: &[(String, Vec<u8>)]) -> Result<()> {
+    for (name, value) in xattrs {
+        rustix::fs::lsetxattr(path, name.as_str(), value, XattrFlags::empty()).at(path)?;
+    }
+    Ok(())
 }
 
 /// Extracts the layer `blob` (tar, tar+gzip or tar+zstd; `layer` names it in errors) into

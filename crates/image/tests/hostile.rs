@@ -187,3 +187,47 @@ fn zstd_and_plain_tar_layers_unpack() {
         );
     }
 }
+
+#[test]
+fn pax_xattrs_kept_but_overlay_ones_dropped() {
+    let store = tempfile::tempdir().unwrap();
+    let mut b = tar::Builder::new(Vec::new());
+    let xattrs: [(&str, &[u8]); 3] = [
+        ("SCHILY.xattr.user.note", b"hi"),
+        ("SCHILY.xattr.trusted.overlay.opaque", b"y"),
+        ("SCHILY.xattr.trusted.overlay.redirect", b"/etc"),
+    ];
+    for path in ["d/", "d/f"] {
+        b.append_pax_extensions(xattrs).unwrap();
+        let mut h = tar::Header::new_gnu();
+        let dir = path.ends_with('/');
+        h.set_entry_type(if dir {
+            tar::EntryType::Directory
+        } else {
+            tar::EntryType::Regular
+        });
+        h.set_mode(0o755);
+        h.set_size(if dir { 0 } else { 1 });
+        b.append_data(&mut h, path, &b"x"[..usize::from(!dir)])
+            .unwrap();
+    }
+    let tar = b.into_inner().unwrap();
+    let l = Layer {
+        blob: tar.clone(),
+        diff_id: bazaar_image::Digest::of(&tar),
+        tar,
+    };
+    unpack(store.path(), &l).unwrap();
+    for p in ["dest/d", "dest/d/f"] {
+        let path = store.path().join(p);
+        let mut buf = [0u8; 16];
+        let n = rustix::fs::lgetxattr(&path, "user.note", &mut buf[..]).unwrap();
+        assert_eq!(&buf[..n], b"hi");
+        for name in ["trusted.overlay.opaque", "trusted.overlay.redirect"] {
+            assert!(
+                rustix::fs::lgetxattr(&path, name, &mut buf[..]).is_err(),
+                "{p} {name}"
+            );
+        }
+    }
+}
