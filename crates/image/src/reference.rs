@@ -32,20 +32,6 @@ impl Reference {
             (None, None) => "latest".into(),
         }
     }
-
-    /// This reference with another tag and no digest (same registry and repository).
-    pub fn with_tag(&self, tag: &str) -> Reference {
-        Reference {
-            tag: Some(tag.into()),
-            digest: None,
-            ..self.clone()
-        }
-    }
-
-    /// Whether the registry is on a loopback address (where Docker allows plain HTTP).
-    pub fn is_loopback_registry(&self) -> bool {
-        is_loopback_host(&self.registry)
-    }
 }
 
 /// Whether `host[:port]` names this machine: `localhost`, `127.0.0.0/8` or `[::1]`.

@@ -101,7 +101,7 @@ pub type ProgressFn<'a> = dyn Fn(PullProgress) + Send + Sync + 'a;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct StoreMeta {
-    whiteouts: String,
+    whiteouts: Whiteouts,
 }
 
 #[derive(Debug)]
@@ -165,29 +165,17 @@ impl ImageStore {
             Ok(b) => {
                 let meta: StoreMeta = serde_json::from_slice(&b)
                     .map_err(|e| Error::Manifest(format!("store metadata: {e}")))?;
-                if meta.whiteouts == "overlay" {
-                    Whiteouts::Overlay
-                } else {
-                    Whiteouts::Markers
-                }
+                meta.whiteouts
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                let w = if rootfs::overlay_available() {
+                let whiteouts = if rootfs::overlay_available() {
                     Whiteouts::Overlay
                 } else {
                     Whiteouts::Markers
                 };
-                let meta = StoreMeta {
-                    whiteouts: if w == Whiteouts::Overlay {
-                        "overlay"
-                    } else {
-                        "markers"
-                    }
-                    .into(),
-                };
-                let bytes = serde_json::to_vec(&meta).expect("serializable");
+                let bytes = serde_json::to_vec(&StoreMeta { whiteouts }).expect("serializable");
                 write_atomic(&tmp, &meta_path, &bytes)?;
-                w
+                whiteouts
             }
             Err(e) => return Err(e).at(meta_path),
         };

@@ -23,7 +23,8 @@ pub(crate) const OPAQUE: &str = ".wh..wh..opq";
 pub(crate) const OPAQUE_XATTR: &str = "trusted.overlay.opaque";
 
 /// How whiteouts are stored in an unpacked layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Whiteouts {
     /// As overlayfs reads them: a 0/0 char device, and an xattr on opaque dirs (needs root).
     Overlay,
