@@ -205,3 +205,29 @@ async fn gc_frees_unreferenced_and_keeps_referenced() {
     assert_eq!(count(&root.join("blobs/sha256")), 0);
     assert_eq!(count(&root.join("tmp")), 0);
 }
+
+#[tokio::test]
+async fn store_with_whiteout_markers_builds_copied_rootfs() {
+    // A store created where overlayfs was unavailable keeps `.wh.` markers in its layers.
+    let work = tempfile::tempdir().unwrap();
+    let machines = Machines::new();
+    let root = work.path().join("store");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("store.json"), r#"{"whiteouts":"markers"}"#).unwrap();
+    let store = ImageStore::open(&root, StoreOptions::default()).unwrap();
+    let save = work.path().join("save.tar");
+    std::fs::write(&save, docker_save()).unwrap();
+    store.import_archive(&save).await.unwrap();
+    let app = store.image(&r("example.com/app:v1")).unwrap().unwrap();
+    let top = store.layer_dir(&app.layers[1].digest);
+    assert!(top.join("etc/.wh.gone").is_file());
+    assert!(top.join("opq/.wh..wh..opq").is_file());
+    let m = machines.path().join("m");
+    let rootfs = store.rootfs(&app, &m).await.unwrap();
+    assert_eq!(
+        store.rootfs_kind(&m).unwrap(),
+        Some(bazaar_image::RootfsKind::Copy)
+    );
+    check_rootfs(&rootfs);
+    assert!(!rootfs.join("etc/.wh.gone").exists());
+}
