@@ -5,7 +5,27 @@
 //! collect garbage.
 //!
 //! The agent's driver uses [`ImageStore`]: [`ImageStore::pull`] → [`Image`],
-//! [`ImageStore::rootfs`] → the machine's root directory, [`Image::process`] → what to run.
+//! [`ImageStore::rootfs`] → the machine's root directory, [`Image::process`] → what to run,
+//! [`ImageStore::remove_rootfs`] when the machine goes, [`ImageStore::gc`] now and then.
+//!
+//! ```no_run
+//! # async fn run() -> bazaar_image::Result<()> {
+//! use bazaar_image::{Auth, ImageStore, StoreOptions};
+//! use std::collections::BTreeMap;
+//! use std::path::Path;
+//!
+//! let store = ImageStore::open("/var/lib/bazaar/images", StoreOptions::default())?;
+//! let reference = "127.0.0.1:5000/app:v1".parse()?;
+//! let image = store
+//!     .pull(&reference, &Auth::Anonymous, &|p| println!("{:?} {}/{}", p.phase, p.done, p.total))
+//!     .await?;
+//! let machine_dir = Path::new("/var/lib/bazaar/machines/m1");
+//! let rootfs = store.rootfs(&image, machine_dir).await?;
+//! let process = image.process(None, &BTreeMap::new())?; // args, env, cwd, user
+//! # let _ = (rootfs, process);
+//! store.remove_rootfs(machine_dir).await?;
+//! # Ok(()) }
+//! ```
 
 pub mod archive;
 pub mod config;
