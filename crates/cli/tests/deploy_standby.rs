@@ -77,9 +77,18 @@ async fn a_standby_starts_when_its_primarys_host_dies() {
                 .to_string()
         }
     };
+    // A machine created with skip_launch shows `starting` for a moment (the queued create
+    // operation), then settles as created.
     for id in [&standby, &idle] {
-        let s = state(id.clone()).await;
-        assert!(s == "created" || s == "stopped", "{s}");
+        bazaar_testkit::eventually(Duration::from_secs(10), || {
+            let s = state(id.clone());
+            async move {
+                let s = s.await;
+                (s == "created" || s == "stopped").then_some(())
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{id} never settled as created"));
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_ne!(
