@@ -193,7 +193,7 @@ fn finish(t: &Target, out: &Outcome) -> anyhow::Result<()> {
         return Ok(());
     }
     let Some(r) = &out.report else {
-        println!("nothing to do");
+        println!("nothing to do: the machines already run this config");
         return Ok(());
     };
     println!(
@@ -549,7 +549,7 @@ impl Progress for Reporter {
         match e {
             Event::Phase { name, total } => {
                 if let Some(b) = bar.take() {
-                    b.finish();
+                    done(&b);
                 }
                 let b = indicatif::ProgressBar::new(total as u64);
                 b.set_style(
@@ -585,11 +585,23 @@ impl Progress for Reporter {
     }
 }
 
+/// Replaces a finished phase's bar with one plain line.
+fn done(b: &indicatif::ProgressBar) {
+    b.finish_and_clear();
+    eprintln!(
+        "==> {}: {}/{} in {:.1}s",
+        b.prefix(),
+        b.position(),
+        b.length().unwrap_or(0),
+        b.elapsed().as_secs_f64()
+    );
+}
+
 impl Drop for Reporter {
     fn drop(&mut self) {
         if let Some(bar) = &self.bar {
             if let Some(b) = bar.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                b.finish();
+                done(&b);
             }
         }
     }

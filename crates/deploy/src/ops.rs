@@ -87,7 +87,12 @@ async fn run(
         dry_run: s.dry_run,
         report: None,
     };
-    if s.dry_run || out.plan.is_empty() {
+    if out.plan.is_empty() {
+        // Nothing changes: no new release either.
+        out.release = None;
+        return out;
+    }
+    if s.dry_run {
         return out;
     }
     let opts = Options {
