@@ -98,7 +98,7 @@ pub struct RunArgs {
     /// rolling, canary, bluegreen or immediate (default: `[deploy] strategy`, else rolling).
     #[arg(long)]
     strategy: Option<Strategy>,
-    /// Machines of a group replaced at once: a count, or a fraction such as 0.33.
+    /// Machines of a group replaced at once: a count, or a fraction (default 0.33).
     #[arg(long)]
     max_unavailable: Option<f64>,
     /// Per machine: started and healthy within this long (`30s`, `5m`).

@@ -14,6 +14,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// flyctl's default `max_unavailable`: a third of a group (at least one machine).
+pub const DEFAULT_MAX_UNAVAILABLE: MaxUnavailable = MaxUnavailable::Fraction(0.33);
+
 /// Settings shared by every operation.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -165,7 +168,7 @@ pub async fn deploy(
     let mu = s
         .max_unavailable
         .or(config.deploy.max_unavailable)
-        .unwrap_or(MaxUnavailable::Count(1));
+        .unwrap_or(DEFAULT_MAX_UNAVAILABLE);
     let wait = s.wait_timeout.unwrap_or(config.wait_timeout());
     Ok(run(
         client,
@@ -240,7 +243,7 @@ pub async fn rollback(
         existing,
         p,
         s.strategy.unwrap_or(Strategy::Rolling),
-        s.max_unavailable.unwrap_or(MaxUnavailable::Count(1)),
+        s.max_unavailable.unwrap_or(DEFAULT_MAX_UNAVAILABLE),
         s.wait_timeout.unwrap_or(Duration::from_secs(300)),
         s,
         progress,
@@ -392,7 +395,7 @@ pub async fn scale_vm(
         existing,
         p,
         s.strategy.unwrap_or(Strategy::Rolling),
-        s.max_unavailable.unwrap_or(MaxUnavailable::Count(1)),
+        s.max_unavailable.unwrap_or(DEFAULT_MAX_UNAVAILABLE),
         s.wait_timeout.unwrap_or(Duration::from_secs(300)),
         s,
         progress,
