@@ -103,6 +103,8 @@ struct Done {
     updated: Vec<Change>,
     relabeled: Vec<(String, Option<String>)>,
     destroyed: Vec<String>,
+    /// Bluegreen switched traffic to the new machines: a rollback keeps them.
+    switched: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -599,6 +601,7 @@ async fn bluegreen(
             error,
         })?;
     }
+    lock(&run.done).switched = true;
     // Old (blue) machines: drained and destroyed with the surplus ones.
     let mut retire = plan.clone();
     for s in &mut retire.steps {
@@ -614,10 +617,14 @@ async fn bluegreen(
 async fn rollback(run: &Run<'_>) -> anyhow::Result<()> {
     run.rolling_back
         .store(true, std::sync::atomic::Ordering::SeqCst);
-    let (created, updated, relabeled) = {
+    let (mut created, updated, relabeled) = {
         let d = lock(&run.done);
         (d.created.clone(), d.updated.clone(), d.relabeled.clone())
     };
+    if lock(&run.done).switched {
+        // The new machines serve already and the old ones may be gone: keep them.
+        created.clear();
+    }
     let destroyed_already: Vec<String> = lock(&run.done).destroyed.clone();
     let mut errors = Vec::new();
     // The failed machine was updated last: undo it first (it serves nothing now).
