@@ -705,3 +705,59 @@ pub fn existing_from(machines: &[Value]) -> Vec<Existing> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn existing_machines_come_from_api_objects() {
+        let ms = vec![
+            json!({"id": "a", "region": "ams", "state": "started",
+                   "config": {"image": "process", "metadata": {"fly_process_group": "web"}}}),
+            json!({"id": "b", "region": "ord", "state": "stopped", "config": {"image": "process"}}),
+            json!({"id": "c", "region": "ord", "state": "destroying", "config": {}}),
+            json!({"id": "d", "region": "ord", "state": "started", "config": {"guest": "bad"}}),
+        ];
+        let e = existing_from(&ms);
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert_eq!((e[0].id.as_str(), e[0].group.as_str()), ("a", "web"));
+        assert_eq!((e[1].id.as_str(), e[1].group.as_str()), ("b", "app"));
+        assert_eq!(e[1].state, "stopped");
+    }
+
+    #[test]
+    fn changes_pair_each_update_with_its_old_config() {
+        let old = MachineConfig {
+            image: "v1".into(),
+            ..Default::default()
+        };
+        let new = MachineConfig {
+            image: "v2".into(),
+            ..Default::default()
+        };
+        let existing = vec![Existing {
+            id: "a".into(),
+            group: "app".into(),
+            region: "ams".into(),
+            state: "started".into(),
+            config: old.clone(),
+        }];
+        let targets = BTreeMap::from([(
+            "app".to_string(),
+            GroupTarget {
+                config: new.clone(),
+                regions: BTreeMap::from([("ams".to_string(), 1)]),
+            },
+        )]);
+        let p = crate::plan::plan(&targets, &existing);
+        let c = changes(&targets, &existing, &p);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].0, "app");
+        assert_eq!(
+            (c[0].1.from.image.as_str(), c[0].1.to.image.as_str()),
+            ("v1", "v2")
+        );
+    }
+}
