@@ -181,21 +181,25 @@ fn finish(t: &Target, out: &Outcome) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    match out.release {
-        Some(r) => println!("release v{r} of {}: plan", out.app),
-        None => println!("{}: plan", out.app),
-    }
-    for l in out.plan.lines() {
-        println!("  {l}");
-    }
-    if out.dry_run {
-        println!("dry run: nothing changed");
-        return Ok(());
-    }
     let Some(r) = &out.report else {
-        println!("nothing to do: the machines already run this config");
+        // Not executed: show the plan here (an executed one was shown before it ran).
+        match out.release {
+            Some(r) => println!("release v{r} of {}: plan", out.app),
+            None => println!("{}: plan", out.app),
+        }
+        for l in out.plan.lines() {
+            println!("  {l}");
+        }
+        if out.plan.is_empty() {
+            println!("nothing to do: the machines already run this config");
+        } else if out.dry_run {
+            println!("dry run: nothing changed");
+        }
         return Ok(());
     };
+    if let Some(v) = out.release {
+        print!("release v{v}: ");
+    }
     println!(
         "{} ({}) in {:.1}s: {} created, {} updated, {} destroyed",
         if r.ok { "done" } else { "FAILED" },

@@ -98,6 +98,18 @@ async fn run(
     if s.dry_run {
         return out;
     }
+    // Show the plan before carrying it out.
+    progress.event(crate::progress::Event::Note {
+        message: match release {
+            Some(r) => format!("release v{r} of {app}: plan"),
+            None => format!("{app}: plan"),
+        },
+    });
+    for line in out.plan.lines() {
+        progress.event(crate::progress::Event::Note {
+            message: format!("  {line}"),
+        });
+    }
     let opts = Options {
         app: app.to_string(),
         strategy,
