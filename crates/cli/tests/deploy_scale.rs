@@ -232,22 +232,70 @@ async fn scale_to_zero_and_back_across_regions_and_dry_runs_change_nothing() {
     .await
     .expect("checks pass");
 
+    // A stopped machine (say, autostopped) gets the new config but stays stopped.
+    let stopped = ms[0]["id"].as_str().unwrap().to_string();
+    let r = env
+        .http
+        .post(format!(
+            "{}/v1/apps/{app}/machines/{stopped}/stop",
+            env.agents[0].url()
+        ))
+        .bearer_auth(bazaar_testkit::TEST_SECRET)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    bazaar_testkit::eventually(std::time::Duration::from_secs(20), || async {
+        let m = env.api(&format!("/apps/{app}/machines/{stopped}")).await;
+        (m["state"] == "stopped").then_some(())
+    })
+    .await
+    .expect("stopped");
+    let v3 = env.write_config(app, 3, true, "");
+    let (ok, out, err) = env.cli_json(&["deploy", "-c", v3.to_str().unwrap()]);
+    assert!(ok, "{out}\n{err}");
+    let ms = env.machines(app).await;
+    assert_eq!(versions(&ms), vec![("3".into(), "3".into()); 3]);
+    for m in &ms {
+        let want = if m["id"] == stopped.as_str() {
+            "stopped"
+        } else {
+            "started"
+        };
+        assert_eq!(m["state"], want, "{m:#}");
+    }
+
     // Status and logs of the whole app.
     let (ok, text, err) = env.cli(&["app-status", "-a", app]);
     assert!(ok, "{err}");
     assert!(
-        text.contains("ams") && text.contains("ord") && text.contains("v2"),
+        text.contains("ams") && text.contains("ord") && text.contains("v3"),
         "{text}"
     );
-    assert!(text.contains("1/1 passing"), "{text}");
+    assert!(
+        text.contains("1/1 passing") && text.contains("stopped"),
+        "{text}"
+    );
     let (ok, st, err) = env.cli_json(&["app-status", "-a", app]);
     assert!(ok, "{err}");
     assert_eq!(st["machines"].as_array().unwrap().len(), 3);
+    // Start it again for the logs below.
+    let r = env
+        .http
+        .post(format!(
+            "{}/v1/apps/{app}/machines/{stopped}/start",
+            env.agents[0].url()
+        ))
+        .bearer_auth(bazaar_testkit::TEST_SECRET)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
     let (ok, text, err) = env.cli(&["logs", "-a", app]);
     assert!(ok, "{err}");
     let serving = text
         .lines()
-        .filter(|l| l.contains("serving version 2"))
+        .filter(|l| l.contains("serving version"))
         .count();
     assert!(serving >= 3, "{text}");
 }

@@ -180,18 +180,20 @@ impl Client {
         Ok(v["machines"].as_array().cloned().unwrap_or_default())
     }
 
-    /// Replaces a machine's config (it restarts with it).
+    /// Replaces a machine's config: it restarts with it, or with `skip_launch` stays
+    /// stopped.
     pub async fn update(
         &self,
         app: &str,
         id: &str,
         config: &MachineConfig,
+        skip_launch: bool,
         nonce: Option<&str>,
     ) -> anyhow::Result<Value> {
         self.call(
             Method::POST,
             &format!("/apps/{app}/machines/{id}"),
-            Some(json!({"config": config})),
+            Some(json!({"config": config, "skip_launch": skip_launch})),
             nonce,
         )
         .await

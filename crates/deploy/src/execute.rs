@@ -81,6 +81,9 @@ struct Change {
     region: String,
     to: MachineConfig,
     from: MachineConfig,
+    /// A stopped (or suspended) machine is updated without starting it, as on Fly: a
+    /// machine the proxy stopped stays stopped until traffic wakes it.
+    stopped: bool,
 }
 
 /// The running deploy's shared state.
@@ -150,6 +153,19 @@ impl Run<'_> {
             region: c.region.clone(),
             error,
         };
+        if c.stopped {
+            let nonce = self.leases.acquire(&c.id).await.map_err(fail)?;
+            if !self.rolling_back.load(std::sync::atomic::Ordering::SeqCst) {
+                lock(&self.done).updated.push(c.clone());
+            }
+            self.client
+                .update(self.app(), &c.id, &c.to, true, Some(&nonce))
+                .await
+                .map_err(fail)?;
+            self.say(&c.id, &c.region, "updated (stays stopped)");
+            self.progress.event(Event::Advance);
+            return Ok(());
+        }
         if gate {
             self.drain(&c.id, &c.region).await.map_err(fail)?;
         }
@@ -159,7 +175,7 @@ impl Run<'_> {
         }
         let m = self
             .client
-            .update(self.app(), &c.id, &c.to, Some(&nonce))
+            .update(self.app(), &c.id, &c.to, false, Some(&nonce))
             .await
             .map_err(fail)?;
         let version = m["instance_id"].as_str().map(str::to_string);
@@ -431,6 +447,7 @@ fn changes(
                         region: s.region.clone(),
                         to: t.config.clone(),
                         from: m.config.clone(),
+                        stopped: matches!(m.state.as_str(), "stopped" | "suspended"),
                     },
                 ));
             }
@@ -634,6 +651,7 @@ async fn rollback(run: &Run<'_>) -> anyhow::Result<()> {
             region: c.region.clone(),
             to: c.from.clone(),
             from: c.to.clone(),
+            stopped: c.stopped,
         };
         run.say(&c.id, &c.region, "rolling back");
         if let Err(f) = run.update_one(&back, true).await {
