@@ -120,6 +120,27 @@ async fn scale_to_zero_and_back_across_regions_and_dry_runs_change_nothing() {
         text.contains("create 3") && text.contains("dry run"),
         "{text}"
     );
+    // A dry run of a new app plans its machines and creates nothing, not even the app.
+    let fresh = env.write_config("fresh", 1, true, "");
+    let (ok, out, err) = env.cli_json(&[
+        "deploy",
+        "-c",
+        fresh.to_str().unwrap(),
+        "--count",
+        "2",
+        "--dry-run",
+    ]);
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(out["plan"]["steps"][0]["create"], 2, "{out}");
+    let apps = env.api("/apps").await;
+    assert!(
+        !apps["apps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["name"] == "fresh"),
+        "{apps}"
+    );
     // A realistic fly.toml loads (with warnings for what bazaar ignores) and plans.
     let fly = env.dir.path().join("fly.toml");
     std::fs::write(&fly, FLY_TOML).unwrap();

@@ -141,14 +141,19 @@ pub async fn deploy(
     progress: Arc<dyn Progress>,
 ) -> anyhow::Result<Outcome> {
     let app = &config.app;
-    if !client.app_exists(app).await? {
-        if s.dry_run {
-            anyhow::bail!("app {app} does not exist (a deploy would create it)");
-        }
+    let exists = client.app_exists(app).await?;
+    if !exists && !s.dry_run {
         client.create_app(app).await?;
     }
-    let existing = existing_from(&client.machines(app).await?);
-    let hist = history(client, app).await?;
+    // A dry run of a new app plans against nothing (and creates nothing).
+    let (existing, hist) = if exists || !s.dry_run {
+        (
+            existing_from(&client.machines(app).await?),
+            history(client, app).await?,
+        )
+    } else {
+        (Vec::new(), Vec::new())
+    };
     let release = next_version(&hist);
     let mut targets = BTreeMap::new();
     for g in config.groups() {
