@@ -4,8 +4,8 @@
 //!    region expression is tried group by group.
 //! 2. A sample is asked in parallel (`sample_size` per machine, or the whole region when it
 //!    is small), each with the bid deadline.
-//! 3. The best offers are claimed (with a machine id chosen here, so a retried claim is
-//!    idempotent); a failed claim falls to the next offer; the rest are released.
+//! 3. The best offers are claimed, concurrently (with a machine id chosen here, so a retried
+//!    claim is idempotent); a failed claim falls to the next offer; the rest are released.
 //! 4. Refusals that only other reservations caused are retried after a short backoff,
 //!    within a time budget; otherwise the answer is `insufficient_capacity` at once, with
 //!    what was tried. Every placement is recorded and the record is kept by the machine's
@@ -19,12 +19,15 @@ use bazaar_placement::exchange::{
 };
 use bazaar_types::host::{BidRequest, BidResponse, ClaimRequest, Resources};
 use bazaar_types::machine::Machine;
+use futures_util::StreamExt;
 use rand::Rng;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// How long one placement may keep retrying hosts that were only busy.
 const RETRY_BUDGET: Duration = Duration::from_secs(10);
+/// Claims of one placement in flight at once.
+const CLAIMS_IN_FLIGHT: usize = 16;
 
 /// A host to talk to.
 #[derive(Debug, Clone)]
@@ -137,55 +140,80 @@ impl Api {
                 let (winners, mut rest) = choose_winners(offers, remaining);
                 round.elapsed_us = round_started.elapsed().as_micros() as u64;
                 record.rounds.push(round);
+                // Winners are claimed concurrently (a batch of 100 must not wait on 100
+                // claims in a row while its reservations expire); a failed claim falls to
+                // the next offer. Only an unreachable host is left out for good: a claim
+                // refused because its reservation expired says nothing about the host.
                 let mut queue: Vec<Offer> = winners;
                 let mut claimed_hosts = Vec::new();
-                while let Some(offer) = queue.first().cloned() {
-                    queue.remove(0);
+                while !queue.is_empty() {
                     if order.dry_run {
-                        claimed_hosts.push(offer.host_id.clone());
-                        rest.push(offer);
-                        continue;
+                        claimed_hosts.extend(queue.iter().map(|o| o.host_id.clone()));
+                        rest.append(&mut queue);
+                        break;
                     }
-                    let mut claim = order.template.clone();
-                    claim.machine_id = Some(bazaar_types::ids::new_machine_id());
-                    let mut rec_now = record.clone();
-                    rec_now.winners = vec![offer.host_id.clone()];
-                    rec_now.reason = format!(
-                        "best of {} offer(s): score {:.3} (spread: the share of the host left free)",
-                        record.rounds.last().map(|r| r.asked.iter().filter(|a| matches!(a.outcome, AskOutcome::Bid { .. })).count()).unwrap_or(0),
-                        offer.score
-                    );
-                    rec_now.elapsed_us = started.elapsed().as_micros() as u64;
-                    claim.placement = serde_json::to_value(&rec_now).ok();
-                    match self
-                        .claim(&addrs[&offer.host_id], &offer.reservation_id, &claim)
-                        .await
-                    {
-                        Ok(m) => {
-                            self.remember(&m.id, &offer.host_id);
-                            claimed_hosts.push(offer.host_id.clone());
-                            machines.push(m);
+                    let bids_in_round = record
+                        .rounds
+                        .last()
+                        .map(|r| {
+                            r.asked
+                                .iter()
+                                .filter(|a| matches!(a.outcome, AskOutcome::Bid { .. }))
+                                .count()
+                        })
+                        .unwrap_or(0);
+                    let claims = std::mem::take(&mut queue).into_iter().map(|offer| {
+                        let mut claim = order.template.clone();
+                        claim.machine_id = Some(bazaar_types::ids::new_machine_id());
+                        let mut rec_now = record.clone();
+                        rec_now.winners = vec![offer.host_id.clone()];
+                        rec_now.reason = format!(
+                            "best of {bids_in_round} offer(s): score {:.3} (spread: the share of the host left free)",
+                            offer.score
+                        );
+                        rec_now.elapsed_us = started.elapsed().as_micros() as u64;
+                        claim.placement = serde_json::to_value(&rec_now).ok();
+                        let host = addrs[&offer.host_id].clone();
+                        async move {
+                            let result = self.claim(&host, &offer.reservation_id, &claim).await;
+                            (offer, result)
                         }
-                        Err(err) => {
-                            tracing::info!(host.id = %offer.host_id, error = %err, "claim failed, trying the next offer");
-                            if let Some(round) = record.rounds.last_mut() {
-                                round.asked.push(Ask {
-                                    host_id: offer.host_id.clone(),
-                                    outcome: AskOutcome::ClaimFailed {
-                                        error: err.to_string(),
-                                    },
-                                    elapsed_us: 0,
-                                });
+                    });
+                    let results: Vec<(Offer, Result<Machine, HostCallError>)> =
+                        futures_util::stream::iter(claims)
+                            .buffer_unordered(CLAIMS_IN_FLIGHT)
+                            .collect()
+                            .await;
+                    for (offer, result) in results {
+                        match result {
+                            Ok(m) => {
+                                self.remember(&m.id, &offer.host_id);
+                                claimed_hosts.push(offer.host_id.clone());
+                                machines.push(m);
                             }
-                            skip.push(offer.host_id.clone());
-                            // Offers of the failed host are worthless now.
-                            rest.retain(|o| o.host_id != offer.host_id);
-                            queue.retain(|o| o.host_id != offer.host_id);
-                            if let Some(next) = (!rest.is_empty()).then(|| rest.remove(0)) {
-                                queue.push(next);
+                            Err(err) => {
+                                tracing::info!(host.id = %offer.host_id, error = %err, "claim failed, trying the next offer");
+                                if let Some(round) = record.rounds.last_mut() {
+                                    round.asked.push(Ask {
+                                        host_id: offer.host_id.clone(),
+                                        outcome: AskOutcome::ClaimFailed {
+                                            error: err.to_string(),
+                                        },
+                                        elapsed_us: 0,
+                                    });
+                                }
+                                if matches!(err, HostCallError::Unreachable(_)) {
+                                    // Offers of a host that is gone are worthless now.
+                                    skip.push(offer.host_id.clone());
+                                    rest.retain(|o| o.host_id != offer.host_id);
+                                }
+                                if !rest.is_empty() {
+                                    queue.push(rest.remove(0));
+                                }
                             }
                         }
                     }
+                    queue.retain(|o| !skip.contains(&o.host_id));
                 }
                 record.winners.extend(claimed_hosts);
                 // Losing offers are returned in the background: the answer does not wait
@@ -363,14 +391,13 @@ impl Api {
         host: &HostAddr,
         reservation_id: &str,
         claim: &ClaimRequest,
-    ) -> Result<Machine, String> {
+    ) -> Result<Machine, HostCallError> {
         self.post_host(
             host,
             &format!("/host/v1/reservations/{reservation_id}/claim"),
             claim,
         )
         .await
-        .map_err(|e| e.to_string())
     }
 
     async fn release_one(&self, host: &HostAddr, reservation_id: &str) {

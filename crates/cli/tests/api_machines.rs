@@ -757,3 +757,62 @@ async fn a_machine_whose_host_is_down_is_shown_but_not_changed() {
     .await
     .expect("stop works once the host is back");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_asked_for_in_one_round_and_spread_over_the_hosts() {
+    let agents = start_cluster(std::path::Path::new(EXE), 3, |_, o| {
+        o.memory_mb = 64 * 1024;
+    })
+    .unwrap();
+    let fly = Fly::new(&agents[0]);
+    fly.post("/apps", json!({"app_name": "many"})).await;
+    bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let (_, r) = fly.get("/platform/regions").await;
+        (r["regions"][0]["hosts"] == 3).then_some(())
+    })
+    .await
+    .unwrap();
+    let (s, v) = fly
+        .post(
+            "/apps/many/machines/batch",
+            json!({"config": process_config(&["sleep", "1000"]), "count": 90}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["created"], 90, "every machine placed: {}", v["placement"]);
+    let rounds = v["placement"]["rounds"].as_array().unwrap();
+    let outcomes: Vec<String> = rounds
+        .iter()
+        .map(|r| {
+            let mut c: std::collections::BTreeMap<String, usize> = Default::default();
+            for a in r["asked"].as_array().unwrap() {
+                let k = a["outcome"]
+                    .as_object()
+                    .map(|o| format!("{}", serde_json::Value::Object(o.clone())))
+                    .unwrap_or_default();
+                *c.entry(k.chars().take(90).collect()).or_default() += 1;
+            }
+            format!("{c:?}")
+        })
+        .collect();
+    // Batch sampling: the first round asks for all 90 at once (d·N asks, here the whole
+    // small region for every machine), rather than one round per machine; later rounds
+    // only retry hosts that were too busy to answer in time.
+    let first_asks = rounds[0]["asked"].as_array().unwrap().len();
+    assert!(first_asks >= 90, "one round asks for all: {outcomes:#?}");
+    assert!(rounds.len() <= 3, "{outcomes:#?}");
+    let mut per_host: std::collections::HashMap<String, usize> = Default::default();
+    for m in v["machines"].as_array().unwrap() {
+        *per_host
+            .entry(m["host_id"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    assert_eq!(per_host.len(), 3, "spread over every host: {per_host:?}");
+    assert!(
+        per_host.values().all(|&n| (20..=40).contains(&n)),
+        "spread evenly: {per_host:?}"
+    );
+    for m in v["machines"].as_array().unwrap() {
+        wait_started(&fly, "many", m["id"].as_str().unwrap()).await;
+    }
+}
