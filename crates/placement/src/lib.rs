@@ -6,9 +6,11 @@
 //! - [`score`]: how a bid is scored (the default spreads load).
 //! - [`exchange`]: the exchange's side: region expressions, candidates, which hosts to ask
 //!   (power of d choices, batch sampling), ranking bids, the placement record.
+//! - [`volume`]: where a volume may go (disk, `require_unique_zone`, the compute hint).
 
 pub mod exchange;
 pub mod ledger;
 pub mod score;
+pub mod volume;
 
 pub use ledger::{Ledger, LedgerError, Reservation};

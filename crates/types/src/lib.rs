@@ -11,6 +11,7 @@
 //! - [`host`]: the host-to-host interface (bids, reservations, claims, host info).
 //! - [`error`]: the Fly error body `{"error": ..., "status": ...}`.
 //! - [`signal`]: signals by name or number.
+//! - [`volume`]: volumes (the API objects, host-interface requests, mounts, validation).
 //!
 //! This crate does no I/O.
 
@@ -24,6 +25,7 @@ pub mod ids;
 pub mod machine;
 pub mod signal;
 pub mod state;
+pub mod volume;
 
 /// Milliseconds since the Unix epoch, the timestamp unit of events and records.
 pub fn now_ms() -> u64 {

@@ -1,0 +1,267 @@
+//! Volumes: host-local persistent storage, spelled as the Fly Machines API spells it
+//! (reference/fly.md §2.2). A volume lives on exactly one host; a machine that mounts it
+//! (`config.mounts[0].volume`) must live there too. This module holds the API objects, the
+//! host-interface requests and the shared validation rules.
+
+use crate::config::MachineConfig;
+use crate::guest::Guest;
+use rand::Rng;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Fly's default volume size.
+pub const DEFAULT_SIZE_GB: u64 = 3;
+/// Largest volume accepted (Fly's limit).
+pub const MAX_SIZE_GB: u64 = 500;
+/// Bytes per block of a volume's file system (ext4 default).
+pub const BLOCK_SIZE: u64 = 4096;
+
+/// A volume as the API returns it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Volume {
+    /// `vol_` and 16 base-36 characters.
+    pub id: String,
+    pub name: String,
+    /// `created`, or `creating` / `extending` / `destroying` while an operation runs.
+    pub state: String,
+    pub size_gb: u64,
+    pub region: String,
+    /// The host the volume lives on (Fly's hardware zone).
+    pub zone: String,
+    pub encrypted: bool,
+    /// The machine that mounts the volume, if any.
+    pub attached_machine_id: Option<String>,
+    pub attached_alloc_id: Option<String>,
+    /// RFC 3339.
+    pub created_at: String,
+    /// `ok`, or `unreachable` when the owning host is not answering.
+    pub host_status: String,
+    /// `ext4` (an image file on a loop device) or `dir` (a plain directory: the host could
+    /// not make a file system, e.g. the agent is not root).
+    pub fstype: String,
+    pub block_size: u64,
+    pub blocks: u64,
+    pub blocks_free: u64,
+    pub blocks_avail: u64,
+    pub bytes_total: u64,
+    pub bytes_used: u64,
+    pub snapshot_retention: u32,
+    pub auto_backup_enabled: bool,
+    /// Always `local`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// bazaar extension: the owning host's id.
+    pub host_id: String,
+}
+
+/// Fly's CreateVolumeRequest. Snapshot and fork fields are accepted and ignored.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CreateVolumeRequest {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub region: Option<String>,
+    #[serde(default)]
+    pub size_gb: Option<u64>,
+    #[serde(default)]
+    pub encrypted: Option<bool>,
+    /// Spread same-name volumes of an app over distinct hosts (default true, as on Fly).
+    #[serde(default)]
+    pub require_unique_zone: Option<bool>,
+    /// Place the volume on a host that can also run a machine of this size.
+    #[serde(default)]
+    pub compute: Option<Guest>,
+    #[serde(default)]
+    pub snapshot_retention: Option<u32>,
+    #[serde(default)]
+    pub auto_backup_enabled: Option<bool>,
+    #[serde(default)]
+    pub fstype: Option<String>,
+    #[serde(default)]
+    pub snapshot_id: Option<String>,
+    #[serde(default)]
+    pub source_volume_id: Option<String>,
+}
+
+/// Fly's UpdateVolumeRequest.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct UpdateVolumeRequest {
+    #[serde(default)]
+    pub snapshot_retention: Option<u32>,
+    #[serde(default)]
+    pub auto_backup_enabled: Option<bool>,
+}
+
+/// Fly's ExtendVolumeRequest.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ExtendVolumeRequest {
+    #[serde(default)]
+    pub size_gb: Option<u64>,
+}
+
+/// Fly's ExtendVolumeResponse.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ExtendVolumeResponse {
+    pub volume: Volume,
+    /// True when the attached machine must restart to see the new size (never for ext4,
+    /// which is grown online).
+    pub needs_restart: bool,
+}
+
+/// `POST /host/v1/volumes`: create a volume on this host. The exchange chooses the id, so a
+/// retried create is idempotent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HostVolumeCreate {
+    pub id: String,
+    pub app: String,
+    pub name: String,
+    pub size_gb: u64,
+    #[serde(default = "yes")]
+    pub encrypted: bool,
+    #[serde(default = "yes")]
+    pub require_unique_zone: bool,
+    /// cpus and memory the host must also have free (the `compute` hint).
+    #[serde(default)]
+    pub compute: Option<crate::host::Resources>,
+    #[serde(default = "default_retention")]
+    pub snapshot_retention: u32,
+    #[serde(default)]
+    pub auto_backup_enabled: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_retention() -> u32 {
+    5
+}
+
+/// A machine's volume mount (`config.mounts[0]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountSpec {
+    pub volume: String,
+    /// Where the machine wants it (absolute).
+    pub path: String,
+}
+
+/// Returns a new volume id: `vol_` and 16 base-36 characters, as Fly's.
+pub fn new_volume_id() -> String {
+    const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut rng = rand::rng();
+    let tail: String = (0..16)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect();
+    format!("vol_{tail}")
+}
+
+/// Checks a volume id's shape (so it can be used in paths safely).
+pub fn is_valid_volume_id(id: &str) -> bool {
+    id.strip_prefix("vol_").is_some_and(|t| {
+        (1..=40).contains(&t.len())
+            && t.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    })
+}
+
+/// Checks a volume name as Fly does: 1-30 lowercase letters, digits and `_`.
+pub fn validate_volume_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 30 {
+        return Err(format!(
+            "volume name must be 1-30 characters, got {}",
+            name.len()
+        ));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_'))
+    {
+        return Err(format!(
+            "volume name {name:?} contains {bad:?}: only lowercase letters, digits and '_' are allowed"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a volume size in GB.
+pub fn validate_size_gb(size_gb: u64) -> Result<(), String> {
+    if !(1..=MAX_SIZE_GB).contains(&size_gb) {
+        return Err(format!(
+            "size_gb must be between 1 and {MAX_SIZE_GB}, got {size_gb}"
+        ));
+    }
+    Ok(())
+}
+
+/// The volume a machine config mounts, if any. One mount at most, naming a volume id and
+/// an absolute path without `..`.
+pub fn mount_of(config: &MachineConfig) -> Result<Option<MountSpec>, String> {
+    let Some(first) = config.mounts.first() else {
+        return Ok(None);
+    };
+    if config.mounts.len() > 1 {
+        return Err("a machine can mount one volume only (config.mounts has more)".into());
+    }
+    let volume = first
+        .get("volume")
+        .and_then(|v| v.as_str())
+        .ok_or("config.mounts[0].volume must name a volume id")?;
+    if !is_valid_volume_id(volume) {
+        return Err(format!(
+            "config.mounts[0].volume {volume:?} is not a volume id"
+        ));
+    }
+    let path = first
+        .get("path")
+        .and_then(|v| v.as_str())
+        .ok_or("config.mounts[0].path is required")?;
+    if !path.starts_with('/') || path.split('/').any(|p| p == "..") || path.contains('\0') {
+        return Err(format!(
+            "config.mounts[0].path must be an absolute path without '..', got {path:?}"
+        ));
+    }
+    Ok(Some(MountSpec {
+        volume: volume.to_string(),
+        path: path.to_string(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_names_and_sizes() {
+        let id = new_volume_id();
+        assert_eq!(id.len(), 20);
+        assert!(is_valid_volume_id(&id));
+        for bad in ["vol_", "vol_../x", "1857156b526dd8", "vol_ABC"] {
+            assert!(!is_valid_volume_id(bad), "{bad:?}");
+        }
+        assert!(validate_volume_name("pg_data1").is_ok());
+        for bad in ["", "Data", "a-b", "../x", &"a".repeat(31)] {
+            assert!(validate_volume_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(validate_size_gb(0).is_err());
+        assert!(validate_size_gb(MAX_SIZE_GB + 1).is_err());
+        assert!(validate_size_gb(1).is_ok());
+    }
+
+    #[test]
+    fn mounts_are_checked() {
+        let mut c = MachineConfig::default();
+        assert_eq!(mount_of(&c), Ok(None));
+        c.mounts = vec![serde_json::json!({"volume": "vol_abc", "path": "/data"})];
+        assert_eq!(
+            mount_of(&c).unwrap().unwrap(),
+            MountSpec {
+                volume: "vol_abc".into(),
+                path: "/data".into()
+            }
+        );
+        c.mounts = vec![serde_json::json!({"volume": "vol_abc", "path": "data/../x"})];
+        assert!(mount_of(&c).is_err());
+        c.mounts = vec![serde_json::json!({"path": "/data"})];
+        assert!(mount_of(&c).is_err());
+    }
+}
