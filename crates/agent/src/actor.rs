@@ -620,6 +620,9 @@ impl Actor {
             let mut ledger = self.agent.0.ledger.lock().await;
             ledger.uncommit(&self.id);
         }
+        if let Err(err) = self.agent.detach_volumes(&self.id).await {
+            tracing::error!(machine.id = %self.id, error = %err, "detaching volumes");
+        }
         self.agent.0.driver.cleanup(&self.id);
         self.agent.release_ports(rec);
         rec.state = MachineState::Destroyed;

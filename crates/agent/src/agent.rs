@@ -74,6 +74,8 @@ pub(crate) struct Inner {
     pub proxy_addr: std::sync::OnceLock<std::net::SocketAddr>,
     /// The latest health-check results of this host's machines ([`crate::checks`]).
     pub checks: Mutex<HashMap<String, Vec<bazaar_catalog::CheckRecord>>>,
+    /// Disk offered to volumes, in GB.
+    pub disk_gb: u64,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -121,7 +123,11 @@ impl Agent {
             isolate: is_root && config.isolate,
             cgroups,
             log_max_bytes: config.log_max_bytes,
+            volumes: crate::volume_fs::VolumeFs::new(config.data_dir.join("volumes")),
         };
+        let disk_gb = config
+            .disk_gb
+            .unwrap_or_else(|| crate::volume_fs::free_gb(&config.data_dir));
         let mut ledger = Ledger::new(config.capacity());
         let machines = store.machines()?;
         let mut ports = HashSet::new();
@@ -157,9 +163,12 @@ impl Agent {
             last_host_record: Mutex::new(None),
             proxy_addr: std::sync::OnceLock::new(),
             checks: Mutex::new(HashMap::new()),
+            disk_gb,
             config,
         });
         let agent = Agent(inner);
+        // Volumes first: machines that mount them may launch right after.
+        agent.recover_volumes().await;
         let mut ops_by_machine: HashMap<String, Vec<Operation>> = HashMap::new();
         for op in ops {
             ops_by_machine
@@ -216,6 +225,9 @@ impl Agent {
         for m in self.0.store.machines().unwrap_or_default() {
             self.publish(&m);
         }
+        for v in self.0.store.volumes().unwrap_or_default() {
+            self.publish_volume(&v);
+        }
     }
 
     /// The catalog, once attached.
@@ -247,6 +259,7 @@ impl Agent {
             )
         };
         let num_machines = lock(&self.0.actors).len() as u32;
+        let disk_gb = self.disk_gb();
         let record = bazaar_catalog::HostRecord {
             id: self.0.host_id.clone(),
             region: self.0.config.region.clone(),
@@ -262,6 +275,8 @@ impl Agent {
                 .map(|a| BTreeMap::from([("proxy_addr".to_string(), a.to_string())]))
                 .unwrap_or_default(),
             draining: self.0.shutdown.is_cancelled(),
+            disk_gb,
+            disk_free_gb: disk_gb.saturating_sub(self.disk_used_gb()),
             updated_at_ms: 0,
         };
         let mut last = lock(&self.0.last_host_record);
@@ -507,6 +522,12 @@ impl Agent {
                     rec.instance_id
                 )));
             }
+        }
+        if bazaar_types::volume::mount_of(&req.config) != bazaar_types::volume::mount_of(&rec.config)
+        {
+            return Err(AgentError::Invalid(
+                "config.mounts cannot be changed by an update; create a new machine".into(),
+            ));
         }
         let kind = OpKind::Update {
             skip_launch: req.skip_launch,
@@ -817,6 +838,7 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
             )))
         }
     }
+    bazaar_types::volume::mount_of(config).map_err(AgentError::Invalid)?;
     let argv = config.init.as_ref().map(|i| i.argv()).unwrap_or_default();
     driver::validate_command(&config.env, &argv).map_err(AgentError::Invalid)?;
     for svc in &config.services {

@@ -28,6 +28,8 @@ pub struct AgentConfig {
     pub cpus: Option<u32>,
     /// Memory offered in MB; `None` detects it.
     pub memory_mb: Option<u64>,
+    /// Disk offered to volumes in GB; `None` takes the free space of `data_dir` at start.
+    pub disk_gb: Option<u64>,
     /// Shared CPUs are time-sliced: each detected CPU counts this many times.
     pub cpu_overcommit: u32,
     /// The cluster secret; `None` reads (or creates) `data_dir/cluster-secret`.
@@ -74,6 +76,7 @@ impl Default for AgentConfig {
             dead_after: Duration::from_secs(8),
             cpus: None,
             memory_mb: None,
+            disk_gb: None,
             cpu_overcommit: 8,
             cluster_secret: None,
             token_file: None,

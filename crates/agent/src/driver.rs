@@ -20,6 +20,8 @@ pub struct Driver {
     pub isolate: bool,
     pub cgroups: bool,
     pub log_max_bytes: u64,
+    /// Where volumes live (a machine that mounts one is told its path).
+    pub volumes: crate::volume_fs::VolumeFs,
 }
 
 impl Driver {
@@ -78,6 +80,14 @@ impl Driver {
                 env.insert(format!("PORT_{}", svc.internal_port), host_port.to_string());
             }
         }
+        // The shim has no bind mounts yet: a process machine reaches its volume at the
+        // host path given here (`mounts[0].path` is passed along for the workload to use).
+        if let Ok(Some(mount)) = bazaar_types::volume::mount_of(&rec.config) {
+            let path = self.volumes.mount_path(&mount.volume);
+            env.insert("BAZAAR_VOLUME_PATH".into(), path.display().to_string());
+            env.insert("BAZAAR_VOLUME_ID".into(), mount.volume);
+            env.insert("BAZAAR_VOLUME_MOUNT_PATH".into(), mount.path);
+        }
         ShimSpec {
             machine_id: rec.id.clone(),
             run_id,
@@ -98,10 +108,31 @@ impl Driver {
     /// Starts run `run_id` of `rec`.
     pub async fn launch(&self, rec: &MachineRecord, run_id: u64) -> Result<ShimHandle, ShimError> {
         let spec = self.spec(rec, run_id);
+        self.give_volume_to_workload(rec);
         let run_dir = self.run_dir(&rec.id, run_id);
         std::fs::create_dir_all(&run_dir)
             .map_err(|e| ShimError::Io(format!("creating {}", run_dir.display()), e))?;
         ShimHandle::spawn(&self.exe, &run_dir, &spec).await
+    }
+
+    /// An isolated workload without `init.user` runs as nobody: the root of its volume, as
+    /// made (owned by root), is handed to nobody so the workload can write to it. A volume
+    /// root someone already owns is left alone.
+    fn give_volume_to_workload(&self, rec: &MachineRecord) {
+        use std::os::unix::fs::MetadataExt;
+        let user_set = rec.config.init.as_ref().is_some_and(|i| i.user.is_some());
+        if !self.isolate || user_set {
+            return;
+        }
+        let Ok(Some(mount)) = bazaar_types::volume::mount_of(&rec.config) else {
+            return;
+        };
+        let path = self.volumes.mount_path(&mount.volume);
+        if std::fs::metadata(&path).is_ok_and(|m| m.uid() == 0) {
+            if let Err(err) = std::os::unix::fs::chown(&path, Some(65534), Some(65534)) {
+                tracing::warn!(machine.id = %rec.id, error = %err, "handing the volume to the workload");
+            }
+        }
     }
 
     /// Removes everything a destroyed machine left on the host.

@@ -10,7 +10,7 @@ use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use bazaar_types::host::{BidRequest, ClaimRequest, SignalRequest, StopRequest, UpdateRequest};
 use bazaar_types::state::MachineState;
@@ -62,6 +62,12 @@ pub fn router(agent: Agent) -> Router {
         )
         .route("/machines/{id}/exec", post(exec))
         .route("/machines/{id}/placement", get(placement))
+        .route("/volumes", get(volume_list).post(volume_create))
+        .route(
+            "/volumes/{id}",
+            get(volume_get).put(volume_update).delete(volume_delete),
+        )
+        .route("/volumes/{id}/extend", put(volume_extend))
         .layer(middleware::from_fn_with_state(agent.clone(), require_token));
     let catalog = Router::new()
         .route("/hosts", get(catalog_hosts))
@@ -173,6 +179,57 @@ async fn create(State(agent): State<Agent>, body: Bytes) -> ApiResult<Response> 
 
 async fn get_machine(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
     Ok(Json(agent.machine(&id).await?).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct VolumeListQuery {
+    app: Option<String>,
+}
+
+async fn volume_list(
+    State(agent): State<Agent>,
+    Query(q): Query<VolumeListQuery>,
+) -> ApiResult<Response> {
+    Ok(Json(agent.list_volumes(q.app.as_deref())?).into_response())
+}
+
+async fn volume_create(State(agent): State<Agent>, body: Bytes) -> ApiResult<Response> {
+    let req: bazaar_types::volume::HostVolumeCreate = parse_body(&body)?;
+    Ok(Json(agent.create_volume(req).await?).into_response())
+}
+
+async fn volume_get(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
+    Ok(Json(agent.get_volume(&id)?).into_response())
+}
+
+async fn volume_update(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: bazaar_types::volume::UpdateVolumeRequest = parse_body(&body)?;
+    Ok(Json(agent.update_volume(&id, req).await?).into_response())
+}
+
+async fn volume_extend(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: bazaar_types::volume::ExtendVolumeRequest = parse_body(&body)?;
+    let size_gb = req
+        .size_gb
+        .ok_or_else(|| AgentError::Invalid("size_gb is required".into()))?;
+    let volume = agent.extend_volume(&id, size_gb).await?;
+    Ok(Json(bazaar_types::volume::ExtendVolumeResponse {
+        volume,
+        needs_restart: false,
+    })
+    .into_response())
+}
+
+async fn volume_delete(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
+    Ok(Json(agent.delete_volume(&id).await?).into_response())
 }
 
 /// The lease nonce a client sent, if any.

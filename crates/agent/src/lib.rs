@@ -17,6 +17,8 @@
 //! - [`http`]: the host interface (`/host/v1`).
 //! - [`exec`]: running a command inside a machine.
 //! - [`standby`]: starts stopped standbys when their primary's host is declared dead.
+//! - [`volumes`]: volumes owned by this host (records, placement checks, attachment), on
+//!   storage from [`volume_fs`] (ext4 images on loop devices, or directories).
 //! - [`checks`]: service health checks of this host's machines (results go in the catalog).
 //! - [`config`], [`secrets`], [`fault`], [`error`].
 //!
@@ -39,6 +41,8 @@ pub mod secrets;
 pub mod standby;
 pub mod store;
 pub mod views;
+pub mod volume_fs;
+pub mod volumes;
 
 pub use agent::Agent;
 pub use config::AgentConfig;

@@ -224,6 +224,10 @@ impl Agent {
             .version(&id, &instance_id, &req.config)
             .event(&mut rec, MachineEvent::new("launch", "created", "user"));
         batch.machine(&rec).op(&op);
+        if let Err(err) = self.attach_volume(&rec, &mut batch) {
+            self.release_ports(&rec);
+            return Err(err);
+        }
         Ok((rec, op, batch))
     }
 
@@ -231,6 +235,7 @@ impl Agent {
         self.0.crash.at(op.kind.name(), 0);
         tracing::info!(machine.id = %rec.id, app = %rec.app, "machine created");
         self.publish(&rec);
+        self.publish_attached_volume(&rec);
         let mut machine = self.view(&rec, self.0.store.events(&rec.id, 20).unwrap_or_default());
         machine.nonce = rec.lease.as_ref().map(|l| l.nonce.clone());
         spawn_actor(self, rec, vec![op], None);

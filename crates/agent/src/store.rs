@@ -1,8 +1,9 @@
-//! The host's durable store (redb): machines, their config versions, events, operations and
-//! reservations. Every write is one ACID transaction, fsynced before it returns, so what
+//! The host's durable store (redb): machines, their config versions, events, operations,
+//! reservations and volumes. Every write is one ACID transaction, fsynced before it returns, so what
 //! the agent acknowledged survives a kill -9.
 
 use crate::record::{MachineRecord, Operation};
+use crate::volumes::VolumeRecord;
 use bazaar_placement::Reservation;
 use bazaar_types::config::MachineConfig;
 use bazaar_types::event::MachineEvent;
@@ -20,6 +21,7 @@ const VERSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("versions");
 const EVENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("events");
 const OPERATIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("operations");
 const RESERVATIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("reservations");
+const VOLUMES: TableDefinition<&str, &[u8]> = TableDefinition::new("volumes");
 
 /// Store errors.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +65,8 @@ pub struct Batch {
     delete_reservations: Vec<String>,
     meta: Vec<(String, String)>,
     delete_machines: Vec<String>,
+    volumes: Vec<VolumeRecord>,
+    delete_volumes: Vec<String>,
 }
 
 impl Batch {
@@ -114,6 +118,16 @@ impl Batch {
         self.meta.push((key.into(), value.into()));
         self
     }
+    /// Puts a volume record.
+    pub fn volume(&mut self, v: &VolumeRecord) -> &mut Self {
+        self.volumes.push(v.clone());
+        self
+    }
+    /// Deletes a volume record (its storage is gone).
+    pub fn delete_volume(&mut self, id: &str) -> &mut Self {
+        self.delete_volumes.push(id.into());
+        self
+    }
     /// Deletes a machine with its versions and events (tombstone collection).
     pub fn purge_machine(&mut self, id: &str) -> &mut Self {
         self.delete_machines.push(id.into());
@@ -142,6 +156,7 @@ impl Store {
             tx.open_table(EVENTS)?;
             tx.open_table(OPERATIONS)?;
             tx.open_table(RESERVATIONS)?;
+            tx.open_table(VOLUMES)?;
         }
         tx.commit()?;
         Ok(Store { db: Arc::new(db) })
@@ -200,6 +215,13 @@ impl Store {
             for (k, v) in &batch.meta {
                 meta.insert(k.as_str(), v.as_str())?;
             }
+            let mut volumes = tx.open_table(VOLUMES)?;
+            for v in &batch.volumes {
+                volumes.insert(v.id.as_str(), enc(v).as_slice())?;
+            }
+            for id in &batch.delete_volumes {
+                volumes.remove(id.as_str())?;
+            }
         }
         tx.commit()?;
         Ok(())
@@ -223,6 +245,25 @@ impl Store {
     pub fn machines(&self) -> Result<Vec<MachineRecord>, StoreError> {
         let tx = self.db.begin_read()?;
         let t = tx.open_table(MACHINES)?;
+        let mut out = Vec::new();
+        for row in t.iter()? {
+            let (_, v) = row?;
+            out.push(dec(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Reads one volume.
+    pub fn volume(&self, id: &str) -> Result<Option<VolumeRecord>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(VOLUMES)?;
+        t.get(id)?.map(|v| dec(v.value())).transpose()
+    }
+
+    /// Reads every volume.
+    pub fn volumes(&self) -> Result<Vec<VolumeRecord>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(VOLUMES)?;
         let mut out = Vec::new();
         for row in t.iter()? {
             let (_, v) = row?;

@@ -1,5 +1,5 @@
 //! The catalog (Fly's Corrosion): every node holds a full, eventually consistent replica
-//! of the cluster — hosts, machines, apps — so the API can find candidate hosts and the
+//! of the cluster — hosts, machines, volumes, apps — so the API can find candidate hosts and the
 //! proxy can route without asking anyone.
 //!
 //! - Membership and failure detection: SWIM, by [foca](https://docs.rs/foca), driven by
@@ -28,7 +28,7 @@ pub mod wire;
 pub use config::CatalogConfig;
 pub use records::{
     AppRecord, Change, CheckRecord, HostRecord, HostStatus, HostView, MachineFilter, MachineRecord,
-    MachineView, ServiceRecord,
+    MachineView, ServiceRecord, VolumeRecord, VolumeView,
 };
 
 use anyhow::Context;
@@ -168,6 +168,81 @@ impl Catalog {
             m.state = "destroyed".into();
             m.updated_at_ms = bazaar_types::now_ms();
             self.shared().publish(Record::Machine(m), true);
+        }
+    }
+
+    /// Publishes one of this host's volumes (its `host_id` is set to this node's id).
+    pub fn publish_volume(&self, mut record: VolumeRecord) {
+        record.host_id = self.node_id().to_owned();
+        if record.updated_at_ms == 0 {
+            record.updated_at_ms = bazaar_types::now_ms();
+        }
+        self.shared().publish(Record::Volume(record), false);
+    }
+
+    /// Replaces one of this host's volumes by a tombstone (state `destroyed`). Does
+    /// nothing if this host holds no such volume.
+    pub fn delete_volume(&self, id: &str) {
+        let current = self
+            .shared()
+            .read()
+            .replica
+            .get(self.node_id(), Kind::Volume, id)
+            .filter(|r| !r.deleted)
+            .map(|r| r.record.clone());
+        if let Some(Record::Volume(mut v)) = current {
+            v.state = "destroyed".into();
+            v.updated_at_ms = bazaar_types::now_ms();
+            self.shared().publish(Record::Volume(v), true);
+        }
+    }
+
+    /// Live volumes, of one app or of all, ordered by (app, name, id).
+    pub fn volumes(&self, app: Option<&str>) -> Vec<VolumeView> {
+        let st = self.shared().read();
+        let mut out: Vec<VolumeView> = st
+            .replica
+            .volumes()
+            .filter(|row| !row.deleted)
+            .filter_map(|row| match &row.record {
+                Record::Volume(v) if app.is_none_or(|a| a == v.app) => {
+                    Some(self.volume_view(&st, row, v))
+                }
+                _ => None,
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            (&a.record.app, &a.record.name, &a.record.id).cmp(&(
+                &b.record.app,
+                &b.record.name,
+                &b.record.id,
+            ))
+        });
+        out
+    }
+
+    /// One volume (a tombstone too, until collected); a live row wins over a tombstone.
+    pub fn volume(&self, id: &str) -> Option<VolumeView> {
+        let st = self.shared().read();
+        st.replica
+            .volumes()
+            .filter(|row| row.key() == id)
+            .max_by_key(|r| (!r.deleted, r.updated_at_ms, r.version))
+            .and_then(|row| match &row.record {
+                Record::Volume(v) => Some(self.volume_view(&st, row, v)),
+                _ => None,
+            })
+    }
+
+    fn volume_view(&self, st: &node::State, row: &Row, v: &VolumeRecord) -> VolumeView {
+        VolumeView {
+            record: v.clone(),
+            host_status: match self.shared().status_of(st, &row.owner) {
+                Some(HostStatus::Alive) => "ok",
+                Some(_) => "unreachable",
+                None => "unknown",
+            },
+            deleted: row.deleted,
         }
     }
 

@@ -266,5 +266,9 @@ fn change_of(row: &Row) -> Change {
             app: m.app.clone(),
         },
         Record::App(a) => Change::App(a.name.clone()),
+        Record::Volume(v) => Change::Volume {
+            id: v.id.clone(),
+            app: v.app.clone(),
+        },
     }
 }

@@ -1,4 +1,4 @@
-//! The records the catalog replicates (hosts, machines, apps) and the views and filters
+//! The records the catalog replicates (hosts, machines, volumes, apps) and the views and filters
 //! that queries return. These are plain data: no I/O, no locking.
 
 use bazaar_types::config::MachineService;
@@ -25,6 +25,12 @@ pub struct HostRecord {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub draining: bool,
+    /// Disk offered to volumes, in GB.
+    #[serde(default)]
+    pub disk_gb: u64,
+    /// Disk not yet given to volumes, in GB.
+    #[serde(default)]
+    pub disk_free_gb: u64,
     pub updated_at_ms: u64,
 }
 
@@ -49,6 +55,39 @@ pub struct MachineRecord {
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
     pub updated_at_ms: u64,
+}
+
+/// One volume, published by the host that owns it (its storage lives there).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct VolumeRecord {
+    pub id: String,
+    pub app: String,
+    pub name: String,
+    pub region: String,
+    /// The owning host; always equal to the publishing node's id.
+    pub host_id: String,
+    /// `creating`, `created`, `extending`, `destroying`, `destroyed`.
+    pub state: String,
+    pub size_gb: u64,
+    #[serde(default)]
+    pub attached_machine_id: Option<String>,
+    /// `ext4` or `dir`.
+    pub fstype: String,
+    pub encrypted: bool,
+    pub snapshot_retention: u32,
+    pub auto_backup_enabled: bool,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+}
+
+/// A volume as a query returns it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VolumeView {
+    pub record: VolumeRecord,
+    /// `"ok"`, `"unreachable"` or `"unknown"`, as for machines.
+    pub host_status: &'static str,
+    /// True for a tombstone (the volume was destroyed).
+    pub deleted: bool,
 }
 
 /// A service of a machine and where to reach it.
@@ -142,6 +181,7 @@ pub struct MachineView {
 pub enum Change {
     Host(String),
     Machine { id: String, app: String },
+    Volume { id: String, app: String },
     App(String),
 }
 

@@ -15,17 +15,18 @@
 //!   drops what the owner no longer has (rows that were deleted and collected while this
 //!   node was away for longer than the markers last).
 
-use crate::records::{AppRecord, HostRecord, MachineRecord};
+use crate::records::{AppRecord, HostRecord, MachineRecord, VolumeRecord};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-/// The three kinds of rows.
+/// The kinds of rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Kind {
     Host,
     Machine,
     App,
+    Volume,
 }
 
 impl Kind {
@@ -34,6 +35,7 @@ impl Kind {
             Kind::Host => 1,
             Kind::Machine => 2,
             Kind::App => 3,
+            Kind::Volume => 4,
         }
     }
 }
@@ -44,6 +46,7 @@ pub enum Record {
     Host(HostRecord),
     Machine(MachineRecord),
     App(AppRecord),
+    Volume(VolumeRecord),
 }
 
 impl Record {
@@ -52,15 +55,18 @@ impl Record {
             Record::Host(_) => Kind::Host,
             Record::Machine(_) => Kind::Machine,
             Record::App(_) => Kind::App,
+            Record::Volume(_) => Kind::Volume,
         }
     }
 
-    /// The key of the row within its owner and kind: host id, machine id or app name.
+    /// The key of the row within its owner and kind: host id, machine id, app name or
+    /// volume id.
     pub fn key(&self) -> &str {
         match self {
             Record::Host(h) => &h.id,
             Record::Machine(m) => &m.id,
             Record::App(a) => &a.name,
+            Record::Volume(v) => &v.id,
         }
     }
 }
@@ -297,7 +303,7 @@ impl Replica {
                     .or_default()
                     .insert(owner.clone());
             }
-            Record::Host(_) => {}
+            Record::Host(_) | Record::Volume(_) => {}
         }
         if row.deleted {
             self.tombstones
@@ -334,7 +340,7 @@ impl Replica {
                 );
             }
             Record::App(a) => remove_from_index(&mut self.app_owners, &a.name, &owner.to_owned()),
-            Record::Host(_) => {}
+            Record::Host(_) | Record::Volume(_) => {}
         }
         if row.deleted {
             self.tombstones
@@ -440,6 +446,11 @@ impl Replica {
         self.rows().filter(|r| r.kind() == Kind::Machine)
     }
 
+    /// Every volume row (tombstones included). Volumes are few; no index.
+    pub fn volumes(&self) -> impl Iterator<Item = &Row> + '_ {
+        self.rows().filter(|r| r.kind() == Kind::Volume)
+    }
+
     /// The live host row of a host.
     pub fn host(&self, id: &str) -> Option<&Row> {
         self.get(id, Kind::Host, id).filter(|r| !r.deleted)
@@ -512,6 +523,14 @@ mod tests {
                 org_slug: "personal".into(),
                 created_at_ms: version,
                 created_by_host: owner.into(),
+            }),
+            Kind::Volume => Record::Volume(VolumeRecord {
+                id: key.into(),
+                app: format!("app{}", key.len() % 2),
+                host_id: owner.into(),
+                size_gb: version,
+                updated_at_ms: version,
+                ..Default::default()
             }),
         };
         Row {
@@ -620,7 +639,7 @@ mod tests {
     fn arb_row() -> impl Strategy<Value = Row> {
         (
             prop::sample::select(vec!["a", "b", "c"]),
-            prop::sample::select(vec![Kind::Host, Kind::Machine, Kind::App]),
+            prop::sample::select(vec![Kind::Host, Kind::Machine, Kind::App, Kind::Volume]),
             prop::sample::select(vec!["k1", "k22", "k333"]),
             1u64..20,
         )

@@ -14,7 +14,7 @@
 //!
 //! Anything that fails the tag or does not decode is dropped by the caller, never trusted.
 
-use crate::records::{AppRecord, HostRecord, MachineRecord};
+use crate::records::{AppRecord, HostRecord, MachineRecord, VolumeRecord};
 use crate::replica::{DigestEntry, Kind, Record, Row};
 use anyhow::{bail, Context};
 use hmac::{Hmac, Mac};
@@ -163,6 +163,7 @@ impl WireRow {
             Record::Host(h) => serde_json::to_vec(h),
             Record::Machine(m) => serde_json::to_vec(m),
             Record::App(a) => serde_json::to_vec(a),
+            Record::Volume(v) => serde_json::to_vec(v),
         }
         .expect("records serialize to JSON");
         WireRow {
@@ -194,6 +195,13 @@ impl WireRow {
                 Record::Machine(m)
             }
             Kind::App => Record::App(serde_json::from_slice::<AppRecord>(&self.body)?),
+            Kind::Volume => {
+                let v: VolumeRecord = serde_json::from_slice(&self.body)?;
+                if v.host_id != self.owner {
+                    bail!("volume of host {} published by {}", v.host_id, self.owner);
+                }
+                Record::Volume(v)
+            }
         };
         if record.key() != self.key {
             bail!("row key {} does not match its record", self.key);

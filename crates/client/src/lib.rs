@@ -182,6 +182,39 @@ impl HostClient {
         self.post("/machines", req).await
     }
 
+    /// Creates a volume on this host directly.
+    pub async fn create_volume(
+        &self,
+        req: &bazaar_types::volume::HostVolumeCreate,
+    ) -> Result<bazaar_types::volume::Volume, ClientError> {
+        self.post("/volumes", req).await
+    }
+
+    /// This host's volumes (of one app, if given).
+    pub async fn volumes(
+        &self,
+        app: Option<&str>,
+    ) -> Result<Vec<bazaar_types::volume::Volume>, ClientError> {
+        match app {
+            Some(app) => self.get(&format!("/volumes?app={app}")).await,
+            None => self.get("/volumes").await,
+        }
+    }
+
+    /// One of this host's volumes.
+    pub async fn volume(&self, id: &str) -> Result<bazaar_types::volume::Volume, ClientError> {
+        self.get(&format!("/volumes/{id}")).await
+    }
+
+    /// Deletes one of this host's volumes.
+    pub async fn delete_volume(
+        &self,
+        id: &str,
+    ) -> Result<bazaar_types::volume::Volume, ClientError> {
+        let url = self.url(&format!("/volumes/{id}"));
+        self.send(self.http.delete(&url), url).await
+    }
+
     /// Lists machines.
     pub async fn machines(
         &self,
