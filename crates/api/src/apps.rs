@@ -35,7 +35,7 @@ fn app_json(api: &Api, a: &bazaar_catalog::AppRecord) -> serde_json::Value {
         "id": a.name,
         "name": a.name,
         "machine_count": machine_count,
-        "volume_count": 0,
+        "volume_count": api.catalog().map(|c| c.volumes(Some(&a.name)).len()).unwrap_or(0),
         "network": "default",
         "organization": {"name": a.org_slug, "slug": a.org_slug},
         "status": if machine_count > 0 { "deployed" } else { "pending" },

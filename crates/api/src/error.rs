@@ -18,6 +18,8 @@ pub enum ApiError {
     #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
+    Precondition(String),
+    #[error("{0}")]
     NameTaken(String),
     #[error("{0}")]
     Unprocessable(String),
@@ -38,6 +40,7 @@ impl ApiError {
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, None),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, None),
             Self::Conflict(_) => (StatusCode::CONFLICT, None),
+            Self::Precondition(_) => (StatusCode::PRECONDITION_FAILED, None),
             Self::NameTaken(_) => (StatusCode::UNPROCESSABLE_ENTITY, Some("name_taken")),
             Self::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, None),
             Self::InsufficientCapacity(_) => (StatusCode::CONFLICT, Some("insufficient_capacity")),
@@ -58,6 +61,7 @@ impl From<bazaar_agent::error::AgentError> for ApiError {
             }
             A::Capacity(m) => ApiError::InsufficientCapacity(m),
             A::Conflict(m) => ApiError::Conflict(m),
+            A::Precondition(m) => ApiError::Precondition(m),
             other => ApiError::Internal(other.to_string()),
         }
     }

@@ -53,6 +53,8 @@ pub struct Order {
     pub regions: String,
     /// Dry run: bid, then release everything.
     pub dry_run: bool,
+    /// Only this host may take the machines (it holds the volume they mount).
+    pub pinned_host: Option<String>,
 }
 
 impl Api {
@@ -121,6 +123,7 @@ impl Api {
                 let preq = PlacementRequest {
                     size: order.size,
                     count: remaining,
+                    pinned_host: order.pinned_host.clone(),
                     ..Default::default()
                 };
                 let (ok, excluded) = candidates(&cands, group, &preq);

@@ -5,6 +5,7 @@
 //!
 //! - [`apps`]: apps (records spread through the catalog).
 //! - [`machines`]: create (market), list (catalog), everything else forwarded to the owner.
+//! - [`volumes`]: the same for volumes (created through the market for disk).
 //! - [`exchange`]: asking hosts for bids, claiming the best, releasing the rest.
 //! - [`platform`]: regions and placement dry runs.
 //! - [`error`]: errors in the Fly shape.
@@ -17,10 +18,11 @@ pub mod exchange;
 pub mod machines;
 pub mod openapi;
 pub mod platform;
+pub mod volumes;
 
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
+use axum::routing::{any, get, post, put};
 use axum::Router;
 use bazaar_agent::Agent;
 use bazaar_placement::exchange::MarketConfig;
@@ -116,6 +118,17 @@ pub fn router(agent: Agent) -> Router {
             "/v1/apps/{app}/machines/{id}/{*rest}",
             any(machines::forward_rest),
         )
+        .route(
+            "/v1/apps/{app}/volumes",
+            get(volumes::list).post(volumes::create),
+        )
+        .route(
+            "/v1/apps/{app}/volumes/{id}",
+            get(volumes::get)
+                .put(volumes::update)
+                .delete(volumes::destroy),
+        )
+        .route("/v1/apps/{app}/volumes/{id}/extend", put(volumes::extend))
         .route("/v1/platform/regions", get(platform::regions))
         .route("/v1/platform/placements", post(platform::placements))
         .layer(middleware::from_fn_with_state(

@@ -36,7 +36,7 @@ pub struct CreateMachineRequest {
     pub count: Option<usize>,
 }
 
-fn require_app(api: &Api, app: &str) -> Result<(), ApiError> {
+pub(crate) fn require_app(api: &Api, app: &str) -> Result<(), ApiError> {
     bazaar_types::ids::validate_name("app", app)
         .map_err(|_| ApiError::NotFound(format!("app {app:?} not found")))?;
     match api.catalog()?.app(app) {
@@ -55,6 +55,18 @@ fn order_for(
         .config
         .ok_or_else(|| ApiError::BadRequest("config is required".into()))?;
     let size = bazaar_agent::agent::validate_config(&config)?;
+    let pinned_host = match bazaar_types::volume::mount_of(&config).map_err(ApiError::BadRequest)? {
+        Some(mount) => {
+            if count > 1 {
+                return Err(ApiError::BadRequest(
+                    "a volume can be mounted by one machine only: create one machine per volume"
+                        .into(),
+                ));
+            }
+            Some(volume_host(api, app, &mount.volume)?)
+        }
+        None => None,
+    };
     if let Some(name) = &req.name {
         bazaar_types::ids::validate_name("machine", name).map_err(ApiError::BadRequest)?;
         if count > 1 {
@@ -90,7 +102,29 @@ fn order_for(
         count,
         regions,
         dry_run: false,
+        pinned_host,
     })
+}
+
+/// The host of a volume a new machine mounts: the volume must be of the app and free
+/// (412 when another machine has it).
+fn volume_host(api: &Api, app: &str, volume_id: &str) -> Result<String, ApiError> {
+    let row = api
+        .catalog()?
+        .volume(volume_id)
+        .filter(|v| !v.deleted && v.record.app == app);
+    match (row, api.recent_host(volume_id)) {
+        (Some(v), _) => match &v.record.attached_machine_id {
+            Some(m) => Err(ApiError::Precondition(format!(
+                "volume {volume_id} is already attached to machine {m}"
+            ))),
+            None => Ok(v.record.host_id),
+        },
+        (None, Some(host)) => Ok(host),
+        (None, None) => Err(ApiError::NotFound(format!(
+            "volume {volume_id} not found in app {app}"
+        ))),
+    }
 }
 
 /// `POST /v1/apps/{app}/machines`: one machine, placed by the market.
@@ -103,16 +137,47 @@ pub async fn create(
     let req: CreateMachineRequest = parse_body(&body)?;
     let order = order_for(&api, &app, req, 1)?;
     let placed = api.place(order.clone()).await?;
-    match placed.machines.into_iter().next() {
-        Some(m) => Ok(Json(m).into_response()),
-        None => Err(ApiError::InsufficientCapacity(format!(
-            "insufficient capacity: no host in {} could take {} cpu(s) / {} MB; tried: {}",
-            order.regions,
+    if let Some(m) = placed.machines.into_iter().next() {
+        return Ok(Json(m).into_response());
+    }
+    // The owner of a mounted volume refused the claim: another machine took it meanwhile.
+    let attached = placed
+        .record
+        .rounds
+        .iter()
+        .flat_map(|r| &r.asked)
+        .find_map(|a| match &a.outcome {
+            bazaar_placement::exchange::AskOutcome::ClaimFailed { error }
+                if error.contains("already attached") =>
+            {
+                Some(error.clone())
+            }
+            _ => None,
+        });
+    if let Some(error) = attached {
+        return Err(ApiError::Precondition(error));
+    }
+    if let (Some(host), Some(mount)) = (
+        &order.pinned_host,
+        bazaar_types::volume::mount_of(&order.template.config)
+            .ok()
+            .flatten(),
+    ) {
+        return Err(ApiError::InsufficientCapacity(format!(
+            "insufficient capacity: the machine mounts volume {}, which lives on host {host}, and that host cannot take {} cpu(s) / {} MB; tried: {}",
+            mount.volume,
             order.size.cpus,
             order.size.memory_mb,
             describe_attempts(&placed.record)
-        ))),
+        )));
     }
+    Err(ApiError::InsufficientCapacity(format!(
+        "insufficient capacity: no host in {} could take {} cpu(s) / {} MB; tried: {}",
+        order.regions,
+        order.size.cpus,
+        order.size.memory_mb,
+        describe_attempts(&placed.record)
+    )))
 }
 
 /// `POST /v1/apps/{app}/machines/batch` (extension): `count` machines of one config, placed

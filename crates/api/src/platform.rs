@@ -87,6 +87,7 @@ pub async fn placements(State(api): State<Api>, body: Bytes) -> Result<Response,
         count,
         regions,
         dry_run: true,
+        pinned_host: None,
     };
     let placed = api.place(order).await?;
     let (cands, _) = api.market_view()?;

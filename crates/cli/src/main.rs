@@ -95,6 +95,9 @@ struct AgentArgs {
     /// Memory offered in MB (default: 90% of detected memory).
     #[arg(long)]
     memory_mb: Option<u64>,
+    /// Disk offered to volumes in GB (default: free space of the data dir at start).
+    #[arg(long)]
+    disk_gb: Option<u64>,
     /// The cluster secret (default: read or created in the data dir).
     #[arg(long, env = "BAZAAR_CLUSTER_SECRET", hide_env_values = true)]
     cluster_secret: Option<String>,
@@ -219,6 +222,9 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     }
     if a.memory_mb.is_some() {
         config.memory_mb = a.memory_mb;
+    }
+    if a.disk_gb.is_some() {
+        config.disk_gb = a.disk_gb;
     }
     if a.cluster_secret.is_some() {
         config.cluster_secret = a.cluster_secret;

@@ -17,6 +17,9 @@ use bazaar_types::host::{
     UpdateRequest, WaitResponse,
 };
 use bazaar_types::machine::Machine;
+use bazaar_types::volume::{
+    CreateVolumeRequest, ExtendVolumeRequest, ExtendVolumeResponse, UpdateVolumeRequest, Volume,
+};
 use schemars::generate::SchemaSettings;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde_json::{json, Map, Value};
@@ -67,6 +70,7 @@ pub fn document() -> Value {
             {"name": "machines", "description": "Machines: created through the market, then served by their owner."},
             {"name": "leases", "description": "Exclusive, time-bound write locks on machines."},
             {"name": "metadata", "description": "Machine metadata."},
+            {"name": "volumes", "description": "Volumes: host-local storage; a machine that mounts one lives on its host."},
             {"name": "platform", "description": "Regions and placement dry runs."},
             {"name": "catalog", "description": "bazaar extension: the cluster catalog as this node sees it."},
             {"name": "meta", "description": "This document."},

@@ -423,6 +423,76 @@ pub(super) fn operations() -> Vec<Op> {
             &[(200, "The placement record.", Json(schema::<wire::PlacementRecord>))],
             FWD,
         ),
+        Op::new(
+            "GET",
+            "/v1/apps/{app}/machines/{id}/traffic",
+            "MachinesTraffic",
+            "machines",
+            "bazaar extension: the requests and connections the machine is serving right now \
+             (counted by its host's proxy, through which every proxy reaches it); deploys wait \
+             for a cordoned machine's `in_flight` to reach 0 before stopping it.",
+            &[(200, "The machine's traffic.", Json(schema::<wire::MachineTraffic>))],
+            FWD,
+        ),
+        // Volumes.
+        Op::new(
+            "GET",
+            "/v1/apps/{app}/volumes",
+            "VolumesList",
+            "volumes",
+            "List an app's volumes (from the cluster catalog).",
+            &[(200, "The volumes.", Json(schema::<Vec<Volume>>))],
+            &[401, 404, 503],
+        ),
+        Op::new(
+            "POST",
+            "/v1/apps/{app}/volumes",
+            "VolumesCreate",
+            "volumes",
+            "Create a volume: host-local storage placed by the market (disk, \
+             `require_unique_zone`, the `compute` hint). Snapshot fields are accepted and ignored.",
+            &[(200, "The volume.", Json(schema::<Volume>))],
+            &[400, 401, 404, 409, 503],
+        )
+        .body(schema::<CreateVolumeRequest>),
+        Op::new(
+            "GET",
+            "/v1/apps/{app}/volumes/{id}",
+            "VolumesShow",
+            "volumes",
+            "Get a volume (from its host; from the catalog while the host is down).",
+            &[(200, "The volume.", Json(schema::<Volume>))],
+            &[401, 404, 503],
+        ),
+        Op::new(
+            "PUT",
+            "/v1/apps/{app}/volumes/{id}",
+            "VolumesUpdate",
+            "volumes",
+            "Change a volume's snapshot retention or automatic backups.",
+            &[(200, "The volume.", Json(schema::<Volume>))],
+            &[400, 401, 404, 503],
+        )
+        .body(schema::<UpdateVolumeRequest>),
+        Op::new(
+            "PUT",
+            "/v1/apps/{app}/volumes/{id}/extend",
+            "VolumesExtend",
+            "volumes",
+            "Grow a volume (online; shrinking is refused).",
+            &[(200, "The volume.", Json(schema::<ExtendVolumeResponse>))],
+            &[400, 401, 404, 409, 503],
+        )
+        .body(schema::<ExtendVolumeRequest>),
+        Op::new(
+            "DELETE",
+            "/v1/apps/{app}/volumes/{id}",
+            "VolumesDelete",
+            "volumes",
+            "Delete a volume and its data; refused (412) while a machine mounts it.",
+            &[(200, "The deleted volume.", Json(schema::<Volume>))],
+            &[401, 404, 409, 412, 503],
+        ),
         // Platform.
         Op::new(
             "GET",

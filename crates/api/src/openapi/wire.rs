@@ -268,3 +268,13 @@ pub struct CatalogDigest {
     digest: String,
     node_id: String,
 }
+
+/// Answer of `GET /v1/apps/{app}/machines/{id}/traffic`.
+#[derive(JsonSchema)]
+pub struct MachineTraffic {
+    machine_id: String,
+    /// Requests (and TCP or WebSocket connections) being served.
+    in_flight: u32,
+    /// When the machine last started or finished serving one (RFC 3339), if ever.
+    last_request_at: Option<String>,
+}

@@ -1,0 +1,309 @@
+//! `/v1/apps/{app}/volumes`: creates go through the market (hosts ranked from the local
+//! catalog by [`bazaar_placement::volume`], each asked in turn until one accepts from its
+//! exact state), lists come from the local catalog, every call on one volume is forwarded
+//! to the host that owns it. A machine that mounts a volume is pinned to that host
+//! ([`crate::machines`]).
+
+use crate::error::ApiError;
+use crate::exchange::{HostAddr, HostCallError};
+use crate::machines::require_app;
+use crate::{parse_body, Api};
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bazaar_placement::exchange::parse_regions;
+use bazaar_placement::volume::{volume_candidates, VolumeCandidate, VolumeRequest};
+use bazaar_types::host::Resources;
+use bazaar_types::volume::{
+    is_valid_volume_id, new_volume_id, validate_size_gb, validate_volume_name, CreateVolumeRequest,
+    HostVolumeCreate, Volume, BLOCK_SIZE, DEFAULT_SIZE_GB,
+};
+
+/// A volume shown from the catalog (lists, and gets while its host does not answer).
+fn from_catalog(v: &bazaar_catalog::VolumeView) -> Volume {
+    let r = &v.record;
+    let blocks = r.size_gb * 1024 * 1024 * 1024 / BLOCK_SIZE;
+    Volume {
+        id: r.id.clone(),
+        name: r.name.clone(),
+        state: r.state.clone(),
+        size_gb: r.size_gb,
+        region: r.region.clone(),
+        zone: r.host_id.clone(),
+        encrypted: r.encrypted,
+        attached_machine_id: r.attached_machine_id.clone(),
+        attached_alloc_id: r.attached_machine_id.clone(),
+        created_at: bazaar_types::rfc3339(r.created_at_ms),
+        host_status: v.host_status.to_string(),
+        fstype: r.fstype.clone(),
+        block_size: BLOCK_SIZE,
+        blocks,
+        blocks_free: blocks,
+        blocks_avail: blocks,
+        bytes_total: r.size_gb * 1024 * 1024 * 1024,
+        bytes_used: 0,
+        snapshot_retention: r.snapshot_retention,
+        auto_backup_enabled: r.auto_backup_enabled,
+        kind: "local".into(),
+        host_id: r.host_id.clone(),
+    }
+}
+
+/// Checks a create request and turns it into what each host is asked (less the id).
+fn host_request(app: &str, req: &CreateVolumeRequest) -> Result<HostVolumeCreate, ApiError> {
+    validate_volume_name(&req.name).map_err(ApiError::BadRequest)?;
+    let size_gb = req.size_gb.unwrap_or(DEFAULT_SIZE_GB);
+    validate_size_gb(size_gb).map_err(ApiError::BadRequest)?;
+    if let Some(fstype) = req.fstype.as_deref() {
+        if fstype != "ext4" {
+            return Err(ApiError::BadRequest(format!(
+                "fstype {fstype:?} is not supported: volumes are ext4"
+            )));
+        }
+    }
+    let snapshot_retention = req.snapshot_retention.unwrap_or(5);
+    if !(1..=60).contains(&snapshot_retention) {
+        return Err(ApiError::BadRequest(format!(
+            "snapshot_retention must be between 1 and 60 days, got {snapshot_retention}"
+        )));
+    }
+    let compute = match &req.compute {
+        Some(guest) => {
+            Some(Resources::from(guest.validate().map_err(|e| {
+                ApiError::BadRequest(format!("compute: {e}"))
+            })?))
+        }
+        None => None,
+    };
+    Ok(HostVolumeCreate {
+        id: String::new(),
+        app: app.to_string(),
+        name: req.name.clone(),
+        size_gb,
+        encrypted: req.encrypted.unwrap_or(true),
+        require_unique_zone: req.require_unique_zone.unwrap_or(true),
+        compute,
+        snapshot_retention,
+        auto_backup_enabled: req.auto_backup_enabled.unwrap_or(false),
+    })
+}
+
+/// `POST /v1/apps/{app}/volumes`: the best-ranked host that accepts gets the volume.
+pub async fn create(
+    State(api): State<Api>,
+    Path(app): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    require_app(&api, &app)?;
+    let req: CreateVolumeRequest = parse_body(&body)?;
+    let template = host_request(&app, &req)?;
+    let (hosts, addrs) = api.market_view()?;
+    let volumes = api.catalog()?.volumes(Some(&app));
+    let cands: Vec<VolumeCandidate> = {
+        let catalog = api.catalog()?;
+        hosts
+            .into_iter()
+            .map(|h| {
+                let disk = catalog.host(&h.host_id).map(|v| v.record);
+                VolumeCandidate {
+                    same_name: volumes
+                        .iter()
+                        .filter(|v| v.record.host_id == h.host_id && v.record.name == req.name)
+                        .count(),
+                    disk_gb: disk.as_ref().map(|d| d.disk_gb).unwrap_or(0),
+                    disk_free_gb: disk.as_ref().map(|d| d.disk_free_gb).unwrap_or(0),
+                    host: h,
+                }
+            })
+            .collect()
+    };
+    let known = Api::known_regions(&cands.iter().map(|c| c.host.clone()).collect::<Vec<_>>());
+    let region = req
+        .region
+        .clone()
+        .filter(|r| !r.trim().is_empty())
+        .unwrap_or_else(|| api.0.agent.config().region.clone());
+    let groups = parse_regions(&region, &known).map_err(ApiError::BadRequest)?;
+    let want = VolumeRequest {
+        size_gb: template.size_gb,
+        compute: template.compute,
+        require_unique_zone: template.require_unique_zone,
+    };
+    let mut tried = Vec::new();
+    for group in &groups {
+        let (ranked, excluded) = volume_candidates(&cands, group, &want);
+        tried.extend(
+            excluded
+                .into_iter()
+                .map(|e| format!("{} ({})", e.host_id, e.reason)),
+        );
+        for cand in ranked {
+            let Some(addr) = addrs.get(&cand.host.host_id) else {
+                continue;
+            };
+            // A new id per host: a host that timed out may still have made its volume.
+            let mut ask = template.clone();
+            ask.id = new_volume_id();
+            match api
+                .post_host::<Volume>(addr, "/host/v1/volumes", &ask)
+                .await
+            {
+                Ok(volume) => {
+                    api.remember(&volume.id, &addr.host_id);
+                    return Ok(Json(volume).into_response());
+                }
+                Err(HostCallError::Refused { status, message }) if status == 409 => {
+                    tried.push(format!("{} ({message})", addr.host_id));
+                }
+                Err(HostCallError::Refused { status, message }) if status < 500 => {
+                    return Err(ApiError::BadRequest(message));
+                }
+                Err(err) => tried.push(format!("{} ({err})", addr.host_id)),
+            }
+        }
+    }
+    Err(ApiError::InsufficientCapacity(format!(
+        "insufficient capacity: no host in {region} can take volume {:?} of {} GB{}; tried: {}",
+        req.name,
+        template.size_gb,
+        if template.require_unique_zone {
+            " on a host without another volume of that name (require_unique_zone)"
+        } else {
+            ""
+        },
+        if tried.is_empty() {
+            "no host in the region(s)".to_string()
+        } else {
+            tried.join("; ")
+        }
+    )))
+}
+
+/// `GET /v1/apps/{app}/volumes`: the app's volumes from the local catalog.
+pub async fn list(State(api): State<Api>, Path(app): Path<String>) -> Result<Response, ApiError> {
+    require_app(&api, &app)?;
+    let out: Vec<Volume> = api
+        .catalog()?
+        .volumes(Some(&app))
+        .iter()
+        .map(from_catalog)
+        .collect();
+    Ok(Json(out).into_response())
+}
+
+/// The volume's owner and its catalog row, or 404.
+fn locate(
+    api: &Api,
+    app: &str,
+    id: &str,
+) -> Result<(HostAddr, bool, Option<bazaar_catalog::VolumeView>), ApiError> {
+    let not_found = || ApiError::NotFound(format!("volume {id} not found in app {app}"));
+    if !is_valid_volume_id(id) {
+        return Err(not_found());
+    }
+    let catalog = api.catalog()?;
+    let row = catalog.volume(id).filter(|v| !v.deleted);
+    let host_id = match (&row, api.recent_host(id)) {
+        (Some(r), _) if r.record.app == app => r.record.host_id.clone(),
+        (Some(_), _) => return Err(not_found()),
+        (None, Some(h)) => h,
+        (None, None) => return Err(not_found()),
+    };
+    let host = catalog.host(&host_id).ok_or_else(not_found)?;
+    let reachable =
+        host.status == bazaar_catalog::HostStatus::Alive || host_id == api.0.agent.host_id();
+    Ok((
+        HostAddr {
+            host_id,
+            api_addr: host.record.api_addr,
+        },
+        reachable,
+        row,
+    ))
+}
+
+/// `GET /v1/apps/{app}/volumes/{id}`: from the owner (or the catalog, if it is down).
+pub async fn get(
+    State(api): State<Api>,
+    Path((app, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    forward(api, app, id, "", Method::GET, Bytes::new()).await
+}
+
+/// `PUT /v1/apps/{app}/volumes/{id}`: update (snapshot retention, backups).
+pub async fn update(
+    State(api): State<Api>,
+    Path((app, id)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    forward(api, app, id, "", Method::PUT, body).await
+}
+
+/// `PUT /v1/apps/{app}/volumes/{id}/extend`: grow; answers `{volume, needs_restart}`.
+pub async fn extend(
+    State(api): State<Api>,
+    Path((app, id)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    forward(api, app, id, "/extend", Method::PUT, body).await
+}
+
+/// `DELETE /v1/apps/{app}/volumes/{id}`: refused with 412 while a machine has it attached.
+pub async fn destroy(
+    State(api): State<Api>,
+    Path((app, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    forward(api, app, id, "", Method::DELETE, Bytes::new()).await
+}
+
+async fn forward(
+    api: Api,
+    app: String,
+    id: String,
+    rest: &str,
+    method: Method,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    require_app(&api, &app)?;
+    let (host, reachable, row) = locate(&api, &app, &id)?;
+    let unreachable = |why: String| -> Result<Response, ApiError> {
+        if method == Method::GET {
+            if let Some(row) = &row {
+                let mut v = from_catalog(row);
+                v.host_status = "unreachable".into();
+                return Ok(Json(v).into_response());
+            }
+        }
+        Err(ApiError::Unavailable(format!(
+            "the host {} of volume {id} is unreachable ({why}); it cannot be changed until the host is back",
+            host.host_id
+        )))
+    };
+    if !reachable {
+        return unreachable("declared down by the cluster".into());
+    }
+    let path = format!("/host/v1/volumes/{id}{rest}");
+    let mut req = api.to_node(method.clone(), &host.api_addr, &path);
+    if !body.is_empty() {
+        req = req.header("content-type", "application/json").body(body);
+    }
+    let resp = match req.send().await {
+        Ok(r) => r,
+        Err(err) if err.is_connect() => return unreachable(err.to_string()),
+        Err(err) => {
+            return Err(ApiError::Unavailable(format!(
+                "host {}: {err}",
+                host.host_id
+            )))
+        }
+    };
+    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    Ok((
+        status,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(resp.bytes_stream()),
+    )
+        .into_response())
+}
