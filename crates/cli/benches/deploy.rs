@@ -150,7 +150,7 @@ fn main() {
             eprintln!("{:?}", rows.last().unwrap());
         }
     });
-    println!("| deploy (3 local agents, drain 500 ms, check interval 250 ms) | time | load avg (1/5/15 min) after |");
+    println!("| deploy (3 local agents, drain until no request is in flight, check interval 250 ms) | time | load avg (1/5/15 min) after |");
     println!("|---|---|---|");
     for (what, d, load) in rows {
         println!("| {what} | {:.2} s | {load} |", d.as_secs_f64());

@@ -104,8 +104,9 @@ pub struct RunArgs {
     /// Per machine: started and healthy within this long (`30s`, `5m`).
     #[arg(long)]
     wait_timeout: Option<String>,
-    /// How long a cordoned machine keeps serving in-flight requests before it is stopped.
-    #[arg(long, default_value_t = 500)]
+    /// The longest a cordoned machine is given to finish its in-flight requests before it
+    /// is stopped (it is stopped as soon as they are done).
+    #[arg(long, default_value_t = 30_000)]
     drain_ms: u64,
     /// Show the plan and stop.
     #[arg(long)]

@@ -319,6 +319,54 @@ async fn raw_tcp_to_another_hosts_machine_goes_through_that_hosts_proxy() {
     assert!(!entry_metrics.contains(delivered), "{entry_metrics}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machines_traffic_counts_what_it_serves_through_any_proxy() {
+    let c = Cluster::start(2, &[]);
+    c.create_app("busy").await;
+    let id = c.create_machine("busy", json!({}), json!({})).await;
+    for i in 0..2 {
+        c.wait_routable(i, "busy").await;
+    }
+    let path = format!("/apps/busy/machines/{id}/traffic");
+    let traffic = || async {
+        let (s, v) = c.api(reqwest::Method::GET, &path, None).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        v
+    };
+    assert_eq!(traffic().await["in_flight"], 0);
+    // Two slow requests, one through each proxy: the owner's proxy counts both.
+    let slow = |i: usize| {
+        let (http, url) = (c.http.clone(), c.agents[i].proxy_url());
+        tokio::spawn(async move {
+            http.get(format!("{url}/?sleep=1500"))
+                .header("host", "busy.localhost")
+                .send()
+                .await
+                .map(|r| r.status())
+        })
+    };
+    let requests = [slow(0), slow(1)];
+    bazaar_testkit::eventually(Duration::from_secs(5), || async {
+        (traffic().await["in_flight"] == 2).then_some(())
+    })
+    .await
+    .expect("both requests counted while they are served");
+    for r in requests {
+        assert_eq!(r.await.unwrap().unwrap(), StatusCode::OK);
+    }
+    let after = traffic().await;
+    assert_eq!(after["in_flight"], 0, "{after}");
+    assert!(after["last_request_at"].is_string(), "{after}");
+    let (s, _) = c
+        .api(
+            reqwest::Method::GET,
+            "/apps/busy/machines/m_nonexistent/traffic",
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
 /// Opens a WebSocket to `/ws` of `app` through the proxy at `addr` and checks the
 /// handshake; returns the stream (after the 101 head) and the machine id the backend sent.
 fn open_websocket(addr: std::net::SocketAddr, app: &str) -> (std::net::TcpStream, String) {

@@ -152,6 +152,22 @@ impl Client {
         .await
     }
 
+    /// The requests and connections a machine is serving right now (its host's proxy
+    /// counts them).
+    pub async fn in_flight(&self, app: &str, id: &str) -> anyhow::Result<u64> {
+        let v = self
+            .call(
+                Method::GET,
+                &format!("/apps/{app}/machines/{id}/traffic"),
+                None,
+                None,
+            )
+            .await?;
+        v["in_flight"]
+            .as_u64()
+            .ok_or_else(|| anyhow::anyhow!("machine {id}: no in_flight in {v}"))
+    }
+
     /// Creates up to `count` machines of one config in `region` (batch placement), each
     /// leased; a batch may place fewer than asked (the caller asks again for the rest).
     pub async fn create(

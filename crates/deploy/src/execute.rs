@@ -2,7 +2,7 @@
 //! short leases on every machine it touches:
 //!
 //! - `rolling`: new machines first (health-gated), then updates `max_unavailable` at a time:
-//!   drain (cordon, let in-flight requests finish), update, wait until started at the new
+//!   drain (cordon, wait until its in-flight requests are done), update, wait until started at the new
 //!   version with every service check passing, uncordon.
 //! - `canary`: the same, with one machine alone first.
 //! - `bluegreen`: a new, cordoned set beside the old one; when all of it is healthy it is
@@ -27,6 +27,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// How often a draining machine's in-flight count is read.
+const DRAIN_POLL: Duration = Duration::from_millis(25);
+
 /// How to run a plan.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -35,8 +38,8 @@ pub struct Options {
     pub max_unavailable: MaxUnavailable,
     /// Per machine: started and healthy within this long.
     pub wait_timeout: Duration,
-    /// How long a cordoned machine keeps serving its in-flight requests before it is
-    /// stopped, updated or destroyed.
+    /// The longest a cordoned machine is given to finish its in-flight requests before it
+    /// is stopped, updated or destroyed (it is stopped as soon as they are done).
     pub drain: Duration,
     /// Roll back automatically on failure.
     pub rollback: bool,
@@ -127,15 +130,34 @@ impl Run<'_> {
         &self.opts.app
     }
 
-    /// Cordons a machine and gives its in-flight requests time to finish.
+    /// Cordons a machine (the proxies stop sending it new requests), then waits until the
+    /// requests and connections it is serving have finished, as its host's proxy counts
+    /// them, for at most `drain`.
     async fn drain(&self, id: &str, region: &str) -> anyhow::Result<()> {
         let nonce = self.leases.acquire(id).await?;
         self.client
             .action(self.app(), id, "cordon", None, Some(&nonce))
             .await?;
         self.say(id, region, "cordoned, draining");
-        tokio::time::sleep(self.opts.drain).await;
-        Ok(())
+        let deadline = tokio::time::Instant::now() + self.opts.drain;
+        loop {
+            let in_flight = self.client.in_flight(self.app(), id).await?;
+            if in_flight == 0 {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                self.say(
+                    id,
+                    region,
+                    format!(
+                        "still serving {in_flight} request(s) after {:?}; stopping anyway",
+                        self.opts.drain
+                    ),
+                );
+                return Ok(());
+            }
+            tokio::time::sleep(DRAIN_POLL).await;
+        }
     }
 
     async fn uncordon(&self, id: &str) -> anyhow::Result<()> {

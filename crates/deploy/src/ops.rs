@@ -34,7 +34,7 @@ impl Default for Settings {
             strategy: None,
             max_unavailable: None,
             wait_timeout: None,
-            drain: Duration::from_millis(500),
+            drain: Duration::from_secs(30),
             dry_run: false,
             rollback: true,
         }

@@ -195,10 +195,13 @@ impl Proxy {
         self.0.metrics.encode()
     }
 
-    /// Routes to merge into the agent's API: `GET /metrics`.
+    /// Routes to merge into the agent's API: `GET /metrics`, and the host-interface
+    /// extension `GET /host/v1/machines/{id}/traffic` (what this host's proxy is serving on
+    /// one of its machines right now; the Machines API forwards
+    /// `GET /v1/apps/{app}/machines/{id}/traffic` here, and deploys wait on it to drain).
     pub fn router(&self) -> axum::Router {
         let proxy = self.clone();
-        axum::Router::new().route(
+        let metrics = axum::Router::new().route(
             "/metrics",
             axum::routing::get(move || {
                 let proxy = proxy.clone();
@@ -212,8 +215,55 @@ impl Proxy {
                     )
                 }
             }),
-        )
+        );
+        let traffic = axum::Router::new()
+            .route(
+                "/host/v1/machines/{id}/traffic",
+                axum::routing::get(machine_traffic),
+            )
+            .layer(axum::middleware::from_fn_with_state(
+                self.0.agent.clone(),
+                bazaar_agent::http::require_token,
+            ))
+            .with_state(self.clone());
+        metrics.merge(traffic)
     }
+
+    /// Requests and connections this host's proxy is serving on machine `id` (every proxy
+    /// hands requests for this host's machines to it, so this is the machine's whole load),
+    /// and when it last served one.
+    pub fn traffic(&self, id: &str) -> (u32, u64) {
+        let loads = lock(&self.0.loads);
+        let prefix = format!("{id}:");
+        loads
+            .iter()
+            .filter(|(key, _)| *key == id || key.starts_with(&prefix))
+            .fold((0, 0), |(n, last), (_, load)| {
+                (
+                    n + load.inflight.load(Ordering::SeqCst),
+                    last.max(load.last_active_ms.load(Ordering::SeqCst)),
+                )
+            })
+    }
+}
+
+/// `GET /host/v1/machines/{id}/traffic`.
+async fn machine_traffic(
+    axum::extract::State(proxy): axum::extract::State<Proxy>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    // The machine must be this host's (the agent answers 404 otherwise).
+    if let Err(err) = proxy.0.agent.machine(&id).await {
+        return err.into_response();
+    }
+    let (in_flight, last_ms) = proxy.traffic(&id);
+    axum::Json(serde_json::json!({
+        "machine_id": id,
+        "in_flight": in_flight,
+        "last_request_at": (last_ms > 0).then(|| bazaar_types::rfc3339(last_ms)),
+    }))
+    .into_response()
 }
 
 /// A listening socket with SO_REUSEPORT, detached from any runtime.
