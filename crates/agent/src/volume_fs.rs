@@ -92,7 +92,8 @@ impl VolumeFs {
         )
     }
 
-    /// Grows an ext4 volume to `size_gb` while mounted (a `dir` volume has no size).
+    /// Grows an ext4 volume to `size_gb` (a `dir` volume has no size): online when the
+    /// kernel lets us, otherwise unmounted (which fails while a workload holds it open).
     pub fn grow(&self, id: &str, size_gb: u64, fstype: &str) -> io::Result<()> {
         if fstype != "ext4" {
             return Ok(());
@@ -104,12 +105,25 @@ impl VolumeFs {
             f.set_len(size_gb * GIB)?;
             f.sync_all()?;
         }
-        let device = loop_device_of(&self.mount_path(id))?.ok_or_else(|| {
+        let mnt = self.mount_path(id);
+        let device = loop_device_of(&mnt)?.ok_or_else(|| {
             io::Error::other(format!("volume {id} is mounted but not from a loop device"))
         })?;
         // The loop device learns the file's new size, then ext4 grows online.
         run("losetup", &["-c", &device])?;
-        run("resize2fs", &[&device])
+        let online = run("resize2fs", &[&device]);
+        let Err(online_err) = online else {
+            return Ok(());
+        };
+        // Some hosts (containers) refuse online resizing: grow it unmounted.
+        run("umount", &[path_str(&mnt)?]).map_err(|e| {
+            io::Error::other(format!(
+                "growing online failed ({online_err}) and the volume is in use ({e}); stop the machine that mounts it and extend again"
+            ))
+        })?;
+        let offline = run("resize2fs", &["-f", path_str(&image)?]);
+        self.mount(id)?;
+        offline
     }
 
     /// Unmounts and removes everything of a volume.

@@ -94,7 +94,10 @@ impl Agent {
     /// `insufficient_capacity` when the disk, the unique-zone rule or the compute hint says no.
     pub async fn create_volume(&self, req: HostVolumeCreate) -> Result<Volume, AgentError> {
         if !is_valid_volume_id(&req.id) {
-            return Err(AgentError::Invalid(format!("invalid volume id {:?}", req.id)));
+            return Err(AgentError::Invalid(format!(
+                "invalid volume id {:?}",
+                req.id
+            )));
         }
         ids::validate_name("app", &req.app).map_err(AgentError::Invalid)?;
         validate_volume_name(&req.name).map_err(AgentError::Invalid)?;
@@ -158,12 +161,8 @@ impl Agent {
     /// Runs the storage step a volume's state calls for and records the settled state.
     async fn finish_volume(&self, rec: VolumeRecord) -> Result<VolumeRecord, AgentError> {
         let fs = self.volume_fs().clone();
-        let (id, size, fstype, state) = (
-            rec.id.clone(),
-            rec.size_gb,
-            rec.fstype.clone(),
-            rec.state,
-        );
+        let (id, size, fstype, state) =
+            (rec.id.clone(), rec.size_gb, rec.fstype.clone(), rec.state);
         let done = tokio::task::spawn_blocking(move || match state {
             VolumeState::Creating => fs.create(&id, size, &fstype),
             VolumeState::Extending => fs.grow(&id, size, &fstype),
@@ -317,6 +316,7 @@ impl Agent {
                     size_gb - rec.size_gb
                 )));
             }
+            let previous_gb = rec.size_gb;
             rec.size_gb = size_gb;
             rec.state = VolumeState::Extending;
             rec.updated_at_ms = now_ms();
@@ -324,10 +324,29 @@ impl Agent {
             b.volume(&rec);
             self.commit(b).await?;
             self.publish_volume(&rec);
-            rec
+            (rec, previous_gb)
         };
-        let rec = self.finish_volume(rec).await?;
-        Ok(self.volume_view(&rec))
+        let (rec, previous_gb) = rec;
+        match self.finish_volume(rec).await {
+            Ok(rec) => Ok(self.volume_view(&rec)),
+            Err(err) => {
+                // The file may have grown; the volume keeps the size its file system has.
+                let _ledger = self.0.ledger.lock().await;
+                if let Some(mut rec) = self.0.store.volume(id)? {
+                    rec.size_gb = previous_gb;
+                    rec.state = VolumeState::Created;
+                    rec.updated_at_ms = now_ms();
+                    let mut b = Batch::default();
+                    b.volume(&rec);
+                    self.commit(b).await?;
+                    self.publish_volume(&rec);
+                }
+                Err(match err {
+                    AgentError::Internal(m) => AgentError::Conflict(m),
+                    other => other,
+                })
+            }
+        }
     }
 
     /// Deletes a volume and its storage. Refused (412) while a machine has it attached.

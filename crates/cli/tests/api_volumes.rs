@@ -1,0 +1,657 @@
+//! Volumes through the Fly Machines API on a 3-agent loopback cluster: the CRUD calls with
+//! Fly's shapes, bad input, `require_unique_zone` spreading same-name volumes over hosts,
+//! machines pinned to their volume's host, the attach rules (412), and a volume's data
+//! surviving stop/start, restart and a kill -9 of its agent. As root volumes are ext4 images
+//! on loop devices; otherwise plain directories (`fstype: "dir"`).
+
+mod common;
+
+use bazaar_testkit::{start_cluster, TestAgent, TEST_SECRET};
+use common::*;
+use reqwest::{Client, Method, StatusCode};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+struct Fly {
+    base: String,
+    http: Client,
+}
+
+impl Fly {
+    fn new(agent: &TestAgent) -> Fly {
+        Fly {
+            base: format!("{}/v1", agent.url()),
+            http: Client::new(),
+        }
+    }
+
+    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(TEST_SECRET)
+            .timeout(Duration::from_secs(60));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.call(Method::GET, path, None).await
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.call(Method::POST, path, Some(body)).await
+    }
+
+    async fn put(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.call(Method::PUT, path, Some(body)).await
+    }
+
+    async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        self.call(Method::DELETE, path, None).await
+    }
+
+    async fn create_app(&self, app: &str) {
+        let (s, v) = self
+            .post("/apps", json!({"app_name": app, "org_slug": "personal"}))
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+    }
+
+    /// The app's volumes once the list has `n` of them.
+    async fn list_volumes(&self, app: &str, n: usize) -> Vec<Value> {
+        bazaar_testkit::eventually(Duration::from_secs(10), || async {
+            let (_, v) = self.get(&format!("/apps/{app}/volumes")).await;
+            let list = v.as_array()?.clone();
+            (list.len() == n).then_some(list)
+        })
+        .await
+        .unwrap_or_else(|_| panic!("app {app} never had {n} volume(s)"))
+    }
+
+    async fn wait_state(&self, app: &str, id: &str, state: &str) {
+        let (s, v) = self
+            .get(&format!(
+                "/apps/{app}/machines/{id}/wait?state={state}&timeout=30"
+            ))
+            .await;
+        assert_eq!(s, StatusCode::OK, "machine {id} never {state}: {v}");
+    }
+}
+
+/// Unmounts every volume left under the agents' data directories when a test ends (also
+/// when it fails), so no loop device outlives it. Declare it after the agents.
+struct UnmountOnDrop(Vec<PathBuf>);
+
+impl UnmountOnDrop {
+    fn new(agents: &[TestAgent]) -> UnmountOnDrop {
+        UnmountOnDrop(agents.iter().map(|a| a.data_dir.clone()).collect())
+    }
+}
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        for dir in &self.0 {
+            for mnt in mounts_under(dir) {
+                let _ = std::process::Command::new("umount").arg(&mnt).status();
+            }
+        }
+    }
+}
+
+/// Mount points under `dir` in this mount namespace.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let dir = dir.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .filter(|p| p.starts_with(&dir))
+        .collect()
+}
+
+fn expected_fstype() -> &'static str {
+    if is_root() && Path::new("/dev/loop-control").exists() {
+        "ext4"
+    } else {
+        "dir"
+    }
+}
+
+/// The agent whose host id is `host_id`.
+fn agent_of<'a>(agents: &'a [TestAgent], host_id: &str) -> &'a TestAgent {
+    agents
+        .iter()
+        .find(|a| host_of(a) == host_id)
+        .unwrap_or_else(|| panic!("no agent has host id {host_id}"))
+}
+
+fn host_of(agent: &TestAgent) -> String {
+    tokio::task::block_in_place(|| {
+        tokio::runtime::Handle::current()
+            .block_on(async { agent.client().info().await.expect("host info").id })
+    })
+}
+
+fn process_config(cmd: &[&str], memory_mb: u64, mount: Option<(&str, &str)>) -> Value {
+    let mut c = json!({"image": "process", "driver": "process", "init": {"exec": cmd},
+        "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": memory_mb}});
+    if let Some((volume, path)) = mount {
+        c["mounts"] = json!([{"volume": volume, "path": path}]);
+    }
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volume_crud_with_fly_shapes_and_bad_input() {
+    let agents = start_cluster(Path::new(EXE), 3, |_, _| {}).unwrap();
+    let _unmount = UnmountOnDrop::new(&agents);
+    let fly = Fly::new(&agents[1]);
+    fly.create_app("db").await;
+
+    let (s, v) = fly
+        .post(
+            "/apps/db/volumes",
+            json!({"name": "pg_data", "size_gb": 1, "region": "local",
+                   "snapshot_id": null, "auto_backup_enabled": false}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("vol_") && id.len() == 20, "{id}");
+    assert_eq!(v["name"], "pg_data");
+    assert_eq!(v["state"], "created");
+    assert_eq!(v["size_gb"], 1);
+    assert_eq!(v["region"], "local");
+    assert_eq!(v["encrypted"], true);
+    assert_eq!(v["attached_machine_id"], Value::Null);
+    assert_eq!(v["host_status"], "ok");
+    assert_eq!(v["fstype"], expected_fstype());
+    assert_eq!(v["snapshot_retention"], 5);
+    assert_eq!(v["type"], "local");
+    assert!(v["created_at"].as_str().unwrap().ends_with('Z'));
+    assert!(v["block_size"].as_u64().unwrap() > 0);
+    let blocks = v["blocks"].as_u64().unwrap();
+    assert!(blocks > 0 && v["blocks_avail"].as_u64().unwrap() <= blocks);
+    let zone = v["zone"].as_str().unwrap().to_string();
+    let owner = agent_of(&agents, &zone);
+    let storage = owner.data_dir.join("volumes").join(&id);
+    assert!(storage.join("mnt").is_dir());
+    if expected_fstype() == "ext4" {
+        let mnt = std::fs::canonicalize(storage.join("mnt")).unwrap();
+        assert!(
+            mounts_under(&owner.data_dir).contains(&mnt.display().to_string()),
+            "the ext4 image is mounted at {}",
+            mnt.display()
+        );
+    }
+
+    // List (from the catalog) and get (from the owner) on every node.
+    for agent in &agents {
+        let fly = Fly::new(agent);
+        let list = fly.list_volumes("db", 1).await;
+        assert_eq!(list[0]["id"], id.as_str());
+        assert_eq!(list[0]["zone"], zone.as_str());
+        let (s, g) = fly.get(&format!("/apps/db/volumes/{id}")).await;
+        assert_eq!(s, StatusCode::OK, "{g}");
+        assert_eq!(g["name"], "pg_data");
+    }
+    let (_, app) = fly.get("/apps/db").await;
+    assert_eq!(app["volume_count"], 1);
+
+    // Update.
+    let (s, u) = fly
+        .put(
+            &format!("/apps/db/volumes/{id}"),
+            json!({"snapshot_retention": 10, "auto_backup_enabled": true}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{u}");
+    assert_eq!(u["snapshot_retention"], 10);
+    assert_eq!(u["auto_backup_enabled"], true);
+
+    // Extend: grows (the file system too), never shrinks.
+    let (s, e) = fly
+        .put(
+            &format!("/apps/db/volumes/{id}/extend"),
+            json!({"size_gb": 2}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{e}");
+    assert_eq!(e["needs_restart"], false);
+    assert_eq!(e["volume"]["size_gb"], 2);
+    assert_eq!(e["volume"]["state"], "created");
+    if expected_fstype() == "ext4" {
+        assert!(
+            e["volume"]["blocks"].as_u64().unwrap() > blocks * 3 / 2,
+            "the file system grew: {e}"
+        );
+    }
+    for (body, what) in [
+        (json!({"size_gb": 1}), "shrink"),
+        (json!({"size_gb": 2}), "same size"),
+        (json!({}), "no size"),
+        (json!({"size_gb": 100000}), "absurd size"),
+    ] {
+        let (s, v) = fly
+            .put(&format!("/apps/db/volumes/{id}/extend"), body)
+            .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{what}: {v}");
+        assert!(v["error"].as_str().is_some(), "{what}: Fly error shape {v}");
+    }
+
+    // Bad input: a clear 4xx, nothing created.
+    for (body, want) in [
+        (json!({"name": "x", "size_gb": 0}), StatusCode::BAD_REQUEST),
+        (
+            json!({"name": "x", "size_gb": 501}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (json!({"name": "x", "size_gb": -1}), StatusCode::BAD_REQUEST),
+        (
+            json!({"name": "Bad-Name", "size_gb": 1}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"name": "../etc", "size_gb": 1}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (json!({"name": "", "size_gb": 1}), StatusCode::BAD_REQUEST),
+        (
+            json!({"name": "ok", "region": "nowhere"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"name": "ok", "fstype": "xfs"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"name": "ok", "compute": {"cpus": 3, "memory_mb": 256}}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (json!([1, 2]), StatusCode::BAD_REQUEST),
+    ] {
+        let (s, v) = fly.post("/apps/db/volumes", body.clone()).await;
+        assert_eq!(s, want, "{body}: {v}");
+        assert!(v["error"].as_str().is_some(), "{body}: Fly error shape {v}");
+    }
+    let (s, v) = fly
+        .post("/apps/nope/volumes", json!({"name": "x", "size_gb": 1}))
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+    for path in [
+        "/apps/db/volumes/vol_doesnotexist0000",
+        "/apps/db/volumes/1857156b526dd8",
+        "/apps/nope/volumes",
+    ] {
+        let (s, v) = fly.get(path).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{path}: {v}");
+    }
+    fly.create_app("other").await;
+    let (s, _) = fly.get(&format!("/apps/other/volumes/{id}")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "a volume belongs to its app");
+    assert_eq!(fly.list_volumes("db", 1).await.len(), 1, "nothing created");
+    for agent in &agents {
+        let dirs = std::fs::read_dir(agent.data_dir.join("volumes"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        assert_eq!(dirs, usize::from(agent.data_dir == owner.data_dir));
+    }
+
+    // Delete: the storage is gone.
+    let (s, d) = fly.delete(&format!("/apps/db/volumes/{id}")).await;
+    assert_eq!(s, StatusCode::OK, "{d}");
+    assert_eq!(d["state"], "destroyed");
+    assert!(!storage.exists(), "{} removed", storage.display());
+    assert!(mounts_under(&owner.data_dir).is_empty());
+    let (s, _) = fly.get(&format!("/apps/db/volumes/{id}")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    fly.list_volumes("db", 0).await;
+    let (s, _) = fly.delete(&format!("/apps/db/volumes/{id}")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unique_zones_and_machines_pinned_to_their_volume() {
+    // Host 0 has much more disk (volumes go there first) and far less memory than the
+    // others: a machine placed freely would never land on it.
+    let agents = start_cluster(Path::new(EXE), 3, |i, o| {
+        let disk = if i == 0 { "100" } else { "10" };
+        o.extra_args
+            .extend(["--disk-gb".to_string(), disk.to_string()]);
+        o.memory_mb = if i == 0 { 1024 } else { 65536 };
+    })
+    .unwrap();
+    let _unmount = UnmountOnDrop::new(&agents);
+    let host0 = host_of(&agents[0]);
+    let fly = Fly::new(&agents[2]);
+    fly.create_app("shards").await;
+    bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let (_, v) = fly.get("/platform/regions").await;
+        Some(()).filter(|_| v["regions"].as_array().is_some_and(|r| !r.is_empty()))
+    })
+    .await
+    .unwrap();
+    // Every host is in the catalog of the node asked, with its disk.
+    bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let v: Value = reqwest::Client::new()
+            .get(format!("{}/v1/catalog/hosts", agents[2].url()))
+            .bearer_auth(TEST_SECRET)
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (v.as_array()?.len() == 3).then_some(())
+    })
+    .await
+    .unwrap();
+
+    // require_unique_zone (the default): three same-name volumes on three hosts.
+    let mut zones = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let (s, v) = fly
+            .post(
+                "/apps/shards/volumes",
+                json!({"name": "data", "size_gb": 1}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        zones.push(v["zone"].as_str().unwrap().to_string());
+        ids.push(v["id"].as_str().unwrap().to_string());
+        // The next exchange knows of it (as any later client would).
+        fly.list_volumes("shards", ids.len()).await;
+    }
+    assert_eq!(zones[0], host0, "the host with the most disk left wins");
+    let mut distinct = zones.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3, "one per host: {zones:?}");
+    let (s, v) = fly
+        .post(
+            "/apps/shards/volumes",
+            json!({"name": "data", "size_gb": 1}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert_eq!(v["status"], "insufficient_capacity");
+    assert!(
+        v["error"].as_str().unwrap().contains("require_unique_zone"),
+        "{v}"
+    );
+    // Without it, a fourth is fine.
+    let (s, v) = fly
+        .post(
+            "/apps/shards/volumes",
+            json!({"name": "data", "size_gb": 1, "require_unique_zone": false}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    // The compute hint: only hosts that can also run the machine.
+    let (s, v) = fly
+        .post(
+            "/apps/shards/volumes",
+            json!({"name": "big", "size_gb": 1, "compute": {"cpu_kind": "shared", "cpus": 2, "memory_mb": 2048}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_ne!(v["zone"], host0.as_str(), "host 0 has 1 GB of memory");
+    // Too big for any host's disk.
+    let (s, v) = fly
+        .post(
+            "/apps/shards/volumes",
+            json!({"name": "huge", "size_gb": 400}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert_eq!(v["status"], "insufficient_capacity");
+
+    // A machine mounting the volume on host 0 lands there, though the others have 64× the
+    // memory free.
+    let vol0 = ids[0].clone();
+    let sleeper = ["sh", "-c", "while true; do sleep 0.2; done"];
+    let (s, m) = fly
+        .post(
+            "/apps/shards/machines",
+            json!({"config": process_config(&sleeper, 256, Some((&vol0, "/data")))}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    let m1 = m["id"].as_str().unwrap().to_string();
+    assert_eq!(m["host_id"], host0.as_str(), "pinned to the volume's host");
+    let (_, v) = fly.get(&format!("/apps/shards/volumes/{vol0}")).await;
+    assert_eq!(v["attached_machine_id"], m1.as_str());
+    bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let list = fly.list_volumes("shards", 5).await;
+        list.iter()
+            .any(|v| v["id"] == vol0.as_str() && v["attached_machine_id"] == m1.as_str())
+            .then_some(())
+    })
+    .await
+    .unwrap();
+
+    // A second machine cannot mount it: 412.
+    let (s, v) = fly
+        .post(
+            "/apps/shards/machines",
+            json!({"config": process_config(&sleeper, 256, Some((&vol0, "/data")))}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::PRECONDITION_FAILED, "{v}");
+    assert!(v["error"].as_str().unwrap().contains(&m1), "{v}");
+    // Mounts are fixed for the machine's life.
+    let (s, v) = fly
+        .post(
+            &format!("/apps/shards/machines/{m1}"),
+            json!({"config": process_config(&sleeper, 256, Some((&ids[1], "/data")))}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    // Mount errors: unknown volume, two mounts, a relative path.
+    for (mounts, want) in [
+        (
+            json!([{"volume": "vol_doesnotexist0000", "path": "/data"}]),
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            json!([{"volume": ids[1], "path": "/a"}, {"volume": ids[2], "path": "/b"}]),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!([{"volume": ids[1], "path": "data"}]),
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let mut config = process_config(&sleeper, 256, None);
+        config["mounts"] = mounts.clone();
+        let (s, v) = fly
+            .post("/apps/shards/machines", json!({"config": config}))
+            .await;
+        assert_eq!(s, want, "{mounts}: {v}");
+    }
+    // The volume's host has no room for the machine: insufficient capacity, naming it.
+    let (s, v) = fly
+        .post(
+            "/apps/shards/volumes",
+            json!({"name": "solo", "size_gb": 1}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["zone"], host0.as_str());
+    let solo = v["id"].as_str().unwrap().to_string();
+    fly.list_volumes("shards", 6).await;
+    let (s, v) = fly
+        .post(
+            "/apps/shards/machines",
+            json!({"config": process_config(&sleeper, 2048, Some((&solo, "/data")))}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert_eq!(v["status"], "insufficient_capacity");
+    assert!(v["error"].as_str().unwrap().contains(&solo), "{v}");
+
+    // An attached volume cannot be deleted; once its machine is destroyed it can.
+    let (s, v) = fly.delete(&format!("/apps/shards/volumes/{vol0}")).await;
+    assert_eq!(s, StatusCode::PRECONDITION_FAILED, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("attached"), "{v}");
+    let (s, v) = fly
+        .delete(&format!("/apps/shards/machines/{m1}?force=true"))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    fly.wait_state("shards", &m1, "destroyed").await;
+    let (_, v) = fly.get(&format!("/apps/shards/volumes/{vol0}")).await;
+    assert_eq!(v["attached_machine_id"], Value::Null, "{v}");
+    let (s, v) = fly.delete(&format!("/apps/shards/volumes/{vol0}")).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert!(!agents[0].data_dir.join("volumes").join(&vol0).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volume_data_survives_stop_start_restart_and_agent_kill() {
+    let mut agents = start_cluster(Path::new(EXE), 3, |_, _| {}).unwrap();
+    let _unmount = UnmountOnDrop::new(&agents);
+    let fly = Fly::new(&agents[0]);
+    fly.create_app("keeper").await;
+    let (s, v) = fly
+        .post(
+            "/apps/keeper/volumes",
+            json!({"name": "state", "size_gb": 1}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let vol = v["id"].as_str().unwrap().to_string();
+    let zone = v["zone"].as_str().unwrap().to_string();
+    let owner_ix = agents.iter().position(|a| host_of(a) == zone).unwrap();
+
+    // Each boot appends a line to a file in the volume, through the machine's env.
+    let boot = [
+        "sh",
+        "-c",
+        "echo boot >> \"$BAZAAR_VOLUME_PATH/boots\" && while true; do sleep 0.2; done",
+    ];
+    let (s, m) = fly
+        .post(
+            "/apps/keeper/machines",
+            json!({"config": process_config(&boot, 256, Some((&vol, "/data")))}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    let id = m["id"].as_str().unwrap().to_string();
+    assert_eq!(m["host_id"], zone.as_str());
+    fly.wait_state("keeper", &id, "started").await;
+
+    // Reads the file back through the machine.
+    let boots = |expected: usize| {
+        let fly = &fly;
+        let id = id.clone();
+        async move {
+            let got = bazaar_testkit::eventually(Duration::from_secs(20), || async {
+                let (s, v) = fly
+                    .post(
+                        &format!("/apps/keeper/machines/{id}/exec"),
+                        json!({"command": ["sh", "-c", "cat \"$BAZAAR_VOLUME_PATH/boots\""]}),
+                    )
+                    .await;
+                if s != StatusCode::OK {
+                    return None;
+                }
+                let n = v["stdout"]
+                    .as_str()?
+                    .lines()
+                    .filter(|l| *l == "boot")
+                    .count();
+                (n == expected).then_some(n)
+            })
+            .await;
+            assert!(got.is_ok(), "the volume never held {expected} boot line(s)");
+        }
+    };
+    boots(1).await;
+
+    let (s, v) = fly
+        .post(&format!("/apps/keeper/machines/{id}/stop"), json!({}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    fly.wait_state("keeper", &id, "stopped").await;
+    let (s, v) = fly
+        .post(&format!("/apps/keeper/machines/{id}/start"), json!({}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    fly.wait_state("keeper", &id, "started").await;
+    boots(2).await;
+
+    let (s, v) = fly
+        .post(&format!("/apps/keeper/machines/{id}/restart"), json!({}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    fly.wait_state("keeper", &id, "started").await;
+    boots(3).await;
+
+    // kill -9 of the volume's agent: the volume, its attachment and its data are all there
+    // when it comes back, and a new boot still writes to it.
+    agents[owner_ix].kill9();
+    agents[owner_ix].spawn(&[]).unwrap();
+    let (s, v) = bazaar_testkit::eventually(Duration::from_secs(20), || async {
+        let r = fly.get(&format!("/apps/keeper/volumes/{vol}")).await;
+        (r.0 == StatusCode::OK && r.1["host_status"] == "ok").then_some(r)
+    })
+    .await
+    .unwrap();
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["state"], "created");
+    assert_eq!(v["attached_machine_id"], id.as_str());
+    boots(3).await;
+    let (s, v) = fly
+        .post(&format!("/apps/keeper/machines/{id}/restart"), json!({}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    fly.wait_state("keeper", &id, "started").await;
+    boots(4).await;
+
+    // A create cut short by a kill -9 (record written, storage not yet made) is finished
+    // when the agent comes back.
+    let owner = &mut agents[owner_ix];
+    owner.kill9();
+    owner
+        .spawn(&[("BAZAAR_CRASH_AT", "volume_create:0")])
+        .unwrap();
+    let req = bazaar_types::volume::HostVolumeCreate {
+        id: bazaar_types::volume::new_volume_id(),
+        app: "keeper".into(),
+        name: "half".into(),
+        size_gb: 1,
+        encrypted: true,
+        require_unique_zone: true,
+        compute: None,
+        snapshot_retention: 5,
+        auto_backup_enabled: false,
+    };
+    assert!(
+        owner.client().create_volume(&req).await.is_err(),
+        "the agent died mid-create"
+    );
+    owner.wait_exit(Duration::from_secs(10)).unwrap();
+    owner.kill9();
+    owner.spawn(&[]).unwrap();
+    let v = owner.client().volume(&req.id).await.unwrap();
+    assert_eq!(v.state, "created");
+    assert!(owner
+        .data_dir
+        .join("volumes")
+        .join(&req.id)
+        .join("mnt")
+        .is_dir());
+    let v = owner.client().create_volume(&req).await.unwrap();
+    assert_eq!(v.state, "created", "a retried create is idempotent");
+}
