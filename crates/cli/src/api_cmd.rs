@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 /// Where the API is and how to authenticate.
 #[derive(Debug, clap::Args)]
-pub struct Conn {
+pub(crate) struct Conn {
     #[arg(
         long,
         env = "BAZAAR_API_URL",
@@ -24,7 +24,7 @@ pub struct Conn {
 }
 
 impl Conn {
-    async fn call(
+    pub(crate) async fn call(
         &self,
         method: reqwest::Method,
         path: &str,
@@ -495,7 +495,7 @@ pub async fn token(a: TokenArgs) -> anyhow::Result<()> {
     }
 }
 
-fn s(v: &Value) -> String {
+pub(crate) fn s(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         Value::Null => String::new(),
@@ -503,7 +503,7 @@ fn s(v: &Value) -> String {
     }
 }
 
-fn out(c: &Conn, v: &Value, human: impl FnOnce()) -> anyhow::Result<()> {
+pub(crate) fn out(c: &Conn, v: &Value, human: impl FnOnce()) -> anyhow::Result<()> {
     if c.json {
         println!("{}", serde_json::to_string_pretty(v)?);
     } else {

@@ -16,6 +16,7 @@ mod api_cmd;
 mod deploy_cmd;
 mod dev;
 mod host_cmd;
+mod volumes_cmd;
 
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
@@ -48,6 +49,8 @@ enum Command {
     Apps(api_cmd::AppsArgs),
     /// Run and manage machines through the Machines API (placed by the market).
     Machine(api_cmd::MachineArgs),
+    /// Create, list, extend and destroy volumes (host-local storage for machines).
+    Volumes(volumes_cmd::VolumesArgs),
     /// Manage API tokens.
     Token(api_cmd::TokenArgs),
     /// Deploy the app config file (bazaar.toml or fly.toml) as a new release.
@@ -153,6 +156,7 @@ fn main() {
         Command::Status(a) => run_async(host_cmd::status(a)),
         Command::Apps(a) => run_async(api_cmd::apps(a)),
         Command::Machine(a) => run_async(api_cmd::machine(a)),
+        Command::Volumes(a) => run_async(volumes_cmd::volumes(a)),
         Command::Token(a) => run_async(api_cmd::token(a)),
         Command::Deploy(a) => run_async(deploy_cmd::deploy(a)),
         Command::Releases(a) => run_async(deploy_cmd::releases(a)),

@@ -1,0 +1,157 @@
+//! `bazaar volumes ...`: volumes over the Machines API (`/v1/apps/{app}/volumes`), as
+//! `fly volumes` does. Same connection flags as `bazaar machine` (`BAZAAR_API_URL`,
+//! `BAZAAR_TOKEN`, `--json`).
+
+use crate::api_cmd::{out, s, Conn};
+use anyhow::Context;
+use comfy_table::Table;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// `bazaar volumes`.
+#[derive(Debug, clap::Args)]
+pub struct VolumesArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// The app.
+    #[arg(long, short, env = "BAZAAR_APP", global = true)]
+    app: Option<String>,
+    #[command(subcommand)]
+    command: VolumesCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum VolumesCommand {
+    /// Create a volume, placed by the market on a host with room.
+    Create {
+        /// Lowercase letters, digits and `_` (at most 30).
+        name: String,
+        /// Size in GB.
+        #[arg(long, short, default_value_t = 3)]
+        size: u64,
+        /// Region (default: the API node's region).
+        #[arg(long, short)]
+        region: Option<String>,
+        /// Allow a host that already holds a volume of this name.
+        #[arg(long)]
+        no_require_unique_zone: bool,
+        /// Pick a host that can also run a machine of this many CPUs ...
+        #[arg(long, requires = "vm_memory")]
+        vm_cpus: Option<u32>,
+        /// ... and this much memory (MB).
+        #[arg(long, requires = "vm_cpus")]
+        vm_memory: Option<u64>,
+    },
+    /// List the app's volumes.
+    List,
+    /// Show one volume.
+    Show { id: String },
+    /// Grow a volume to a new size (GB).
+    Extend {
+        id: String,
+        #[arg(long, short)]
+        size: u64,
+    },
+    /// Delete a volume and its data (refused while a machine mounts it).
+    Destroy { id: String },
+}
+
+/// Runs `bazaar volumes`.
+pub async fn volumes(a: VolumesArgs) -> anyhow::Result<()> {
+    let c = &a.conn;
+    let app = a
+        .app
+        .clone()
+        .context("which app? pass --app or set BAZAAR_APP")?;
+    let path = |id: &str, rest: &str| format!("/apps/{app}/volumes/{id}{rest}");
+    match a.command {
+        VolumesCommand::Create {
+            name,
+            size,
+            region,
+            no_require_unique_zone,
+            vm_cpus,
+            vm_memory,
+        } => {
+            let mut body = json!({
+                "name": name,
+                "size_gb": size,
+                "require_unique_zone": !no_require_unique_zone,
+            });
+            if let Some(r) = region {
+                body["region"] = json!(r);
+            }
+            if let (Some(cpus), Some(memory_mb)) = (vm_cpus, vm_memory) {
+                body["compute"] =
+                    json!({"cpu_kind": "shared", "cpus": cpus, "memory_mb": memory_mb});
+            }
+            let v = c
+                .call(Method::POST, &format!("/apps/{app}/volumes"), Some(body))
+                .await?;
+            out(c, &v, || print_volumes(std::slice::from_ref(&v)))
+        }
+        VolumesCommand::List => {
+            let v = c
+                .call(Method::GET, &format!("/apps/{app}/volumes"), None)
+                .await?;
+            out(c, &v, || {
+                print_volumes(v.as_array().map(Vec::as_slice).unwrap_or_default())
+            })
+        }
+        VolumesCommand::Show { id } => {
+            let v = c.call(Method::GET, &path(&id, ""), None).await?;
+            out(c, &v, || {
+                let mut t = Table::new();
+                t.set_header(["field", "value"]);
+                for (k, val) in v.as_object().into_iter().flatten() {
+                    t.add_row([k.clone(), s(val)]);
+                }
+                println!("{t}");
+            })
+        }
+        VolumesCommand::Extend { id, size } => {
+            let v = c
+                .call(
+                    Method::PUT,
+                    &path(&id, "/extend"),
+                    Some(json!({"size_gb": size})),
+                )
+                .await?;
+            out(c, &v, || {
+                println!(
+                    "volume {id} is now {} GB{}",
+                    s(&v["volume"]["size_gb"]),
+                    if v["needs_restart"] == true {
+                        " (restart its machine to see it)"
+                    } else {
+                        ""
+                    }
+                )
+            })
+        }
+        VolumesCommand::Destroy { id } => {
+            let v = c.call(Method::DELETE, &path(&id, ""), None).await?;
+            out(c, &v, || println!("destroyed volume {id}"))
+        }
+    }
+}
+
+fn print_volumes(volumes: &[Value]) {
+    let mut t = Table::new();
+    t.set_header([
+        "id", "name", "state", "size", "region", "zone", "fstype", "attached to",
+    ]);
+    for v in volumes {
+        t.add_row([
+            s(&v["id"]),
+            s(&v["name"]),
+            s(&v["state"]),
+            format!("{}GB", s(&v["size_gb"])),
+            s(&v["region"]),
+            s(&v["zone"]),
+            s(&v["fstype"]),
+            s(&v["attached_machine_id"]),
+        ]);
+    }
+    println!("{t}");
+}
