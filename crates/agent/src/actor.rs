@@ -559,8 +559,28 @@ impl Actor {
         }
     }
 
+    /// The stop signal and timeout of `op`: an update stops the workload that runs, so it
+    /// uses the `kill_signal`/`kill_timeout` of the version being replaced, not the new one.
+    fn stop_params(&self, rec: &MachineRecord, op: &Operation) -> (Signal, Duration) {
+        if let OpKind::Update {
+            previous_instance_id,
+            ..
+        } = &op.kind
+        {
+            let previous = self.agent.0.store.versions(&self.id).ok().and_then(|v| {
+                v.into_iter()
+                    .find(|(iid, _)| iid == previous_instance_id)
+                    .map(|(_, config)| config)
+            });
+            if let Some(config) = previous {
+                return op.kind.stop_params(&config);
+            }
+        }
+        op.kind.stop_params(&rec.config)
+    }
+
     fn step_signal(&mut self, rec: &mut MachineRecord, op: &Operation) -> StepOutcome {
-        let (signal, _) = op.kind.stop_params(&rec.config);
+        let (signal, _) = self.stop_params(rec, op);
         if let Some(h) = &self.run {
             // A frozen process cannot act on a signal; thaw it first.
             if rec.state == MachineState::Suspended {
@@ -589,7 +609,7 @@ impl Actor {
         op: &Operation,
         b: &mut Batch,
     ) -> StepOutcome {
-        let (_, timeout) = op.kind.stop_params(&rec.config);
+        let (_, timeout) = self.stop_params(rec, op);
         if let Some(h) = self.run.take() {
             if tokio::time::timeout(timeout, h.wait()).await.is_err() {
                 tracing::info!(machine.id = %self.id, "stop timed out, killing");

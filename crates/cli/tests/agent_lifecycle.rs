@@ -376,3 +376,43 @@ async fn wait_times_out_with_408_and_signal_reaches_the_workload() {
     .await
     .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_stops_the_running_version_with_its_own_kill_signal() {
+    let agent = agent();
+    let c = agent.client();
+    let stop_with = |signal: i32| {
+        Some(bazaar_types::config::StopConfig {
+            signal: Some(bazaar_types::signal::Signal(signal)),
+            timeout: Some(GoDuration(Duration::from_secs(5))),
+        })
+    };
+    let mut req = create_request("graceful", &["sleep", "1000"]);
+    req.config.stop_config = stop_with(libc::SIGUSR1);
+    let m = c.create(&req).await.unwrap();
+    wait_state(&c, &m.id, MachineState::Started).await;
+    // The new version asks for SIGTERM; the running one said SIGUSR1, and it is the
+    // running one that gets stopped.
+    let mut next = req.config.clone();
+    next.stop_config = stop_with(libc::SIGTERM);
+    c.update(
+        &m.id,
+        &UpdateRequest {
+            config: next,
+            skip_launch: false,
+            current_version: None,
+        },
+    )
+    .await
+    .unwrap();
+    let exit = bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let events = c.events(&m.id).await.ok()?;
+        let exit = events.iter().find(|e| e.kind == "exit")?.clone();
+        exit.request?.exit_event
+    })
+    .await
+    .expect("the old run's exit is recorded");
+    assert_eq!(exit.signal, libc::SIGUSR1, "{exit:?}");
+    assert!(exit.requested_stop, "{exit:?}");
+    wait_state(&c, &m.id, MachineState::Started).await;
+}
