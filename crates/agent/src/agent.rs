@@ -76,6 +76,9 @@ pub(crate) struct Inner {
     pub checks: Mutex<HashMap<String, Vec<bazaar_catalog::CheckRecord>>>,
     /// Disk offered to volumes, in GB.
     pub disk_gb: u64,
+    /// Held while a volume's storage step runs (one at a time per host, so a retried create
+    /// never formats or mounts the same image twice at once).
+    pub volume_steps: tokio::sync::Mutex<()>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -164,6 +167,7 @@ impl Agent {
             proxy_addr: std::sync::OnceLock::new(),
             checks: Mutex::new(HashMap::new()),
             disk_gb,
+            volume_steps: tokio::sync::Mutex::new(()),
             config,
         });
         let agent = Agent(inner);
@@ -523,7 +527,8 @@ impl Agent {
                 )));
             }
         }
-        if bazaar_types::volume::mount_of(&req.config) != bazaar_types::volume::mount_of(&rec.config)
+        if bazaar_types::volume::mount_of(&req.config)
+            != bazaar_types::volume::mount_of(&rec.config)
         {
             return Err(AgentError::Invalid(
                 "config.mounts cannot be changed by an update; create a new machine".into(),

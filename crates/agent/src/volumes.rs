@@ -160,6 +160,13 @@ impl Agent {
 
     /// Runs the storage step a volume's state calls for and records the settled state.
     async fn finish_volume(&self, rec: VolumeRecord) -> Result<VolumeRecord, AgentError> {
+        let _step = self.0.volume_steps.lock().await;
+        // A concurrent call may have finished it meanwhile.
+        let rec = match self.0.store.volume(&rec.id)? {
+            Some(current) => current,
+            None if rec.state == VolumeState::Destroying => return Ok(rec),
+            None => return Err(not_found(&rec.id)),
+        };
         let fs = self.volume_fs().clone();
         let (id, size, fstype, state) =
             (rec.id.clone(), rec.size_gb, rec.fstype.clone(), rec.state);

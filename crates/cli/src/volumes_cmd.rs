@@ -139,7 +139,14 @@ pub async fn volumes(a: VolumesArgs) -> anyhow::Result<()> {
 fn print_volumes(volumes: &[Value]) {
     let mut t = Table::new();
     t.set_header([
-        "id", "name", "state", "size", "region", "zone", "fstype", "attached to",
+        "id",
+        "name",
+        "state",
+        "size",
+        "region",
+        "zone",
+        "fstype",
+        "attached to",
     ]);
     for v in volumes {
         t.add_row([

@@ -166,7 +166,11 @@ mod tests {
 
     #[test]
     fn the_host_with_the_most_disk_left_wins() {
-        let hosts = vec![host("a", 100, 20, 0), host("b", 100, 90, 0), host("c", 10, 9, 0)];
+        let hosts = vec![
+            host("a", 100, 20, 0),
+            host("b", 100, 90, 0),
+            host("c", 10, 9, 0),
+        ];
         let req = VolumeRequest {
             size_gb: 5,
             require_unique_zone: true,
@@ -175,13 +179,12 @@ mod tests {
         let (ok, ex) = volume_candidates(&hosts, &regions(), &req);
         assert_eq!(ids(&ok), vec!["b", "c", "a"], "by share of disk left");
         assert!(ex.is_empty());
-        let big = VolumeRequest {
-            size_gb: 50,
-            ..req
-        };
+        let big = VolumeRequest { size_gb: 50, ..req };
         let (ok, ex) = volume_candidates(&hosts, &regions(), &big);
         assert_eq!(ids(&ok), vec!["b"]);
-        assert!(ex.iter().any(|e| e.host_id == "a" && e.reason.contains("20 GB free")));
+        assert!(ex
+            .iter()
+            .any(|e| e.host_id == "a" && e.reason.contains("20 GB free")));
     }
 
     #[test]
