@@ -154,7 +154,10 @@ pub async fn create(
                     api.remember(&volume.id, &addr.host_id);
                     return Ok(Json(volume).into_response());
                 }
-                Err(HostCallError::Refused { status, message }) if status == 409 => {
+                Err(HostCallError::Refused {
+                    status: 409,
+                    message,
+                }) => {
                     tried.push(format!("{} ({message})", addr.host_id));
                 }
                 Err(HostCallError::Refused { status, message }) if status < 500 => {
