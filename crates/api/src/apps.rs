@@ -98,7 +98,8 @@ pub async fn get(State(api): State<Api>, Path(app): Path<String>) -> Result<Resp
     }
 }
 
-/// `DELETE /v1/apps/{app}`: destroys its machines (at once), then the app. 202.
+/// `DELETE /v1/apps/{app}`: destroys its machines (at once), then the app; its volumes are
+/// deleted in the background as soon as their machines let go of them. 202.
 pub async fn destroy(
     State(api): State<Api>,
     Path(app): Path<String>,
@@ -120,6 +121,10 @@ pub async fn destroy(
             tracing::warn!(machine.id = %m.record.id, error = %err, "destroying a machine of a deleted app");
         }
     }
+    let volumes = catalog.volumes(Some(&app));
+    if !volumes.is_empty() {
+        tokio::spawn(delete_volumes(api.clone(), volumes));
+    }
     if record.created_by_host == api.0.agent.host_id() {
         catalog.delete_app(&app);
     } else if let Some(owner) = catalog.host(&record.created_by_host) {
@@ -140,4 +145,35 @@ pub async fn destroy(
         Json(serde_json::json!({"status": "accepted"})),
     )
         .into_response())
+}
+
+/// Deletes the volumes of a deleted app on their owners, retrying for a minute while their
+/// machines are still being destroyed (412).
+async fn delete_volumes(api: Api, volumes: Vec<bazaar_catalog::VolumeView>) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    for v in volumes {
+        let path = format!("/host/v1/volumes/{}", v.record.id);
+        loop {
+            let Some(h) = api.catalog().ok().and_then(|c| c.host(&v.record.host_id)) else {
+                break;
+            };
+            let status = api
+                .to_node(reqwest::Method::DELETE, &h.record.api_addr, &path)
+                .send()
+                .await
+                .map(|r| r.status());
+            match status {
+                Ok(s) if s == StatusCode::PRECONDITION_FAILED || s == StatusCode::CONFLICT => {}
+                Ok(_) => break,
+                Err(err) => {
+                    tracing::warn!(volume.id = %v.record.id, error = %err, "deleting a volume of a deleted app");
+                }
+            }
+            if tokio::time::Instant::now() > deadline {
+                tracing::warn!(volume.id = %v.record.id, "volume of a deleted app still in use after 60 s; left in place");
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
 }

@@ -318,6 +318,35 @@ async fn volume_crud_with_fly_shapes_and_bad_input() {
     fly.list_volumes("db", 0).await;
     let (s, _) = fly.delete(&format!("/apps/db/volumes/{id}")).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
+
+    // Deleting an app deletes its volumes, once their machines are gone.
+    let (s, v) = fly
+        .post(
+            "/apps/other/volumes",
+            json!({"name": "scratch", "size_gb": 1}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let vid = v["id"].as_str().unwrap().to_string();
+    let storage = agent_of(&agents, v["zone"].as_str().unwrap())
+        .data_dir
+        .join("volumes")
+        .join(&vid);
+    let sleeper = ["sh", "-c", "while true; do sleep 0.2; done"];
+    let (s, m) = fly
+        .post(
+            "/apps/other/machines",
+            json!({"config": process_config(&sleeper, 256, Some((&vid, "/data")))}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    let (s, v) = fly.delete("/apps/other").await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    bazaar_testkit::eventually(Duration::from_secs(30), || async {
+        (!storage.exists()).then_some(())
+    })
+    .await
+    .expect("the deleted app's volume is deleted");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -430,6 +459,24 @@ async fn unique_zones_and_machines_pinned_to_their_volume() {
     assert_eq!(s, StatusCode::OK, "{m}");
     let m1 = m["id"].as_str().unwrap().to_string();
     assert_eq!(m["host_id"], host0.as_str(), "pinned to the volume's host");
+    // Only the volume's host was asked; the others were left out by the constraint.
+    let (s, p) = fly
+        .get(&format!("/apps/shards/machines/{m1}/placement"))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{p}");
+    let asked: Vec<&str> = p["rounds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["asked"].as_array().unwrap())
+        .map(|a| a["host_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(asked, vec![host0.as_str()], "{p}");
+    let excluded = p["excluded"].as_array().unwrap();
+    assert_eq!(excluded.len(), 2, "{p}");
+    assert!(excluded
+        .iter()
+        .all(|e| e["reason"].as_str().unwrap().contains("pinned")));
     let (_, v) = fly.get(&format!("/apps/shards/volumes/{vol0}")).await;
     assert_eq!(v["attached_machine_id"], m1.as_str());
     bazaar_testkit::eventually(Duration::from_secs(10), || async {
