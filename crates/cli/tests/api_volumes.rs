@@ -1,7 +1,7 @@
 //! Volumes through the Fly Machines API on a 3-agent loopback cluster: the CRUD calls with
 //! Fly's shapes, bad input, `require_unique_zone` spreading same-name volumes over hosts,
 //! machines pinned to their volume's host, the attach rules (412), and a volume's data
-//! surviving stop/start, restart and a kill -9 of its agent. As root volumes are ext4 images
+//! surviving stop/start, restart and a kill -9 of its agent; and `bazaar volumes`. As root volumes are ext4 images
 //! on loop devices; otherwise plain directories (`fstype: "dir"`).
 
 mod common;
@@ -701,4 +701,50 @@ async fn volume_data_survives_stop_start_restart_and_agent_kill() {
         .is_dir());
     let v = owner.client().create_volume(&req).await.unwrap();
     assert_eq!(v.state, "created", "a retried create is idempotent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_cli_commands() {
+    let agents = start_cluster(Path::new(EXE), 1, |_, _| {}).unwrap();
+    let _unmount = UnmountOnDrop::new(&agents);
+    Fly::new(&agents[0]).create_app("clivol").await;
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(EXE)
+            .arg("volumes")
+            .args(args)
+            .args(["--app", "clivol", "--json"])
+            .env("BAZAAR_API_URL", agents[0].url())
+            .env("BAZAAR_TOKEN", TEST_SECRET)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        (
+            out.status.success(),
+            serde_json::from_str::<Value>(&text).ok(),
+            err,
+        )
+    };
+    let (ok, v, err) = cli(&["create", "data", "--size", "1"]);
+    assert!(ok, "{err}");
+    let v = v.unwrap();
+    let id = v["id"].as_str().unwrap().to_string();
+    assert_eq!(v["size_gb"], 1);
+    let (ok, v, err) = cli(&["list"]);
+    assert!(ok, "{err}");
+    assert_eq!(v.unwrap()[0]["id"], id.as_str());
+    let (ok, v, err) = cli(&["extend", &id, "--size", "2"]);
+    assert!(ok, "{err}");
+    assert_eq!(v.unwrap()["volume"]["size_gb"], 2);
+    let (ok, v, err) = cli(&["show", &id]);
+    assert!(ok, "{err}");
+    assert_eq!(v.unwrap()["size_gb"], 2);
+    let (ok, _, err) = cli(&["create", "Bad-Name"]);
+    assert!(!ok);
+    assert!(err.contains("volume name"), "{err}");
+    let (ok, v, err) = cli(&["destroy", &id]);
+    assert!(ok, "{err}");
+    assert_eq!(v.unwrap()["state"], "destroyed");
+    let (ok, _, err) = cli(&["show", &id]);
+    assert!(!ok && err.contains("not found"), "{err}");
 }
