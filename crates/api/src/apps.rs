@@ -153,10 +153,7 @@ async fn delete_volumes(api: Api, volumes: Vec<bazaar_catalog::VolumeView>) {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
     for v in volumes {
         let path = format!("/host/v1/volumes/{}", v.record.id);
-        loop {
-            let Some(h) = api.catalog().ok().and_then(|c| c.host(&v.record.host_id)) else {
-                break;
-            };
+        while let Some(h) = api.catalog().ok().and_then(|c| c.host(&v.record.host_id)) {
             let status = api
                 .to_node(reqwest::Method::DELETE, &h.record.api_addr, &path)
                 .send()

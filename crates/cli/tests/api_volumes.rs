@@ -1,8 +1,8 @@
 //! Volumes through the Fly Machines API on a 3-agent loopback cluster: the CRUD calls with
 //! Fly's shapes, bad input, `require_unique_zone` spreading same-name volumes over hosts,
-//! machines pinned to their volume's host, the attach rules (412), and a volume's data
-//! surviving stop/start, restart and a kill -9 of its agent; and `bazaar volumes`. As root volumes are ext4 images
-//! on loop devices; otherwise plain directories (`fstype: "dir"`).
+//! machines pinned to their volume's host, the attach rules (412), a volume's data surviving
+//! stop/start, restart and a kill -9 of its agent, and `bazaar volumes`. As root volumes are
+//! ext4 images on loop devices; otherwise plain directories (`fstype: "dir"`).
 
 mod common;
 
