@@ -121,6 +121,12 @@ impl VolumeFs {
                 "growing online failed ({online_err}) and the volume is in use ({e}); stop the machine that mounts it and extend again"
             ))
         })?;
+        // The loop device goes away asynchronously; until it has, its cache holds the old
+        // superblock and a new mount could reuse it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while loop_attached(&image)? && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let offline = run("resize2fs", &["-f", path_str(&image)?]);
         self.mount(id)?;
         offline
@@ -214,6 +220,13 @@ fn mount_at(mnt: &Path) -> io::Result<Option<String>> {
         let rest = line.split(" - ").nth(1)?;
         Some(rest.split(' ').nth(1).unwrap_or("").to_string())
     }))
+}
+
+/// True while a loop device is backed by `image`.
+fn loop_attached(image: &Path) -> io::Result<bool> {
+    let exe = find_tool("losetup").ok_or_else(|| io::Error::other("losetup not found"))?;
+    let out = Command::new(exe).arg("-j").arg(image).output()?;
+    Ok(!out.stdout.is_empty())
 }
 
 fn is_mounted(mnt: &Path) -> io::Result<bool> {
