@@ -562,6 +562,23 @@ async fn unique_zones_and_machines_pinned_to_their_volume() {
     let (s, v) = fly.delete(&format!("/apps/shards/volumes/{vol0}")).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert!(!agents[0].data_dir.join("volumes").join(&vol0).exists());
+
+    // Two machines racing for one volume, through two nodes: one gets it, the other 412.
+    let other = Fly::new(&agents[1]);
+    let body = json!({"config": process_config(&sleeper, 256, Some((&ids[1], "/data")))});
+    let (a, b) = tokio::join!(
+        fly.post("/apps/shards/machines", body.clone()),
+        other.post("/apps/shards/machines", body.clone())
+    );
+    let mut codes = [a.0, b.0];
+    codes.sort();
+    assert_eq!(
+        codes,
+        [StatusCode::OK, StatusCode::PRECONDITION_FAILED],
+        "{} / {}",
+        a.1,
+        b.1
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
