@@ -324,12 +324,25 @@ impl Cgroup {
             .and_then(|n| n.trim().parse().ok())
     }
 
-    /// Moves the calling process into the cgroup in every hierarchy.
+    /// Moves the calling process into the cgroup in every hierarchy. The caller must be
+    /// single-threaded (the shim's freshly forked child).
+    ///
+    /// On v1 this writes to `tasks`, which moves only the calling thread, i.e. the whole
+    /// process. Writing to `cgroup.procs` would write-lock the kernel's global
+    /// `cgroup_threadgroup_rwsem`, which first waits for an RCU grace period (10-20 ms) unless
+    /// another migration ran in the last few milliseconds, all the while holding
+    /// `cgroup_mutex` and then holding up every fork and exit on the host. A thread moving
+    /// itself takes neither lock. v2 allows no per-thread move between ordinary cgroups, so
+    /// there it is `cgroup.procs`.
     pub(crate) fn join(&self) -> io::Result<()> {
-        // "0" means the writing process, whatever pid namespace it is in.
+        let file = match self.v2_root {
+            Some(_) => "cgroup.procs",
+            None => "tasks",
+        };
+        // "0" means the writing thread (process), whatever pid namespace it is in.
         self.dirs
             .iter()
-            .try_for_each(|(p, _)| write(&p.join("cgroup.procs"), "0"))
+            .try_for_each(|(p, _)| write(&p.join(file), "0"))
     }
 
     /// The processes in the cgroup (the union over all hierarchies).

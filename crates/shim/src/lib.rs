@@ -51,23 +51,25 @@
 //!
 //! # Cost
 //!
-//! Measured on the 2-core development VM (cgroup v1, other jobs running, load 1-2) with the
+//! Measured on the 2-core development VM (cgroup v1, other jobs running) with the
 //! `shim_perf` test in `crates/cli/tests`: `spawn` of `sleep 1000` until it is exec'd (p50),
-//! and VmRSS of the shim supervising it.
+//! and VmRSS of the shim supervising it. Load 1-2, except the cgroup columns: load 3-4.
 //!
 //! | `bazaar` build | plain | isolated | cgroup | isolated + cgroup | shim VmRSS |
 //! |---|---|---|---|---|---|
-//! | release | 2.9-3.8 ms | 4-6.5 ms | 16-17 ms | 17-19 ms | 0.85-0.9 MiB |
-//! | debug | 5-6 ms | 7-8 ms | 17-21 ms | 20-22 ms | 2.1-2.2 MiB |
+//! | release | 2.9-3.8 ms | 4-6.5 ms | 4.3-6.7 ms | 5-6.4 ms | 0.85-1 MiB |
+//! | debug | 5-6 ms | 7-8 ms | 9-10 ms | 8-11 ms | 2.1-2.5 MiB |
 //!
 //! * Most of a plain spawn is loading and relocating the large `bazaar` executable, and
 //!   most of the shim's memory is its relocated read-only data; both grow with the binary.
 //!   The shim drops every clean page it touched while starting (`sys::trim_resident_memory`).
-//! * On cgroup v1, moving the first process into a cgroup waits for an RCU grace period (the
-//!   kernel's `cgroup_threadgroup_rwsem`): 10-15 ms here, the whole difference between the
-//!   plain and the cgroup columns. Linux's `favordynmods` cgroup option trades fork speed for
-//!   cheap migrations; on cgroup v2, `clone3(CLONE_INTO_CGROUP)` would avoid the migration
-//!   altogether (not used yet: it cannot be tested on this host).
+//! * On cgroup v1 the child joins the run's cgroup by moving its only thread (`tasks`), not
+//!   its process (`cgroup.procs`): a process move waits for an RCU grace period under the
+//!   global `cgroup_mutex` whenever no other move ran in the last few milliseconds. That
+//!   wait was 12-15 ms of every spawn (cgroup columns: 16-21 ms before). Other programs on
+//!   the host that move processes between cgroups still hold `cgroup_mutex` that long.
+//!   On cgroup v2 the join still moves the process; `clone3(CLONE_INTO_CGROUP)` would
+//!   avoid the move altogether (not used yet: it cannot be tested on this host).
 //!
 //! This crate uses `unsafe` for `fork`, `execve`, signal masks and a few raw system calls;
 //! every block says why it is sound. Everything that runs between `fork` and `execve`
