@@ -246,6 +246,7 @@ impl Actor {
         if rec.exit_handled_run >= run_id {
             return;
         }
+        let before = rec.clone();
         let exit = self.exit_of(run_id);
         let failed = exit.record.exit_code != Some(0);
         let now = now_ms();
@@ -312,7 +313,7 @@ impl Actor {
             b.op(op);
         }
         b.machine(&rec);
-        if let Err(err) = self.agent.commit(b).await {
+        if let Err(err) = self.agent.commit_from_actor(&before, &mut rec, b).await {
             tracing::error!(machine.id = %self.id, error = %err, "recording exit");
             return;
         }
@@ -363,6 +364,7 @@ impl Actor {
         while (op.steps_done as usize) < steps.len() {
             let step = steps[op.steps_done as usize];
             let Some(mut rec) = self.load() else { break };
+            let before = rec.clone();
             let mut b = Batch::default();
             let outcome = match step {
                 Step::Launch => self.step_launch(&mut rec, &op, &mut b).await,
@@ -385,7 +387,7 @@ impl Actor {
             }
             rec.updated_at_ms = now_ms();
             b.machine(&rec);
-            if let Err(err) = self.agent.commit(b).await {
+            if let Err(err) = self.agent.commit_from_actor(&before, &mut rec, b).await {
                 // The step will be redone when the agent restarts; stop here.
                 tracing::error!(machine.id = %self.id, step = step.name(), error = %err, "recording step");
                 return None;

@@ -722,6 +722,29 @@ impl Agent {
     }
 
     /// Writes a batch durably, off the async threads.
+    /// Commits what a machine's actor did since it read `before` (`rec` is the record it
+    /// worked on, already put in `batch`). The accept side may have written the record in
+    /// the meantime (a lease, a cordon, metadata, a queued operation's config, desired state
+    /// and events); under the ledger lock, which serializes those writes, their fields are
+    /// taken from the stored record and the actor's events numbered after theirs, so
+    /// nothing acknowledged is lost.
+    pub(crate) async fn commit_from_actor(
+        &self,
+        before: &MachineRecord,
+        rec: &mut MachineRecord,
+        mut batch: Batch,
+    ) -> Result<(), AgentError> {
+        let _ledger = self.0.ledger.lock().await;
+        if let Some(stored) = self.0.store.machine(&rec.id)? {
+            let added = stored.next_event_seq.saturating_sub(before.next_event_seq);
+            rec.merge_accepted(before, &stored);
+            batch
+                .shift_events(&rec.id, before.next_event_seq, added)
+                .replace_machine(rec);
+        }
+        self.commit(batch).await
+    }
+
     pub(crate) async fn commit(&self, batch: Batch) -> Result<(), AgentError> {
         let store = self.0.store.clone();
         tokio::task::spawn_blocking(move || store.write(&batch)).await??;

@@ -61,6 +61,41 @@ pub struct MachineRecord {
     pub placement: Option<serde_json::Value>,
 }
 
+impl MachineRecord {
+    /// The actor read `before`, worked on it into `self`, and the stored record is now
+    /// `stored`: takes from `stored` what the accept side changed meanwhile (it owns the
+    /// config and version, resources, ports, cordon, lease, placement and, when a new
+    /// operation was queued, the desired state and run ids), keeping the actor's own
+    /// fields (state, run, exits, restarts). Events are renumbered by the caller.
+    pub fn merge_accepted(&mut self, before: &MachineRecord, stored: &MachineRecord) {
+        if stored.instance_id != before.instance_id || stored.config != before.config {
+            self.config = stored.config.clone();
+            self.instance_id = stored.instance_id.clone();
+        }
+        if stored.resources != before.resources {
+            self.resources = stored.resources;
+        }
+        if stored.host_ports != before.host_ports {
+            self.host_ports = stored.host_ports.clone();
+        }
+        if stored.cordoned != before.cordoned {
+            self.cordoned = stored.cordoned;
+        }
+        if stored.lease != before.lease {
+            self.lease = stored.lease.clone();
+        }
+        if stored.placement != before.placement {
+            self.placement = stored.placement.clone();
+        }
+        if stored.desired != before.desired {
+            self.desired = stored.desired;
+        }
+        self.next_run_id = self.next_run_id.max(stored.next_run_id);
+        self.next_event_seq += stored.next_event_seq.saturating_sub(before.next_event_seq);
+        self.updated_at_ms = self.updated_at_ms.max(stored.updated_at_ms);
+    }
+}
+
 /// A run of the workload: one shim, one process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunInfo {

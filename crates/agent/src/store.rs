@@ -86,6 +86,21 @@ impl Batch {
             .push((machine_id.into(), instance_id.into(), cfg.clone()));
         self
     }
+    /// Replaces the record of machine `m` put earlier in this batch (or puts it).
+    pub fn replace_machine(&mut self, m: &MachineRecord) -> &mut Self {
+        self.machines.retain(|r| r.id != m.id);
+        self.machine(m)
+    }
+    /// Moves machine `id`'s events numbered from `from` on by `by` (someone else appended
+    /// events to the machine meanwhile).
+    pub fn shift_events(&mut self, id: &str, from: u64, by: u64) -> &mut Self {
+        for (machine, seq, _) in &mut self.events {
+            if machine == id && *seq >= from {
+                *seq += by;
+            }
+        }
+        self
+    }
     /// Appends an event; `m.next_event_seq` is advanced (put the record after this).
     pub fn event(&mut self, m: &mut MachineRecord, e: MachineEvent) -> &mut Self {
         let seq = m.next_event_seq;

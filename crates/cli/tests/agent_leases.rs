@@ -268,3 +268,67 @@ async fn exec_runs_inside_the_machine() {
     let err = c.exec(&m.id, &[]).await.unwrap_err();
     assert_eq!(err.status(), Some(400));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_made_while_an_operation_runs_are_kept() {
+    let agent = agent();
+    let c = agent.client();
+    let m = c
+        .create(&create_request(
+            "slowstop",
+            &[
+                "sh",
+                "-c",
+                "trap '' INT TERM; while true; do sleep 0.1; done",
+            ],
+        ))
+        .await
+        .unwrap();
+    wait_state(&c, &m.id, MachineState::Started).await;
+    // The stop waits 1.5 s for an exit that never comes, then kills: meanwhile the
+    // machine gets metadata and a cordon, which must outlive the stop's own writes.
+    let req = StopRequest {
+        signal: None,
+        timeout: Some(bazaar_types::duration::GoDuration(Duration::from_millis(
+            1500,
+        ))),
+    };
+    c.stop(&m.id, &req).await.unwrap();
+    let path = format!("/machines/{}/metadata/owner", m.id);
+    let _: serde_json::Value = c
+        .with_nonce(
+            Method::POST,
+            &path,
+            None,
+            Some(serde_json::json!({"value": "team-a"})),
+        )
+        .await
+        .unwrap();
+    let _: serde_json::Value = c
+        .with_nonce(
+            Method::POST,
+            &format!("/machines/{}/cordon", m.id),
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    wait_state(&c, &m.id, MachineState::Stopped).await;
+    let after = c.machine(&m.id).await.unwrap();
+    assert_eq!(
+        after.config.metadata.get("owner").map(String::as_str),
+        Some("team-a"),
+        "metadata set during the stop survives it"
+    );
+    assert!(after.cordoned, "the cordon set during the stop survives it");
+    // Events from both sides are all kept, each under its own number.
+    let kinds: Vec<String> = c
+        .events(&m.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert!(kinds.iter().any(|k| k == "exit"), "{kinds:?}");
+    assert!(kinds.iter().any(|k| k == "launch"), "{kinds:?}");
+}
