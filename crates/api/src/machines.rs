@@ -372,7 +372,7 @@ fn locate(
     api: &Api,
     app: &str,
     id: &str,
-) -> Result<(HostAddr, bool, Option<bazaar_catalog::MachineView>), ApiError> {
+) -> Result<(HostAddr, Option<bazaar_catalog::MachineView>), ApiError> {
     let not_found = || ApiError::NotFound(format!("machine {id} not found"));
     if !bazaar_types::ids::is_valid_machine_id(id) {
         return Err(not_found());
@@ -390,14 +390,11 @@ fn locate(
         (None, None) => return Err(not_found()),
     };
     let host = catalog.host(&host_id).ok_or_else(not_found)?;
-    let reachable =
-        host.status == bazaar_catalog::HostStatus::Alive || host_id == api.0.agent.host_id();
     Ok((
         HostAddr {
             host_id,
             api_addr: host.record.api_addr,
         },
-        reachable,
         row,
     ))
 }
@@ -455,7 +452,10 @@ async fn forward(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let (host, reachable, row) = locate(&api, &app, &id)?;
+    // The owner is asked even when the failure detector says it is down (a loaded host can
+    // be suspected for a while and still answer); only a failed connection makes the
+    // answer come from the catalog, or a refusal for a change.
+    let (host, row) = locate(&api, &app, &id)?;
     let unreachable = |why: String| -> Result<Response, ApiError> {
         if method == Method::GET && rest.is_empty() {
             if let Some(row) = &row {
@@ -469,9 +469,6 @@ async fn forward(
             host.host_id
         )))
     };
-    if !reachable {
-        return unreachable("declared down by the cluster".into());
-    }
     let mut path = format!("/host/v1/machines/{id}{rest}");
     if let Some(q) = query.filter(|q| !q.is_empty()) {
         path.push('?');
