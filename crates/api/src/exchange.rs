@@ -66,8 +66,12 @@ impl Api {
         let mut cands = Vec::new();
         let mut addrs = HashMap::new();
         for h in catalog.hosts() {
-            let alive = h.status == bazaar_catalog::HostStatus::Alive
-                || h.record.id == self.0.agent.host_id();
+            // A suspect host is still asked: suspicion is often a busy host that missed a
+            // probe, and one that is really gone just does not bid in time.
+            let alive = matches!(
+                h.status,
+                bazaar_catalog::HostStatus::Alive | bazaar_catalog::HostStatus::Suspect
+            ) || h.record.id == self.0.agent.host_id();
             cands.push(Candidate {
                 host_id: h.record.id.clone(),
                 region: h.record.region.clone(),
