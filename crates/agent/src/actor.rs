@@ -348,9 +348,13 @@ impl Actor {
     /// Runs `op` from its first unrecorded step to the end. Returns the settled state.
     async fn execute(&mut self, mut op: Operation) -> Option<MachineState> {
         let steps = op.kind.steps();
-        self.set_transient(Some(op.kind.transient_state()));
-        if let Some(rec) = self.load() {
-            self.agent.publish(&rec);
+        if !steps.is_empty() {
+            // Shown while the steps run (`starting`, `stopping`, ...); an operation with
+            // nothing to run (a create with skip_launch) never shows one.
+            self.set_transient(Some(op.kind.transient_state()));
+            if let Some(rec) = self.load() {
+                self.agent.publish(&rec);
+            }
         }
         let mut settled = None;
         if steps.is_empty() {
