@@ -51,6 +51,8 @@ pub struct TestAgent {
     port: u16,
     gossip_port: u16,
     proxy_port: u16,
+    /// The agent's host id, read once it is up (its machines' cgroups are named after it).
+    host_id: Option<String>,
 }
 
 impl TestAgent {
@@ -66,6 +68,7 @@ impl TestAgent {
             port: 0,
             gossip_port: 0,
             proxy_port: 0,
+            host_id: None,
         };
         agent.spawn(&[])?;
         Ok(agent)
@@ -126,6 +129,9 @@ impl TestAgent {
                     self.gossip_port = gossip.trim().parse::<std::net::SocketAddr>()?.port();
                     if let Ok(p) = std::fs::read_to_string(self.data_dir.join("proxy.addr")) {
                         self.proxy_port = p.trim().parse::<std::net::SocketAddr>()?.port();
+                    }
+                    if self.host_id.is_none() {
+                        self.host_id = fetch_host_id(self.port);
                     }
                     break;
                 }
@@ -244,10 +250,47 @@ impl TestAgent {
 
 impl Drop for TestAgent {
     fn drop(&mut self) {
-        // Take the workloads down with the test: stop the agent, then kill any shim left.
+        // Take the workloads down with the test: stop the agent, kill any shim left, and
+        // remove the machines' cgroups (thousands of stale ones slow every cgroup change on
+        // the host, and so every later test and benchmark).
         self.kill9();
         kill_shims_under(&self.data_dir);
+        if let Some(host_id) = &self.host_id {
+            remove_cgroups(host_id, &self.data_dir);
+        }
     }
+}
+
+/// The host id of the agent listening on `port` (`GET /host/v1/info`), over a plain
+/// blocking connection: this runs in sync code that may be inside a tokio runtime.
+fn fetch_host_id(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET /host/v1/info HTTP/1.1\r\nHost: agent\r\nAuthorization: Bearer {TEST_SECRET}\r\n\
+         Connection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).ok()?;
+    let (_, body) = answer.split_once("\r\n\r\n")?;
+    let info: serde_json::Value = serde_json::from_str(body).ok()?;
+    info["id"].as_str().map(str::to_string)
+}
+
+/// Removes the cgroups of a test agent's machines and of the agent itself
+/// (`bazaar/<host id>/<machine id>` in every hierarchy, as the agent's driver names them).
+fn remove_cgroups(host_id: &str, data_dir: &Path) {
+    let Ok(machines) = std::fs::read_dir(data_dir.join("machines")) else {
+        return;
+    };
+    for m in machines.flatten() {
+        let id = m.file_name().to_string_lossy().into_owned();
+        let _ = bazaar_shim::remove_cgroup(&format!("bazaar/{host_id}/{id}"));
+    }
+    let _ = bazaar_shim::remove_cgroup(&format!("bazaar/{host_id}"));
 }
 
 /// Starts `n` agents that form one cluster: the first alone, the others joining it.
