@@ -666,6 +666,32 @@ pub(crate) fn retry_reply(failed: bool, text: String) -> Response<RespBody> {
     r
 }
 
+/// The owner side of a hop (HTTP or TCP), before it admits anything: machine `b` of this
+/// host must be ready, or stopped and woken (when the first proxy asked for it, or the
+/// service autostarts); otherwise the answer tells the first proxy to go elsewhere.
+pub(crate) async fn ready_for_hop(
+    shared: &Arc<Shared>,
+    b: &Backend,
+    wake: bool,
+) -> Result<(), Response<RespBody>> {
+    let ready = b.state == RouteState::Ready && !b.load.draining.load(Ordering::SeqCst);
+    if ready {
+        return Ok(());
+    }
+    let id = &b.id;
+    let wakeable = matches!(b.state, RouteState::Stopped | RouteState::Starting)
+        && (wake || b.limits.autostart);
+    if !wakeable {
+        return Err(retry_reply(
+            true,
+            format!("bazaar proxy: machine {id} cannot take traffic"),
+        ));
+    }
+    crate::scale::ensure_awake(shared, b)
+        .await
+        .map_err(|err| retry_reply(true, format!("bazaar proxy: waking machine {id}: {err}")))
+}
+
 /// The owner side of a hop: deliver to one machine of this host, or say why not.
 async fn serve_hop(shared: Arc<Shared>, req: Request<Incoming>) -> Response<RespBody> {
     let id = req
@@ -695,19 +721,8 @@ async fn serve_hop(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Resp
         );
     };
     drop(table);
-    let ready = b.state == RouteState::Ready && !b.load.draining.load(Ordering::SeqCst);
-    if !ready {
-        let wakeable = matches!(b.state, RouteState::Stopped | RouteState::Starting)
-            && (wake || b.limits.autostart);
-        if !wakeable {
-            return retry_reply(
-                true,
-                format!("bazaar proxy: machine {id} cannot take traffic"),
-            );
-        }
-        if let Err(err) = crate::scale::ensure_awake(&shared, &b).await {
-            return retry_reply(true, format!("bazaar proxy: waking machine {id}: {err}"));
-        }
+    if let Err(refused) = ready_for_hop(&shared, &b, wake).await {
+        return refused;
     }
     let mut prepared = match prepare(req).await {
         Ok(p) => p,

@@ -274,18 +274,8 @@ pub(crate) async fn serve_hop(
         );
     };
     drop(table);
-    if b.state != RouteState::Ready {
-        let wakeable = matches!(b.state, RouteState::Stopped | RouteState::Starting)
-            && (wake || b.limits.autostart);
-        if !wakeable {
-            return retry_reply(
-                true,
-                format!("bazaar proxy: machine {id} cannot take traffic"),
-            );
-        }
-        if let Err(err) = crate::scale::ensure_awake(&shared, &b).await {
-            return retry_reply(true, format!("bazaar proxy: waking machine {id}: {err}"));
-        }
+    if let Err(refused) = crate::http::ready_for_hop(&shared, &b, wake).await {
+        return refused;
     }
     if !b.load.try_admit(b.limits.hard) {
         return retry_reply(
