@@ -81,6 +81,43 @@ impl Api {
             .bearer_auth(self.0.agent.cluster_secret())
     }
 
+    /// Sends `req` to the host that owns a machine or volume and relays its answer as it is
+    /// (status, content type, body streamed). `Ok(Err(why))` when the host could not be
+    /// reached, so the caller can answer from the catalog or refuse the change. The owner is
+    /// asked even when the failure detector suspects it: a loaded host can be suspected for
+    /// a while and still answer.
+    pub(crate) async fn relay(
+        &self,
+        req: reqwest::RequestBuilder,
+        host: &exchange::HostAddr,
+    ) -> Result<Result<Response, String>, ApiError> {
+        let resp = match req.send().await {
+            Ok(r) => r,
+            Err(err) if err.is_connect() => return Ok(Err(err.to_string())),
+            Err(err) => {
+                return Err(ApiError::Unavailable(format!(
+                    "host {}: {err}",
+                    host.host_id
+                )))
+            }
+        };
+        let status = axum::http::StatusCode::from_u16(resp.status().as_u16())
+            .unwrap_or(axum::http::StatusCode::BAD_GATEWAY);
+        let content_type = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/json")
+            .to_string();
+        let body = axum::body::Body::from_stream(resp.bytes_stream());
+        Ok(Ok((
+            status,
+            [(axum::http::header::CONTENT_TYPE, content_type)],
+            body,
+        )
+            .into_response()))
+    }
+
     pub(crate) fn remember(&self, machine_id: &str, host_id: &str) {
         let mut recent = self.0.recent.lock().unwrap_or_else(|p| p.into_inner());
         if recent.len() > 10_000 {

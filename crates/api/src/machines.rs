@@ -6,9 +6,9 @@
 use crate::error::ApiError;
 use crate::exchange::{describe_attempts, HostAddr, Order};
 use crate::{parse_body, Api};
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::http::{HeaderMap, Method};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bazaar_types::config::MachineConfig;
@@ -452,9 +452,6 @@ async fn forward(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    // The owner is asked even when the failure detector says it is down (a loaded host can
-    // be suspected for a while and still answer); only a failed connection makes the
-    // answer come from the catalog, or a refusal for a change.
     let (host, row) = locate(&api, &app, &id)?;
     let unreachable = |why: String| -> Result<Response, ApiError> {
         if method == Method::GET && rest.is_empty() {
@@ -481,28 +478,8 @@ async fn forward(
     if !body.is_empty() {
         req = req.header("content-type", "application/json").body(body);
     }
-    let resp = match req.send().await {
-        Ok(r) => r,
-        Err(err) if err.is_connect() => return unreachable(err.to_string()),
-        Err(err) => {
-            return Err(ApiError::Unavailable(format!(
-                "host {}: {err}",
-                host.host_id
-            )))
-        }
-    };
-    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    let content_type = resp
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("application/json")
-        .to_string();
-    let body = Body::from_stream(resp.bytes_stream());
-    Ok((
-        status,
-        [(axum::http::header::CONTENT_TYPE, content_type)],
-        body,
-    )
-        .into_response())
+    match api.relay(req, &host).await? {
+        Ok(resp) => Ok(resp),
+        Err(why) => unreachable(why),
+    }
 }

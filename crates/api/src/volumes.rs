@@ -8,9 +8,9 @@ use crate::error::ApiError;
 use crate::exchange::{HostAddr, HostCallError};
 use crate::machines::require_app;
 use crate::{parse_body, Api};
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{Method, StatusCode};
+use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bazaar_placement::exchange::parse_regions;
@@ -201,7 +201,7 @@ fn locate(
     api: &Api,
     app: &str,
     id: &str,
-) -> Result<(HostAddr, bool, Option<bazaar_catalog::VolumeView>), ApiError> {
+) -> Result<(HostAddr, Option<bazaar_catalog::VolumeView>), ApiError> {
     let not_found = || ApiError::NotFound(format!("volume {id} not found in app {app}"));
     if !is_valid_volume_id(id) {
         return Err(not_found());
@@ -215,14 +215,11 @@ fn locate(
         (None, None) => return Err(not_found()),
     };
     let host = catalog.host(&host_id).ok_or_else(not_found)?;
-    let reachable =
-        host.status == bazaar_catalog::HostStatus::Alive || host_id == api.0.agent.host_id();
     Ok((
         HostAddr {
             host_id,
             api_addr: host.record.api_addr,
         },
-        reachable,
         row,
     ))
 }
@@ -270,7 +267,7 @@ async fn forward(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     require_app(&api, &app)?;
-    let (host, reachable, row) = locate(&api, &app, &id)?;
+    let (host, row) = locate(&api, &app, &id)?;
     let unreachable = |why: String| -> Result<Response, ApiError> {
         if method == Method::GET {
             if let Some(row) = &row {
@@ -284,29 +281,13 @@ async fn forward(
             host.host_id
         )))
     };
-    if !reachable {
-        return unreachable("declared down by the cluster".into());
-    }
     let path = format!("/host/v1/volumes/{id}{rest}");
     let mut req = api.to_node(method.clone(), &host.api_addr, &path);
     if !body.is_empty() {
         req = req.header("content-type", "application/json").body(body);
     }
-    let resp = match req.send().await {
-        Ok(r) => r,
-        Err(err) if err.is_connect() => return unreachable(err.to_string()),
-        Err(err) => {
-            return Err(ApiError::Unavailable(format!(
-                "host {}: {err}",
-                host.host_id
-            )))
-        }
-    };
-    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    Ok((
-        status,
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        Body::from_stream(resp.bytes_stream()),
-    )
-        .into_response())
+    match api.relay(req, &host).await? {
+        Ok(resp) => Ok(resp),
+        Err(why) => unreachable(why),
+    }
 }
