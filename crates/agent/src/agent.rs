@@ -2,7 +2,7 @@
 //! side of every operation on an existing machine: validate a request against the machine's
 //! state, record the operation durably in the same transaction as its effects on the record,
 //! then hand it to the machine's actor ([`crate::actor`]) to run. Every change is published
-//! to the catalog from here. Creates and the market live in [`crate::market`], leases and
+//! through [`crate::publish`]. Creates and the market live in [`crate::market`], leases and
 //! metadata in [`crate::leases`], reads in [`crate::views`].
 
 use crate::actor::{spawn_actor, ActorMsg};
@@ -22,7 +22,7 @@ use bazaar_types::machine::Machine;
 use bazaar_types::signal::Signal;
 use bazaar_types::state::{check_transition, MachineState};
 use bazaar_types::{ids, now_ms};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -219,82 +219,9 @@ impl Agent {
         Ok(agent)
     }
 
-    /// Attaches the catalog and publishes this host and all its machines to it (with
-    /// versions above anything published before a restart).
-    pub async fn attach_catalog(&self, catalog: bazaar_catalog::Catalog) {
-        if self.0.catalog.set(catalog).is_err() {
-            return;
-        }
-        self.publish_host().await;
-        for m in self.0.store.machines().unwrap_or_default() {
-            self.publish(&m);
-        }
-        for v in self.0.store.volumes().unwrap_or_default() {
-            self.publish_volume(&v);
-        }
-    }
-
-    /// The catalog, once attached.
-    pub fn catalog(&self) -> Option<&bazaar_catalog::Catalog> {
-        self.0.catalog.get()
-    }
-
     /// The cluster secret (host-to-host calls).
     pub fn cluster_secret(&self) -> &str {
         &self.0.cluster_secret
-    }
-
-    /// Publishes this host's record to the catalog if it changed.
-    pub async fn publish_host(&self) {
-        let Some(catalog) = self.0.catalog.get() else {
-            return;
-        };
-        // Advertise capacity minus what is committed: reservations are short-lived, and
-        // counting them would make a host look full to every exchange during a burst.
-        let (capacity, free) = {
-            let ledger = self.0.ledger.lock().await;
-            let (cap, used) = (ledger.capacity(), ledger.committed());
-            (
-                cap,
-                Resources {
-                    cpus: cap.cpus.saturating_sub(used.cpus),
-                    memory_mb: cap.memory_mb.saturating_sub(used.memory_mb),
-                },
-            )
-        };
-        let num_machines = lock(&self.0.actors).len() as u32;
-        let disk_gb = self.disk_gb();
-        let record = bazaar_catalog::HostRecord {
-            id: self.0.host_id.clone(),
-            region: self.0.config.region.clone(),
-            api_addr: self.0.config.api_listen.to_string(),
-            gossip_addr: catalog.local_addr().to_string(),
-            capacity,
-            free,
-            num_machines,
-            labels: self
-                .0
-                .proxy_addr
-                .get()
-                .map(|a| BTreeMap::from([("proxy_addr".to_string(), a.to_string())]))
-                .unwrap_or_default(),
-            draining: self.0.shutdown.is_cancelled(),
-            disk_gb,
-            disk_free_gb: disk_gb.saturating_sub(self.disk_used_gb()),
-            updated_at_ms: 0,
-        };
-        let mut last = lock(&self.0.last_host_record);
-        if last.as_ref() != Some(&record) {
-            *last = Some(record.clone());
-            drop(last);
-            catalog.publish_host(record);
-        }
-    }
-
-    /// Records where this host's edge proxy listens and republishes the host record.
-    pub async fn set_proxy_addr(&self, addr: std::net::SocketAddr) {
-        let _ = self.0.proxy_addr.set(addr);
-        self.publish_host().await;
     }
 
     /// Cancelled when the agent shuts down (for services that run beside it).
@@ -649,76 +576,6 @@ impl Agent {
             .machine(id)?
             .filter(|m| m.state != MachineState::Destroyed)
             .ok_or_else(|| AgentError::MachineNotFound(id.into()))
-    }
-
-    /// Publishes a machine's state to waiters and to the catalog.
-    pub(crate) fn publish(&self, rec: &MachineRecord) {
-        if let Some(catalog) = self.0.catalog.get() {
-            if rec.state == MachineState::Destroyed {
-                catalog.delete_machine(&rec.id);
-            } else {
-                catalog.publish_machine(self.catalog_row(rec));
-            }
-        }
-        let snap = Snapshot {
-            state: self.current_state(rec),
-            instance_id: rec.instance_id.clone(),
-        };
-        let mut live = lock(&self.0.live);
-        match live.get(&rec.id) {
-            Some(tx) => {
-                tx.send_if_modified(|s| {
-                    if *s != snap {
-                        *s = snap.clone();
-                        true
-                    } else {
-                        false
-                    }
-                });
-            }
-            None => {
-                live.insert(rec.id.clone(), watch::channel(snap).0);
-            }
-        }
-    }
-
-    /// The catalog row of a machine.
-    fn catalog_row(&self, rec: &MachineRecord) -> bazaar_catalog::MachineRecord {
-        let services = rec
-            .config
-            .services
-            .iter()
-            .filter_map(|svc| {
-                rec.host_ports
-                    .get(&svc.internal_port)
-                    .map(|port| bazaar_catalog::ServiceRecord {
-                        service: svc.clone(),
-                        address: self.0.config.api_listen.ip().to_string(),
-                        port: *port,
-                    })
-            })
-            .collect();
-        bazaar_catalog::MachineRecord {
-            id: rec.id.clone(),
-            app: rec.app.clone(),
-            name: rec.name.clone(),
-            region: rec.region.clone(),
-            host_id: self.0.host_id.clone(),
-            state: self.current_state(rec).to_string(),
-            instance_id: rec.instance_id.clone(),
-            services,
-            checks: if self.current_state(rec) == MachineState::Started {
-                lock(&self.0.checks)
-                    .get(&rec.id)
-                    .cloned()
-                    .unwrap_or_default()
-            } else {
-                Vec::new()
-            },
-            cordoned: rec.cordoned,
-            metadata: rec.config.metadata.clone(),
-            updated_at_ms: rec.updated_at_ms,
-        }
     }
 
     /// Writes a batch durably, off the async threads.

@@ -8,6 +8,8 @@
 //! - [`agent`]: shared state, start-up, the accept side of operations, catalog publishing.
 //! - [`market`]: bids, reservations, claims and creates (the host's side of the market).
 //! - [`leases`]: leases, cordons and metadata.
+//! - [`publish`]: this host's rows in the catalog (host record, machines) and the live state
+//!   `wait` watches.
 //! - [`views`]: reads of machines (the API view, lists, events, versions, logs, `wait`).
 //! - [`actor`]: one task per machine that executes its operations step by step.
 //! - [`record`]: what is persisted (machine records, operations, steps).
@@ -35,6 +37,7 @@ pub mod fault;
 pub mod http;
 pub mod leases;
 pub mod market;
+pub mod publish;
 pub mod record;
 pub mod restart;
 pub mod secrets;
