@@ -251,13 +251,7 @@ async fn raw_tcp_services_are_proxied() {
         .create_machine("raw", json!({"ports": [{"port": port}]}), json!({}))
         .await;
     let body = bazaar_testkit::eventually(Duration::from_secs(10), || async {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        s.write_all(b"GET /raw HTTP/1.1\r\nHost: whatever\r\nConnection: close\r\n\r\n")
-            .ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).ok()?;
-        out.starts_with("HTTP/1.1 200").then_some(out)
+        raw_http_get(std::net::Ipv4Addr::LOCALHOST.into(), port)
     })
     .await
     .expect("the TCP port answers");
@@ -299,13 +293,7 @@ async fn raw_tcp_to_another_hosts_machine_goes_through_that_hosts_proxy() {
     let entry = 1 - owner;
     let entry_ip = c.agents[entry].proxy_addr().ip();
     let body = bazaar_testkit::eventually(Duration::from_secs(10), || async {
-        let mut s = std::net::TcpStream::connect((entry_ip, port)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        s.write_all(b"GET /raw HTTP/1.1\r\nHost: whatever\r\nConnection: close\r\n\r\n")
-            .ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).ok()?;
-        out.starts_with("HTTP/1.1 200").then_some(out)
+        raw_http_get(entry_ip, port)
     })
     .await
     .expect("the TCP port of the host without the machine answers");
@@ -449,4 +437,15 @@ async fn websockets_are_spliced_through_local_and_remote_proxies() {
     })
     .await
     .expect("in-flight count returns to zero");
+}
+
+/// A GET over a plain TCP connection to `ip:port`; the whole answer if it is a 200.
+fn raw_http_get(ip: std::net::IpAddr, port: u16) -> Option<String> {
+    let mut s = std::net::TcpStream::connect((ip, port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(b"GET /raw HTTP/1.1\r\nHost: whatever\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.starts_with("HTTP/1.1 200").then_some(out)
 }
