@@ -108,22 +108,10 @@ pub async fn destroy(
     let record = catalog
         .app(&app)
         .ok_or_else(|| ApiError::NotFound(format!("app {app} not found")))?;
-    for m in catalog.machines(&bazaar_catalog::MachineFilter::app(&app)) {
-        let Some(h) = catalog.host(&m.record.host_id) else {
-            continue;
-        };
-        let path = format!("/host/v1/machines/{}?force=true", m.record.id);
-        if let Err(err) = api
-            .to_node(reqwest::Method::DELETE, &h.record.api_addr, &path)
-            .send()
-            .await
-        {
-            tracing::warn!(machine.id = %m.record.id, error = %err, "destroying a machine of a deleted app");
-        }
-    }
+    destroy_machines(&api, &catalog, &app).await;
     let volumes = catalog.volumes(Some(&app));
     if !volumes.is_empty() {
-        tokio::spawn(delete_volumes(api.clone(), volumes));
+        tokio::spawn(delete_volumes(api.clone(), app.clone(), volumes));
     }
     if record.created_by_host == api.0.agent.host_id() {
         catalog.delete_app(&app);
@@ -147,9 +135,28 @@ pub async fn destroy(
         .into_response())
 }
 
+/// Force-destroys every machine of `app` the local catalog knows about, on its owner.
+async fn destroy_machines(api: &Api, catalog: &bazaar_catalog::Catalog, app: &str) {
+    for m in catalog.machines(&bazaar_catalog::MachineFilter::app(app)) {
+        let Some(h) = catalog.host(&m.record.host_id) else {
+            continue;
+        };
+        let path = format!("/host/v1/machines/{}?force=true", m.record.id);
+        if let Err(err) = api
+            .to_node(reqwest::Method::DELETE, &h.record.api_addr, &path)
+            .send()
+            .await
+        {
+            tracing::warn!(machine.id = %m.record.id, error = %err, "destroying a machine of a deleted app");
+        }
+    }
+}
+
 /// Deletes the volumes of a deleted app on their owners, retrying for a minute while their
-/// machines are still being destroyed (412).
-async fn delete_volumes(api: Api, volumes: Vec<bazaar_catalog::VolumeView>) {
+/// machines are still being destroyed (412). A machine created just before the delete may
+/// reach the local catalog only afterwards: while a volume is still in use, the app's
+/// machines are destroyed again.
+async fn delete_volumes(api: Api, app: String, volumes: Vec<bazaar_catalog::VolumeView>) {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
     for v in volumes {
         let path = format!("/host/v1/volumes/{}", v.record.id);
@@ -160,7 +167,11 @@ async fn delete_volumes(api: Api, volumes: Vec<bazaar_catalog::VolumeView>) {
                 .await
                 .map(|r| r.status());
             match status {
-                Ok(s) if s == StatusCode::PRECONDITION_FAILED || s == StatusCode::CONFLICT => {}
+                Ok(s) if s == StatusCode::PRECONDITION_FAILED || s == StatusCode::CONFLICT => {
+                    if let Ok(catalog) = api.catalog() {
+                        destroy_machines(&api, &catalog, &app).await;
+                    }
+                }
                 Ok(_) => break,
                 Err(err) => {
                     tracing::warn!(volume.id = %v.record.id, error = %err, "deleting a volume of a deleted app");
