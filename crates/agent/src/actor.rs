@@ -474,7 +474,14 @@ impl Actor {
                 b.event(rec, MachineEvent::new("start", "started", &op.source));
                 return StepOutcome::Continue;
             }
-            RunFound::None => driver.launch(rec, run_id).await,
+            RunFound::None => {
+                let mut events = Vec::new();
+                let launched = driver.launch(rec, run_id, &mut events).await;
+                for e in events {
+                    b.event(rec, e);
+                }
+                launched
+            }
         };
         match handle {
             Ok(h) => {
@@ -649,7 +656,7 @@ impl Actor {
         if let Err(err) = self.agent.detach_volumes(&self.id).await {
             tracing::error!(machine.id = %self.id, error = %err, "detaching volumes");
         }
-        self.agent.0.driver.cleanup(&self.id);
+        self.agent.0.driver.cleanup(&self.id).await;
         self.agent.release_ports(rec);
         rec.state = MachineState::Destroyed;
         rec.destroyed_at_ms = Some(now_ms());

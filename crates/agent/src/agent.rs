@@ -64,6 +64,8 @@ pub(crate) struct Inner {
     /// When the token file was last read (it is re-read when it changes).
     pub tokens_read: Mutex<Option<std::time::SystemTime>>,
     pub ports_in_use: Mutex<HashSet<u16>>,
+    /// Machine network addresses held by this host's machines (image machines).
+    pub addresses_in_use: Mutex<HashSet<std::net::Ipv4Addr>>,
     pub cluster_secret: String,
     /// The gossip replica, once attached: every change to a machine is published to it.
     pub catalog: std::sync::OnceLock<bazaar_catalog::Catalog>,
@@ -127,19 +129,25 @@ impl Agent {
             cgroups,
             log_max_bytes: config.log_max_bytes,
             volumes: crate::volume_fs::VolumeFs::new(config.data_dir.join("volumes")),
+            oci: oci_runtime(&config, &host_id, cgroups),
         };
+        if let Err(reason) = &driver.oci {
+            tracing::info!(%reason, "image machines are not available on this host");
+        }
         let disk_gb = config
             .disk_gb
             .unwrap_or_else(|| crate::volume_fs::free_gb(&config.data_dir));
         let mut ledger = Ledger::new(config.capacity());
         let machines = store.machines()?;
         let mut ports = HashSet::new();
+        let mut addresses = HashSet::new();
         for m in machines
             .iter()
             .filter(|m| m.state != MachineState::Destroyed)
         {
             ledger.restore(&m.id, m.resources);
             ports.extend(m.host_ports.values().copied());
+            addresses.extend(m.private_ip);
         }
         for r in store.reservations()? {
             ledger.restore_reservation(r);
@@ -161,6 +169,7 @@ impl Agent {
             tokens: Mutex::new(tokens),
             tokens_read: Mutex::new(None),
             ports_in_use: Mutex::new(ports),
+            addresses_in_use: Mutex::new(addresses),
             cluster_secret: secret,
             catalog: std::sync::OnceLock::new(),
             last_host_record: Mutex::new(None),
@@ -320,7 +329,32 @@ impl Agent {
         }
     }
 
+    /// Gives a machine what its services are reached at: host ports on loopback for a
+    /// process machine, an address of its own on the machine network for an image machine
+    /// (refused with the reason when this host cannot run images).
     pub(crate) fn assign_ports(&self, rec: &mut MachineRecord) -> Result<(), AgentError> {
+        if rec.config.driver() == "oci" {
+            let oci = self.0.driver.oci.as_ref().map_err(|reason| {
+                AgentError::Invalid(format!(
+                    "image {:?}: this host cannot run image machines: {reason}",
+                    rec.config.image
+                ))
+            })?;
+            self.release_ports(rec);
+            rec.host_ports.clear();
+            if rec.private_ip.is_none() {
+                let mut used = lock(&self.0.addresses_in_use);
+                let ip = oci.network.allocate(&used).ok_or_else(|| {
+                    AgentError::Capacity(format!(
+                        "no free address left in this host's machine network {}",
+                        oci.network.subnet
+                    ))
+                })?;
+                used.insert(ip);
+                rec.private_ip = Some(ip);
+            }
+            return Ok(());
+        }
         let wanted: Vec<u16> = rec
             .config
             .services
@@ -348,6 +382,9 @@ impl Agent {
     }
 
     pub(crate) fn release_ports(&self, rec: &MachineRecord) {
+        if let Some(ip) = rec.private_ip {
+            lock(&self.0.addresses_in_use).remove(&ip);
+        }
         let mut in_use = lock(&self.0.ports_in_use);
         for p in rec.host_ports.values() {
             in_use.remove(p);
@@ -710,22 +747,37 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
     };
     let size = guest.validate().map_err(AgentError::Invalid)?;
     match config.driver() {
-        "process" => {}
+        "process" => {
+            let argv = config.init.as_ref().map(|i| i.argv()).unwrap_or_default();
+            driver::validate_command(&config.env, &argv).map_err(AgentError::Invalid)?;
+        }
         "oci" => {
-            return Err(AgentError::Invalid(format!(
-                "image {:?}: this host runs process machines only (set config.driver = \"process\" and config.init.exec)",
-                config.image
-            )))
+            config
+                .image
+                .parse::<bazaar_image::Reference>()
+                .map_err(|e| AgentError::Invalid(format!("image {:?}: {e}", config.image)))?;
+            for f in &config.files {
+                if !f.guest_path.starts_with('/') || f.guest_path.split('/').any(|c| c == "..") {
+                    return Err(AgentError::Invalid(format!(
+                        "config.files: guest_path {:?} must be an absolute path without ..",
+                        f.guest_path
+                    )));
+                }
+                if f.raw_value.is_none() {
+                    return Err(AgentError::Invalid(format!(
+                        "config.files {}: raw_value (base64) is required",
+                        f.guest_path
+                    )));
+                }
+            }
         }
         other => {
             return Err(AgentError::Invalid(format!(
-                "unknown driver {other:?}: use \"process\""
+                "unknown driver {other:?}: use \"process\", or set config.image"
             )))
         }
     }
     bazaar_types::volume::mount_of(config).map_err(AgentError::Invalid)?;
-    let argv = config.init.as_ref().map(|i| i.argv()).unwrap_or_default();
-    driver::validate_command(&config.env, &argv).map_err(AgentError::Invalid)?;
     for svc in &config.services {
         if svc.internal_port == 0 {
             return Err(AgentError::Invalid(
@@ -745,4 +797,33 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
         }
     }
     Ok(size.into())
+}
+
+/// The OCI runtime of this host, or why there is none (not root, no cgroups, no runc, no
+/// machine network).
+fn oci_runtime(
+    config: &AgentConfig,
+    host_id: &str,
+    cgroups: bool,
+) -> Result<Arc<crate::oci::OciRuntime>, String> {
+    if !cgroups {
+        return Err("image machines need root and cgroups (isolation on)".into());
+    }
+    let images = bazaar_image::ImageStore::open(
+        config.data_dir.join("images"),
+        bazaar_image::StoreOptions {
+            insecure_registries: config.insecure_registries.clone(),
+            copy_rootfs: false,
+        },
+    )
+    .map_err(|e| format!("opening the image store: {e}"))?;
+    let subnet = config
+        .machine_subnet
+        .as_deref()
+        .map(str::parse::<crate::network::Subnet>)
+        .transpose()?;
+    crate::oci::OciRuntime::detect(config.runc.as_deref(), images, || {
+        crate::network::Network::setup(&config.data_dir, host_id, subnet, config.machine_nat)
+    })
+    .map(Arc::new)
 }

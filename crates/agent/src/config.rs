@@ -62,6 +62,15 @@ pub struct AgentConfig {
     /// How long the proxy holds a request that no machine can take yet before it answers 503.
     #[serde(with = "millis")]
     pub proxy_queue_timeout: Duration,
+    /// Registries (`host[:port]`) pulled from over plain HTTP (loopback ones always are).
+    pub insecure_registries: Vec<String>,
+    /// The subnet of this host's machine network (CIDR); `None` keeps the one used before,
+    /// or picks the first free /24 of 10.213.0.0/16.
+    pub machine_subnet: Option<String>,
+    /// Let image machines reach beyond this host (masquerade their traffic).
+    pub machine_nat: bool,
+    /// The runc executable; `None` looks it up in PATH.
+    pub runc: Option<PathBuf>,
 }
 
 impl Default for AgentConfig {
@@ -92,6 +101,10 @@ impl Default for AgentConfig {
             proxy_domain: "localhost".into(),
             autostop_idle: Duration::from_secs(30),
             proxy_queue_timeout: Duration::from_secs(5),
+            insecure_registries: Vec::new(),
+            machine_subnet: None,
+            machine_nat: false,
+            runc: None,
         }
     }
 }

@@ -1,12 +1,18 @@
-//! The process driver: turns a machine record into a shim spec (command, environment with
-//! the machine's identity, ports, limits, isolation) and launches, adopts and cleans up
-//! runs. Layout under `data_dir/machines/<id>/`: `work/` (the workload's directory),
-//! `output.log` (its stdout/stderr), `runs/<run_id>/` (one shim's files).
+//! The driver: turns a machine record into a shim spec (command, environment with the
+//! machine's identity, ports, limits, isolation) and launches, adopts and cleans up runs.
+//! Process machines run their command directly under the shim; image machines
+//! (`config.image`) run `runc` under it, prepared by [`crate::oci`].
+//! Layout under `data_dir/machines/<id>/`: `work/` (a process workload's directory),
+//! `rootfs/` (an image machine's root), `output.log` (stdout/stderr), `runs/<run_id>/`
+//! (one shim's files).
 
+use crate::oci::OciRuntime;
 use crate::record::MachineRecord;
 use bazaar_shim::{ShimError, ShimHandle, ShimSpec};
+use bazaar_types::event::MachineEvent;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The PATH used when the machine's env does not set one.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -22,6 +28,9 @@ pub struct Driver {
     pub log_max_bytes: u64,
     /// Where volumes live (a machine that mounts one is told its path).
     pub volumes: crate::volume_fs::VolumeFs,
+    /// Image machines: runc, the image store and the machine network, or why this host
+    /// cannot run them.
+    pub oci: Result<Arc<OciRuntime>, String>,
 }
 
 impl Driver {
@@ -46,7 +55,28 @@ impl Driver {
             .then(|| format!("bazaar/{}/{}", self.host_id, id))
     }
 
-    /// Builds the spec for run `run_id` of `rec`.
+    /// The environment every workload gets: the machine's env and its identity
+    /// (`FLY_*`/`BAZAAR_*`: machine id, app, region, private address, version).
+    pub fn machine_env(&self, rec: &MachineRecord) -> BTreeMap<String, String> {
+        let mut env: BTreeMap<String, String> = rec.config.env.clone();
+        let private_ip = rec
+            .private_ip
+            .map(|ip| ip.to_string())
+            .unwrap_or_else(|| "127.0.0.1".into());
+        for prefix in ["BAZAAR", "FLY"] {
+            env.insert(format!("{prefix}_MACHINE_ID"), rec.id.clone());
+            env.insert(format!("{prefix}_APP_NAME"), rec.app.clone());
+            env.insert(format!("{prefix}_REGION"), rec.region.clone());
+            env.insert(format!("{prefix}_PRIVATE_IP"), private_ip.clone());
+        }
+        env.insert("FLY_MACHINE_VERSION".into(), rec.instance_id.clone());
+        env.insert("BAZAAR_INSTANCE_ID".into(), rec.instance_id.clone());
+        env.insert("FLY_ALLOC_ID".into(), rec.id.clone());
+        env.insert("BAZAAR_HOST_ID".into(), self.host_id.clone());
+        env
+    }
+
+    /// Builds the spec for run `run_id` of process machine `rec`.
     pub fn spec(&self, rec: &MachineRecord, run_id: u64) -> ShimSpec {
         let argv = rec
             .config
@@ -58,19 +88,7 @@ impl Driver {
         let mut env: BTreeMap<String, String> = BTreeMap::new();
         env.insert("PATH".into(), DEFAULT_PATH.into());
         env.insert("HOME".into(), workdir.display().to_string());
-        for (k, v) in &rec.config.env {
-            env.insert(k.clone(), v.clone());
-        }
-        for (prefix, _) in [("BAZAAR", ()), ("FLY", ())] {
-            env.insert(format!("{prefix}_MACHINE_ID"), rec.id.clone());
-            env.insert(format!("{prefix}_APP_NAME"), rec.app.clone());
-            env.insert(format!("{prefix}_REGION"), rec.region.clone());
-            env.insert(format!("{prefix}_PRIVATE_IP"), "127.0.0.1".into());
-        }
-        env.insert("FLY_MACHINE_VERSION".into(), rec.instance_id.clone());
-        env.insert("BAZAAR_INSTANCE_ID".into(), rec.instance_id.clone());
-        env.insert("FLY_ALLOC_ID".into(), rec.id.clone());
-        env.insert("BAZAAR_HOST_ID".into(), self.host_id.clone());
+        env.extend(self.machine_env(rec));
         // The first service's port is PORT; every service also gets PORT_<internal>.
         for (i, svc) in rec.config.services.iter().enumerate() {
             if let Some(host_port) = rec.host_ports.get(&svc.internal_port) {
@@ -80,8 +98,8 @@ impl Driver {
                 env.insert(format!("PORT_{}", svc.internal_port), host_port.to_string());
             }
         }
-        // The shim has no bind mounts yet: a process machine reaches its volume at the
-        // host path given here (`mounts[0].path` is passed along for the workload to use).
+        // A process machine reaches its volume at the host path given here
+        // (`mounts[0].path` is passed along for the workload to use).
         if let Ok(Some(mount)) = bazaar_types::volume::mount_of(&rec.config) {
             let path = self.volumes.mount_path(&mount.volume);
             env.insert("BAZAAR_VOLUME_PATH".into(), path.display().to_string());
@@ -105,14 +123,92 @@ impl Driver {
         }
     }
 
-    /// Starts run `run_id` of `rec`.
-    pub async fn launch(&self, rec: &MachineRecord, run_id: u64) -> Result<ShimHandle, ShimError> {
-        let spec = self.spec(rec, run_id);
-        self.give_volume_to_workload(rec);
+    /// Starts run `run_id` of `rec`; what happened on the way (an image pull) is added to
+    /// `events`.
+    pub async fn launch(
+        &self,
+        rec: &MachineRecord,
+        run_id: u64,
+        events: &mut Vec<MachineEvent>,
+    ) -> Result<ShimHandle, ShimError> {
         let run_dir = self.run_dir(&rec.id, run_id);
         std::fs::create_dir_all(&run_dir)
             .map_err(|e| ShimError::Io(format!("creating {}", run_dir.display()), e))?;
+        if rec.config.driver() == "oci" {
+            return self.launch_image(rec, run_id, &run_dir, events).await;
+        }
+        let spec = self.spec(rec, run_id);
+        self.give_volume_to_workload(rec);
         ShimHandle::spawn(&self.exe, &run_dir, &spec).await
+    }
+
+    /// An image machine's run: `runc run` of a bundle made by [`OciRuntime::prepare`], in
+    /// the machine's cgroup; it is started once runc has created the container.
+    async fn launch_image(
+        &self,
+        rec: &MachineRecord,
+        run_id: u64,
+        run_dir: &Path,
+        events: &mut Vec<MachineEvent>,
+    ) -> Result<ShimHandle, ShimError> {
+        let oci = self
+            .oci
+            .as_ref()
+            .map_err(|e| ShimError::Launch(e.clone()))?;
+        let volume = match bazaar_types::volume::mount_of(&rec.config) {
+            Ok(Some(m)) => Some((self.volumes.mount_path(&m.volume), m.path)),
+            _ => None,
+        };
+        let cgroup = self.image_cgroup(&rec.id);
+        let prepared = oci
+            .prepare(
+                rec,
+                &self.machine_dir(&rec.id),
+                run_dir,
+                &cgroup,
+                volume,
+                &self.machine_env(rec),
+            )
+            .await
+            .map_err(ShimError::Launch)?;
+        events.extend(prepared.events);
+        let spec = ShimSpec {
+            argv: prepared.argv,
+            env: vec![("PATH".into(), DEFAULT_PATH.into())],
+            workdir: run_dir.to_path_buf(),
+            user: Some("root".into()),
+            isolate: false,
+            cgroup: Some(cgroup),
+            ..self.spec(rec, run_id)
+        };
+        let handle = ShimHandle::spawn(&self.exe, run_dir, &spec).await?;
+        match crate::oci::wait_created(run_dir, &self.log_path(&rec.id)).await {
+            Ok(_) => Ok(handle),
+            Err(err) => {
+                let _ = handle.kill();
+                Err(ShimError::Launch(err))
+            }
+        }
+    }
+
+    /// An image machine's cgroup (always one: runc needs it).
+    fn image_cgroup(&self, id: &str) -> String {
+        format!("bazaar/{}/{}", self.host_id, id)
+    }
+
+    /// The argv that runs `argv` inside image machine `id`'s run `run_id` (`runc exec`),
+    /// or `None` for a process machine.
+    pub fn exec_argv(
+        &self,
+        rec: &MachineRecord,
+        run_id: u64,
+        argv: &[String],
+    ) -> Option<Vec<String>> {
+        if rec.config.driver() != "oci" {
+            return None;
+        }
+        let oci = self.oci.as_ref().ok()?;
+        Some(oci.exec_argv(&self.run_dir(&rec.id, run_id), &rec.id, argv))
     }
 
     /// An isolated workload without `init.user` runs as nobody: the root of its volume, as
@@ -136,8 +232,14 @@ impl Driver {
     }
 
     /// Removes everything a destroyed machine left on the host.
-    pub fn cleanup(&self, id: &str) {
-        if let Some(cg) = self.cgroup(id) {
+    pub async fn cleanup(&self, id: &str) {
+        if let Ok(oci) = &self.oci {
+            oci.cleanup(id, &self.machine_dir(id)).await;
+        }
+        let cgroup = self
+            .cgroup(id)
+            .or_else(|| self.oci.is_ok().then(|| self.image_cgroup(id)));
+        if let Some(cg) = cgroup {
             if let Err(err) = bazaar_shim::remove_cgroup(&cg) {
                 tracing::warn!(machine.id = id, error = %err, "removing cgroup");
             }

@@ -1,7 +1,7 @@
 //! `exec`: runs a command in a machine's context — inside its namespaces (through
 //! `nsenter`, from util-linux), as its user (`setpriv`), with its environment and working
-//! directory — and returns its exit status and output. Output is capped; the command is
-//! killed at its timeout.
+//! directory; in an image machine through `runc exec` — and returns its exit status and
+//! output. Output is capped; the command is killed at its timeout.
 
 use crate::error::AgentError;
 use bazaar_types::host::{ExecRequest, ExecResponse};
@@ -22,6 +22,8 @@ pub struct ExecTarget {
     pub isolated: bool,
     pub env: Vec<(String, String)>,
     pub workdir: std::path::PathBuf,
+    /// For an image machine: the whole `runc exec ...` argv to run instead.
+    pub runc_exec: Option<Vec<String>>,
 }
 
 /// The argv of a request (`command`, or the deprecated `cmd` string split on spaces).
@@ -52,7 +54,11 @@ pub async fn run(target: &ExecTarget, req: &ExecRequest) -> Result<ExecResponse,
         .map(Duration::from_secs)
         .unwrap_or(DEFAULT_TIMEOUT)
         .min(MAX_TIMEOUT);
-    let mut cmd = if target.isolated {
+    let mut cmd = if let Some(runc) = &target.runc_exec {
+        let mut c = tokio::process::Command::new(&runc[0]);
+        c.args(&runc[1..]);
+        c
+    } else if target.isolated {
         let (uid, gid) = ids_of(target.workload_pid)?;
         let mut c = tokio::process::Command::new("nsenter");
         c.arg("--target")
@@ -70,17 +76,19 @@ pub async fn run(target: &ExecTarget, req: &ExecRequest) -> Result<ExecResponse,
         c.args(&argv[1..]);
         c
     };
-    cmd.env_clear()
-        .envs(target.env.iter().cloned())
-        .current_dir(&target.workdir)
-        .stdin(if req.stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+    if target.runc_exec.is_none() {
+        cmd.env_clear()
+            .envs(target.env.iter().cloned())
+            .current_dir(&target.workdir);
+    }
+    cmd.stdin(if req.stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .kill_on_drop(true);
     let mut child = cmd
         .spawn()
         .map_err(|e| AgentError::Invalid(format!("cannot run {:?}: {e}", argv[0])))?;

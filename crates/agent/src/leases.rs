@@ -150,6 +150,10 @@ impl Agent {
             isolated: self.0.driver.isolate,
             env: spec.env,
             workdir: spec.workdir,
+            runc_exec: self
+                .0
+                .driver
+                .exec_argv(&rec, run.run_id, &crate::exec::argv(&req)?),
         };
         crate::exec::run(&target, &req).await
     }

@@ -14,7 +14,9 @@
 //! - [`actor`]: one task per machine that executes its operations step by step.
 //! - [`record`]: what is persisted (machine records, operations, steps).
 //! - [`store`]: the redb store.
-//! - [`driver`]: the process driver (command, environment, ports, shims).
+//! - [`driver`]: the driver (command, environment, ports, shims) of process and image
+//!   machines; [`oci`] prepares image machines (image, rootfs, bundle, `runc`) and
+//!   [`network`] gives each one a network namespace on the host's bridge.
 //! - [`restart`]: the restart policy.
 //! - [`http`]: the host interface (`/host/v1`).
 //! - [`exec`]: running a command inside a machine.
@@ -37,6 +39,8 @@ pub mod fault;
 pub mod http;
 pub mod leases;
 pub mod market;
+pub mod network;
+pub mod oci;
 pub mod publish;
 pub mod record;
 pub mod restart;

@@ -199,6 +199,7 @@ impl Agent {
             updated_at_ms: now,
             cordoned: false,
             host_ports: BTreeMap::new(),
+            private_ip: None,
             run: None,
             next_run_id: 1,
             exit_handled_run: 0,

@@ -116,18 +116,25 @@ impl Agent {
 
     /// The catalog row of a machine.
     pub(crate) fn catalog_row(&self, rec: &MachineRecord) -> bazaar_catalog::MachineRecord {
+        // A process machine's services listen on host ports on loopback; an image
+        // machine's on its own address.
         let services = rec
             .config
             .services
             .iter()
             .filter_map(|svc| {
-                rec.host_ports
-                    .get(&svc.internal_port)
-                    .map(|port| bazaar_catalog::ServiceRecord {
-                        service: svc.clone(),
-                        address: self.0.config.api_listen.ip().to_string(),
-                        port: *port,
-                    })
+                let (address, port) = match rec.private_ip {
+                    Some(ip) => (ip.to_string(), svc.internal_port),
+                    None => (
+                        self.0.config.api_listen.ip().to_string(),
+                        *rec.host_ports.get(&svc.internal_port)?,
+                    ),
+                };
+                Some(bazaar_catalog::ServiceRecord {
+                    service: svc.clone(),
+                    address,
+                    port,
+                })
             })
             .collect();
         bazaar_catalog::MachineRecord {

@@ -31,6 +31,10 @@ pub struct MachineRecord {
     /// Host port for each service `internal_port` (process driver).
     #[serde(default)]
     pub host_ports: BTreeMap<u16, u16>,
+    /// The machine's own address on the host's machine network (image machines); its
+    /// services are reached at `private_ip:internal_port`.
+    #[serde(default)]
+    pub private_ip: Option<std::net::Ipv4Addr>,
     /// The current (or last) run of the workload.
     #[serde(default)]
     pub run: Option<RunInfo>,
@@ -77,6 +81,9 @@ impl MachineRecord {
         }
         if stored.host_ports != before.host_ports {
             self.host_ports = stored.host_ports.clone();
+        }
+        if stored.private_ip != before.private_ip {
+            self.private_ip = stored.private_ip;
         }
         if stored.cordoned != before.cordoned {
             self.cordoned = stored.cordoned;

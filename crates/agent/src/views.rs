@@ -147,7 +147,10 @@ impl Agent {
             region: rec.region.clone(),
             instance_id: rec.instance_id.clone(),
             version: rec.instance_id.clone(),
-            private_ip: "127.0.0.1".into(),
+            private_ip: rec
+                .private_ip
+                .map(|ip| ip.to_string())
+                .unwrap_or_else(|| "127.0.0.1".into()),
             created_at: rfc3339(rec.created_at_ms),
             updated_at: rfc3339(rec.updated_at_ms),
             config: rec.config.clone(),

@@ -126,6 +126,20 @@ struct AgentArgs {
     /// Answer 503 when no machine could take a request within this long (ms; default 5000).
     #[arg(long)]
     proxy_queue_timeout_ms: Option<u64>,
+    /// Pull from this registry (`host[:port]`) over plain HTTP (repeatable; loopback
+    /// registries always are).
+    #[arg(long = "insecure-registry")]
+    insecure_registries: Vec<String>,
+    /// Subnet of this host's machine network (image machines), e.g. 10.213.4.0/24
+    /// (default: the one used before, or the first free /24 of 10.213.0.0/16).
+    #[arg(long)]
+    machine_subnet: Option<String>,
+    /// Let image machines reach beyond this host (outbound NAT).
+    #[arg(long)]
+    machine_nat: bool,
+    /// The runc executable (default: runc in PATH).
+    #[arg(long)]
+    runc: Option<PathBuf>,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: String,
@@ -253,6 +267,14 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     }
     if let Some(ms) = a.proxy_queue_timeout_ms {
         config.proxy_queue_timeout = std::time::Duration::from_millis(ms);
+    }
+    config.insecure_registries.extend(a.insecure_registries);
+    if let Some(s) = a.machine_subnet {
+        config.machine_subnet = Some(s);
+    }
+    config.machine_nat |= a.machine_nat;
+    if let Some(r) = a.runc {
+        config.runc = Some(r);
     }
     bazaar_agent::run_agent(
         config,

@@ -8,84 +8,20 @@ mod common;
 
 use bazaar_testkit::{start_cluster, TestAgent, TEST_SECRET};
 use common::*;
-use reqwest::{Client, Method, StatusCode};
+use reqwest::StatusCode;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-struct Fly {
-    base: String,
-    http: Client,
-}
-
-impl Fly {
-    fn new(agent: &TestAgent) -> Fly {
-        Fly {
-            base: format!("{}/v1", agent.url()),
-            http: Client::new(),
-        }
-    }
-
-    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut req = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(TEST_SECRET)
-            .timeout(Duration::from_secs(60));
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status();
-        let text = resp.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-
-    async fn get(&self, path: &str) -> (StatusCode, Value) {
-        self.call(Method::GET, path, None).await
-    }
-
-    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        self.call(Method::POST, path, Some(body)).await
-    }
-
-    async fn put(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        self.call(Method::PUT, path, Some(body)).await
-    }
-
-    async fn delete(&self, path: &str) -> (StatusCode, Value) {
-        self.call(Method::DELETE, path, None).await
-    }
-
-    async fn create_app(&self, app: &str) {
-        let (s, v) = self
-            .post("/apps", json!({"app_name": app, "org_slug": "personal"}))
-            .await;
-        assert_eq!(s, StatusCode::CREATED, "{v}");
-    }
-
-    /// The app's volumes once the list has `n` of them.
-    async fn list_volumes(&self, app: &str, n: usize) -> Vec<Value> {
-        bazaar_testkit::eventually(Duration::from_secs(10), || async {
-            let (_, v) = self.get(&format!("/apps/{app}/volumes")).await;
-            let list = v.as_array()?.clone();
-            (list.len() == n).then_some(list)
-        })
-        .await
-        .unwrap_or_else(|_| panic!("app {app} never had {n} volume(s)"))
-    }
-
-    async fn wait_state(&self, app: &str, id: &str, state: &str) {
-        let (s, v) = self
-            .get(&format!(
-                "/apps/{app}/machines/{id}/wait?state={state}&timeout=30"
-            ))
-            .await;
-        assert_eq!(s, StatusCode::OK, "machine {id} never {state}: {v}");
-    }
+/// The app's volumes once the list has `n` of them.
+async fn list_volumes(fly: &Fly, app: &str, n: usize) -> Vec<Value> {
+    bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let (_, v) = fly.get(&format!("/apps/{app}/volumes")).await;
+        let list = v.as_array()?.clone();
+        (list.len() == n).then_some(list)
+    })
+    .await
+    .unwrap_or_else(|_| panic!("app {app} never had {n} volume(s)"))
 }
 
 /// Unmounts every volume left under the agents' data directories when a test ends (also
@@ -198,7 +134,7 @@ async fn volume_crud_with_fly_shapes_and_bad_input() {
     // List (from the catalog) and get (from the owner) on every node.
     for agent in &agents {
         let fly = Fly::new(agent);
-        let list = fly.list_volumes("db", 1).await;
+        let list = list_volumes(&fly, "db", 1).await;
         assert_eq!(list[0]["id"], id.as_str());
         assert_eq!(list[0]["zone"], zone.as_str());
         let (s, g) = fly.get(&format!("/apps/db/volumes/{id}")).await;
@@ -299,7 +235,11 @@ async fn volume_crud_with_fly_shapes_and_bad_input() {
     fly.create_app("other").await;
     let (s, _) = fly.get(&format!("/apps/other/volumes/{id}")).await;
     assert_eq!(s, StatusCode::NOT_FOUND, "a volume belongs to its app");
-    assert_eq!(fly.list_volumes("db", 1).await.len(), 1, "nothing created");
+    assert_eq!(
+        list_volumes(&fly, "db", 1).await.len(),
+        1,
+        "nothing created"
+    );
     for agent in &agents {
         let dirs = std::fs::read_dir(agent.data_dir.join("volumes"))
             .map(|d| d.count())
@@ -315,7 +255,7 @@ async fn volume_crud_with_fly_shapes_and_bad_input() {
     assert!(mounts_under(&owner.data_dir).is_empty());
     let (s, _) = fly.get(&format!("/apps/db/volumes/{id}")).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
-    fly.list_volumes("db", 0).await;
+    list_volumes(&fly, "db", 0).await;
     let (s, _) = fly.delete(&format!("/apps/db/volumes/{id}")).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
 
@@ -400,7 +340,7 @@ async fn unique_zones_and_machines_pinned_to_their_volume() {
         zones.push(v["zone"].as_str().unwrap().to_string());
         ids.push(v["id"].as_str().unwrap().to_string());
         // The next exchange knows of it (as any later client would).
-        fly.list_volumes("shards", ids.len()).await;
+        list_volumes(&fly, "shards", ids.len()).await;
     }
     assert_eq!(zones[0], host0, "the host with the most disk left wins");
     let mut distinct = zones.clone();
@@ -480,7 +420,7 @@ async fn unique_zones_and_machines_pinned_to_their_volume() {
     let (_, v) = fly.get(&format!("/apps/shards/volumes/{vol0}")).await;
     assert_eq!(v["attached_machine_id"], m1.as_str());
     bazaar_testkit::eventually(Duration::from_secs(10), || async {
-        let list = fly.list_volumes("shards", 5).await;
+        let list = list_volumes(&fly, "shards", 5).await;
         list.iter()
             .any(|v| v["id"] == vol0.as_str() && v["attached_machine_id"] == m1.as_str())
             .then_some(())
@@ -537,7 +477,7 @@ async fn unique_zones_and_machines_pinned_to_their_volume() {
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["zone"], host0.as_str());
     let solo = v["id"].as_str().unwrap().to_string();
-    fly.list_volumes("shards", 6).await;
+    list_volumes(&fly, "shards", 6).await;
     let (s, v) = fly
         .post(
             "/apps/shards/machines",

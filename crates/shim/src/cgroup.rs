@@ -312,16 +312,29 @@ impl Cgroup {
         Ok(())
     }
 
-    /// The number of OOM kills in this cgroup so far (`None` without a memory controller).
+    /// The number of OOM kills in this cgroup so far, child cgroups included (`None`
+    /// without a memory controller). On v1 the kernel counts a kill only in the victim's
+    /// own cgroup (an OCI runtime puts the container in a child), so the tree is summed;
+    /// v2 counts it in every ancestor already.
     pub(crate) fn oom_kills(&self) -> Option<u64> {
-        let file = match self.v2_root {
-            Some(_) => "memory.events",
-            None => "memory.oom_control",
+        let read = |dir: &Path, file: &str| -> Option<u64> {
+            let text = fs::read_to_string(dir.join(file)).ok()?;
+            text.lines()
+                .find_map(|l| l.strip_prefix("oom_kill "))
+                .and_then(|n| n.trim().parse().ok())
         };
-        let text = fs::read_to_string(self.dir_with("memory")?.join(file)).ok()?;
-        text.lines()
-            .find_map(|l| l.strip_prefix("oom_kill "))
-            .and_then(|n| n.trim().parse().ok())
+        let dir = self.dir_with("memory")?;
+        match self.v2_root {
+            Some(_) => read(dir, "memory.events"),
+            None => {
+                let own = read(dir, "memory.oom_control")?;
+                let below: u64 = descendants(dir)
+                    .iter()
+                    .filter_map(|d| read(d, "memory.oom_control"))
+                    .sum();
+                Some(own + below)
+            }
+        }
     }
 
     /// Moves the calling process into the cgroup in every hierarchy. The caller must be
@@ -345,12 +358,14 @@ impl Cgroup {
             .try_for_each(|(p, _)| write(&p.join(file), "0"))
     }
 
-    /// The processes in the cgroup (the union over all hierarchies).
+    /// The processes in the cgroup and its child cgroups (the union over all hierarchies).
     fn procs(&self) -> Vec<i32> {
         let mut pids: Vec<i32> = Vec::new();
         for (dir, _) in &self.dirs {
-            let text = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
-            pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+            for d in std::iter::once(dir.clone()).chain(descendants(dir)) {
+                let text = fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+                pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+            }
         }
         pids.sort_unstable();
         pids.dedup();
@@ -406,17 +421,22 @@ impl Cgroup {
         }
     }
 
-    /// Kills what is left in the cgroup and removes its directories. Idempotent.
+    /// Kills what is left in the cgroup and removes its directories (child cgroups first).
+    /// Idempotent.
     pub(crate) fn remove(&self) -> io::Result<()> {
         let deadline = Instant::now() + REMOVE_TIMEOUT;
         loop {
             self.kill_all();
             let mut busy = None;
             for (dir, _) in &self.dirs {
-                match fs::remove_dir(dir) {
-                    Ok(()) => {}
-                    Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-                    Err(err) => busy = Some(context(dir)(err)),
+                let mut below = descendants(dir);
+                below.reverse();
+                for d in below.iter().chain(std::iter::once(dir)) {
+                    match fs::remove_dir(d) {
+                        Ok(()) => {}
+                        Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                        Err(err) => busy = Some(context(d)(err)),
+                    }
                 }
             }
             match busy {
@@ -426,6 +446,28 @@ impl Cgroup {
             }
         }
     }
+}
+
+/// The child cgroups below `dir`, parents before their children.
+fn descendants(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut next = 0;
+    let push_children = |d: &Path, out: &mut Vec<PathBuf>| {
+        if let Ok(entries) = fs::read_dir(d) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    out.push(e.path());
+                }
+            }
+        }
+    };
+    push_children(dir, &mut out);
+    while next < out.len() {
+        let d = out[next].clone();
+        push_children(&d, &mut out);
+        next += 1;
+    }
+    out
 }
 
 /// Writes `value` to the cgroup file `path`; errors name the file.

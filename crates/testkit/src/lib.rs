@@ -2,6 +2,8 @@
 //! directories, so tests and benchmarks can create machines through the host interface,
 //! SIGKILL an agent at any moment and start it again on the same data and port.
 
+pub mod images;
+
 use bazaar_client::HostClient;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -258,6 +260,45 @@ impl Drop for TestAgent {
         if let Some(host_id) = &self.host_id {
             remove_cgroups(host_id, &self.data_dir);
         }
+        remove_machine_network_and_mounts(&self.data_dir);
+    }
+}
+
+/// Removes what image machines leave on the host outside the data dir: their network
+/// namespaces, the agent's bridge and firewall table, and mounts (overlay root
+/// filesystems) below the data dir.
+fn remove_machine_network_and_mounts(data_dir: &Path) {
+    let run = |program: &str, args: &[&str]| {
+        let _ = Command::new(program)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    };
+    if let Ok(machines) = std::fs::read_dir(data_dir.join("machines")) {
+        for m in machines.flatten() {
+            let ns = format!("bz-{}", m.file_name().to_string_lossy());
+            if Path::new("/run/netns").join(&ns).exists() {
+                run("ip", &["netns", "delete", &ns]);
+            }
+        }
+    }
+    let network = std::fs::read_to_string(data_dir.join("network")).unwrap_or_default();
+    if let Some(bridge) = network.lines().nth(1).filter(|b| b.starts_with("bz-")) {
+        run("ip", &["link", "delete", bridge]);
+        let table = format!("bazaar_{}", bridge.replace('-', "_"));
+        run("nft", &["delete", "table", "ip", &table]);
+    }
+    let prefix = format!("{}/", data_dir.display());
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let mut targets: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(1))
+        .filter(|t| t.starts_with(&prefix))
+        .collect();
+    targets.sort_by_key(|t| std::cmp::Reverse(t.len()));
+    for t in targets {
+        run("umount", &["-l", t]);
     }
 }
 

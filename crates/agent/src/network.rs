@@ -1,0 +1,378 @@
+//! The machine network of this host: a bridge with a private subnet, and for every image
+//! machine a network namespace with one end of a veth pair on that bridge and an address
+//! of its own (`BAZAAR_PRIVATE_IP`). The edge proxy reaches a machine at
+//! `address:internal_port` through the bridge.
+//!
+//! Isolation: every machine's bridge port is `isolated` (the bridge forwards nothing
+//! between two machines), and an nftables rule drops what the host would route from the
+//! bridge back into it, so machines reach the host and, with NAT on, the outside, but never
+//! each other (different apps or not; they talk through the proxy). Outbound NAT is off
+//! unless configured.
+//!
+//! Everything is done with iproute2 (`ip`, in batch mode: two execs per machine) and
+//! nftables (`nft`, once per host). Names: bridge `bz-<8 hex of the host id>`, namespace
+//! `/run/netns/bz-<machine id>`, host side of the veth `bz<13 chars of the machine id>`.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// Where `ip netns` keeps named namespaces.
+const NETNS_DIR: &str = "/run/netns";
+/// Default subnets are /24s picked from here (the first one no route on the host covers).
+const DEFAULT_POOL: (u8, u8) = (10, 213);
+
+/// A subnet in CIDR form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Subnet {
+    pub base: Ipv4Addr,
+    pub prefix: u8,
+}
+
+impl std::str::FromStr for Subnet {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Subnet, String> {
+        let (ip, prefix) = s
+            .split_once('/')
+            .ok_or_else(|| format!("subnet {s:?}: expected a.b.c.d/prefix"))?;
+        let ip: Ipv4Addr = ip.parse().map_err(|e| format!("subnet {s:?}: {e}"))?;
+        let prefix: u8 = prefix
+            .parse()
+            .ok()
+            .filter(|p| (8..=29).contains(p))
+            .ok_or_else(|| format!("subnet {s:?}: the prefix must be between 8 and 29"))?;
+        let mask = u32::MAX << (32 - prefix);
+        Ok(Subnet {
+            base: Ipv4Addr::from(u32::from(ip) & mask),
+            prefix,
+        })
+    }
+}
+
+impl std::fmt::Display for Subnet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.base, self.prefix)
+    }
+}
+
+impl Subnet {
+    /// The host's address on the bridge (the first one).
+    pub fn gateway(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.base) + 1)
+    }
+
+    /// Addresses machines can have: all but the network, the gateway and the broadcast.
+    fn machine_addresses(&self) -> impl Iterator<Item = Ipv4Addr> {
+        let base = u32::from(self.base);
+        let size = 1u32 << (32 - self.prefix);
+        (base + 2..base + size - 1).map(Ipv4Addr::from)
+    }
+
+    fn contains(&self, ip: Ipv4Addr) -> bool {
+        let mask = u32::MAX << (32 - self.prefix);
+        u32::from(ip) & mask == u32::from(self.base)
+    }
+
+    fn overlaps(&self, other: &Subnet) -> bool {
+        let p = self.prefix.min(other.prefix);
+        let mask = u32::MAX.checked_shl(32 - p as u32).unwrap_or(0);
+        u32::from(self.base) & mask == u32::from(other.base) & mask
+    }
+}
+
+/// This host's machine network.
+#[derive(Debug, Clone)]
+pub struct Network {
+    pub bridge: String,
+    pub subnet: Subnet,
+    pub nat: bool,
+}
+
+impl Network {
+    /// Sets up (or finds again) the bridge of host `host_id`. The subnet is `configured`,
+    /// else the one this host used before (`data_dir/network`), else the first free /24 of
+    /// 10.213.0.0/16. Idempotent.
+    ///
+    /// `data_dir/network` records the subnet (line 1) and the bridge (line 2).
+    pub fn setup(
+        data_dir: &Path,
+        host_id: &str,
+        configured: Option<Subnet>,
+        nat: bool,
+    ) -> Result<Network, String> {
+        let bridge = format!("bz-{}", &hex_of(host_id)[..8]);
+        let record = data_dir.join("network");
+        let remembered = std::fs::read_to_string(&record)
+            .ok()
+            .and_then(|s| s.lines().next()?.trim().parse::<Subnet>().ok());
+        // Agents of one machine pick their subnets one at a time.
+        let _lock = host_lock()?;
+        let subnet = match configured.or(remembered) {
+            Some(s) => s,
+            None => pick_subnet(&bridge)?,
+        };
+        // Line 1 the subnet, line 2 the bridge (for whoever cleans up after this host).
+        std::fs::write(&record, format!("{subnet}\n{bridge}\n"))
+            .map_err(|e| format!("writing {}: {e}", record.display()))?;
+        let network = Network {
+            bridge,
+            subnet,
+            nat,
+        };
+        network.create_bridge()?;
+        network.firewall();
+        Ok(network)
+    }
+
+    fn create_bridge(&self) -> Result<(), String> {
+        let exists = Path::new("/sys/class/net").join(&self.bridge).exists();
+        let gw = format!("{}/{}", self.subnet.gateway(), self.subnet.prefix);
+        let mut cmds = String::new();
+        if !exists {
+            cmds += &format!("link add {} type bridge\n", self.bridge);
+        }
+        cmds += &format!("addr replace {gw} dev {}\n", self.bridge);
+        cmds += &format!("link set {} up\n", self.bridge);
+        ip_batch(None, &cmds)
+    }
+
+    /// nftables: nothing routed from the bridge back into it; masquerade outbound when NAT
+    /// is on. Without `nft` the bridge's port isolation still keeps machines apart.
+    fn firewall(&self) {
+        let table = format!("bazaar_{}", self.bridge.replace('-', "_"));
+        let mut rules = format!(
+            "table ip {table}\ndelete table ip {table}\ntable ip {table} {{\n\
+             chain forward {{ type filter hook forward priority 0; iifname \"{br}\" oifname \"{br}\" drop; }}\n",
+            br = self.bridge
+        );
+        if self.nat {
+            rules += &format!(
+                "chain postrouting {{ type nat hook postrouting priority 100; ip saddr {} oifname != \"{}\" masquerade; }}\n",
+                self.subnet, self.bridge
+            );
+        }
+        rules += "}\n";
+        if let Err(err) = run_stdin("nft", &["-f", "-"], &rules) {
+            tracing::warn!(error = %err, "nftables rules for the machine network not installed (machines stay apart through bridge port isolation)");
+        }
+        if self.nat {
+            if let Err(err) = std::fs::write("/proc/sys/net/ipv4/ip_forward", "1") {
+                tracing::warn!(error = %err, "enabling ip_forward for outbound NAT");
+            }
+        }
+    }
+
+    /// The first address of the subnet not in `used`.
+    pub fn allocate(&self, used: &HashSet<Ipv4Addr>) -> Option<Ipv4Addr> {
+        self.subnet
+            .machine_addresses()
+            .find(|ip| !used.contains(ip))
+    }
+
+    /// The path of machine `id`'s network namespace.
+    pub fn netns_path(id: &str) -> PathBuf {
+        Path::new(NETNS_DIR).join(netns_name(id))
+    }
+
+    /// Gives machine `id` a fresh network namespace with `ip` on the bridge (a leftover one
+    /// is replaced). Returns the namespace's path.
+    pub fn attach(&self, id: &str, ip: Ipv4Addr) -> Result<PathBuf, String> {
+        if !self.subnet.contains(ip) {
+            return Err(format!(
+                "address {ip} is not in this host's machine subnet {}",
+                self.subnet
+            ));
+        }
+        let ns = netns_name(id);
+        let veth = veth_name(id);
+        let path = Network::netns_path(id);
+        let mut host = String::new();
+        if path.exists() {
+            host += &format!("netns delete {ns}\n");
+        }
+        if Path::new("/sys/class/net").join(&veth).exists() {
+            host += &format!("link delete {veth}\n");
+        }
+        host += &format!(
+            "netns add {ns}\n\
+             link add {veth} type veth peer name eth0 netns {ns}\n\
+             link set {veth} master {br}\n\
+             link set dev {veth} type bridge_slave isolated on\n\
+             link set {veth} up\n",
+            br = self.bridge
+        );
+        ip_batch(None, &host)?;
+        let inside = format!(
+            "link set lo up\naddr add {ip}/{} dev eth0\nlink set eth0 up\nroute add default via {}\n",
+            self.subnet.prefix,
+            self.subnet.gateway()
+        );
+        ip_batch(Some(&ns), &inside)?;
+        Ok(path)
+    }
+
+    /// Removes machine `id`'s namespace (and with it the veth pair). Idempotent.
+    pub fn detach(id: &str) {
+        if Network::netns_path(id).exists() {
+            if let Err(err) = ip_batch(None, &format!("netns delete {}\n", netns_name(id))) {
+                tracing::warn!(machine.id = id, error = %err, "removing the network namespace");
+            }
+        }
+    }
+
+    /// Removes the bridge and its firewall table (tests and dev clusters that go away).
+    pub fn teardown(&self) {
+        let _ = ip_batch(None, &format!("link delete {}\n", self.bridge));
+        let table = format!("bazaar_{}", self.bridge.replace('-', "_"));
+        let _ = run_stdin("nft", &["-f", "-"], &format!("delete table ip {table}\n"));
+    }
+}
+
+fn netns_name(id: &str) -> String {
+    format!("bz-{id}")
+}
+
+fn veth_name(id: &str) -> String {
+    let id: String = id.chars().take(13).collect();
+    format!("bz{id}")
+}
+
+/// Hex of a short hash of `s` (stable across runs).
+fn hex_of(s: &str) -> String {
+    // FNV-1a: stable, and enough to tell a machine's few agents apart.
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in s.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    format!("{h:016x}")
+}
+
+/// The first /24 of the default pool that no route of this host covers, except one that
+/// is already `bridge`'s.
+fn pick_subnet(bridge: &str) -> Result<Subnet, String> {
+    let out = Command::new("ip")
+        .args(["-4", "-o", "route", "show", "table", "all"])
+        .output()
+        .map_err(|e| format!("running ip route: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut taken = Vec::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let Some(first) = words.next() else { continue };
+        if line.contains(&format!("dev {bridge} ")) {
+            continue;
+        }
+        let dst = if first == "local" || first == "broadcast" {
+            words.next().unwrap_or("")
+        } else {
+            first
+        };
+        if dst == "default" {
+            continue;
+        }
+        let (ip, prefix) = dst.split_once('/').unwrap_or((dst, "32"));
+        if let (Ok(ip), Ok(prefix)) = (ip.parse::<Ipv4Addr>(), prefix.parse::<u8>()) {
+            if prefix <= 32 {
+                let mask = u32::MAX.checked_shl(32 - prefix as u32).unwrap_or(0);
+                taken.push(Subnet {
+                    base: Ipv4Addr::from(u32::from(ip) & mask),
+                    prefix,
+                });
+            }
+        }
+    }
+    (0..=255u8)
+        .map(|third| Subnet {
+            base: Ipv4Addr::new(DEFAULT_POOL.0, DEFAULT_POOL.1, third, 0),
+            prefix: 24,
+        })
+        .find(|s| !taken.iter().any(|t| t.overlaps(s)))
+        .ok_or_else(|| {
+            "no free /24 left in 10.213.0.0/16 for the machine network; set --machine-subnet".into()
+        })
+}
+
+/// An exclusive lock on `/run/bazaar/network.lock` (agents of one machine set up their
+/// networks one at a time).
+fn host_lock() -> Result<std::fs::File, String> {
+    std::fs::create_dir_all("/run/bazaar").map_err(|e| format!("creating /run/bazaar: {e}"))?;
+    let f = std::fs::File::create("/run/bazaar/network.lock")
+        .map_err(|e| format!("creating /run/bazaar/network.lock: {e}"))?;
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| format!("locking /run/bazaar/network.lock: {e}"))?;
+    Ok(f)
+}
+
+/// Runs `ip [-n NS] -batch -` with `cmds` on stdin.
+fn ip_batch(netns: Option<&str>, cmds: &str) -> Result<(), String> {
+    let mut args = Vec::new();
+    if let Some(ns) = netns {
+        args.extend(["-n", ns]);
+    }
+    args.extend(["-batch", "-"]);
+    run_stdin("ip", &args, cmds)
+}
+
+fn run_stdin(program: &str, args: &[&str], input: &str) -> Result<(), String> {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("running {program}: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(input.as_bytes())
+            .map_err(|e| format!("writing to {program}: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("waiting for {program}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subnets_parse_and_hand_out_addresses() {
+        let s: Subnet = "10.213.7.9/24".parse().unwrap();
+        assert_eq!(s.to_string(), "10.213.7.0/24");
+        assert_eq!(s.gateway(), Ipv4Addr::new(10, 213, 7, 1));
+        let mut used = HashSet::new();
+        let net = Network {
+            bridge: "bz-test".into(),
+            subnet: s,
+            nat: false,
+        };
+        let a = net.allocate(&used).unwrap();
+        assert_eq!(a, Ipv4Addr::new(10, 213, 7, 2));
+        used.insert(a);
+        assert_eq!(net.allocate(&used), Some(Ipv4Addr::new(10, 213, 7, 3)));
+        assert_eq!(s.machine_addresses().count(), 253);
+        assert!("10.0.0.0/33".parse::<Subnet>().is_err());
+        assert!("10.0.0.0".parse::<Subnet>().is_err());
+        let other: Subnet = "10.213.0.0/16".parse().unwrap();
+        assert!(s.overlaps(&other) && other.overlaps(&s));
+        assert!(!s.overlaps(&"10.213.8.0/24".parse().unwrap()));
+    }
+
+    #[test]
+    fn names_fit_the_kernel_limits() {
+        assert!(veth_name("0123456789abcd").len() <= 15);
+        assert_eq!(format!("bz-{}", &hex_of("host")[..8]).len(), 11);
+    }
+}

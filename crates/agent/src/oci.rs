@@ -1,0 +1,659 @@
+//! Image machines (`config.image`): the OCI runtime path of the driver. For each run it
+//! makes sure the image is in the store (pulling it, with progress in the machine's
+//! events), gives the machine a fresh root filesystem from it (overlayfs), writes
+//! `config.files`, `/etc/hosts` and `/etc/hostname` into it, attaches the machine's network
+//! namespace ([`crate::network`]), and writes an OCI bundle whose `config.json` says what
+//! runs and how: the image's process merged with `config.init`/`env` (Fly's rules), pid,
+//! mount, ipc, uts, cgroup and network namespaces, Docker's default capabilities,
+//! no-new-privileges, a seccomp filter, masked `/proc` paths and the volume's bind mount.
+//!
+//! The run itself is `runc run --keep` of that bundle, supervised by the machine's shim like
+//! any workload: the shim puts runc in the machine's cgroup (limits from `guest`) and runc
+//! puts the container one level below it; the shim forwards signals to runc, which forwards
+//! them to the container, and kills the whole cgroup tree when the run must die. `--keep`
+//! leaves the container's cgroup in place until the shim has read its OOM counter.
+//! The run counts as started once runc has created the container (its `--pid-file`).
+//!
+//! Layout of a run: `runs/<run_id>/bundle/config.json`, `runs/<run_id>/runc/` (runc's
+//! state), `runs/<run_id>/container.pid`; the rootfs is `machines/<id>/rootfs`.
+
+use crate::network::Network;
+use crate::record::MachineRecord;
+use bazaar_image::{Auth, ImageStore, PullPhase, Reference};
+use bazaar_types::event::MachineEvent;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long runc gets to create the container once the shim is up.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Docker's default capability set.
+const CAPABILITIES: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
+/// System calls a machine may not make (EPERM), as in Docker's default profile: kernel
+/// modules, keyrings, tracing other processes, namespaces and mounts, clocks, swap, reboot,
+/// bpf and perf, handles that bypass path checks.
+const DENIED_SYSCALLS: &[&str] = &[
+    "acct",
+    "add_key",
+    "bpf",
+    "clock_adjtime",
+    "clock_settime",
+    "create_module",
+    "delete_module",
+    "finit_module",
+    "fsconfig",
+    "fsmount",
+    "fsopen",
+    "fspick",
+    "get_kernel_syms",
+    "get_mempolicy",
+    "init_module",
+    "ioperm",
+    "iopl",
+    "kcmp",
+    "kexec_file_load",
+    "kexec_load",
+    "keyctl",
+    "lookup_dcookie",
+    "mbind",
+    "mount",
+    "mount_setattr",
+    "move_mount",
+    "move_pages",
+    "name_to_handle_at",
+    "nfsservctl",
+    "open_by_handle_at",
+    "open_tree",
+    "perf_event_open",
+    "personality",
+    "pivot_root",
+    "process_vm_readv",
+    "process_vm_writev",
+    "ptrace",
+    "query_module",
+    "quotactl",
+    "reboot",
+    "request_key",
+    "set_mempolicy",
+    "setns",
+    "settimeofday",
+    "swapoff",
+    "swapon",
+    "sysfs",
+    "umount",
+    "umount2",
+    "unshare",
+    "uselib",
+    "userfaultfd",
+    "ustat",
+    "vm86",
+    "vm86old",
+];
+
+/// What this host needs to run image machines.
+#[derive(Debug, Clone)]
+pub struct OciRuntime {
+    pub runc: PathBuf,
+    pub images: ImageStore,
+    pub network: Network,
+}
+
+/// What [`OciRuntime::prepare`] made for a run.
+#[derive(Debug)]
+pub struct Prepared {
+    /// The argv the shim runs (`runc run ...`).
+    pub argv: Vec<String>,
+    /// Events for the machine (image pull).
+    pub events: Vec<MachineEvent>,
+}
+
+impl OciRuntime {
+    /// Finds runc (in PATH, or `configured`) and sets up the machine network. `None` with
+    /// the reason when this host cannot run images.
+    pub fn detect(
+        configured_runc: Option<&Path>,
+        images: ImageStore,
+        network: impl FnOnce() -> Result<Network, String>,
+    ) -> Result<OciRuntime, String> {
+        let runc = match configured_runc {
+            Some(p) => p.to_path_buf(),
+            None => find_in_path("runc").ok_or("runc is not installed (apt-get install runc)")?,
+        };
+        if !rustix::process::geteuid().is_root() {
+            return Err("image machines need the agent to run as root".into());
+        }
+        Ok(OciRuntime {
+            runc,
+            images,
+            network: network()?,
+        })
+    }
+
+    /// Everything a run needs before the shim starts: image, rootfs, files, network,
+    /// bundle. `cgroup` is the machine's cgroup (the container goes in `<cgroup>/ctr`);
+    /// `volume` the host path and mount point of its volume. Idempotent (a redone launch
+    /// step rebuilds it all).
+    pub async fn prepare(
+        &self,
+        rec: &MachineRecord,
+        machine_dir: &Path,
+        run_dir: &Path,
+        cgroup: &str,
+        volume: Option<(PathBuf, String)>,
+        env: &BTreeMap<String, String>,
+    ) -> Result<Prepared, String> {
+        let mut events = Vec::new();
+        let reference: Reference = rec
+            .config
+            .image
+            .parse()
+            .map_err(|e| format!("image {:?}: {e}", rec.config.image))?;
+        let image = match self.images.image(&reference).map_err(|e| e.to_string())? {
+            Some(image) => image,
+            None => {
+                let (image, event) = self.pull(&reference).await?;
+                events.push(event);
+                image
+            }
+        };
+        // Every run starts from the image as it is: what a run wrote to its root
+        // filesystem is gone at the next start (volumes are for data that must stay).
+        self.images
+            .remove_rootfs(machine_dir)
+            .await
+            .map_err(|e| format!("removing the previous root filesystem: {e}"))?;
+        let rootfs = self
+            .images
+            .rootfs(&image, machine_dir)
+            .await
+            .map_err(|e| format!("making the root filesystem: {e}"))?;
+        let process = image
+            .process(rec.config.init.as_ref(), env)
+            .map_err(|e| e.to_string())?;
+        let root = open_root(&rootfs)?;
+        let (uid, gid) = resolve_user(&root, process.user.as_deref())?;
+        let ip = rec
+            .private_ip
+            .ok_or("the machine has no private address (recreate it)")?;
+        write_in_root(
+            &root,
+            "/etc/hosts",
+            format!("127.0.0.1\tlocalhost\n::1\tlocalhost\n{ip}\t{}\n", rec.id).as_bytes(),
+            0o644,
+        )?;
+        write_in_root(
+            &root,
+            "/etc/hostname",
+            format!("{}\n", rec.id).as_bytes(),
+            0o644,
+        )?;
+        if self.network.nat {
+            if let Ok(resolv) = std::fs::read("/etc/resolv.conf") {
+                write_in_root(&root, "/etc/resolv.conf", &resolv, 0o644)?;
+            }
+        }
+        for f in &rec.config.files {
+            let Some(raw) = &f.raw_value else {
+                return Err(format!(
+                    "config.files {}: only raw_value is supported",
+                    f.guest_path
+                ));
+            };
+            use base64::Engine;
+            let data = base64::engine::general_purpose::STANDARD
+                .decode(raw)
+                .map_err(|e| {
+                    format!(
+                        "config.files {}: raw_value is not base64: {e}",
+                        f.guest_path
+                    )
+                })?;
+            write_in_root(&root, &f.guest_path, &data, f.mode.unwrap_or(0o644))?;
+        }
+        let netns = tokio::task::spawn_blocking({
+            let network = self.network.clone();
+            let id = rec.id.clone();
+            move || network.attach(&id, ip)
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        let bundle = run_dir.join("bundle");
+        std::fs::create_dir_all(&bundle)
+            .map_err(|e| format!("creating {}: {e}", bundle.display()))?;
+        let spec = bundle_config(&BundleInputs {
+            hostname: &rec.id,
+            rootfs: &rootfs,
+            args: &process.args,
+            env: &process.env,
+            cwd: &process.cwd,
+            uid,
+            gid,
+            netns: &netns,
+            cgroup: &format!("/{cgroup}/ctr"),
+            volume: volume.as_ref(),
+        });
+        write_file(
+            &bundle.join("config.json"),
+            &serde_json::to_vec_pretty(&spec).expect("json"),
+        )?;
+        Ok(Prepared {
+            argv: self.run_argv(run_dir, &rec.id, &bundle),
+            events,
+        })
+    }
+
+    /// Pulls an image, and the event that says how it went.
+    async fn pull(
+        &self,
+        reference: &Reference,
+    ) -> Result<(bazaar_image::Image, MachineEvent), String> {
+        let started = Instant::now();
+        let bytes = Arc::new(Mutex::new(BTreeMap::<usize, (u64, bool)>::new()));
+        let progress = {
+            let bytes = bytes.clone();
+            let reference = reference.to_string();
+            move |p: bazaar_image::PullProgress| {
+                let mut b = bytes.lock().unwrap_or_else(|e| e.into_inner());
+                b.insert(p.index, (p.total, p.phase == PullPhase::Cached));
+                if matches!(p.phase, PullPhase::Ready | PullPhase::Cached) {
+                    tracing::info!(image = %reference, layer = p.index + 1, of = p.count, phase = ?p.phase, "pull");
+                }
+            }
+        };
+        let image = self
+            .images
+            .pull(reference, &Auth::Anonymous, &progress)
+            .await
+            .map_err(|e| format!("pulling {reference}: {e}"))?;
+        let b = bytes.lock().unwrap_or_else(|e| e.into_inner());
+        let fetched: u64 = b
+            .values()
+            .filter(|(_, cached)| !cached)
+            .map(|(n, _)| n)
+            .sum();
+        let cached = b.values().filter(|(_, cached)| *cached).count();
+        let event = MachineEvent::new("pull", "pulled", "flyd").with_reason(format!(
+            "{reference}: {} layers ({cached} cached), {fetched} bytes in {} ms",
+            image.layers.len(),
+            started.elapsed().as_millis()
+        ));
+        Ok((image, event))
+    }
+
+    fn run_argv(&self, run_dir: &Path, id: &str, bundle: &Path) -> Vec<String> {
+        vec![
+            self.runc.display().to_string(),
+            "--root".into(),
+            run_dir.join("runc").display().to_string(),
+            "run".into(),
+            "--keep".into(),
+            "--pid-file".into(),
+            pid_file(run_dir).display().to_string(),
+            "--bundle".into(),
+            bundle.display().to_string(),
+            id.into(),
+        ]
+    }
+
+    /// `runc exec` of `argv` in run `run_dir`'s container.
+    pub fn exec_argv(&self, run_dir: &Path, id: &str, argv: &[String]) -> Vec<String> {
+        let mut v = vec![
+            self.runc.display().to_string(),
+            "--root".into(),
+            run_dir.join("runc").display().to_string(),
+            "exec".into(),
+            id.into(),
+        ];
+        v.extend(argv.iter().cloned());
+        v
+    }
+
+    /// Removes what a destroyed machine had: its rootfs (unmounted) and network namespace.
+    pub async fn cleanup(&self, id: &str, machine_dir: &Path) {
+        if !machine_dir.join("rootfs").exists() {
+            // A process machine (or one whose rootfs is already gone).
+        } else if let Err(err) = self.images.remove_rootfs(machine_dir).await {
+            tracing::warn!(machine.id = id, error = %err, "removing the root filesystem");
+        }
+        let id = id.to_string();
+        let _ = tokio::task::spawn_blocking(move || Network::detach(&id)).await;
+    }
+}
+
+/// Where runc writes the container's pid once it is created.
+pub fn pid_file(run_dir: &Path) -> PathBuf {
+    run_dir.join("container.pid")
+}
+
+/// Waits until runc has created the container of `run_dir` (its pid file), or the run has
+/// ended (the shim wrote its exit record): then the error is the end of the machine's log,
+/// where runc says what went wrong.
+pub async fn wait_created(run_dir: &Path, log: &Path) -> Result<i32, String> {
+    let deadline = Instant::now() + CREATE_TIMEOUT;
+    let mut pause = Duration::from_micros(200);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(pid_file(run_dir)) {
+            if let Ok(pid) = text.trim().parse::<i32>() {
+                return Ok(pid);
+            }
+        }
+        if bazaar_shim::read_exit(run_dir).is_some() {
+            return Err(format!("the container did not start: {}", log_tail(log)));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the container was not created within {}s",
+                CREATE_TIMEOUT.as_secs()
+            ));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(10));
+    }
+}
+
+/// The last non-empty line of a log (runc's error), cut to a readable length.
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read(log).unwrap_or_default();
+    let start = text.len().saturating_sub(4096);
+    let text = String::from_utf8_lossy(&text[start..]).into_owned();
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("no output")
+        .to_string();
+    // The log is JSON lines ({"ts", "stream", "line"}); runc's message is the `line`.
+    let line = serde_json::from_str::<Value>(&line)
+        .ok()
+        .and_then(|v| v["line"].as_str().map(str::to_string))
+        .unwrap_or(line);
+    line.chars().take(500).collect()
+}
+
+struct BundleInputs<'a> {
+    hostname: &'a str,
+    rootfs: &'a Path,
+    args: &'a [String],
+    env: &'a [String],
+    cwd: &'a str,
+    uid: u32,
+    gid: u32,
+    netns: &'a Path,
+    cgroup: &'a str,
+    volume: Option<&'a (PathBuf, String)>,
+}
+
+/// The OCI runtime spec (`config.json`) of a run.
+fn bundle_config(i: &BundleInputs<'_>) -> Value {
+    let mut mounts = vec![
+        json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+        json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+               "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
+        json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+               "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]}),
+        json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+               "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
+        json!({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+               "options": ["nosuid", "noexec", "nodev"]}),
+        json!({"destination": "/sys", "type": "sysfs", "source": "sysfs",
+               "options": ["nosuid", "noexec", "nodev", "ro"]}),
+        json!({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+               "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]}),
+    ];
+    if let Some((source, destination)) = i.volume {
+        mounts.push(json!({"destination": destination, "type": "bind",
+                           "source": source, "options": ["rbind", "rw"]}));
+    }
+    let caps: Vec<&str> = CAPABILITIES.to_vec();
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": {"uid": i.uid, "gid": i.gid},
+            "args": i.args,
+            "env": i.env,
+            "cwd": i.cwd,
+            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+            "noNewPrivileges": true,
+        },
+        "root": {"path": i.rootfs, "readonly": false},
+        "hostname": i.hostname,
+        "mounts": mounts,
+        "linux": {
+            "cgroupsPath": i.cgroup,
+            "resources": {
+                "devices": [{"allow": false, "access": "rwm"}],
+                "pids": {"limit": 16384},
+            },
+            "namespaces": [
+                {"type": "pid"},
+                {"type": "network", "path": i.netns},
+                {"type": "ipc"},
+                {"type": "uts"},
+                {"type": "mount"},
+                {"type": "cgroup"},
+            ],
+            "seccomp": {
+                "defaultAction": "SCMP_ACT_ALLOW",
+                "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+                "syscalls": [{"names": DENIED_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": 1}],
+            },
+            "maskedPaths": [
+                "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+                "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware",
+                "/proc/scsi",
+            ],
+            "readonlyPaths": [
+                "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+            ],
+        },
+    })
+}
+
+/// Opens a rootfs directory to resolve paths inside it.
+fn open_root(rootfs: &Path) -> Result<OwnedFd, String> {
+    rustix::fs::open(
+        rootfs,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| format!("opening {}: {e}", rootfs.display()))
+}
+
+/// Opens `path` inside `root` with every symlink resolved as if `root` were `/` (an
+/// image's symlink can never lead out of its rootfs).
+fn open_in_root(
+    root: &OwnedFd,
+    path: &str,
+    flags: rustix::fs::OFlags,
+    mode: u32,
+) -> rustix::io::Result<OwnedFd> {
+    let relative = path.trim_start_matches('/');
+    rustix::fs::openat2(
+        root,
+        if relative.is_empty() { "." } else { relative },
+        flags | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::from_raw_mode(mode),
+        rustix::fs::ResolveFlags::IN_ROOT | rustix::fs::ResolveFlags::NO_MAGICLINKS,
+    )
+}
+
+/// Writes a file at `guest_path` inside the rootfs, creating its directories.
+fn write_in_root(root: &OwnedFd, guest_path: &str, data: &[u8], mode: u32) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Display| format!("writing {guest_path} into the machine: {e}");
+    if !guest_path.starts_with('/') || guest_path.ends_with('/') {
+        return Err(format!("{guest_path:?}: a file path must be absolute"));
+    }
+    if guest_path.split('/').any(|c| c == "..") {
+        return Err(format!("{guest_path:?}: .. is not allowed"));
+    }
+    let (parent, _) = guest_path.rsplit_once('/').unwrap_or(("", guest_path));
+    let mut dir = String::new();
+    for component in parent.split('/').filter(|c| !c.is_empty()) {
+        dir.push('/');
+        dir.push_str(component);
+        let parent_fd = open_in_root(
+            root,
+            dir.rsplit_once('/').map(|(p, _)| p).unwrap_or(""),
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
+            0,
+        )
+        .map_err(|e| err(&e))?;
+        match rustix::fs::mkdirat(
+            &parent_fd,
+            component,
+            rustix::fs::Mode::from_raw_mode(0o755),
+        ) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(err(&e)),
+        }
+    }
+    let fd = open_in_root(
+        root,
+        guest_path,
+        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CREATE | rustix::fs::OFlags::TRUNC,
+        mode,
+    )
+    .map_err(|e| err(&e))?;
+    rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(mode & 0o7777)).map_err(|e| err(&e))?;
+    let mut f = std::fs::File::from(fd);
+    f.write_all(data).map_err(|e| err(&e))
+}
+
+/// Reads a file inside the rootfs ("" when it is missing).
+fn read_in_root(root: &OwnedFd, path: &str) -> String {
+    open_in_root(root, path, rustix::fs::OFlags::RDONLY, 0)
+        .ok()
+        .and_then(|fd| std::io::read_to_string(std::fs::File::from(fd)).ok())
+        .unwrap_or_default()
+}
+
+/// The uid and gid of an image's `User` (`name`, `uid`, `name:group`, `uid:gid`), looked up
+/// in the image's own `/etc/passwd` and `/etc/group`. `None` is root.
+fn resolve_user(root: &OwnedFd, user: Option<&str>) -> Result<(u32, u32), String> {
+    let Some(user) = user.filter(|u| !u.is_empty()) else {
+        return Ok((0, 0));
+    };
+    let (u, g) = match user.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (user, None),
+    };
+    let passwd = read_in_root(root, "/etc/passwd");
+    let entry = passwd
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.len() > 3 && (f[0] == u || f[2] == u));
+    let uid = match (u.parse::<u32>(), &entry) {
+        (Ok(uid), _) => uid,
+        (Err(_), Some(f)) => f[2]
+            .parse()
+            .map_err(|_| format!("user {u}: bad /etc/passwd entry"))?,
+        (Err(_), None) => return Err(format!("user {u:?} is not in the image's /etc/passwd")),
+    };
+    let gid = match g {
+        None => entry.and_then(|f| f[3].parse().ok()).unwrap_or(0),
+        Some(g) => match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => read_in_root(root, "/etc/group")
+                .lines()
+                .map(|l| l.split(':').collect::<Vec<_>>())
+                .find(|f| f.len() > 2 && f[0] == g)
+                .and_then(|f| f[2].parse().ok())
+                .ok_or_else(|| format!("group {g:?} is not in the image's /etc/group"))?,
+        },
+    };
+    Ok((uid, gid))
+}
+
+fn write_file(path: &Path, data: &[u8]) -> Result<(), String> {
+    std::fs::write(path, data).map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+fn find_in_path(program: &str) -> Option<PathBuf> {
+    let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+    path.split(':')
+        .map(|d| Path::new(d).join(program))
+        .find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_stay_inside_the_root_even_through_symlinks() {
+        let outside = tempfile::tempdir().unwrap();
+        let rootfs = tempfile::tempdir().unwrap();
+        std::fs::create_dir(rootfs.path().join("etc")).unwrap();
+        // An image's absolute symlink pointing at a host directory.
+        std::os::unix::fs::symlink(outside.path(), rootfs.path().join("escape")).unwrap();
+        let root = open_root(rootfs.path()).unwrap();
+        // The link's target, read inside the rootfs, does not exist: refused.
+        assert!(write_in_root(&root, "/escape/x", b"data", 0o600).is_err());
+        assert!(
+            !outside.path().join("x").exists(),
+            "written outside the rootfs"
+        );
+        // Once it exists inside the rootfs, the file lands there.
+        let inside_dir = rootfs
+            .path()
+            .join(outside.path().strip_prefix("/").unwrap());
+        std::fs::create_dir_all(&inside_dir).unwrap();
+        write_in_root(&root, "/escape/x", b"data", 0o600).unwrap();
+        assert!(
+            !outside.path().join("x").exists(),
+            "written outside the rootfs"
+        );
+        let inside = inside_dir.join("x");
+        assert_eq!(std::fs::read(inside).unwrap(), b"data");
+        write_in_root(&root, "/a/b/c.txt", b"hi", 0o640).unwrap();
+        assert_eq!(
+            std::fs::read(rootfs.path().join("a/b/c.txt")).unwrap(),
+            b"hi"
+        );
+        assert!(write_in_root(&root, "relative", b"", 0o644).is_err());
+        assert!(write_in_root(&root, "/../x", b"", 0o644).is_err());
+    }
+
+    #[test]
+    fn users_resolve_against_the_image() {
+        let rootfs = tempfile::tempdir().unwrap();
+        std::fs::create_dir(rootfs.path().join("etc")).unwrap();
+        std::fs::write(
+            rootfs.path().join("etc/passwd"),
+            "root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n",
+        )
+        .unwrap();
+        std::fs::write(rootfs.path().join("etc/group"), "root:x:0:\nstaff:x:50:\n").unwrap();
+        let root = open_root(rootfs.path()).unwrap();
+        assert_eq!(resolve_user(&root, None).unwrap(), (0, 0));
+        assert_eq!(resolve_user(&root, Some("app")).unwrap(), (1000, 1001));
+        assert_eq!(resolve_user(&root, Some("1000")).unwrap(), (1000, 1001));
+        assert_eq!(resolve_user(&root, Some("app:staff")).unwrap(), (1000, 50));
+        assert_eq!(resolve_user(&root, Some("4242:7")).unwrap(), (4242, 7));
+        assert!(resolve_user(&root, Some("ghost"))
+            .unwrap_err()
+            .contains("not in the image"));
+    }
+}

@@ -1,0 +1,353 @@
+//! Image machines end to end, on two agents as root: Debian's `docker-registry` on loopback
+//! serves an image built from Debian's `busybox-static`; machines made from it run under
+//! runc as the image says (entrypoint, cmd, user, workdir, env) with `config.files`, get an
+//! address of their own (reached through either agent's proxy), cannot see the host's
+//! processes nor reach another app's machine, are held to their memory, keep their volume's
+//! data (and lose what they wrote elsewhere) over a restart, and a hostile image fails the
+//! machine with a clear error without writing outside the image store.
+
+mod common;
+
+use base64::Engine;
+use bazaar_testkit::images::{
+    config_with, ensure_packages, file, layer, push_with_config, Entry, Layer, TestRegistry,
+};
+use bazaar_testkit::start_cluster;
+use common::*;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// busybox (with the applets the test uses), a user `app`, and a web root.
+fn web_layer() -> Layer {
+    let busybox = std::fs::read("/bin/busybox").expect("busybox-static");
+    let mut entries = vec![
+        Entry::Dir("bin/"),
+        Entry::File("bin/busybox".into(), busybox, 0o755),
+        Entry::Dir("etc/"),
+        file(
+            "etc/passwd",
+            b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000::/www:/bin/sh\n",
+        ),
+        file("etc/group", b"root:x:0:\napp:x:1000:\n"),
+        Entry::Dir("www/"),
+        file("www/index.html", b"hello from the image\n"),
+        Entry::Dir("tmp/"),
+    ];
+    for applet in [
+        "sh", "httpd", "cat", "id", "ps", "nc", "printf", "sleep", "dd", "echo", "ls",
+    ] {
+        entries.push(Entry::Symlink(
+            Box::leak(format!("bin/{applet}").into_boxed_str()),
+            "busybox".into(),
+        ));
+    }
+    layer(entries)
+}
+
+async fn push_web_image(registry: &TestRegistry) -> String {
+    let reg =
+        bazaar_image::Registry::new(&registry.host, bazaar_image::Auth::Anonymous, true).unwrap();
+    let l = web_layer();
+    let config = config_with(
+        &[&l],
+        bazaar_image::manifest::Platform::current()
+            .architecture
+            .as_str(),
+        json!({
+            "Entrypoint": ["/bin/httpd", "-f", "-p"],
+            "Cmd": ["8080"],
+            "Env": ["PATH=/bin", "GREETING=from-image"],
+            "WorkingDir": "/www",
+            "User": "app",
+        }),
+    );
+    push_with_config(&reg, "web", "1", &[&l], &config).await;
+    format!("{}/web:1", registry.host)
+}
+
+fn machine_config(image: &str, memory_mb: u64) -> Value {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    json!({
+        "image": image,
+        "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": memory_mb},
+        "env": {"MSG": "from-env"},
+        "files": [{"guest_path": "/www/file.txt", "raw_value": b64("from-files\n")}],
+        "services": [{"protocol": "tcp", "internal_port": 8080,
+                      "ports": [{"port": 80, "handlers": ["http"]}]}],
+    })
+}
+
+async fn exec(fly: &Fly, app: &str, id: &str, cmd: &str) -> Value {
+    let (s, v) = fly
+        .post(
+            &format!("/apps/{app}/machines/{id}/exec"),
+            json!({"command": ["/bin/sh", "-c", cmd], "timeout": 20}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "exec {cmd}: {v}");
+    v
+}
+
+async fn proxy_get(proxy: &str, app: &str, path: &str) -> Option<(u16, String)> {
+    let resp = reqwest::Client::new()
+        .get(format!("{proxy}{path}"))
+        .header("host", format!("{app}.localhost"))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .ok()?;
+    Some((resp.status().as_u16(), resp.text().await.ok()?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_machines_run_isolated_on_their_own_address() {
+    if !is_root() {
+        eprintln!("skipped: image machines need root");
+        return;
+    }
+    ensure_packages();
+    let registry = TestRegistry::start(None);
+    let image = push_web_image(&registry).await;
+    let agents = start_cluster(std::path::Path::new(EXE), 2, |_, _| {}).unwrap();
+    let fly = Fly::new(&agents[0]);
+    fly.create_app("web").await;
+    fly.create_app("other").await;
+
+    // Created from the registry; runs as its image says.
+    let (s, m) = fly
+        .post(
+            "/apps/web/machines",
+            json!({"config": machine_config(&image, 256)}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    let id = m["id"].as_str().unwrap().to_string();
+    let (s, w) = fly
+        .get(&format!(
+            "/apps/web/machines/{id}/wait?state=started&timeout=30"
+        ))
+        .await;
+    if s != StatusCode::OK {
+        let (_, ev) = fly.get(&format!("/apps/web/machines/{id}/events")).await;
+        let logs: Vec<String> = agents
+            .iter()
+            .map(|a| {
+                std::fs::read_to_string(a.data_dir.join("machines").join(&id).join("output.log"))
+                    .unwrap_or_default()
+            })
+            .collect();
+        panic!("machine {id} never started: {w}\nevents: {ev}\nlogs: {logs:?}");
+    }
+    let (_, m) = fly.get(&format!("/apps/web/machines/{id}")).await;
+    let ip = m["private_ip"].as_str().unwrap().to_string();
+    assert!(ip.starts_with("10."), "an address of its own: {m}");
+    let (_, events) = fly.get(&format!("/apps/web/machines/{id}/events")).await;
+    assert!(
+        events.to_string().contains("pulled"),
+        "the pull is in the events: {events}"
+    );
+
+    let v = exec(
+        &fly,
+        "web",
+        &id,
+        "echo $MSG $GREETING $FLY_PRIVATE_IP; id -u; pwd",
+    )
+    .await;
+    assert_eq!(
+        v["stdout"].as_str().unwrap(),
+        format!("from-env from-image {ip}\n1000\n/www\n"),
+        "{v}"
+    );
+    // Its own pid namespace: the server is pid 1 and nothing of the host is visible.
+    let v = exec(&fly, "web", &id, "ps -o pid,args").await;
+    let ps = v["stdout"].as_str().unwrap();
+    assert!(ps.contains("1 /bin/httpd -f -p 8080"), "{ps}");
+    assert!(!ps.contains("bazaar"), "host processes visible: {ps}");
+    assert!(ps.lines().count() <= 5, "{ps}");
+
+    // Reachable through either agent's proxy, on its own address.
+    for agent in &agents {
+        let got = bazaar_testkit::eventually(Duration::from_secs(15), || async {
+            proxy_get(&agent.proxy_url(), "web", "/file.txt")
+                .await
+                .filter(|(s, _)| *s == 200)
+        })
+        .await
+        .expect("served through the proxy");
+        assert_eq!(got.1, "from-files\n");
+    }
+
+    // Another app's machine cannot reach it; the machine itself can.
+    let mut other_config = machine_config(&image, 256);
+    other_config["init"] = json!({"exec": ["/bin/sleep", "1000"]});
+    other_config["services"] = json!([]);
+    let (s, o) = fly
+        .post("/apps/other/machines", json!({"config": other_config}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{o}");
+    let other = o["id"].as_str().unwrap().to_string();
+    fly.wait_state("other", &other, "started").await;
+    // (busybox's static wget crashes without NSS libraries; nc does not resolve names.)
+    let fetch = format!("printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {ip} 8080");
+    let v = exec(&fly, "web", &id, &fetch).await;
+    assert!(
+        v["stdout"]
+            .as_str()
+            .unwrap()
+            .ends_with("hello from the image\n"),
+        "{v}"
+    );
+    let v = exec(&fly, "other", &other, &fetch).await;
+    assert!(
+        !v["stdout"].as_str().unwrap().contains("hello"),
+        "another app reached the machine: {v}"
+    );
+
+    // Held to its memory: 400 MB in a 256 MB machine is killed, and the event says OOM.
+    let mut hog = machine_config(&image, 256);
+    hog["init"] =
+        json!({"exec": ["/bin/dd", "if=/dev/zero", "of=/dev/null", "bs=400M", "count=1"]});
+    hog["services"] = json!([]);
+    hog["restart"] = json!({"policy": "no"});
+    let (s, h) = fly
+        .post("/apps/other/machines", json!({"config": hog}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{h}");
+    let hog = h["id"].as_str().unwrap().to_string();
+    let oom = bazaar_testkit::eventually(Duration::from_secs(30), || async {
+        let (_, ev) = fly.get(&format!("/apps/other/machines/{hog}/events")).await;
+        ev.as_array()?.iter().find(|e| e["type"] == "exit").cloned()
+    })
+    .await
+    .expect("the hog exits");
+    assert_eq!(oom["request"]["exit_event"]["oom_killed"], true, "{oom}");
+
+    // A restart starts from the image again: the volume keeps its data, the rootfs not.
+    let (s, vol) = fly
+        .post("/apps/web/volumes", json!({"name": "data", "size_gb": 1}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{vol}");
+    let mut with_volume = machine_config(&image, 256);
+    with_volume["mounts"] = json!([{"volume": vol["id"], "path": "/data"}]);
+    with_volume["init"] = json!({"exec": ["/bin/sleep", "1000"], "user": "root"});
+    let (s, d) = fly
+        .post("/apps/web/machines", json!({"config": with_volume}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{d}");
+    let db = d["id"].as_str().unwrap().to_string();
+    let (s, w) = fly
+        .get(&format!(
+            "/apps/web/machines/{db}/wait?state=started&timeout=30"
+        ))
+        .await;
+    if s != StatusCode::OK {
+        let (_, ev) = fly.get(&format!("/apps/web/machines/{db}/events")).await;
+        panic!("machine {db} never started: {w}\nevents: {ev}");
+    }
+    exec(
+        &fly,
+        "web",
+        &db,
+        "echo kept > /data/x; echo gone > /www/scratch",
+    )
+    .await;
+    let (s, v) = fly
+        .post(&format!("/apps/web/machines/{db}/restart"), json!({}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (s, w) = fly
+        .get(&format!(
+            "/apps/web/machines/{db}/wait?state=started&timeout=30"
+        ))
+        .await;
+    if s != StatusCode::OK {
+        let (_, ev) = fly.get(&format!("/apps/web/machines/{db}/events")).await;
+        panic!("machine {db} never started again: {w}\nevents: {ev}");
+    }
+    let v = bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let (s, v) = fly
+            .post(
+                &format!("/apps/web/machines/{db}/exec"),
+                json!({"command": ["/bin/sh", "-c", "cat /data/x; ls /www"]}),
+            )
+            .await;
+        (s == StatusCode::OK).then_some(v)
+    })
+    .await
+    .unwrap();
+    assert_eq!(v["stdout"], "kept\nfile.txt\nindex.html\n", "{v}");
+
+    // Destroyed: its namespace and root filesystem are gone.
+    let (s, v) = fly
+        .delete(&format!("/apps/web/machines/{id}?force=true"))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    bazaar_testkit::eventually(Duration::from_secs(15), || async {
+        (!std::path::Path::new(&format!("/run/netns/bz-{id}")).exists()).then_some(())
+    })
+    .await
+    .expect("the network namespace is removed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_image_fails_the_machine_with_a_clear_error() {
+    if !is_root() {
+        eprintln!("skipped: image machines need root");
+        return;
+    }
+    ensure_packages();
+    let registry = TestRegistry::start(None);
+    let reg =
+        bazaar_image::Registry::new(&registry.host, bazaar_image::Auth::Anonymous, true).unwrap();
+    let evil = layer(vec![
+        Entry::Dir("bin/"),
+        Entry::File("../../escaped".into(), b"x".to_vec(), 0o644),
+    ]);
+    let config = config_with(
+        &[&evil],
+        bazaar_image::manifest::Platform::current()
+            .architecture
+            .as_str(),
+        json!({"Cmd": ["/bin/true"]}),
+    );
+    push_with_config(&reg, "evil", "1", &[&evil], &config).await;
+    let agents = start_cluster(std::path::Path::new(EXE), 1, |_, _| {}).unwrap();
+    let fly = Fly::new(&agents[0]);
+    fly.create_app("evil").await;
+    let (s, m) = fly
+        .post(
+            "/apps/evil/machines",
+            json!({"config": {"image": format!("{}/evil:1", registry.host)}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    let id = m["id"].as_str().unwrap().to_string();
+    fly.wait_state("evil", &id, "failed").await;
+    let (_, events) = fly.get(&format!("/apps/evil/machines/{id}/events")).await;
+    let text = events.to_string();
+    assert!(
+        text.contains("escaped"),
+        "the error names the entry: {text}"
+    );
+    let data = &agents[0].data_dir;
+    assert!(!data.join("escaped").exists() && !data.parent().unwrap().join("escaped").exists());
+
+    // Bad input is refused before anything is created.
+    let (s, v) = fly
+        .post(
+            "/apps/evil/machines",
+            json!({"config": {"image": "UPPER/Case::bad"}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let (s, v) = fly
+        .post(
+            "/apps/evil/machines",
+            json!({"config": {"image": format!("{}/evil:1", registry.host),
+                              "files": [{"guest_path": "../etc/passwd", "raw_value": "eA=="}]}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+}
