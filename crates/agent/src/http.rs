@@ -68,6 +68,7 @@ pub fn router(agent: Agent) -> Router {
             get(volume_get).put(volume_update).delete(volume_delete),
         )
         .route("/volumes/{id}/extend", put(volume_extend))
+        .merge(crate::images::routes())
         .layer(middleware::from_fn_with_state(agent.clone(), require_token));
     let catalog = Router::new()
         .route("/hosts", get(catalog_hosts))

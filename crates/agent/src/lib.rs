@@ -20,6 +20,8 @@
 //! - [`restart`]: the restart policy.
 //! - [`http`]: the host interface (`/host/v1`).
 //! - [`exec`]: running a command inside a machine.
+//! - [`images`]: this host's images over the host interface (list, pull with progress,
+//!   import, prune) and their background pruning.
 //! - [`standby`]: starts stopped standbys when their primary's host is declared dead.
 //! - [`volumes`]: volumes owned by this host (records, placement checks, attachment), on
 //!   storage from [`volume_fs`] (ext4 images on loop devices, or directories).
@@ -37,6 +39,7 @@ pub mod error;
 pub mod exec;
 pub mod fault;
 pub mod http;
+pub mod images;
 pub mod leases;
 pub mod market;
 pub mod network;
@@ -94,6 +97,7 @@ pub async fn run_agent(
     )?;
     agent.attach_catalog(catalog.clone()).await;
     standby::spawn(&agent);
+    images::spawn_pruning(&agent);
     // Services beside the API (the edge proxy) start here, before `api.addr` announces
     // that the agent is up.
     let extra = extra_routes(agent.clone())?;

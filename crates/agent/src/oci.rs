@@ -117,6 +117,8 @@ pub struct OciRuntime {
     pub runc: PathBuf,
     pub images: ImageStore,
     pub network: Network,
+    /// When each image was last used here (for pruning, [`crate::images`]).
+    pub last_use: Arc<crate::images::LastUse>,
 }
 
 /// What [`OciRuntime::prepare`] made for a run.
@@ -147,6 +149,7 @@ impl OciRuntime {
             runc,
             images,
             network: network()?,
+            last_use: Arc::default(),
         })
     }
 
@@ -169,6 +172,7 @@ impl OciRuntime {
             .image
             .parse()
             .map_err(|e| format!("image {:?}: {e}", rec.config.image))?;
+        self.last_use.touch(&reference.to_string());
         let image = match self.images.image(&reference).map_err(|e| e.to_string())? {
             Some(image) => image,
             None => {

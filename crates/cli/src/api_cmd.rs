@@ -24,6 +24,27 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
+    /// A request to `path` (from the server's root, e.g. `/host/v1/images`) with the token.
+    pub(crate) fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+    ) -> anyhow::Result<reqwest::RequestBuilder> {
+        let token = self
+            .token
+            .clone()
+            .context("no token: set BAZAAR_TOKEN (bazaar dev writes it to .bazaar-dev/dev.env) or pass --token")?;
+        let url = format!("{}{path}", self.api_url.trim_end_matches('/'));
+        Ok(reqwest::Client::new()
+            .request(method, url)
+            .bearer_auth(token))
+    }
+
+    /// True when the user asked for JSON.
+    pub(crate) fn json(&self) -> bool {
+        self.json
+    }
+
     pub(crate) async fn call(
         &self,
         method: reqwest::Method,

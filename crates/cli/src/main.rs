@@ -16,6 +16,7 @@ mod api_cmd;
 mod deploy_cmd;
 mod dev;
 mod host_cmd;
+mod image_cmd;
 mod volumes_cmd;
 
 use clap::{Parser, Subcommand};
@@ -51,6 +52,8 @@ enum Command {
     Machine(api_cmd::MachineArgs),
     /// Create, list, extend and destroy volumes (host-local storage for machines).
     Volumes(volumes_cmd::VolumesArgs),
+    /// List, pull, import (docker save / OCI archives) and prune one host's images.
+    Image(image_cmd::ImageArgs),
     /// Manage API tokens.
     Token(api_cmd::TokenArgs),
     /// Deploy the app config file (bazaar.toml or fly.toml) as a new release.
@@ -171,6 +174,7 @@ fn main() {
         Command::Apps(a) => run_async(api_cmd::apps(a)),
         Command::Machine(a) => run_async(api_cmd::machine(a)),
         Command::Volumes(a) => run_async(volumes_cmd::volumes(a)),
+        Command::Image(a) => run_async(image_cmd::image(a)),
         Command::Token(a) => run_async(api_cmd::token(a)),
         Command::Deploy(a) => run_async(deploy_cmd::deploy(a)),
         Command::Releases(a) => run_async(deploy_cmd::releases(a)),

@@ -10,7 +10,8 @@ mod common;
 
 use base64::Engine;
 use bazaar_testkit::images::{
-    config_with, ensure_packages, file, layer, push_with_config, Entry, Layer, TestRegistry,
+    busybox_rootfs_layer, config_with, ensure_packages, layer, push_with_config, Entry, Layer,
+    TestRegistry,
 };
 use bazaar_testkit::start_cluster;
 use common::*;
@@ -20,29 +21,12 @@ use std::time::Duration;
 
 /// busybox (with the applets the test uses), a user `app`, and a web root.
 fn web_layer() -> Layer {
-    let busybox = std::fs::read("/bin/busybox").expect("busybox-static");
-    let mut entries = vec![
-        Entry::Dir("bin/"),
-        Entry::File("bin/busybox".into(), busybox, 0o755),
-        Entry::Dir("etc/"),
-        file(
-            "etc/passwd",
-            b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000::/www:/bin/sh\n",
-        ),
-        file("etc/group", b"root:x:0:\napp:x:1000:\n"),
-        Entry::Dir("www/"),
-        file("www/index.html", b"hello from the image\n"),
-        Entry::Dir("tmp/"),
-    ];
-    for applet in [
-        "sh", "httpd", "cat", "id", "ps", "nc", "printf", "sleep", "dd", "echo", "ls",
-    ] {
-        entries.push(Entry::Symlink(
-            Box::leak(format!("bin/{applet}").into_boxed_str()),
-            "busybox".into(),
-        ));
-    }
-    layer(entries)
+    busybox_rootfs_layer(
+        &[
+            "sh", "httpd", "cat", "id", "ps", "nc", "printf", "sleep", "dd", "echo", "ls",
+        ],
+        ("etc/motd", b"web\n"),
+    )
 }
 
 async fn push_web_image(registry: &TestRegistry) -> String {
@@ -350,4 +334,88 @@ async fn hostile_image_fails_the_machine_with_a_clear_error() {
         )
         .await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_commands_pull_import_list_and_prune() {
+    if !is_root() {
+        eprintln!("skipped: image machines need root");
+        return;
+    }
+    ensure_packages();
+    let registry = TestRegistry::start(None);
+    let image = push_web_image(&registry).await;
+    let agents = start_cluster(std::path::Path::new(EXE), 1, |_, _| {}).unwrap();
+    let bazaar = |args: &[&str]| {
+        let out = std::process::Command::new(EXE)
+            .args(args)
+            .env("BAZAAR_API_URL", agents[0].url())
+            .env("BAZAAR_TOKEN", bazaar_testkit::TEST_SECRET)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    // Pull shows each layer's progress, then the image.
+    let (ok, out, err) = bazaar(&["image", "pull", &image]);
+    assert!(ok, "{out}{err}");
+    assert!(err.contains("layer 1/1"), "progress lines: {err}");
+    assert!(out.contains(&format!("pulled {image}")), "{out}");
+
+    // Import of a `docker save` archive, then a machine made from it with no registry.
+    let l = busybox_rootfs_layer(&["sh", "sleep"], ("etc/imported", b"yes\n"));
+    let config = config_with(
+        &[&l],
+        bazaar_image::manifest::Platform::current()
+            .architecture
+            .as_str(),
+        json!({"Cmd": ["/bin/sleep", "1000"], "Env": ["PATH=/bin"]}),
+    );
+    let archive = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        archive.path(),
+        bazaar_testkit::images::docker_save("offline.example/app:v1", &[&l], &config),
+    )
+    .unwrap();
+    let (ok, out, err) = bazaar(&["image", "import", archive.path().to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("imported offline.example/app:v1"), "{out}");
+    let (ok, out, err) = bazaar(&["image", "list"]);
+    assert!(
+        ok && out.contains("offline.example/app:v1") && out.contains("/web:1"),
+        "{out}{err}"
+    );
+
+    let fly = Fly::new(&agents[0]);
+    fly.create_app("offline").await;
+    let (s, m) = fly
+        .post(
+            "/apps/offline/machines",
+            json!({"config": {"image": "offline.example/app:v1"}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    let id = m["id"].as_str().unwrap().to_string();
+    fly.wait_state("offline", &id, "started").await;
+
+    // Prune forgets what no machine uses; the imported image stays while its machine lives.
+    let (ok, out, err) = bazaar(&["image", "prune", "--json"]);
+    assert!(ok, "{out}{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["images"], json!([image]), "{report}");
+    let (_, out, _) = bazaar(&["image", "list"]);
+    assert!(
+        out.contains("offline.example/app:v1") && !out.contains("/web:1"),
+        "{out}"
+    );
+
+    // Bad input: not an archive.
+    let junk = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(junk.path(), b"not a tar").unwrap();
+    let (ok, _, err) = bazaar(&["image", "import", junk.path().to_str().unwrap()]);
+    assert!(!ok && err.contains("importing the archive"), "{err}");
 }

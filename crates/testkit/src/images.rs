@@ -270,3 +270,57 @@ pub async fn push_with_config(
         .await
         .unwrap()
 }
+
+/// A root filesystem layer from Debian's `busybox-static`: `/bin/busybox` with a symlink per
+/// applet, `/etc/passwd` and `/etc/group` with root and `app` (1000), `/www/index.html`,
+/// `/tmp`, and one file `extra` (different content makes a different layer).
+pub fn busybox_rootfs_layer(applets: &[&str], extra: (&str, &[u8])) -> Layer {
+    let busybox = std::fs::read("/bin/busybox").expect("busybox-static");
+    let mut entries = vec![
+        Entry::Dir("bin/"),
+        Entry::File("bin/busybox".into(), busybox, 0o755),
+        Entry::Dir("etc/"),
+        file(
+            "etc/passwd",
+            b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000::/www:/bin/sh\n",
+        ),
+        file("etc/group", b"root:x:0:\napp:x:1000:\n"),
+        Entry::Dir("www/"),
+        file("www/index.html", b"hello from the image\n"),
+        Entry::Dir("tmp/"),
+        file(extra.0, extra.1),
+    ];
+    for applet in applets {
+        entries.push(Entry::Symlink(
+            Box::leak(format!("bin/{applet}").into_boxed_str()),
+            "busybox".into(),
+        ));
+    }
+    layer(entries)
+}
+
+/// A `docker save` archive of one image named `reference`, made of `layers` and `config`.
+pub fn docker_save(reference: &str, layers: &[&Layer], config: &[u8]) -> Vec<u8> {
+    let config_name = format!("{}.json", Digest::of(config).hex());
+    let layer_names: Vec<String> = (0..layers.len())
+        .map(|i| format!("l{i}/layer.tar"))
+        .collect();
+    let manifest = serde_json::to_vec(&serde_json::json!([
+        {"Config": config_name, "RepoTags": [reference], "Layers": layer_names}
+    ]))
+    .unwrap();
+    let mut b = tar::Builder::new(Vec::new());
+    let mut add = |name: &str, data: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, data).unwrap();
+    };
+    add("manifest.json", &manifest);
+    add(&config_name, config);
+    for (name, l) in layer_names.iter().zip(layers) {
+        add(name, &l.tar);
+    }
+    b.into_inner().unwrap()
+}
