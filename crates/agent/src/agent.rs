@@ -131,8 +131,13 @@ impl Agent {
             volumes: crate::volume_fs::VolumeFs::new(config.data_dir.join("volumes")),
             oci: oci_runtime(&config, &host_id, cgroups),
         };
-        if let Err(reason) = &driver.oci {
-            tracing::info!(%reason, "image machines are not available on this host");
+        match &driver.oci {
+            Err(reason) => tracing::info!(%reason, "image machines are not available on this host"),
+            Ok(oci) => {
+                let network = oci.network.clone();
+                let used: HashSet<std::net::Ipv4Addr> = machines_with_addresses(&store)?;
+                tokio::task::spawn_blocking(move || network.prepare_ahead(&used, NETNS_AHEAD));
+            }
         }
         let disk_gb = config
             .disk_gb
@@ -340,7 +345,12 @@ impl Agent {
                     rec.config.image
                 ))
             })?;
-            self.release_ports(rec);
+            {
+                let mut in_use = lock(&self.0.ports_in_use);
+                for p in rec.host_ports.values() {
+                    in_use.remove(p);
+                }
+            }
             rec.host_ports.clear();
             if rec.private_ip.is_none() {
                 let mut used = lock(&self.0.addresses_in_use);
@@ -352,6 +362,15 @@ impl Agent {
                 })?;
                 used.insert(ip);
                 rec.private_ip = Some(ip);
+                // Its namespace, and the next addresses', are set up meanwhile: the launch
+                // usually finds them ready.
+                let (network, used) = (oci.network.clone(), used.clone());
+                tokio::task::spawn_blocking(move || {
+                    if let Err(err) = network.attach(ip) {
+                        tracing::warn!(%ip, error = %err, "setting up a network namespace");
+                    }
+                    network.prepare_ahead(&used, NETNS_AHEAD);
+                });
             }
             return Ok(());
         }
@@ -384,6 +403,10 @@ impl Agent {
     pub(crate) fn release_ports(&self, rec: &MachineRecord) {
         if let Some(ip) = rec.private_ip {
             lock(&self.0.addresses_in_use).remove(&ip);
+            if let Ok(oci) = &self.0.driver.oci {
+                let network = oci.network.clone();
+                tokio::task::spawn_blocking(move || network.release(ip));
+            }
         }
         let mut in_use = lock(&self.0.ports_in_use);
         for p in rec.host_ports.values() {
@@ -797,6 +820,19 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
         }
     }
     Ok(size.into())
+}
+
+/// How many network namespaces are kept set up ahead for the next image machines.
+const NETNS_AHEAD: usize = 2;
+
+/// The machine addresses held by the live machines in `store`.
+fn machines_with_addresses(store: &Store) -> anyhow::Result<HashSet<std::net::Ipv4Addr>> {
+    Ok(store
+        .machines()?
+        .iter()
+        .filter(|m| m.state != MachineState::Destroyed)
+        .filter_map(|m| m.private_ip)
+        .collect())
 }
 
 /// The OCI runtime of this host, or why there is none (not root, no cgroups, no runc, no

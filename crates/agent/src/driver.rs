@@ -181,9 +181,19 @@ impl Driver {
             cgroup: Some(cgroup),
             ..self.spec(rec, run_id)
         };
+        let t0 = std::time::Instant::now();
         let handle = ShimHandle::spawn(&self.exe, run_dir, &spec).await?;
+        let spawned = t0.elapsed();
         match crate::oci::wait_created(run_dir, &self.log_path(&rec.id)).await {
-            Ok(_) => Ok(handle),
+            Ok(_) => {
+                tracing::debug!(
+                    machine.id = %rec.id,
+                    shim_ms = spawned.as_secs_f64() * 1e3,
+                    runc_ms = (t0.elapsed() - spawned).as_secs_f64() * 1e3,
+                    "container created"
+                );
+                Ok(handle)
+            }
             Err(err) => {
                 let _ = handle.kill();
                 Err(ShimError::Launch(err))

@@ -9,18 +9,25 @@
 //! each other (different apps or not; they talk through the proxy). Outbound NAT is off
 //! unless configured.
 //!
-//! Everything is done with iproute2 (`ip`, in batch mode: two execs per machine) and
-//! nftables (`nft`, once per host). Names: bridge `bz-<8 hex of the host id>`, namespace
-//! `/run/netns/bz-<machine id>`, host side of the veth `bz<13 chars of the machine id>`.
+//! Namespaces belong to addresses: `/run/netns/<bridge>-<index>` for the index-th address
+//! of the subnet, host side of its veth `b<bridge hash><index>`. The agent sets one up for
+//! each address it hands out, and a couple ahead, in the background, so a launch usually
+//! finds its namespace ready; it is removed when the machine is destroyed.
+//!
+//! Everything is done with iproute2 (`ip`, in batch mode: two execs per namespace) and
+//! nftables (`nft`, once per host). The bridge is `bz-<8 hex of the host id>`.
 
 use std::collections::HashSet;
 use std::io::Write;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 
 /// Where `ip netns` keeps named namespaces.
 const NETNS_DIR: &str = "/run/netns";
+/// Markers of namespaces that are completely set up.
+const READY_DIR: &str = "/run/bazaar/netns-ready";
 /// Default subnets are /24s picked from here (the first one no route on the host covers).
 const DEFAULT_POOL: (u8, u8) = (10, 213);
 
@@ -88,6 +95,9 @@ pub struct Network {
     pub bridge: String,
     pub subnet: Subnet,
     pub nat: bool,
+    /// Namespaces are set up and removed one at a time (a launch waits for the namespace
+    /// being made ahead for its address instead of making it twice).
+    setup_lock: Arc<Mutex<()>>,
 }
 
 impl Network {
@@ -120,6 +130,7 @@ impl Network {
             bridge,
             subnet,
             nat,
+            setup_lock: Arc::default(),
         };
         network.create_bridge()?;
         network.firewall();
@@ -171,23 +182,44 @@ impl Network {
             .find(|ip| !used.contains(ip))
     }
 
-    /// The path of machine `id`'s network namespace.
-    pub fn netns_path(id: &str) -> PathBuf {
-        Path::new(NETNS_DIR).join(netns_name(id))
+    /// The name of the network namespace for `ip`: `<bridge>-<index in the subnet>`.
+    fn netns_name(&self, ip: Ipv4Addr) -> String {
+        format!("{}-{}", self.bridge, self.index(ip))
     }
 
-    /// Gives machine `id` a fresh network namespace with `ip` on the bridge (a leftover one
-    /// is replaced). Returns the namespace's path.
-    pub fn attach(&self, id: &str, ip: Ipv4Addr) -> Result<PathBuf, String> {
-        if !self.subnet.contains(ip) {
+    /// The host side of `ip`'s veth pair: `b<bridge hash><index>` (≤ 15 characters).
+    fn veth_name(&self, ip: Ipv4Addr) -> String {
+        format!("b{}{}", &self.bridge[3..], self.index(ip))
+    }
+
+    fn index(&self, ip: Ipv4Addr) -> u32 {
+        u32::from(ip) - u32::from(self.subnet.base)
+    }
+
+    /// Marks `ip`'s namespace as completely set up (it survives agent restarts, as the
+    /// namespaces do).
+    fn ready_marker(&self, ip: Ipv4Addr) -> PathBuf {
+        Path::new(READY_DIR).join(self.netns_name(ip))
+    }
+
+    /// The network namespace of address `ip`: set up now unless it already is (made ahead
+    /// by [`Network::prepare_ahead`], or by an earlier run of the same machine). Returns its
+    /// path. Namespaces belong to addresses, not machines: one exists while its address is
+    /// held or about to be handed out.
+    pub fn attach(&self, ip: Ipv4Addr) -> Result<PathBuf, String> {
+        if !self.subnet.contains(ip) || ip == self.subnet.gateway() {
             return Err(format!(
-                "address {ip} is not in this host's machine subnet {}",
+                "address {ip} is not a machine address of this host's subnet {}",
                 self.subnet
             ));
         }
-        let ns = netns_name(id);
-        let veth = veth_name(id);
-        let path = Network::netns_path(id);
+        let _one_at_a_time = self.setup_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let ns = self.netns_name(ip);
+        let path = Path::new(NETNS_DIR).join(&ns);
+        if self.ready_marker(ip).exists() && path.exists() {
+            return Ok(path);
+        }
+        let veth = self.veth_name(ip);
         let mut host = String::new();
         if path.exists() {
             host += &format!("netns delete {ns}\n");
@@ -210,14 +242,36 @@ impl Network {
             self.subnet.gateway()
         );
         ip_batch(Some(&ns), &inside)?;
+        std::fs::create_dir_all(READY_DIR).map_err(|e| format!("creating {READY_DIR}: {e}"))?;
+        std::fs::write(self.ready_marker(ip), b"")
+            .map_err(|e| format!("marking {ns} ready: {e}"))?;
         Ok(path)
     }
 
-    /// Removes machine `id`'s namespace (and with it the veth pair). Idempotent.
-    pub fn detach(id: &str) {
-        if Network::netns_path(id).exists() {
-            if let Err(err) = ip_batch(None, &format!("netns delete {}\n", netns_name(id))) {
-                tracing::warn!(machine.id = id, error = %err, "removing the network namespace");
+    /// Sets up the namespaces of the next `count` addresses not in `used`, so the machines
+    /// that get them start without waiting for it. Errors are logged.
+    pub fn prepare_ahead(&self, used: &HashSet<Ipv4Addr>, count: usize) {
+        let next: Vec<Ipv4Addr> = self
+            .subnet
+            .machine_addresses()
+            .filter(|ip| !used.contains(ip))
+            .take(count)
+            .collect();
+        for ip in next {
+            if let Err(err) = self.attach(ip) {
+                tracing::warn!(%ip, error = %err, "setting up a network namespace ahead");
+            }
+        }
+    }
+
+    /// Removes `ip`'s namespace (and with it the veth pair). Idempotent.
+    pub fn release(&self, ip: Ipv4Addr) {
+        let _one_at_a_time = self.setup_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = std::fs::remove_file(self.ready_marker(ip));
+        let ns = self.netns_name(ip);
+        if Path::new(NETNS_DIR).join(&ns).exists() {
+            if let Err(err) = ip_batch(None, &format!("netns delete {ns}\n")) {
+                tracing::warn!(%ip, error = %err, "removing a network namespace");
             }
         }
     }
@@ -228,15 +282,6 @@ impl Network {
         let table = format!("bazaar_{}", self.bridge.replace('-', "_"));
         let _ = run_stdin("nft", &["-f", "-"], &format!("delete table ip {table}\n"));
     }
-}
-
-fn netns_name(id: &str) -> String {
-    format!("bz-{id}")
-}
-
-fn veth_name(id: &str) -> String {
-    let id: String = id.chars().take(13).collect();
-    format!("bz{id}")
 }
 
 /// Hex of a short hash of `s` (stable across runs).
@@ -354,10 +399,16 @@ mod tests {
         assert_eq!(s.gateway(), Ipv4Addr::new(10, 213, 7, 1));
         let mut used = HashSet::new();
         let net = Network {
-            bridge: "bz-test".into(),
+            bridge: "bz-0a1b2c3d".into(),
             subnet: s,
             nat: false,
+            setup_lock: Arc::default(),
         };
+        assert_eq!(
+            net.netns_name(Ipv4Addr::new(10, 213, 7, 254)),
+            "bz-0a1b2c3d-254"
+        );
+        assert!(net.veth_name(Ipv4Addr::new(10, 213, 7, 254)).len() <= 15);
         let a = net.allocate(&used).unwrap();
         assert_eq!(a, Ipv4Addr::new(10, 213, 7, 2));
         used.insert(a);
@@ -372,7 +423,13 @@ mod tests {
 
     #[test]
     fn names_fit_the_kernel_limits() {
-        assert!(veth_name("0123456789abcd").len() <= 15);
         assert_eq!(format!("bz-{}", &hex_of("host")[..8]).len(), 11);
+        let net = Network {
+            bridge: format!("bz-{}", &hex_of("host")[..8]),
+            subnet: "10.0.0.0/16".parse().unwrap(),
+            nat: false,
+            setup_lock: Arc::default(),
+        };
+        assert!(net.veth_name(Ipv4Addr::new(10, 0, 255, 254)).len() <= 15);
     }
 }

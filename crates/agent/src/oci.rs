@@ -166,6 +166,7 @@ impl OciRuntime {
         volume: Option<(PathBuf, String)>,
         env: &BTreeMap<String, String>,
     ) -> Result<Prepared, String> {
+        let t0 = Instant::now();
         let mut events = Vec::new();
         let reference: Reference = rec
             .config
@@ -187,11 +188,13 @@ impl OciRuntime {
             .remove_rootfs(machine_dir)
             .await
             .map_err(|e| format!("removing the previous root filesystem: {e}"))?;
+        let t_image = t0.elapsed();
         let rootfs = self
             .images
             .rootfs(&image, machine_dir)
             .await
             .map_err(|e| format!("making the root filesystem: {e}"))?;
+        let t_rootfs = t0.elapsed();
         let process = image
             .process(rec.config.init.as_ref(), env)
             .map_err(|e| e.to_string())?;
@@ -237,11 +240,11 @@ impl OciRuntime {
         }
         let netns = tokio::task::spawn_blocking({
             let network = self.network.clone();
-            let id = rec.id.clone();
-            move || network.attach(&id, ip)
+            move || network.attach(ip)
         })
         .await
         .map_err(|e| e.to_string())??;
+        let t_network = t0.elapsed();
         let bundle = run_dir.join("bundle");
         std::fs::create_dir_all(&bundle)
             .map_err(|e| format!("creating {}: {e}", bundle.display()))?;
@@ -261,6 +264,14 @@ impl OciRuntime {
             &bundle.join("config.json"),
             &serde_json::to_vec_pretty(&spec).expect("json"),
         )?;
+        tracing::debug!(
+            machine.id = %rec.id,
+            image_ms = t_image.as_secs_f64() * 1e3,
+            rootfs_ms = (t_rootfs - t_image).as_secs_f64() * 1e3,
+            network_ms = (t_network - t_rootfs).as_secs_f64() * 1e3,
+            total_ms = t0.elapsed().as_secs_f64() * 1e3,
+            "image machine prepared"
+        );
         Ok(Prepared {
             argv: self.run_argv(run_dir, &rec.id, &bundle),
             events,
@@ -333,15 +344,14 @@ impl OciRuntime {
         v
     }
 
-    /// Removes what a destroyed machine had: its rootfs (unmounted) and network namespace.
+    /// Removes what a destroyed machine had: its rootfs (unmounted). Its network namespace
+    /// goes with its address ([`Network::release`]).
     pub async fn cleanup(&self, id: &str, machine_dir: &Path) {
         if !machine_dir.join("rootfs").exists() {
             // A process machine (or one whose rootfs is already gone).
         } else if let Err(err) = self.images.remove_rootfs(machine_dir).await {
             tracing::warn!(machine.id = id, error = %err, "removing the root filesystem");
         }
-        let id = id.to_string();
-        let _ = tokio::task::spawn_blocking(move || Network::detach(&id)).await;
     }
 }
 
@@ -372,7 +382,7 @@ pub async fn wait_created(run_dir: &Path, log: &Path) -> Result<i32, String> {
             ));
         }
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(10));
+        pause = (pause * 2).min(Duration::from_millis(1));
     }
 }
 

@@ -152,8 +152,13 @@ pub struct MachineArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum MachineCommand {
-    /// Create (and start) machines running a command, placed by the market.
+    /// Create (and start) machines running a command, or an image (`--image`), placed by
+    /// the market.
     Run {
+        /// Run this OCI image (e.g. `127.0.0.1:5000/web:1`) under runc; a command after
+        /// `--` then replaces the image's.
+        #[arg(long)]
+        image: Option<String>,
         /// Region expression: `ams`, `ams,ord`, `any` (default: this node's region, then any).
         #[arg(long)]
         region: Option<String>,
@@ -176,7 +181,7 @@ enum MachineCommand {
         count: usize,
         #[arg(long)]
         skip_launch: bool,
-        #[arg(last = true, required = true)]
+        #[arg(last = true, required_unless_present = "image")]
         command: Vec<String>,
     },
     /// List the app's machines.
@@ -240,6 +245,7 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
     let m = |id: &str, rest: &str| format!("/apps/{app}/machines/{id}{rest}");
     match a.command {
         MachineCommand::Run {
+            image,
             region,
             size,
             memory_mb,
@@ -266,6 +272,15 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
                 .map(|p| json!({"internal_port": p, "protocol": "tcp"}))
                 .collect();
             let mut config = json!({"image": "process", "driver": "process", "guest": guest, "init": {"exec": command}, "env": env_map, "services": services});
+            if let Some(image) = image {
+                config["image"] = json!(image);
+                if let Some(c) = config.as_object_mut() {
+                    c.remove("driver");
+                    if command.is_empty() {
+                        c.remove("init");
+                    }
+                }
+            }
             if let Some(r) = restart {
                 config["restart"] = json!({"policy": r});
             }

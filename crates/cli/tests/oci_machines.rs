@@ -93,7 +93,7 @@ async fn image_machines_run_isolated_on_their_own_address() {
     ensure_packages();
     let registry = TestRegistry::start(None);
     let image = push_web_image(&registry).await;
-    let agents = start_cluster(std::path::Path::new(EXE), 2, |_, _| {}).unwrap();
+    let mut agents = start_cluster(std::path::Path::new(EXE), 2, |_, _| {}).unwrap();
     let fly = Fly::new(&agents[0]);
     fly.create_app("web").await;
     fly.create_app("other").await;
@@ -263,16 +263,42 @@ async fn image_machines_run_isolated_on_their_own_address() {
     .unwrap();
     assert_eq!(v["stdout"], "kept\nfile.txt\nindex.html\n", "{v}");
 
-    // Destroyed: its namespace and root filesystem are gone.
+    // A kill -9 of every agent leaves the containers running; they are adopted again.
+    exec(&fly, "web", &db, "echo alive > /tmp/marker").await;
+    for a in agents.iter_mut() {
+        a.kill9();
+        a.restart().unwrap();
+    }
+    let v = bazaar_testkit::eventually(Duration::from_secs(20), || async {
+        let (s, v) = fly
+            .post(
+                &format!("/apps/web/machines/{db}/exec"),
+                json!({"command": ["/bin/sh", "-c", "cat /data/x /tmp/marker"]}),
+            )
+            .await;
+        (s == StatusCode::OK).then_some(v)
+    })
+    .await
+    .expect("exec after the agents came back");
+    assert_eq!(
+        v["stdout"], "kept\nalive\n",
+        "the same run, re-adopted: {v}"
+    );
+
+    // Destroyed: its root filesystem is unmounted and its directory gone.
     let (s, v) = fly
         .delete(&format!("/apps/web/machines/{id}?force=true"))
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
     bazaar_testkit::eventually(Duration::from_secs(15), || async {
-        (!std::path::Path::new(&format!("/run/netns/bz-{id}")).exists()).then_some(())
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let gone = agents
+            .iter()
+            .all(|a| !a.data_dir.join("machines").join(&id).exists());
+        (gone && !mounts.contains(&id)).then_some(())
     })
     .await
-    .expect("the network namespace is removed");
+    .expect("the root filesystem is removed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -275,16 +275,21 @@ fn remove_machine_network_and_mounts(data_dir: &Path) {
             .stderr(Stdio::null())
             .status();
     };
-    if let Ok(machines) = std::fs::read_dir(data_dir.join("machines")) {
-        for m in machines.flatten() {
-            let ns = format!("bz-{}", m.file_name().to_string_lossy());
-            if Path::new("/run/netns").join(&ns).exists() {
-                run("ip", &["netns", "delete", &ns]);
-            }
-        }
-    }
     let network = std::fs::read_to_string(data_dir.join("network")).unwrap_or_default();
     if let Some(bridge) = network.lines().nth(1).filter(|b| b.starts_with("bz-")) {
+        // The agent's namespaces are `<bridge>-<index>`.
+        let prefix = format!("{bridge}-");
+        for e in std::fs::read_dir("/run/netns")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&prefix) {
+                run("ip", &["netns", "delete", &name]);
+                let _ = std::fs::remove_file(Path::new("/run/bazaar/netns-ready").join(&name));
+            }
+        }
         run("ip", &["link", "delete", bridge]);
         let table = format!("bazaar_{}", bridge.replace('-', "_"));
         run("nft", &["delete", "table", "ip", &table]);
