@@ -405,7 +405,7 @@ impl Agent {
             lock(&self.0.addresses_in_use).remove(&ip);
             if let Ok(oci) = &self.0.driver.oci {
                 let network = oci.network.clone();
-                tokio::task::spawn_blocking(move || network.release(ip));
+                tokio::task::spawn_blocking(move || network.renew(ip));
             }
         }
         let mut in_use = lock(&self.0.ports_in_use);
@@ -823,7 +823,7 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
 }
 
 /// How many network namespaces are kept set up ahead for the next image machines.
-const NETNS_AHEAD: usize = 2;
+const NETNS_AHEAD: usize = 4;
 
 /// The machine addresses held by the live machines in `store`.
 fn machines_with_addresses(store: &Store) -> anyhow::Result<HashSet<std::net::Ipv4Addr>> {

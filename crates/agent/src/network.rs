@@ -11,8 +11,8 @@
 //!
 //! Namespaces belong to addresses: `/run/netns/<bridge>-<index>` for the index-th address
 //! of the subnet, host side of its veth `b<bridge hash><index>`. The agent sets one up for
-//! each address it hands out, and a couple ahead, in the background, so a launch usually
-//! finds its namespace ready; it is removed when the machine is destroyed.
+//! each address it hands out, and four ahead, in the background, so a launch usually
+//! finds its namespace ready; when a machine is destroyed its address gets a fresh one.
 //!
 //! Everything is done with iproute2 (`ip`, in batch mode: two execs per namespace) and
 //! nftables (`nft`, once per host). The bridge is `bz-<8 hex of the host id>`.
@@ -95,9 +95,10 @@ pub struct Network {
     pub bridge: String,
     pub subnet: Subnet,
     pub nat: bool,
-    /// Namespaces are set up and removed one at a time (a launch waits for the namespace
-    /// being made ahead for its address instead of making it twice).
-    setup_lock: Arc<Mutex<()>>,
+    /// One address's namespace is set up or removed by one thread at a time (a launch
+    /// waits for the namespace being made ahead for its address instead of making it
+    /// twice); different addresses go in parallel (locks striped by address).
+    setup_locks: Arc<Vec<Mutex<()>>>,
 }
 
 impl Network {
@@ -130,7 +131,7 @@ impl Network {
             bridge,
             subnet,
             nat,
-            setup_lock: Arc::default(),
+            setup_locks: stripes(),
         };
         network.create_bridge()?;
         network.firewall();
@@ -192,6 +193,13 @@ impl Network {
         format!("b{}{}", &self.bridge[3..], self.index(ip))
     }
 
+    fn lock(&self, ip: Ipv4Addr) -> std::sync::MutexGuard<'_, ()> {
+        let stripe = self.index(ip) as usize % self.setup_locks.len();
+        self.setup_locks[stripe]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
     fn index(&self, ip: Ipv4Addr) -> u32 {
         u32::from(ip) - u32::from(self.subnet.base)
     }
@@ -213,7 +221,7 @@ impl Network {
                 self.subnet
             ));
         }
-        let _one_at_a_time = self.setup_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _one_at_a_time = self.lock(ip);
         let ns = self.netns_name(ip);
         let path = Path::new(NETNS_DIR).join(&ns);
         if self.ready_marker(ip).exists() && path.exists() {
@@ -248,6 +256,15 @@ impl Network {
         Ok(path)
     }
 
+    /// Replaces `ip`'s namespace with a fresh one (a machine that had the address is gone;
+    /// the next one to get it starts clean and without waiting).
+    pub fn renew(&self, ip: Ipv4Addr) {
+        self.release(ip);
+        if let Err(err) = self.attach(ip) {
+            tracing::warn!(%ip, error = %err, "setting up a network namespace ahead");
+        }
+    }
+
     /// Sets up the namespaces of the next `count` addresses not in `used`, so the machines
     /// that get them start without waiting for it. Errors are logged.
     pub fn prepare_ahead(&self, used: &HashSet<Ipv4Addr>, count: usize) {
@@ -264,9 +281,10 @@ impl Network {
         }
     }
 
-    /// Removes `ip`'s namespace (and with it the veth pair). Idempotent.
+    /// Removes `ip`'s namespace (and with it the veth pair). Idempotent. The agent then
+    /// makes a fresh one ([`Network::renew`]) for the next machine to get the address.
     pub fn release(&self, ip: Ipv4Addr) {
-        let _one_at_a_time = self.setup_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _one_at_a_time = self.lock(ip);
         let _ = std::fs::remove_file(self.ready_marker(ip));
         let ns = self.netns_name(ip);
         if Path::new(NETNS_DIR).join(&ns).exists() {
@@ -282,6 +300,10 @@ impl Network {
         let table = format!("bazaar_{}", self.bridge.replace('-', "_"));
         let _ = run_stdin("nft", &["-f", "-"], &format!("delete table ip {table}\n"));
     }
+}
+
+fn stripes() -> Arc<Vec<Mutex<()>>> {
+    Arc::new((0..64).map(|_| Mutex::new(())).collect())
 }
 
 /// Hex of a short hash of `s` (stable across runs).
@@ -402,7 +424,7 @@ mod tests {
             bridge: "bz-0a1b2c3d".into(),
             subnet: s,
             nat: false,
-            setup_lock: Arc::default(),
+            setup_locks: stripes(),
         };
         assert_eq!(
             net.netns_name(Ipv4Addr::new(10, 213, 7, 254)),
@@ -428,7 +450,7 @@ mod tests {
             bridge: format!("bz-{}", &hex_of("host")[..8]),
             subnet: "10.0.0.0/16".parse().unwrap(),
             nat: false,
-            setup_lock: Arc::default(),
+            setup_locks: stripes(),
         };
         assert!(net.veth_name(Ipv4Addr::new(10, 0, 255, 254)).len() <= 15);
     }
