@@ -7,7 +7,7 @@ use crate::body::{Guard, ReqBody, RespBody};
 use crate::metrics::{AppLabel, KindLabels};
 use crate::table::{Backend, RouteState};
 use crate::upgrade::ClientUpgrade;
-use crate::Shared;
+use crate::{Local, Shared};
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, HOST};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
@@ -85,6 +85,7 @@ async fn serve(
         .max_concurrent_streams(256)
         .keep_alive_interval(Some(Duration::from_secs(30)));
     let builder = Arc::new(builder);
+    let local = Arc::new(crate::Local(shared));
     // Closes expired upstream connections. Its timer also keeps the runtime's next timer
     // wake-up nearer than any request's header read timeout: tokio's timer wheel writes to
     // the runtime's eventfd whenever a timer is armed earlier than the next planned
@@ -116,16 +117,16 @@ async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
-        let shared = shared.clone();
+        let local = local.clone();
         let builder = builder.clone();
         tokio::spawn(async move {
             // Formatted once per connection, for X-Forwarded-For.
             let peer_ip = HeaderValue::from_str(&peer.ip().to_string())
                 .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
             let svc = hyper::service::service_fn(move |req| {
-                let shared = shared.clone();
+                let local = local.clone();
                 let peer_ip = peer_ip.clone();
-                async move { Ok::<_, Infallible>(handle(shared, &peer_ip, req).await) }
+                async move { Ok::<_, Infallible>(handle(local, &peer_ip, req).await) }
             });
             if let Err(err) = builder
                 .serve_connection_with_upgrades(TokioIo::new(stream), svc)
@@ -174,7 +175,7 @@ fn host_of(req: &Request<Incoming>) -> Option<HeaderValue> {
 }
 
 async fn handle(
-    shared: Arc<Shared>,
+    shared: Arc<Local>,
     peer_ip: &HeaderValue,
     req: Request<Incoming>,
 ) -> Response<RespBody> {
@@ -348,14 +349,21 @@ async fn prepare(req: Request<Incoming>) -> Result<Prepared, Response<RespBody>>
     })
 }
 
+/// `<ulid>-<region>`, built in one allocation.
 fn request_id(shared: &Shared) -> HeaderValue {
-    let id = format!("{}-{}", ulid::Ulid::new(), shared.region);
-    HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("-"))
+    let mut ulid = [0u8; ulid::ULID_LEN];
+    ulid::Ulid::new().array_to_str(&mut ulid);
+    let mut id = Vec::with_capacity(ulid.len() + 1 + shared.region.len());
+    id.extend_from_slice(&ulid);
+    id.push(b'-');
+    id.extend_from_slice(shared.region.as_bytes());
+    HeaderValue::from_maybe_shared(Bytes::from(id))
+        .unwrap_or_else(|_| HeaderValue::from_static("-"))
 }
 
 /// The edge side: choose a machine, send, retry, wait, wake.
 async fn route(
-    shared: &Arc<Shared>,
+    shared: &Arc<Local>,
     app: &str,
     peer_ip: &HeaderValue,
     req: Request<Incoming>,
@@ -545,7 +553,7 @@ fn origin_uri(parts: &http::request::Parts) -> Uri {
 }
 
 /// Sends to a machine of this host, counting it against the machine's hard limit.
-async fn send_local(shared: &Arc<Shared>, b: &Backend, prepared: &mut Prepared) -> Attempt {
+async fn send_local(shared: &Arc<Local>, b: &Backend, prepared: &mut Prepared) -> Attempt {
     if !b.load.try_admit(b.limits.hard) {
         return Attempt::Retry { failed: false };
     }
@@ -610,7 +618,7 @@ fn pass_on(prepared: &mut Prepared, resp: Response<Incoming>, guard: Guard) -> R
 
 /// Sends to a machine of another host, through that host's proxy.
 async fn send_remote(
-    shared: &Arc<Shared>,
+    shared: &Arc<Local>,
     b: &Backend,
     prepared: &mut Prepared,
     wake: bool,
@@ -721,7 +729,7 @@ pub(crate) async fn ready_for_hop(
 }
 
 /// The owner side of a hop: deliver to one machine of this host, or say why not.
-async fn serve_hop(shared: Arc<Shared>, req: Request<Incoming>) -> Response<RespBody> {
+async fn serve_hop(shared: Arc<Local>, req: Request<Incoming>) -> Response<RespBody> {
     let id = req
         .headers()
         .get(&HOP_MACHINE)
@@ -731,7 +739,7 @@ async fn serve_hop(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Resp
     let wake = req.headers().contains_key(&HOP_WAKE);
     if let Some(port) = req.headers().get(&crate::tcp::HOP_TCP_PORT) {
         return match port.to_str().ok().and_then(|p| p.parse::<u16>().ok()) {
-            Some(port) => crate::tcp::serve_hop(shared, req, port, &id, wake).await,
+            Some(port) => crate::tcp::serve_hop(shared.0.clone(), req, port, &id, wake).await,
             None => reply(StatusCode::BAD_REQUEST, "bazaar proxy: bad TCP hop port"),
         };
     }
