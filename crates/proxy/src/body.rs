@@ -2,7 +2,7 @@
 //! on a machine until its response body has been sent.
 
 use crate::table::Load;
-use crate::Shared;
+use crate::Local;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -51,7 +51,7 @@ impl Body for ReqBody {
 /// Counts one request in flight on a machine; dropping it ends the request.
 pub struct Guard {
     pub load: Arc<Load>,
-    pub shared: Arc<Shared>,
+    pub shared: Arc<Local>,
     pub gauge: Option<prometheus_client::metrics::gauge::Gauge>,
 }
 

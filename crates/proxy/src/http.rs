@@ -4,10 +4,10 @@
 
 use crate::balance::{self, Availability, Candidate, Choice};
 use crate::body::{Guard, ReqBody, RespBody};
-use crate::metrics::{AppLabel, KindLabels, StatusLabels};
+use crate::metrics::{AppLabel, KindLabels};
 use crate::table::{Backend, RouteState};
 use crate::upgrade::ClientUpgrade;
-use crate::Shared;
+use crate::{Local, Shared};
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, HOST};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
@@ -15,7 +15,6 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -86,6 +85,24 @@ async fn serve(
         .max_concurrent_streams(256)
         .keep_alive_interval(Some(Duration::from_secs(30)));
     let builder = Arc::new(builder);
+    let local = Arc::new(crate::Local(shared));
+    // Closes expired upstream connections. Its timer also keeps the runtime's next timer
+    // wake-up nearer than any request's header read timeout: tokio's timer wheel writes to
+    // the runtime's eventfd whenever a timer is armed earlier than the next planned
+    // wake-up, which hyper's header read timeout (armed per request) otherwise does on
+    // almost every request.
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(HEADER_READ_TIMEOUT / 4);
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    _ = tick.tick() => crate::pool::sweep(),
+                }
+            }
+        });
+    }
     loop {
         let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -100,12 +117,16 @@ async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
-        let shared = shared.clone();
+        let local = local.clone();
         let builder = builder.clone();
         tokio::spawn(async move {
+            // Formatted once per connection, for X-Forwarded-For.
+            let peer_ip = HeaderValue::from_str(&peer.ip().to_string())
+                .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
             let svc = hyper::service::service_fn(move |req| {
-                let shared = shared.clone();
-                async move { Ok::<_, Infallible>(handle(shared, peer, req).await) }
+                let local = local.clone();
+                let peer_ip = peer_ip.clone();
+                async move { Ok::<_, Infallible>(handle(local, &peer_ip, req).await) }
             });
             if let Err(err) = builder
                 .serve_connection_with_upgrades(TokioIo::new(stream), svc)
@@ -144,17 +165,18 @@ pub(crate) fn app_of_host<'a>(host: &'a str, suffix: &str) -> Option<&'a str> {
     (tail.eq_ignore_ascii_case(suffix) && !app.is_empty() && !app.contains('.')).then_some(app)
 }
 
-fn host_of(req: &Request<Incoming>) -> Option<String> {
-    req.headers()
-        .get(HOST)
-        .and_then(|h| h.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| req.uri().authority().map(|a| a.to_string()))
+/// The Host header (or the URI's authority, as in HTTP/2): a cheap reference to the
+/// request's bytes.
+fn host_of(req: &Request<Incoming>) -> Option<HeaderValue> {
+    match req.headers().get(HOST) {
+        Some(h) => Some(h.clone()),
+        None => HeaderValue::from_str(req.uri().authority()?.as_str()).ok(),
+    }
 }
 
 async fn handle(
-    shared: Arc<Shared>,
-    peer: SocketAddr,
+    shared: Arc<Local>,
+    peer_ip: &HeaderValue,
     req: Request<Incoming>,
 ) -> Response<RespBody> {
     if let Some(token) = req.headers().get(&HOP_TOKEN) {
@@ -164,14 +186,21 @@ async fn handle(
         return reply(StatusCode::FORBIDDEN, "bazaar proxy: bad hop token");
     }
     let started = Instant::now();
-    let Some(host) = host_of(&req) else {
+    let Some(host) = host_of(&req).filter(|h| h.to_str().is_ok()) else {
         return reply(
             StatusCode::BAD_REQUEST,
             "bazaar proxy: the request has no Host header",
         );
     };
-    let host = host.to_ascii_lowercase();
-    let Some(app) = app_of_host(&host, &shared.domain_suffix).map(str::to_string) else {
+    let lowered;
+    let host = match host.to_str().unwrap_or_default() {
+        h if h.bytes().any(|b| b.is_ascii_uppercase()) => {
+            lowered = h.to_ascii_lowercase();
+            lowered.as_str()
+        }
+        h => h,
+    };
+    let Some(app) = app_of_host(host, &shared.domain_suffix) else {
         return reply(
             StatusCode::NOT_FOUND,
             format!(
@@ -180,22 +209,19 @@ async fn handle(
             ),
         );
     };
-    let resp = route(&shared, &app, peer, req).await;
-    let labels = AppLabel { app: app.clone() };
+    let resp = route(&shared, app, peer_ip, req).await;
     shared
         .metrics
-        .latency
-        .get_or_create(&labels)
-        .observe(started.elapsed().as_secs_f64());
-    shared
-        .metrics
-        .requests
-        .get_or_create(&StatusLabels {
-            app,
-            status: resp.status().as_u16(),
-        })
-        .inc();
+        .record_request(app, resp.status().as_u16(), started.elapsed().as_secs_f64());
     resp
+}
+
+/// What the table says to do with a request.
+enum Pick {
+    Reply(Response<RespBody>),
+    /// Send to this machine; `true`: wake it first.
+    Machine(Arc<Backend>, bool),
+    Wait,
 }
 
 /// What one attempt at a machine came to.
@@ -323,24 +349,31 @@ async fn prepare(req: Request<Incoming>) -> Result<Prepared, Response<RespBody>>
     })
 }
 
+/// `<ulid>-<region>`, built in one allocation.
 fn request_id(shared: &Shared) -> HeaderValue {
-    let id = format!("{}-{}", ulid::Ulid::new(), shared.region);
-    HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("-"))
+    let mut ulid = [0u8; ulid::ULID_LEN];
+    ulid::Ulid::new().array_to_str(&mut ulid);
+    let mut id = Vec::with_capacity(ulid.len() + 1 + shared.region.len());
+    id.extend_from_slice(&ulid);
+    id.push(b'-');
+    id.extend_from_slice(shared.region.as_bytes());
+    HeaderValue::from_maybe_shared(Bytes::from(id))
+        .unwrap_or_else(|_| HeaderValue::from_static("-"))
 }
 
 /// The edge side: choose a machine, send, retry, wait, wake.
 async fn route(
-    shared: &Arc<Shared>,
+    shared: &Arc<Local>,
     app: &str,
-    peer: SocketAddr,
+    peer_ip: &HeaderValue,
     req: Request<Incoming>,
 ) -> Response<RespBody> {
-    let Some(_) = shared.table().apps.get(app).cloned() else {
+    if !shared.with_table(|t| t.apps.contains_key(app)) {
         return reply(
             StatusCode::NOT_FOUND,
             format!("bazaar proxy: no app named {app:?}"),
         );
-    };
+    }
     let force = req
         .headers()
         .get(&FORCE_INSTANCE)
@@ -353,12 +386,13 @@ async fn route(
     };
     {
         let h = &mut prepared.parts.headers;
-        let peer_ip = peer.ip().to_string();
         let xff = match h.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-            Some(prev) => format!("{prev}, {peer_ip}"),
-            None => peer_ip,
+            Some(prev) => {
+                HeaderValue::from_str(&format!("{prev}, {}", peer_ip.to_str().unwrap_or(""))).ok()
+            }
+            None => Some(peer_ip.clone()),
         };
-        if let Ok(v) = HeaderValue::from_str(&xff) {
+        if let Some(v) = xff {
             h.insert(X_FORWARDED_FOR, v);
         }
         h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
@@ -371,41 +405,46 @@ async fn route(
     let mut tried: Vec<String> = Vec::new();
     let mut last_failure: Option<&'static str> = None;
     let mut resp = loop {
-        let table = shared.table();
-        let Some(route) = table.apps.get(app) else {
-            break reply(
-                StatusCode::NOT_FOUND,
-                format!("bazaar proxy: no app named {app:?}"),
-            );
-        };
-        let backends: Vec<&Arc<Backend>> = match &force {
-            Some(id) => route.backends.iter().filter(|b| &b.id == id).collect(),
-            None => route.backends.iter().collect(),
-        };
-        if backends.is_empty() {
-            break match &force {
-                Some(id) => reply(
-                    StatusCode::NOT_FOUND,
-                    format!(
-                        "bazaar proxy: app {app:?} has no machine {id:?} (fly-force-instance-id)"
-                    ),
-                ),
-                None => reply(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("bazaar proxy: app {app:?} has no machines with an HTTP service"),
-                ),
-            };
-        }
         let now_ms = bazaar_types::now_ms();
-        let candidates: Vec<Candidate> = backends
-            .iter()
-            .map(|b| candidate(b, &tried, now_ms, force.is_some()))
-            .collect();
-        let choice = balance::choose(&candidates, rand::random());
-        let (b, wake) = match choice {
-            Choice::Send(i) => (backends[i], false),
-            Choice::Wake(i) => (backends[i], true),
-            Choice::Wait => {
+        let pick = shared.with_table(|table| {
+            let Some(route) = table.apps.get(app) else {
+                return Pick::Reply(reply(
+                    StatusCode::NOT_FOUND,
+                    format!("bazaar proxy: no app named {app:?}"),
+                ));
+            };
+            let backends: Vec<&Arc<Backend>> = match &force {
+                Some(id) => route.backends.iter().filter(|b| &b.id == id).collect(),
+                None => route.backends.iter().collect(),
+            };
+            if backends.is_empty() {
+                return Pick::Reply(match &force {
+                    Some(id) => reply(
+                        StatusCode::NOT_FOUND,
+                        format!(
+                            "bazaar proxy: app {app:?} has no machine {id:?} (fly-force-instance-id)"
+                        ),
+                    ),
+                    None => reply(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("bazaar proxy: app {app:?} has no machines with an HTTP service"),
+                    ),
+                });
+            }
+            let candidates: Vec<Candidate> = backends
+                .iter()
+                .map(|b| candidate(b, &tried, now_ms, force.is_some()))
+                .collect();
+            match balance::choose(&candidates, rand::random()) {
+                Choice::Send(i) => Pick::Machine(backends[i].clone(), false),
+                Choice::Wake(i) => Pick::Machine(backends[i].clone(), true),
+                Choice::Wait => Pick::Wait,
+            }
+        });
+        let (b, wake) = match pick {
+            Pick::Reply(r) => break r,
+            Pick::Machine(b, wake) => (b, wake),
+            Pick::Wait => {
                 let now = Instant::now();
                 if now >= deadline {
                     let why = match last_failure {
@@ -427,8 +466,6 @@ async fn route(
                 continue;
             }
         };
-        let b = b.clone();
-        drop(table);
         let attempt = if b.local {
             if wake || b.state != RouteState::Ready {
                 match crate::scale::ensure_awake(shared, &b).await {
@@ -503,25 +540,24 @@ fn candidate(b: &Backend, tried: &[String], now_ms: u64, forced: bool) -> Candid
     }
 }
 
-fn path_uri(authority: SocketAddr, parts: &http::request::Parts) -> Uri {
-    let pq = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
-    Uri::try_from(format!("http://{authority}{pq}")).unwrap_or_else(|_| Uri::from_static("/"))
+/// The request's URI in origin form (`/path?query`), as sent upstream over HTTP/1.1.
+fn origin_uri(parts: &http::request::Parts) -> Uri {
+    let uri = &parts.uri;
+    if uri.scheme().is_none() && uri.authority().is_none() && uri.path_and_query().is_some() {
+        return uri.clone();
+    }
+    match uri.path_and_query() {
+        Some(pq) => Uri::from(pq.clone()),
+        None => Uri::from_static("/"),
+    }
 }
 
 /// Sends to a machine of this host, counting it against the machine's hard limit.
-async fn send_local(shared: &Arc<Shared>, b: &Backend, prepared: &mut Prepared) -> Attempt {
+async fn send_local(shared: &Arc<Local>, b: &Backend, prepared: &mut Prepared) -> Attempt {
     if !b.load.try_admit(b.limits.hard) {
         return Attempt::Retry { failed: false };
     }
-    let gauge = shared
-        .metrics
-        .in_flight
-        .get_or_create(&AppLabel { app: b.app.clone() })
-        .clone();
+    let gauge = shared.metrics.in_flight_of(&b.app);
     gauge.inc();
     let guard = Guard {
         load: b.load.clone(),
@@ -531,11 +567,11 @@ async fn send_local(shared: &Arc<Shared>, b: &Backend, prepared: &mut Prepared) 
     b.load
         .last_active_ms
         .store(bazaar_types::now_ms(), Ordering::SeqCst);
-    let uri = path_uri(b.addr, &prepared.parts);
+    let uri = origin_uri(&prepared.parts);
     let Some(req) = prepared.build(uri) else {
         return Attempt::Retry { failed: true };
     };
-    match crate::client().request(req).await {
+    match crate::pool::send(b.addr, req).await {
         Ok(resp) => Attempt::Done(pass_on(prepared, resp, guard)),
         Err(err) => {
             let connect = err.is_connect();
@@ -582,7 +618,7 @@ fn pass_on(prepared: &mut Prepared, resp: Response<Incoming>, guard: Guard) -> R
 
 /// Sends to a machine of another host, through that host's proxy.
 async fn send_remote(
-    shared: &Arc<Shared>,
+    shared: &Arc<Local>,
     b: &Backend,
     prepared: &mut Prepared,
     wake: bool,
@@ -599,7 +635,7 @@ async fn send_remote(
         shared: shared.clone(),
         gauge: None,
     };
-    let uri = path_uri(hop, &prepared.parts);
+    let uri = origin_uri(&prepared.parts);
     let Some(mut req) = prepared.build(uri) else {
         return Attempt::Retry { failed: true };
     };
@@ -613,7 +649,7 @@ async fn send_remote(
     if wake {
         h.insert(HOP_WAKE, HeaderValue::from_static("1"));
     }
-    match crate::client().request(req).await {
+    match crate::pool::send(hop, req).await {
         Ok(resp) => {
             if let Some(v) = resp.headers().get(&HOP_RETRY) {
                 let failed = v.as_bytes() == b"failed";
@@ -693,7 +729,7 @@ pub(crate) async fn ready_for_hop(
 }
 
 /// The owner side of a hop: deliver to one machine of this host, or say why not.
-async fn serve_hop(shared: Arc<Shared>, req: Request<Incoming>) -> Response<RespBody> {
+async fn serve_hop(shared: Arc<Local>, req: Request<Incoming>) -> Response<RespBody> {
     let id = req
         .headers()
         .get(&HOP_MACHINE)
@@ -703,24 +739,24 @@ async fn serve_hop(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Resp
     let wake = req.headers().contains_key(&HOP_WAKE);
     if let Some(port) = req.headers().get(&crate::tcp::HOP_TCP_PORT) {
         return match port.to_str().ok().and_then(|p| p.parse::<u16>().ok()) {
-            Some(port) => crate::tcp::serve_hop(shared, req, port, &id, wake).await,
+            Some(port) => crate::tcp::serve_hop(shared.0.clone(), req, port, &id, wake).await,
             None => reply(StatusCode::BAD_REQUEST, "bazaar proxy: bad TCP hop port"),
         };
     }
-    let table = shared.table();
-    let Some(b) = table
-        .apps
-        .values()
-        .flat_map(|r| r.backends.iter())
-        .find(|b| b.id == id && b.local)
-        .cloned()
-    else {
+    let found = shared.with_table(|table| {
+        table
+            .apps
+            .values()
+            .flat_map(|r| r.backends.iter())
+            .find(|b| b.id == id && b.local)
+            .cloned()
+    });
+    let Some(b) = found else {
         return retry_reply(
             true,
             format!("bazaar proxy: no machine {id:?} on this host"),
         );
     };
-    drop(table);
     if let Err(refused) = ready_for_hop(&shared, &b, wake).await {
         return refused;
     }

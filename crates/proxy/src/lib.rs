@@ -26,19 +26,17 @@ pub mod balance;
 mod body;
 mod http;
 pub mod metrics;
+mod pool;
 mod scale;
 pub mod table;
 mod tcp;
 mod upgrade;
 
 use bazaar_agent::Agent;
-use body::ReqBody;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use table::{Load, Table};
@@ -63,6 +61,11 @@ pub(crate) struct Shared {
     pub queue_timeout: Duration,
     pub autostop_idle: Duration,
     pub table: RwLock<Arc<Table>>,
+    /// Bumped after every rebuild of `table`: proxy threads keep their own reference to
+    /// the table and take the lock only when it changed ([`Shared::with_table`]).
+    pub table_gen: AtomicU64,
+    /// Tells proxies apart in per-thread caches.
+    pub id: u64,
     pub loads: Mutex<HashMap<String, Arc<Load>>>,
     /// Notified when a request ends or the table changes (waiting requests look again);
     /// only while some request waits ([`Shared::wait_for_slot`]), so that ending a request
@@ -85,6 +88,18 @@ impl std::fmt::Debug for Shared {
     }
 }
 
+/// A proxy thread's handle on the shared state, cloned per request instead of the
+/// `Arc<Shared>` itself: its reference count stays in this thread's core's cache rather
+/// than bouncing between the proxy threads on every request.
+pub(crate) struct Local(pub Arc<Shared>);
+
+impl std::ops::Deref for Local {
+    type Target = Arc<Shared>;
+    fn deref(&self) -> &Arc<Shared> {
+        &self.0
+    }
+}
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -94,9 +109,29 @@ impl Shared {
         self.table.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Runs `f` on the current table, through this thread's own reference to it (renewed
+    /// when the table changed): no lock and no shared reference count per request. `f`
+    /// must not call `with_table` again.
+    pub(crate) fn with_table<R>(&self, f: impl FnOnce(&Table) -> R) -> R {
+        thread_local! {
+            /// (proxy id, table generation, table).
+            static TABLE: RefCell<Option<(u64, u64, Arc<Table>)>> = const { RefCell::new(None) };
+        }
+        let gen = self.table_gen.load(Ordering::Acquire);
+        TABLE.with(|cached| {
+            let mut cached = cached.borrow_mut();
+            let table = match &mut *cached {
+                Some((id, g, t)) if *id == self.id && *g == gen => t,
+                slot => &mut slot.insert((self.id, gen, self.table())).2,
+            };
+            f(table)
+        })
+    }
+
     fn rebuild(&self) {
         let t = table::build(&self.catalog, &self.host_id, &self.region, &self.loads);
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(t);
+        self.table_gen.fetch_add(1, Ordering::AcqRel);
         self.slot_freed.notify_waiters();
     }
 
@@ -158,6 +193,11 @@ impl Proxy {
             queue_timeout: config.proxy_queue_timeout,
             autostop_idle: config.autostop_idle,
             table: RwLock::new(Arc::new(Table::default())),
+            table_gen: AtomicU64::new(0),
+            id: {
+                static NEXT: AtomicU64 = AtomicU64::new(0);
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            },
             loads: Mutex::new(HashMap::new()),
             slot_freed: Notify::new(),
             waiting: AtomicUsize::new(0),
@@ -278,25 +318,6 @@ fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     socket.set_nodelay(true)?;
     socket.bind(addr)?;
     socket.listen(1024)?.into_std()
-}
-
-thread_local! {
-    /// The upstream client of this proxy thread (its pooled connections live on this
-    /// thread's runtime).
-    static CLIENT: Client<HttpConnector, ReqBody> = {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(2)));
-        Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .pool_timer(TokioTimer::new())
-            .build(connector)
-    };
-}
-
-/// This thread's upstream client.
-pub(crate) fn client() -> Client<HttpConnector, ReqBody> {
-    CLIENT.with(|c| c.clone())
 }
 
 /// Rebuilds the table on every catalog change (batched), and every 2 s regardless.

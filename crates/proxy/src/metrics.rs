@@ -7,6 +7,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -92,9 +94,29 @@ impl EncodeMetric for Latency {
     }
 }
 
+/// One app's request metrics, as a proxy thread keeps them at hand.
+struct AppHandles {
+    latency: Latency,
+    in_flight: Gauge,
+    /// Request counters by status.
+    statuses: Vec<(u16, Counter)>,
+}
+
+thread_local! {
+    /// This thread's handles on the metrics of its proxy (by [`Metrics::id`]), by app: a
+    /// request looks its metrics up without taking the families' locks or allocating
+    /// label sets.
+    static HANDLES: RefCell<(u64, HashMap<String, AppHandles>)> = RefCell::new((u64::MAX, HashMap::new()));
+}
+
+/// Most apps whose handles a thread keeps.
+const MAX_CACHED_APPS: usize = 4096;
+
 /// Every metric of the proxy.
 #[derive(Debug)]
 pub struct Metrics {
+    /// Tells proxies apart in per-thread caches.
+    id: u64,
     pub registry: Registry,
     pub requests: Family<StatusLabels, Counter>,
     pub latency: Family<AppLabel, Latency>,
@@ -171,7 +193,9 @@ impl Metrics {
             "TCP connections delivered to this host's machines, by app",
             tcp_connections.clone(),
         );
+        static NEXT: AtomicU64 = AtomicU64::new(0);
         Metrics {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
             registry,
             requests,
             latency,
@@ -183,6 +207,56 @@ impl Metrics {
             autostops,
             tcp_connections,
         }
+    }
+
+    fn with_app<R>(&self, app: &str, f: impl FnOnce(&mut AppHandles) -> R) -> R {
+        HANDLES.with(|h| {
+            let (id, apps) = &mut *h.borrow_mut();
+            if *id != self.id || apps.len() >= MAX_CACHED_APPS {
+                *id = self.id;
+                apps.clear();
+            }
+            if !apps.contains_key(app) {
+                let label = AppLabel {
+                    app: app.to_string(),
+                };
+                let handles = AppHandles {
+                    latency: self.latency.get_or_create(&label).clone(),
+                    in_flight: self.in_flight.get_or_create(&label).clone(),
+                    statuses: Vec::new(),
+                };
+                apps.insert(app.to_string(), handles);
+            }
+            f(apps.get_mut(app).expect("just inserted"))
+        })
+    }
+
+    /// Counts one answered request of `app` and records its latency.
+    pub fn record_request(&self, app: &str, status: u16, seconds: f64) {
+        self.with_app(app, |h| {
+            h.latency.observe(seconds);
+            match h.statuses.iter().find(|(s, _)| *s == status) {
+                Some((_, c)) => {
+                    c.inc();
+                }
+                None => {
+                    let c = self
+                        .requests
+                        .get_or_create(&StatusLabels {
+                            app: app.to_string(),
+                            status,
+                        })
+                        .clone();
+                    c.inc();
+                    h.statuses.push((status, c));
+                }
+            }
+        });
+    }
+
+    /// The gauge of `app`'s requests in flight on this host's machines.
+    pub fn in_flight_of(&self, app: &str) -> Gauge {
+        self.with_app(app, |h| h.in_flight.clone())
     }
 
     /// The Prometheus text exposition.

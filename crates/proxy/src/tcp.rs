@@ -145,7 +145,7 @@ async fn serve(shared: Arc<Shared>, port: u16, mut client: TcpStream) {
         }
         let _guard = Guard {
             load: b.load.clone(),
-            shared: shared.clone(),
+            shared: Arc::new(crate::Local(shared.clone())),
             gauge: None,
         };
         let connected = if b.local {
@@ -285,7 +285,7 @@ pub(crate) async fn serve_hop(
     }
     let guard = Guard {
         load: b.load.clone(),
-        shared: shared.clone(),
+        shared: Arc::new(crate::Local(shared.clone())),
         gauge: None,
     };
     let mut upstream = match TcpStream::connect(b.addr).await {

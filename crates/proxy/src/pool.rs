@@ -1,0 +1,163 @@
+//! Upstream HTTP/1.1 connections of one proxy thread: a small keep-alive pool per machine
+//! address, held by the thread itself (no lock, no shared state), over hyper's
+//! `client::conn::http1`. hyper-util's pooled `Client` costs a mutex on a pool shared by
+//! every clone, a spawned task per request to return the connection once it is idle again,
+//! and formatting and parsing an absolute URI per request; none of it is needed when each
+//! proxy thread owns its connections.
+
+use crate::body::ReqBody;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// Longest a connection attempt may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Idle connections older than this are closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most connections kept per address.
+const MAX_PER_ADDR: usize = 1024;
+
+/// Why a request could not be exchanged with a machine.
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// The request was not delivered (no connection, or the connection closed before the
+    /// request was written): any request may go elsewhere.
+    Connect(String),
+    /// The exchange failed after the request was (possibly) delivered.
+    Request(hyper::Error),
+}
+
+impl SendError {
+    pub(crate) fn is_connect(&self) -> bool {
+        matches!(self, SendError::Connect(_))
+    }
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Connect(e) => write!(f, "connecting: {e}"),
+            SendError::Request(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+struct Conn {
+    tx: SendRequest<ReqBody>,
+    /// When it was last handed back (idle since then, once ready).
+    since: Instant,
+}
+
+thread_local! {
+    static POOL: RefCell<HashMap<SocketAddr, Vec<Conn>>> = RefCell::new(HashMap::new());
+}
+
+/// A ready connection to `addr` from this thread's pool, dropping closed and expired ones.
+fn checkout(addr: SocketAddr) -> Option<SendRequest<ReqBody>> {
+    POOL.with(|p| {
+        let mut pool = p.borrow_mut();
+        let conns = pool.get_mut(&addr)?;
+        let mut i = conns.len();
+        while i > 0 {
+            i -= 1;
+            let c = &conns[i];
+            if c.tx.is_closed() {
+                conns.swap_remove(i);
+            } else if c.tx.is_ready() {
+                let c = conns.swap_remove(i);
+                if c.since.elapsed() < IDLE_TIMEOUT {
+                    return Some(c.tx);
+                }
+            }
+        }
+        None
+    })
+}
+
+/// Hands a connection back once its response head arrived (it serves the next request
+/// once the response body has been read; [`checkout`] skips it until then).
+fn checkin(addr: SocketAddr, tx: SendRequest<ReqBody>) {
+    if tx.is_closed() {
+        return;
+    }
+    POOL.with(|p| {
+        let mut pool = p.borrow_mut();
+        let conns = pool.entry(addr).or_default();
+        if conns.len() < MAX_PER_ADDR {
+            conns.push(Conn {
+                tx,
+                since: Instant::now(),
+            });
+        }
+    });
+}
+
+/// Closes this thread's idle connections that expired (run now and then).
+pub(crate) fn sweep() {
+    POOL.with(|p| {
+        let mut pool = p.borrow_mut();
+        pool.retain(|_, conns| {
+            conns.retain(|c| {
+                let expired = c.tx.is_ready() && c.since.elapsed() >= IDLE_TIMEOUT;
+                !c.tx.is_closed() && !expired
+            });
+            !conns.is_empty()
+        });
+    });
+}
+
+/// A new connection to `addr`, its connection task spawned on this thread.
+async fn connect(addr: SocketAddr) -> Result<SendRequest<ReqBody>, SendError> {
+    let stream =
+        match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(err)) => return Err(SendError::Connect(err.to_string())),
+            Err(_) => {
+                return Err(SendError::Connect(format!(
+                    "timed out after {CONNECT_TIMEOUT:?}"
+                )))
+            }
+        };
+    let _ = stream.set_nodelay(true);
+    let (tx, conn) = hyper::client::conn::http1::Builder::new()
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(|err| SendError::Connect(err.to_string()))?;
+    tokio::spawn(async move {
+        if let Err(err) = conn.with_upgrades().await {
+            tracing::debug!(error = %err, %addr, "upstream connection");
+        }
+    });
+    Ok(tx)
+}
+
+/// Sends `req` (origin-form URI, `Host` set) to `addr` over a pooled connection, or a new
+/// one. A request a reused connection could not take (it closed meanwhile) is sent on
+/// another.
+pub(crate) async fn send(
+    addr: SocketAddr,
+    mut req: Request<ReqBody>,
+) -> Result<Response<Incoming>, SendError> {
+    loop {
+        let (mut tx, reused) = match checkout(addr) {
+            Some(tx) => (tx, true),
+            None => (connect(addr).await?, false),
+        };
+        match tx.try_send_request(req).await {
+            Ok(resp) => {
+                checkin(addr, tx);
+                return Ok(resp);
+            }
+            Err(mut err) => match err.take_message() {
+                Some(r) if reused => req = r,
+                Some(_) => return Err(SendError::Connect(err.into_error().to_string())),
+                None => return Err(SendError::Request(err.into_error())),
+            },
+        }
+    }
+}
