@@ -243,7 +243,7 @@ pub async fn prune_unused(agent: &Agent, idle: Duration) -> Result<serde_json::V
     )
 }
 
-/// Prunes in the background every [`PRUNE_EVERY`].
+/// Prunes in the background every ten minutes.
 pub fn spawn_pruning(agent: &Agent) {
     if agent.0.driver.oci.is_err() {
         return;
