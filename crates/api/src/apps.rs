@@ -108,7 +108,7 @@ pub async fn destroy(
     let record = catalog
         .app(&app)
         .ok_or_else(|| ApiError::NotFound(format!("app {app} not found")))?;
-    destroy_machines(&api, &catalog, &app).await;
+    destroy_machines(&api, catalog, &app).await;
     let volumes = catalog.volumes(Some(&app));
     if !volumes.is_empty() {
         tokio::spawn(delete_volumes(api.clone(), app.clone(), volumes));
@@ -169,7 +169,7 @@ async fn delete_volumes(api: Api, app: String, volumes: Vec<bazaar_catalog::Volu
             match status {
                 Ok(s) if s == StatusCode::PRECONDITION_FAILED || s == StatusCode::CONFLICT => {
                     if let Ok(catalog) = api.catalog() {
-                        destroy_machines(&api, &catalog, &app).await;
+                        destroy_machines(&api, catalog, &app).await;
                     }
                 }
                 Ok(_) => break,
