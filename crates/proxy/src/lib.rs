@@ -299,55 +299,22 @@ pub(crate) fn client() -> Client<HttpConnector, ReqBody> {
     CLIENT.with(|c| c.clone())
 }
 
-/// The least time between two rebuilds of the table caused by catalog changes: a burst of
-/// changes (hundreds of machines starting) is folded into a rebuild every this often, not
-/// one per change.
-const MIN_REBUILD_GAP: Duration = Duration::from_millis(20);
-
-/// Rebuilds the table on every catalog change (batched, at most once per
-/// [`MIN_REBUILD_GAP`]), and every 2 s regardless.
+/// Rebuilds the table on every catalog change (batched), and every 2 s regardless.
 fn spawn_table_refresh(shared: Arc<Shared>, shutdown: tokio_util::sync::CancellationToken) {
     let mut rx = shared.catalog.subscribe();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(2));
-        let mut last: Option<tokio::time::Instant> = None;
-        // A change arrived too soon after the last rebuild: rebuild at this time.
-        let mut due: Option<tokio::time::Instant> = None;
         loop {
-            let deferred = async {
-                match due {
-                    Some(t) => tokio::time::sleep_until(t).await,
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 r = rx.recv() => match r {
                     Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                         while rx.try_recv().is_ok() {}
-                        let now = tokio::time::Instant::now();
-                        match last {
-                            Some(l) if now < l + MIN_REBUILD_GAP => {
-                                due.get_or_insert(l + MIN_REBUILD_GAP);
-                            }
-                            _ => {
-                                shared.rebuild();
-                                last = Some(now);
-                            }
-                        }
+                        shared.rebuild();
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                 },
-                () = deferred => {
-                    shared.rebuild();
-                    last = Some(tokio::time::Instant::now());
-                    due = None;
-                }
-                _ = tick.tick() => {
-                    shared.rebuild();
-                    last = Some(tokio::time::Instant::now());
-                    due = None;
-                }
+                _ = tick.tick() => shared.rebuild(),
             }
         }
     });
