@@ -713,18 +713,11 @@ impl Agent {
             }
         }
         let ttl = self.0.config.tombstone_ttl.as_millis() as u64;
-        let old: Vec<String> = self
-            .0
-            .store
-            .machines()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|m| {
-                m.destroyed_at_ms
-                    .is_some_and(|t| now.saturating_sub(t) >= ttl)
-            })
-            .map(|m| m.id)
-            .collect();
+        let old: Vec<String> = self.0.store.select(|m| {
+            m.destroyed_at_ms
+                .is_some_and(|t| now.saturating_sub(t) >= ttl)
+                .then(|| m.id.clone())
+        });
         if !old.is_empty() {
             let _guard = self.0.ledger.lock().await;
             let mut b = Batch::default();

@@ -11,7 +11,7 @@ use crate::agent::Agent;
 use bazaar_catalog::{CheckRecord, MachineFilter};
 use bazaar_types::config::CheckConfig;
 use bazaar_types::now_ms;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -84,13 +84,14 @@ fn schedule(
         ..Default::default()
     };
     let now = Instant::now();
-    let mut seen = Vec::new();
-    for view in catalog.machines(&filter) {
+    let mut seen = HashSet::new();
+    // Only this host's machines with checks (all come from services) are copied out.
+    let ours = catalog.machines_where(&filter, |m| {
+        m.host_id == host && m.services.iter().any(|s| !s.service.checks.is_empty())
+    });
+    for view in ours {
         let m = view.record;
-        if m.host_id != host {
-            continue;
-        }
-        seen.push(m.id.clone());
+        seen.insert(m.id.clone());
         let stale = machines
             .get(&m.id)
             .is_some_and(|c| c.instance_id != m.instance_id);

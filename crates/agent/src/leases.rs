@@ -160,12 +160,10 @@ impl Agent {
 
     /// How the machine was placed, if it went through the market.
     pub async fn placement(&self, id: &str) -> Result<Option<serde_json::Value>, AgentError> {
-        Ok(self
-            .0
-            .store
-            .machine(id)?
-            .ok_or_else(|| AgentError::MachineNotFound(id.into()))?
-            .placement)
+        if self.0.store.machine(id)?.is_none() {
+            return Err(AgentError::MachineNotFound(id.into()));
+        }
+        Ok(self.0.store.placement(id)?)
     }
 
     /// The machine's log file, for streaming.

@@ -209,7 +209,6 @@ impl Agent {
             next_event_seq: 1,
             destroyed_at_ms: None,
             lease: None,
-            placement: req.placement.clone(),
         };
         rec.cordoned = req.skip_service_registration;
         if let Some(ttl) = req.lease_ttl {
@@ -225,6 +224,9 @@ impl Agent {
             .version(&id, &instance_id, &req.config)
             .event(&mut rec, MachineEvent::new("launch", "created", "user"));
         batch.machine(&rec).op(&op);
+        if let Some(p) = &req.placement {
+            batch.placement(&id, p);
+        }
         if let Err(err) = self.attach_volume(&rec, &mut batch) {
             self.release_ports(&rec);
             return Err(err);

@@ -60,15 +60,13 @@ pub struct MachineRecord {
     /// The lease, if one was taken (it may have expired).
     #[serde(default)]
     pub lease: Option<bazaar_types::machine::Lease>,
-    /// How the exchange placed this machine (`explain`).
-    #[serde(default)]
-    pub placement: Option<serde_json::Value>,
+    // How the exchange placed the machine is stored apart (`Store::placement`).
 }
 
 impl MachineRecord {
     /// The actor read `before`, worked on it into `self`, and the stored record is now
     /// `stored`: takes from `stored` what the accept side changed meanwhile (it owns the
-    /// config and version, resources, ports, cordon, lease, placement and, when a new
+    /// config and version, resources, ports, cordon, lease and, when a new
     /// operation was queued, the desired state and run ids), keeping the actor's own
     /// fields (state, run, exits, restarts). Events are renumbered by the caller.
     pub fn merge_accepted(&mut self, before: &MachineRecord, stored: &MachineRecord) {
@@ -90,9 +88,6 @@ impl MachineRecord {
         }
         if stored.lease != before.lease {
             self.lease = stored.lease.clone();
-        }
-        if stored.placement != before.placement {
-            self.placement = stored.placement.clone();
         }
         if stored.desired != before.desired {
             self.desired = stored.desired;

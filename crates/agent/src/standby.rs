@@ -8,6 +8,7 @@
 
 use crate::agent::Agent;
 use bazaar_catalog::HostStatus;
+use bazaar_types::machine::Machine;
 use bazaar_types::state::MachineState;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -59,9 +60,18 @@ async fn check(
     }
     // Forget pairs whose host is no longer dead.
     fired.retain(|(_, host)| dead.contains(host));
-    let Ok(machines) = agent.machines(None, false).await else {
+    if !dead_since
+        .values()
+        .any(|t| now.duration_since(*t) >= CONFIRM)
+    {
+        // No host has been dead long enough: nothing can fire.
         return;
-    };
+    }
+    let mut machines: Vec<Machine> = agent.0.store.select(|m| {
+        (m.state != MachineState::Destroyed && !m.config.standbys.is_empty())
+            .then(|| agent.view(m, Vec::new()))
+    });
+    machines.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
     for m in machines {
         if m.config.standbys.is_empty()
             || !matches!(m.state, MachineState::Stopped | MachineState::Created)

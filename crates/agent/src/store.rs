@@ -1,6 +1,11 @@
 //! The host's durable store (redb): machines, their config versions, events, operations,
 //! reservations and volumes. Every write is one ACID transaction, fsynced before it returns, so what
 //! the agent acknowledged survives a kill -9.
+//!
+//! Machine records are also kept in memory, as last committed (the store is their only
+//! writer), so reading one costs a clone rather than a decode. A machine's placement record
+//! (`explain`) is kept in a table of its own: it is written once, at create, and read only by
+//! `GET .../placement`.
 
 use crate::record::{MachineRecord, Operation};
 use crate::volumes::VolumeRecord;
@@ -10,8 +15,9 @@ use bazaar_types::event::MachineEvent;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 const MACHINES: TableDefinition<&str, &[u8]> = TableDefinition::new("machines");
@@ -22,6 +28,8 @@ const EVENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("events");
 const OPERATIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("operations");
 const RESERVATIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("reservations");
 const VOLUMES: TableDefinition<&str, &[u8]> = TableDefinition::new("volumes");
+/// Key: machine id; value: the placement record (JSON).
+const PLACEMENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("placements");
 
 /// Store errors.
 #[derive(Debug, thiserror::Error)]
@@ -51,12 +59,29 @@ db_err!(
 #[derive(Debug, Clone)]
 pub struct Store {
     db: Arc<Database>,
+    /// Every machine record, as last committed.
+    machines: Arc<Mutex<HashMap<String, Arc<MachineRecord>>>>,
+    /// Held from the start of a write until the in-memory records show it, so they are
+    /// updated in commit order.
+    writing: Arc<Mutex<()>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// What records written before placements had their own table carried.
+#[derive(serde::Deserialize)]
+struct LegacyPlacement {
+    #[serde(default)]
+    placement: Option<serde_json::Value>,
 }
 
 /// Writes gathered into one transaction by [`Store::write`].
 #[derive(Debug, Default)]
 pub struct Batch {
-    machines: Vec<MachineRecord>,
+    machines: Vec<Arc<MachineRecord>>,
+    placements: Vec<(String, Vec<u8>)>,
     versions: Vec<(String, String, MachineConfig)>,
     events: Vec<(String, u64, MachineEvent)>,
     put_ops: Vec<Operation>,
@@ -72,7 +97,12 @@ pub struct Batch {
 impl Batch {
     /// Puts a machine record.
     pub fn machine(&mut self, m: &MachineRecord) -> &mut Self {
-        self.machines.push(m.clone());
+        self.machines.push(Arc::new(m.clone()));
+        self
+    }
+    /// Records how machine `id` was placed.
+    pub fn placement(&mut self, id: &str, placement: &serde_json::Value) -> &mut Self {
+        self.placements.push((id.into(), enc(placement)));
         self
     }
     /// Records a config version.
@@ -172,20 +202,55 @@ impl Store {
             tx.open_table(OPERATIONS)?;
             tx.open_table(RESERVATIONS)?;
             tx.open_table(VOLUMES)?;
+            tx.open_table(PLACEMENTS)?;
         }
         tx.commit()?;
-        Ok(Store { db: Arc::new(db) })
+        let mut machines = HashMap::new();
+        let mut legacy = Vec::new();
+        {
+            let tx = db.begin_read()?;
+            let t = tx.open_table(MACHINES)?;
+            for row in t.iter()? {
+                let (_, v) = row?;
+                let rec: MachineRecord = dec(v.value())?;
+                if let Some(p) = dec::<LegacyPlacement>(v.value())?.placement {
+                    legacy.push((rec.id.clone(), p));
+                }
+                machines.insert(rec.id.clone(), Arc::new(rec));
+            }
+        }
+        let store = Store {
+            db: Arc::new(db),
+            machines: Arc::new(Mutex::new(HashMap::new())),
+            writing: Arc::new(Mutex::new(())),
+        };
+        *lock(&store.machines) = machines;
+        if !legacy.is_empty() {
+            // Move placement records kept in machine records to their own table.
+            let mut b = Batch::default();
+            for (id, p) in &legacy {
+                b.placement(id, p);
+                if let Some(rec) = store.machine(id)? {
+                    b.machine(&rec);
+                }
+            }
+            store.write(&b)?;
+        }
+        Ok(store)
     }
 
     /// Applies a batch in one durable transaction.
     pub fn write(&self, batch: &Batch) -> Result<(), StoreError> {
+        let _writing = lock(&self.writing);
         let tx = self.db.begin_write()?;
         {
             let mut machines = tx.open_table(MACHINES)?;
             let mut versions = tx.open_table(VERSIONS)?;
             let mut events = tx.open_table(EVENTS)?;
+            let mut placements = tx.open_table(PLACEMENTS)?;
             for id in &batch.delete_machines {
                 machines.remove(id.as_str())?;
+                placements.remove(id.as_str())?;
                 let prefix = format!("{id}/");
                 let end = format!("{id}0");
                 let keys: Vec<String> = versions
@@ -204,7 +269,10 @@ impl Store {
                 }
             }
             for m in &batch.machines {
-                machines.insert(m.id.as_str(), enc(m).as_slice())?;
+                machines.insert(m.id.as_str(), enc(&**m).as_slice())?;
+            }
+            for (id, p) in &batch.placements {
+                placements.insert(id.as_str(), p.as_slice())?;
             }
             for (mid, iid, cfg) in &batch.versions {
                 versions.insert(format!("{mid}/{iid}").as_str(), enc(cfg).as_slice())?;
@@ -239,6 +307,13 @@ impl Store {
             }
         }
         tx.commit()?;
+        let mut mirror = lock(&self.machines);
+        for id in &batch.delete_machines {
+            mirror.remove(id);
+        }
+        for m in &batch.machines {
+            mirror.insert(m.id.clone(), m.clone());
+        }
         Ok(())
     }
 
@@ -251,21 +326,30 @@ impl Store {
 
     /// Reads one machine.
     pub fn machine(&self, id: &str) -> Result<Option<MachineRecord>, StoreError> {
-        let tx = self.db.begin_read()?;
-        let t = tx.open_table(MACHINES)?;
-        t.get(id)?.map(|v| dec(v.value())).transpose()
+        Ok(lock(&self.machines)
+            .get(id)
+            .map(|m| MachineRecord::clone(m)))
     }
 
-    /// Reads every machine (tombstones included).
+    /// Reads every machine (tombstones included), in id order.
     pub fn machines(&self) -> Result<Vec<MachineRecord>, StoreError> {
-        let tx = self.db.begin_read()?;
-        let t = tx.open_table(MACHINES)?;
-        let mut out = Vec::new();
-        for row in t.iter()? {
-            let (_, v) = row?;
-            out.push(dec(v.value())?);
-        }
+        let all: Vec<Arc<MachineRecord>> = lock(&self.machines).values().cloned().collect();
+        let mut out: Vec<MachineRecord> = all.iter().map(|m| MachineRecord::clone(m)).collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(out)
+    }
+
+    /// What `f` picks out of every machine (tombstones included), in no particular order:
+    /// only what it returns is copied.
+    pub fn select<T>(&self, mut f: impl FnMut(&MachineRecord) -> Option<T>) -> Vec<T> {
+        lock(&self.machines).values().filter_map(|m| f(m)).collect()
+    }
+
+    /// How machine `id` was placed, if it went through the market.
+    pub fn placement(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(PLACEMENTS)?;
+        t.get(id)?.map(|v| dec(v.value())).transpose()
     }
 
     /// Reads one volume.
@@ -336,5 +420,85 @@ impl Store {
             out.push((iid, dec(v.value())?));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn record_json(id: &str) -> serde_json::Value {
+        json!({
+            "id": id, "name": "n", "app": "a", "region": "local",
+            "state": "started", "desired": "started", "instance_id": "i1",
+            "config": {"image": "process"},
+            "resources": {"cpus": 1, "memory_mb": 256},
+            "created_at_ms": 1, "updated_at_ms": 1,
+            "next_run_id": 2, "next_event_seq": 3,
+        })
+    }
+
+    #[test]
+    fn placements_kept_in_machine_records_move_to_their_own_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.redb");
+        let placement = json!({"placement_id": "pl_1", "rounds": [{"elapsed_us": 5}]});
+        {
+            // A store written before placements had their own table.
+            let db = Database::create(&path).unwrap();
+            let tx = db.begin_write().unwrap();
+            {
+                let mut t = tx.open_table(MACHINES).unwrap();
+                let mut old = record_json("m1");
+                old["placement"] = placement.clone();
+                t.insert("m1", enc(&old).as_slice()).unwrap();
+                t.insert("m2", enc(&record_json("m2")).as_slice()).unwrap();
+            }
+            tx.commit().unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.placement("m1").unwrap(), Some(placement.clone()));
+        assert_eq!(store.placement("m2").unwrap(), None);
+        assert_eq!(store.machine("m1").unwrap().unwrap().next_event_seq, 3);
+        let ids: Vec<String> = store
+            .machines()
+            .unwrap()
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
+        assert_eq!(ids, ["m1", "m2"]);
+        drop(store);
+        // The record itself no longer carries it, and what was moved survives a reopen.
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.placement("m1").unwrap(), Some(placement));
+        let tx = store.db.begin_read().unwrap();
+        let t = tx.open_table(MACHINES).unwrap();
+        let raw: serde_json::Value = dec(t.get("m1").unwrap().unwrap().value()).unwrap();
+        assert!(raw.get("placement").is_none());
+    }
+
+    #[test]
+    fn reads_see_every_committed_write_and_purges() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("agent.redb")).unwrap();
+        let mut rec: MachineRecord = serde_json::from_value(record_json("m1")).unwrap();
+        let mut b = Batch::default();
+        b.machine(&rec).placement("m1", &json!({"x": 1}));
+        store.write(&b).unwrap();
+        rec.next_event_seq = 9;
+        let mut b = Batch::default();
+        b.machine(&rec);
+        store.write(&b).unwrap();
+        assert_eq!(store.machine("m1").unwrap().unwrap().next_event_seq, 9);
+        assert_eq!(store.select(|m| Some(m.id.clone())), ["m1"]);
+        let mut b = Batch::default();
+        b.purge_machine("m1");
+        store.write(&b).unwrap();
+        assert!(store.machine("m1").unwrap().is_none());
+        assert_eq!(store.placement("m1").unwrap(), None);
+        drop(store);
+        let store = Store::open(&dir.path().join("agent.redb")).unwrap();
+        assert!(store.machines().unwrap().is_empty());
     }
 }

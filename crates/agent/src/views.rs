@@ -88,7 +88,14 @@ impl Agent {
         timeout: Duration,
         instance_id: Option<&str>,
     ) -> Result<WaitResponse, AgentError> {
-        let machine = self.machine(id).await?;
+        if !ids::is_valid_machine_id(id) {
+            return Err(AgentError::MachineNotFound(id.into()));
+        }
+        let rec = self
+            .0
+            .store
+            .machine(id)?
+            .ok_or_else(|| AgentError::MachineNotFound(id.into()))?;
         let rx = lock(&self.0.live).get(id).map(|tx| tx.subscribe());
         let matches = |s: &Snapshot| {
             let state_ok = states.contains(&s.state);
@@ -97,8 +104,8 @@ impl Agent {
         let Some(mut rx) = rx else {
             // A tombstone: it only ever is destroyed.
             let snap = Snapshot {
-                state: machine.state,
-                instance_id: machine.instance_id.clone(),
+                state: self.current_state(&rec),
+                instance_id: rec.instance_id.clone(),
             };
             if matches(&snap) {
                 return Ok(WaitResponse {

@@ -297,6 +297,17 @@ impl Catalog {
 
     /// Machines matching the filter, ordered by (app, id).
     pub fn machines(&self, filter: &MachineFilter) -> Vec<MachineView> {
+        self.machines_where(filter, |_| true)
+    }
+
+    /// Machines matching the filter and `keep`, ordered by (app, id). Only those kept are
+    /// copied out, so a reader that needs few of them (the proxy: machines with services)
+    /// does not pay for the rest.
+    pub fn machines_where(
+        &self,
+        filter: &MachineFilter,
+        keep: impl Fn(&MachineRecord) -> bool,
+    ) -> Vec<MachineView> {
         let st = self.shared().read();
         let rows: Box<dyn Iterator<Item = &Row>> = match &filter.app {
             Some(app) => Box::new(st.replica.app_machines(app)),
@@ -307,9 +318,7 @@ impl Catalog {
                 let Record::Machine(m) = &row.record else {
                     return None;
                 };
-                filter
-                    .matches(m, row.deleted)
-                    .then(|| self.machine_view(&st, row, m))
+                (filter.matches(m, row.deleted) && keep(m)).then(|| self.machine_view(&st, row, m))
             })
             .collect();
         out.sort_by(|a, b| (&a.record.app, &a.record.id).cmp(&(&b.record.app, &b.record.id)));

@@ -175,7 +175,8 @@ pub fn build(
     let mut loads = loads.lock().unwrap_or_else(|p| p.into_inner());
     let mut live = std::collections::HashSet::new();
     let now = bazaar_types::now_ms();
-    for view in catalog.machines(&MachineFilter::default()) {
+    // A machine without services has nothing to route.
+    for view in catalog.machines_where(&MachineFilter::default(), |m| !m.services.is_empty()) {
         let m = &view.record;
         let http = http_service(m);
         let routed: Vec<(&ServiceRecord, bool, Vec<u16>)> = m
