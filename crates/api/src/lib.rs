@@ -126,6 +126,24 @@ impl Api {
         recent.insert(machine_id.to_string(), host_id.to_string());
     }
 
+    /// The address of host `host_id`'s API. A row that a host published can reach this
+    /// node before the host's own record does (gossip orders nothing across rows; a missed
+    /// broadcast waits for anti-entropy), so an unknown host is waited for a few seconds.
+    pub(crate) async fn host_addr(&self, host_id: &str) -> Result<String, ApiError> {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
+        loop {
+            if let Some(h) = self.catalog()?.host(host_id) {
+                return Ok(h.record.api_addr);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ApiError::Unavailable(format!(
+                    "host {host_id} is not known to this node yet; retry"
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
     pub(crate) fn recent_host(&self, machine_id: &str) -> Option<String> {
         self.0
             .recent

@@ -368,7 +368,7 @@ fn host_addr(api: &Api, host_id: &str) -> Option<HostAddr> {
 }
 
 /// Where a machine lives: `(host, reachable, catalog row)`.
-fn locate(
+async fn locate(
     api: &Api,
     app: &str,
     id: &str,
@@ -389,14 +389,8 @@ fn locate(
         (None, Some(h)) => h,
         (None, None) => return Err(not_found()),
     };
-    let host = catalog.host(&host_id).ok_or_else(not_found)?;
-    Ok((
-        HostAddr {
-            host_id,
-            api_addr: host.record.api_addr,
-        },
-        row,
-    ))
+    let api_addr = api.host_addr(&host_id).await?;
+    Ok((HostAddr { host_id, api_addr }, row))
 }
 
 /// `/v1/apps/{app}/machines/{id}`: get, update (POST or PUT), destroy.
@@ -452,7 +446,7 @@ async fn forward(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let (host, row) = locate(&api, &app, &id)?;
+    let (host, row) = locate(&api, &app, &id).await?;
     let unreachable = |why: String| -> Result<Response, ApiError> {
         if method == Method::GET && rest.is_empty() {
             if let Some(row) = &row {

@@ -197,7 +197,7 @@ pub async fn list(State(api): State<Api>, Path(app): Path<String>) -> Result<Res
 }
 
 /// The volume's owner and its catalog row, or 404.
-fn locate(
+async fn locate(
     api: &Api,
     app: &str,
     id: &str,
@@ -214,14 +214,8 @@ fn locate(
         (None, Some(h)) => h,
         (None, None) => return Err(not_found()),
     };
-    let host = catalog.host(&host_id).ok_or_else(not_found)?;
-    Ok((
-        HostAddr {
-            host_id,
-            api_addr: host.record.api_addr,
-        },
-        row,
-    ))
+    let api_addr = api.host_addr(&host_id).await?;
+    Ok((HostAddr { host_id, api_addr }, row))
 }
 
 /// `GET /v1/apps/{app}/volumes/{id}`: from the owner (or the catalog, if it is down).
@@ -267,7 +261,7 @@ async fn forward(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     require_app(&api, &app)?;
-    let (host, row) = locate(&api, &app, &id)?;
+    let (host, row) = locate(&api, &app, &id).await?;
     let unreachable = |why: String| -> Result<Response, ApiError> {
         if method == Method::GET {
             if let Some(row) = &row {
