@@ -851,8 +851,11 @@ fn oci_runtime(
         .as_deref()
         .map(str::parse::<crate::network::Subnet>)
         .transpose()?;
-    crate::oci::OciRuntime::detect(config.runc.as_deref(), images, || {
-        crate::network::Network::setup(&config.data_dir, host_id, subnet, config.machine_nat)
-    })
+    crate::oci::OciRuntime::detect(
+        config.runc.as_deref(),
+        &config.registry_auth,
+        images,
+        || crate::network::Network::setup(&config.data_dir, host_id, subnet, config.machine_nat),
+    )
     .map(Arc::new)
 }

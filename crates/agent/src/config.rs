@@ -71,6 +71,8 @@ pub struct AgentConfig {
     pub machine_nat: bool,
     /// The runc executable; `None` looks it up in PATH.
     pub runc: Option<PathBuf>,
+    /// Credentials for pulling from registries: `host[:port]=user:password` each.
+    pub registry_auth: Vec<String>,
 }
 
 impl Default for AgentConfig {
@@ -105,6 +107,7 @@ impl Default for AgentConfig {
             machine_subnet: None,
             machine_nat: false,
             runc: None,
+            registry_auth: Vec::new(),
         }
     }
 }

@@ -99,7 +99,8 @@ async fn pull(
     State(agent): State<Agent>,
     Json(req): Json<PullRequest>,
 ) -> Result<Response, AgentError> {
-    let store = store(&agent)?;
+    let runtime = runtime(&agent)?;
+    let store = runtime.images.clone();
     let reference: Reference = req
         .image
         .parse()
@@ -107,7 +108,8 @@ async fn pull(
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let progress_tx = tx.clone();
     let last_phase = Mutex::new(HashMap::<usize, (PullPhase, u64)>::new());
-    runtime(&agent)?.last_use.touch(&reference.to_string());
+    runtime.last_use.touch(&reference.to_string());
+    let auth = runtime.auth_for(&reference);
     tokio::spawn(async move {
         let progress = move |p: bazaar_image::PullProgress| {
             // One line per phase change, and at most one per MiB while downloading.
@@ -124,10 +126,7 @@ async fn pull(
                               "done": p.done, "total": p.total});
             let _ = progress_tx.send(format!("{line}\n"));
         };
-        let last = match store
-            .pull(&reference, &bazaar_image::Auth::Anonymous, &progress)
-            .await
-        {
+        let last = match store.pull(&reference, &auth, &progress).await {
             Ok(image) => json!({"image": image_json(&image)}),
             Err(e) => json!({"error": format!("pulling {reference}: {e}")}),
         };

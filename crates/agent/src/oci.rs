@@ -119,6 +119,8 @@ pub struct OciRuntime {
     pub network: Network,
     /// When each image was last used here (for pruning, [`crate::images`]).
     pub last_use: Arc<crate::images::LastUse>,
+    /// Credentials by registry host (`--registry-auth`); others are pulled anonymously.
+    pub credentials: BTreeMap<String, Auth>,
 }
 
 /// What [`OciRuntime::prepare`] made for a run.
@@ -135,6 +137,7 @@ impl OciRuntime {
     /// the reason when this host cannot run images.
     pub fn detect(
         configured_runc: Option<&Path>,
+        registry_auth: &[String],
         images: ImageStore,
         network: impl FnOnce() -> Result<Network, String>,
     ) -> Result<OciRuntime, String> {
@@ -145,12 +148,43 @@ impl OciRuntime {
         if !rustix::process::geteuid().is_root() {
             return Err("image machines need the agent to run as root".into());
         }
+        let mut credentials = BTreeMap::new();
+        for entry in registry_auth {
+            let parsed = entry.split_once('=').and_then(|(host, cred)| {
+                let (user, pass) = cred.split_once(':')?;
+                (!host.is_empty() && !user.is_empty()).then(|| {
+                    (
+                        host.to_string(),
+                        Auth::Basic {
+                            username: user.into(),
+                            password: pass.into(),
+                        },
+                    )
+                })
+            });
+            let (host, auth) = parsed.ok_or_else(|| {
+                format!(
+                    "registry_auth entry {:?} must be host[:port]=user:password",
+                    entry.split(':').next().unwrap_or("")
+                )
+            })?;
+            credentials.insert(host, auth);
+        }
         Ok(OciRuntime {
             runc,
             images,
             network: network()?,
             last_use: Arc::default(),
+            credentials,
         })
+    }
+
+    /// The credentials for pulling `reference`.
+    pub fn auth_for(&self, reference: &Reference) -> Auth {
+        self.credentials
+            .get(&reference.registry)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Everything a run needs before the shim starts: image, rootfs, files, network,
@@ -298,7 +332,7 @@ impl OciRuntime {
         };
         let image = self
             .images
-            .pull(reference, &Auth::Anonymous, &progress)
+            .pull(reference, &self.auth_for(reference), &progress)
             .await
             .map_err(|e| format!("pulling {reference}: {e}"))?;
         let b = bytes.lock().unwrap_or_else(|e| e.into_inner());

@@ -143,6 +143,14 @@ struct AgentArgs {
     /// The runc executable (default: runc in PATH).
     #[arg(long)]
     runc: Option<PathBuf>,
+    /// Credentials for a registry, `host[:port]=user:password` (repeatable).
+    #[arg(
+        long = "registry-auth",
+        env = "BAZAAR_REGISTRY_AUTH",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    registry_auth: Vec<String>,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: String,
@@ -280,6 +288,7 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     if let Some(r) = a.runc {
         config.runc = Some(r);
     }
+    config.registry_auth.extend(a.registry_auth);
     bazaar_agent::run_agent(
         config,
         |agent| {

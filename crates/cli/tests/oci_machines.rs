@@ -371,7 +371,31 @@ async fn image_commands_pull_import_list_and_prune() {
     ensure_packages();
     let registry = TestRegistry::start(None);
     let image = push_web_image(&registry).await;
-    let agents = start_cluster(std::path::Path::new(EXE), 1, |_, _| {}).unwrap();
+    // A registry that wants a password, given to the agent with --registry-auth.
+    let private = TestRegistry::start(Some(("alice", "s3cret")));
+    let private_image = {
+        let auth = bazaar_image::Auth::Basic {
+            username: "alice".into(),
+            password: "s3cret".into(),
+        };
+        let reg = bazaar_image::Registry::new(&private.host, auth, true).unwrap();
+        let l = web_layer();
+        let config = config_with(
+            &[&l],
+            bazaar_image::manifest::Platform::current()
+                .architecture
+                .as_str(),
+            json!({"Cmd": ["/bin/sleep", "1000"], "Env": ["PATH=/bin"]}),
+        );
+        push_with_config(&reg, "secret/app", "1", &[&l], &config).await;
+        format!("{}/secret/app:1", private.host)
+    };
+    let credentials = format!("{}=alice:s3cret", private.host);
+    let agents = start_cluster(std::path::Path::new(EXE), 1, |_, o| {
+        o.extra_args
+            .extend(["--registry-auth".to_string(), credentials.clone()]);
+    })
+    .unwrap();
     let bazaar = |args: &[&str]| {
         let out = std::process::Command::new(EXE)
             .args(args)
@@ -391,6 +415,9 @@ async fn image_commands_pull_import_list_and_prune() {
     assert!(ok, "{out}{err}");
     assert!(err.contains("layer 1/1"), "progress lines: {err}");
     assert!(out.contains(&format!("pulled {image}")), "{out}");
+
+    let (ok, out, err) = bazaar(&["image", "pull", &private_image]);
+    assert!(ok, "pull with the configured credentials: {out}{err}");
 
     // Import of a `docker save` archive, then a machine made from it with no registry.
     let l = busybox_rootfs_layer(&["sh", "sleep"], ("etc/imported", b"yes\n"));
@@ -432,7 +459,11 @@ async fn image_commands_pull_import_list_and_prune() {
     let (ok, out, err) = bazaar(&["image", "prune", "--json"]);
     assert!(ok, "{out}{err}");
     let report: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(report["images"], json!([image]), "{report}");
+    let mut removed: Vec<String> = serde_json::from_value(report["images"].clone()).unwrap();
+    removed.sort();
+    let mut expected = vec![image.clone(), private_image.clone()];
+    expected.sort();
+    assert_eq!(removed, expected, "{report}");
     let (_, out, _) = bazaar(&["image", "list"]);
     assert!(
         out.contains("offline.example/app:v1") && !out.contains("/web:1"),
