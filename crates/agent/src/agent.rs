@@ -134,9 +134,16 @@ impl Agent {
         match &driver.oci {
             Err(reason) => tracing::info!(%reason, "image machines are not available on this host"),
             Ok(oci) => {
+                // A host with image machines sets its network up again at once (after a
+                // reboot the bridge is gone); others wait for their first image machine.
                 let network = oci.network.clone();
                 let used: HashSet<std::net::Ipv4Addr> = machines_with_addresses(&store)?;
-                tokio::task::spawn_blocking(move || network.prepare_ahead(&used, NETNS_AHEAD));
+                if !used.is_empty() {
+                    tokio::task::spawn_blocking(move || match network.get() {
+                        Ok(n) => n.prepare_ahead(&used, NETNS_AHEAD),
+                        Err(err) => tracing::warn!(error = %err, "setting up the machine network"),
+                    });
+                }
             }
         }
         let disk_gb = config
@@ -353,18 +360,21 @@ impl Agent {
             }
             rec.host_ports.clear();
             if rec.private_ip.is_none() {
+                let network = oci.network.get().map_err(|e| {
+                    AgentError::Internal(format!("setting up the machine network: {e}"))
+                })?;
                 let mut used = lock(&self.0.addresses_in_use);
-                let ip = oci.network.allocate(&used).ok_or_else(|| {
+                let ip = network.allocate(&used).ok_or_else(|| {
                     AgentError::Capacity(format!(
                         "no free address left in this host's machine network {}",
-                        oci.network.subnet
+                        network.subnet
                     ))
                 })?;
                 used.insert(ip);
                 rec.private_ip = Some(ip);
                 // Its namespace, and the next addresses', are set up meanwhile: the launch
                 // usually finds them ready.
-                let (network, used) = (oci.network.clone(), used.clone());
+                let (network, used) = (network.clone(), used.clone());
                 tokio::task::spawn_blocking(move || {
                     if let Err(err) = network.attach(ip) {
                         tracing::warn!(%ip, error = %err, "setting up a network namespace");
@@ -403,8 +413,14 @@ impl Agent {
     pub(crate) fn release_ports(&self, rec: &MachineRecord) {
         if let Some(ip) = rec.private_ip {
             lock(&self.0.addresses_in_use).remove(&ip);
-            if let Ok(oci) = &self.0.driver.oci {
-                let network = oci.network.clone();
+            let network = self
+                .0
+                .driver
+                .oci
+                .as_ref()
+                .ok()
+                .and_then(|o| o.network.ready());
+            if let Some(network) = network.cloned() {
                 tokio::task::spawn_blocking(move || network.renew(ip));
             }
         }
@@ -851,11 +867,13 @@ fn oci_runtime(
         .as_deref()
         .map(str::parse::<crate::network::Subnet>)
         .transpose()?;
+    let network =
+        crate::network::LazyNetwork::new(&config.data_dir, host_id, subnet, config.machine_nat);
     crate::oci::OciRuntime::detect(
         config.runc.as_deref(),
         &config.registry_auth,
         images,
-        || crate::network::Network::setup(&config.data_dir, host_id, subnet, config.machine_nat),
+        network,
     )
     .map(Arc::new)
 }

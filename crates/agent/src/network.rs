@@ -9,7 +9,8 @@
 //! each other (different apps or not; they talk through the proxy). Outbound NAT is off
 //! unless configured.
 //!
-//! Namespaces belong to addresses: `/run/netns/<bridge>-<index>` for the index-th address
+//! Nothing is created until the host's first image machine ([`LazyNetwork`]). Namespaces
+//! belong to addresses: `/run/netns/<bridge>-<index>` for the index-th address
 //! of the subnet, host side of its veth `b<bridge hash><index>`. The agent sets one up for
 //! each address it hands out, and four ahead, in the background, so a launch usually
 //! finds its namespace ready; when a machine is destroyed its address gets a fresh one.
@@ -89,7 +90,58 @@ impl Subnet {
     }
 }
 
-/// This host's machine network.
+/// This host's machine network, set up the first time an image machine needs it (a host
+/// that never runs one creates no bridge), or at start when it already has image machines.
+#[derive(Debug)]
+pub struct LazyNetwork {
+    data_dir: PathBuf,
+    host_id: String,
+    configured: Option<Subnet>,
+    /// Outbound NAT for machines.
+    pub nat: bool,
+    cell: std::sync::OnceLock<Network>,
+    init: Mutex<()>,
+}
+
+impl LazyNetwork {
+    /// The network of host `host_id` (see [`Network::setup`]); nothing is done yet.
+    pub fn new(
+        data_dir: &Path,
+        host_id: &str,
+        configured: Option<Subnet>,
+        nat: bool,
+    ) -> LazyNetwork {
+        LazyNetwork {
+            data_dir: data_dir.to_path_buf(),
+            host_id: host_id.to_string(),
+            configured,
+            nat,
+            cell: std::sync::OnceLock::new(),
+            init: Mutex::new(()),
+        }
+    }
+
+    /// The network, set up now if it is not yet (a failure is retried next time). Blocks
+    /// while `ip` runs, the first time.
+    pub fn get(&self) -> Result<&Network, String> {
+        if let Some(n) = self.cell.get() {
+            return Ok(n);
+        }
+        let _one = self.init.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = self.cell.get() {
+            return Ok(n);
+        }
+        let n = Network::setup(&self.data_dir, &self.host_id, self.configured, self.nat)?;
+        Ok(self.cell.get_or_init(|| n))
+    }
+
+    /// The network if it is set up.
+    pub fn ready(&self) -> Option<&Network> {
+        self.cell.get()
+    }
+}
+
+/// This host's machine network, once set up.
 #[derive(Debug, Clone)]
 pub struct Network {
     pub bridge: String,

@@ -17,7 +17,7 @@
 //! Layout of a run: `runs/<run_id>/bundle/config.json`, `runs/<run_id>/runc/` (runc's
 //! state), `runs/<run_id>/container.pid`; the rootfs is `machines/<id>/rootfs`.
 
-use crate::network::Network;
+use crate::network::LazyNetwork;
 use crate::record::MachineRecord;
 use bazaar_image::{Auth, ImageStore, PullPhase, Reference};
 use bazaar_types::event::MachineEvent;
@@ -116,7 +116,7 @@ const DENIED_SYSCALLS: &[&str] = &[
 pub struct OciRuntime {
     pub runc: PathBuf,
     pub images: ImageStore,
-    pub network: Network,
+    pub network: Arc<LazyNetwork>,
     /// When each image was last used here (for pruning, [`crate::images`]).
     pub last_use: Arc<crate::images::LastUse>,
     /// Credentials by registry host (`--registry-auth`); others are pulled anonymously.
@@ -133,13 +133,13 @@ pub struct Prepared {
 }
 
 impl OciRuntime {
-    /// Finds runc (in PATH, or `configured`) and sets up the machine network. `None` with
-    /// the reason when this host cannot run images.
+    /// Finds runc (in PATH, or `configured`); the machine network is set up when first
+    /// needed. `Err` with the reason when this host cannot run images.
     pub fn detect(
         configured_runc: Option<&Path>,
         registry_auth: &[String],
         images: ImageStore,
-        network: impl FnOnce() -> Result<Network, String>,
+        network: LazyNetwork,
     ) -> Result<OciRuntime, String> {
         let runc = match configured_runc {
             Some(p) => p.to_path_buf(),
@@ -173,7 +173,7 @@ impl OciRuntime {
         Ok(OciRuntime {
             runc,
             images,
-            network: network()?,
+            network: Arc::new(network),
             last_use: Arc::default(),
             credentials,
         })
@@ -274,7 +274,7 @@ impl OciRuntime {
         }
         let netns = tokio::task::spawn_blocking({
             let network = self.network.clone();
-            move || network.attach(ip)
+            move || network.get()?.attach(ip)
         })
         .await
         .map_err(|e| e.to_string())??;
@@ -379,7 +379,7 @@ impl OciRuntime {
     }
 
     /// Removes what a destroyed machine had: its rootfs (unmounted). Its network namespace
-    /// goes with its address ([`Network::release`]).
+    /// goes with its address ([`crate::network::Network::renew`]).
     pub async fn cleanup(&self, id: &str, machine_dir: &Path) {
         if !machine_dir.join("rootfs").exists() {
             // A process machine (or one whose rootfs is already gone).
