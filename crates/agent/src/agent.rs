@@ -129,23 +129,8 @@ impl Agent {
             cgroups,
             log_max_bytes: config.log_max_bytes,
             volumes: crate::volume_fs::VolumeFs::new(config.data_dir.join("volumes")),
-            oci: oci_runtime(&config, &host_id, cgroups),
+            oci: crate::oci::OciRuntime::for_agent(&config, &host_id, cgroups),
         };
-        match &driver.oci {
-            Err(reason) => tracing::info!(%reason, "image machines are not available on this host"),
-            Ok(oci) => {
-                // A host with image machines sets its network up again at once (after a
-                // reboot the bridge is gone); others wait for their first image machine.
-                let network = oci.network.clone();
-                let used: HashSet<std::net::Ipv4Addr> = machines_with_addresses(&store)?;
-                if !used.is_empty() {
-                    tokio::task::spawn_blocking(move || match network.get() {
-                        Ok(n) => n.prepare_ahead(&used, NETNS_AHEAD),
-                        Err(err) => tracing::warn!(error = %err, "setting up the machine network"),
-                    });
-                }
-            }
-        }
         let disk_gb = config
             .disk_gb
             .unwrap_or_else(|| crate::volume_fs::free_gb(&config.data_dir));
@@ -161,6 +146,7 @@ impl Agent {
             ports.extend(m.host_ports.values().copied());
             addresses.extend(m.private_ip);
         }
+        crate::addresses::restore_machine_network(&driver.oci, &addresses);
         for r in store.reservations()? {
             ledger.restore_reservation(r);
         }
@@ -338,95 +324,6 @@ impl Agent {
             not_before_ms: 0,
             source: source.into(),
             created_at_ms: now_ms(),
-        }
-    }
-
-    /// Gives a machine what its services are reached at: host ports on loopback for a
-    /// process machine, an address of its own on the machine network for an image machine
-    /// (refused with the reason when this host cannot run images).
-    pub(crate) fn assign_ports(&self, rec: &mut MachineRecord) -> Result<(), AgentError> {
-        if rec.config.driver() == "oci" {
-            let oci = self.0.driver.oci.as_ref().map_err(|reason| {
-                AgentError::Invalid(format!(
-                    "image {:?}: this host cannot run image machines: {reason}",
-                    rec.config.image
-                ))
-            })?;
-            {
-                let mut in_use = lock(&self.0.ports_in_use);
-                for p in rec.host_ports.values() {
-                    in_use.remove(p);
-                }
-            }
-            rec.host_ports.clear();
-            if rec.private_ip.is_none() {
-                let network = oci.network.get().map_err(|e| {
-                    AgentError::Internal(format!("setting up the machine network: {e}"))
-                })?;
-                let mut used = lock(&self.0.addresses_in_use);
-                let ip = network.allocate(&used).ok_or_else(|| {
-                    AgentError::Capacity(format!(
-                        "no free address left in this host's machine network {}",
-                        network.subnet
-                    ))
-                })?;
-                used.insert(ip);
-                rec.private_ip = Some(ip);
-                // Its namespace, and the next addresses', are set up meanwhile: the launch
-                // usually finds them ready.
-                let (network, used) = (network.clone(), used.clone());
-                tokio::task::spawn_blocking(move || {
-                    if let Err(err) = network.attach(ip) {
-                        tracing::warn!(%ip, error = %err, "setting up a network namespace");
-                    }
-                    network.prepare_ahead(&used, NETNS_AHEAD);
-                });
-            }
-            return Ok(());
-        }
-        let wanted: Vec<u16> = rec
-            .config
-            .services
-            .iter()
-            .map(|s| s.internal_port)
-            .collect();
-        rec.host_ports
-            .retain(|internal, _| wanted.contains(internal));
-        let mut in_use = lock(&self.0.ports_in_use);
-        for internal in wanted {
-            if rec.host_ports.contains_key(&internal) {
-                continue;
-            }
-            let mut port = driver::free_port().map_err(|e| AgentError::Internal(e.to_string()))?;
-            for _ in 0..16 {
-                if !in_use.contains(&port) {
-                    break;
-                }
-                port = driver::free_port().map_err(|e| AgentError::Internal(e.to_string()))?;
-            }
-            in_use.insert(port);
-            rec.host_ports.insert(internal, port);
-        }
-        Ok(())
-    }
-
-    pub(crate) fn release_ports(&self, rec: &MachineRecord) {
-        if let Some(ip) = rec.private_ip {
-            lock(&self.0.addresses_in_use).remove(&ip);
-            let network = self
-                .0
-                .driver
-                .oci
-                .as_ref()
-                .ok()
-                .and_then(|o| o.network.ready());
-            if let Some(network) = network.cloned() {
-                tokio::task::spawn_blocking(move || network.renew(ip));
-            }
-        }
-        let mut in_use = lock(&self.0.ports_in_use);
-        for p in rec.host_ports.values() {
-            in_use.remove(p);
         }
     }
 
@@ -829,51 +726,4 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
         }
     }
     Ok(size.into())
-}
-
-/// How many network namespaces are kept set up ahead for the next image machines.
-const NETNS_AHEAD: usize = 4;
-
-/// The machine addresses held by the live machines in `store`.
-fn machines_with_addresses(store: &Store) -> anyhow::Result<HashSet<std::net::Ipv4Addr>> {
-    Ok(store
-        .machines()?
-        .iter()
-        .filter(|m| m.state != MachineState::Destroyed)
-        .filter_map(|m| m.private_ip)
-        .collect())
-}
-
-/// The OCI runtime of this host, or why there is none (not root, no cgroups, no runc, no
-/// machine network).
-fn oci_runtime(
-    config: &AgentConfig,
-    host_id: &str,
-    cgroups: bool,
-) -> Result<Arc<crate::oci::OciRuntime>, String> {
-    if !cgroups {
-        return Err("image machines need root and cgroups (isolation on)".into());
-    }
-    let images = bazaar_image::ImageStore::open(
-        config.data_dir.join("images"),
-        bazaar_image::StoreOptions {
-            insecure_registries: config.insecure_registries.clone(),
-            copy_rootfs: false,
-        },
-    )
-    .map_err(|e| format!("opening the image store: {e}"))?;
-    let subnet = config
-        .machine_subnet
-        .as_deref()
-        .map(str::parse::<crate::network::Subnet>)
-        .transpose()?;
-    let network =
-        crate::network::LazyNetwork::new(&config.data_dir, host_id, subnet, config.machine_nat);
-    crate::oci::OciRuntime::detect(
-        config.runc.as_deref(),
-        &config.registry_auth,
-        images,
-        network,
-    )
-    .map(Arc::new)
 }

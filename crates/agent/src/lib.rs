@@ -6,6 +6,7 @@
 //!
 //! Layout:
 //! - [`agent`]: shared state, start-up, the accept side of operations, catalog publishing.
+//! - [`addresses`]: host ports and machine-network addresses, handed out and given back.
 //! - [`market`]: bids, reservations, claims and creates (the host's side of the market).
 //! - [`leases`]: leases, cordons and metadata.
 //! - [`publish`]: this host's rows in the catalog (host record, machines) and the live state
@@ -31,6 +32,7 @@
 //! Entry point: [`run_agent`].
 
 pub mod actor;
+pub mod addresses;
 pub mod agent;
 pub mod checks;
 pub mod config;

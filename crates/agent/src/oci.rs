@@ -187,6 +187,40 @@ impl OciRuntime {
             .unwrap_or_default()
     }
 
+    /// The OCI runtime of an agent, or why it has none (not root, no cgroups, no runc, a
+    /// bad setting).
+    pub fn for_agent(
+        config: &crate::config::AgentConfig,
+        host_id: &str,
+        cgroups: bool,
+    ) -> Result<Arc<OciRuntime>, String> {
+        if !cgroups {
+            return Err("image machines need root and cgroups (isolation on)".into());
+        }
+        let images = bazaar_image::ImageStore::open(
+            config.data_dir.join("images"),
+            bazaar_image::StoreOptions {
+                insecure_registries: config.insecure_registries.clone(),
+                copy_rootfs: false,
+            },
+        )
+        .map_err(|e| format!("opening the image store: {e}"))?;
+        let subnet = config
+            .machine_subnet
+            .as_deref()
+            .map(str::parse::<crate::network::Subnet>)
+            .transpose()?;
+        let network =
+            crate::network::LazyNetwork::new(&config.data_dir, host_id, subnet, config.machine_nat);
+        OciRuntime::detect(
+            config.runc.as_deref(),
+            &config.registry_auth,
+            images,
+            network,
+        )
+        .map(Arc::new)
+    }
+
     /// Everything a run needs before the shim starts: image, rootfs, files, network,
     /// bundle. `cgroup` is the machine's cgroup (the container goes in `<cgroup>/ctr`);
     /// `volume` the host path and mount point of its volume. Idempotent (a redone launch

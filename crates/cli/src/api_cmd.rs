@@ -51,27 +51,27 @@ impl Conn {
         path: &str,
         body: Option<Value>,
     ) -> anyhow::Result<Value> {
-        let token = self
-            .token
-            .clone()
-            .context("no token: set BAZAAR_TOKEN (bazaar dev writes it to .bazaar-dev/dev.env) or pass --token")?;
-        let url = format!("{}/v1{path}", self.api_url.trim_end_matches('/'));
-        let mut req = reqwest::Client::new()
-            .request(method, &url)
-            .bearer_auth(token);
+        let path = format!("/v1{path}");
+        let mut req = self.request(method, &path)?;
         if let Some(b) = body {
             req = req.json(&b);
         }
+        let url = format!("{}{path}", self.api_url.trim_end_matches('/'));
         let resp = req.send().await.with_context(|| format!("calling {url}"))?;
-        let status = resp.status();
-        let text = resp.text().await?;
-        let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text.clone()));
-        if !status.is_success() {
-            let msg = value["error"].as_str().map(str::to_string).unwrap_or(text);
-            bail!("{} ({})", msg, status.as_u16());
-        }
-        Ok(value)
+        answer(resp).await
     }
+}
+
+/// The JSON of a response, or its Fly-shaped error (`{"error": ...}`) as an error.
+pub(crate) async fn answer(resp: reqwest::Response) -> anyhow::Result<Value> {
+    let status = resp.status();
+    let text = resp.text().await?;
+    let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text.clone()));
+    if !status.is_success() {
+        let msg = value["error"].as_str().map(str::to_string).unwrap_or(text);
+        bail!("{} ({})", msg, status.as_u16());
+    }
+    Ok(value)
 }
 
 /// `bazaar apps`.

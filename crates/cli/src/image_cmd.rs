@@ -2,7 +2,7 @@
 //! host interface (`/host/v1/images`): list, pull with progress, import an archive made by
 //! `docker save` (or an OCI layout tar) for hosts without registry access, and prune.
 
-use crate::api_cmd::Conn;
+use crate::api_cmd::{answer, Conn};
 use anyhow::{bail, Context};
 use comfy_table::Table;
 use reqwest::Method;
@@ -172,18 +172,6 @@ async fn pull(c: &Conn, image: &str) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// The JSON of a response, or its Fly-shaped error as an error.
-async fn answer(resp: reqwest::Response) -> anyhow::Result<Value> {
-    let status = resp.status();
-    let body = resp.text().await?;
-    let v: Value = serde_json::from_str(&body).unwrap_or(Value::String(body.clone()));
-    if !status.is_success() {
-        let msg = v["error"].as_str().map(str::to_string).unwrap_or(body);
-        bail!("{msg} ({})", status.as_u16());
-    }
-    Ok(v)
 }
 
 fn text(v: &Value) -> String {

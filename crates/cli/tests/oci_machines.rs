@@ -62,6 +62,26 @@ fn machine_config(image: &str, memory_mb: u64) -> Value {
     })
 }
 
+/// Waits until the machine is started; otherwise fails with its events and its log.
+async fn started(fly: &Fly, agents: &[bazaar_testkit::TestAgent], app: &str, id: &str) {
+    let (s, w) = fly
+        .get(&format!(
+            "/apps/{app}/machines/{id}/wait?state=started&timeout=30"
+        ))
+        .await;
+    if s != StatusCode::OK {
+        let (_, ev) = fly.get(&format!("/apps/{app}/machines/{id}/events")).await;
+        let logs: Vec<String> = agents
+            .iter()
+            .map(|a| {
+                let log = a.data_dir.join("machines").join(id).join("output.log");
+                std::fs::read_to_string(log).unwrap_or_default()
+            })
+            .collect();
+        panic!("machine {id} never started: {w}\nevents: {ev}\nlogs: {logs:?}");
+    }
+}
+
 async fn exec(fly: &Fly, app: &str, id: &str, cmd: &str) -> Value {
     let (s, v) = fly
         .post(
@@ -107,22 +127,7 @@ async fn image_machines_run_isolated_on_their_own_address() {
         .await;
     assert_eq!(s, StatusCode::OK, "{m}");
     let id = m["id"].as_str().unwrap().to_string();
-    let (s, w) = fly
-        .get(&format!(
-            "/apps/web/machines/{id}/wait?state=started&timeout=30"
-        ))
-        .await;
-    if s != StatusCode::OK {
-        let (_, ev) = fly.get(&format!("/apps/web/machines/{id}/events")).await;
-        let logs: Vec<String> = agents
-            .iter()
-            .map(|a| {
-                std::fs::read_to_string(a.data_dir.join("machines").join(&id).join("output.log"))
-                    .unwrap_or_default()
-            })
-            .collect();
-        panic!("machine {id} never started: {w}\nevents: {ev}\nlogs: {logs:?}");
-    }
+    started(&fly, &agents, "web", &id).await;
     let (_, m) = fly.get(&format!("/apps/web/machines/{id}")).await;
     let ip = m["private_ip"].as_str().unwrap().to_string();
     assert!(ip.starts_with("10."), "an address of its own: {m}");
@@ -172,7 +177,7 @@ async fn image_machines_run_isolated_on_their_own_address() {
         .await;
     assert_eq!(s, StatusCode::OK, "{o}");
     let other = o["id"].as_str().unwrap().to_string();
-    fly.wait_state("other", &other, "started").await;
+    started(&fly, &agents, "other", &other).await;
     // (busybox's static wget crashes without NSS libraries; nc does not resolve names.)
     let fetch = format!("printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {ip} 8080");
     let v = exec(&fly, "web", &id, &fetch).await;
@@ -221,15 +226,7 @@ async fn image_machines_run_isolated_on_their_own_address() {
         .await;
     assert_eq!(s, StatusCode::OK, "{d}");
     let db = d["id"].as_str().unwrap().to_string();
-    let (s, w) = fly
-        .get(&format!(
-            "/apps/web/machines/{db}/wait?state=started&timeout=30"
-        ))
-        .await;
-    if s != StatusCode::OK {
-        let (_, ev) = fly.get(&format!("/apps/web/machines/{db}/events")).await;
-        panic!("machine {db} never started: {w}\nevents: {ev}");
-    }
+    started(&fly, &agents, "web", &db).await;
     exec(
         &fly,
         "web",
@@ -241,15 +238,7 @@ async fn image_machines_run_isolated_on_their_own_address() {
         .post(&format!("/apps/web/machines/{db}/restart"), json!({}))
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    let (s, w) = fly
-        .get(&format!(
-            "/apps/web/machines/{db}/wait?state=started&timeout=30"
-        ))
-        .await;
-    if s != StatusCode::OK {
-        let (_, ev) = fly.get(&format!("/apps/web/machines/{db}/events")).await;
-        panic!("machine {db} never started again: {w}\nevents: {ev}");
-    }
+    started(&fly, &agents, "web", &db).await;
     let v = bazaar_testkit::eventually(Duration::from_secs(10), || async {
         let (s, v) = fly
             .post(
@@ -453,7 +442,7 @@ async fn image_commands_pull_import_list_and_prune() {
         .await;
     assert_eq!(s, StatusCode::OK, "{m}");
     let id = m["id"].as_str().unwrap().to_string();
-    fly.wait_state("offline", &id, "started").await;
+    started(&fly, &agents, "offline", &id).await;
 
     // Prune forgets what no machine uses; the imported image stays while its machine lives.
     let (ok, out, err) = bazaar(&["image", "prune", "--json"]);
