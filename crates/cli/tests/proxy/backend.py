@@ -39,11 +39,14 @@ class H(http.server.BaseHTTPRequestHandler):
                 "count": STATE["count"],
                 "headers": {k.lower(): v for k, v in self.headers.items()},
             }).encode()
-            over = LIMIT and cur > LIMIT
-            self.reply(500 if over else 200, body)
         finally:
+            # The request stops counting before its answer leaves: once the proxy has the
+            # answer (and may send the next request), this handler no longer counts, so
+            # the count never includes a request the proxy already considers done.
             with LOCK:
                 STATE["cur"] -= 1
+        over = LIMIT and cur > LIMIT
+        self.reply(500 if over else 200, body)
 
     def echo_websocket(self):
         key = self.headers.get("Sec-WebSocket-Key", "")
