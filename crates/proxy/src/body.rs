@@ -1,6 +1,7 @@
 //! Request and response bodies of the proxy, and the guard that counts a request in flight
 //! on a machine until its response body has been sent.
 
+use crate::h1::FastBody;
 use crate::table::Load;
 use crate::Local;
 use bytes::Bytes;
@@ -65,7 +66,7 @@ impl Drop for Guard {
     fn drop(&mut self) {
         self.load
             .last_active_ms
-            .store(bazaar_types::now_ms(), Ordering::SeqCst);
+            .store(crate::coarse_now_ms(), Ordering::SeqCst);
         self.load.inflight.fetch_sub(1, Ordering::SeqCst);
         if let Some(g) = &self.gauge {
             g.dec();
@@ -85,7 +86,11 @@ pub struct RespBody {
 enum RespInner {
     Full(Option<Bytes>),
     Upstream(Incoming),
+    Fast(FastBody),
 }
+
+/// Why a response body could not be passed on.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 impl RespBody {
     /// A body made by the proxy.
@@ -104,20 +109,29 @@ impl RespBody {
             guard: Some(guard),
         }
     }
+
+    /// A machine's body read by the fast path ([`crate::h1`]).
+    pub(crate) fn fast(b: FastBody, guard: Guard) -> RespBody {
+        RespBody {
+            inner: RespInner::Fast(b),
+            guard: Some(guard),
+        }
+    }
 }
 
 impl Body for RespBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
         let r = match &mut this.inner {
             RespInner::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            RespInner::Upstream(s) => Pin::new(s).poll_frame(cx),
+            RespInner::Upstream(s) => Pin::new(s).poll_frame(cx).map_err(Into::into),
+            RespInner::Fast(s) => Pin::new(s).poll_frame(cx).map_err(Into::into),
         };
         if let Poll::Ready(None) = r {
             // Finished: the machine is done with this request.
@@ -130,6 +144,7 @@ impl Body for RespBody {
         match &self.inner {
             RespInner::Full(b) => b.is_none(),
             RespInner::Upstream(s) => s.is_end_stream(),
+            RespInner::Fast(s) => s.is_end_stream(),
         }
     }
 
@@ -138,6 +153,7 @@ impl Body for RespBody {
             RespInner::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             RespInner::Full(None) => SizeHint::with_exact(0),
             RespInner::Upstream(s) => s.size_hint(),
+            RespInner::Fast(s) => s.size_hint(),
         }
     }
 }

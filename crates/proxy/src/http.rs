@@ -4,7 +4,9 @@
 
 use crate::balance::{self, Availability, Candidate, Choice};
 use crate::body::{Guard, ReqBody, RespBody};
+use crate::h1;
 use crate::metrics::{AppLabel, KindLabels};
+use crate::pool::SendError;
 use crate::table::{Backend, RouteState};
 use crate::upgrade::ClientUpgrade;
 use crate::{Local, Shared};
@@ -216,6 +218,11 @@ async fn handle(
     resp
 }
 
+thread_local! {
+    /// The balancer's view of an app's machines, reused by every request of the thread.
+    static CANDIDATES: std::cell::RefCell<Vec<Candidate>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// What the table says to do with a request.
 enum Pick {
     Reply(Response<RespBody>),
@@ -234,9 +241,12 @@ enum Attempt {
     },
 }
 
-/// A request ready to be sent (possibly several times).
+/// A request ready to be sent (possibly several times). Its headers are kept as received:
+/// what is not passed on ([`forwarded`]) is left out when it is sent, and `extra` is added.
 struct Prepared {
     parts: http::request::Parts,
+    /// Headers this proxy sets, in place of any received under the same name.
+    extra: Vec<(HeaderName, HeaderValue)>,
     /// `Some` when the body can be replayed.
     body: Option<Bytes>,
     stream: Option<Incoming>,
@@ -260,7 +270,15 @@ impl Prepared {
         *req.method_mut() = self.parts.method.clone();
         *req.uri_mut() = uri;
         *req.version_mut() = Version::HTTP_11;
-        *req.headers_mut() = self.parts.headers.clone();
+        let headers = req.headers_mut();
+        *headers = self.parts.headers.clone();
+        strip_hop_by_hop(headers);
+        for h in [HOP_TOKEN, HOP_MACHINE, HOP_WAKE] {
+            headers.remove(h);
+        }
+        for (name, value) in &self.extra {
+            headers.insert(name.clone(), value.clone());
+        }
         if let Some(u) = &self.upgrade {
             u.mark(req.headers_mut());
         }
@@ -278,6 +296,26 @@ impl Prepared {
                 | Method::TRACE
         )
     }
+}
+
+/// Whether a received header is passed on to the machine: not one that applies to one
+/// connection only (RFC 9110 §7.6.1; names a `Connection` header lists are checked apart)
+/// nor one of the hop's own.
+pub(crate) fn forwarded(name: &HeaderName) -> bool {
+    !matches!(
+        name.as_str(),
+        "connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "proxy-authorization"
+            | "keep-alive"
+            | "proxy-connection"
+            | "bazaar-proxy-hop"
+            | "bazaar-proxy-machine"
+            | "bazaar-proxy-wake"
+    )
 }
 
 /// Headers that apply to one connection only (RFC 9110 §7.6.1).
@@ -305,23 +343,28 @@ fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
     }
 }
 
-async fn prepare(req: Request<Incoming>) -> Result<Prepared, Response<RespBody>> {
+/// Reads what is needed of a request to send it: its head, and its body when it is small
+/// enough to be replayed. `extra`: headers to set on it.
+async fn prepare(
+    req: Request<Incoming>,
+    mut extra: Vec<(HeaderName, HeaderValue)>,
+) -> Result<Prepared, Response<RespBody>> {
     let (mut parts, body) = req.into_parts();
     if !parts.headers.contains_key(HOST) {
         if let Some(a) = parts.uri.authority() {
             if let Ok(v) = HeaderValue::from_str(a.as_str()) {
-                parts.headers.insert(HOST, v);
+                extra.push((HOST, v));
             }
         }
     }
     let upgrade = ClientUpgrade::take(&mut parts);
-    strip_hop_by_hop(&mut parts.headers);
     let small = http_body::Body::size_hint(&body)
         .upper()
         .is_some_and(|n| n <= REPLAYABLE_BODY);
     if http_body::Body::is_end_stream(&body) {
         return Ok(Prepared {
             parts,
+            extra,
             body: Some(Bytes::new()),
             stream: None,
             upgrade,
@@ -331,6 +374,7 @@ async fn prepare(req: Request<Incoming>) -> Result<Prepared, Response<RespBody>>
         return match body.collect().await {
             Ok(b) => Ok(Prepared {
                 parts,
+                extra,
                 body: Some(b.to_bytes()),
                 stream: None,
                 upgrade,
@@ -343,6 +387,7 @@ async fn prepare(req: Request<Incoming>) -> Result<Prepared, Response<RespBody>>
     }
     Ok(Prepared {
         parts,
+        extra,
         body: None,
         stream: Some(body),
         upgrade,
@@ -352,7 +397,7 @@ async fn prepare(req: Request<Incoming>) -> Result<Prepared, Response<RespBody>>
 /// `<ulid>-<region>`, built in one allocation.
 fn request_id(shared: &Shared) -> HeaderValue {
     let mut ulid = [0u8; ulid::ULID_LEN];
-    ulid::Ulid::new().array_to_str(&mut ulid);
+    ulid::Ulid::from_parts(crate::coarse_now_ms(), rand::random()).array_to_str(&mut ulid);
     let mut id = Vec::with_capacity(ulid.len() + 1 + shared.region.len());
     id.extend_from_slice(&ulid);
     id.push(b'-');
@@ -380,32 +425,27 @@ async fn route(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let rid = request_id(shared);
-    let mut prepared = match prepare(req).await {
+    let xff = match req.headers().get(&X_FORWARDED_FOR).map(HeaderValue::to_str) {
+        Some(Ok(prev)) => {
+            HeaderValue::from_str(&format!("{prev}, {}", peer_ip.to_str().unwrap_or("")))
+                .unwrap_or_else(|_| peer_ip.clone())
+        }
+        _ => peer_ip.clone(),
+    };
+    let extra = vec![
+        (X_FORWARDED_FOR, xff),
+        (X_FORWARDED_PROTO, HeaderValue::from_static("http")),
+        (REQUEST_ID, rid.clone()),
+    ];
+    let mut prepared = match prepare(req, extra).await {
         Ok(p) => p,
         Err(resp) => return resp,
     };
-    {
-        let h = &mut prepared.parts.headers;
-        let xff = match h.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-            Some(prev) => {
-                HeaderValue::from_str(&format!("{prev}, {}", peer_ip.to_str().unwrap_or(""))).ok()
-            }
-            None => Some(peer_ip.clone()),
-        };
-        if let Some(v) = xff {
-            h.insert(X_FORWARDED_FOR, v);
-        }
-        h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-        h.insert(REQUEST_ID, rid.clone());
-        h.remove(&HOP_TOKEN);
-        h.remove(&HOP_MACHINE);
-        h.remove(&HOP_WAKE);
-    }
     let deadline = Instant::now() + shared.queue_timeout;
     let mut tried: Vec<String> = Vec::new();
     let mut last_failure: Option<&'static str> = None;
     let mut resp = loop {
-        let now_ms = bazaar_types::now_ms();
+        let now_ms = crate::coarse_now_ms();
         let pick = shared.with_table(|table| {
             let Some(route) = table.apps.get(app) else {
                 return Pick::Reply(reply(
@@ -413,11 +453,8 @@ async fn route(
                     format!("bazaar proxy: no app named {app:?}"),
                 ));
             };
-            let backends: Vec<&Arc<Backend>> = match &force {
-                Some(id) => route.backends.iter().filter(|b| &b.id == id).collect(),
-                None => route.backends.iter().collect(),
-            };
-            if backends.is_empty() {
+            let pinned = |b: &Backend| force.as_ref().is_none_or(|id| &b.id == id);
+            if !route.backends.iter().any(|b| pinned(b)) {
                 return Pick::Reply(match &force {
                     Some(id) => reply(
                         StatusCode::NOT_FOUND,
@@ -431,15 +468,23 @@ async fn route(
                     ),
                 });
             }
-            let candidates: Vec<Candidate> = backends
-                .iter()
-                .map(|b| candidate(b, &tried, now_ms, force.is_some()))
-                .collect();
-            match balance::choose(&candidates, rand::random()) {
-                Choice::Send(i) => Pick::Machine(backends[i].clone(), false),
-                Choice::Wake(i) => Pick::Machine(backends[i].clone(), true),
-                Choice::Wait => Pick::Wait,
-            }
+            CANDIDATES.with(|candidates| {
+                let mut candidates = candidates.borrow_mut();
+                candidates.clear();
+                candidates.extend(route.backends.iter().map(|b| {
+                    let mut c = candidate(b, &tried, now_ms, force.is_some());
+                    if !pinned(b) {
+                        c.state = Availability::Unavailable;
+                    }
+                    c
+                }));
+                let b = |i: usize| route.backends[i].clone();
+                match balance::choose(&candidates, rand::random()) {
+                    Choice::Send(i) => Pick::Machine(b(i), false),
+                    Choice::Wake(i) => Pick::Machine(b(i), true),
+                    Choice::Wait => Pick::Wait,
+                }
+            })
         });
         let (b, wake) = match pick {
             Pick::Reply(r) => break r,
@@ -540,6 +585,11 @@ fn candidate(b: &Backend, tried: &[String], now_ms: u64, forced: bool) -> Candid
     }
 }
 
+/// The request target in origin form (`/path?query`), as written by the fast path.
+fn origin_target(uri: &Uri) -> &str {
+    uri.path_and_query().map_or("/", |pq| pq.as_str())
+}
+
 /// The request's URI in origin form (`/path?query`), as sent upstream over HTTP/1.1.
 fn origin_uri(parts: &http::request::Parts) -> Uri {
     let uri = &parts.uri;
@@ -550,6 +600,50 @@ fn origin_uri(parts: &http::request::Parts) -> Uri {
         Some(pq) => Uri::from(pq.clone()),
         None => Uri::from_static("/"),
     }
+}
+
+/// A machine's answer, from either upstream client.
+enum Answer {
+    Fast(Response<h1::FastBody>),
+    Hyper(Response<Incoming>),
+}
+
+impl Answer {
+    fn headers(&self) -> &http::HeaderMap {
+        match self {
+            Answer::Fast(r) => r.headers(),
+            Answer::Hyper(r) => r.headers(),
+        }
+    }
+}
+
+/// One attempt at exchanging `prepared` with `addr` (plus `hop` headers): on the fast
+/// path when its body is buffered and it asks for no upgrade, through hyper otherwise.
+/// `None` when its streamed body was already used by an earlier attempt.
+async fn exchange(
+    addr: std::net::SocketAddr,
+    prepared: &mut Prepared,
+    hop: &[(HeaderName, HeaderValue)],
+) -> Option<Result<Answer, SendError>> {
+    if let (Some(body), None) = (&prepared.body, &prepared.upgrade) {
+        if prepared.parts.method != Method::CONNECT {
+            let ex = h1::Exchange {
+                method: &prepared.parts.method,
+                target: origin_target(&prepared.parts.uri),
+                headers: &prepared.parts.headers,
+                extra: &prepared.extra,
+                hop,
+                body,
+            };
+            return Some(h1::send(addr, &ex).await.map(Answer::Fast));
+        }
+    }
+    let uri = origin_uri(&prepared.parts);
+    let mut req = prepared.build(uri)?;
+    for (name, value) in hop {
+        req.headers_mut().insert(name.clone(), value.clone());
+    }
+    Some(crate::pool::send(addr, req).await.map(Answer::Hyper))
 }
 
 /// Sends to a machine of this host, counting it against the machine's hard limit.
@@ -566,12 +660,11 @@ async fn send_local(shared: &Arc<Local>, b: &Backend, prepared: &mut Prepared) -
     };
     b.load
         .last_active_ms
-        .store(bazaar_types::now_ms(), Ordering::SeqCst);
-    let uri = origin_uri(&prepared.parts);
-    let Some(req) = prepared.build(uri) else {
+        .store(crate::coarse_now_ms(), Ordering::SeqCst);
+    let Some(result) = exchange(b.addr, prepared, &[]).await else {
         return Attempt::Retry { failed: true };
     };
-    match crate::pool::send(b.addr, req).await {
+    match result {
         Ok(resp) => Attempt::Done(pass_on(prepared, resp, guard)),
         Err(err) => {
             let connect = err.is_connect();
@@ -587,7 +680,7 @@ async fn send_local(shared: &Arc<Local>, b: &Backend, prepared: &mut Prepared) -
                 .inc();
             b.load
                 .failed_until_ms
-                .store(bazaar_types::now_ms() + FAILED_SKIP_MS, Ordering::Relaxed);
+                .store(crate::coarse_now_ms() + FAILED_SKIP_MS, Ordering::Relaxed);
             drop(guard);
             if connect || prepared.idempotent() {
                 Attempt::Retry { failed: true }
@@ -603,7 +696,12 @@ async fn send_local(shared: &Arc<Local>, b: &Backend, prepared: &mut Prepared) -
 
 /// The machine's response to pass on to the client; a switched protocol is spliced
 /// ([`crate::upgrade`]).
-fn pass_on(prepared: &mut Prepared, resp: Response<Incoming>, guard: Guard) -> Response<RespBody> {
+fn pass_on(prepared: &mut Prepared, answer: Answer, guard: Guard) -> Response<RespBody> {
+    let resp = match answer {
+        // The fast path keeps no hop-by-hop header of the answer.
+        Answer::Fast(resp) => return resp.map(|body| RespBody::fast(body, guard)),
+        Answer::Hyper(resp) => resp,
+    };
     if let Some(upgrade) = prepared.upgrade.as_mut() {
         if let Some(client) = upgrade.switched(&resp) {
             return upgrade
@@ -635,28 +733,27 @@ async fn send_remote(
         shared: shared.clone(),
         gauge: None,
     };
-    let uri = origin_uri(&prepared.parts);
-    let Some(mut req) = prepared.build(uri) else {
-        return Attempt::Retry { failed: true };
-    };
-    let h = req.headers_mut();
+    let mut extra = Vec::with_capacity(3);
     if let Ok(v) = HeaderValue::from_str(&shared.secret) {
-        h.insert(HOP_TOKEN, v);
+        extra.push((HOP_TOKEN, v));
     }
     if let Ok(v) = HeaderValue::from_str(&b.id) {
-        h.insert(HOP_MACHINE, v);
+        extra.push((HOP_MACHINE, v));
     }
     if wake {
-        h.insert(HOP_WAKE, HeaderValue::from_static("1"));
+        extra.push((HOP_WAKE, HeaderValue::from_static("1")));
     }
-    match crate::pool::send(hop, req).await {
+    let Some(result) = exchange(hop, prepared, &extra).await else {
+        return Attempt::Retry { failed: true };
+    };
+    match result {
         Ok(resp) => {
             if let Some(v) = resp.headers().get(&HOP_RETRY) {
                 let failed = v.as_bytes() == b"failed";
                 if failed {
                     b.load
                         .failed_until_ms
-                        .store(bazaar_types::now_ms() + FAILED_SKIP_MS, Ordering::Relaxed);
+                        .store(crate::coarse_now_ms() + FAILED_SKIP_MS, Ordering::Relaxed);
                 }
                 return Attempt::Retry { failed };
             }
@@ -679,7 +776,7 @@ async fn send_remote(
                 .inc();
             b.load
                 .failed_until_ms
-                .store(bazaar_types::now_ms() + FAILED_SKIP_MS, Ordering::Relaxed);
+                .store(crate::coarse_now_ms() + FAILED_SKIP_MS, Ordering::Relaxed);
             if connect || prepared.idempotent() {
                 Attempt::Retry { failed: true }
             } else {
@@ -760,13 +857,11 @@ async fn serve_hop(shared: Arc<Local>, req: Request<Incoming>) -> Response<RespB
     if let Err(refused) = ready_for_hop(&shared, &b, wake).await {
         return refused;
     }
-    let mut prepared = match prepare(req).await {
+    // Sent on as the first proxy made it (its hop headers are not passed on).
+    let mut prepared = match prepare(req, Vec::new()).await {
         Ok(p) => p,
         Err(resp) => return resp,
     };
-    prepared.parts.headers.remove(&HOP_TOKEN);
-    prepared.parts.headers.remove(&HOP_MACHINE);
-    prepared.parts.headers.remove(&HOP_WAKE);
     match send_local(&shared, &b, &mut prepared).await {
         Attempt::Done(r) => r,
         Attempt::Retry { failed } => retry_reply(

@@ -10,6 +10,9 @@
 //!   every request its machines serve, so hard limits and drains hold cluster-wide. A hop
 //!   that could not deliver answers with `bazaar-proxy-retry`, and the first proxy tries
 //!   another machine.
+//! - Upstream HTTP/1.1: requests with an empty or buffered body are exchanged directly on
+//!   pooled sockets in their own task (`h1.rs`); streamed bodies and upgrades go through
+//!   hyper's client (`pool.rs`).
 //! - Retries: a request whose body is replayable (empty or buffered, ≤ 64 KiB) goes to
 //!   another machine after a refused connection (any method) or a failed exchange
 //!   (idempotent methods).
@@ -24,6 +27,7 @@
 
 pub mod balance;
 mod body;
+mod h1;
 mod http;
 pub mod metrics;
 mod pool;
@@ -98,6 +102,22 @@ impl std::ops::Deref for Local {
     fn deref(&self) -> &Arc<Shared> {
         &self.0
     }
+}
+
+/// Wall-clock milliseconds from the kernel's coarse clock: a few milliseconds of
+/// resolution, and no hardware clock read (which costs more in a VM). For idle times, skip
+/// windows and request ids, read several times per request.
+pub(crate) fn coarse_now_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the timespec it is given.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    if rc != 0 {
+        return bazaar_types::now_ms();
+    }
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -8,7 +8,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -106,7 +105,7 @@ thread_local! {
     /// This thread's handles on the metrics of its proxy (by [`Metrics::id`]), by app: a
     /// request looks its metrics up without taking the families' locks or allocating
     /// label sets.
-    static HANDLES: RefCell<(u64, HashMap<String, AppHandles>)> = RefCell::new((u64::MAX, HashMap::new()));
+    static HANDLES: RefCell<(u64, rustc_hash::FxHashMap<String, AppHandles>)> = RefCell::new((u64::MAX, rustc_hash::FxHashMap::default()));
 }
 
 /// Most apps whose handles a thread keeps.

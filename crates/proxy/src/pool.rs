@@ -1,5 +1,6 @@
-//! Upstream HTTP/1.1 connections of one proxy thread: a small keep-alive pool per machine
-//! address, held by the thread itself (no lock, no shared state), over hyper's
+//! Upstream HTTP/1.1 connections of one proxy thread for requests the fast path
+//! ([`crate::h1`]) does not take (streamed bodies, upgrades): a small keep-alive pool per
+//! machine address, held by the thread itself (no lock, no shared state), over hyper's
 //! `client::conn::http1`. hyper-util's pooled `Client` costs a mutex on a pool shared by
 //! every clone, a spawned task per request to return the connection once it is idle again,
 //! and formatting and parsing an absolute URI per request; none of it is needed when each
@@ -10,8 +11,8 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+use rustc_hash::FxHashMap;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -29,7 +30,7 @@ pub(crate) enum SendError {
     /// request was written): any request may go elsewhere.
     Connect(String),
     /// The exchange failed after the request was (possibly) delivered.
-    Request(hyper::Error),
+    Request(String),
 }
 
 impl SendError {
@@ -54,7 +55,7 @@ struct Conn {
 }
 
 thread_local! {
-    static POOL: RefCell<HashMap<SocketAddr, Vec<Conn>>> = RefCell::new(HashMap::new());
+    static POOL: RefCell<FxHashMap<SocketAddr, Vec<Conn>>> = RefCell::new(FxHashMap::default());
 }
 
 /// A ready connection to `addr` from this thread's pool, dropping closed and expired ones.
@@ -97,8 +98,9 @@ fn checkin(addr: SocketAddr, tx: SendRequest<ReqBody>) {
     });
 }
 
-/// Closes this thread's idle connections that expired (run now and then).
+/// Closes this thread's idle connections that expired, of both clients (run now and then).
 pub(crate) fn sweep() {
+    crate::h1::sweep();
     POOL.with(|p| {
         let mut pool = p.borrow_mut();
         pool.retain(|_, conns| {
@@ -111,8 +113,8 @@ pub(crate) fn sweep() {
     });
 }
 
-/// A new connection to `addr`, its connection task spawned on this thread.
-async fn connect(addr: SocketAddr) -> Result<SendRequest<ReqBody>, SendError> {
+/// A new TCP connection to `addr` (no Nagle delay), within [`CONNECT_TIMEOUT`].
+pub(crate) async fn connect_tcp(addr: SocketAddr) -> Result<tokio::net::TcpStream, SendError> {
     let stream =
         match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
             Ok(Ok(s)) => s,
@@ -124,6 +126,12 @@ async fn connect(addr: SocketAddr) -> Result<SendRequest<ReqBody>, SendError> {
             }
         };
     let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+/// A new connection to `addr`, its connection task spawned on this thread.
+async fn connect(addr: SocketAddr) -> Result<SendRequest<ReqBody>, SendError> {
+    let stream = connect_tcp(addr).await?;
     let (tx, conn) = hyper::client::conn::http1::Builder::new()
         .handshake(TokioIo::new(stream))
         .await
@@ -156,7 +164,7 @@ pub(crate) async fn send(
             Err(mut err) => match err.take_message() {
                 Some(r) if reused => req = r,
                 Some(_) => return Err(SendError::Connect(err.into_error().to_string())),
-                None => return Err(SendError::Request(err.into_error())),
+                None => return Err(SendError::Request(err.into_error().to_string())),
             },
         }
     }

@@ -74,7 +74,7 @@ async fn wake(shared: &Arc<Shared>, b: &Backend) -> Result<(), String> {
         if tokio::net::TcpStream::connect(b.addr).await.is_ok() {
             b.load
                 .last_active_ms
-                .store(bazaar_types::now_ms(), Ordering::SeqCst);
+                .store(crate::coarse_now_ms(), Ordering::SeqCst);
             return Ok(());
         }
         let state = shared.catalog.machine(&b.id).map(|v| v.record.state);
@@ -129,7 +129,7 @@ pub(crate) fn spawn_autostop(shared: Arc<Shared>, shutdown: CancellationToken) {
 
 fn autostop_pass(shared: &Arc<Shared>) {
     let table = shared.table();
-    let now = bazaar_types::now_ms();
+    let now = crate::coarse_now_ms();
     let idle_ms = shared.autostop_idle.as_millis() as u64;
     for route in table.apps.values() {
         let started: Vec<&Arc<Backend>> = route.backends.iter().filter(|b| b.started).collect();

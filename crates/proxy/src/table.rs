@@ -107,10 +107,11 @@ pub struct AppRoute {
     pub backends: Vec<Arc<Backend>>,
 }
 
-/// Every app.
+/// Every app. Looked up on every request, so with a fast hasher (the keys are app names
+/// from the catalog; a request only looks up).
 #[derive(Debug, Default)]
 pub struct Table {
-    pub apps: HashMap<String, Arc<AppRoute>>,
+    pub apps: rustc_hash::FxHashMap<String, Arc<AppRoute>>,
     /// Raw TCP services by public port: the app and its machines (`addr` is the service's
     /// address on each machine's host).
     pub tcp: HashMap<u16, (String, Arc<AppRoute>)>,
@@ -174,7 +175,7 @@ pub fn build(
     let mut tcp: HashMap<u16, (String, AppRoute)> = HashMap::new();
     let mut loads = loads.lock().unwrap_or_else(|p| p.into_inner());
     let mut live = std::collections::HashSet::new();
-    let now = bazaar_types::now_ms();
+    let now = crate::coarse_now_ms();
     // A machine without services has nothing to route.
     for view in catalog.machines_where(&MachineFilter::default(), |m| !m.services.is_empty()) {
         let m = &view.record;

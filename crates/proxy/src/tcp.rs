@@ -114,7 +114,7 @@ async fn serve(shared: Arc<Shared>, port: u16, mut client: TcpStream) {
             return;
         };
         drop(table);
-        let now_ms = bazaar_types::now_ms();
+        let now_ms = crate::coarse_now_ms();
         let candidates: Vec<Candidate> = route
             .backends
             .iter()
@@ -179,7 +179,7 @@ async fn serve(shared: Arc<Shared>, port: u16, mut client: TcpStream) {
                     .inc();
                 b.load
                     .failed_until_ms
-                    .store(bazaar_types::now_ms() + 1000, Ordering::Relaxed);
+                    .store(crate::coarse_now_ms() + 1000, Ordering::Relaxed);
                 tried.push(b.id.clone());
             }
         }
@@ -293,7 +293,7 @@ pub(crate) async fn serve_hop(
         Err(err) => {
             b.load
                 .failed_until_ms
-                .store(bazaar_types::now_ms() + 1000, Ordering::Relaxed);
+                .store(crate::coarse_now_ms() + 1000, Ordering::Relaxed);
             return retry_reply(true, format!("bazaar proxy: machine {id}: {err}"));
         }
     };

@@ -3,6 +3,8 @@
 # /healthz fails while the file $SCRATCH/sick-<machine id> exists. ?sleep=MS delays.
 # A WebSocket upgrade (/ws) is accepted (RFC 6455 handshake) and then every byte received is
 # echoed back, prefixed once by the machine id and a newline.
+# /shape/<kind> answers in one of HTTP/1.1's framings (chunked, big, close, 204, hop, drop);
+# POST answers the length and a checksum of the body it got; HEAD answers a head only.
 import base64, hashlib, http.server, json, os, socketserver, threading, time, urllib.parse
 
 LOCK = threading.Lock()
@@ -22,6 +24,8 @@ class H(http.server.BaseHTTPRequestHandler):
             return self.reply(500 if sick else 200, b"sick" if sick else b"ok")
         if u.path == "/ws" and self.headers.get("Upgrade", "").lower() == "websocket":
             return self.echo_websocket()
+        if u.path.startswith("/shape/"):
+            return self.shape(u.path[len("/shape/"):], urllib.parse.parse_qs(u.query))
         with LOCK:
             STATE["cur"] += 1
             STATE["count"] += 1
@@ -47,6 +51,69 @@ class H(http.server.BaseHTTPRequestHandler):
                 STATE["cur"] -= 1
         over = LIMIT and cur > LIMIT
         self.reply(500 if over else 200, body)
+
+    def do_HEAD(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", "1234")
+        self.end_headers()
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", "0"))
+        body = self.rfile.read(n) if n else b""
+        self.reply(200, json.dumps({
+            "machine": MID,
+            "length": len(body),
+            "checksum": sum((k + 1) * b for k, b in enumerate(body)) % 1000000007,
+            "headers": {k.lower(): v for k, v in self.headers.items()},
+        }).encode())
+
+    def shape(self, kind, q):
+        if kind == "chunked":
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Trailer", "X-Checksum")
+            self.end_headers()
+            for piece in [b"hello", b", ", b"chunked", b" world"]:
+                self.wfile.write(b"%x;ext=1\r\n%s\r\n" % (len(piece), piece))
+                self.wfile.flush()
+                time.sleep(0.01)
+            self.wfile.write(b"0\r\nX-Checksum: 1\r\n\r\n")
+        elif kind == "big":
+            n = int(q.get("n", ["1000000"])[0])
+            self.send_response(200)
+            self.send_header("Content-Length", str(n))
+            self.end_headers()
+            pattern = b"0123456789" * 6554
+            sent = 0
+            while sent < n:
+                piece = pattern[: min(len(pattern), n - sent)]
+                self.wfile.write(piece)
+                sent += len(piece)
+        elif kind == "close":
+            # No length and no chunks: the body ends when the connection does.
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"until the connection closes")
+            self.close_connection = True
+        elif kind == "204":
+            self.send_response(204)
+            self.end_headers()
+        elif kind == "hop":
+            self.send_response(200)
+            self.send_header("Connection", "keep-alive, X-Private")
+            self.send_header("X-Private", "for this connection only")
+            self.send_header("Keep-Alive", "timeout=5")
+            self.send_header("X-Kept", "1")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+        elif kind == "drop":
+            # Answers as if the connection stayed open, then closes it.
+            self.reply(200, b"dropped after this")
+            self.close_connection = True
+        else:
+            self.reply(404, b"no such shape")
 
     def echo_websocket(self):
         key = self.headers.get("Sec-WebSocket-Key", "")

@@ -1,0 +1,824 @@
+//! The fast path to machines: an HTTP/1.1 exchange written and read directly on a pooled
+//! upstream socket, inside the request's own task. It serves requests whose body is empty
+//! or buffered and that ask for no upgrade (nearly all of them); others go through hyper's
+//! client ([`crate::pool`]).
+//!
+//! hyper's client runs each connection as its own task and hands requests and responses to
+//! it over channels: five task polls per proxied request. Here the request's task writes
+//! the head and body in one `write`, reads and parses the response head (`httparse`), and
+//! hands the client either the whole response (when its body has already arrived, the usual
+//! case for small answers; the connection goes back to the pool at once) or a body that
+//! reads the rest from the socket as the client takes it (content-length, chunked, or up to
+//! close) and returns the connection to the pool when it ends.
+//!
+//! Connections are kept per proxy thread (no lock). A kept connection the machine has closed
+//! is noticed when it is taken, and a request sent on a kept connection that turns out to be
+//! closed before any byte of an answer is sent again on a new one when that is safe.
+
+use crate::pool::SendError;
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, Method, Response, StatusCode};
+use http_body::{Frame, SizeHint};
+use rustc_hash::FxHashMap;
+use std::cell::RefCell;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Idle connections older than this are closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most idle connections kept per address.
+const MAX_IDLE_PER_ADDR: usize = 1024;
+/// Largest response head accepted.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Most response headers accepted.
+const MAX_HEADERS: usize = 128;
+/// Largest chunk-size line (with extensions) or trailer line accepted.
+const MAX_LINE_BYTES: usize = 4096;
+/// Bodies up to this size are written in the same `write` as the head.
+const INLINE_BODY: usize = 16 * 1024;
+
+/// One request to send: borrowed from the prepared request, so that nothing is copied
+/// before it is written.
+pub(crate) struct Exchange<'a> {
+    pub method: &'a Method,
+    /// Origin form: `/path?query`.
+    pub target: &'a str,
+    /// As received: those not [`forwarded`](crate::http::forwarded), listed by a
+    /// `Connection` header, or set in `extra` are left out.
+    pub headers: &'a HeaderMap,
+    /// Headers this proxy sets.
+    pub extra: &'a [(HeaderName, HeaderValue)],
+    /// Headers of this attempt only (the hop's).
+    pub hop: &'a [(HeaderName, HeaderValue)],
+    pub body: &'a Bytes,
+}
+
+impl Exchange<'_> {
+    fn idempotent(&self) -> bool {
+        matches!(
+            *self.method,
+            Method::GET
+                | Method::HEAD
+                | Method::OPTIONS
+                | Method::PUT
+                | Method::DELETE
+                | Method::TRACE
+        )
+    }
+
+    /// The request head (and a small body) as written on the wire.
+    fn encode(&self) -> Vec<u8> {
+        let inline = self.body.len() <= INLINE_BODY;
+        let mut out = Vec::with_capacity(
+            256 + self.headers.len() * 32 + if inline { self.body.len() } else { 0 },
+        );
+        out.extend_from_slice(self.method.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(self.target.as_bytes());
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+        let mut had_length = false;
+        // Names a `Connection` header lists apply to one connection too (rare).
+        let listed: Vec<&[u8]> = self
+            .headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+            .map(<[u8]>::trim_ascii)
+            .collect();
+        let passed = self.headers.iter().filter(|(name, _)| {
+            crate::http::forwarded(name)
+                && !self.extra.iter().any(|(n, _)| n == *name)
+                && !listed
+                    .iter()
+                    .any(|l| l.eq_ignore_ascii_case(name.as_str().as_bytes()))
+        });
+        let ours = self.extra.iter().chain(self.hop).map(|(n, v)| (n, v));
+        for (name, value) in passed.chain(ours) {
+            if name == CONTENT_LENGTH {
+                had_length = true;
+                continue;
+            }
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        if !self.body.is_empty() || had_length {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(self.body.len().to_string().as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        if inline {
+            out.extend_from_slice(self.body);
+        }
+        out
+    }
+}
+
+/// A kept connection to a machine.
+struct Conn {
+    stream: TcpStream,
+    /// Bytes read from it and not yet used.
+    buf: BytesMut,
+    /// When it was last handed back.
+    since: Instant,
+}
+
+thread_local! {
+    static IDLE: RefCell<FxHashMap<SocketAddr, Vec<Conn>>> = RefCell::new(FxHashMap::default());
+}
+
+/// An idle connection to `addr` that is still open, if this thread keeps one.
+fn checkout(addr: SocketAddr) -> Option<Conn> {
+    IDLE.with(|idle| {
+        let mut idle = idle.borrow_mut();
+        let conns = idle.get_mut(&addr)?;
+        while let Some(conn) = conns.pop() {
+            if conn.since.elapsed() < IDLE_TIMEOUT && still_open(&conn.stream) {
+                return Some(conn);
+            }
+        }
+        None
+    })
+}
+
+/// Whether an idle connection is still open: the machine has neither closed it nor sent
+/// anything unasked. Costs a system call only when the socket was last seen readable.
+fn still_open(stream: &TcpStream) -> bool {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    if stream.poll_read_ready(&mut cx).is_pending() {
+        return true;
+    }
+    matches!(stream.try_read(&mut [0u8; 1]), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+}
+
+/// Keeps a connection whose last exchange ended cleanly.
+fn checkin(addr: SocketAddr, stream: TcpStream, buf: BytesMut) {
+    if !buf.is_empty() {
+        // The machine sent more than its answer: the connection is out of step.
+        return;
+    }
+    let _ = IDLE.try_with(|idle| {
+        let mut idle = idle.borrow_mut();
+        let conns = idle.entry(addr).or_default();
+        if conns.len() < MAX_IDLE_PER_ADDR {
+            conns.push(Conn {
+                stream,
+                buf,
+                since: Instant::now(),
+            });
+        }
+    });
+}
+
+/// Closes this thread's idle connections that expired (run now and then).
+pub(crate) fn sweep() {
+    IDLE.with(|idle| {
+        let mut idle = idle.borrow_mut();
+        idle.retain(|_, conns| {
+            conns.retain(|c| c.since.elapsed() < IDLE_TIMEOUT);
+            !conns.is_empty()
+        });
+    });
+}
+
+/// Sends `ex` to `addr` and reads the answer's head; the body follows in the response.
+pub(crate) async fn send(
+    addr: SocketAddr,
+    ex: &Exchange<'_>,
+) -> Result<Response<FastBody>, SendError> {
+    let wire = ex.encode();
+    loop {
+        let (conn, reused) = match checkout(addr) {
+            Some(c) => (c, true),
+            None => {
+                let stream = crate::pool::connect_tcp(addr).await?;
+                let conn = Conn {
+                    stream,
+                    buf: BytesMut::with_capacity(8 * 1024),
+                    since: Instant::now(),
+                };
+                (conn, false)
+            }
+        };
+        match exchange(addr, conn, ex, &wire).await {
+            Ok(resp) => return Ok(resp),
+            // A kept connection closed under us before any answer: the machine never took
+            // the request if the write failed, and may have if it did not. Sent again on a
+            // new connection when either way is safe.
+            Err(Failure::Closed { written }) if reused && (!written || ex.idempotent()) => continue,
+            Err(Failure::Closed { written: false }) => {
+                return Err(SendError::Connect(
+                    "the connection closed before the request was written".into(),
+                ))
+            }
+            Err(Failure::Closed { written: true }) => {
+                return Err(SendError::Request(
+                    "the connection closed before an answer began".into(),
+                ))
+            }
+            Err(Failure::Other(err)) => return Err(SendError::Request(err)),
+        }
+    }
+}
+
+/// How an exchange failed.
+enum Failure {
+    /// The connection closed (or was reset) before any byte of an answer arrived.
+    Closed {
+        written: bool,
+    },
+    Other(String),
+}
+
+async fn exchange(
+    addr: SocketAddr,
+    mut conn: Conn,
+    ex: &Exchange<'_>,
+    wire: &[u8],
+) -> Result<Response<FastBody>, Failure> {
+    let write = async {
+        conn.stream.write_all(wire).await?;
+        if ex.body.len() > INLINE_BODY {
+            conn.stream.write_all(ex.body).await?;
+        }
+        io::Result::Ok(())
+    };
+    if write.await.is_err() {
+        return Err(Failure::Closed { written: false });
+    }
+    conn.buf.clear();
+    loop {
+        // The head, possibly after interim (1xx) answers.
+        let head = loop {
+            if !conn.buf.is_empty() {
+                match parse_head(&conn.buf, ex.method == Method::HEAD) {
+                    Ok(Some(head)) => break head,
+                    Ok(None) if conn.buf.len() >= MAX_HEAD_BYTES => {
+                        return Err(Failure::Other(format!(
+                            "the answer's head is over {MAX_HEAD_BYTES} bytes"
+                        )))
+                    }
+                    Ok(None) => {}
+                    Err(err) => return Err(Failure::Other(err)),
+                }
+            }
+            conn.buf.reserve(8 * 1024);
+            let first = conn.buf.is_empty();
+            match conn.stream.read_buf(&mut conn.buf).await {
+                Ok(0) | Err(_) if first => return Err(Failure::Closed { written: true }),
+                Ok(0) => {
+                    return Err(Failure::Other(
+                        "the connection closed in the answer's head".into(),
+                    ))
+                }
+                Ok(_) => {}
+                Err(err) => return Err(Failure::Other(err.to_string())),
+            }
+        };
+        conn.buf.advance(head.len);
+        if head.status.is_informational() {
+            if head.status == StatusCode::SWITCHING_PROTOCOLS {
+                return Err(Failure::Other(
+                    "the machine switched protocols unasked".into(),
+                ));
+            }
+            continue;
+        }
+        let mut resp = Response::new(FastBody::Empty);
+        *resp.status_mut() = head.status;
+        *resp.headers_mut() = head.headers;
+        let body = match head.framing {
+            Framing::Length(0) => {
+                if head.keep_alive {
+                    checkin(addr, conn.stream, conn.buf);
+                }
+                FastBody::Empty
+            }
+            Framing::Length(n) if (conn.buf.len() as u64) >= n => {
+                let body = conn.buf.split_to(n as usize).freeze();
+                if head.keep_alive {
+                    checkin(addr, conn.stream, conn.buf);
+                }
+                FastBody::Full(Some(body))
+            }
+            framing => FastBody::Streaming(Box::new(Streaming {
+                addr,
+                stream: conn.stream,
+                buf: conn.buf,
+                framing,
+                keep_alive: head.keep_alive,
+            })),
+        };
+        *resp.body_mut() = body;
+        return Ok(resp);
+    }
+}
+
+/// How a response's body is delimited (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Framing {
+    /// This many bytes are left.
+    Length(u64),
+    Chunked(Chunk),
+    /// Until the machine closes the connection.
+    Close,
+}
+
+/// Where a chunked body's decoder is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Chunk {
+    /// At a chunk-size line.
+    Size,
+    /// In a chunk's data, with this many bytes left.
+    Data(u64),
+    /// At the CRLF after a chunk's data.
+    DataEnd,
+    /// In the trailer section.
+    Trailers,
+}
+
+struct Head {
+    /// Bytes of the head.
+    len: usize,
+    status: StatusCode,
+    headers: HeaderMap,
+    framing: Framing,
+    keep_alive: bool,
+}
+
+/// The response head at the start of `buf`: `None` while incomplete.
+fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<Head>, String> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut slots);
+    let len = match parsed.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(err) => return Err(format!("malformed answer: {err}")),
+    };
+    let code = parsed.code.unwrap_or_default();
+    let status =
+        StatusCode::from_u16(code).map_err(|_| format!("malformed answer: status {code}"))?;
+    let http11 = parsed.version == Some(1);
+    let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+    let mut length: Option<u64> = None;
+    let mut chunked = false;
+    let mut close = !http11;
+    // Other names a `Connection` header lists, dropped once all headers are read.
+    let mut listed: Vec<&[u8]> = Vec::new();
+    for h in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| format!("malformed answer: header name {:?}", h.name))?;
+        let value = HeaderValue::from_bytes(h.value)
+            .map_err(|_| format!("malformed answer: value of {:?}", h.name))?;
+        if name == CONTENT_LENGTH {
+            let n = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| "malformed answer: content-length".to_string())?;
+            if length.is_some_and(|m| m != n) {
+                return Err("malformed answer: conflicting content-length".into());
+            }
+            length = Some(n);
+        } else if name == TRANSFER_ENCODING {
+            // Only chunked is understood; it must come last (RFC 9112 §6.1).
+            let last = h.value.rsplit(|b| *b == b',').next().unwrap_or_default();
+            if !last.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                return Err("answer with a transfer coding other than chunked".into());
+            }
+            chunked = true;
+        } else if name == http::header::CONNECTION {
+            for token in h.value.split(|b| *b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    close &= http11;
+                } else if !token.is_empty() {
+                    listed.push(token);
+                }
+            }
+        }
+        // Hop-by-hop headers are not passed on (the answer's framing is the client
+        // connection's own business).
+        if crate::http::forwarded(&name) {
+            headers.append(name, value);
+        }
+    }
+    for name in listed {
+        if let Ok(name) = HeaderName::from_bytes(name) {
+            headers.remove(name);
+        }
+    }
+    let bodiless = head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let framing = if bodiless {
+        Framing::Length(0)
+    } else if chunked {
+        // Transfer-Encoding wins over Content-Length, and such an answer is not kept.
+        if length.is_some() {
+            close = true;
+        }
+        Framing::Chunked(Chunk::Size)
+    } else {
+        match length {
+            Some(n) => Framing::Length(n),
+            None => {
+                close = true;
+                Framing::Close
+            }
+        }
+    };
+    Ok(Some(Head {
+        len,
+        status,
+        headers,
+        framing,
+        keep_alive: !close,
+    }))
+}
+
+/// A machine's response body read by the fast path.
+pub(crate) enum FastBody {
+    Empty,
+    /// Arrived whole with the head.
+    Full(Option<Bytes>),
+    /// Read from the connection as the client takes it.
+    Streaming(Box<Streaming>),
+}
+
+impl std::fmt::Debug for FastBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FastBody")
+    }
+}
+
+/// The rest of a body still on its connection.
+pub(crate) struct Streaming {
+    addr: SocketAddr,
+    stream: TcpStream,
+    buf: BytesMut,
+    framing: Framing,
+    keep_alive: bool,
+}
+
+impl Streaming {
+    /// Reads more into `buf`: the number of bytes (0 at the end of the stream).
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        self.buf.reserve(16 * 1024);
+        loop {
+            match self.stream.try_read_buf(&mut self.buf) {
+                Ok(n) => return Poll::Ready(Ok(n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    ready!(self.stream.poll_read_ready(cx))?;
+                }
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    /// The next piece of the body: `None` at its end.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, BodyError>> {
+        loop {
+            match self.framing {
+                Framing::Length(0) => return Poll::Ready(Ok(None)),
+                Framing::Length(left) => {
+                    if !self.buf.is_empty() {
+                        let n = (self.buf.len() as u64).min(left) as usize;
+                        self.framing = Framing::Length(left - n as u64);
+                        return Poll::Ready(Ok(Some(self.buf.split_to(n).freeze())));
+                    }
+                }
+                Framing::Close => {
+                    if !self.buf.is_empty() {
+                        return Poll::Ready(Ok(Some(self.buf.split().freeze())));
+                    }
+                }
+                Framing::Chunked(state) => match decode_chunked(&mut self.buf, state)? {
+                    Decoded::Data(data, next) => {
+                        self.framing = Framing::Chunked(next);
+                        return Poll::Ready(Ok(Some(data)));
+                    }
+                    Decoded::Moved(next) => {
+                        self.framing = Framing::Chunked(next);
+                        continue;
+                    }
+                    Decoded::End => {
+                        self.framing = Framing::Length(0);
+                        return Poll::Ready(Ok(None));
+                    }
+                    Decoded::NeedMore => {}
+                },
+            }
+            let n = ready!(self.poll_fill(cx)).map_err(|e| BodyError(e.to_string()))?;
+            if n == 0 {
+                if self.framing == Framing::Close {
+                    self.keep_alive = false;
+                    self.framing = Framing::Length(0);
+                    return Poll::Ready(Ok(None));
+                }
+                return Poll::Ready(Err(BodyError(
+                    "the machine closed the connection in the middle of the body".into(),
+                )));
+            }
+        }
+    }
+}
+
+/// What the chunked decoder made of the buffer.
+enum Decoded {
+    Data(Bytes, Chunk),
+    /// Went on to another state without data.
+    Moved(Chunk),
+    End,
+    NeedMore,
+}
+
+fn decode_chunked(buf: &mut BytesMut, state: Chunk) -> Result<Decoded, BodyError> {
+    let line = |buf: &mut BytesMut| -> Result<Option<BytesMut>, BodyError> {
+        match buf.iter().position(|b| *b == b'\n') {
+            Some(i) if i < MAX_LINE_BYTES => {
+                let mut l = buf.split_to(i + 1);
+                l.truncate(i);
+                if l.last() == Some(&b'\r') {
+                    l.truncate(i - 1);
+                }
+                Ok(Some(l))
+            }
+            Some(_) => Err(BodyError("chunked body: line too long".into())),
+            None if buf.len() >= MAX_LINE_BYTES => {
+                Err(BodyError("chunked body: line too long".into()))
+            }
+            None => Ok(None),
+        }
+    };
+    Ok(match state {
+        Chunk::Size => match line(buf)? {
+            None => Decoded::NeedMore,
+            Some(l) => {
+                let hex = l[..]
+                    .split(|b| *b == b';')
+                    .next()
+                    .unwrap_or_default()
+                    .trim_ascii();
+                let size = std::str::from_utf8(hex)
+                    .ok()
+                    .filter(|h| !h.is_empty())
+                    .and_then(|h| u64::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| BodyError("chunked body: bad chunk size".into()))?;
+                Decoded::Moved(if size == 0 {
+                    Chunk::Trailers
+                } else {
+                    Chunk::Data(size)
+                })
+            }
+        },
+        Chunk::Data(left) if buf.is_empty() => {
+            let _ = left;
+            Decoded::NeedMore
+        }
+        Chunk::Data(left) => {
+            let n = (buf.len() as u64).min(left) as usize;
+            let data = buf.split_to(n).freeze();
+            let next = if n as u64 == left {
+                Chunk::DataEnd
+            } else {
+                Chunk::Data(left - n as u64)
+            };
+            Decoded::Data(data, next)
+        }
+        Chunk::DataEnd => match line(buf)? {
+            None => Decoded::NeedMore,
+            Some(l) if l.is_empty() => Decoded::Moved(Chunk::Size),
+            Some(_) => return Err(BodyError("chunked body: data longer than its size".into())),
+        },
+        // Trailer fields are dropped; the empty line ends the body.
+        Chunk::Trailers => match line(buf)? {
+            None => Decoded::NeedMore,
+            Some(l) if l.is_empty() => Decoded::End,
+            Some(_) => Decoded::Moved(Chunk::Trailers),
+        },
+    })
+}
+
+/// A body that could not be read to its end.
+#[derive(Debug)]
+pub(crate) struct BodyError(String);
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BodyError {}
+
+impl http_body::Body for FastBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        match this {
+            FastBody::Empty => Poll::Ready(None),
+            FastBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            FastBody::Streaming(s) => match ready!(s.poll_next(cx)) {
+                Ok(Some(data)) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                Ok(None) => {
+                    let done = std::mem::replace(this, FastBody::Empty);
+                    if let FastBody::Streaming(s) = done {
+                        if s.keep_alive {
+                            checkin(s.addr, s.stream, s.buf);
+                        }
+                    }
+                    Poll::Ready(None)
+                }
+                Err(err) => {
+                    *this = FastBody::Empty;
+                    Poll::Ready(Some(Err(err)))
+                }
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            FastBody::Empty => true,
+            FastBody::Full(b) => b.is_none(),
+            FastBody::Streaming(s) => s.framing == Framing::Length(0),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            FastBody::Empty => SizeHint::with_exact(0),
+            FastBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            FastBody::Full(None) => SizeHint::with_exact(0),
+            FastBody::Streaming(s) => match s.framing {
+                Framing::Length(n) => SizeHint::with_exact(n),
+                _ => SizeHint::default(),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(raw: &str) -> Head {
+        parse_head(raw.as_bytes(), false).unwrap().unwrap()
+    }
+
+    #[test]
+    fn framing_follows_rfc_9112() {
+        let h = head("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello");
+        assert_eq!(h.framing, Framing::Length(5));
+        assert!(h.keep_alive);
+        assert_eq!(h.len, 38);
+        let h = head("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n");
+        assert_eq!(h.framing, Framing::Chunked(Chunk::Size));
+        let h = head("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n");
+        assert_eq!(h.framing, Framing::Chunked(Chunk::Size));
+        assert!(!h.keep_alive, "an answer with both is not kept");
+        let h = head("HTTP/1.1 200 OK\r\n\r\n");
+        assert_eq!(h.framing, Framing::Close);
+        assert!(!h.keep_alive);
+        let h = head("HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n");
+        assert!(!h.keep_alive, "HTTP/1.0 closes unless it says keep-alive");
+        let h = head("HTTP/1.0 200 OK\r\ncontent-length: 1\r\nConnection: Keep-Alive\r\n\r\n");
+        assert!(h.keep_alive);
+        let h = head("HTTP/1.1 200 OK\r\ncontent-length: 1\r\nconnection: close\r\n\r\n");
+        assert!(!h.keep_alive);
+        let h = head(
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nConnection: keep-alive, x-hop\r\n\
+             X-Hop: 1\r\nKeep-Alive: timeout=5\r\nX-Kept: 1\r\n\r\n",
+        );
+        let names: Vec<&str> = h.headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(
+            names,
+            ["content-length", "x-kept"],
+            "hop-by-hop headers are dropped"
+        );
+        let h = head("HTTP/1.1 204 No Content\r\n\r\n");
+        assert_eq!(h.framing, Framing::Length(0));
+        assert!(h.keep_alive);
+        let h = parse_head(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n", true)
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.framing, Framing::Length(0), "a HEAD answer has no body");
+        assert!(parse_head(b"HTTP/1.1 200 OK\r\ncontent-le", false)
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn malformed_heads_are_refused() {
+        for raw in [
+            "HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+            "SMTP ready\r\n\r\n",
+        ] {
+            assert!(parse_head(raw.as_bytes(), false).is_err(), "{raw:?}");
+        }
+    }
+
+    /// Decodes a chunked body fed `step` bytes at a time.
+    fn dechunk(raw: &[u8], step: usize) -> Result<Vec<u8>, BodyError> {
+        let mut buf = BytesMut::new();
+        let mut state = Chunk::Size;
+        let mut out = Vec::new();
+        let mut fed = 0;
+        loop {
+            match decode_chunked(&mut buf, state)? {
+                Decoded::Data(d, next) => {
+                    out.extend_from_slice(&d);
+                    state = next;
+                }
+                Decoded::Moved(next) => state = next,
+                Decoded::End => return Ok(out),
+                Decoded::NeedMore if fed >= raw.len() => return Err(BodyError("truncated".into())),
+                Decoded::NeedMore => {
+                    let end = (fed + step).min(raw.len());
+                    buf.extend_from_slice(&raw[fed..end]);
+                    fed = end;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn chunked_bodies_decode_however_they_arrive() {
+        let raw = b"5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nx-trailer: 1\r\n\r\n";
+        for step in [1, 2, 3, 7, raw.len()] {
+            assert_eq!(dechunk(raw, step).unwrap(), b"hello, world", "step {step}");
+        }
+        assert!(dechunk(b"5\r\nhello world\r\n0\r\n\r\n", 4).is_err());
+        assert!(dechunk(b"zz\r\n", 4).is_err());
+        assert!(dechunk(b"5\r\nhel", 4).is_err());
+    }
+
+    #[test]
+    fn requests_are_encoded_with_their_length() {
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::HOST, HeaderValue::from_static("a.localhost"));
+        headers.insert(CONTENT_LENGTH, HeaderValue::from_static("999"));
+        let body = Bytes::from_static(b"hi");
+        let extra = [(
+            HeaderName::from_static("x-extra"),
+            HeaderValue::from_static("1"),
+        )];
+        headers.insert("x-extra", HeaderValue::from_static("from the client"));
+        headers.insert(
+            http::header::CONNECTION,
+            HeaderValue::from_static("x-private, close"),
+        );
+        headers.insert("x-private", HeaderValue::from_static("1"));
+        headers.insert("bazaar-proxy-hop", HeaderValue::from_static("secret"));
+        headers.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        let hop = [(
+            HeaderName::from_static("bazaar-proxy-machine"),
+            HeaderValue::from_static("m1"),
+        )];
+        let ex = Exchange {
+            method: &Method::POST,
+            target: "/p?q=1",
+            headers: &headers,
+            extra: &extra,
+            hop: &hop,
+            body: &body,
+        };
+        let wire = String::from_utf8(ex.encode()).unwrap();
+        assert_eq!(
+            wire,
+            "POST /p?q=1 HTTP/1.1\r\nhost: a.localhost\r\nx-extra: 1\r\n\
+             bazaar-proxy-machine: m1\r\ncontent-length: 2\r\n\r\nhi"
+        );
+        let empty = Bytes::new();
+        let ex = Exchange {
+            method: &Method::GET,
+            target: "/",
+            headers: &HeaderMap::new(),
+            extra: &[],
+            hop: &[],
+            body: &empty,
+        };
+        assert_eq!(
+            String::from_utf8(ex.encode()).unwrap(),
+            "GET / HTTP/1.1\r\n\r\n"
+        );
+    }
+}
