@@ -3,17 +3,16 @@
 //! `fly-force-instance-id`, retries, bounded waiting, and the owner side of a hop.
 
 use crate::balance::{self, Availability, Candidate, Choice};
-use crate::body::{Guard, ReqBody, RespBody};
+use crate::body::{Guard, RespBody};
 use crate::h1;
 use crate::metrics::{AppLabel, KindLabels};
 use crate::pool::SendError;
+use crate::request::{origin_target, origin_uri, prepare, request_id, strip_hop_by_hop, Prepared};
 use crate::table::{Backend, RouteState};
-use crate::upgrade::ClientUpgrade;
 use crate::{Local, Shared};
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, HOST};
-use http::{Method, Request, Response, StatusCode, Uri, Version};
-use http_body_util::BodyExt;
+use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::convert::Infallible;
@@ -37,8 +36,6 @@ pub const FORCE_INSTANCE: HeaderName = HeaderName::from_static("fly-force-instan
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
-/// Bodies up to this size are buffered, so the request can be retried elsewhere.
-const REPLAYABLE_BODY: u64 = 64 * 1024;
 /// A machine whose connection failed is skipped this long.
 const FAILED_SKIP_MS: u64 = 1000;
 /// Slow clients: the whole request head must arrive within this.
@@ -241,171 +238,6 @@ enum Attempt {
     },
 }
 
-/// A request ready to be sent (possibly several times). Its headers are kept as received:
-/// what is not passed on ([`forwarded`]) is left out when it is sent, and `extra` is added.
-struct Prepared {
-    parts: http::request::Parts,
-    /// Headers this proxy sets, in place of any received under the same name.
-    extra: Vec<(HeaderName, HeaderValue)>,
-    /// `Some` when the body can be replayed.
-    body: Option<Bytes>,
-    stream: Option<Incoming>,
-    /// The client asked to switch protocols (WebSocket).
-    upgrade: Option<ClientUpgrade>,
-}
-
-impl Prepared {
-    fn replayable(&self) -> bool {
-        self.body.is_some()
-    }
-
-    /// The request for one attempt, or `None` when the streamed body was already used.
-    fn build(&mut self, uri: Uri) -> Option<Request<ReqBody>> {
-        let body = match (&self.body, self.stream.take()) {
-            (Some(b), _) => ReqBody::Full((!b.is_empty()).then(|| b.clone())),
-            (None, Some(s)) => ReqBody::Stream(s),
-            (None, None) => return None,
-        };
-        let mut req = Request::new(body);
-        *req.method_mut() = self.parts.method.clone();
-        *req.uri_mut() = uri;
-        *req.version_mut() = Version::HTTP_11;
-        let headers = req.headers_mut();
-        *headers = self.parts.headers.clone();
-        strip_hop_by_hop(headers);
-        for h in [HOP_TOKEN, HOP_MACHINE, HOP_WAKE] {
-            headers.remove(h);
-        }
-        for (name, value) in &self.extra {
-            headers.insert(name.clone(), value.clone());
-        }
-        if let Some(u) = &self.upgrade {
-            u.mark(req.headers_mut());
-        }
-        Some(req)
-    }
-
-    fn idempotent(&self) -> bool {
-        matches!(
-            self.parts.method,
-            Method::GET
-                | Method::HEAD
-                | Method::OPTIONS
-                | Method::PUT
-                | Method::DELETE
-                | Method::TRACE
-        )
-    }
-}
-
-/// Whether a received header is passed on to the machine: not one that applies to one
-/// connection only (RFC 9110 §7.6.1; names a `Connection` header lists are checked apart)
-/// nor one of the hop's own.
-pub(crate) fn forwarded(name: &HeaderName) -> bool {
-    !matches!(
-        name.as_str(),
-        "connection"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "proxy-authorization"
-            | "keep-alive"
-            | "proxy-connection"
-            | "bazaar-proxy-hop"
-            | "bazaar-proxy-machine"
-            | "bazaar-proxy-wake"
-    )
-}
-
-/// Headers that apply to one connection only (RFC 9110 §7.6.1).
-fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
-    if let Some(conn) = headers.get(http::header::CONNECTION).cloned() {
-        if let Ok(conn) = conn.to_str() {
-            for name in conn.split(',') {
-                if let Ok(n) = HeaderName::from_bytes(name.trim().as_bytes()) {
-                    headers.remove(n);
-                }
-            }
-        }
-    }
-    for h in [
-        http::header::CONNECTION,
-        http::header::TE,
-        http::header::TRAILER,
-        http::header::TRANSFER_ENCODING,
-        http::header::UPGRADE,
-        http::header::PROXY_AUTHORIZATION,
-        HeaderName::from_static("keep-alive"),
-        HeaderName::from_static("proxy-connection"),
-    ] {
-        headers.remove(h);
-    }
-}
-
-/// Reads what is needed of a request to send it: its head, and its body when it is small
-/// enough to be replayed. `extra`: headers to set on it.
-async fn prepare(
-    req: Request<Incoming>,
-    mut extra: Vec<(HeaderName, HeaderValue)>,
-) -> Result<Prepared, Response<RespBody>> {
-    let (mut parts, body) = req.into_parts();
-    if !parts.headers.contains_key(HOST) {
-        if let Some(a) = parts.uri.authority() {
-            if let Ok(v) = HeaderValue::from_str(a.as_str()) {
-                extra.push((HOST, v));
-            }
-        }
-    }
-    let upgrade = ClientUpgrade::take(&mut parts);
-    let small = http_body::Body::size_hint(&body)
-        .upper()
-        .is_some_and(|n| n <= REPLAYABLE_BODY);
-    if http_body::Body::is_end_stream(&body) {
-        return Ok(Prepared {
-            parts,
-            extra,
-            body: Some(Bytes::new()),
-            stream: None,
-            upgrade,
-        });
-    }
-    if small {
-        return match body.collect().await {
-            Ok(b) => Ok(Prepared {
-                parts,
-                extra,
-                body: Some(b.to_bytes()),
-                stream: None,
-                upgrade,
-            }),
-            Err(err) => Err(reply(
-                StatusCode::BAD_REQUEST,
-                format!("bazaar proxy: reading the request body: {err}"),
-            )),
-        };
-    }
-    Ok(Prepared {
-        parts,
-        extra,
-        body: None,
-        stream: Some(body),
-        upgrade,
-    })
-}
-
-/// `<ulid>-<region>`, built in one allocation.
-fn request_id(shared: &Shared) -> HeaderValue {
-    let mut ulid = [0u8; ulid::ULID_LEN];
-    ulid::Ulid::from_parts(crate::coarse_now_ms(), rand::random()).array_to_str(&mut ulid);
-    let mut id = Vec::with_capacity(ulid.len() + 1 + shared.region.len());
-    id.extend_from_slice(&ulid);
-    id.push(b'-');
-    id.extend_from_slice(shared.region.as_bytes());
-    HeaderValue::from_maybe_shared(Bytes::from(id))
-        .unwrap_or_else(|_| HeaderValue::from_static("-"))
-}
-
 /// The edge side: choose a machine, send, retry, wait, wake.
 async fn route(
     shared: &Arc<Local>,
@@ -582,23 +414,6 @@ fn candidate(b: &Backend, tried: &[String], now_ms: u64, forced: bool) -> Candid
         hard_limit: b.limits.hard,
         distance: b.distance,
         state,
-    }
-}
-
-/// The request target in origin form (`/path?query`), as written by the fast path.
-fn origin_target(uri: &Uri) -> &str {
-    uri.path_and_query().map_or("/", |pq| pq.as_str())
-}
-
-/// The request's URI in origin form (`/path?query`), as sent upstream over HTTP/1.1.
-fn origin_uri(parts: &http::request::Parts) -> Uri {
-    let uri = &parts.uri;
-    if uri.scheme().is_none() && uri.authority().is_none() && uri.path_and_query().is_some() {
-        return uri.clone();
-    }
-    match uri.path_and_query() {
-        Some(pq) => Uri::from(pq.clone()),
-        None => Uri::from_static("/"),
     }
 }
 

@@ -10,9 +10,10 @@
 //!   every request its machines serve, so hard limits and drains hold cluster-wide. A hop
 //!   that could not deliver answers with `bazaar-proxy-retry`, and the first proxy tries
 //!   another machine.
-//! - Upstream HTTP/1.1: requests with an empty or buffered body are exchanged directly on
-//!   pooled sockets in their own task (`h1.rs`); streamed bodies and upgrades go through
-//!   hyper's client (`pool.rs`).
+//! - Upstream HTTP/1.1: a request made ready to send (`request.rs`: body buffered when
+//!   small, hop-by-hop headers left out) is exchanged directly on a pooled socket in its own
+//!   task when its body is empty or buffered (`h1/`); streamed bodies and upgrades go
+//!   through hyper's client (`pool.rs`).
 //! - Retries: a request whose body is replayable (empty or buffered, ≤ 64 KiB) goes to
 //!   another machine after a refused connection (any method) or a failed exchange
 //!   (idempotent methods).
@@ -31,6 +32,7 @@ mod h1;
 mod http;
 pub mod metrics;
 mod pool;
+mod request;
 mod scale;
 pub mod table;
 mod tcp;

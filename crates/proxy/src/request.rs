@@ -1,0 +1,199 @@
+//! A client's request made ready to send to a machine, possibly several times: its head as
+//! received, its body buffered when small enough to be replayed, the headers this proxy
+//! adds (`X-Forwarded-*`, the request id), and the rule for which received headers are
+//! passed on (hop-by-hop ones are not).
+
+use crate::body::{ReqBody, RespBody};
+use crate::http::{reply, HOP_MACHINE, HOP_TOKEN, HOP_WAKE};
+use crate::upgrade::ClientUpgrade;
+use crate::Shared;
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, HOST};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+/// Bodies up to this size are buffered, so the request can be retried elsewhere.
+const REPLAYABLE_BODY: u64 = 64 * 1024;
+
+/// A request ready to be sent (possibly several times). Its headers are kept as received:
+/// what is not passed on ([`forwarded`]) is left out when it is sent, and `extra` is added.
+pub(crate) struct Prepared {
+    pub parts: http::request::Parts,
+    /// Headers this proxy sets, in place of any received under the same name.
+    pub extra: Vec<(HeaderName, HeaderValue)>,
+    /// `Some` when the body can be replayed.
+    pub body: Option<Bytes>,
+    pub stream: Option<Incoming>,
+    /// The client asked to switch protocols (WebSocket).
+    pub upgrade: Option<ClientUpgrade>,
+}
+
+impl Prepared {
+    pub(crate) fn replayable(&self) -> bool {
+        self.body.is_some()
+    }
+
+    /// The request for one attempt, or `None` when the streamed body was already used.
+    pub(crate) fn build(&mut self, uri: Uri) -> Option<Request<ReqBody>> {
+        let body = match (&self.body, self.stream.take()) {
+            (Some(b), _) => ReqBody::Full((!b.is_empty()).then(|| b.clone())),
+            (None, Some(s)) => ReqBody::Stream(s),
+            (None, None) => return None,
+        };
+        let mut req = Request::new(body);
+        *req.method_mut() = self.parts.method.clone();
+        *req.uri_mut() = uri;
+        *req.version_mut() = Version::HTTP_11;
+        let headers = req.headers_mut();
+        *headers = self.parts.headers.clone();
+        strip_hop_by_hop(headers);
+        for h in [HOP_TOKEN, HOP_MACHINE, HOP_WAKE] {
+            headers.remove(h);
+        }
+        for (name, value) in &self.extra {
+            headers.insert(name.clone(), value.clone());
+        }
+        if let Some(u) = &self.upgrade {
+            u.mark(req.headers_mut());
+        }
+        Some(req)
+    }
+
+    pub(crate) fn idempotent(&self) -> bool {
+        matches!(
+            self.parts.method,
+            Method::GET
+                | Method::HEAD
+                | Method::OPTIONS
+                | Method::PUT
+                | Method::DELETE
+                | Method::TRACE
+        )
+    }
+}
+
+/// Whether a received header is passed on to the machine: not one that applies to one
+/// connection only (RFC 9110 §7.6.1; names a `Connection` header lists are checked apart)
+/// nor one of the hop's own.
+pub(crate) fn forwarded(name: &HeaderName) -> bool {
+    !matches!(
+        name.as_str(),
+        "connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "proxy-authorization"
+            | "keep-alive"
+            | "proxy-connection"
+            | "bazaar-proxy-hop"
+            | "bazaar-proxy-machine"
+            | "bazaar-proxy-wake"
+    )
+}
+
+/// Headers that apply to one connection only (RFC 9110 §7.6.1).
+pub(crate) fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
+    if let Some(conn) = headers.get(http::header::CONNECTION).cloned() {
+        if let Ok(conn) = conn.to_str() {
+            for name in conn.split(',') {
+                if let Ok(n) = HeaderName::from_bytes(name.trim().as_bytes()) {
+                    headers.remove(n);
+                }
+            }
+        }
+    }
+    for h in [
+        http::header::CONNECTION,
+        http::header::TE,
+        http::header::TRAILER,
+        http::header::TRANSFER_ENCODING,
+        http::header::UPGRADE,
+        http::header::PROXY_AUTHORIZATION,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+    ] {
+        headers.remove(h);
+    }
+}
+
+/// Reads what is needed of a request to send it: its head, and its body when it is small
+/// enough to be replayed. `extra`: headers to set on it.
+pub(crate) async fn prepare(
+    req: Request<Incoming>,
+    mut extra: Vec<(HeaderName, HeaderValue)>,
+) -> Result<Prepared, Response<RespBody>> {
+    let (mut parts, body) = req.into_parts();
+    if !parts.headers.contains_key(HOST) {
+        if let Some(a) = parts.uri.authority() {
+            if let Ok(v) = HeaderValue::from_str(a.as_str()) {
+                extra.push((HOST, v));
+            }
+        }
+    }
+    let upgrade = ClientUpgrade::take(&mut parts);
+    let small = http_body::Body::size_hint(&body)
+        .upper()
+        .is_some_and(|n| n <= REPLAYABLE_BODY);
+    if http_body::Body::is_end_stream(&body) {
+        return Ok(Prepared {
+            parts,
+            extra,
+            body: Some(Bytes::new()),
+            stream: None,
+            upgrade,
+        });
+    }
+    if small {
+        return match body.collect().await {
+            Ok(b) => Ok(Prepared {
+                parts,
+                extra,
+                body: Some(b.to_bytes()),
+                stream: None,
+                upgrade,
+            }),
+            Err(err) => Err(reply(
+                StatusCode::BAD_REQUEST,
+                format!("bazaar proxy: reading the request body: {err}"),
+            )),
+        };
+    }
+    Ok(Prepared {
+        parts,
+        extra,
+        body: None,
+        stream: Some(body),
+        upgrade,
+    })
+}
+
+/// `<ulid>-<region>`, built in one allocation.
+pub(crate) fn request_id(shared: &Shared) -> HeaderValue {
+    let mut ulid = [0u8; ulid::ULID_LEN];
+    ulid::Ulid::from_parts(crate::coarse_now_ms(), rand::random()).array_to_str(&mut ulid);
+    let mut id = Vec::with_capacity(ulid.len() + 1 + shared.region.len());
+    id.extend_from_slice(&ulid);
+    id.push(b'-');
+    id.extend_from_slice(shared.region.as_bytes());
+    HeaderValue::from_maybe_shared(Bytes::from(id))
+        .unwrap_or_else(|_| HeaderValue::from_static("-"))
+}
+
+/// The request target in origin form (`/path?query`), as written by the fast path.
+pub(crate) fn origin_target(uri: &Uri) -> &str {
+    uri.path_and_query().map_or("/", |pq| pq.as_str())
+}
+
+/// The request's URI in origin form (`/path?query`), as sent upstream over HTTP/1.1.
+pub(crate) fn origin_uri(parts: &http::request::Parts) -> Uri {
+    let uri = &parts.uri;
+    if uri.scheme().is_none() && uri.authority().is_none() && uri.path_and_query().is_some() {
+        return uri.clone();
+    }
+    match uri.path_and_query() {
+        Some(pq) => Uri::from(pq.clone()),
+        None => Uri::from_static("/"),
+    }
+}
