@@ -61,16 +61,17 @@ impl Prepared {
     }
 
     pub(crate) fn idempotent(&self) -> bool {
-        matches!(
-            self.parts.method,
-            Method::GET
-                | Method::HEAD
-                | Method::OPTIONS
-                | Method::PUT
-                | Method::DELETE
-                | Method::TRACE
-        )
+        idempotent(&self.parts.method)
     }
+}
+
+/// Whether a request with this method may be sent again after a failed exchange (RFC 9110
+/// §9.2.2).
+pub(crate) fn idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    )
 }
 
 /// Whether a received header is passed on to the machine: not one that applies to one

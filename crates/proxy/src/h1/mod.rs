@@ -59,15 +59,7 @@ pub(crate) struct Exchange<'a> {
 
 impl Exchange<'_> {
     fn idempotent(&self) -> bool {
-        matches!(
-            *self.method,
-            Method::GET
-                | Method::HEAD
-                | Method::OPTIONS
-                | Method::PUT
-                | Method::DELETE
-                | Method::TRACE
-        )
+        crate::request::idempotent(self.method)
     }
 
     /// The request head (and a small body) as written on the wire.
