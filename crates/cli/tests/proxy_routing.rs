@@ -235,6 +235,31 @@ async fn bad_input_is_answered_without_hurting_other_clients() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(r.version(), reqwest::Version::HTTP_2);
+    // The stalled clients are let go once their head is overdue (10 s): each gets a 408 or
+    // a closed connection, not a connection held open for ever.
+    let stalled = slow.pop().unwrap();
+    let waited = Instant::now();
+    let closed = tokio::task::spawn_blocking(move || {
+        let mut stalled = stalled;
+        stalled
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut out = Vec::new();
+        stalled.read_to_end(&mut out).map(|_| out)
+    })
+    .await
+    .unwrap();
+    let out = closed.expect("the proxy closes a stalled connection (no read timeout)");
+    assert!(
+        out.is_empty() || out.starts_with(b"HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    assert!(
+        waited.elapsed() < Duration::from_secs(13),
+        "{:?}",
+        waited.elapsed()
+    );
     drop(slow);
 }
 

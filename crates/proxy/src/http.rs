@@ -74,7 +74,7 @@ async fn serve(
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
-        .timer(TokioTimer::new())
+        .timer(crate::timer::CoarseTimer)
         .header_read_timeout(HEADER_READ_TIMEOUT)
         .max_buf_size(MAX_HEAD_BYTES);
     builder
@@ -85,19 +85,19 @@ async fn serve(
         .keep_alive_interval(Some(Duration::from_secs(30)));
     let builder = Arc::new(builder);
     let local = Arc::new(crate::Local(shared));
-    // Closes expired upstream connections. Its timer also keeps the runtime's next timer
-    // wake-up nearer than any request's header read timeout: tokio's timer wheel writes to
-    // the runtime's eventfd whenever a timer is armed earlier than the next planned
-    // wake-up, which hyper's header read timeout (armed per request) otherwise does on
-    // almost every request.
+    // Every tick: wakes the requests whose head took too long ([`crate::timer`]) and closes
+    // expired upstream connections.
     {
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(HEADER_READ_TIMEOUT / 4);
+            let mut tick = tokio::time::interval(crate::timer::TICK);
             loop {
                 tokio::select! {
                     () = shutdown.cancelled() => break,
-                    _ = tick.tick() => crate::pool::sweep(),
+                    _ = tick.tick() => {
+                        crate::timer::fire_expired();
+                        crate::pool::sweep();
+                    }
                 }
             }
         });

@@ -36,6 +36,7 @@ mod request;
 mod scale;
 pub mod table;
 mod tcp;
+mod timer;
 mod upgrade;
 
 use bazaar_agent::Agent;
