@@ -3,13 +3,16 @@
 //!
 //! hyper arms that timeout for every request it reads. With tokio's timer each one is a
 //! timer-wheel entry registered and cancelled under the driver's lock, which measured ~14 %
-//! of the proxy's throughput. This one costs nothing until a head is actually waited for:
-//! a sleep that finds its deadline not yet passed files its waker in its thread's list, and
-//! the proxy thread's ticker ([`fire_expired`], every [`TICK`]) wakes those whose deadline
-//! has passed. A timeout thus fires up to one tick late, which is fine for one of seconds.
+//! of the proxy's throughput. Here a sleep that is waited on files its deadline under its
+//! task (the connection's task: one entry per connection, its deadline moved on by each
+//! request, nothing removed per request), and the proxy thread's ticker ([`fire_expired`],
+//! every [`TICK`]) wakes the tasks whose deadline has passed; the woken task polls its
+//! sleep, which then ends if its own deadline has passed. A timeout thus fires up to one
+//! tick late, which is fine for one of seconds. An entry whose connection is gone is
+//! dropped at its deadline.
 
 use rustc_hash::FxHashMap;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
@@ -19,11 +22,9 @@ use std::time::{Duration, Instant};
 pub(crate) const TICK: Duration = Duration::from_secs(1);
 
 thread_local! {
-    /// The sleeps of this thread that are being waited on: id → (deadline, waker).
-    static WAITING: RefCell<FxHashMap<u64, (Instant, Waker)>> = RefCell::new(FxHashMap::default());
-    /// Ids for this thread's sleeps, from a random start (a sleep dropped on another thread
-    /// must not remove one of that thread's).
-    static NEXT_ID: Cell<u64> = Cell::new(rand::random::<u64>() >> 1);
+    /// Tasks of this thread waiting on a sleep, by their waker's data pointer:
+    /// (the latest deadline filed, waker).
+    static WAITING: RefCell<FxHashMap<usize, (Instant, Waker)>> = RefCell::new(FxHashMap::default());
 }
 
 /// hyper's [`Timer`](hyper::rt::Timer) over this thread's coarse sleeps.
@@ -36,63 +37,39 @@ impl hyper::rt::Timer for CoarseTimer {
     }
 
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        let id = NEXT_ID.with(|n| {
-            let id = n.get();
-            n.set(id.wrapping_add(1));
-            id
-        });
-        Box::pin(CoarseSleep {
-            id,
-            deadline,
-            filed: false,
-        })
+        Box::pin(CoarseSleep { deadline })
     }
 }
 
 /// Ready once its deadline has passed (noticed at the next tick).
 struct CoarseSleep {
-    id: u64,
     deadline: Instant,
-    /// Its waker is in the thread's list.
-    filed: bool,
 }
 
 impl Future for CoarseSleep {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let this = self.get_mut();
-        if Instant::now() >= this.deadline {
-            this.unfile();
+        if Instant::now() >= self.deadline {
             return Poll::Ready(());
         }
-        let (id, deadline) = (this.id, this.deadline);
+        let deadline = self.deadline;
+        let key = cx.waker().data() as usize;
         WAITING.with(|w| {
             let mut w = w.borrow_mut();
-            match w.get_mut(&id) {
-                Some((_, waker)) if waker.will_wake(cx.waker()) => {}
-                Some(entry) => entry.1 = cx.waker().clone(),
+            match w.get_mut(&key) {
+                Some(entry) => {
+                    entry.0 = entry.0.max(deadline);
+                    if !entry.1.will_wake(cx.waker()) {
+                        entry.1 = cx.waker().clone();
+                    }
+                }
                 None => {
-                    w.insert(id, (deadline, cx.waker().clone()));
+                    w.insert(key, (deadline, cx.waker().clone()));
                 }
             }
         });
-        this.filed = true;
         Poll::Pending
-    }
-}
-
-impl CoarseSleep {
-    fn unfile(&mut self) {
-        if std::mem::take(&mut self.filed) {
-            let _ = WAITING.try_with(|w| w.borrow_mut().remove(&self.id));
-        }
-    }
-}
-
-impl Drop for CoarseSleep {
-    fn drop(&mut self) {
-        self.unfile();
     }
 }
 
@@ -125,29 +102,43 @@ mod tests {
     use hyper::rt::Timer;
 
     #[tokio::test(flavor = "current_thread")]
-    async fn sleeps_end_at_the_first_tick_after_their_deadline_and_leave_nothing_behind() {
+    async fn a_sleep_ends_at_the_first_tick_after_its_deadline() {
         let timer = CoarseTimer;
-        let mut short = timer.sleep(Duration::from_millis(30));
-        let long = timer.sleep(Duration::from_secs(3600));
-        let mut cx = Context::from_waker(Waker::noop());
-        assert!(short.as_mut().poll(&mut cx).is_pending());
-        let mut long = long;
-        assert!(long.as_mut().poll(&mut cx).is_pending());
-        assert_eq!(WAITING.with(|w| w.borrow().len()), 2);
+        let task = std::sync::Arc::new(Flag::default());
+        let waker = Waker::from(task.clone());
+        let mut cx = Context::from_waker(&waker);
+        // One connection's task: a first request's sleep, then the next request's.
+        let mut first = timer.sleep(Duration::from_millis(30));
+        assert!(first.as_mut().poll(&mut cx).is_pending());
+        drop(first);
+        let mut next = timer.sleep(Duration::from_millis(80));
+        assert!(next.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(WAITING.with(|w| w.borrow().len()), 1, "one entry per task");
         tokio::time::sleep(Duration::from_millis(40)).await;
         fire_expired();
-        assert_eq!(
-            WAITING.with(|w| w.borrow().len()),
-            1,
-            "the due one was woken"
+        assert!(
+            !task.woken(),
+            "the task's deadline moved on with its next request"
         );
-        assert!(short.as_mut().poll(&mut cx).is_ready());
-        assert!(long.as_mut().poll(&mut cx).is_pending());
-        drop(long);
-        assert_eq!(
-            WAITING.with(|w| w.borrow().len()),
-            0,
-            "a dropped sleep unfiles"
-        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        fire_expired();
+        assert!(task.woken(), "woken at the first tick after the deadline");
+        assert!(next.as_mut().poll(&mut cx).is_ready());
+        assert_eq!(WAITING.with(|w| w.borrow().len()), 0);
+    }
+
+    #[derive(Default)]
+    struct Flag(std::sync::atomic::AtomicBool);
+
+    impl Flag {
+        fn woken(&self) -> bool {
+            self.0.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    impl std::task::Wake for Flag {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 }
