@@ -12,19 +12,18 @@ use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Finds `n` consecutive free loopback ports.
+/// Finds a base port such that `base..base + n` and `base + 10..base + 10 + n` (the API
+/// and proxy ports `start_dev` uses) are free for TCP and UDP on loopback. Bases are picked
+/// below the kernel's ephemeral range, where outgoing connections of tests running
+/// alongside cannot take them in the meantime.
 fn free_ports(n: u16) -> u16 {
-    for _ in 0..100 {
-        let base = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if base > 60000 {
-            continue;
-        }
-        let ok = (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok());
-        if ok {
+    let free = |p: u16| {
+        std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()
+            && std::net::UdpSocket::bind(("127.0.0.1", p)).is_ok()
+    };
+    for _ in 0..1000 {
+        let base = 20000 + rand::random::<u16>() % 10000;
+        if (0..n).all(|i| free(base + i) && free(base + 10 + i)) {
             return base;
         }
     }
@@ -100,7 +99,12 @@ async fn dev_starts_three_hosts_stops_cleanly_and_resumes() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("cluster");
     let base = free_ports(3);
-    let gossip = free_ports(3);
+    let gossip = loop {
+        let g = free_ports(3);
+        if g.abs_diff(base) > 20 {
+            break g;
+        }
+    };
     let dev = start_dev(&dir, base, gossip);
     let env = read_env(&dir);
     assert_eq!(env["BAZAAR_API_URL"], format!("http://127.0.0.1:{base}"));
