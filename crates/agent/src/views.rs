@@ -15,14 +15,7 @@ use std::time::Duration;
 impl Agent {
     /// One machine (tombstones included), with its latest events.
     pub async fn machine(&self, id: &str) -> Result<Machine, AgentError> {
-        if !ids::is_valid_machine_id(id) {
-            return Err(AgentError::MachineNotFound(id.into()));
-        }
-        let rec = self
-            .0
-            .store
-            .machine(id)?
-            .ok_or_else(|| AgentError::MachineNotFound(id.into()))?;
+        let rec = self.record_of(id)?;
         let events = self.0.store.events(id, 20)?;
         Ok(self.view(&rec, events))
     }
@@ -88,14 +81,7 @@ impl Agent {
         timeout: Duration,
         instance_id: Option<&str>,
     ) -> Result<WaitResponse, AgentError> {
-        if !ids::is_valid_machine_id(id) {
-            return Err(AgentError::MachineNotFound(id.into()));
-        }
-        let rec = self
-            .0
-            .store
-            .machine(id)?
-            .ok_or_else(|| AgentError::MachineNotFound(id.into()))?;
+        let rec = self.record_of(id)?;
         let rx = lock(&self.0.live).get(id).map(|tx| tx.subscribe());
         let matches = |s: &Snapshot| {
             let state_ok = states.contains(&s.state);
@@ -134,6 +120,17 @@ impl Agent {
     }
 
     /// The state clients see: the running operation's state, else the recorded one.
+    /// The stored record of machine `id` (tombstones included), or not found.
+    fn record_of(&self, id: &str) -> Result<MachineRecord, AgentError> {
+        if !ids::is_valid_machine_id(id) {
+            return Err(AgentError::MachineNotFound(id.into()));
+        }
+        self.0
+            .store
+            .machine(id)?
+            .ok_or_else(|| AgentError::MachineNotFound(id.into()))
+    }
+
     pub(crate) fn current_state(&self, rec: &MachineRecord) -> MachineState {
         if rec.state == MachineState::Destroyed {
             return rec.state;

@@ -93,6 +93,22 @@ async fn exec(fly: &Fly, app: &str, id: &str, cmd: &str) -> Value {
     v
 }
 
+/// Runs `cmd` in the machine once exec answers 200 (retried for up to `secs` seconds, as
+/// after a restart).
+async fn exec_when_ready(fly: &Fly, app: &str, id: &str, cmd: &str, secs: u64) -> Value {
+    bazaar_testkit::eventually(Duration::from_secs(secs), || async {
+        let (s, v) = fly
+            .post(
+                &format!("/apps/{app}/machines/{id}/exec"),
+                json!({"command": ["/bin/sh", "-c", cmd]}),
+            )
+            .await;
+        (s == StatusCode::OK).then_some(v)
+    })
+    .await
+    .unwrap_or_else(|_| panic!("exec {cmd:?} never answered 200 within {secs} s"))
+}
+
 async fn proxy_get(proxy: &str, app: &str, path: &str) -> Option<(u16, String)> {
     let resp = reqwest::Client::new()
         .get(format!("{proxy}{path}"))
@@ -239,17 +255,7 @@ async fn image_machines_run_isolated_on_their_own_address() {
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
     started(&fly, &agents, "web", &db).await;
-    let v = bazaar_testkit::eventually(Duration::from_secs(10), || async {
-        let (s, v) = fly
-            .post(
-                &format!("/apps/web/machines/{db}/exec"),
-                json!({"command": ["/bin/sh", "-c", "cat /data/x; ls /www"]}),
-            )
-            .await;
-        (s == StatusCode::OK).then_some(v)
-    })
-    .await
-    .unwrap();
+    let v = exec_when_ready(&fly, "web", &db, "cat /data/x; ls /www", 10).await;
     assert_eq!(v["stdout"], "kept\nfile.txt\nindex.html\n", "{v}");
 
     // A kill -9 of every agent leaves the containers running; they are adopted again.
@@ -258,17 +264,7 @@ async fn image_machines_run_isolated_on_their_own_address() {
         a.kill9();
         a.restart().unwrap();
     }
-    let v = bazaar_testkit::eventually(Duration::from_secs(20), || async {
-        let (s, v) = fly
-            .post(
-                &format!("/apps/web/machines/{db}/exec"),
-                json!({"command": ["/bin/sh", "-c", "cat /data/x /tmp/marker"]}),
-            )
-            .await;
-        (s == StatusCode::OK).then_some(v)
-    })
-    .await
-    .expect("exec after the agents came back");
+    let v = exec_when_ready(&fly, "web", &db, "cat /data/x /tmp/marker", 20).await;
     assert_eq!(
         v["stdout"], "kept\nalive\n",
         "the same run, re-adopted: {v}"

@@ -146,7 +146,6 @@ pub(super) fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<Head>,
 
 /// A machine's response body read by the fast path.
 pub(crate) enum FastBody {
-    Empty,
     /// Arrived whole with the head.
     Full(Option<Bytes>),
     /// Read from the connection as the client takes it.
@@ -329,12 +328,11 @@ impl http_body::Body for FastBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
         match this {
-            FastBody::Empty => Poll::Ready(None),
             FastBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             FastBody::Streaming(s) => match ready!(s.poll_next(cx)) {
                 Ok(Some(data)) => Poll::Ready(Some(Ok(Frame::data(data)))),
                 Ok(None) => {
-                    let done = std::mem::replace(this, FastBody::Empty);
+                    let done = std::mem::replace(this, FastBody::Full(None));
                     if let FastBody::Streaming(s) = done {
                         if s.keep_alive {
                             checkin(s.addr, s.stream, s.buf);
@@ -343,7 +341,7 @@ impl http_body::Body for FastBody {
                     Poll::Ready(None)
                 }
                 Err(err) => {
-                    *this = FastBody::Empty;
+                    *this = FastBody::Full(None);
                     Poll::Ready(Some(Err(err)))
                 }
             },
@@ -352,7 +350,6 @@ impl http_body::Body for FastBody {
 
     fn is_end_stream(&self) -> bool {
         match self {
-            FastBody::Empty => true,
             FastBody::Full(b) => b.is_none(),
             FastBody::Streaming(s) => s.framing == Framing::Length(0),
         }
@@ -360,7 +357,6 @@ impl http_body::Body for FastBody {
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            FastBody::Empty => SizeHint::with_exact(0),
             FastBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             FastBody::Full(None) => SizeHint::with_exact(0),
             FastBody::Streaming(s) => match s.framing {

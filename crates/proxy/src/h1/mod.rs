@@ -282,7 +282,7 @@ async fn exchange(
             }
             continue;
         }
-        let mut resp = Response::new(FastBody::Empty);
+        let mut resp = Response::new(FastBody::Full(None));
         *resp.status_mut() = head.status;
         *resp.headers_mut() = head.headers;
         let body = match head.framing {
@@ -290,7 +290,7 @@ async fn exchange(
                 if head.keep_alive {
                     checkin(addr, conn.stream, conn.buf);
                 }
-                FastBody::Empty
+                FastBody::Full(None)
             }
             Framing::Length(n) if (conn.buf.len() as u64) >= n => {
                 let body = conn.buf.split_to(n as usize).freeze();
