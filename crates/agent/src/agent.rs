@@ -533,6 +533,15 @@ impl Agent {
         let sender = lock(&self.0.actors).get(&rec.id).cloned();
         match sender {
             Some(tx) => {
+                // Shown from the moment the operation is accepted (the actor may not have
+                // begun it yet): a `wait` right after a restart must not find the machine
+                // still `started` from before it. Set before the actor can see the
+                // operation, so that its end (which clears the state) comes after this.
+                if !op.kind.steps().is_empty() {
+                    lock(&self.0.transient)
+                        .entry(rec.id.clone())
+                        .or_insert(op.kind.transient_state());
+                }
                 let _ = tx.send(ActorMsg::Op(op));
             }
             None => return Err(AgentError::ShuttingDown),
