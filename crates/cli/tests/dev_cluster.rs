@@ -22,8 +22,8 @@ fn free_ports(n: u16) -> u16 {
             && std::net::UdpSocket::bind(("127.0.0.1", p)).is_ok()
     };
     for _ in 0..1000 {
-        let base = 20000 + rand::random::<u16>() % 10000;
-        if (0..n).all(|i| free(base + i) && free(base + 10 + i)) {
+        let base = bazaar_testkit::free_port(std::net::Ipv4Addr::LOCALHOST);
+        if base < 31_900 && (0..n).all(|i| free(base + i) && free(base + 10 + i)) {
             return base;
         }
     }

@@ -67,11 +67,12 @@ impl TestAgent {
             data_dir,
             _tmp: Some(tmp),
             child: None,
-            port: 0,
-            gossip_port: 0,
+            port: free_port(std::net::Ipv4Addr::LOCALHOST),
+            gossip_port: free_port(std::net::Ipv4Addr::LOCALHOST),
             proxy_port: 0,
             host_id: None,
         };
+        agent.proxy_port = free_port(agent.opts.proxy_ip);
         agent.spawn(&[])?;
         Ok(agent)
     }
@@ -305,6 +306,25 @@ fn remove_machine_network_and_mounts(data_dir: &Path) {
     for t in targets {
         run("umount", &["-l", t]);
     }
+}
+
+/// A port that is free for TCP and UDP on `ip`, picked at random below the kernel's
+/// ephemeral range (32768 and up on Linux). An agent restarted on its old ports must find
+/// them free: a port the kernel handed out would be fair game for any outgoing connection
+/// of the tests running alongside while the agent is down.
+pub fn free_port(ip: std::net::Ipv4Addr) -> u16 {
+    use std::hash::{BuildHasher, RandomState};
+    let free = |p: u16| {
+        std::net::TcpListener::bind((ip, p)).is_ok() && std::net::UdpSocket::bind((ip, p)).is_ok()
+    };
+    let random = RandomState::new();
+    for attempt in 0u32..10_000 {
+        let port = 20_000 + (random.hash_one(attempt) % 12_000) as u16;
+        if free(port) {
+            return port;
+        }
+    }
+    panic!("no free port on {ip} between 20000 and 32000");
 }
 
 /// The host id of the agent listening on `port` (`GET /host/v1/info`), over a plain
