@@ -270,7 +270,14 @@ async fn image_machines_run_isolated_on_their_own_address() {
         "the same run, re-adopted: {v}"
     );
 
-    // Destroyed: its root filesystem is unmounted and its directory gone.
+    // Destroyed: its root filesystem is unmounted and its directory gone. (Every agent was
+    // restarted: the one serving the API learns of the machine again by gossip first.)
+    bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let (s, _) = fly.get(&format!("/apps/web/machines/{id}")).await;
+        (s == StatusCode::OK).then_some(())
+    })
+    .await
+    .expect("the machine is known again after the restarts");
     let (s, v) = fly
         .delete(&format!("/apps/web/machines/{id}?force=true"))
         .await;

@@ -7,7 +7,9 @@ use crate::body::{Guard, RespBody};
 use crate::h1;
 use crate::metrics::{AppLabel, KindLabels};
 use crate::pool::SendError;
-use crate::request::{origin_target, origin_uri, prepare, request_id, strip_hop_by_hop, Prepared};
+use crate::request::{
+    origin_target, origin_uri, prepare, request_id, strip_hop_by_hop, ClientBody, Prepared,
+};
 use crate::table::{Backend, RouteState};
 use crate::{Local, Shared};
 use bytes::Bytes;
@@ -39,9 +41,9 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 /// A machine whose connection failed is skipped this long.
 const FAILED_SKIP_MS: u64 = 1000;
 /// Slow clients: the whole request head must arrive within this.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest request head accepted.
-const MAX_HEAD_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// Starts proxy thread `i`: a single-threaded runtime serving `listener` until shutdown.
 pub(crate) fn spawn_server_thread(
@@ -122,13 +124,20 @@ async fn serve(
             // Formatted once per connection, for X-Forwarded-For.
             let peer_ip = HeaderValue::from_str(&peer.ip().to_string())
                 .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+            // Plain HTTP/1.1 here; the rest of a connection that asks for more, in hyper.
+            let mut stream = stream;
+            let read = match h1::server::serve(&mut stream, &local, &peer_ip).await {
+                h1::server::Outcome::Closed => return,
+                h1::server::Outcome::HandOff(read) => read,
+            };
             let svc = hyper::service::service_fn(move |req| {
                 let local = local.clone();
                 let peer_ip = peer_ip.clone();
                 async move { Ok::<_, Infallible>(handle(local, &peer_ip, req).await) }
             });
+            let io = h1::server::Rewind::new(read, stream);
             if let Err(err) = builder
-                .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+                .serve_connection_with_upgrades(TokioIo::new(io), svc)
                 .await
             {
                 tracing::debug!(error = %err, %peer, "proxy connection");
@@ -166,21 +175,33 @@ pub(crate) fn app_of_host<'a>(host: &'a str, suffix: &str) -> Option<&'a str> {
 
 /// The Host header (or the URI's authority, as in HTTP/2): a cheap reference to the
 /// request's bytes.
-fn host_of(req: &Request<Incoming>) -> Option<HeaderValue> {
-    match req.headers().get(HOST) {
+fn host_of(req: &http::request::Parts) -> Option<HeaderValue> {
+    match req.headers.get(HOST) {
         Some(h) => Some(h.clone()),
-        None => HeaderValue::from_str(req.uri().authority()?.as_str()).ok(),
+        None => HeaderValue::from_str(req.uri.authority()?.as_str()).ok(),
     }
 }
 
+/// A request received by hyper's server.
 async fn handle(
     shared: Arc<Local>,
     peer_ip: &HeaderValue,
     req: Request<Incoming>,
 ) -> Response<RespBody> {
-    if let Some(token) = req.headers().get(&HOP_TOKEN) {
+    let (parts, body) = req.into_parts();
+    handle_parts(shared, peer_ip, parts, ClientBody::Hyper(body)).await
+}
+
+/// A client's request (or a hop from another host's proxy), from either server.
+pub(crate) async fn handle_parts(
+    shared: Arc<Local>,
+    peer_ip: &HeaderValue,
+    req: http::request::Parts,
+    body: ClientBody,
+) -> Response<RespBody> {
+    if let Some(token) = req.headers.get(&HOP_TOKEN) {
         if token.as_bytes() == shared.secret.as_bytes() {
-            return serve_hop(shared, req).await;
+            return serve_hop(shared, req, body).await;
         }
         return reply(StatusCode::FORBIDDEN, "bazaar proxy: bad hop token");
     }
@@ -208,7 +229,7 @@ async fn handle(
             ),
         );
     };
-    let resp = route(&shared, app, peer_ip, req).await;
+    let resp = route(&shared, app, peer_ip, req, body).await;
     shared
         .metrics
         .record_request(app, resp.status().as_u16(), started.elapsed().as_secs_f64());
@@ -243,7 +264,8 @@ async fn route(
     shared: &Arc<Local>,
     app: &str,
     peer_ip: &HeaderValue,
-    req: Request<Incoming>,
+    req: http::request::Parts,
+    body: ClientBody,
 ) -> Response<RespBody> {
     if !shared.with_table(|t| t.apps.contains_key(app)) {
         return reply(
@@ -252,12 +274,12 @@ async fn route(
         );
     }
     let force = req
-        .headers()
+        .headers
         .get(&FORCE_INSTANCE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let rid = request_id(shared);
-    let xff = match req.headers().get(&X_FORWARDED_FOR).map(HeaderValue::to_str) {
+    let xff = match req.headers.get(&X_FORWARDED_FOR).map(HeaderValue::to_str) {
         Some(Ok(prev)) => {
             HeaderValue::from_str(&format!("{prev}, {}", peer_ip.to_str().unwrap_or("")))
                 .unwrap_or_else(|_| peer_ip.clone())
@@ -269,7 +291,7 @@ async fn route(
         (X_FORWARDED_PROTO, HeaderValue::from_static("http")),
         (REQUEST_ID, rid.clone()),
     ];
-    let mut prepared = match prepare(req, extra).await {
+    let mut prepared = match prepare(req, body, extra).await {
         Ok(p) => p,
         Err(resp) => return resp,
     };
@@ -641,18 +663,26 @@ pub(crate) async fn ready_for_hop(
 }
 
 /// The owner side of a hop: deliver to one machine of this host, or say why not.
-async fn serve_hop(shared: Arc<Local>, req: Request<Incoming>) -> Response<RespBody> {
+async fn serve_hop(
+    shared: Arc<Local>,
+    req: http::request::Parts,
+    body: ClientBody,
+) -> Response<RespBody> {
     let id = req
-        .headers()
+        .headers
         .get(&HOP_MACHINE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_string();
-    let wake = req.headers().contains_key(&HOP_WAKE);
-    if let Some(port) = req.headers().get(&crate::tcp::HOP_TCP_PORT) {
-        return match port.to_str().ok().and_then(|p| p.parse::<u16>().ok()) {
-            Some(port) => crate::tcp::serve_hop(shared.0.clone(), req, port, &id, wake).await,
-            None => reply(StatusCode::BAD_REQUEST, "bazaar proxy: bad TCP hop port"),
+    let wake = req.headers.contains_key(&HOP_WAKE);
+    if let Some(port) = req.headers.get(&crate::tcp::HOP_TCP_PORT) {
+        // An upgrade: always served by hyper ([`crate::h1::server`] hands those over).
+        return match (port.to_str().ok().and_then(|p| p.parse::<u16>().ok()), body) {
+            (Some(port), ClientBody::Hyper(body)) => {
+                let req = Request::from_parts(req, body);
+                crate::tcp::serve_hop(shared.0.clone(), req, port, &id, wake).await
+            }
+            _ => reply(StatusCode::BAD_REQUEST, "bazaar proxy: bad TCP hop"),
         };
     }
     let found = shared.with_table(|table| {
@@ -673,7 +703,7 @@ async fn serve_hop(shared: Arc<Local>, req: Request<Incoming>) -> Response<RespB
         return refused;
     }
     // Sent on as the first proxy made it (its hop headers are not passed on).
-    let mut prepared = match prepare(req, Vec::new()).await {
+    let mut prepared = match prepare(req, body, Vec::new()).await {
         Ok(p) => p,
         Err(resp) => return resp,
     };

@@ -14,7 +14,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 /// Bodies up to this size are buffered, so the request can be retried elsewhere.
-const REPLAYABLE_BODY: u64 = 64 * 1024;
+pub(crate) const REPLAYABLE_BODY: u64 = 64 * 1024;
 
 /// A request ready to be sent (possibly several times). Its headers are kept as received:
 /// what is not passed on ([`forwarded`]) is left out when it is sent, and `extra` is added.
@@ -119,13 +119,20 @@ pub(crate) fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
     }
 }
 
+/// A client's request body as it arrived: still to be read through hyper, or already read
+/// whole by the plain HTTP/1.1 server ([`crate::h1::server`]).
+pub(crate) enum ClientBody {
+    Hyper(Incoming),
+    Buffered(Bytes),
+}
+
 /// Reads what is needed of a request to send it: its head, and its body when it is small
 /// enough to be replayed. `extra`: headers to set on it.
 pub(crate) async fn prepare(
-    req: Request<Incoming>,
+    mut parts: http::request::Parts,
+    body: ClientBody,
     mut extra: Vec<(HeaderName, HeaderValue)>,
 ) -> Result<Prepared, Response<RespBody>> {
-    let (mut parts, body) = req.into_parts();
     if !parts.headers.contains_key(HOST) {
         if let Some(a) = parts.uri.authority() {
             if let Ok(v) = HeaderValue::from_str(a.as_str()) {
@@ -134,38 +141,33 @@ pub(crate) async fn prepare(
         }
     }
     let upgrade = ClientUpgrade::take(&mut parts);
-    let small = http_body::Body::size_hint(&body)
-        .upper()
-        .is_some_and(|n| n <= REPLAYABLE_BODY);
-    if http_body::Body::is_end_stream(&body) {
-        return Ok(Prepared {
-            parts,
-            extra,
-            body: Some(Bytes::new()),
-            stream: None,
-            upgrade,
-        });
-    }
-    if small {
-        return match body.collect().await {
-            Ok(b) => Ok(Prepared {
-                parts,
-                extra,
-                body: Some(b.to_bytes()),
-                stream: None,
-                upgrade,
-            }),
-            Err(err) => Err(reply(
-                StatusCode::BAD_REQUEST,
-                format!("bazaar proxy: reading the request body: {err}"),
-            )),
-        };
-    }
+    let (body, stream) = match body {
+        ClientBody::Buffered(b) => (Some(b), None),
+        ClientBody::Hyper(body) if http_body::Body::is_end_stream(&body) => {
+            (Some(Bytes::new()), None)
+        }
+        ClientBody::Hyper(body)
+            if http_body::Body::size_hint(&body)
+                .upper()
+                .is_some_and(|n| n <= REPLAYABLE_BODY) =>
+        {
+            match body.collect().await {
+                Ok(b) => (Some(b.to_bytes()), None),
+                Err(err) => {
+                    return Err(reply(
+                        StatusCode::BAD_REQUEST,
+                        format!("bazaar proxy: reading the request body: {err}"),
+                    ))
+                }
+            }
+        }
+        ClientBody::Hyper(body) => (None, Some(body)),
+    };
     Ok(Prepared {
         parts,
         extra,
-        body: None,
-        stream: Some(body),
+        body,
+        stream,
         upgrade,
     })
 }

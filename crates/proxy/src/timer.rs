@@ -42,8 +42,15 @@ impl hyper::rt::Timer for CoarseTimer {
 }
 
 /// Ready once its deadline has passed (noticed at the next tick).
-struct CoarseSleep {
+pub(crate) struct CoarseSleep {
     deadline: Instant,
+}
+
+impl CoarseSleep {
+    /// A sleep until `deadline`, for a task on a proxy thread (whose ticker wakes it).
+    pub(crate) fn until(deadline: Instant) -> CoarseSleep {
+        CoarseSleep { deadline }
+    }
 }
 
 impl Future for CoarseSleep {

@@ -16,6 +16,7 @@
 //! closed before any byte of an answer is sent again on a new one when that is safe.
 
 mod answer;
+pub(crate) mod server;
 
 use crate::pool::SendError;
 pub(crate) use answer::FastBody;
