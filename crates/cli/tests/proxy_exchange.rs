@@ -86,6 +86,59 @@ async fn answers_of_every_shape_pass_through_whole() {
             assert!(v["headers"]["x-forwarded-for"].is_string(), "{v}");
         }
 
+        // Clients speaking plain HTTP/1.x over a raw socket.
+        let addr = c.agents[i].proxy_addr();
+        let host = "Host: shapes.localhost\r\n";
+        // Two requests in one write (pipelined), the second closing the connection.
+        let out = raw(
+            addr,
+            &format!("GET / HTTP/1.1\r\n{host}\r\nGET /shape/chunked HTTP/1.1\r\n{host}Connection: close\r\n\r\n"),
+            None,
+        )
+        .await;
+        assert_eq!(out.matches("HTTP/1.1 200").count(), 2, "proxy {i}: {out}");
+        assert!(
+            out.contains("transfer-encoding: chunked") && out.ends_with("\r\n0\r\n\r\n"),
+            "proxy {i}: the chunked answer is passed on chunked: {out}"
+        );
+        // HTTP/1.0: a chunked answer reaches it delimited by the connection closing.
+        let out = raw(
+            addr,
+            &format!("GET /shape/chunked HTTP/1.0\r\n{host}\r\n"),
+            None,
+        )
+        .await;
+        assert!(out.starts_with("HTTP/1.1 200"), "proxy {i}: {out}");
+        assert!(
+            !out.to_ascii_lowercase().contains("transfer-encoding"),
+            "{out}"
+        );
+        assert!(
+            out.ends_with("\r\n\r\nhello, chunked world"),
+            "proxy {i}: {out}"
+        );
+        // A chunked request body, and one sent only after `100 Continue`.
+        let out = raw(
+            addr,
+            &format!("POST /echo HTTP/1.1\r\n{host}Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
+            None,
+        )
+        .await;
+        assert!(
+            out.starts_with("HTTP/1.1 200") && out.contains("\"length\": 5"),
+            "proxy {i}: {out}"
+        );
+        let out = raw(
+            addr,
+            &format!("POST /echo HTTP/1.1\r\n{host}Content-Length: 5\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n"),
+            Some(("100 Continue", "hello")),
+        )
+        .await;
+        assert!(
+            out.contains("HTTP/1.1 200") && out.contains("\"length\": 5"),
+            "proxy {i}: {out}"
+        );
+
         // The machine closes kept connections after answering: every next request is
         // still served (on a new connection).
         for round in 0..30 {
@@ -101,6 +154,36 @@ async fn answers_of_every_shape_pass_through_whole() {
             );
         }
     }
+}
+
+/// Writes `request` to `addr` (then, once the answer so far contains `then.0`, writes
+/// `then.1`) and reads until the proxy closes the connection.
+async fn raw(addr: std::net::SocketAddr, request: &str, then: Option<(&str, &str)>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let read = async {
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        conn.write_all(request.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        let mut then = then;
+        loop {
+            let n = conn.read(&mut buf).await.unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+            if let Some((seen, more)) = then {
+                if String::from_utf8_lossy(&out).contains(seen) {
+                    conn.write_all(more.as_bytes()).await.unwrap();
+                    then = None;
+                }
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), read)
+        .await
+        .expect("the proxy answers and closes the connection")
 }
 
 /// What the backend reports of a body it got: a position-weighted sum (catches lost,

@@ -59,8 +59,19 @@ class H(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_POST(self):
-        n = int(self.headers.get("Content-Length", "0"))
-        body = self.rfile.read(n) if n else b""
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            body = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0], 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b""):
+                        pass
+                    break
+                body += self.rfile.read(size)
+                self.rfile.readline()
+        else:
+            n = int(self.headers.get("Content-Length", "0"))
+            body = self.rfile.read(n) if n else b""
         self.reply(200, json.dumps({
             "machine": MID,
             "length": len(body),

@@ -7,9 +7,10 @@
 //! `Expect: 100-continue`, a TCP hop) hands the whole connection, with the bytes read so
 //! far, to hyper's server for the rest of its life ([`Outcome::HandOff`], [`Rewind`]).
 //!
-//! The defences hyper's server gave stay: a request head must arrive whole within
-//! [`HEADER_READ_TIMEOUT`] (a coarse timer, [`crate::timer`]) and be at most
-//! [`MAX_HEAD_BYTES`]; a malformed one gets a 400 and the connection is closed.
+//! The defences hyper's server gave stay: a request head, once begun, must arrive whole
+//! within [`HEADER_READ_TIMEOUT`] (a coarse timer, [`crate::timer`]) and be at most
+//! [`MAX_HEAD_BYTES`]; a malformed one gets a 400 and the connection is closed. An idle
+//! connection is closed after [`KEEP_ALIVE_IDLE`].
 
 use crate::body::RespBody;
 use crate::http::{handle_parts, HEADER_READ_TIMEOUT, MAX_HEAD_BYTES};
@@ -31,6 +32,9 @@ use tokio::net::TcpStream;
 
 /// Most headers in a request (as hyper's server allows).
 const MAX_HEADERS: usize = 100;
+/// How long a connection may sit idle between requests (nginx's `keepalive_timeout` is
+/// 75 s).
+const KEEP_ALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 /// Room read into at a time.
 const READ_CHUNK: usize = 8 * 1024;
 
@@ -60,10 +64,21 @@ pub(crate) async fn serve(
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let mut out = Vec::with_capacity(1024);
     loop {
-        // A whole request head, in time.
-        let mut sleep = CoarseSleep::until(Instant::now() + HEADER_READ_TIMEOUT);
+        // A whole request head, in time: an idle connection is kept for a while, a head
+        // once begun must arrive whole within [`HEADER_READ_TIMEOUT`].
+        let mut head_begun = !buf.is_empty();
+        let wait = if head_begun {
+            HEADER_READ_TIMEOUT
+        } else {
+            KEEP_ALIVE_IDLE
+        };
+        let mut sleep = CoarseSleep::until(Instant::now() + wait);
         let head = loop {
             if !buf.is_empty() {
+                if !head_begun {
+                    head_begun = true;
+                    sleep = CoarseSleep::until(Instant::now() + HEADER_READ_TIMEOUT);
+                }
                 if buf.starts_with(b"PRI") {
                     // The HTTP/2 connection preface.
                     return Outcome::HandOff(buf.freeze());
@@ -89,7 +104,7 @@ pub(crate) async fn serve(
                     }
                 }
             }
-            if !read_more(stream, &mut buf, Some(&mut sleep)).await {
+            if !read_more(stream, &mut buf, &mut sleep).await {
                 return Outcome::Closed;
             }
         };
@@ -103,10 +118,11 @@ pub(crate) async fn serve(
                 return Outcome::Closed;
             }
         };
-        // Its body (small, or it would have been handed over).
+        // Its body (small, or it would have been handed over), in time as well.
         let body_len = head.content_length as usize;
+        let mut sleep = CoarseSleep::until(Instant::now() + HEADER_READ_TIMEOUT);
         while buf.len() < body_len {
-            if !read_more(stream, &mut buf, None).await {
+            if !read_more(stream, &mut buf, &mut sleep).await {
                 return Outcome::Closed;
             }
         }
@@ -123,21 +139,14 @@ pub(crate) async fn serve(
 
 /// Reads more of the connection into `buf`; `false` when it closed, failed, or `sleep`
 /// ran out first.
-async fn read_more(
-    stream: &mut TcpStream,
-    buf: &mut BytesMut,
-    sleep: Option<&mut CoarseSleep>,
-) -> bool {
+async fn read_more(stream: &mut TcpStream, buf: &mut BytesMut, sleep: &mut CoarseSleep) -> bool {
     if buf.capacity() - buf.len() < 1024 {
         buf.reserve(READ_CHUNK);
     }
-    let read = match sleep {
-        Some(sleep) => tokio::select! {
-            biased;
-            r = stream.read_buf(buf) => r,
-            () = sleep => return false,
-        },
-        None => stream.read_buf(buf).await,
+    let read = tokio::select! {
+        biased;
+        r = stream.read_buf(buf) => r,
+        () = sleep => return false,
     };
     matches!(read, Ok(n) if n > 0)
 }
