@@ -229,7 +229,7 @@ pub(crate) async fn handle_parts(
             ),
         );
     };
-    let resp = route(&shared, app, peer_ip, req, body).await;
+    let resp = route(&shared, app, peer_ip, req, body, started).await;
     shared
         .metrics
         .record_request(app, resp.status().as_u16(), started.elapsed().as_secs_f64());
@@ -266,6 +266,7 @@ async fn route(
     peer_ip: &HeaderValue,
     req: http::request::Parts,
     body: ClientBody,
+    started: Instant,
 ) -> Response<RespBody> {
     if !shared.with_table(|t| t.apps.contains_key(app)) {
         return reply(
@@ -295,7 +296,7 @@ async fn route(
         Ok(p) => p,
         Err(resp) => return resp,
     };
-    let deadline = Instant::now() + shared.queue_timeout;
+    let deadline = started + shared.queue_timeout;
     let mut tried: Vec<String> = Vec::new();
     let mut last_failure: Option<&'static str> = None;
     let mut resp = loop {

@@ -23,8 +23,8 @@ pub(crate) const TICK: Duration = Duration::from_secs(1);
 
 thread_local! {
     /// Tasks of this thread waiting on a sleep, by their waker's data pointer:
-    /// (the latest deadline filed, waker).
-    static WAITING: RefCell<FxHashMap<usize, (Instant, Waker)>> = RefCell::new(FxHashMap::default());
+    /// (the latest deadline filed, in [`crate::coarse_monotonic_ms`], waker).
+    static WAITING: RefCell<FxHashMap<usize, (u64, Waker)>> = RefCell::new(FxHashMap::default());
 }
 
 /// hyper's [`Timer`](hyper::rt::Timer) over this thread's coarse sleeps.
@@ -33,23 +33,26 @@ pub(crate) struct CoarseTimer;
 
 impl hyper::rt::Timer for CoarseTimer {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        self.sleep_until(Instant::now() + duration)
+        Box::pin(CoarseSleep::after(duration))
     }
 
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(CoarseSleep { deadline })
+        self.sleep(deadline.saturating_duration_since(Instant::now()))
     }
 }
 
-/// Ready once its deadline has passed (noticed at the next tick).
+/// Ready once its deadline has passed (noticed at the next tick). Kept on the kernel's
+/// coarse clock, read without a hardware clock read.
 pub(crate) struct CoarseSleep {
-    deadline: Instant,
+    deadline_ms: u64,
 }
 
 impl CoarseSleep {
-    /// A sleep until `deadline`, for a task on a proxy thread (whose ticker wakes it).
-    pub(crate) fn until(deadline: Instant) -> CoarseSleep {
-        CoarseSleep { deadline }
+    /// A sleep of `duration`, for a task on a proxy thread (whose ticker wakes it).
+    pub(crate) fn after(duration: Duration) -> CoarseSleep {
+        CoarseSleep {
+            deadline_ms: crate::coarse_monotonic_ms() + duration.as_millis() as u64,
+        }
     }
 }
 
@@ -57,10 +60,10 @@ impl Future for CoarseSleep {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if Instant::now() >= self.deadline {
+        if crate::coarse_monotonic_ms() >= self.deadline_ms {
             return Poll::Ready(());
         }
-        let deadline = self.deadline;
+        let deadline = self.deadline_ms;
         let key = cx.waker().data() as usize;
         WAITING.with(|w| {
             let mut w = w.borrow_mut();
@@ -84,7 +87,7 @@ impl hyper::rt::Sleep for CoarseSleep {}
 
 /// Wakes this thread's sleeps whose deadline has passed (they finish when polled).
 pub(crate) fn fire_expired() {
-    let now = Instant::now();
+    let now = crate::coarse_monotonic_ms();
     let due: Vec<Waker> = WAITING.with(|w| {
         let mut w = w.borrow_mut();
         let mut due = Vec::new();
@@ -118,7 +121,7 @@ mod tests {
         let mut first = timer.sleep(Duration::from_millis(30));
         assert!(first.as_mut().poll(&mut cx).is_pending());
         drop(first);
-        let mut next = timer.sleep(Duration::from_millis(80));
+        let mut next = timer.sleep(Duration::from_millis(200));
         assert!(next.as_mut().poll(&mut cx).is_pending());
         assert_eq!(WAITING.with(|w| w.borrow().len()), 1, "one entry per task");
         tokio::time::sleep(Duration::from_millis(40)).await;
@@ -127,7 +130,7 @@ mod tests {
             !task.woken(),
             "the task's deadline moved on with its next request"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(190)).await;
         fire_expired();
         assert!(task.woken(), "woken at the first tick after the deadline");
         assert!(next.as_mut().poll(&mut cx).is_ready());

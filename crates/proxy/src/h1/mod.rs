@@ -29,7 +29,7 @@ use std::cell::RefCell;
 use std::io;
 use std::net::SocketAddr;
 use std::task::Context;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -118,8 +118,8 @@ struct Conn {
     stream: TcpStream,
     /// Bytes read from it and not yet used.
     buf: BytesMut,
-    /// When it was last handed back.
-    since: Instant,
+    /// When it was last handed back ([`crate::coarse_monotonic_ms`]).
+    since_ms: u64,
 }
 
 thread_local! {
@@ -132,12 +132,17 @@ fn checkout(addr: SocketAddr) -> Option<Conn> {
         let mut idle = idle.borrow_mut();
         let conns = idle.get_mut(&addr)?;
         while let Some(conn) = conns.pop() {
-            if conn.since.elapsed() < IDLE_TIMEOUT && still_open(&conn.stream) {
+            if !expired(conn.since_ms) && still_open(&conn.stream) {
                 return Some(conn);
             }
         }
         None
     })
+}
+
+/// Whether a connection idle since `since_ms` is too old to use.
+fn expired(since_ms: u64) -> bool {
+    crate::coarse_monotonic_ms().saturating_sub(since_ms) >= IDLE_TIMEOUT.as_millis() as u64
 }
 
 /// Whether an idle connection is still open: the machine has neither closed it nor sent
@@ -163,7 +168,7 @@ pub(super) fn checkin(addr: SocketAddr, stream: TcpStream, buf: BytesMut) {
             conns.push(Conn {
                 stream,
                 buf,
-                since: Instant::now(),
+                since_ms: crate::coarse_monotonic_ms(),
             });
         }
     });
@@ -174,7 +179,7 @@ pub(crate) fn sweep() {
     IDLE.with(|idle| {
         let mut idle = idle.borrow_mut();
         idle.retain(|_, conns| {
-            conns.retain(|c| c.since.elapsed() < IDLE_TIMEOUT);
+            conns.retain(|c| !expired(c.since_ms));
             !conns.is_empty()
         });
     });
@@ -194,7 +199,7 @@ pub(crate) async fn send(
                 let conn = Conn {
                     stream,
                     buf: BytesMut::with_capacity(8 * 1024),
-                    since: Instant::now(),
+                    since_ms: crate::coarse_monotonic_ms(),
                 };
                 (conn, false)
             }

@@ -26,7 +26,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -72,12 +72,12 @@ pub(crate) async fn serve(
         } else {
             KEEP_ALIVE_IDLE
         };
-        let mut sleep = CoarseSleep::until(Instant::now() + wait);
+        let mut sleep = CoarseSleep::after(wait);
         let head = loop {
             if !buf.is_empty() {
                 if !head_begun {
                     head_begun = true;
-                    sleep = CoarseSleep::until(Instant::now() + HEADER_READ_TIMEOUT);
+                    sleep = CoarseSleep::after(HEADER_READ_TIMEOUT);
                 }
                 if buf.starts_with(b"PRI") {
                     // The HTTP/2 connection preface.
@@ -120,7 +120,7 @@ pub(crate) async fn serve(
         };
         // Its body (small, or it would have been handed over), in time as well.
         let body_len = head.content_length as usize;
-        let mut sleep = CoarseSleep::until(Instant::now() + HEADER_READ_TIMEOUT);
+        let mut sleep = CoarseSleep::after(HEADER_READ_TIMEOUT);
         while buf.len() < body_len {
             if !read_more(stream, &mut buf, &mut sleep).await {
                 return Outcome::Closed;
