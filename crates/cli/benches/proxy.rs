@@ -5,10 +5,13 @@
 //! the backend binds in well under 5 ms).
 //!
 //! Run: `cargo bench -p bazaar --bench proxy` (installs Debian's wrk and nginx with apt-get
-//! when missing; prints a Markdown table for BENCHMARKS.md). `BAZAAR_BENCH_SECS` (default
-//! 10) sets each wrk run's length, `BAZAAR_BENCH_CONNS` (default 64) its connections,
+//! when missing; prints Markdown tables for BENCHMARKS.md). `BAZAAR_BENCH_SECS` (default
+//! 5) sets each wrk run's length, `BAZAAR_BENCH_CONNS` (default 64) its connections,
 //! `BAZAAR_BENCH_WAKES` (default 40) the number of wake-ups, `BAZAAR_BENCH_ROUNDS`
-//! (default 3) the interleaved rounds (the median run of each path is reported).
+//! (default 8) the interleaved rounds. Reported: the median run of each path, and, round
+//! by round, bazaar against nginx (the throughput ratio, and whose p99 is lower) with the
+//! median of those ratios: the machine may be shared, and a pair run back to back sees the
+//! same conditions.
 //!
 //! The backend is this benchmark's own executable started as a machine with
 //! `BAZAAR_BENCH_BACKEND=1`: a hyper HTTP/1.1 server answering 13 bytes on `$PORT`.
@@ -25,10 +28,10 @@ fn main() {
         backend();
         return;
     }
-    let secs: u64 = env_or("BAZAAR_BENCH_SECS", 10);
+    let secs: u64 = env_or("BAZAAR_BENCH_SECS", 5);
     let conns: u64 = env_or("BAZAAR_BENCH_CONNS", 64);
     let wakes: usize = env_or("BAZAAR_BENCH_WAKES", 40);
-    let rounds: usize = env_or("BAZAAR_BENCH_ROUNDS", 3);
+    let rounds: usize = env_or("BAZAAR_BENCH_ROUNDS", 8);
     ensure_tools();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -147,6 +150,12 @@ fn main() {
             all[k].push(r);
         }
     }
+    // Round by round: bazaar (run 1) against nginx (run 2).
+    let pairs: Vec<(f64, f64, f64)> = all[1]
+        .iter()
+        .zip(&all[2])
+        .map(|(b, n)| (b.rps / n.rps, millis(&b.p99), millis(&n.p99)))
+        .collect();
     let mut rows = Vec::new();
     for ((name, _, _), mut rs) in runs.iter().zip(all) {
         rs.sort_by(|a, b| a.rps.total_cmp(&b.rps));
@@ -208,6 +217,19 @@ fn main() {
     println!(
         "\nbazaar / nginx throughput: {:.2}×; wrk: {secs} s, {conns} connections, 2 threads, GET of 13 bytes; median of {rounds} interleaved runs",
         b.rps / n.rps
+    );
+    println!("\n| round | bazaar / nginx req/s | p99 bazaar | p99 nginx |\n|---:|---:|---:|---:|");
+    for (k, (ratio, pb, pn)) in pairs.iter().enumerate() {
+        println!("| {k} | {ratio:.3}× | {pb:.2} ms | {pn:.2} ms |");
+    }
+    let mut ratios: Vec<f64> = pairs.iter().map(|p| p.0).collect();
+    ratios.sort_by(f64::total_cmp);
+    let p99_not_worse = pairs.iter().filter(|p| p.1 <= p.2).count();
+    println!(
+        "\nround by round: median throughput ratio {:.3}× (from {:.3}× to {:.3}×); bazaar's p99 at or below nginx's in {p99_not_worse} of {rounds} rounds",
+        ratios[ratios.len() / 2],
+        ratios[0],
+        ratios[ratios.len() - 1]
     );
     println!(
         "\n| wake from stopped ({wakes} wake-ups) | p50 | p99 |\n|---|---:|---:|\n| first request through the proxy | {:.1} ms | {:.1} ms |",
@@ -327,6 +349,21 @@ fn wait_ok(rt: &tokio::runtime::Runtime, url: &str, host: Option<&str>) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
+}
+
+/// A wrk latency (`987.00us`, `3.07ms`, `1.20s`) in milliseconds.
+fn millis(text: &str) -> f64 {
+    let (number, unit) = text.split_at(
+        text.find(|c: char| c.is_ascii_alphabetic())
+            .unwrap_or(text.len()),
+    );
+    let n: f64 = number.parse().unwrap_or(f64::NAN);
+    match unit {
+        "us" => n / 1e3,
+        "s" => n * 1e3,
+        "m" => n * 60e3,
+        _ => n,
+    }
 }
 
 #[derive(Debug)]
