@@ -143,10 +143,25 @@ fn main() {
         wrk(url, *host, 2, conns);
     }
     let mut all: Vec<Vec<WrkResult>> = runs.iter().map(|_| Vec::new()).collect();
+    // CPU time each proxy used per request: the agent's process (its proxy threads; the
+    // rest of it idles) and nginx's workers.
+    let mut cpu_per_request: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let agent_pid = agents[0].pid().expect("agent running");
+    let nginx_pids = children(nginx.id());
     for round in 0..rounds {
         for (k, (name, url, host)) in runs.iter().enumerate() {
+            let pids = match k {
+                1 => vec![agent_pid],
+                2 => nginx_pids.clone(),
+                _ => Vec::new(),
+            };
+            let before = cpu_seconds(&pids);
             let r = wrk(url, *host, secs, conns);
-            eprintln!("round {round}: {name}: {r:?}");
+            let used = cpu_seconds(&pids) - before;
+            if k > 0 {
+                cpu_per_request[k - 1].push(used * 1e6 / (r.rps * secs as f64));
+            }
+            eprintln!("round {round}: {name}: {r:?}, cpu {used:.2} s");
             all[k].push(r);
         }
     }
@@ -225,6 +240,18 @@ fn main() {
     let mut ratios: Vec<f64> = pairs.iter().map(|p| p.0).collect();
     ratios.sort_by(f64::total_cmp);
     let p99_not_worse = pairs.iter().filter(|p| p.1 <= p.2).count();
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (cpu_b, cpu_n) = (
+        median(&mut cpu_per_request[0]),
+        median(&mut cpu_per_request[1]),
+    );
+    println!(
+        "\nCPU time per request (median round): bazaar's proxy {cpu_b:.1} µs, nginx {cpu_n:.1} µs ({:.2}×)",
+        cpu_b / cpu_n
+    );
     println!(
         "\nround by round: median throughput ratio {:.3}× (from {:.3}× to {:.3}×); bazaar's p99 at or below nginx's in {p99_not_worse} of {rounds} rounds",
         ratios[ratios.len() / 2],
@@ -349,6 +376,40 @@ fn wait_ok(rt: &tokio::runtime::Runtime, url: &str, host: Option<&str>) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
+}
+
+/// CPU time (user + system) used so far by the processes `pids`, in seconds.
+fn cpu_seconds(pids: &[u32]) -> f64 {
+    // SAFETY: sysconf with a valid name.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .map(|stat| {
+            // Fields after the command (which may hold spaces): utime and stime are 14, 15.
+            let rest = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let field = |i: usize| fields.get(i - 3).and_then(|v| v.parse::<f64>().ok());
+            field(14).unwrap_or(0.0) + field(15).unwrap_or(0.0)
+        })
+        .sum::<f64>()
+        / ticks
+}
+
+/// The child processes of `pid` (nginx's workers).
+fn children(pid: u32) -> Vec<u32> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let list =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        let pids: Vec<u32> = list
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        if !pids.is_empty() || Instant::now() > deadline {
+            return pids;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// A wrk latency (`987.00us`, `3.07ms`, `1.20s`) in milliseconds.
