@@ -83,10 +83,14 @@ pub(crate) async fn serve(
                     // The HTTP/2 connection preface.
                     return Outcome::HandOff(buf.freeze());
                 }
-                match inspect(&buf) {
-                    Ok(Some(Some(head))) => break head,
-                    Ok(Some(None)) => return Outcome::HandOff(buf.freeze()),
-                    Ok(None) if buf.len() > MAX_HEAD_BYTES => {
+                let parsed = inspect(&buf);
+                let too_large = match &parsed {
+                    Ok(Some(Some(head))) => head.len > MAX_HEAD_BYTES,
+                    Ok(None) => buf.len() > MAX_HEAD_BYTES,
+                    _ => false,
+                };
+                match parsed {
+                    _ if too_large => {
                         let _ = stream
                             .write_all(&plain_error(
                                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -95,6 +99,8 @@ pub(crate) async fn serve(
                             .await;
                         return Outcome::Closed;
                     }
+                    Ok(Some(Some(head))) => break head,
+                    Ok(Some(None)) => return Outcome::HandOff(buf.freeze()),
                     Ok(None) => {}
                     Err(why) => {
                         let _ = stream
