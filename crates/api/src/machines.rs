@@ -378,7 +378,12 @@ async fn locate(
         return Err(not_found());
     }
     let catalog = api.catalog()?;
-    let row = catalog.machine(id);
+    let mut row = catalog.machine(id);
+    // Just restarted: other hosts' machines arrive with the first sync (a moment).
+    while row.is_none() && api.recent_host(id).is_none() && catalog.catching_up() {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        row = catalog.machine(id);
+    }
     if let Some(r) = &row {
         if r.record.app != app {
             return Err(not_found());

@@ -83,7 +83,12 @@ pub struct Catalog {
 struct Inner {
     shared: Arc<Shared>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    started: std::time::Instant,
 }
+
+/// How long after it starts a node may still be catching up with the cluster (see
+/// [`Catalog::catching_up`]).
+const CATCH_UP: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl Drop for Inner {
     fn drop(&mut self) {
@@ -119,12 +124,28 @@ impl Catalog {
             inner: Arc::new(Inner {
                 shared,
                 tasks: Mutex::new(tasks),
+                started: std::time::Instant::now(),
             }),
         })
     }
 
     fn shared(&self) -> &Shared {
         &self.inner.shared
+    }
+
+    /// Whether this node's view may still lack rows the cluster holds: it started moments
+    /// ago and has not merged a sync from a peer yet. A lookup that finds nothing is worth
+    /// waiting on then (an agent restarted a moment ago learns of other hosts' machines
+    /// from its first sync).
+    pub fn catching_up(&self) -> bool {
+        if self.inner.started.elapsed() >= CATCH_UP {
+            return false;
+        }
+        let st = self.shared().read();
+        // A node alone (no seeds, no peer heard of) has nobody to catch up with.
+        let has_peers = !self.shared().config.seeds.is_empty()
+            || st.members.iter().any(|(id, _)| id != self.node_id());
+        has_peers && !st.synced
     }
 
     /// The address peers reach this node at (UDP and TCP).

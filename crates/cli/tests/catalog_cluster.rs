@@ -133,7 +133,18 @@ async fn machines_and_host_liveness_spread_to_every_node() {
     assert_eq!(row["host_status"], "unreachable");
 
     // It comes back alive after a restart; its machine is still there, reachable again.
+    // Asked at once, its API already knows the other hosts' machines (it waits for its
+    // first sync rather than answering 404).
+    let ma = a
+        .create(&create_request("gossip", &["sleep", "1000"]))
+        .await
+        .unwrap();
+    wait_state(&a, &ma.id, MachineState::Started).await;
     agents[2].spawn(&[]).unwrap();
+    let (s, v) = Fly::new(&agents[2])
+        .get(&format!("/apps/gossip/machines/{}", ma.id))
+        .await;
+    assert_eq!(s, reqwest::StatusCode::OK, "right after a restart: {v}");
     bazaar_testkit::eventually(Duration::from_secs(10), || async {
         let alive = host_status(&agents[0], &ids[2]).await.as_deref() == Some("alive");
         let row = machine_on(&agents[0], &mc.id).await?;
