@@ -183,10 +183,14 @@ fn inspect(buf: &[u8]) -> Result<Option<Option<Head>>, String> {
     for h in req.headers.iter() {
         let name = h.name;
         if name.eq_ignore_ascii_case("content-length") {
-            let n = std::str::from_utf8(h.value)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .ok_or("bazaar proxy: malformed content-length")?;
+            // Digits only (RFC 9110 §8.6): no sign, no space, nothing a machine could read
+            // differently.
+            let value = h.value.trim_ascii();
+            let n =
+                (!value.is_empty() && value.len() <= 19 && value.iter().all(u8::is_ascii_digit))
+                    .then(|| std::str::from_utf8(value).ok()?.parse::<u64>().ok())
+                    .flatten()
+                    .ok_or("bazaar proxy: malformed content-length")?;
             if content_length.is_some_and(|m| m != n) {
                 return Err("bazaar proxy: conflicting content-length headers".into());
             }
@@ -512,6 +516,8 @@ mod tests {
         }
         for bad in [
             "GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n",
+            "GET / HTTP/1.1\r\nContent-Length: +5\r\n\r\n",
+            "GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
             "GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
             "GET\x01 / HTTP/1.1\r\n\r\n",
         ] {
