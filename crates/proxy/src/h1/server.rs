@@ -52,7 +52,18 @@ struct Head {
     len: usize,
     content_length: u64,
     keep_alive: bool,
+    method: Method,
+    http10: bool,
+    /// Where the request target is in the head.
+    target: Span,
 }
+
+/// Offset and length of some bytes of a request head.
+type Span = (u32, u32);
+
+/// Where each header's name and value are in the head (filled by [`inspect`], so that the
+/// head is parsed once).
+type HeaderSpans = Vec<(Span, Span)>;
 
 /// Serves plain HTTP/1.1 requests on `stream` until it closes or asks for more than this
 /// server does.
@@ -63,6 +74,7 @@ pub(crate) async fn serve(
 ) -> Outcome {
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let mut out = Vec::with_capacity(1024);
+    let mut spans = HeaderSpans::with_capacity(16);
     loop {
         // A whole request head, in time: an idle connection is kept for a while, a head
         // once begun must arrive whole within [`HEADER_READ_TIMEOUT`].
@@ -83,7 +95,7 @@ pub(crate) async fn serve(
                     // The HTTP/2 connection preface.
                     return Outcome::HandOff(buf.freeze());
                 }
-                let parsed = inspect(&buf);
+                let parsed = inspect(&buf, &mut spans);
                 let too_large = match &parsed {
                     Ok(Some(Some(head))) => head.len > MAX_HEAD_BYTES,
                     Ok(None) => buf.len() > MAX_HEAD_BYTES,
@@ -115,7 +127,7 @@ pub(crate) async fn serve(
             }
         };
         let head_bytes = buf.split_to(head.len).freeze();
-        let (parts, is_head) = match build_parts(&head_bytes) {
+        let parts = match build_parts(&head, &spans, &head_bytes) {
             Ok(p) => p,
             Err(why) => {
                 let _ = stream
@@ -133,10 +145,18 @@ pub(crate) async fn serve(
             }
         }
         let body = buf.split_to(body_len).freeze();
-        let parts_version = parts.version;
+        let is_head = head.method == Method::HEAD;
         let resp = handle_parts(local.clone(), peer_ip, parts, ClientBody::Buffered(body)).await;
-        let http10 = parts_version == Version::HTTP_10;
-        match write_response(stream, &mut out, resp, is_head, head.keep_alive, http10).await {
+        match write_response(
+            stream,
+            &mut out,
+            resp,
+            is_head,
+            head.keep_alive,
+            head.http10,
+        )
+        .await
+        {
             Ok(true) => {}
             Ok(false) | Err(_) => return Outcome::Closed,
         }
@@ -159,7 +179,7 @@ async fn read_more(stream: &mut TcpStream, buf: &mut BytesMut, sleep: &mut Coars
 
 /// Whether `buf` starts with a whole request head (`None`: not yet), and whether this
 /// server takes it (`Some(None)`: hand the connection to hyper). `Err`: malformed.
-fn inspect(buf: &[u8]) -> Result<Option<Option<Head>>, String> {
+fn inspect(buf: &[u8], spans: &mut HeaderSpans) -> Result<Option<Option<Head>>, String> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let len = match req.parse(buf) {
@@ -177,11 +197,23 @@ fn inspect(buf: &[u8]) -> Result<Option<Option<Head>>, String> {
     if req.method == Some("CONNECT") {
         return Ok(Some(None));
     }
+    let method = req.method.unwrap_or_default();
+    let method = Method::from_bytes(method.as_bytes())
+        .map_err(|_| format!("bazaar proxy: bad method {method:?}"))?;
+    let span = |part: &[u8]| -> Span {
+        (
+            (part.as_ptr() as usize - buf.as_ptr() as usize) as u32,
+            part.len() as u32,
+        )
+    };
+    let target = span(req.path.unwrap_or_default().as_bytes());
+    spans.clear();
     let http11 = req.version == Some(1);
     let mut keep_alive = http11;
     let mut content_length: Option<u64> = None;
     for h in req.headers.iter() {
         let name = h.name;
+        spans.push((span(name.as_bytes()), span(h.value)));
         if name.eq_ignore_ascii_case("content-length") {
             // Digits only (RFC 9110 §8.6): no sign, no space, nothing a machine could read
             // differently.
@@ -222,37 +254,47 @@ fn inspect(buf: &[u8]) -> Result<Option<Option<Head>>, String> {
         len,
         content_length,
         keep_alive,
+        method,
+        http10: !http11,
+        target,
     })))
 }
 
-/// The request's head as `http` types, sharing `head`'s bytes; `true` for a HEAD request.
-fn build_parts(head: &Bytes) -> Result<(http::request::Parts, bool), String> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    req.parse(head)
-        .map_err(|err| format!("bazaar proxy: malformed request: {err}"))?;
+/// The request's head as `http` types, sharing `bytes` (the head [`inspect`] looked at).
+fn build_parts(
+    head: &Head,
+    spans: &HeaderSpans,
+    bytes: &Bytes,
+) -> Result<http::request::Parts, String> {
+    let at = |(start, len): Span| bytes.slice(start as usize..(start + len) as usize);
     let (mut parts, ()) = Request::new(()).into_parts();
-    let method = req.method.unwrap_or_default();
-    parts.method = Method::from_bytes(method.as_bytes())
-        .map_err(|_| format!("bazaar proxy: bad method {method:?}"))?;
-    let target = req.path.unwrap_or_default();
-    parts.uri = Uri::from_maybe_shared(head.slice_ref(target.as_bytes()))
-        .map_err(|err| format!("bazaar proxy: bad request target {target:?}: {err}"))?;
-    parts.version = if req.version == Some(1) {
-        Version::HTTP_11
-    } else {
+    parts.method = head.method.clone();
+    let target = at(head.target);
+    parts.uri = Uri::from_maybe_shared(target.clone()).map_err(|err| {
+        format!(
+            "bazaar proxy: bad request target {:?}: {err}",
+            String::from_utf8_lossy(&target)
+        )
+    })?;
+    parts.version = if head.http10 {
         Version::HTTP_10
+    } else {
+        Version::HTTP_11
     };
-    parts.headers.reserve(req.headers.len());
-    for h in req.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes())
-            .map_err(|_| format!("bazaar proxy: bad header name {:?}", h.name))?;
-        let value = HeaderValue::from_maybe_shared(head.slice_ref(h.value))
-            .map_err(|_| format!("bazaar proxy: bad value for header {:?}", h.name))?;
+    parts.headers.reserve(spans.len());
+    for &(name, value) in spans {
+        let name = at(name);
+        let name = HeaderName::from_bytes(&name).map_err(|_| {
+            format!(
+                "bazaar proxy: bad header name {:?}",
+                String::from_utf8_lossy(&name)
+            )
+        })?;
+        let value = HeaderValue::from_maybe_shared(at(value))
+            .map_err(|_| format!("bazaar proxy: bad value for header {name:?}"))?;
         parts.headers.append(name, value);
     }
-    let is_head = parts.method == Method::HEAD;
-    Ok((parts, is_head))
+    Ok(parts)
 }
 
 /// Writes `resp` to the client; `Ok(false)` when the connection must close after it.
@@ -475,7 +517,7 @@ mod tests {
     use super::*;
 
     fn head(text: &str) -> Result<Option<Option<Head>>, String> {
-        inspect(text.as_bytes())
+        inspect(text.as_bytes(), &mut Vec::new())
     }
 
     #[test]
@@ -530,8 +572,10 @@ mod tests {
         let text = Bytes::from_static(
             b"HEAD /a?b=c HTTP/1.1\r\nHost: web.localhost\r\nX-A: 1\r\nX-A: 2\r\n\r\n",
         );
-        let (parts, is_head) = build_parts(&text).unwrap();
-        assert!(is_head);
+        let mut spans = Vec::new();
+        let head = inspect(&text, &mut spans).unwrap().unwrap().unwrap();
+        let parts = build_parts(&head, &spans, &text.slice(..head.len)).unwrap();
+        assert_eq!(parts.method, Method::HEAD);
         assert_eq!(parts.uri.path_and_query().unwrap().as_str(), "/a?b=c");
         assert_eq!(parts.headers["host"], "web.localhost");
         assert_eq!(parts.headers.get_all("x-a").iter().count(), 2);
