@@ -72,9 +72,19 @@ impl TestAgent {
             proxy_port: 0,
             host_id: None,
         };
-        agent.proxy_port = free_port(agent.opts.proxy_ip);
-        agent.spawn(&[])?;
-        Ok(agent)
+        // A port found free may be taken by a test alongside before the agent binds it:
+        // a first start that finds one taken tries fresh ports.
+        for attempt in 0.. {
+            agent.proxy_port = free_port(agent.opts.proxy_ip);
+            match agent.spawn(&[]) {
+                Err(err) if attempt < 5 && err.to_string().contains("Address already in use") => {
+                    agent.port = free_port(std::net::Ipv4Addr::LOCALHOST);
+                    agent.gossip_port = free_port(std::net::Ipv4Addr::LOCALHOST);
+                }
+                other => return other.map(|()| agent),
+            }
+        }
+        unreachable!("the loop returns")
     }
 
     /// Starts (again) with extra environment variables for this run only.
