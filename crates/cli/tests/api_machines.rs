@@ -5,59 +5,11 @@
 
 mod common;
 
-use bazaar_testkit::{start_cluster, TestAgent, TEST_SECRET};
+use bazaar_testkit::{start_cluster, TEST_SECRET};
 use common::*;
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{json, Value};
 use std::time::Duration;
-
-struct Fly {
-    base: String,
-    http: Client,
-}
-
-impl Fly {
-    fn new(agent: &TestAgent) -> Fly {
-        Fly {
-            base: format!("{}/v1", agent.url()),
-            http: Client::new(),
-        }
-    }
-
-    async fn call(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<Value>,
-        nonce: Option<&str>,
-    ) -> (StatusCode, Value) {
-        let mut req = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(TEST_SECRET);
-        if let Some(n) = nonce {
-            req = req.header("fly-machine-lease-nonce", n);
-        }
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status();
-        let text = resp.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-
-    async fn get(&self, path: &str) -> (StatusCode, Value) {
-        self.call(Method::GET, path, None, None).await
-    }
-
-    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        self.call(Method::POST, path, Some(body), None).await
-    }
-}
 
 fn process_config(cmd: &[&str]) -> Value {
     json!({"image": "process", "driver": "process", "init": {"exec": cmd}, "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256}})
@@ -126,7 +78,7 @@ async fn machine_lifecycle_through_the_api() {
 
     // Stop (empty body), start, restart with the query spellings, signal by number.
     let (s, _) = fly
-        .call(
+        .call_leased(
             Method::POST,
             &format!("/apps/web/machines/{id}/stop"),
             None,
@@ -147,7 +99,7 @@ async fn machine_lifecycle_through_the_api() {
     assert_eq!(v["previous_state"], "stopped");
     wait_started(&fly, "web", &id).await;
     let (s, _) = fly
-        .call(
+        .call_leased(
             Method::POST,
             &format!("/apps/web/machines/{id}/restart?timeout=5s&signal=SIGTERM"),
             None,
@@ -166,7 +118,7 @@ async fn machine_lifecycle_through_the_api() {
 
     // Leases: ttl in the query (fly-go), wrapped answer, 409 without the nonce.
     let (s, l) = fly
-        .call(
+        .call_leased(
             Method::POST,
             &format!("/apps/web/machines/{id}/lease?ttl=30"),
             None,
@@ -181,7 +133,7 @@ async fn machine_lifecycle_through_the_api() {
         .await;
     assert_eq!(s, StatusCode::CONFLICT, "{v}");
     let (s, _) = fly
-        .call(
+        .call_leased(
             Method::POST,
             &format!("/apps/web/machines/{id}/cordon"),
             None,
@@ -190,7 +142,7 @@ async fn machine_lifecycle_through_the_api() {
         .await;
     assert_eq!(s, StatusCode::OK);
     let (s, _) = fly
-        .call(
+        .call_leased(
             Method::DELETE,
             &format!("/apps/web/machines/{id}/lease"),
             None,
@@ -245,7 +197,7 @@ async fn machine_lifecycle_through_the_api() {
         .await;
     assert_eq!(s, StatusCode::CONFLICT, "{v}");
     let (s, v) = fly
-        .call(
+        .call_leased(
             Method::PUT,
             &format!("/apps/web/machines/{id}"),
             Some(json!({"config": cfg, "current_version": version})),
@@ -265,7 +217,7 @@ async fn machine_lifecycle_through_the_api() {
 
     // Destroy with fly-go's `kill`, then it lists only with include_deleted.
     let (s, _) = fly
-        .call(
+        .call_leased(
             Method::DELETE,
             &format!("/apps/web/machines/{id}?kill=true"),
             None,
@@ -301,7 +253,9 @@ async fn machine_lifecycle_through_the_api() {
             "dry run released everything"
         );
     }
-    let (s, _) = fly.call(Method::DELETE, "/apps/web", None, None).await;
+    let (s, _) = fly
+        .call_leased(Method::DELETE, "/apps/web", None, None)
+        .await;
     assert_eq!(s, StatusCode::ACCEPTED);
 }
 
@@ -358,7 +312,7 @@ async fn fly_field_spellings_both_work() {
     assert_eq!(s, StatusCode::CREATED, "{l}");
     let nonce = l["data"]["nonce"].as_str().unwrap().to_string();
     let (s, l2) = fly
-        .call(
+        .call_leased(
             Method::POST,
             &format!("/apps/quirks/machines/{id}/lease?ttl=20"),
             None,
@@ -366,7 +320,7 @@ async fn fly_field_spellings_both_work() {
         )
         .await;
     assert_eq!(s, StatusCode::OK, "refresh with the nonce: {l2}");
-    fly.call(
+    fly.call_leased(
         Method::DELETE,
         &format!("/apps/quirks/machines/{id}/lease"),
         None,
@@ -416,7 +370,7 @@ async fn fly_field_spellings_both_work() {
     .await;
     // DELETE with `force` (spec) as well as `kill` (fly-go, other test).
     let (s, _) = fly
-        .call(
+        .call_leased(
             Method::DELETE,
             &format!("/apps/quirks/machines/{id}?force=true"),
             None,
@@ -528,7 +482,7 @@ async fn bad_input_gets_the_right_4xx_and_changes_nothing() {
         .await;
     assert_eq!(l["status"], "success");
     let (s, _) = fly
-        .call(
+        .call_leased(
             Method::POST,
             &format!("/apps/bad/machines/{id}/stop"),
             Some(json!({})),
@@ -727,7 +681,7 @@ async fn a_machine_whose_host_is_down_is_shown_but_not_changed() {
             ),
         ] {
             let (s, e) = fly
-                .call(
+                .call_leased(
                     method.clone(),
                     &format!("/apps/orphan/machines/{id}{path}"),
                     body,

@@ -7,10 +7,6 @@ use bazaar_types::machine::Machine;
 use bazaar_types::state::MachineState;
 use std::time::Duration;
 
-use bazaar_testkit::TEST_SECRET;
-use reqwest::{Client, Method, StatusCode};
-use serde_json::{json, Value};
-
 pub const EXE: &str = env!("CARGO_BIN_EXE_bazaar");
 
 pub fn agent() -> TestAgent {
@@ -55,73 +51,6 @@ pub fn lines(path: &std::path::Path) -> usize {
         .unwrap_or(0)
 }
 
-#[derive(Debug)]
-/// A Fly Machines API client for tests (`/v1` of one agent, with the test secret).
-pub struct Fly {
-    base: String,
-    http: Client,
-}
-
-impl Fly {
-    pub fn new(agent: &TestAgent) -> Fly {
-        Fly {
-            base: format!("{}/v1", agent.url()),
-            http: Client::new(),
-        }
-    }
-
-    pub async fn call(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        let mut req = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(TEST_SECRET)
-            .timeout(Duration::from_secs(60));
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status();
-        let text = resp.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-
-    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
-        self.call(Method::GET, path, None).await
-    }
-
-    pub async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        self.call(Method::POST, path, Some(body)).await
-    }
-
-    pub async fn put(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        self.call(Method::PUT, path, Some(body)).await
-    }
-
-    pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
-        self.call(Method::DELETE, path, None).await
-    }
-
-    pub async fn create_app(&self, app: &str) {
-        let (s, v) = self
-            .post("/apps", json!({"app_name": app, "org_slug": "personal"}))
-            .await;
-        assert_eq!(s, StatusCode::CREATED, "{v}");
-    }
-
-    pub async fn wait_state(&self, app: &str, id: &str, state: &str) {
-        let (s, v) = self
-            .get(&format!(
-                "/apps/{app}/machines/{id}/wait?state={state}&timeout=30"
-            ))
-            .await;
-        assert_eq!(s, StatusCode::OK, "machine {id} never {state}: {v}");
-    }
-}
+/// The Machines API client (not every test binary uses it).
+#[allow(unused_imports)]
+pub use bazaar_testkit::Fly;

@@ -2,7 +2,10 @@
 //! directories, so tests and benchmarks can create machines through the host interface,
 //! SIGKILL an agent at any moment and start it again on the same data and port.
 
+mod fly;
 pub mod images;
+
+pub use fly::Fly;
 
 use bazaar_client::HostClient;
 use std::path::{Path, PathBuf};

@@ -158,16 +158,9 @@ kill_timeout = 5
         (ok, v, err)
     }
 
+    /// `GET /v1{path}` on agent 0: the answer's JSON.
     pub async fn api(&self, path: &str) -> Value {
-        self.http
-            .get(format!("{}/v1{path}", self.agents[0].url()))
-            .bearer_auth(TEST_SECRET)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        bazaar_testkit::Fly::new(&self.agents[0]).get(path).await.1
     }
 
     /// The app's live machines.

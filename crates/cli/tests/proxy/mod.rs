@@ -2,7 +2,7 @@
 //! API, and a Python backend (`tests/proxy/backend.py`) that reports the concurrency it saw.
 #![allow(dead_code)]
 
-use bazaar_testkit::{start_cluster, AgentOptions, TestAgent, TEST_SECRET};
+use bazaar_testkit::{start_cluster, AgentOptions, Fly, TestAgent};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -13,6 +13,9 @@ const BACKEND: &str = include_str!("backend.py");
 
 pub struct Cluster {
     pub agents: Vec<TestAgent>,
+    /// The Machines API of agent 0.
+    pub fly: Fly,
+    /// For requests through the proxies.
     pub http: Client,
     pub scratch: tempfile::TempDir,
     pub script: PathBuf,
@@ -40,6 +43,7 @@ impl Cluster {
         std::fs::write(&script, BACKEND).unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
         Cluster {
+            fly: Fly::new(&agents[0]),
             agents,
             http: Client::builder()
                 .pool_max_idle_per_host(64)
@@ -50,37 +54,18 @@ impl Cluster {
         }
     }
 
+    /// The Machines API of agent 0.
     pub async fn api(
         &self,
         method: Method,
         path: &str,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
-        let mut req = self
-            .http
-            .request(method, format!("{}/v1{path}", self.agents[0].url()))
-            .bearer_auth(TEST_SECRET);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status();
-        let text = resp.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        self.fly.call(method, path, body).await
     }
 
     pub async fn create_app(&self, app: &str) {
-        let (s, v) = self
-            .api(
-                Method::POST,
-                "/apps",
-                Some(json!({"app_name": app, "org_slug": "personal"})),
-            )
-            .await;
-        assert_eq!(s, StatusCode::CREATED, "{v}");
+        self.fly.create_app(app).await
     }
 
     /// Creates a machine running the backend with `service` (merged over internal port
@@ -120,14 +105,7 @@ impl Cluster {
     }
 
     pub async fn wait_state(&self, app: &str, id: &str, state: &str) {
-        let (s, v) = self
-            .api(
-                Method::GET,
-                &format!("/apps/{app}/machines/{id}/wait?state={state}&timeout=30"),
-                None,
-            )
-            .await;
-        assert_eq!(s, StatusCode::OK, "{id} never {state}: {v}");
+        self.fly.wait_state(app, id, state).await
     }
 
     pub async fn machine(&self, app: &str, id: &str) -> Value {
