@@ -78,12 +78,7 @@ async fn machine_lifecycle_through_the_api() {
 
     // Stop (empty body), start, restart with the query spellings, signal by number.
     let (s, _) = fly
-        .call_leased(
-            Method::POST,
-            &format!("/apps/web/machines/{id}/stop"),
-            None,
-            None,
-        )
+        .call(Method::POST, &format!("/apps/web/machines/{id}/stop"), None)
         .await;
     assert_eq!(s, StatusCode::OK);
     let (s, _) = fly
@@ -99,10 +94,9 @@ async fn machine_lifecycle_through_the_api() {
     assert_eq!(v["previous_state"], "stopped");
     wait_started(&fly, "web", &id).await;
     let (s, _) = fly
-        .call_leased(
+        .call(
             Method::POST,
             &format!("/apps/web/machines/{id}/restart?timeout=5s&signal=SIGTERM"),
-            None,
             None,
         )
         .await;
@@ -118,10 +112,9 @@ async fn machine_lifecycle_through_the_api() {
 
     // Leases: ttl in the query (fly-go), wrapped answer, 409 without the nonce.
     let (s, l) = fly
-        .call_leased(
+        .call(
             Method::POST,
             &format!("/apps/web/machines/{id}/lease?ttl=30"),
-            None,
             None,
         )
         .await;
@@ -197,11 +190,10 @@ async fn machine_lifecycle_through_the_api() {
         .await;
     assert_eq!(s, StatusCode::CONFLICT, "{v}");
     let (s, v) = fly
-        .call_leased(
+        .call(
             Method::PUT,
             &format!("/apps/web/machines/{id}"),
             Some(json!({"config": cfg, "current_version": version})),
-            None,
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
@@ -217,10 +209,9 @@ async fn machine_lifecycle_through_the_api() {
 
     // Destroy with fly-go's `kill`, then it lists only with include_deleted.
     let (s, _) = fly
-        .call_leased(
+        .call(
             Method::DELETE,
             &format!("/apps/web/machines/{id}?kill=true"),
-            None,
             None,
         )
         .await;
@@ -253,9 +244,7 @@ async fn machine_lifecycle_through_the_api() {
             "dry run released everything"
         );
     }
-    let (s, _) = fly
-        .call_leased(Method::DELETE, "/apps/web", None, None)
-        .await;
+    let (s, _) = fly.call(Method::DELETE, "/apps/web", None).await;
     assert_eq!(s, StatusCode::ACCEPTED);
 }
 
@@ -370,10 +359,9 @@ async fn fly_field_spellings_both_work() {
     .await;
     // DELETE with `force` (spec) as well as `kill` (fly-go, other test).
     let (s, _) = fly
-        .call_leased(
+        .call(
             Method::DELETE,
             &format!("/apps/quirks/machines/{id}?force=true"),
-            None,
             None,
         )
         .await;
@@ -681,11 +669,10 @@ async fn a_machine_whose_host_is_down_is_shown_but_not_changed() {
             ),
         ] {
             let (s, e) = fly
-                .call_leased(
+                .call(
                     method.clone(),
                     &format!("/apps/orphan/machines/{id}{path}"),
                     body,
-                    None,
                 )
                 .await;
             assert_eq!(

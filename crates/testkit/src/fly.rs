@@ -18,9 +18,14 @@ pub struct Fly {
 impl Fly {
     /// The API of `agent`.
     pub fn new(agent: &TestAgent) -> Fly {
+        Fly::with_client(agent, Client::new())
+    }
+
+    /// The API of `agent`, called through `http` (a client the test already keeps).
+    pub fn with_client(agent: &TestAgent, http: Client) -> Fly {
         Fly {
             base: format!("{}/v1", agent.url()),
-            http: Client::new(),
+            http,
         }
     }
 

@@ -3,7 +3,7 @@
 //! proxies.
 #![allow(dead_code)]
 
-use bazaar_testkit::{start_cluster, TestAgent, TEST_SECRET};
+use bazaar_testkit::{start_cluster, Fly, TestAgent, TEST_SECRET};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -58,6 +58,8 @@ pub struct Env {
     pub agents: Vec<TestAgent>,
     pub dir: tempfile::TempDir,
     pub http: reqwest::Client,
+    /// The Machines API of agent 0.
+    pub fly: Fly,
 }
 
 impl Env {
@@ -77,13 +79,15 @@ impl Env {
         let script = dir.path().join("backend.py");
         std::fs::write(&script, BACKEND).unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(16)
+            .build()
+            .unwrap();
         Env {
+            fly: Fly::with_client(&agents[0], http.clone()),
             agents,
             dir,
-            http: reqwest::Client::builder()
-                .pool_max_idle_per_host(16)
-                .build()
-                .unwrap(),
+            http,
         }
     }
 
@@ -160,7 +164,7 @@ kill_timeout = 5
 
     /// `GET /v1{path}` on agent 0: the answer's JSON.
     pub async fn api(&self, path: &str) -> Value {
-        bazaar_testkit::Fly::new(&self.agents[0]).get(path).await.1
+        self.fly.get(path).await.1
     }
 
     /// The app's live machines.
