@@ -1,0 +1,304 @@
+//! The steps an operation is made of ([`Step`](crate::record::Step)): launch a run (or
+//! resume a frozen one), signal it, wait for its exit, freeze it, release what the machine
+//! held. Each changes the machine record and adds events to the step's batch, which the
+//! actor commits before the next step begins; each is safe to run again after a crash.
+
+use super::{exit_event, Actor, Exit};
+use crate::record::{MachineRecord, OpKind, Operation, RunInfo};
+use crate::store::Batch;
+use bazaar_shim::{read_exit, ExitRecord, ShimError, ShimHandle};
+use bazaar_types::event::MachineEvent;
+use bazaar_types::now_ms;
+use bazaar_types::signal::Signal;
+use bazaar_types::state::MachineState;
+use std::time::Duration;
+
+/// How long a spawned-but-silent run directory is given before we assume its shim never
+/// started (an agent killed in the middle of spawning).
+const SPAWN_GRACE: Duration = Duration::from_secs(2);
+
+impl Actor {
+    pub(super) async fn step_launch(
+        &mut self,
+        rec: &mut MachineRecord,
+        op: &Operation,
+        b: &mut Batch,
+    ) -> StepOutcome {
+        let Some(run_id) = op.run_id else {
+            return StepOutcome::Abort;
+        };
+        // A suspended machine resumes: its frozen run is thawed, not replaced.
+        if rec.state == MachineState::Suspended {
+            if let Some(h) = &self.run {
+                match h.thaw() {
+                    Ok(()) => {
+                        rec.state = MachineState::Started;
+                        b.event(
+                            rec,
+                            MachineEvent::new("start", "started", &op.source)
+                                .with_reason("resumed"),
+                        );
+                        return StepOutcome::Continue;
+                    }
+                    Err(err) => {
+                        tracing::warn!(machine.id = %self.id, error = %err, "thaw failed, killing the run");
+                        let _ = h.kill();
+                        if let Some(h) = self.run.take() {
+                            let _ = tokio::time::timeout(Duration::from_secs(10), h.wait()).await;
+                        }
+                    }
+                }
+            }
+        }
+        let driver = self.agent.0.driver.clone();
+        let run_dir = driver.run_dir(&self.id, run_id);
+        // Idempotence: the run may already exist (we crashed after spawning it).
+        let handle = match self.find_run(&run_dir).await {
+            RunFound::Alive(h) => Ok(h),
+            RunFound::Ended => {
+                // It started and ended while the agent was down; record the start, and the
+                // exit is handled right after this operation.
+                rec.run = Some(RunInfo {
+                    run_id,
+                    shim_pid: 0,
+                    workload_pid: 0,
+                    started_at_ms: now_ms(),
+                });
+                if let Some(exit) = read_exit(&run_dir).filter(|e| e.error.is_some()) {
+                    return self.launch_failed(rec, run_id, exit, b);
+                }
+                rec.state = MachineState::Started;
+                b.event(rec, MachineEvent::new("start", "started", &op.source));
+                return StepOutcome::Continue;
+            }
+            RunFound::None => {
+                let mut events = Vec::new();
+                let launched = driver.launch(rec, run_id, &mut events).await;
+                for e in events {
+                    b.event(rec, e);
+                }
+                launched
+            }
+        };
+        match handle {
+            Ok(h) => {
+                rec.run = Some(RunInfo {
+                    run_id,
+                    shim_pid: h.shim_pid(),
+                    workload_pid: h.workload_pid(),
+                    started_at_ms: now_ms(),
+                });
+                rec.state = MachineState::Started;
+                let mut e = MachineEvent::new("start", "started", &op.source);
+                if op.kind == OpKind::PolicyRestart {
+                    e = e.with_reason("restart policy");
+                } else if op.kind == OpKind::Relaunch {
+                    e = e.with_reason("host restarted");
+                }
+                b.event(rec, e);
+                self.run = Some(h);
+                StepOutcome::Continue
+            }
+            Err(err) => {
+                let message = match err {
+                    ShimError::Launch(m) => m,
+                    other => other.to_string(),
+                };
+                let exit = read_exit(&run_dir).unwrap_or(ExitRecord {
+                    run_id,
+                    exit_code: None,
+                    signal: None,
+                    oom_killed: false,
+                    exited_at_ms: now_ms(),
+                    error: Some(message.clone()),
+                });
+                let exit = ExitRecord {
+                    error: Some(exit.error.unwrap_or(message)),
+                    ..exit
+                };
+                self.launch_failed(rec, run_id, exit, b)
+            }
+        }
+    }
+
+    fn launch_failed(
+        &mut self,
+        rec: &mut MachineRecord,
+        run_id: u64,
+        exit: ExitRecord,
+        b: &mut Batch,
+    ) -> StepOutcome {
+        tracing::warn!(machine.id = %self.id, error = ?exit.error, "launch failed");
+        rec.exit_handled_run = run_id;
+        rec.state = MachineState::Failed;
+        let ev = exit_event(
+            &Exit {
+                run_id,
+                record: exit,
+            },
+            false,
+            false,
+        );
+        b.event(rec, ev);
+        StepOutcome::Abort
+    }
+
+    async fn find_run(&self, run_dir: &std::path::Path) -> RunFound {
+        loop {
+            if read_exit(run_dir).is_some() {
+                return RunFound::Ended;
+            }
+            match ShimHandle::adopt(run_dir) {
+                Ok(Some(h)) => return RunFound::Alive(h),
+                Ok(None) => {}
+                Err(err) => {
+                    tracing::warn!(machine.id = %self.id, error = %err, "adopting run");
+                }
+            }
+            // A spec written moments ago may belong to a shim that is still starting.
+            let age = std::fs::metadata(run_dir.join("spec.json"))
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok());
+            match age {
+                Some(age) if age < SPAWN_GRACE => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                _ => return RunFound::None,
+            }
+        }
+    }
+
+    /// The stop signal and timeout of `op`: an update stops the workload that runs, so it
+    /// uses the `kill_signal`/`kill_timeout` of the version being replaced, not the new one.
+    fn stop_params(&self, rec: &MachineRecord, op: &Operation) -> (Signal, Duration) {
+        if let OpKind::Update {
+            previous_instance_id,
+            ..
+        } = &op.kind
+        {
+            let previous = self.agent.0.store.versions(&self.id).ok().and_then(|v| {
+                v.into_iter()
+                    .find(|(iid, _)| iid == previous_instance_id)
+                    .map(|(_, config)| config)
+            });
+            if let Some(config) = previous {
+                return op.kind.stop_params(&config);
+            }
+        }
+        op.kind.stop_params(&rec.config)
+    }
+
+    pub(super) fn step_signal(&mut self, rec: &mut MachineRecord, op: &Operation) -> StepOutcome {
+        let (signal, _) = self.stop_params(rec, op);
+        if let Some(h) = &self.run {
+            // A frozen process cannot act on a signal; thaw it first.
+            if rec.state == MachineState::Suspended {
+                if let Err(err) = h.thaw() {
+                    tracing::debug!(machine.id = %self.id, error = %err, "thawing before stop");
+                }
+            }
+            let result = if signal == Signal::KILL {
+                h.kill()
+            } else {
+                h.signal(signal.0)
+            };
+            if let Err(err) = result {
+                tracing::debug!(machine.id = %self.id, error = %err, "signalling run");
+            }
+            if matches!(rec.state, MachineState::Started | MachineState::Suspended) {
+                rec.state = MachineState::Stopping;
+            }
+        }
+        StepOutcome::Continue
+    }
+
+    pub(super) async fn step_await_exit(
+        &mut self,
+        rec: &mut MachineRecord,
+        op: &Operation,
+        b: &mut Batch,
+    ) -> StepOutcome {
+        let (_, timeout) = self.stop_params(rec, op);
+        if let Some(h) = self.run.take() {
+            if tokio::time::timeout(timeout, h.wait()).await.is_err() {
+                tracing::info!(machine.id = %self.id, "stop timed out, killing");
+                if let Err(err) = h.kill() {
+                    tracing::warn!(machine.id = %self.id, error = %err, "killing run");
+                }
+                if tokio::time::timeout(Duration::from_secs(10), h.wait())
+                    .await
+                    .is_err()
+                {
+                    tracing::error!(machine.id = %self.id, "run did not die after SIGKILL");
+                }
+            }
+        }
+        if let Some(run) = rec.run.filter(|r| r.run_id > rec.exit_handled_run) {
+            let exit = self.exit_of(run.run_id);
+            rec.exit_handled_run = run.run_id;
+            b.event(rec, exit_event(&exit, true, false));
+        }
+        if rec.state != MachineState::Failed && rec.state != MachineState::Created {
+            rec.state = MachineState::Stopped;
+        }
+        StepOutcome::Continue
+    }
+
+    pub(super) async fn step_release(
+        &mut self,
+        rec: &mut MachineRecord,
+        b: &mut Batch,
+    ) -> StepOutcome {
+        {
+            let mut ledger = self.agent.0.ledger.lock().await;
+            ledger.uncommit(&self.id);
+        }
+        if let Err(err) = self.agent.detach_volumes(&self.id).await {
+            tracing::error!(machine.id = %self.id, error = %err, "detaching volumes");
+        }
+        self.agent.0.driver.cleanup(&self.id).await;
+        self.agent.release_ports(rec);
+        rec.state = MachineState::Destroyed;
+        rec.destroyed_at_ms = Some(now_ms());
+        b.event(rec, MachineEvent::new("destroy", "destroyed", "user"));
+        tracing::info!(machine.id = %self.id, "machine destroyed");
+        StepOutcome::Continue
+    }
+
+    pub(super) fn step_freeze(&mut self, rec: &mut MachineRecord, b: &mut Batch) -> StepOutcome {
+        let Some(h) = &self.run else {
+            return StepOutcome::Abort;
+        };
+        match h.freeze() {
+            Ok(()) => {
+                rec.state = MachineState::Suspended;
+                b.event(rec, MachineEvent::new("suspend", "suspended", "user"));
+                StepOutcome::Continue
+            }
+            Err(err) => {
+                tracing::warn!(machine.id = %self.id, error = %err, "freeze failed");
+                b.event(
+                    rec,
+                    MachineEvent::new("suspend", "started", "flyd")
+                        .with_reason(format!("suspend failed: {err}")),
+                );
+                StepOutcome::Abort
+            }
+        }
+    }
+}
+
+/// What a step came to.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum StepOutcome {
+    Continue,
+    /// The operation cannot go on (launch failed): finish it here.
+    Abort,
+}
+
+enum RunFound {
+    Alive(ShimHandle),
+    Ended,
+    None,
+}
