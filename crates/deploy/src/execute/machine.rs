@@ -1,0 +1,285 @@
+//! What a deploy does to one machine, as steps of the strategies in [`super`]: drain
+//! (cordon, wait for in-flight requests), update and wait until it is up at the new version
+//! with its checks passing, create, relabel with a release, destroy. Each records what it
+//! changed in the run's [`Done`](super::Done), so that a rollback can undo it.
+
+use super::{lock, Change, Failure, Run};
+use crate::health;
+use crate::lease::TTL_SECS;
+use crate::progress::Event;
+use bazaar_types::config::MachineConfig;
+use std::time::Duration;
+
+/// How often a draining machine's in-flight count is read.
+const DRAIN_POLL: Duration = Duration::from_millis(25);
+
+impl Run<'_> {
+    pub(super) fn say(&self, id: &str, region: &str, message: impl Into<String>) {
+        self.progress.event(Event::Machine {
+            id: id.to_string(),
+            region: region.to_string(),
+            message: message.into(),
+        });
+    }
+
+    pub(super) fn app(&self) -> &str {
+        &self.opts.app
+    }
+
+    /// Cordons a machine (the proxies stop sending it new requests), then waits until the
+    /// requests and connections it is serving have finished, as its host's proxy counts
+    /// them, for at most `drain`.
+    async fn drain(&self, id: &str, region: &str) -> anyhow::Result<()> {
+        let nonce = self.leases.acquire(id).await?;
+        self.client
+            .action(self.app(), id, "cordon", None, Some(&nonce))
+            .await?;
+        self.say(id, region, "cordoned, draining");
+        let deadline = tokio::time::Instant::now() + self.opts.drain;
+        loop {
+            let in_flight = self.client.in_flight(self.app(), id).await?;
+            if in_flight == 0 {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                self.say(
+                    id,
+                    region,
+                    format!(
+                        "still serving {in_flight} request(s) after {:?}; stopping anyway",
+                        self.opts.drain
+                    ),
+                );
+                return Ok(());
+            }
+            tokio::time::sleep(DRAIN_POLL).await;
+        }
+    }
+
+    pub(super) async fn uncordon(&self, id: &str) -> anyhow::Result<()> {
+        let nonce = self.leases.acquire(id).await?;
+        self.client
+            .action(self.app(), id, "uncordon", None, Some(&nonce))
+            .await?;
+        Ok(())
+    }
+
+    /// Drains, updates, waits until healthy at the new version, uncordons.
+    pub(super) async fn update_one(&self, c: &Change, gate: bool) -> Result<(), Failure> {
+        let fail = |error: anyhow::Error| Failure {
+            id: c.id.clone(),
+            region: c.region.clone(),
+            error,
+        };
+        if c.stopped {
+            let nonce = self.leases.acquire(&c.id).await.map_err(fail)?;
+            if !self.rolling_back.load(std::sync::atomic::Ordering::SeqCst) {
+                lock(&self.done).updated.push(c.clone());
+            }
+            self.client
+                .update(self.app(), &c.id, &c.to, true, Some(&nonce))
+                .await
+                .map_err(fail)?;
+            self.say(&c.id, &c.region, "updated (stays stopped)");
+            self.progress.event(Event::Advance);
+            return Ok(());
+        }
+        if gate {
+            self.drain(&c.id, &c.region).await.map_err(fail)?;
+        }
+        let nonce = self.leases.acquire(&c.id).await.map_err(fail)?;
+        if !self.rolling_back.load(std::sync::atomic::Ordering::SeqCst) {
+            lock(&self.done).updated.push(c.clone());
+        }
+        let m = self
+            .client
+            .update(self.app(), &c.id, &c.to, false, Some(&nonce))
+            .await
+            .map_err(fail)?;
+        let version = m["instance_id"].as_str().map(str::to_string);
+        self.say(&c.id, &c.region, "updated, waiting for it to start");
+        self.wait_up(&c.id, &c.region, version.as_deref(), &c.to, gate)
+            .await
+            .map_err(fail)?;
+        if gate {
+            self.uncordon(&c.id).await.map_err(fail)?;
+        }
+        self.say(&c.id, &c.region, "healthy");
+        self.progress.event(Event::Advance);
+        Ok(())
+    }
+
+    async fn wait_up(
+        &self,
+        id: &str,
+        region: &str,
+        version: Option<&str>,
+        config: &MachineConfig,
+        gate: bool,
+    ) -> anyhow::Result<()> {
+        let mut timeout = self.opts.wait_timeout;
+        if self.rolling_back.load(std::sync::atomic::Ordering::SeqCst) {
+            timeout = timeout.max(Duration::from_secs(60));
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        health::wait_started(self.client, self.app(), id, version, deadline).await?;
+        if gate {
+            let n = health::service_checks(config);
+            if n > 0 {
+                self.say(id, region, format!("started, waiting for {n} check(s)"));
+            }
+            health::wait_passing(self.client, self.app(), id, version, n, deadline).await?;
+        }
+        Ok(())
+    }
+
+    /// Creates `count` machines in a region and waits until they are up.
+    pub(super) async fn create(
+        &self,
+        region: &str,
+        config: &MachineConfig,
+        count: usize,
+        cordoned: bool,
+        gate: bool,
+    ) -> Result<Vec<String>, Failure> {
+        let fail = |error: anyhow::Error| Failure {
+            id: String::new(),
+            region: region.to_string(),
+            error,
+        };
+        // A batch may place only some: ask again for the rest, a few rounds.
+        let mut ms = Vec::new();
+        for round in 0.. {
+            let want = count - ms.len();
+            if want == 0 {
+                break;
+            }
+            let got = self
+                .client
+                .create(self.app(), config, region, want, cordoned, TTL_SECS)
+                .await;
+            let got = match got {
+                Ok(g) => g,
+                Err(e)
+                    if round < 5
+                        && crate::api::status_of(&e).is_some_and(|s| s == 409 || s >= 500) =>
+                {
+                    Vec::new()
+                }
+                Err(e) => return Err(fail(e)),
+            };
+            for m in &got {
+                let id = m["id"].as_str().unwrap_or_default().to_string();
+                if let Some(n) = m["nonce"].as_str() {
+                    self.leases.adopt(&id, n);
+                }
+                lock(&self.done).created.push((id, region.to_string()));
+            }
+            if got.is_empty() {
+                if round >= 5 {
+                    return Err(fail(anyhow::anyhow!(
+                        "only {} of {count} machine(s) could be placed in {}",
+                        ms.len(),
+                        if region.is_empty() {
+                            "the default region"
+                        } else {
+                            region
+                        }
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(200 << round.min(4))).await;
+            }
+            ms.extend(got);
+        }
+        let mut ids = Vec::new();
+        for m in &ms {
+            let id = m["id"].as_str().unwrap_or_default().to_string();
+            self.say(&id, region, "created");
+            ids.push((id, m["instance_id"].as_str().map(str::to_string)));
+        }
+        let waits = ids.iter().map(|(id, v)| async move {
+            self.wait_up(id, region, v.as_deref(), config, gate)
+                .await
+                .map_err(|error| Failure {
+                    id: id.clone(),
+                    region: region.to_string(),
+                    error,
+                })?;
+            self.say(id, region, "healthy");
+            self.progress.event(Event::Advance);
+            Ok::<(), Failure>(())
+        });
+        for r in futures_util::future::join_all(waits).await {
+            r?;
+        }
+        Ok(ids.into_iter().map(|(id, _)| id).collect())
+    }
+
+    /// Drains and destroys a machine.
+    pub(super) async fn destroy(&self, id: &str, region: &str, drain: bool) -> Result<(), Failure> {
+        let fail = |error: anyhow::Error| Failure {
+            id: id.to_string(),
+            region: region.to_string(),
+            error,
+        };
+        if drain {
+            self.drain(id, region).await.map_err(fail)?;
+        }
+        let nonce = self.leases.acquire(id).await.map_err(fail)?;
+        self.client
+            .destroy(self.app(), id, Some(&nonce))
+            .await
+            .map_err(fail)?;
+        self.leases.forget(id);
+        // Gone means gone: stopped (kill_signal, then kill_timeout) and destroyed.
+        let timeout = self.opts.wait_timeout.max(Duration::from_secs(30));
+        self.client
+            .wait(self.app(), id, "destroyed", None, timeout)
+            .await
+            .map_err(fail)?;
+        lock(&self.done).destroyed.push(id.to_string());
+        self.say(id, region, "destroyed");
+        self.progress.event(Event::Advance);
+        Ok(())
+    }
+
+    /// Sets a machine's release label without restarting it.
+    pub(super) async fn relabel(
+        &self,
+        id: &str,
+        region: &str,
+        release: &str,
+    ) -> Result<(), Failure> {
+        let fail = |error: anyhow::Error| Failure {
+            id: id.to_string(),
+            region: region.to_string(),
+            error,
+        };
+        let nonce = self.leases.acquire(id).await.map_err(fail)?;
+        let old = self
+            .client
+            .machine(self.app(), id)
+            .await
+            .ok()
+            .and_then(|m| {
+                m["config"]["metadata"][crate::META_RELEASE]
+                    .as_str()
+                    .map(str::to_string)
+            });
+        self.client
+            .call(
+                reqwest::Method::POST,
+                &format!(
+                    "/apps/{}/machines/{id}/metadata/{}",
+                    self.app(),
+                    crate::META_RELEASE
+                ),
+                Some(serde_json::json!({ "value": release })),
+                Some(&nonce),
+            )
+            .await
+            .map_err(fail)?;
+        lock(&self.done).relabeled.push((id.to_string(), old));
+        Ok(())
+    }
+}
