@@ -12,6 +12,7 @@
 //! - [`error`]: the Fly error body `{"error": ..., "status": ...}`.
 //! - [`signal`]: signals by name or number.
 //! - [`volume`]: volumes (the API objects, host-interface requests, mounts, validation).
+//! - [`seccomp`]: the system calls a workload may make (both drivers' allowlist).
 //!
 //! This crate does no I/O.
 
@@ -23,6 +24,7 @@ pub mod guest;
 pub mod host;
 pub mod ids;
 pub mod machine;
+pub mod seccomp;
 pub mod signal;
 pub mod state;
 pub mod volume;
