@@ -167,10 +167,16 @@ struct ListQuery {
     app: Option<String>,
     #[serde(default)]
     include_deleted: bool,
+    #[serde(default)]
+    include_leases: bool,
 }
 
 async fn list(State(agent): State<Agent>, Query(q): Query<ListQuery>) -> ApiResult<Response> {
-    Ok(Json(agent.machines(q.app.as_deref(), q.include_deleted).await?).into_response())
+    let mut machines = agent.machines(q.app.as_deref(), q.include_deleted).await?;
+    if !q.include_leases {
+        machines.iter_mut().for_each(|m| m.lease = None);
+    }
+    Ok(Json(machines).into_response())
 }
 
 async fn create(State(agent): State<Agent>, body: Bytes) -> ApiResult<Response> {
@@ -178,8 +184,23 @@ async fn create(State(agent): State<Agent>, body: Bytes) -> ApiResult<Response> 
     Ok(Json(agent.create(req).await?).into_response())
 }
 
-async fn get_machine(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
-    Ok(Json(agent.machine(&id).await?).into_response())
+#[derive(Debug, Deserialize)]
+struct GetQuery {
+    #[serde(default)]
+    include_leases: bool,
+}
+
+/// A machine; its lease (never the nonce) only with `include_leases=true`, as on Fly.
+async fn get_machine(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    Query(q): Query<GetQuery>,
+) -> ApiResult<Response> {
+    let mut machine = agent.machine(&id).await?;
+    if !q.include_leases {
+        machine.lease = None;
+    }
+    Ok(Json(machine).into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -507,7 +528,7 @@ struct LeaseQuery {
 }
 
 /// Leases answer in the wrapped form fly-go expects: `{"status": "success", "data": lease}`.
-fn wrapped(lease: &bazaar_types::machine::Lease) -> serde_json::Value {
+fn wrapped(lease: &impl serde::Serialize) -> serde_json::Value {
     serde_json::json!({"status": "success", "data": lease})
 }
 
@@ -537,8 +558,9 @@ async fn lease_acquire(
 }
 
 async fn lease_get(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
+    // The nonce goes only to the client that acquired the lease (its acquire answer).
     match agent.lease_get(&id).await? {
-        Some(lease) => Ok(Json(wrapped(&lease)).into_response()),
+        Some(lease) => Ok(Json(wrapped(&bazaar_types::machine::LeaseInfo::from(&lease))).into_response()),
         None => Err(AgentError::LeaseNotFound(id)),
     }
 }

@@ -182,7 +182,11 @@ impl Agent {
             app: rec.app.clone(),
             host_ports: rec.host_ports.clone(),
             pid: live_run.map(|r| r.workload_pid),
-            lease: rec.lease.clone().filter(|l| l.expires_at * 1000 > now_ms()),
+            lease: rec
+                .lease
+                .as_ref()
+                .filter(|l| l.expires_at * 1000 > now_ms())
+                .map(Into::into),
         }
     }
 }

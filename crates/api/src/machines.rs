@@ -235,7 +235,7 @@ fn from_catalog(v: &bazaar_catalog::MachineView) -> serde_json::Value {
 
 /// `GET /v1/apps/{app}/machines`: the catalog's list (filters `region`, `state`,
 /// `include_deleted`, `metadata.KEY=VALUE`), with each machine's full object from its owner
-/// unless `summary=true`.
+/// unless `summary=true`, and its lease (without the nonce) with `include_leases=true`.
 pub async fn list(
     State(api): State<Api>,
     Path(app): Path<String>,
@@ -255,6 +255,7 @@ pub async fn list(
         .unwrap_or_default();
     let mut filter = bazaar_catalog::MachineFilter::app(&app);
     let mut summary = false;
+    let mut include_leases = false;
     let mut metadata: BTreeMap<String, String> = BTreeMap::new();
     for (k, v) in &params {
         match k.as_str() {
@@ -266,6 +267,7 @@ pub async fn list(
             ),
             "include_deleted" => filter.include_deleted = v == "true" || v == "1",
             "summary" => summary = v == "true" || v == "1",
+            "include_leases" => include_leases = v == "true" || v == "1",
             _ => {
                 if let Some(key) = k.strip_prefix("metadata.") {
                     metadata.insert(key.to_string(), v.clone());
@@ -291,7 +293,7 @@ pub async fn list(
         let fetches = hosts.into_iter().filter_map(|h| {
             let addr = host_addr(&api, &h)?;
             let path = format!(
-                "/host/v1/machines?app={app}&include_deleted={}",
+                "/host/v1/machines?app={app}&include_deleted={}&include_leases={include_leases}",
                 filter.include_deleted
             );
             let req = api.to_node(Method::GET, &addr.api_addr, &path);

@@ -203,8 +203,10 @@ enum MachineCommand {
     Suspend {
         id: String,
     },
+    /// Destroy a machine that is not running (stop it first, or pass --force).
     Destroy {
         id: String,
+        /// Kill it at once if it is running (or starting, or suspended).
         #[arg(long)]
         force: bool,
     },
@@ -369,13 +371,19 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
             .await
         }
         MachineCommand::Destroy { id, force } => {
-            simple(
+            let destroyed = simple(
                 c,
                 Method::DELETE,
                 &m(&id, &format!("?force={force}")),
                 &format!("destroying {id}"),
             )
-            .await
+            .await;
+            match destroyed {
+                Err(e) if !force && e.to_string().contains("force=true") => Err(e.context(
+                    format!("machine {id} is running: stop it first, or pass --force to kill and destroy it"),
+                )),
+                other => other,
+            }
         }
         MachineCommand::Exec { id, command } => {
             let v = c

@@ -88,7 +88,7 @@ async fn crash_case(op: &str, boundary: u32) {
             .await
             .map(|_| ())
         }
-        "destroy" => c.destroy(&id, false).await.map(|_| ()),
+        "destroy" => c.destroy(&id, true).await.map(|_| ()),
         _ => unreachable!(),
     };
     agent

@@ -233,7 +233,7 @@ impl Client {
         .await
     }
 
-    /// Destroys a machine (gracefully: its stop signal and timeout first).
+    /// Destroys a machine that is not running (a running one is refused: 412).
     pub async fn destroy(&self, app: &str, id: &str, nonce: Option<&str>) -> anyhow::Result<()> {
         self.call(
             Method::DELETE,

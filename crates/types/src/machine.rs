@@ -48,9 +48,10 @@ pub struct Machine {
     /// bazaar extension: the host pid of the workload while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<i32>,
-    /// The lease on the machine, if one is held (Fly's `include_leases`).
+    /// The lease on the machine, if one is held and the client asked (`include_leases`);
+    /// never its nonce.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease: Option<Lease>,
+    pub lease: Option<LeaseInfo>,
 }
 
 /// An exclusive, time-bound write lock on a machine (reference/fly.md §2.8).
@@ -65,4 +66,29 @@ pub struct Lease {
     /// The machine version when the lease was taken.
     #[serde(default)]
     pub version: String,
+}
+
+/// A lease as anyone but its holder sees it: everything but the nonce (Fly returns the
+/// nonce only to the client that acquired the lease).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct LeaseInfo {
+    /// Unix seconds.
+    pub expires_at: u64,
+    pub owner: String,
+    #[serde(default)]
+    pub description: String,
+    /// The machine version when the lease was taken.
+    #[serde(default)]
+    pub version: String,
+}
+
+impl From<&Lease> for LeaseInfo {
+    fn from(l: &Lease) -> LeaseInfo {
+        LeaseInfo {
+            expires_at: l.expires_at,
+            owner: l.owner.clone(),
+            description: l.description.clone(),
+            version: l.version.clone(),
+        }
+    }
 }

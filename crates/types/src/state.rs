@@ -172,11 +172,10 @@ pub fn check_transition(
             S::Created | S::Started | S::Stopped | S::Suspended | S::Failed => Ok(S::Started),
             _ => refuse(""),
         },
+        // As on Fly: only a machine that is not running may be destroyed without `force`.
         A::Destroy => match state {
-            S::Created | S::Stopped | S::Failed | S::Suspended => Ok(S::Destroyed),
-            // A graceful destroy of a running machine stops it first.
-            S::Started => Ok(S::Destroyed),
-            _ => refuse(""),
+            S::Created | S::Stopped | S::Failed => Ok(S::Destroyed),
+            _ => refuse(": stop it first, or destroy it with force=true"),
         },
         A::ForceDestroy => Ok(S::Destroyed),
     }
@@ -195,6 +194,13 @@ mod tests {
         assert_eq!(check_transition(S::Started, A::Stop), Ok(S::Stopped));
         assert_eq!(check_transition(S::Started, A::Restart), Ok(S::Started));
         assert_eq!(check_transition(S::Stopped, A::Destroy), Ok(S::Destroyed));
+        for running in [S::Started, S::Starting, S::Suspended] {
+            assert!(check_transition(running, A::Destroy).is_err());
+            assert_eq!(
+                check_transition(running, A::ForceDestroy),
+                Ok(S::Destroyed)
+            );
+        }
         assert_eq!(
             check_transition(S::Started, A::ForceDestroy),
             Ok(S::Destroyed)

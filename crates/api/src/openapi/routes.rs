@@ -97,6 +97,11 @@ pub(super) fn operations() -> Vec<Op> {
                 Bool,
                 "Leave out config, checks, events, host_status and nonce.",
             ),
+            Query(
+                "include_leases",
+                Bool,
+                "Show each machine's lease (without its nonce).",
+            ),
         ]),
         Op::new(
             "POST",
@@ -130,7 +135,12 @@ pub(super) fn operations() -> Vec<Op> {
             "Get a machine (from the catalog, with `host_status: unreachable`, while its host is down).",
             &[(200, "The machine.", Json(schema::<Machine>))],
             FWD,
-        ),
+        )
+        .params(&[Query(
+            "include_leases",
+            Bool,
+            "Show the machine's lease (without its nonce).",
+        )]),
         Op::new(
             "POST",
             M,
@@ -256,8 +266,8 @@ pub(super) fn operations() -> Vec<Op> {
             "/v1/apps/{app}/machines/{id}/lease",
             "MachinesShowLease",
             "leases",
-            "Get the lease held on a machine.",
-            &[(200, "The lease.", Json(schema::<wire::LeaseResponse>))],
+            "Get the lease held on a machine (without its nonce).",
+            &[(200, "The lease.", Json(schema::<wire::LeaseInfoResponse>))],
             FWD,
         ),
         Op::new(

@@ -6,7 +6,7 @@
 use bazaar_types::config::MachineConfig;
 use bazaar_types::guest::Guest;
 use bazaar_types::host::Resources;
-use bazaar_types::machine::{Lease, Machine};
+use bazaar_types::machine::{Lease, LeaseInfo, Machine};
 use bazaar_types::state::MachineState;
 use schemars::JsonSchema;
 use std::collections::BTreeMap;
@@ -139,12 +139,20 @@ pub struct StartResponse {
     new_host: String,
 }
 
-/// A lease, in the wrapped form fly-go expects.
+/// A lease, in the wrapped form fly-go expects (the acquire answer: with the nonce).
 #[derive(JsonSchema)]
 pub struct LeaseResponse {
     /// `success`.
     status: String,
     data: Lease,
+}
+
+/// The lease held on a machine, as anyone sees it (no nonce).
+#[derive(JsonSchema)]
+pub struct LeaseInfoResponse {
+    /// `success`.
+    status: String,
+    data: LeaseInfo,
 }
 
 #[derive(JsonSchema)]

@@ -226,13 +226,28 @@ impl Run<'_> {
             self.drain(id, region).await.map_err(fail)?;
         }
         let nonce = self.leases.acquire(id).await.map_err(fail)?;
+        // Gone means gone: stopped (kill_signal, then kill_timeout) and destroyed. A
+        // destroy without force refuses a running machine, so it is stopped first; 412 on
+        // the stop means there is nothing running to stop.
+        let timeout = self.opts.wait_timeout.max(Duration::from_secs(30));
+        match self
+            .client
+            .action(self.app(), id, "stop", None, Some(&nonce))
+            .await
+        {
+            Ok(_) => self
+                .client
+                .wait(self.app(), id, "stopped", None, timeout)
+                .await
+                .map_err(fail)?,
+            Err(e) if crate::api::status_of(&e) == Some(412) => {}
+            Err(e) => return Err(fail(e)),
+        }
         self.client
             .destroy(self.app(), id, Some(&nonce))
             .await
             .map_err(fail)?;
         self.leases.forget(id);
-        // Gone means gone: stopped (kill_signal, then kill_timeout) and destroyed.
-        let timeout = self.opts.wait_timeout.max(Duration::from_secs(30));
         self.client
             .wait(self.app(), id, "destroyed", None, timeout)
             .await
