@@ -99,7 +99,10 @@ pub async fn get(State(api): State<Api>, Path(app): Path<String>) -> Result<Resp
 }
 
 /// `DELETE /v1/apps/{app}`: destroys its machines (at once), then the app; its volumes are
-/// deleted in the background as soon as their machines let go of them. 202.
+/// deleted in the background as soon as their machines let go of them. 202. If a machine
+/// cannot be destroyed (leased by someone else, its host unreachable), the machines that
+/// could be are destroyed, the app and its volumes stay, and the answer (409) names the
+/// others and why.
 pub async fn destroy(
     State(api): State<Api>,
     Path(app): Path<String>,
@@ -108,25 +111,48 @@ pub async fn destroy(
     let record = catalog
         .app(&app)
         .ok_or_else(|| ApiError::NotFound(format!("app {app} not found")))?;
-    destroy_machines(&api, catalog, &app).await;
+    let left = destroy_machines(&api, catalog, &app).await;
+    if !left.is_empty() {
+        return Err(ApiError::Conflict(format!(
+            "app {app} was not deleted: {} machine(s) could not be destroyed: {}",
+            left.len(),
+            left.join("; ")
+        )));
+    }
+    if record.created_by_host != api.0.agent.host_id() {
+        // Only the host that wrote the app's record can delete it.
+        let owner = catalog.host(&record.created_by_host).ok_or_else(|| {
+            ApiError::Unavailable(format!(
+                "the host that owns app {app} is not known to this node yet; retry"
+            ))
+        })?;
+        let resp = api
+            .to_node(
+                reqwest::Method::DELETE,
+                &owner.record.api_addr,
+                &format!("/v1/apps/{app}"),
+            )
+            .send()
+            .await
+            .map_err(|e| {
+                ApiError::Unavailable(format!("the host that owns app {app} is unreachable: {e}"))
+            })?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let body: serde_json::Value = resp.json().await.unwrap_or_default();
+            let why = body["error"].as_str().unwrap_or("no reason given").to_string();
+            return Err(match status {
+                StatusCode::CONFLICT => ApiError::Conflict(why),
+                StatusCode::NOT_FOUND => ApiError::NotFound(why),
+                _ => ApiError::Unavailable(format!("the host that owns app {app}: {why}")),
+            });
+        }
+    } else {
+        catalog.delete_app(&app);
+    }
     let volumes = catalog.volumes(Some(&app));
     if !volumes.is_empty() {
         tokio::spawn(delete_volumes(api.clone(), app.clone(), volumes));
-    }
-    if record.created_by_host == api.0.agent.host_id() {
-        catalog.delete_app(&app);
-    } else if let Some(owner) = catalog.host(&record.created_by_host) {
-        // Only the host that wrote the app's record can delete it.
-        api.to_node(
-            reqwest::Method::DELETE,
-            &owner.record.api_addr,
-            &format!("/v1/apps/{app}"),
-        )
-        .send()
-        .await
-        .map_err(|e| {
-            ApiError::Unavailable(format!("the host that owns app {app} is unreachable: {e}"))
-        })?;
     }
     Ok((
         StatusCode::ACCEPTED,
@@ -136,20 +162,44 @@ pub async fn destroy(
 }
 
 /// Force-destroys every machine of `app` the local catalog knows about, on its owner.
-async fn destroy_machines(api: &Api, catalog: &bazaar_catalog::Catalog, app: &str) {
-    for m in catalog.machines(&bazaar_catalog::MachineFilter::app(app)) {
+/// Returns the machines that could not be destroyed, each with the reason.
+async fn destroy_machines(
+    api: &Api,
+    catalog: &bazaar_catalog::Catalog,
+    app: &str,
+) -> Vec<String> {
+    let machines = catalog.machines(&bazaar_catalog::MachineFilter::app(app));
+    let calls = machines.iter().map(|m| async move {
+        let id = &m.record.id;
         let Some(h) = catalog.host(&m.record.host_id) else {
-            continue;
+            return Some(format!("{id}: its host {} is unknown", m.record.host_id));
         };
-        let path = format!("/host/v1/machines/{}?force=true", m.record.id);
-        if let Err(err) = api
+        let path = format!("/host/v1/machines/{id}?force=true");
+        let resp = match api
             .to_node(reqwest::Method::DELETE, &h.record.api_addr, &path)
             .send()
             .await
         {
-            tracing::warn!(machine.id = %m.record.id, error = %err, "destroying a machine of a deleted app");
+            Ok(r) => r,
+            Err(e) => return Some(format!("{id}: its host {} is unreachable ({e})", h.record.id)),
+        };
+        // Gone already is as good as destroyed.
+        if resp.status().is_success() || resp.status() == StatusCode::NOT_FOUND {
+            return None;
         }
-    }
+        let status = resp.status();
+        let body: serde_json::Value = resp.json().await.unwrap_or_default();
+        Some(format!(
+            "{id}: {} ({})",
+            body["error"].as_str().unwrap_or("no reason given"),
+            status.as_u16()
+        ))
+    });
+    futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// Deletes the volumes of a deleted app on their owners, retrying for a minute while their
@@ -169,7 +219,7 @@ async fn delete_volumes(api: Api, app: String, volumes: Vec<bazaar_catalog::Volu
             match status {
                 Ok(s) if s == StatusCode::PRECONDITION_FAILED || s == StatusCode::CONFLICT => {
                     if let Ok(catalog) = api.catalog() {
-                        destroy_machines(&api, catalog, &app).await;
+                        let _ = destroy_machines(&api, catalog, &app).await;
                     }
                 }
                 Ok(_) => break,

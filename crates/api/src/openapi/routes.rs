@@ -69,9 +69,10 @@ pub(super) fn operations() -> Vec<Op> {
             "/v1/apps/{app}",
             "AppsDelete",
             "apps",
-            "Delete an app: destroys its machines at once, then the app.",
+            "Delete an app: destroys its machines at once, then the app. If a machine cannot \
+             be destroyed (leased by someone else, host unreachable), the app stays: 409 names it.",
             &[(202, "Accepted.", Json(schema::<wire::StatusResponse>))],
-            &[401, 404, 503],
+            &[401, 404, 409, 503],
         ),
         // Machines.
         Op::new(
