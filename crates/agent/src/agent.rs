@@ -246,7 +246,14 @@ impl Agent {
         &self.0.config
     }
 
-    /// Checks a bearer token in constant time.
+    /// True if `token` is the cluster secret (constant time): the only credential of the
+    /// host interface and the catalog, which only the cluster's own nodes and operators call.
+    pub fn is_cluster_secret(&self, token: &str) -> bool {
+        crate::secrets::constant_time_eq(self.0.cluster_secret.as_bytes(), token.as_bytes())
+    }
+
+    /// Checks a Machines API bearer token (an API token or the cluster secret) in constant
+    /// time.
     pub fn authorized(&self, token: &str) -> bool {
         let check = |tokens: &Vec<String>| {
             tokens

@@ -32,6 +32,8 @@ pub enum AgentError {
     WaitTimeout { id: String, states: String },
     #[error("unauthorized: a valid token is required (Authorization: Bearer <token>)")]
     Unauthorized,
+    #[error("forbidden: {0}")]
+    Forbidden(String),
     #[error("the agent is shutting down")]
     ShuttingDown,
     #[error("internal error: {0}")]
@@ -67,6 +69,7 @@ impl AgentError {
             Self::Capacity(_) => (StatusCode::CONFLICT, Some("insufficient_capacity")),
             Self::WaitTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, None),
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, None),
+            Self::Forbidden(_) => (StatusCode::FORBIDDEN, None),
             Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, None),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, Some("unknown")),
         }

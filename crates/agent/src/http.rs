@@ -1,7 +1,9 @@
-//! The host interface over HTTP/JSON, under `/host/v1`, authenticated with the cluster
-//! secret (or an API token) as `Authorization: Bearer <token>` (`FlyV1 <token>` also
-//! accepted). Every error is a Fly-shaped JSON body; malformed input is a 4xx and changes
-//! nothing.
+//! The host interface over HTTP/JSON, under `/host/v1`, and the catalog view `/v1/catalog`,
+//! authenticated with the cluster secret only (never a Machines API token) as
+//! `Authorization: Bearer <secret>` (`FlyV1 <secret>` also accepted): other nodes (API
+//! forwarding, the exchange, proxies) and operators (`bazaar host`, `image`, `hosts`,
+//! `status`) call it. Every error is a Fly-shaped JSON body; malformed input is a 4xx and
+//! changes nothing.
 
 use crate::agent::Agent;
 use crate::error::AgentError;
@@ -69,12 +71,18 @@ pub fn router(agent: Agent) -> Router {
         )
         .route("/volumes/{id}/extend", put(volume_extend))
         .merge(crate::images::routes())
-        .layer(middleware::from_fn_with_state(agent.clone(), require_token));
+        .layer(middleware::from_fn_with_state(
+            agent.clone(),
+            require_cluster_secret,
+        ));
     let catalog = Router::new()
         .route("/hosts", get(catalog_hosts))
         .route("/machines", get(catalog_machines))
         .route("/digest", get(catalog_digest))
-        .layer(middleware::from_fn_with_state(agent.clone(), require_token));
+        .layer(middleware::from_fn_with_state(
+            agent.clone(),
+            require_cluster_secret,
+        ));
     Router::new()
         .nest("/host/v1", host)
         .nest("/v1/catalog", catalog)
@@ -99,21 +107,40 @@ impl WithStatus for Response {
     }
 }
 
-/// The one bearer-token check of every HTTP interface of the agent (host interface, catalog,
-/// Machines API): `Authorization: Bearer <token>` or `FlyV1 <token>`, checked by
-/// [`Agent::authorized`]; 401 in the Fly shape otherwise.
-pub async fn require_token(State(agent): State<Agent>, req: Request, next: Next) -> Response {
-    let token = req
-        .headers()
+/// The bearer token of a request: `Authorization: Bearer <token>` or `FlyV1 <token>`.
+fn bearer(req: &Request) -> Option<&str> {
+    req.headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| {
             v.strip_prefix("Bearer ")
                 .or_else(|| v.strip_prefix("FlyV1 "))
                 .map(str::trim)
-        });
-    match token {
+        })
+}
+
+/// The token check of the Machines API: an API token or the cluster secret, checked by
+/// [`Agent::authorized`]; 401 in the Fly shape otherwise.
+pub async fn require_token(State(agent): State<Agent>, req: Request, next: Next) -> Response {
+    match bearer(&req) {
         Some(t) if agent.authorized(t) => next.run(req).await,
+        _ => AgentError::Unauthorized.into_response(),
+    }
+}
+
+/// The token check of the host interface and the catalog: the cluster secret only. No
+/// token (or a wrong one) is 401; a Machines API token is 403 (it is valid, but not here).
+pub async fn require_cluster_secret(
+    State(agent): State<Agent>,
+    req: Request,
+    next: Next,
+) -> Response {
+    match bearer(&req) {
+        Some(t) if agent.is_cluster_secret(t) => next.run(req).await,
+        Some(t) if agent.authorized(t) => AgentError::Forbidden(
+            "the host interface takes the cluster secret, not an API token (operators: set BAZAAR_CLUSTER_SECRET)".into(),
+        )
+        .into_response(),
         _ => AgentError::Unauthorized.into_response(),
     }
 }

@@ -40,6 +40,16 @@ impl Conn {
             .bearer_auth(token))
     }
 
+    /// The same server, called with `token` instead (the cluster secret, for the host
+    /// interface).
+    pub(crate) fn with_token(&self, token: String) -> Conn {
+        Conn {
+            api_url: self.api_url.clone(),
+            token: Some(token),
+            json: self.json,
+        }
+    }
+
     /// True when the user asked for JSON.
     pub(crate) fn json(&self) -> bool {
         self.json

@@ -1,5 +1,7 @@
-//! `bazaar host ...`: commands against one agent's host interface, at `BAZAAR_API_URL`
-//! with `BAZAAR_TOKEN`. Human tables by default, `--json` for scripts.
+//! `bazaar host ...`, `bazaar hosts`, `bazaar status`: operator commands against one agent's
+//! host interface and catalog view, at `BAZAAR_API_URL` with the cluster secret
+//! (`BAZAAR_CLUSTER_SECRET`; an API token is refused there). Human tables by default,
+//! `--json` for scripts.
 
 use anyhow::Context;
 use bazaar_client::HostClient;
@@ -17,9 +19,10 @@ pub struct HostArgs {
     /// The agent's URL.
     #[arg(long, env = "BAZAAR_API_URL", default_value = "http://127.0.0.1:4280")]
     api_url: String,
-    /// API token (or the cluster secret).
-    #[arg(long, env = "BAZAAR_TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    /// The cluster secret (`bazaar dev` writes it to .bazaar-dev/dev.env; an agent keeps
+    /// it in DATA_DIR/cluster-secret).
+    #[arg(long, env = "BAZAAR_CLUSTER_SECRET", hide_env_values = true)]
+    cluster_secret: Option<String>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -103,12 +106,18 @@ enum HostCommand {
     },
 }
 
+/// The cluster secret the host interface takes, or an error saying where to find it.
+pub(crate) fn require_secret(secret: Option<String>) -> anyhow::Result<String> {
+    secret.context(
+        "no cluster secret: the host interface takes the cluster secret, not an API token; set \
+         BAZAAR_CLUSTER_SECRET (bazaar dev writes it to .bazaar-dev/dev.env; an agent keeps it \
+         in DATA_DIR/cluster-secret) or pass --cluster-secret",
+    )
+}
+
 /// Runs a `bazaar host` command.
 pub async fn run(args: HostArgs) -> anyhow::Result<()> {
-    let token = args.token.context(
-        "no token: set BAZAAR_TOKEN (bazaar dev writes it to .bazaar-dev/dev.env) or pass --token",
-    )?;
-    let client = HostClient::new(&args.api_url, &token);
+    let client = HostClient::new(&args.api_url, &require_secret(args.cluster_secret)?);
     let json = args.json;
     match args.command {
         HostCommand::Info => {
@@ -380,8 +389,10 @@ fn print_events(events: &[bazaar_types::event::MachineEvent]) {
 pub struct CatalogArgs {
     #[arg(long, env = "BAZAAR_API_URL", default_value = "http://127.0.0.1:4280")]
     api_url: String,
-    #[arg(long, env = "BAZAAR_TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    /// The cluster secret (`bazaar dev` writes it to .bazaar-dev/dev.env; an agent keeps
+    /// it in DATA_DIR/cluster-secret).
+    #[arg(long, env = "BAZAAR_CLUSTER_SECRET", hide_env_values = true)]
+    cluster_secret: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -401,10 +412,7 @@ pub struct StatusArgs {
 }
 
 async fn catalog_get(conn: &CatalogArgs, path: &str) -> anyhow::Result<serde_json::Value> {
-    let token = conn.token.clone().context(
-        "no token: set BAZAAR_TOKEN (bazaar dev writes it to .bazaar-dev/dev.env) or pass --token",
-    )?;
-    let client = HostClient::new(&conn.api_url, &token);
+    let client = HostClient::new(&conn.api_url, &require_secret(conn.cluster_secret.clone())?);
     let url = format!("{}{path}", conn.api_url.trim_end_matches('/'));
     let req = reqwest::Client::new().get(&url);
     Ok(client.send(req, url).await?)

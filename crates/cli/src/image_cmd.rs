@@ -1,6 +1,7 @@
 //! `bazaar image ...`: the images of one host (the agent at `BAZAAR_API_URL`), through its
-//! host interface (`/host/v1/images`): list, pull with progress, import an archive made by
-//! `docker save` (or an OCI layout tar) for hosts without registry access, and prune.
+//! host interface (`/host/v1/images`, with the cluster secret `BAZAAR_CLUSTER_SECRET`):
+//! list, pull with progress, import an archive made by `docker save` (or an OCI layout tar)
+//! for hosts without registry access, and prune.
 
 use crate::api_cmd::{answer, Conn};
 use anyhow::{bail, Context};
@@ -14,6 +15,10 @@ use std::path::PathBuf;
 pub struct ImageArgs {
     #[command(flatten)]
     conn: Conn,
+    /// The cluster secret (`bazaar dev` writes it to .bazaar-dev/dev.env; an agent keeps
+    /// it in DATA_DIR/cluster-secret).
+    #[arg(long, env = "BAZAAR_CLUSTER_SECRET", hide_env_values = true, global = true)]
+    cluster_secret: Option<String>,
     #[command(subcommand)]
     command: ImageCommand,
 }
@@ -32,7 +37,9 @@ enum ImageCommand {
 
 /// Runs `bazaar image`.
 pub async fn image(a: ImageArgs) -> anyhow::Result<()> {
-    let c = &a.conn;
+    let c = &a
+        .conn
+        .with_token(crate::host_cmd::require_secret(a.cluster_secret)?);
     match a.command {
         ImageCommand::List => {
             let v = answer(c.request(Method::GET, "/host/v1/images")?.send().await?).await?;

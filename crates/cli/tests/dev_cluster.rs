@@ -112,11 +112,16 @@ async fn dev_starts_three_hosts_stops_cleanly_and_resumes() {
     let token = env["BAZAAR_TOKEN"].clone();
     assert!(token.len() >= 32);
 
-    // Three hosts, each answering with the API token, in the regions asked for.
+    let secret = env["BAZAAR_CLUSTER_SECRET"].clone();
+    // The host interface is the cluster's: the API token is refused there.
+    let refused = HostClient::new(&env["BAZAAR_API_URL"], &token).info().await;
+    assert_eq!(refused.unwrap_err().status(), Some(403));
+
+    // Three hosts, each answering with the cluster secret, in the regions asked for.
     let mut host_ids = Vec::new();
     let mut regions = Vec::new();
     for i in 0..3 {
-        let c = HostClient::new(&format!("http://127.0.0.1:{}", base + i), &token);
+        let c = HostClient::new(&format!("http://127.0.0.1:{}", base + i), &secret);
         let info = c.info().await.unwrap();
         host_ids.push(info.id);
         regions.push(info.region);
@@ -126,7 +131,7 @@ async fn dev_starts_three_hosts_stops_cleanly_and_resumes() {
     assert_eq!(host_ids.len(), 3, "three distinct hosts");
     assert_eq!(regions, vec!["ams", "ord", "ams"]);
 
-    let c = HostClient::new(&env["BAZAAR_API_URL"], &token);
+    let c = HostClient::new(&env["BAZAAR_API_URL"], &secret);
     let m = c
         .create(&create_request("devapp", &["sleep", "1000"]))
         .await
@@ -143,7 +148,7 @@ async fn dev_starts_three_hosts_stops_cleanly_and_resumes() {
     let dev = start_dev(&dir, base, gossip);
     let env2 = read_env(&dir);
     assert_eq!(env2["BAZAAR_TOKEN"], token, "same token after resume");
-    let c = HostClient::new(&env2["BAZAAR_API_URL"], &token);
+    let c = HostClient::new(&env2["BAZAAR_API_URL"], &secret);
     let back = bazaar_testkit::eventually(Duration::from_secs(20), || async {
         let x = c.machine(&m.id).await.ok()?;
         (x.state == MachineState::Started && x.pid.is_some_and(|p| p != pid)).then_some(x)

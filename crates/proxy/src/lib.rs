@@ -299,7 +299,7 @@ impl Proxy {
             )
             .layer(axum::middleware::from_fn_with_state(
                 self.0.agent.clone(),
-                bazaar_agent::http::require_token,
+                bazaar_agent::http::require_cluster_secret,
             ))
             .with_state(self.clone());
         metrics.merge(traffic)

@@ -189,6 +189,7 @@ fn error_text(code: u16) -> &'static str {
     match code {
         400 => "Invalid request.",
         401 => "A valid token is required.",
+        403 => "Forbidden: a Machines API token where only the cluster secret is accepted.",
         404 => "Not found.",
         408 => "Timed out waiting.",
         409 => "Conflict: a lease held by someone else, a version mismatch, no running process, or insufficient capacity (`status: insufficient_capacity`).",

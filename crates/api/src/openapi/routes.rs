@@ -531,18 +531,18 @@ pub(super) fn operations() -> Vec<Op> {
             "/v1/catalog/hosts",
             "CatalogHosts",
             "catalog",
-            "bazaar extension: the hosts this node's catalog knows.",
+            "bazaar extension: the hosts this node's catalog knows. Cluster secret only (operators, other nodes).",
             &[(200, "The hosts.", Json(schema::<Vec<wire::CatalogHost>>))],
-            &[401, 500],
+            &[401, 403, 500],
         ),
         Op::new(
             "GET",
             "/v1/catalog/machines",
             "CatalogMachines",
             "catalog",
-            "bazaar extension: the machines this node's catalog knows.",
+            "bazaar extension: the machines this node's catalog knows. Cluster secret only (operators, other nodes).",
             &[(200, "The machines.", Json(schema::<Vec<wire::CatalogMachine>>))],
-            &[401, 500],
+            &[401, 403, 500],
         )
         .params(&[
             Query("app", Str, "Only machines of this app."),
@@ -555,9 +555,9 @@ pub(super) fn operations() -> Vec<Op> {
             "/v1/catalog/digest",
             "CatalogDigest",
             "catalog",
-            "bazaar extension: a digest of this node's catalog (equal digests, same rows).",
+            "bazaar extension: a digest of this node's catalog (equal digests, same rows). Cluster secret only (operators, other nodes).",
             &[(200, "The digest.", Json(schema::<wire::CatalogDigest>))],
-            &[401, 500],
+            &[401, 403, 500],
         ),
     ]
 }
