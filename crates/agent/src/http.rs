@@ -96,6 +96,31 @@ pub fn router(agent: Agent) -> Router {
         .with_state(agent)
 }
 
+/// A wrong method (the router's bare 405) answered in the Fly shape, `{"error": "method not
+/// allowed"}`, keeping the router's `Allow` header. Every HTTP interface of the agent goes
+/// through it ([`crate::run_agent`]).
+pub async fn fly_shaped_method_errors(resp: Response) -> Response {
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if Response::status(&resp) != StatusCode::METHOD_NOT_ALLOWED || is_json {
+        return resp;
+    }
+    let (mut parts, _) = resp.into_parts();
+    let body = serde_json::to_vec(&bazaar_types::error::ErrorBody {
+        error: "method not allowed".into(),
+        status: None,
+    })
+    .unwrap_or_default();
+    parts.headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(body))
+}
+
 trait WithStatus {
     fn status(self, status: StatusCode) -> Response;
 }

@@ -106,7 +106,9 @@ pub async fn run_agent(
     secrets::write_private(&config.data_dir.join("api.addr"), &addr.to_string())?;
     tracing::info!(api.addr = %addr, host.id = agent.host_id(), region = %config.region, "listening");
     let stop = agent.0.shutdown.clone();
-    let app = http::router(agent.clone()).merge(extra);
+    let app = http::router(agent.clone())
+        .merge(extra)
+        .layer(axum::middleware::map_response(http::fly_shaped_method_errors));
     let server =
         axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await });
     let server = tokio::spawn(async move { server.await });

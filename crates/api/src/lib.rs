@@ -109,13 +109,19 @@ impl Api {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("application/json")
             .to_string();
+        // A 405 names the methods the route takes.
+        let allow = resp.headers().get(axum::http::header::ALLOW).cloned();
         let body = axum::body::Body::from_stream(resp.bytes_stream());
-        Ok(Ok((
+        let mut answer = (
             status,
             [(axum::http::header::CONTENT_TYPE, content_type)],
             body,
         )
-            .into_response()))
+            .into_response();
+        if let Some(allow) = allow {
+            answer.headers_mut().insert(axum::http::header::ALLOW, allow);
+        }
+        Ok(Ok(answer))
     }
 
     pub(crate) fn remember(&self, machine_id: &str, host_id: &str) {
