@@ -678,6 +678,50 @@ fn stop_params(config: &MachineConfig, req: &StopRequest) -> (Signal, Duration) 
     )
 }
 
+/// Refuses what a config asks for and no host here can do, rather than accept it silently:
+/// GPUs (no host has one: a placement refusal, `insufficient_capacity`), and fields bazaar
+/// does not act on (400 naming the field).
+fn refuse_unsupported(config: &MachineConfig, guest: &Guest) -> Result<(), AgentError> {
+    let set = |v: Option<&serde_json::Value>| match v {
+        None | Some(serde_json::Value::Null) => false,
+        Some(serde_json::Value::Object(o)) => !o.is_empty(),
+        Some(serde_json::Value::Array(a)) => !a.is_empty(),
+        Some(serde_json::Value::String(s)) => !s.is_empty(),
+        Some(serde_json::Value::Number(n)) => n.as_f64() != Some(0.0),
+        Some(serde_json::Value::Bool(b)) => *b,
+    };
+    if set(guest.extra.get("gpus")) || set(guest.extra.get("gpu_kind")) {
+        return Err(AgentError::Capacity(
+            "no host in this cluster has GPUs (guest.gpus / guest.gpu_kind)".into(),
+        ));
+    }
+    for field in ["dns", "statics", "processes"] {
+        if set(config.extra.get(field)) {
+            return Err(AgentError::Invalid(format!(
+                "config.{field} is not supported by bazaar; leave it out"
+            )));
+        }
+    }
+    if set(config.init.as_ref().and_then(|i| i.extra.get("swap_size_mb"))) {
+        return Err(AgentError::Invalid(
+            "config.init.swap_size_mb is not supported by bazaar (machines run without swap); leave it out"
+                .into(),
+        ));
+    }
+    if let Some(schedule) = &config.schedule {
+        if !schedule.is_empty() {
+            return Err(AgentError::Invalid(format!(
+                "config.schedule {schedule:?} is not supported by bazaar yet; leave it out"
+            )));
+        }
+    }
+    let service_checks = config.services.iter().flat_map(|s| &s.checks);
+    for check in config.checks.values().chain(service_checks) {
+        crate::checks::headers(check).map_err(AgentError::Invalid)?;
+    }
+    Ok(())
+}
+
 /// Validates a config and returns the resources it needs.
 pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> {
     let guest = match (&config.guest, &config.size) {
@@ -691,10 +735,12 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
         (None, None) => Guest::default(),
     };
     let size = guest.validate().map_err(AgentError::Invalid)?;
+    refuse_unsupported(config, &guest)?;
     match config.driver() {
         "process" => {
             let argv = config.init.as_ref().map(|i| i.argv()).unwrap_or_default();
             driver::validate_command(&config.env, &argv).map_err(AgentError::Invalid)?;
+            driver::work_files(config).map_err(AgentError::Invalid)?;
         }
         "oci" => {
             config

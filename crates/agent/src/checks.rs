@@ -1,7 +1,7 @@
 //! Service health checks (Fly's `services[].checks`), run by the agent that owns the
 //! machine. Every started machine of this host is checked on its own schedule (`interval`,
-//! `timeout`, `grace_period`) with a TCP connect or an HTTP request to the service's host
-//! port. Results are kept in memory and travel in the machine's catalog row
+//! `timeout`, `grace_period`) with a TCP connect or an HTTP request (`method`, `path`,
+//! `headers`) to the service's host port. Results are kept in memory and travel in the machine's catalog row
 //! (`MachineRecord.checks`, names `servicecheck-<n>-<type>-<internal port>`); the row is
 //! republished only when a status changes. The proxy routes no traffic to a machine with a
 //! `critical` service check; a failure inside the grace period after start is reported as
@@ -29,6 +29,8 @@ struct Spec {
     addr: String,
     method: String,
     path: String,
+    /// Extra request headers of an HTTP check.
+    headers: Vec<(String, String)>,
     interval: Duration,
     timeout: Duration,
     grace: Duration,
@@ -245,10 +247,62 @@ fn spec(
         addr: format!("{}:{port}", svc.address),
         method: c.method.clone().unwrap_or_else(|| "GET".into()),
         path: c.path.clone().unwrap_or_else(|| "/".into()),
+        // Checked when the config was accepted.
+        headers: headers(c).unwrap_or_default(),
         interval: c.interval.map(|d| d.get()).unwrap_or(DEFAULT_INTERVAL),
         timeout: c.timeout.map(|d| d.get()).unwrap_or(DEFAULT_TIMEOUT),
         grace: c.grace_period.map(|d| d.get()).unwrap_or_default(),
     }
+}
+
+/// The request headers of an HTTP check, as Fly spells them (`[{"name": "X", "values":
+/// ["a"]}]`) or as fly.toml does (`{"X": "a"}`); an error names what is wrong.
+pub(crate) fn headers(c: &CheckConfig) -> Result<Vec<(String, String)>, String> {
+    let invalid = |why: String| Err(format!("check headers: {why}"));
+    let mut out = Vec::new();
+    match c.extra.get("headers") {
+        None | Some(serde_json::Value::Null) => {}
+        Some(serde_json::Value::Array(list)) => {
+            for h in list {
+                let Some(name) = h["name"].as_str() else {
+                    return invalid(format!("{h} has no name"));
+                };
+                let values = match &h["values"] {
+                    serde_json::Value::Array(v) => v.clone(),
+                    serde_json::Value::Null => Vec::new(),
+                    other => vec![other.clone()],
+                };
+                for v in values {
+                    let Some(v) = v.as_str() else {
+                        return invalid(format!("header {name}: values must be strings"));
+                    };
+                    out.push((name.to_string(), v.to_string()));
+                }
+            }
+        }
+        Some(serde_json::Value::Object(map)) => {
+            for (name, v) in map {
+                let Some(v) = v.as_str() else {
+                    return invalid(format!("header {name}: the value must be a string"));
+                };
+                out.push((name.clone(), v.to_string()));
+            }
+        }
+        Some(other) => return invalid(format!("expected a list of {{name, values}}, got {other}")),
+    }
+    for (name, value) in &out {
+        let name_ok = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !name_ok {
+            return invalid(format!("invalid header name {name:?}"));
+        }
+        if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+            return invalid(format!("header {name}: the value may not contain CR, LF or NUL"));
+        }
+    }
+    Ok(out)
 }
 
 /// Runs one check: `Ok(output)` when it passes, `Err(output)` when it fails.
@@ -266,10 +320,14 @@ async fn probe(spec: &Spec) -> Result<String, String> {
     if spec.kind != "http" {
         return Ok(format!("connected to {}", spec.addr));
     }
-    let req = format!(
-        "{} {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: bazaar-check\r\nConnection: close\r\n\r\n",
+    let mut req = format!(
+        "{} {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: bazaar-check\r\nConnection: close\r\n",
         spec.method, spec.path, spec.addr
     );
+    for (name, value) in &spec.headers {
+        req.push_str(&format!("{name}: {value}\r\n"));
+    }
+    req.push_str("\r\n");
     stream
         .write_all(req.as_bytes())
         .await

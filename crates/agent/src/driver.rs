@@ -88,6 +88,7 @@ impl Driver {
         let mut env: BTreeMap<String, String> = BTreeMap::new();
         env.insert("PATH".into(), DEFAULT_PATH.into());
         env.insert("HOME".into(), workdir.display().to_string());
+        env.insert("BAZAAR_WORK_DIR".into(), workdir.display().to_string());
         env.extend(self.machine_env(rec));
         // The first service's port is PORT; every service also gets PORT_<internal>.
         for (i, svc) in rec.config.services.iter().enumerate() {
@@ -139,6 +140,16 @@ impl Driver {
         }
         let spec = self.spec(rec, run_id);
         self.give_volume_to_workload(rec);
+        let files = work_files(&rec.config).map_err(ShimError::Spec)?;
+        if !files.is_empty() {
+            let (workdir, user) = (spec.workdir.clone(), spec.user.clone());
+            tokio::task::spawn_blocking(move || {
+                bazaar_shim::write_work_files(&workdir, user.as_deref(), &files)
+            })
+            .await
+            .map_err(|e| ShimError::Launch(e.to_string()))?
+            .map_err(ShimError::Launch)?;
+        }
         ShimHandle::spawn(&self.exe, &run_dir, &spec).await
     }
 
@@ -322,4 +333,44 @@ mod tests {
         assert!(validate_command(&env, &[]).is_err());
         assert!(validate_command(&env, &["/etc/passwd".into()]).is_err());
     }
+}
+
+/// A process machine's `config.files`: each written before every start at its `guest_path`
+/// taken relative to the work directory (`/etc/app.conf` → `$BAZAAR_WORK_DIR/etc/app.conf`;
+/// the work directory is also `HOME` and the workload's cwd). An error says which file is
+/// wrong.
+pub(crate) fn work_files(
+    config: &bazaar_types::config::MachineConfig,
+) -> Result<Vec<bazaar_shim::WorkFile>, String> {
+    use base64::Engine;
+    config
+        .files
+        .iter()
+        .map(|f| {
+            let relative = f.guest_path.trim_start_matches('/');
+            if !f.guest_path.starts_with('/')
+                || relative.is_empty()
+                || relative.split('/').any(|c| c.is_empty() || c == "." || c == "..")
+            {
+                return Err(format!(
+                    "config.files: guest_path {:?} must be an absolute path to a file, without . or ..",
+                    f.guest_path
+                ));
+            }
+            let Some(raw) = &f.raw_value else {
+                return Err(format!(
+                    "config.files {}: raw_value (base64) is required",
+                    f.guest_path
+                ));
+            };
+            let contents = base64::engine::general_purpose::STANDARD
+                .decode(raw)
+                .map_err(|e| format!("config.files {}: raw_value is not base64: {e}", f.guest_path))?;
+            Ok(bazaar_shim::WorkFile {
+                path: relative.into(),
+                contents,
+                mode: f.mode.unwrap_or(0o644) & 0o7777,
+            })
+        })
+        .collect()
 }

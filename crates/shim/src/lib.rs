@@ -84,6 +84,7 @@ mod log;
 mod supervisor;
 mod sys;
 mod user;
+mod work_files;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -93,6 +94,7 @@ use serde::{Deserialize, Serialize};
 pub use cgroup::{cgroups_available, remove_cgroup};
 pub use handle::ShimHandle;
 pub use supervisor::shim_main;
+pub use work_files::{write_work_files, WorkFile};
 
 /// File in RUN_DIR holding the [`ShimSpec`], written by the agent before the shim starts.
 pub const SPEC_FILE: &str = "spec.json";

@@ -1,0 +1,156 @@
+//! Files written into a process machine's work directory before its workload starts (Fly's
+//! `config.files`, which an image machine gets in its root filesystem). The work directory
+//! belongs to the workload, which may have left symlinks in it: every path is opened beneath
+//! it with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`, so a write never leaves it.
+//! Directories created and the files are owned by the workload user.
+
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+
+use crate::user::Credentials;
+
+/// One file: `path` relative to the work directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkFile {
+    pub path: PathBuf,
+    pub contents: Vec<u8>,
+    pub mode: u32,
+}
+
+/// Writes `files` into `workdir` (created if missing) for a workload running as `user`
+/// ([`crate::ShimSpec::user`]); an error names the file.
+pub fn write_work_files(
+    workdir: &Path,
+    user: Option<&str>,
+    files: &[WorkFile],
+) -> Result<(), String> {
+    if files.is_empty() {
+        return Ok(());
+    }
+    let (euid, egid) = crate::sys::effective_ids();
+    let creds = crate::user::resolve(user, euid, egid)?;
+    crate::launch::prepare_workdir(workdir, creds.as_ref())?;
+    let root = rustix::fs::open(
+        workdir,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("workdir {}: {e}", workdir.display()))?;
+    for f in files {
+        write_one(&root, f, creds.as_ref())
+            .map_err(|e| format!("config.files {}: {e}", f.path.display()))?;
+    }
+    Ok(())
+}
+
+fn write_one(root: &OwnedFd, f: &WorkFile, creds: Option<&Credentials>) -> Result<(), String> {
+    let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    let mut names = Vec::new();
+    for c in f.path.components() {
+        match c {
+            Component::Normal(n) => names.push(n),
+            _ => return Err("must be a plain path without . or ..".into()),
+        }
+    }
+    let Some((file, dirs)) = names.split_last() else {
+        return Err("empty path".into());
+    };
+    let mut dir = rustix::fs::openat2(
+        root,
+        ".",
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+        how,
+    )
+    .map_err(|e| e.to_string())?;
+    for name in dirs {
+        let created = match rustix::fs::mkdirat(&dir, *name, Mode::from_raw_mode(0o755)) {
+            Ok(()) => true,
+            Err(rustix::io::Errno::EXIST) => false,
+            Err(e) => return Err(format!("creating {}: {e}", Path::new(name).display())),
+        };
+        let next = rustix::fs::openat2(
+            &dir,
+            *name,
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+            how,
+        )
+        .map_err(|e| format!("opening {}: {e}", Path::new(name).display()))?;
+        if created {
+            give(&next, creds)?;
+        }
+        dir = next;
+    }
+    let fd = rustix::fs::openat2(
+        &dir,
+        *file,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::CLOEXEC,
+        Mode::from_raw_mode(f.mode),
+        how,
+    )
+    .map_err(|e| e.to_string())?;
+    // The umask may have narrowed the mode asked for.
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(f.mode)).map_err(|e| e.to_string())?;
+    give(&fd, creds)?;
+    std::fs::File::from(fd)
+        .write_all(&f.contents)
+        .map_err(|e| e.to_string())
+}
+
+/// Hands a file or directory to the workload user.
+fn give(fd: &OwnedFd, creds: Option<&Credentials>) -> Result<(), String> {
+    let Some(c) = creds else { return Ok(()) };
+    rustix::fs::fchown(
+        fd,
+        Some(rustix::fs::Uid::from_raw(c.uid)),
+        Some(rustix::fs::Gid::from_raw(c.gid)),
+    )
+    .map_err(|e| format!("chown: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str, contents: &str) -> WorkFile {
+        WorkFile {
+            path: path.into(),
+            contents: contents.as_bytes().to_vec(),
+            mode: 0o640,
+        }
+    }
+
+    #[test]
+    fn files_are_written_beneath_the_workdir_with_their_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("work");
+        write_work_files(&work, None, &[file("etc/app/conf.toml", "x = 1\n")]).unwrap();
+        let written = work.join("etc/app/conf.toml");
+        assert_eq!(std::fs::read_to_string(&written).unwrap(), "x = 1\n");
+        let mode = std::fs::metadata(&written).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o640);
+        // Written again (the next start): replaced, not appended.
+        write_work_files(&work, None, &[file("etc/app/conf.toml", "x = 2\n")]).unwrap();
+        assert_eq!(std::fs::read_to_string(&written).unwrap(), "x = 2\n");
+    }
+
+    #[test]
+    fn a_symlink_left_in_the_workdir_is_never_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("work");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(&work).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, work.join("etc")).unwrap();
+        std::os::unix::fs::symlink(outside.join("secret"), work.join("f")).unwrap();
+        assert!(write_work_files(&work, None, &[file("etc/passwd", "x")]).is_err());
+        assert!(write_work_files(&work, None, &[file("f", "x")]).is_err());
+        assert!(write_work_files(&work, None, &[file("../escape", "x")]).is_err());
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+    }
+}
