@@ -26,6 +26,8 @@ use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
+#[cfg(test)]
+mod coverage;
 mod routes;
 mod wire;
 
