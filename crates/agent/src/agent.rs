@@ -702,7 +702,11 @@ fn refuse_unsupported(config: &MachineConfig, guest: &Guest) -> Result<(), Agent
             )));
         }
     }
-    if set(config.init.as_ref().and_then(|i| i.extra.get("swap_size_mb"))) {
+    if set(config
+        .init
+        .as_ref()
+        .and_then(|i| i.extra.get("swap_size_mb")))
+    {
         return Err(AgentError::Invalid(
             "config.init.swap_size_mb is not supported by bazaar (machines run without swap); leave it out"
                 .into(),

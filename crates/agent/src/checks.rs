@@ -299,7 +299,9 @@ pub(crate) fn headers(c: &CheckConfig) -> Result<Vec<(String, String)>, String> 
             return invalid(format!("invalid header name {name:?}"));
         }
         if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
-            return invalid(format!("header {name}: the value may not contain CR, LF or NUL"));
+            return invalid(format!(
+                "header {name}: the value may not contain CR, LF or NUL"
+            ));
         }
     }
     Ok(out)

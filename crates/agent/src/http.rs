@@ -612,7 +612,9 @@ async fn lease_acquire(
 async fn lease_get(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
     // The nonce goes only to the client that acquired the lease (its acquire answer).
     match agent.lease_get(&id).await? {
-        Some(lease) => Ok(Json(wrapped(&bazaar_types::machine::LeaseInfo::from(&lease))).into_response()),
+        Some(lease) => {
+            Ok(Json(wrapped(&bazaar_types::machine::LeaseInfo::from(&lease))).into_response())
+        }
         None => Err(AgentError::LeaseNotFound(id)),
     }
 }

@@ -108,7 +108,9 @@ pub async fn run_agent(
     let stop = agent.0.shutdown.clone();
     let app = http::router(agent.clone())
         .merge(extra)
-        .layer(axum::middleware::map_response(http::fly_shaped_method_errors));
+        .layer(axum::middleware::map_response(
+            http::fly_shaped_method_errors,
+        ));
     let server =
         axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await });
     let server = tokio::spawn(async move { server.await });

@@ -140,7 +140,10 @@ pub async fn destroy(
         if !resp.status().is_success() {
             let status = resp.status();
             let body: serde_json::Value = resp.json().await.unwrap_or_default();
-            let why = body["error"].as_str().unwrap_or("no reason given").to_string();
+            let why = body["error"]
+                .as_str()
+                .unwrap_or("no reason given")
+                .to_string();
             return Err(match status {
                 StatusCode::CONFLICT => ApiError::Conflict(why),
                 StatusCode::NOT_FOUND => ApiError::NotFound(why),
@@ -163,11 +166,7 @@ pub async fn destroy(
 
 /// Force-destroys every machine of `app` the local catalog knows about, on its owner.
 /// Returns the machines that could not be destroyed, each with the reason.
-async fn destroy_machines(
-    api: &Api,
-    catalog: &bazaar_catalog::Catalog,
-    app: &str,
-) -> Vec<String> {
+async fn destroy_machines(api: &Api, catalog: &bazaar_catalog::Catalog, app: &str) -> Vec<String> {
     let machines = catalog.machines(&bazaar_catalog::MachineFilter::app(app));
     let calls = machines.iter().map(|m| async move {
         let id = &m.record.id;
@@ -181,7 +180,12 @@ async fn destroy_machines(
             .await
         {
             Ok(r) => r,
-            Err(e) => return Some(format!("{id}: its host {} is unreachable ({e})", h.record.id)),
+            Err(e) => {
+                return Some(format!(
+                    "{id}: its host {} is unreachable ({e})",
+                    h.record.id
+                ))
+            }
         };
         // Gone already is as good as destroyed.
         if resp.status().is_success() || resp.status() == StatusCode::NOT_FOUND {

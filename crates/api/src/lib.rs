@@ -119,7 +119,9 @@ impl Api {
         )
             .into_response();
         if let Some(allow) = allow {
-            answer.headers_mut().insert(axum::http::header::ALLOW, allow);
+            answer
+                .headers_mut()
+                .insert(axum::http::header::ALLOW, allow);
         }
         Ok(Ok(answer))
     }

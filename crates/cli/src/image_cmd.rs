@@ -17,7 +17,12 @@ pub struct ImageArgs {
     conn: Conn,
     /// The cluster secret (`bazaar dev` writes it to .bazaar-dev/dev.env; an agent keeps
     /// it in DATA_DIR/cluster-secret).
-    #[arg(long, env = "BAZAAR_CLUSTER_SECRET", hide_env_values = true, global = true)]
+    #[arg(
+        long,
+        env = "BAZAAR_CLUSTER_SECRET",
+        hide_env_values = true,
+        global = true
+    )]
     cluster_secret: Option<String>,
     #[command(subcommand)]
     command: ImageCommand,

@@ -91,7 +91,10 @@ async fn lifecycle_create_stop_start_restart_update_destroy() {
 
     let pid4 = m4.pid.unwrap();
     // A running machine is destroyed only with force (412 otherwise, as on Fly).
-    assert_eq!(c.destroy(&m.id, false).await.unwrap_err().status(), Some(412));
+    assert_eq!(
+        c.destroy(&m.id, false).await.unwrap_err().status(),
+        Some(412)
+    );
     c.destroy(&m.id, true).await.unwrap();
     wait_state(&c, &m.id, MachineState::Destroyed).await;
     assert!(!pid_alive(pid4));

@@ -293,3 +293,161 @@ async fn openapi_document_describes_the_served_routes() {
         }
     }
 }
+
+/// The schema `s` with its `$ref` resolved against the document.
+fn resolve<'a>(doc: &'a Value, s: &'a Value) -> &'a Value {
+    match s["$ref"].as_str() {
+        Some(r) => {
+            let name = r.strip_prefix("#/components/schemas/").expect("local $ref");
+            resolve(doc, &doc["components"]["schemas"][name])
+        }
+        None => s,
+    }
+}
+
+/// Where `value` lacks a property that `schema` requires (recursively, through objects,
+/// arrays and `anyOf` alternatives): `None` when it has them all.
+fn missing_required(doc: &Value, schema: &Value, value: &Value, at: &str) -> Option<String> {
+    let schema = resolve(doc, schema);
+    if let Some(alternatives) = schema["anyOf"].as_array().or(schema["oneOf"].as_array()) {
+        let misses: Vec<String> = alternatives
+            .iter()
+            .filter_map(|a| missing_required(doc, a, value, at))
+            .collect();
+        return (misses.len() == alternatives.len()).then(|| misses.join(" / "));
+    }
+    if let (Some(items), Some(list)) = (schema.get("items"), value.as_array()) {
+        return list
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| missing_required(doc, items, v, &format!("{at}[{i}]")));
+    }
+    let object = value.as_object()?;
+    for key in schema["required"].as_array().into_iter().flatten() {
+        let key = key.as_str().unwrap();
+        if !object.contains_key(key) {
+            return Some(format!("{at}.{key}"));
+        }
+    }
+    let properties = schema["properties"].as_object()?;
+    object.iter().find_map(|(k, v)| {
+        let s = properties.get(k)?;
+        missing_required(doc, s, v, &format!("{at}.{k}"))
+    })
+}
+
+/// Real answers of the main operations carry every property the document says is required.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_answers_have_the_documented_required_properties() {
+    let agents = start_cluster(
+        std::path::Path::new(env!("CARGO_BIN_EXE_bazaar")),
+        1,
+        |_, _| {},
+    )
+    .expect("agent starts");
+    let base = agents[0].url();
+    let http = Client::new();
+    let doc: Value = http
+        .get(format!("{base}/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let call = |method: Method, path: String, body: Option<Value>| {
+        let mut req = http
+            .request(method, format!("{base}{path}"))
+            .bearer_auth(TEST_SECRET);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            let status = resp.status();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    // Checks one answer against the documented schema of `method path` for its status.
+    let check = |method: &str, path: &str, status: StatusCode, answer: &Value| {
+        let schema = &doc["paths"][path][method]["responses"][status.as_str()]["content"]
+            ["application/json"]["schema"];
+        assert!(
+            schema.is_object(),
+            "{method} {path}: {status} is not documented with a body"
+        );
+        if let Some(miss) = missing_required(&doc, schema, answer, "answer") {
+            panic!("{method} {path}: {miss} is documented as required but missing: {answer}");
+        }
+    };
+    let (s, app) = call(
+        Method::POST,
+        "/v1/apps".into(),
+        Some(json!({"app_name": "shapes", "org_slug": "personal"})),
+    )
+    .await;
+    check("post", "/v1/apps", s, &app);
+    let (s, v) = call(Method::GET, "/v1/apps/shapes".into(), None).await;
+    check("get", "/v1/apps/{app}", s, &v);
+    let (s, v) = call(Method::GET, "/v1/apps".into(), None).await;
+    check("get", "/v1/apps", s, &v);
+
+    let config = json!({"image": "process", "driver": "process", "init": {"exec": ["sleep", "100"]},
+                        "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256}});
+    let (s, m) = call(
+        Method::POST,
+        "/v1/apps/shapes/machines".into(),
+        Some(json!({"config": config})),
+    )
+    .await;
+    check("post", "/v1/apps/{app}/machines", s, &m);
+    let id = m["id"].as_str().unwrap().to_string();
+    let (s, _) = call(
+        Method::GET,
+        format!("/v1/apps/shapes/machines/{id}/wait?state=started&timeout=30"),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let machine = "/v1/apps/{app}/machines/{id}";
+    let (s, v) = call(Method::GET, format!("/v1/apps/shapes/machines/{id}"), None).await;
+    check("get", machine, s, &v);
+    for query in ["", "?summary=true", "?include_leases=true"] {
+        let (s, v) = call(
+            Method::GET,
+            format!("/v1/apps/shapes/machines{query}"),
+            None,
+        )
+        .await;
+        assert_eq!(v.as_array().map(Vec::len), Some(1), "{query}: {v}");
+        check("get", "/v1/apps/{app}/machines", s, &v);
+    }
+    let lease = format!("{machine}/lease");
+    let (s, v) = call(
+        Method::POST,
+        format!("/v1/apps/shapes/machines/{id}/lease"),
+        Some(json!({"ttl": 30})),
+    )
+    .await;
+    check("post", &lease, s, &v);
+    let (s, v) = call(
+        Method::GET,
+        format!("/v1/apps/shapes/machines/{id}/lease"),
+        None,
+    )
+    .await;
+    check("get", &lease, s, &v);
+
+    let (s, vol) = call(
+        Method::POST,
+        "/v1/apps/shapes/volumes".into(),
+        Some(json!({"name": "data", "size_gb": 1, "region": "local"})),
+    )
+    .await;
+    check("post", "/v1/apps/{app}/volumes", s, &vol);
+    let vid = vol["id"].as_str().unwrap();
+    let (s, v) = call(Method::GET, format!("/v1/apps/shapes/volumes/{vid}"), None).await;
+    check("get", "/v1/apps/{app}/volumes/{id}", s, &v);
+    let (s, v) = call(Method::GET, "/v1/apps/shapes/volumes".into(), None).await;
+    check("get", "/v1/apps/{app}/volumes", s, &v);
+}

@@ -196,10 +196,7 @@ mod tests {
         assert_eq!(check_transition(S::Stopped, A::Destroy), Ok(S::Destroyed));
         for running in [S::Started, S::Starting, S::Suspended] {
             assert!(check_transition(running, A::Destroy).is_err());
-            assert_eq!(
-                check_transition(running, A::ForceDestroy),
-                Ok(S::Destroyed)
-            );
+            assert_eq!(check_transition(running, A::ForceDestroy), Ok(S::Destroyed));
         }
         assert_eq!(
             check_transition(S::Started, A::ForceDestroy),

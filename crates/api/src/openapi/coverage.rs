@@ -126,7 +126,10 @@ fn the_parser_reads_chained_and_multiline_routes() {
         routes(src),
         vec![
             ("/a/{id}".into(), vec!["get".into(), "post".into()]),
-            ("/b".into(), vec!["get".into(), "put".into(), "delete".into()]),
+            (
+                "/b".into(),
+                vec!["get".into(), "put".into(), "delete".into()]
+            ),
             ("/c".into(), vec!["get".into()]),
             ("/d/{*rest}".into(), vec!["any".into()]),
         ]

@@ -1,0 +1,407 @@
+//! Defects of the Machines API (issue 19), each pinned by a test on a real agent: lease
+//! nonces shown to anyone, destroy ignoring `force`, app deletes that orphan machines, the
+//! host interface taking API tokens, config fields accepted and never acted on, and bare
+//! 405s.
+
+use bazaar_testkit::{start_cluster, AgentOptions, Fly, TestAgent, TEST_SECRET};
+use reqwest::{Client, Method, StatusCode};
+use serde_json::{json, Value};
+
+const EXE: &str = env!("CARGO_BIN_EXE_bazaar");
+/// A Machines API token (not the cluster secret) the test agents accept.
+const API_TOKEN: &str = "an-api-token-for-tests-0123456789";
+
+fn process_config(cmd: &[&str]) -> Value {
+    json!({"image": "process", "driver": "process", "init": {"exec": cmd},
+           "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256}})
+}
+
+/// One agent that also accepts [`API_TOKEN`], and an app `app` on it.
+async fn agent_with_app(app: &str) -> (TestAgent, Fly, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("api-tokens");
+    std::fs::write(&tokens, format!("{API_TOKEN}\n")).unwrap();
+    let mut agents = start_cluster(std::path::Path::new(EXE), 1, |_, o: &mut AgentOptions| {
+        o.extra_args
+            .extend(["--token-file".into(), tokens.display().to_string()]);
+    })
+    .expect("agent starts");
+    let agent = agents.remove(0);
+    let fly = Fly::new(&agent);
+    fly.create_app(app).await;
+    (agent, fly, dir)
+}
+
+async fn create(fly: &Fly, app: &str, body: Value) -> String {
+    let (s, m) = fly.post(&format!("/apps/{app}/machines"), body).await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    m["id"].as_str().unwrap().to_string()
+}
+
+/// `method url` with `token`: status, `Allow` header and body.
+async fn raw(method: Method, url: &str, token: Option<&str>) -> (StatusCode, String, Value) {
+    let mut req = Client::new().request(method, url);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.json(&json!({})).send().await.unwrap();
+    let status = resp.status();
+    let allow = resp
+        .headers()
+        .get("allow")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        allow,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_nonce_is_only_in_the_answer_that_acquired_it() {
+    let (_agent, fly, _dir) = agent_with_app("leases").await;
+    let id = create(
+        &fly,
+        "leases",
+        json!({"config": process_config(&["sleep", "100"]), "skip_launch": true}),
+    )
+    .await;
+    let m = format!("/apps/leases/machines/{id}");
+    let (s, l) = fly.post(&format!("{m}/lease"), json!({"ttl": 60})).await;
+    assert_eq!(s, StatusCode::CREATED, "{l}");
+    let nonce = l["data"]["nonce"].as_str().unwrap().to_string();
+    assert!(!nonce.is_empty());
+
+    // Nobody else sees it: not in the machine, the list, or the lease.
+    for path in [
+        m.clone(),
+        format!("{m}?include_leases=true"),
+        "/apps/leases/machines".to_string(),
+        "/apps/leases/machines?include_leases=true".to_string(),
+        format!("{m}/lease"),
+    ] {
+        let (s, v) = fly.get(&path).await;
+        assert_eq!(s, StatusCode::OK, "{path}: {v}");
+        assert!(
+            !v.to_string().contains(&nonce),
+            "{path} shows the lease nonce: {v}"
+        );
+    }
+    // GET lease: the lease without its nonce.
+    let (_, v) = fly.get(&format!("{m}/lease")).await;
+    assert_eq!(v["status"], "success");
+    assert!(v["data"]["expires_at"].as_u64().is_some(), "{v}");
+    assert!(v["data"]["owner"].is_string(), "{v}");
+    assert!(v["data"].get("nonce").is_none(), "{v}");
+    // The lease is shown only with include_leases.
+    let (_, v) = fly.get(&m).await;
+    assert!(v.get("lease").is_none(), "{v}");
+    let (_, v) = fly.get(&format!("{m}?include_leases=true")).await;
+    assert!(v["lease"]["expires_at"].as_u64().is_some(), "{v}");
+    let (_, v) = fly.get("/apps/leases/machines").await;
+    assert!(v[0].get("lease").is_none(), "{v}");
+    let (_, v) = fly.get("/apps/leases/machines?include_leases=true").await;
+    assert!(v[0]["lease"]["expires_at"].as_u64().is_some(), "{v}");
+
+    // The holder still proves itself with the nonce it was given.
+    let (s, v) = fly
+        .call_leased(Method::POST, &format!("{m}/cordon"), None, Some(&nonce))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    // A create with lease_ttl answers its nonce to its creator, as on Fly.
+    let (s, v) = fly
+        .post(
+            "/apps/leases/machines",
+            json!({"config": process_config(&["sleep", "100"]), "skip_launch": true, "lease_ttl": 30}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert!(v["nonce"].as_str().is_some_and(|n| !n.is_empty()), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroying_a_running_machine_needs_force() {
+    let (_agent, fly, _dir) = agent_with_app("force").await;
+    let id = create(
+        &fly,
+        "force",
+        json!({"config": process_config(&["sleep", "1000"])}),
+    )
+    .await;
+    fly.wait_state("force", &id, "started").await;
+    let m = format!("/apps/force/machines/{id}");
+    let (s, v) = fly.delete(&m).await;
+    assert_eq!(s, StatusCode::PRECONDITION_FAILED, "{v}");
+    let why = v["error"].as_str().unwrap();
+    assert!(why.contains("force=true"), "{why}");
+    // Nothing changed.
+    let (_, v) = fly.get(&m).await;
+    assert_eq!(v["state"], "started", "{v}");
+    let (s, v) = fly.delete(&format!("{m}?force=true")).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    fly.wait_state("force", &id, "destroyed").await;
+
+    // A machine that is not running goes without force.
+    let id = create(
+        &fly,
+        "force",
+        json!({"config": process_config(&["sleep", "1000"]), "skip_launch": true}),
+    )
+    .await;
+    let (s, v) = fly.delete(&format!("/apps/force/machines/{id}")).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    fly.wait_state("force", &id, "destroyed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_with_a_machine_that_cannot_be_destroyed_is_kept() {
+    let (_agent, fly, _dir) = agent_with_app("keep").await;
+    let config = process_config(&["sleep", "1000"]);
+    let free = create(&fly, "keep", json!({"config": config})).await;
+    let leased = create(&fly, "keep", json!({"config": config})).await;
+    let (s, l) = fly
+        .post(
+            &format!("/apps/keep/machines/{leased}/lease"),
+            json!({"ttl": 120}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{l}");
+    let nonce = l["data"]["nonce"].as_str().unwrap().to_string();
+
+    let (s, v) = fly.delete("/apps/keep").await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    let why = v["error"].as_str().unwrap();
+    assert!(why.contains(&leased), "names the machine: {why}");
+    assert!(why.contains("lease"), "says why: {why}");
+    assert!(!why.contains(&free), "{why}");
+    // The app and the leased machine stay; what could be destroyed was.
+    let (s, _) = fly.get("/apps/keep").await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, v) = fly.get(&format!("/apps/keep/machines/{leased}")).await;
+    assert_ne!(v["state"], "destroyed", "{v}");
+    fly.wait_state("keep", &free, "destroyed").await;
+
+    // Once the lease is let go, the app goes.
+    let (s, _) = fly
+        .call_leased(
+            Method::DELETE,
+            &format!("/apps/keep/machines/{leased}/lease"),
+            None,
+            Some(&nonce),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, v) = fly.delete("/apps/keep").await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let (s, _) = fly.get("/apps/keep").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_interface_takes_only_the_cluster_secret() {
+    let (agent, _fly, _dir) = agent_with_app("auth").await;
+    let base = agent.url();
+    let host_calls = [
+        (Method::POST, "/host/v1/bids"),
+        (Method::POST, "/host/v1/reservations/r_x/claim"),
+        (Method::POST, "/host/v1/machines"),
+        (Method::GET, "/host/v1/info"),
+        (Method::GET, "/host/v1/images"),
+        (Method::GET, "/host/v1/machines/0123456789abcd/traffic"),
+        (Method::GET, "/v1/catalog/hosts"),
+        (Method::GET, "/v1/catalog/machines"),
+    ];
+    for (method, path) in &host_calls {
+        let url = format!("{base}{path}");
+        let (s, _, v) = raw(method.clone(), &url, Some(API_TOKEN)).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{method} {path}: {v}");
+        assert!(
+            v["error"].as_str().unwrap().contains("cluster secret"),
+            "{v}"
+        );
+        let (s, _, _) = raw(method.clone(), &url, None).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{method} {path}");
+        let (s, _, v) = raw(method.clone(), &url, Some(TEST_SECRET)).await;
+        assert!(
+            s != StatusCode::FORBIDDEN && s != StatusCode::UNAUTHORIZED,
+            "{method} {path} refuses the cluster secret: {s} {v}"
+        );
+    }
+    // The API token still drives the Machines API, whose calls between nodes (bids,
+    // claims, forwarding) carry the cluster secret.
+    let api = |method: Method, path: &str| {
+        Client::new()
+            .request(method, format!("{base}/v1{path}"))
+            .bearer_auth(API_TOKEN)
+    };
+    let resp = api(Method::POST, "/apps/auth/machines")
+        .json(&json!({"config": process_config(&["sleep", "100"]), "skip_launch": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let m: Value = resp.json().await.unwrap();
+    let id = m["id"].as_str().unwrap();
+    let resp = api(Method::GET, &format!("/apps/auth/machines/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let resp = api(Method::GET, "/apps/auth/machines")
+        .send()
+        .await
+        .unwrap();
+    let list: Value = resp.json().await.unwrap();
+    assert_eq!(
+        list[0]["id"], id,
+        "the list reads the owner with the secret"
+    );
+    assert!(list[0]["config"]["init"].is_object(), "{list}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_fields_bazaar_does_not_act_on_are_refused() {
+    let (_agent, fly, _dir) = agent_with_app("fields").await;
+    let refused = [
+        ("dns", json!({"skip_registration": true})),
+        (
+            "statics",
+            json!([{"guest_path": "/srv", "url_prefix": "/s"}]),
+        ),
+        ("processes", json!([{"name": "x", "cmd": ["sleep", "1"]}])),
+        ("schedule", json!("daily")),
+    ];
+    for (field, value) in refused {
+        let mut config = process_config(&["sleep", "100"]);
+        config[field] = value;
+        let (s, v) = fly
+            .post("/apps/fields/machines", json!({"config": config}))
+            .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{field}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(field), "{v}");
+    }
+    let mut config = process_config(&["sleep", "100"]);
+    config["init"]["swap_size_mb"] = json!(512);
+    let (s, v) = fly
+        .post("/apps/fields/machines", json!({"config": config}))
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("swap_size_mb"), "{v}");
+    let mut config = process_config(&["sleep", "100"]);
+    config["checks"] = json!({"web": {"type": "http", "port": 80, "headers": [{"name": "bad name", "values": ["x"]}]}});
+    let (s, v) = fly
+        .post("/apps/fields/machines", json!({"config": config}))
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("headers"), "{v}");
+    // GPUs: no host has one, a placement refusal.
+    let mut config = process_config(&["sleep", "100"]);
+    config["guest"]["gpus"] = json!(1);
+    config["guest"]["gpu_kind"] = json!("a100-pcie-40gb");
+    let (s, v) = fly
+        .post("/apps/fields/machines", json!({"config": config}))
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert_eq!(v["status"], "insufficient_capacity", "{v}");
+    // Empty values are as good as absent.
+    let mut config = process_config(&["sleep", "100"]);
+    config["dns"] = json!({});
+    config["processes"] = json!([]);
+    let id = create(
+        &fly,
+        "fields",
+        json!({"config": config, "skip_launch": true}),
+    )
+    .await;
+    // Nothing refused was created.
+    let (_, list) = fly.get("/apps/fields/machines").await;
+    let ids: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [id.as_str()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_machine_finds_its_files_in_its_work_dir() {
+    use base64::Engine;
+    let (_agent, fly, _dir) = agent_with_app("files").await;
+    let mut config = process_config(&["sleep", "1000"]);
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    config["files"] = json!([
+        {"guest_path": "/etc/app/app.conf", "raw_value": b64("port = 8080\n")},
+        {"guest_path": "/run.sh", "raw_value": b64("#!/bin/sh\necho ran\n"), "mode": 0o755},
+    ]);
+    let id = create(&fly, "files", json!({"config": config})).await;
+    fly.wait_state("files", &id, "started").await;
+    let exec = |command: Vec<&str>| {
+        let command: Vec<String> = command.into_iter().map(str::to_string).collect();
+        let fly = fly.clone();
+        let path = format!("/apps/files/machines/{id}/exec");
+        async move {
+            let (s, v) = fly.post(&path, json!({"command": command})).await;
+            assert_eq!(s, StatusCode::OK, "{v}");
+            v
+        }
+    };
+    let v = exec(vec!["sh", "-c", "cat $BAZAAR_WORK_DIR/etc/app/app.conf"]).await;
+    assert_eq!(v["stdout"], "port = 8080\n", "{v}");
+    let v = exec(vec!["sh", "-c", "$BAZAAR_WORK_DIR/run.sh"]).await;
+    assert_eq!(v["stdout"], "ran\n", "{v}");
+
+    // A path outside the work dir, or no content, is a 400 and creates nothing.
+    for bad in [
+        json!({"guest_path": "/etc/../../x", "raw_value": b64("x")}),
+        json!({"guest_path": "relative", "raw_value": b64("x")}),
+        json!({"guest_path": "/etc/x"}),
+    ] {
+        let mut config = process_config(&["sleep", "1000"]);
+        config["files"] = json!([bad]);
+        let (s, v) = fly
+            .post("/apps/files/machines", json!({"config": config}))
+            .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {v}");
+    }
+    let (_, list) = fly.get("/apps/files/machines").await;
+    assert_eq!(list.as_array().unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_method_or_route_answers_in_the_fly_shape() {
+    let (agent, fly, _dir) = agent_with_app("methods").await;
+    let base = agent.url();
+    let id = create(
+        &fly,
+        "methods",
+        json!({"config": process_config(&["sleep", "100"]), "skip_launch": true}),
+    )
+    .await;
+    let cases = [
+        // The API's own routes.
+        (Method::PATCH, "/v1/apps".to_string(), "GET"),
+        (Method::PUT, "/v1/apps/methods/machines".to_string(), "POST"),
+        // Forwarded to the machine's owner.
+        (
+            Method::GET,
+            format!("/v1/apps/methods/machines/{id}/start"),
+            "POST",
+        ),
+        // The host interface.
+        (Method::GET, "/host/v1/bids".to_string(), "POST"),
+    ];
+    for (method, path, allowed) in &cases {
+        let (s, allow, v) = raw(method.clone(), &format!("{base}{path}"), Some(TEST_SECRET)).await;
+        assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}: {v}");
+        assert_eq!(v, json!({"error": "method not allowed"}), "{method} {path}");
+        assert!(allow.contains(allowed), "{method} {path}: Allow {allow:?}");
+    }
+    for path in ["/v1/no-such-route", "/host/v1/no-such-route", "/nothing"] {
+        let (s, _, v) = raw(Method::GET, &format!("{base}{path}"), Some(TEST_SECRET)).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{path}: {v}");
+        assert!(v["error"].is_string(), "{path}: {v}");
+    }
+}
