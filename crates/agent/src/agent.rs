@@ -611,10 +611,12 @@ impl Agent {
         });
     }
 
-    /// Expires unclaimed reservations, collects old tombstones, republishes the host record.
+    /// Expires unclaimed reservations, collects old tombstones, republishes the host record,
+    /// starts scheduled machines that are due.
     async fn housekeeping(&self) {
         self.publish_host().await;
         let now = now_ms();
+        crate::schedule::start_due(self, now).await;
         {
             let mut ledger = self.0.ledger.lock().await;
             // Claimed reservations are kept a minute past expiry to answer repeated claims.
@@ -712,10 +714,11 @@ fn refuse_unsupported(config: &MachineConfig, guest: &Guest) -> Result<(), Agent
                 .into(),
         ));
     }
-    if let Some(schedule) = &config.schedule {
-        if !schedule.is_empty() {
+    if let Some(schedule) = config.schedule.as_deref().filter(|s| !s.is_empty()) {
+        if !crate::schedule::SCHEDULES.contains(&schedule) {
             return Err(AgentError::Invalid(format!(
-                "config.schedule {schedule:?} is not supported by bazaar yet; leave it out"
+                "config.schedule {schedule:?} must be one of {}",
+                crate::schedule::SCHEDULES.join(", ")
             )));
         }
     }

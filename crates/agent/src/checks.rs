@@ -359,3 +359,77 @@ async fn probe(spec: &Spec) -> Result<String, String> {
         Err(format!("HTTP {status}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(headers: serde_json::Value) -> CheckConfig {
+        let mut c = CheckConfig {
+            kind: Some("http".into()),
+            ..Default::default()
+        };
+        c.extra.insert("headers".into(), headers);
+        c
+    }
+
+    #[test]
+    fn headers_are_read_in_both_spellings_and_checked() {
+        let fly = check(serde_json::json!([{"name": "X-A", "values": ["1", "2"]}]));
+        assert_eq!(
+            headers(&fly).unwrap(),
+            [("X-A".into(), "1".into()), ("X-A".into(), "2".into())]
+        );
+        let toml = check(serde_json::json!({"Host": "example.com"}));
+        assert_eq!(
+            headers(&toml).unwrap(),
+            [("Host".into(), "example.com".into())]
+        );
+        assert!(headers(&check(
+            serde_json::json!([{"name": "a b", "values": ["x"]}])
+        ))
+        .is_err());
+        assert!(headers(&check(serde_json::json!({"X": "a\r\nEvil: 1"}))).is_err());
+        assert!(headers(&check(serde_json::json!("X: y"))).is_err());
+    }
+
+    /// An HTTP check sends its headers: a server that wants one fails the check without it.
+    #[tokio::test]
+    async fn an_http_check_sends_its_headers() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = vec![0u8; 4096];
+                let n = s.read(&mut buf).await.unwrap();
+                let req = String::from_utf8_lossy(&buf[..n]).to_string();
+                let status = if req.contains("\r\nX-Health-Token: sesame\r\n") {
+                    "200 OK"
+                } else {
+                    "403 Forbidden"
+                };
+                let _ = s
+                    .write_all(format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n").as_bytes())
+                    .await;
+            }
+        });
+        let spec = |headers: Vec<(String, String)>| Spec {
+            name: "c".into(),
+            kind: "http".into(),
+            addr: addr.clone(),
+            method: "GET".into(),
+            path: "/health".into(),
+            headers,
+            interval: DEFAULT_INTERVAL,
+            timeout: DEFAULT_TIMEOUT,
+            grace: Duration::ZERO,
+        };
+        assert_eq!(run_check(&spec(Vec::new())).await, Err("HTTP 403".into()));
+        let with = headers(&check(
+            serde_json::json!([{"name": "X-Health-Token", "values": ["sesame"]}]),
+        ))
+        .unwrap();
+        assert_eq!(run_check(&spec(with)).await, Ok("HTTP 200".into()));
+    }
+}

@@ -50,6 +50,9 @@ pub struct AgentConfig {
     /// How long destroyed machines are kept as tombstones.
     #[serde(with = "millis")]
     pub tombstone_ttl: Duration,
+    /// How long an hour of `config.schedule` lasts (an hour; shorter in tests).
+    #[serde(with = "millis")]
+    pub schedule_hour: Duration,
     /// The `bazaar` executable to run shims with (defaults to this executable).
     pub shim_exe: Option<PathBuf>,
     /// Address of the edge proxy's HTTP listener.
@@ -98,6 +101,7 @@ impl Default for AgentConfig {
             // exchange that died does not hold capacity for long (DESIGN.md: "a few seconds").
             reservation_ttl: Duration::from_secs(5),
             tombstone_ttl: Duration::from_secs(3600),
+            schedule_hour: Duration::from_secs(3600),
             shim_exe: None,
             proxy_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             proxy_domain: "localhost".into(),

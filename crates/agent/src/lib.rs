@@ -49,6 +49,7 @@ pub mod oci;
 pub mod publish;
 pub mod record;
 pub mod restart;
+pub mod schedule;
 pub mod secrets;
 pub mod standby;
 pub mod store;

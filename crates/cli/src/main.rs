@@ -95,6 +95,9 @@ struct AgentArgs {
     /// A killed host is declared dead everywhere within about this long (ms).
     #[arg(long)]
     dead_after_ms: Option<u64>,
+    /// How long an hour of `config.schedule` lasts (ms; for tests).
+    #[arg(long, hide = true)]
+    schedule_hour_ms: Option<u64>,
     /// CPUs offered (default: detected CPUs × cpu overcommit).
     #[arg(long)]
     cpus: Option<u32>,
@@ -246,6 +249,9 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     }
     if let Some(ms) = a.dead_after_ms {
         config.dead_after = std::time::Duration::from_millis(ms);
+    }
+    if let Some(ms) = a.schedule_hour_ms {
+        config.schedule_hour = std::time::Duration::from_millis(ms.max(1));
     }
     if a.cpus.is_some() {
         config.cpus = a.cpus;

@@ -1,7 +1,7 @@
 //! Defects of the Machines API (issue 19), each pinned by a test on a real agent: lease
 //! nonces shown to anyone, destroy ignoring `force`, app deletes that orphan machines, the
-//! host interface taking API tokens, config fields accepted and never acted on, and bare
-//! 405s.
+//! host interface taking API tokens, config fields accepted and never acted on (`schedule`
+//! now runs machines, `files` reach process machines), and bare 405s.
 
 use bazaar_testkit::{start_cluster, AgentOptions, Fly, TestAgent, TEST_SECRET};
 use reqwest::{Client, Method, StatusCode};
@@ -18,12 +18,18 @@ fn process_config(cmd: &[&str]) -> Value {
 
 /// One agent that also accepts [`API_TOKEN`], and an app `app` on it.
 async fn agent_with_app(app: &str) -> (TestAgent, Fly, tempfile::TempDir) {
+    agent_with_app_and(app, &[]).await
+}
+
+/// As [`agent_with_app`], the agent started with `args` too.
+async fn agent_with_app_and(app: &str, args: &[&str]) -> (TestAgent, Fly, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("api-tokens");
     std::fs::write(&tokens, format!("{API_TOKEN}\n")).unwrap();
     let mut agents = start_cluster(std::path::Path::new(EXE), 1, |_, o: &mut AgentOptions| {
         o.extra_args
             .extend(["--token-file".into(), tokens.display().to_string()]);
+        o.extra_args.extend(args.iter().map(|a| a.to_string()));
     })
     .expect("agent starts");
     let agent = agents.remove(0);
@@ -271,7 +277,7 @@ async fn config_fields_bazaar_does_not_act_on_are_refused() {
             json!([{"guest_path": "/srv", "url_prefix": "/s"}]),
         ),
         ("processes", json!([{"name": "x", "cmd": ["sleep", "1"]}])),
-        ("schedule", json!("daily")),
+        ("schedule", json!("every-minute")),
     ];
     for (field, value) in refused {
         let mut config = process_config(&["sleep", "100"]);
@@ -404,4 +410,39 @@ async fn a_wrong_method_or_route_answers_in_the_fly_shape() {
         assert_eq!(s, StatusCode::NOT_FOUND, "{path}: {v}");
         assert!(v["error"].is_string(), "{path}: {v}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_machine_is_started_once_per_interval() {
+    // An "hour" of one second.
+    let (_agent, fly, _dir) = agent_with_app_and("cron", &["--schedule-hour-ms", "1000"]).await;
+    let mut config = process_config(&["true"]);
+    config["schedule"] = json!("hourly");
+    config["restart"] = json!({"policy": "no"});
+    let created = std::time::Instant::now();
+    let id = create(&fly, "cron", json!({"config": config})).await;
+    let exits = || {
+        let fly = fly.clone();
+        let path = format!("/apps/cron/machines/{id}/events?limit=50");
+        async move {
+            let (s, v) = fly.get(&path).await;
+            assert_eq!(s, StatusCode::OK, "{v}");
+            v.as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["type"] == "exit")
+                .count()
+        }
+    };
+    // The first run at creation, then one per second.
+    bazaar_testkit::eventually(std::time::Duration::from_secs(10), || async {
+        (exits().await >= 4).then_some(())
+    })
+    .await
+    .expect("started again on its schedule");
+    let runs = exits().await;
+    let allowed = created.elapsed().as_secs() as usize + 1;
+    assert!(runs <= allowed, "{runs} runs in {:?}", created.elapsed());
+    let (_, m) = fly.get(&format!("/apps/cron/machines/{id}")).await;
+    assert_eq!(m["config"]["schedule"], "hourly");
 }
