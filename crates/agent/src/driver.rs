@@ -319,22 +319,6 @@ pub fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn commands_are_checked_before_anything_is_created() {
-        let env = BTreeMap::new();
-        assert!(validate_command(&env, &["sleep".into(), "1".into()]).is_ok());
-        assert!(validate_command(&env, &["/bin/sh".into()]).is_ok());
-        let err = validate_command(&env, &["no-such-program-xyz".into()]).unwrap_err();
-        assert_eq!(err, "command not found: no-such-program-xyz");
-        assert!(validate_command(&env, &[]).is_err());
-        assert!(validate_command(&env, &["/etc/passwd".into()]).is_err());
-    }
-}
-
 /// A process machine's `config.files`: each written before every start at its `guest_path`
 /// taken relative to the work directory (`/etc/app.conf` → `$BAZAAR_WORK_DIR/etc/app.conf`;
 /// the work directory is also `HOME` and the workload's cwd). An error says which file is
@@ -373,4 +357,20 @@ pub(crate) fn work_files(
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_checked_before_anything_is_created() {
+        let env = BTreeMap::new();
+        assert!(validate_command(&env, &["sleep".into(), "1".into()]).is_ok());
+        assert!(validate_command(&env, &["/bin/sh".into()]).is_ok());
+        let err = validate_command(&env, &["no-such-program-xyz".into()]).unwrap_err();
+        assert_eq!(err, "command not found: no-such-program-xyz");
+        assert!(validate_command(&env, &[]).is_err());
+        assert!(validate_command(&env, &["/etc/passwd".into()]).is_err());
+    }
 }
