@@ -392,7 +392,7 @@ async fn image_commands_pull_import_list_and_prune() {
         let out = std::process::Command::new(EXE)
             .args(args)
             .env("BAZAAR_API_URL", agents[0].url())
-            .env("BAZAAR_TOKEN", bazaar_testkit::TEST_SECRET)
+            .env("BAZAAR_CLUSTER_SECRET", bazaar_testkit::TEST_SECRET)
             .output()
             .unwrap();
         (
