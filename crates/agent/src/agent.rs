@@ -128,7 +128,7 @@ impl Agent {
             isolate: is_root && config.isolate,
             cgroups,
             log_max_bytes: config.log_max_bytes,
-            volumes: crate::volume_fs::VolumeFs::new(config.data_dir.join("volumes")),
+            volumes: crate::volume_fs::VolumeFs::new(&config.data_dir),
             oci: crate::oci::OciRuntime::for_agent(&config, &host_id, cgroups),
         };
         let disk_gb = config

@@ -65,9 +65,17 @@ pub fn router(agent: Agent) -> Router {
         .route("/volumes", get(volume_list).post(volume_create))
         .route(
             "/volumes/{id}",
-            get(volume_get).put(volume_update).delete(volume_delete),
+            get(volume_get)
+                .put(volume_update)
+                .post(volume_update)
+                .delete(volume_delete),
         )
         .route("/volumes/{id}/extend", put(volume_extend))
+        .route(
+            "/volumes/{id}/snapshots",
+            get(volume_snapshots).post(volume_snapshot),
+        )
+        .route("/snapshots/{id}", get(snapshot_get))
         .merge(crate::images::routes())
         .layer(middleware::from_fn_with_state(agent.clone(), require_token));
     let catalog = Router::new()
@@ -231,6 +239,21 @@ async fn volume_extend(
 
 async fn volume_delete(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
     Ok(Json(agent.delete_volume(&id).await?).into_response())
+}
+
+async fn volume_snapshots(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    Ok(Json(agent.volume_snapshots(&id)?).into_response())
+}
+
+async fn volume_snapshot(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
+    Ok(Json(agent.snapshot_volume(&id).await?).into_response())
+}
+
+async fn snapshot_get(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
+    Ok(Json(agent.snapshot(&id)?).into_response())
 }
 
 /// The lease nonce a client sent, if any.

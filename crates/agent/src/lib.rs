@@ -25,7 +25,8 @@
 //!   import, prune) and their background pruning.
 //! - [`standby`]: starts stopped standbys when their primary's host is declared dead.
 //! - [`volumes`]: volumes owned by this host (records, placement checks, attachment), on
-//!   storage from [`volume_fs`] (ext4 images on loop devices, or directories).
+//!   storage from [`volume_fs`] (ext4 images on loop devices, or directories);
+//!   [`snapshots`]: their snapshots, restores and forks.
 //! - [`checks`]: service health checks of this host's machines (results go in the catalog).
 //! - [`config`], [`secrets`], [`fault`], [`error`].
 //!
@@ -50,6 +51,7 @@ pub mod publish;
 pub mod record;
 pub mod restart;
 pub mod secrets;
+pub mod snapshots;
 pub mod standby;
 pub mod store;
 pub mod views;

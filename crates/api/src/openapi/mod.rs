@@ -19,6 +19,7 @@ use bazaar_types::host::{
 use bazaar_types::machine::Machine;
 use bazaar_types::volume::{
     CreateVolumeRequest, ExtendVolumeRequest, ExtendVolumeResponse, UpdateVolumeRequest, Volume,
+    VolumeSnapshot,
 };
 use schemars::generate::SchemaSettings;
 use schemars::{JsonSchema, Schema, SchemaGenerator};

@@ -450,7 +450,11 @@ pub(super) fn operations() -> Vec<Op> {
             "VolumesCreate",
             "volumes",
             "Create a volume: host-local storage placed by the market (disk, \
-             `require_unique_zone`, the `compute` hint). Snapshot fields are accepted and ignored.",
+             `require_unique_zone`, the `compute` hint). With `snapshot_id` it restores a \
+             snapshot, with `source_volume_id` it forks a volume (a copy taken now); both are \
+             made on the host that holds the source, at least the source's size \
+             (`require_unique_zone` defaults to false for them). `encrypted: true` is refused: \
+             volumes are not encrypted.",
             &[(200, "The volume.", Json(schema::<Volume>))],
             &[400, 401, 404, 409, 503],
         )
@@ -474,6 +478,35 @@ pub(super) fn operations() -> Vec<Op> {
             &[400, 401, 404, 503],
         )
         .body(schema::<UpdateVolumeRequest>),
+        Op::new(
+            "POST",
+            "/v1/apps/{app}/volumes/{id}",
+            "VolumesUpdatePost",
+            "volumes",
+            "Same as `PUT` (Fly's method).",
+            &[(200, "The volume.", Json(schema::<Volume>))],
+            &[400, 401, 404, 503],
+        )
+        .body(schema::<UpdateVolumeRequest>),
+        Op::new(
+            "GET",
+            "/v1/apps/{app}/volumes/{id}/snapshots",
+            "VolumesListSnapshots",
+            "volumes",
+            "A volume's snapshots, oldest first (kept on its host for `snapshot_retention` days).",
+            &[(200, "The snapshots.", Json(schema::<Vec<VolumeSnapshot>>))],
+            &[401, 404, 503],
+        ),
+        Op::new(
+            "POST",
+            "/v1/apps/{app}/volumes/{id}/snapshots",
+            "CreateVolumeSnapshot",
+            "volumes",
+            "Take a snapshot now: a consistent copy of the volume (its file system is frozen \
+             while it is copied; writers wait), kept on the volume's host.",
+            &[(200, "The snapshot.", Json(schema::<VolumeSnapshot>))],
+            &[400, 401, 404, 409, 503],
+        ),
         Op::new(
             "PUT",
             "/v1/apps/{app}/volumes/{id}/extend",
