@@ -35,6 +35,9 @@ use tokio_util::task::TaskTracker;
 pub struct Snapshot {
     pub state: MachineState,
     pub instance_id: String,
+    /// The newest event's id and the status it recorded.
+    pub event_id: String,
+    pub event_status: String,
 }
 
 /// The agent, cheap to clone.

@@ -368,7 +368,8 @@ async fn signal(
 }
 
 /// `state` may be repeated or comma-separated; `timeout` is in seconds (or a Go duration);
-/// `instance_id` and `version` are the same thing.
+/// `instance_id` and `version` are the same thing; `from_event_id` waits for a state reached
+/// by a later event.
 async fn wait(
     State(agent): State<Agent>,
     Path(id): Path<String>,
@@ -377,6 +378,7 @@ async fn wait(
     let mut states = Vec::new();
     let mut timeout = MAX_WAIT;
     let mut version = None;
+    let mut from_event_id = None;
     for (k, v) in &params {
         match k.as_str() {
             "state" => {
@@ -403,6 +405,14 @@ async fn wait(
                     .min(MAX_WAIT);
             }
             "instance_id" | "version" => version = Some(v.clone()),
+            "from_event_id" => {
+                if !bazaar_types::event::is_valid_event_id(v) {
+                    return Err(AgentError::Invalid(format!(
+                        "from_event_id {v:?} is not an event id (a ULID from the machine's events)"
+                    )));
+                }
+                from_event_id = Some(v.clone());
+            }
             _ => {}
         }
     }
@@ -411,7 +421,13 @@ async fn wait(
     }
     Ok(Json(
         agent
-            .wait(&id, &states, timeout, version.as_deref())
+            .wait(
+                &id,
+                &states,
+                timeout,
+                version.as_deref(),
+                from_event_id.as_deref(),
+            )
             .await?,
     )
     .into_response())

@@ -207,6 +207,8 @@ impl Agent {
             restart_count: 0,
             host_shutdown_run: None,
             next_event_seq: 1,
+            last_event_id: String::new(),
+            last_event_status: String::new(),
             destroyed_at_ms: None,
             lease: None,
         };

@@ -54,6 +54,11 @@ pub struct MachineRecord {
     pub host_shutdown_run: Option<u64>,
     /// Next event sequence number.
     pub next_event_seq: u64,
+    /// The id of the newest event (ids increase) and the status it left the machine in.
+    #[serde(default)]
+    pub last_event_id: String,
+    #[serde(default)]
+    pub last_event_status: String,
     /// When the machine was destroyed (tombstone).
     #[serde(default)]
     pub destroyed_at_ms: Option<u64>,
@@ -94,6 +99,10 @@ impl MachineRecord {
         }
         self.next_run_id = self.next_run_id.max(stored.next_run_id);
         self.next_event_seq += stored.next_event_seq.saturating_sub(before.next_event_seq);
+        if stored.last_event_id > self.last_event_id {
+            self.last_event_id = stored.last_event_id.clone();
+            self.last_event_status = stored.last_event_status.clone();
+        }
         self.updated_at_ms = self.updated_at_ms.max(stored.updated_at_ms);
     }
 }

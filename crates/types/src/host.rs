@@ -135,6 +135,9 @@ pub struct WaitResponse {
     pub ok: bool,
     pub state: String,
     pub version: String,
+    /// The event that left the machine in `state` (the newest when the wait was satisfied).
+    #[serde(default)]
+    pub event_id: String,
 }
 
 /// Body of `POST .../lease` (`ttl` may also come in the query).

@@ -332,6 +332,24 @@ mod tests {
     }
 
     #[test]
+    fn snapshots_expire_after_their_retention() {
+        let day = 86_400_000;
+        let snap = HostSnapshot {
+            id: new_snapshot_id(),
+            volume_id: new_volume_id(),
+            app: "a".into(),
+            size: 1,
+            digest: "sha256:00".into(),
+            created_at_ms: 10 * day,
+            volume_size_gb: 1,
+            retention_days: 5,
+        };
+        assert!(!snap.expired(15 * day));
+        assert!(snap.expired(15 * day + 1));
+        assert_eq!(snap.view().status, "created");
+    }
+
+    #[test]
     fn mounts_are_checked() {
         let mut c = MachineConfig::default();
         assert_eq!(mount_of(&c), Ok(None));

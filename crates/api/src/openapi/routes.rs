@@ -250,6 +250,12 @@ pub(super) fn operations() -> Vec<Op> {
             ),
             Query("instance_id", Str, "Wait for this version."),
             Query("version", Str, "Same as `instance_id`."),
+            Query(
+                "from_event_id",
+                Str,
+                "Wait for the state to be reached by an event after this one (an event id); \
+                 the answer's `event_id` is the event that satisfied the wait.",
+            ),
         ]),
         Op::new(
             "GET",
