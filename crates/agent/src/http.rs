@@ -61,6 +61,7 @@ pub fn router(agent: Agent) -> Router {
                 .delete(metadata_key_delete),
         )
         .route("/machines/{id}/exec", post(exec))
+        .route("/machines/{id}/ps", get(ps))
         .route("/machines/{id}/placement", get(placement))
         .route("/volumes", get(volume_list).post(volume_create))
         .route(
@@ -248,7 +249,10 @@ async fn volume_snapshots(
     Ok(Json(agent.volume_snapshots(&id)?).into_response())
 }
 
-async fn volume_snapshot(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
+async fn volume_snapshot(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
     Ok(Json(agent.snapshot_volume(&id).await?).into_response())
 }
 
@@ -655,6 +659,21 @@ async fn metadata_bulk(
         )
         .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct PsQuery {
+    sort_by: Option<String>,
+    order: Option<String>,
+}
+
+async fn ps(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    Query(q): Query<PsQuery>,
+) -> ApiResult<Response> {
+    let sort = crate::ps::Sort::parse(q.sort_by.as_deref(), q.order.as_deref())?;
+    Ok(Json(agent.ps(&id, sort).await?).into_response())
 }
 
 async fn exec(

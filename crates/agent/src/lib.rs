@@ -20,7 +20,7 @@
 //!   [`network`] gives each one a network namespace on the host's bridge.
 //! - [`restart`]: the restart policy.
 //! - [`http`]: the host interface (`/host/v1`).
-//! - [`exec`]: running a command inside a machine.
+//! - [`exec`]: running a command inside a machine; [`ps`]: its processes.
 //! - [`images`]: this host's images over the host interface (list, pull with progress,
 //!   import, prune) and their background pruning.
 //! - [`standby`]: starts stopped standbys when their primary's host is declared dead.
@@ -47,6 +47,7 @@ pub mod leases;
 pub mod market;
 pub mod network;
 pub mod oci;
+pub mod ps;
 pub mod publish;
 pub mod record;
 pub mod restart;

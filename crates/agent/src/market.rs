@@ -211,6 +211,7 @@ impl Agent {
             last_event_status: String::new(),
             destroyed_at_ms: None,
             lease: None,
+            image_ref: None,
         };
         rec.cordoned = req.skip_service_registration;
         if let Some(ttl) = req.lease_ttl {

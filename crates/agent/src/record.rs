@@ -65,6 +65,9 @@ pub struct MachineRecord {
     /// The lease, if one was taken (it may have expired).
     #[serde(default)]
     pub lease: Option<bazaar_types::machine::Lease>,
+    /// The image an image machine's last launch resolved.
+    #[serde(default)]
+    pub image_ref: Option<bazaar_types::machine::ImageRef>,
     // How the exchange placed the machine is stored apart (`Store::placement`).
 }
 

@@ -11,11 +11,11 @@ use crate::agent::Agent;
 use crate::error::AgentError;
 use crate::volume_fs::{consistent_copy, CopySource};
 use crate::volumes::VolumeState;
+use bazaar_types::now_ms;
 use bazaar_types::volume::{
     is_valid_snapshot_id, new_snapshot_id, HostSnapshot, HostVolumeCreate, VolumeSnapshot,
     VolumeSource,
 };
-use bazaar_types::now_ms;
 use std::path::{Path, PathBuf};
 
 const META: &str = "snapshot.json";

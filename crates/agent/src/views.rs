@@ -194,6 +194,13 @@ impl Agent {
             host_ports: rec.host_ports.clone(),
             pid: live_run.map(|r| r.workload_pid),
             lease: rec.lease.clone().filter(|l| l.expires_at * 1000 > now_ms()),
+            image_ref: (rec.config.driver() == "oci")
+                .then(|| {
+                    rec.image_ref
+                        .clone()
+                        .or_else(|| crate::oci::configured_image_ref(&rec.config.image))
+                })
+                .flatten(),
         }
     }
 }

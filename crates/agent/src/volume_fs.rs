@@ -464,7 +464,10 @@ mod tests {
         assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
         assert_eq!(copied.bytes, 2 * 4096, "two non-zero blocks");
         use std::os::unix::fs::MetadataExt;
-        assert!(std::fs::metadata(&b).unwrap().blocks() * 512 <= 64 * 1024, "sparse");
+        assert!(
+            std::fs::metadata(&b).unwrap().blocks() * 512 <= 64 * 1024,
+            "sparse"
+        );
         // The same content, written differently, has the same digest; other content not.
         assert!(copied.digest.as_ref().unwrap().starts_with("sha256:"));
         assert_eq!(sparse_copy(&b, &c, true).unwrap().digest, copied.digest);

@@ -451,10 +451,7 @@ impl Api {
         host: &HostAddr,
     ) -> Result<T, HostCallError> {
         let resp = req.send().await.map_err(|e| {
-            HostCallError::Unreachable(format!(
-                "host {} at {}: {e}",
-                host.host_id, host.api_addr
-            ))
+            HostCallError::Unreachable(format!("host {} at {}: {e}", host.host_id, host.api_addr))
         })?;
         let status = resp.status();
         let bytes = resp

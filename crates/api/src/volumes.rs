@@ -212,11 +212,18 @@ async fn create_from_source(
         }
         (Some(snap), None) => {
             let (host, found) = find_snapshot(api, app, snap).await?;
-            (VolumeSource::Snapshot(snap.clone()), host, found.volume_size_gb)
+            (
+                VolumeSource::Snapshot(snap.clone()),
+                host,
+                found.volume_size_gb,
+            )
         }
         (None, Some(vol)) => {
-            let not_found =
-                || ApiError::BadRequest(format!("source_volume_id {vol} is not a volume of app {app}"));
+            let not_found = || {
+                ApiError::BadRequest(format!(
+                    "source_volume_id {vol} is not a volume of app {app}"
+                ))
+            };
             let (host, _) = locate(api, app, vol).await.map_err(|e| match e {
                 ApiError::NotFound(_) => not_found(),
                 other => other,
@@ -309,7 +316,10 @@ async fn find_snapshot(
     Err(not_found(if silent.is_empty() {
         String::new()
     } else {
-        format!(" on the hosts that answered; not answering: {}", silent.join("; "))
+        format!(
+            " on the hosts that answered; not answering: {}",
+            silent.join("; ")
+        )
     }))
 }
 

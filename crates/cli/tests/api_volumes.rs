@@ -108,7 +108,10 @@ async fn volume_crud_with_fly_shapes_and_bad_input() {
     assert_eq!(v["state"], "created");
     assert_eq!(v["size_gb"], 1);
     assert_eq!(v["region"], "local");
-    assert_eq!(v["encrypted"], false, "volumes are plain ext4: never claimed encrypted");
+    assert_eq!(
+        v["encrypted"], false,
+        "volumes are plain ext4: never claimed encrypted"
+    );
     assert_eq!(v["attached_machine_id"], Value::Null);
     assert_eq!(v["host_status"], "ok");
     assert_eq!(v["fstype"], expected_fstype());
@@ -773,10 +776,7 @@ async fn snapshots_restore_and_fork_hold_the_data_of_their_moment() {
     let fly = Fly::new(&agents[2]);
     fly.create_app("snap").await;
     let (s, v) = fly
-        .post(
-            "/apps/snap/volumes",
-            json!({"name": "data", "size_gb": 1}),
-        )
+        .post("/apps/snap/volumes", json!({"name": "data", "size_gb": 1}))
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
     let vol = v["id"].as_str().unwrap().to_string();
@@ -803,9 +803,15 @@ async fn snapshots_restore_and_fork_hold_the_data_of_their_moment() {
     let snap_id = snap["id"].as_str().unwrap().to_string();
     assert!(snap_id.starts_with("vs_"), "{snap}");
     assert_eq!(snap["status"], "created");
-    assert!(snap["digest"].as_str().unwrap().starts_with("sha256:"), "{snap}");
+    assert!(
+        snap["digest"].as_str().unwrap().starts_with("sha256:"),
+        "{snap}"
+    );
     assert!(snap["size"].as_u64().unwrap() >= 100 << 20, "{snap}");
-    assert!(snap["created_at"].as_str().unwrap().ends_with('Z'), "{snap}");
+    assert!(
+        snap["created_at"].as_str().unwrap().ends_with('Z'),
+        "{snap}"
+    );
     // Taken while the machine wrote, the copy is a clean file system (the freeze flushed
     // the journal), and the writer was not harmed.
     let image = owner
@@ -834,7 +840,9 @@ async fn snapshots_restore_and_fork_hold_the_data_of_their_moment() {
         "cd \"$BAZAAR_VOLUME_PATH\" && echo second >> marker && echo later > after",
     )
     .await;
-    let (s, list) = fly.get(&format!("/apps/snap/volumes/{vol}/snapshots")).await;
+    let (s, list) = fly
+        .get(&format!("/apps/snap/volumes/{vol}/snapshots"))
+        .await;
     assert_eq!(s, StatusCode::OK, "{list}");
     assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
     assert_eq!(list[0]["id"], snap_id.as_str());
@@ -864,8 +872,14 @@ async fn snapshots_restore_and_fork_hold_the_data_of_their_moment() {
     )
     .await;
     assert!(seen.starts_with("first\n"), "{seen}");
-    assert!(!seen.contains("second") && !seen.contains("after"), "{seen}");
-    assert!(seen.contains(first_sum.trim()), "the 100 MB file intact: {seen}");
+    assert!(
+        !seen.contains("second") && !seen.contains("after"),
+        "{seen}"
+    );
+    assert!(
+        seen.contains(first_sum.trim()),
+        "the 100 MB file intact: {seen}"
+    );
 
     // Fork: a copy of the volume as it is now, made while the machine writes; later
     // writes to the source do not reach it. A bigger size is grown into.
@@ -907,7 +921,10 @@ async fn snapshots_restore_and_fork_hold_the_data_of_their_moment() {
             json!({"name": "x", "snapshot_id": "vs_doesnotexist00"}),
             "snapshot_id",
         ),
-        (json!({"name": "x", "snapshot_id": "../../etc"}), "snapshot_id"),
+        (
+            json!({"name": "x", "snapshot_id": "../../etc"}),
+            "snapshot_id",
+        ),
         (
             json!({"name": "x", "source_volume_id": "vol_doesnotexist0000"}),
             "source_volume_id",
@@ -941,10 +958,17 @@ async fn snapshots_restore_and_fork_hold_the_data_of_their_moment() {
         .await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "another app's snapshot: {v}");
     let (s, _) = fly
-        .post(&format!("/apps/stranger/volumes/{vol}/snapshots"), json!({}))
+        .post(
+            &format!("/apps/stranger/volumes/{vol}/snapshots"),
+            json!({}),
+        )
         .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
-    assert_eq!(list_volumes(&fly, "snap", 3).await.len(), 3, "nothing created");
+    assert_eq!(
+        list_volumes(&fly, "snap", 3).await.len(),
+        3,
+        "nothing created"
+    );
     assert!(list_volumes(&fly, "stranger", 0).await.is_empty());
 
     // No volume claims encryption it does not have.

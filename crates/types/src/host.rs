@@ -183,3 +183,33 @@ pub struct MetadataUpdate {
     #[serde(default)]
     pub machine_version: Option<String>,
 }
+
+/// One process of a machine (`GET .../ps`), as Fly's ProcessStat.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ProcessStat {
+    /// The pid as the machine sees it (in its pid namespace).
+    pub pid: i32,
+    /// When it started, in seconds since the Unix epoch (`ps`'s STIME).
+    pub stime: u64,
+    /// CPU time it has used (user and system), in milliseconds (`ps`'s TIME).
+    pub rtime: u64,
+    /// Its command line, arguments separated by spaces.
+    pub command: String,
+    /// Its working directory.
+    pub directory: String,
+    /// Its CPU use over its life, in percent of one CPU (`ps`'s C).
+    pub cpu: u64,
+    /// Resident memory, in bytes.
+    pub rss: u64,
+    /// The TCP sockets it listens on and the UDP sockets it has bound.
+    pub listen_sockets: Vec<ListenSocket>,
+}
+
+/// A socket a machine's process listens on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ListenSocket {
+    /// `tcp` or `udp`.
+    pub proto: String,
+    /// `ip:port` (`[ip]:port` for IPv6).
+    pub address: String,
+}

@@ -405,6 +405,24 @@ pub(super) fn operations() -> Vec<Op> {
         .body(schema::<ExecRequest>),
         Op::new(
             "GET",
+            "/v1/apps/{app}/machines/{id}/ps",
+            "MachinesListProcesses",
+            "machines",
+            "The processes of a started machine (its workload and every descendant), read \
+             from `/proc` on its host; 409 when it is not started.",
+            &[(200, "The processes.", Json(schema::<Vec<ProcessStat>>))],
+            &[400, 401, 404, 409, 503],
+        )
+        .params(&[
+            Query(
+                "sort_by",
+                Str,
+                "pid (default), stime, rtime, cpu, rss or command.",
+            ),
+            Query("order", Str, "asc (default) or desc."),
+        ]),
+        Op::new(
+            "GET",
             "/v1/apps/{app}/machines/{id}/logs",
             "MachinesLogs",
             "machines",
