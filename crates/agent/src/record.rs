@@ -74,7 +74,7 @@ pub struct MachineRecord {
 impl MachineRecord {
     /// The actor read `before`, worked on it into `self`, and the stored record is now
     /// `stored`: takes from `stored` what the accept side changed meanwhile (it owns the
-    /// config and version, resources, ports, cordon, lease and, when a new
+    /// config and version, name, resources, ports, cordon, lease and, when a new
     /// operation was queued, the desired state and run ids), keeping the actor's own
     /// fields (state, run, exits, restarts). Events are renumbered by the caller.
     pub fn merge_accepted(&mut self, before: &MachineRecord, stored: &MachineRecord) {
@@ -90,6 +90,9 @@ impl MachineRecord {
         }
         if stored.private_ip != before.private_ip {
             self.private_ip = stored.private_ip;
+        }
+        if stored.name != before.name {
+            self.name = stored.name.clone();
         }
         if stored.cordoned != before.cordoned {
             self.cordoned = stored.cordoned;

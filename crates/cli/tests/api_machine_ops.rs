@@ -304,3 +304,105 @@ async fn image_machines_show_their_image_ref_and_container_processes() {
     assert_eq!(s, StatusCode::OK, "{p}");
     assert!(p.get("image_ref").is_none(), "{p}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_renames_leases_cordons_and_refuses_a_region_change() {
+    let agents = start_cluster(Path::new(EXE), 2, |_, _| {}).unwrap();
+    let fly = Fly::new(&agents[0]);
+    fly.create_app("u").await;
+    let (s, m) = fly
+        .post(
+            "/apps/u/machines",
+            json!({"config": process_config(SLEEPER), "name": "first"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    let id = m["id"].as_str().unwrap().to_string();
+    let region = m["region"].as_str().unwrap().to_string();
+    fly.wait_state("u", &id, "started").await;
+    let path = format!("/apps/u/machines/{id}");
+
+    // Refused, and nothing changes: another region, a bad name, a bad lease.
+    for (body, field) in [
+        (
+            json!({"config": process_config(SLEEPER), "region": "elsewhere"}),
+            "region",
+        ),
+        (
+            json!({"config": process_config(SLEEPER), "name": "Not A Name!"}),
+            "name",
+        ),
+        (
+            json!({"config": process_config(SLEEPER), "lease_ttl": 0}),
+            "lease",
+        ),
+    ] {
+        let (s, v) = fly.post(&path, body.clone()).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(field), "{v}");
+    }
+    let (_, now) = fly.get(&path).await;
+    assert_eq!(now["instance_id"], m["instance_id"], "nothing changed");
+    assert_eq!(now["name"], "first");
+
+    // Its own region is fine (clients send it back); a name renames it.
+    let (s, u) = fly
+        .post(
+            &path,
+            json!({"config": process_config(SLEEPER), "region": region, "name": "second"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{u}");
+    assert_eq!(u["name"], "second");
+    fly.wait_state("u", &id, "started").await;
+    let (_, now) = fly.get(&path).await;
+    assert_eq!(now["name"], "second");
+    bazaar_testkit::eventually(std::time::Duration::from_secs(10), || async {
+        let (_, list) = Fly::new(&agents[1]).get("/apps/u/machines").await;
+        (list[0]["name"] == "second").then_some(())
+    })
+    .await
+    .expect("the other node's list shows the new name");
+
+    // lease_ttl: the update takes a lease and answers its nonce; later changes need it.
+    let (s, u) = fly
+        .post(
+            &path,
+            json!({"config": process_config(SLEEPER), "lease_ttl": 30}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{u}");
+    let nonce = u["nonce"].as_str().expect("a nonce").to_string();
+    let (s, l) = fly.get(&format!("{path}/lease")).await;
+    assert_eq!(s, StatusCode::OK, "{l}");
+    let (s, v) = fly
+        .post(&path, json!({"config": process_config(SLEEPER)}))
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "leased: {v}");
+    let (s, u) = fly
+        .call_leased(
+            reqwest::Method::POST,
+            &path,
+            Some(json!({"config": process_config(SLEEPER), "lease_ttl": 60})),
+            Some(&nonce),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{u}");
+    assert_eq!(u["nonce"], nonce.as_str(), "a refresh keeps the nonce");
+    fly.wait_state("u", &id, "started").await;
+
+    // skip_service_registration: updated and started, but out of rotation.
+    assert_eq!(u["cordoned"], false);
+    let (s, u) = fly
+        .call_leased(
+            reqwest::Method::POST,
+            &path,
+            Some(json!({"config": process_config(SLEEPER), "skip_service_registration": true})),
+            Some(&nonce),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{u}");
+    fly.wait_state("u", &id, "started").await;
+    let (_, now) = fly.get(&path).await;
+    assert_eq!(now["cordoned"], true, "{now}");
+}

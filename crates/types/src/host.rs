@@ -119,7 +119,7 @@ pub struct SignalRequest {
 }
 
 /// Body of an update: the whole new config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct UpdateRequest {
     pub config: MachineConfig,
     #[serde(default)]
@@ -127,6 +127,21 @@ pub struct UpdateRequest {
     /// The expected current `instance_id`; a mismatch is refused with 409.
     #[serde(default)]
     pub current_version: Option<String>,
+    /// A new name for the machine (absent or empty: unchanged).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Must be the machine's region if given: a machine does not move (as on Fly, where
+    /// region is immutable on update); another region is refused with 400.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// Take (or, with the nonce, refresh) a lease of this many seconds with the update; its
+    /// nonce is returned.
+    #[serde(default)]
+    pub lease_ttl: Option<u64>,
+    /// Cordon the machine with the update: it restarts out of its services' rotation until
+    /// uncordoned (false leaves the cordon as it is).
+    #[serde(default)]
+    pub skip_service_registration: bool,
 }
 
 /// Answer of `wait`.

@@ -136,7 +136,9 @@ pub(super) fn operations() -> Vec<Op> {
             M,
             "MachinesUpdate",
             "machines",
-            "Update a machine's config (a new version).",
+            "Update a machine's config (a new version). `name` renames it, `lease_ttl` takes or \
+             refreshes a lease (its nonce is answered), `skip_service_registration` cordons it; \
+             `region` must be its own (a machine does not move: 400).",
             &[(200, "The updated machine.", Json(schema::<Machine>))],
             FWD_CHANGE,
         )
