@@ -82,9 +82,12 @@ impl Agent {
             volume_size_gb: vol.size_gb,
             retention_days: vol.snapshot_retention,
         };
+        let agent = self.clone();
         let made = tokio::task::spawn_blocking(move || -> std::io::Result<HostSnapshot> {
             std::fs::create_dir_all(&partial)?;
-            let copied = consistent_copy(&source, &partial.join(IMAGE), true)?;
+            let copied = consistent_copy(&source, &partial.join(IMAGE), true, &|| {
+                agent.0.crash.at("volume_snapshot", 0)
+            })?;
             let snap = HostSnapshot {
                 size: copied.bytes,
                 digest: copied.digest.unwrap_or_default(),

@@ -96,7 +96,7 @@ impl VolumeFs {
                 Some(source) => {
                     // Copied aside and renamed, so a crash mid-copy leaves no half image.
                     let partial = self.dir(id).join("volume.img.partial");
-                    consistent_copy(source, &partial, false)?;
+                    consistent_copy(source, &partial, false, &|| {})?;
                     std::fs::rename(&partial, &image)?;
                 }
                 None => {
@@ -249,11 +249,18 @@ pub struct Copied {
 
 /// Copies `source.image` to `to` (made, synced) with its mount frozen meanwhile, so the
 /// copy is a point in time of the file system even while a machine writes to it.
-pub fn consistent_copy(source: &CopySource, to: &Path, digest: bool) -> io::Result<Copied> {
+/// `while_frozen` runs once it is frozen (crash tests kill the agent there).
+pub fn consistent_copy(
+    source: &CopySource,
+    to: &Path,
+    digest: bool,
+    while_frozen: &dyn Fn(),
+) -> io::Result<Copied> {
     let _frozen = match &source.freeze {
         Some(mnt) if is_mounted(mnt)? => Some(Frozen::new(mnt)?),
         _ => None,
     };
+    while_frozen();
     sparse_copy(&source.image, to, digest)
 }
 

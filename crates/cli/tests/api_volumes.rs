@@ -24,8 +24,8 @@ async fn list_volumes(fly: &Fly, app: &str, n: usize) -> Vec<Value> {
     .unwrap_or_else(|_| panic!("app {app} never had {n} volume(s)"))
 }
 
-/// Unmounts every volume left under the agents' data directories when a test ends (also
-/// when it fails), so no loop device outlives it. Declare it after the agents.
+/// Thaws and unmounts every volume left under the agents' data directories when a test ends
+/// (also when it fails), so no loop device outlives it. Declare it after the agents.
 struct UnmountOnDrop(Vec<PathBuf>);
 
 impl UnmountOnDrop {
@@ -38,6 +38,12 @@ impl Drop for UnmountOnDrop {
     fn drop(&mut self) {
         for dir in &self.0 {
             for mnt in mounts_under(dir) {
+                // A file system left frozen (a failed snapshot test) would outlive its
+                // unmount, holding its loop device.
+                let _ = std::process::Command::new("fsfreeze")
+                    .args(["-u", &mnt])
+                    .stderr(std::process::Stdio::null())
+                    .status();
                 let _ = std::process::Command::new("umount").arg(&mnt).status();
             }
         }
@@ -980,4 +986,103 @@ async fn snapshots_restore_and_fork_hold_the_data_of_their_moment() {
         .await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     assert!(v["error"].as_str().unwrap().contains("dm-crypt"), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_mid_snapshot_thaws_the_volume_when_it_comes_back() {
+    assert!(
+        is_root() && Path::new("/dev/loop-control").exists(),
+        "snapshots need ext4 volumes: run as root with loop devices"
+    );
+    let mut agents = start_cluster(Path::new(EXE), 2, |_, _| {}).unwrap();
+    let _unmount = UnmountOnDrop::new(&agents);
+    let fly = Fly::new(&agents[0]);
+    fly.create_app("crash").await;
+    let (s, v) = fly
+        .post("/apps/crash/volumes", json!({"name": "data", "size_gb": 1}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let vol = v["id"].as_str().unwrap().to_string();
+    let owner = agents
+        .iter()
+        .position(|a| host_of(a) == v["zone"].as_str().unwrap())
+        .unwrap();
+    // The API is asked through the other agent, which keeps the app while the owner is down.
+    let fly = Fly::new(&agents[1 - owner]);
+    let writer = machine_on(&fly, "crash", &vol, true).await;
+    let ticks = agents[owner]
+        .data_dir
+        .join("volumes")
+        .join(&vol)
+        .join("mnt")
+        .join("ticks");
+    let size = || std::fs::metadata(&ticks).map(|m| m.len()).unwrap_or(0);
+    let grows = |what: &'static str| {
+        let size = &size;
+        async move {
+            let before = size();
+            bazaar_testkit::eventually(Duration::from_secs(10), || async {
+                (size() > before).then_some(())
+            })
+            .await
+            .unwrap_or_else(|_| panic!("the machine's writes {what}"));
+        }
+    };
+    grows("before the snapshot").await;
+
+    // The agent dies while the volume's file system is frozen: the machine's writes wait.
+    agents[owner].kill9();
+    agents[owner]
+        .spawn(&[("BAZAAR_CRASH_AT", "volume_snapshot:0")])
+        .unwrap();
+    // Once the other node reaches the restarted owner again.
+    let owner_back = || async {
+        bazaar_testkit::eventually(Duration::from_secs(20), || async {
+            let (s, v) = fly.get(&format!("/apps/crash/volumes/{vol}")).await;
+            (s == StatusCode::OK && v["host_status"] == "ok").then_some(())
+        })
+        .await
+        .expect("the volume's owner answers again");
+    };
+    let snapshot = || async {
+        owner_back().await;
+        fly.post(&format!("/apps/crash/volumes/{vol}/snapshots"), json!({}))
+            .await
+    };
+    let (s, v) = snapshot().await;
+    assert!(s.is_server_error(), "the agent died mid-snapshot: {s} {v}");
+    if let Err(err) = agents[owner].wait_exit(Duration::from_secs(10)) {
+        panic!("{err}: the snapshot call answered {s} {v}");
+    }
+    let frozen_at = size();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        size(),
+        frozen_at,
+        "the volume is frozen while its agent is away"
+    );
+
+    // Back: the volume is thawed, the half-made snapshot is gone, snapshots work again.
+    agents[owner].kill9();
+    agents[owner].spawn(&[]).unwrap();
+    grows("after the agent came back").await;
+    let snapshots = agents[owner].data_dir.join("snapshots");
+    let left: Vec<_> = std::fs::read_dir(&snapshots)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "no partial snapshot left: {left:?}");
+
+    let (s, snap) = snapshot().await;
+    assert_eq!(s, StatusCode::OK, "{snap}");
+    let (s, list) = fly
+        .get(&format!("/apps/crash/volumes/{vol}/snapshots"))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{list}");
+    assert_eq!(
+        list.as_array().unwrap().len(),
+        1,
+        "only the new one: {list}"
+    );
+    let (_, m) = fly.get(&format!("/apps/crash/machines/{writer}")).await;
+    assert_eq!(m["state"], "started", "{m}");
 }
