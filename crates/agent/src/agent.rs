@@ -217,6 +217,7 @@ impl Agent {
             spawn_actor(&agent, m, ops, run);
         }
         agent.spawn_housekeeping();
+        agent.spawn_snapshot_pruning();
         crate::checks::spawn(&agent);
         tracing::info!(
             host.id = %agent.0.host_id,

@@ -21,6 +21,8 @@ use std::path::{Path, PathBuf};
 const META: &str = "snapshot.json";
 const IMAGE: &str = "volume.img";
 const PARTIAL: &str = ".partial-";
+/// How often expired snapshots are looked for.
+const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 
 fn snapshot_not_found(id: &str) -> AgentError {
     AgentError::NotFound(format!("snapshot {id} not found"))
@@ -106,7 +108,7 @@ impl Agent {
         .map_err(|e| AgentError::Internal(format!("snapshot of volume {volume_id}: {e}")))?;
         tracing::info!(volume.id = %volume_id, snapshot.id = %made.id, bytes = made.size,
             ms = started.elapsed().as_millis() as u64, "volume snapshot taken");
-        self.prune_snapshots();
+        self.prune_snapshots().await;
         Ok(made.view())
     }
 
@@ -229,15 +231,32 @@ impl Agent {
             }
         })
         .await;
-        self.prune_snapshots();
+        self.prune_snapshots().await;
+    }
+
+    /// Removes expired snapshots every hour (also when no snapshot is taken).
+    pub(crate) fn spawn_snapshot_pruning(&self) {
+        let agent = self.clone();
+        let shutdown = self.0.shutdown.clone();
+        self.0.tracker.spawn(async move {
+            let mut tick = tokio::time::interval(PRUNE_EVERY);
+            tick.tick().await; // the first tick is now: start-up pruned already
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    _ = tick.tick() => agent.prune_snapshots().await,
+                }
+            }
+        });
     }
 
     /// Removes the snapshots kept longer than their retention.
-    fn prune_snapshots(&self) {
-        let now = now_ms();
-        for snap in read_snapshots(self.snapshots_root()) {
-            if snap.expired(now) {
-                match std::fs::remove_dir_all(self.snapshot_dir(&snap.id)) {
+    async fn prune_snapshots(&self) {
+        let root = self.snapshots_root().to_path_buf();
+        let _ = tokio::task::spawn_blocking(move || {
+            let now = now_ms();
+            for snap in read_snapshots(&root).into_iter().filter(|s| s.expired(now)) {
+                match std::fs::remove_dir_all(root.join(&snap.id)) {
                     Ok(()) => {
                         tracing::info!(snapshot.id = %snap.id, volume.id = %snap.volume_id, "expired snapshot removed")
                     }
@@ -246,6 +265,7 @@ impl Agent {
                     }
                 }
             }
-        }
+        })
+        .await;
     }
 }

@@ -1062,15 +1062,41 @@ async fn an_agent_killed_mid_snapshot_thaws_the_volume_when_it_comes_back() {
         "the volume is frozen while its agent is away"
     );
 
-    // Back: the volume is thawed, the half-made snapshot is gone, snapshots work again.
+    // A snapshot past its retention (5 days) is removed when the agent starts too.
+    let expired = agents[owner].data_dir.join("snapshots/vs_expired000000000");
+    std::fs::create_dir_all(&expired).unwrap();
+    std::fs::write(expired.join("volume.img"), b"old").unwrap();
+    let day_ms = 86_400_000;
+    let old = bazaar_types::volume::HostSnapshot {
+        id: "vs_expired000000000".into(),
+        volume_id: vol.clone(),
+        app: "crash".into(),
+        size: 3,
+        digest: "sha256:00".into(),
+        created_at_ms: bazaar_types::now_ms() - 6 * day_ms,
+        volume_size_gb: 1,
+        retention_days: 5,
+    };
+    std::fs::write(
+        expired.join("snapshot.json"),
+        serde_json::to_vec(&old).unwrap(),
+    )
+    .unwrap();
+
+    // Back: the volume is thawed, the half-made and the expired snapshots are gone,
+    // snapshots work again.
     agents[owner].kill9();
     agents[owner].spawn(&[]).unwrap();
     grows("after the agent came back").await;
+    owner_back().await; // it serves once its recovery is done
     let snapshots = agents[owner].data_dir.join("snapshots");
     let left: Vec<_> = std::fs::read_dir(&snapshots)
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
-    assert!(left.is_empty(), "no partial snapshot left: {left:?}");
+    assert!(
+        left.is_empty(),
+        "no partial or expired snapshot left: {left:?}"
+    );
 
     let (s, snap) = snapshot().await;
     assert_eq!(s, StatusCode::OK, "{snap}");
