@@ -837,6 +837,21 @@ async fn snapshots_restore_and_fork_hold_the_data_of_their_moment() {
     );
     let (_, w) = fly.get(&format!("/apps/snap/machines/{writer}")).await;
     assert_eq!(w["state"], "started", "{w}");
+    // The owner keeps it with what a restore needs.
+    let kept = owner.client().snapshot(&snap_id).await.unwrap();
+    assert_eq!(
+        (
+            kept.volume_id.as_str(),
+            kept.app.as_str(),
+            kept.volume_size_gb
+        ),
+        (vol.as_str(), "snap", 1)
+    );
+    assert_eq!(kept.retention_days, 5);
+    assert_eq!(
+        owner.client().volume_snapshots(&vol).await.unwrap().len(),
+        1
+    );
 
     // More data after the snapshot.
     sh(
