@@ -731,6 +731,27 @@ async fn volumes_cli_commands() {
     let (ok, _, err) = cli(&["create", "Bad-Name"]);
     assert!(!ok);
     assert!(err.contains("volume name"), "{err}");
+    // Snapshots, restores and forks (ext4 as root; a plain directory cannot be copied).
+    if expected_fstype() == "ext4" {
+        let (ok, snap, err) = cli(&["snapshots", "create", &id]);
+        assert!(ok, "{err}");
+        let snap_id = snap.unwrap()["id"].as_str().unwrap().to_string();
+        let (ok, list, err) = cli(&["snapshots", "list", &id]);
+        assert!(ok, "{err}");
+        assert_eq!(list.unwrap()[0]["id"], snap_id.as_str());
+        let (ok, v, err) = cli(&["create", "restored", "--snapshot-id", &snap_id]);
+        assert!(ok, "{err}");
+        let v = v.unwrap();
+        assert_eq!(v["size_gb"], 2, "the snapshot's volume's size: {v}");
+        let (ok, _, err) = cli(&["destroy", v["id"].as_str().unwrap()]);
+        assert!(ok, "{err}");
+        let (ok, v, err) = cli(&["fork", &id]);
+        assert!(ok, "{err}");
+        let v = v.unwrap();
+        assert_eq!((&v["name"], &v["size_gb"]), (&json!("data"), &json!(2)));
+        let (ok, _, err) = cli(&["destroy", v["id"].as_str().unwrap()]);
+        assert!(ok, "{err}");
+    }
     let (ok, v, err) = cli(&["destroy", &id]);
     assert!(ok, "{err}");
     assert_eq!(v.unwrap()["state"], "destroyed");
