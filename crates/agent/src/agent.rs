@@ -35,6 +35,9 @@ use tokio_util::task::TaskTracker;
 pub struct Snapshot {
     pub state: MachineState,
     pub instance_id: String,
+    /// The newest event's id and the status it recorded.
+    pub event_id: String,
+    pub event_status: String,
 }
 
 /// The agent, cheap to clone.
@@ -128,7 +131,7 @@ impl Agent {
             isolate: is_root && config.isolate,
             cgroups,
             log_max_bytes: config.log_max_bytes,
-            volumes: crate::volume_fs::VolumeFs::new(config.data_dir.join("volumes")),
+            volumes: crate::volume_fs::VolumeFs::new(&config.data_dir),
             oci: crate::oci::OciRuntime::for_agent(&config, &host_id, cgroups),
         };
         let disk_gb = config
@@ -214,6 +217,7 @@ impl Agent {
             spawn_actor(&agent, m, ops, run);
         }
         agent.spawn_housekeeping();
+        agent.spawn_snapshot_pruning();
         crate::checks::spawn(&agent);
         tracing::info!(
             host.id = %agent.0.host_id,
@@ -441,6 +445,28 @@ impl Agent {
                 "config.mounts cannot be changed by an update; create a new machine".into(),
             ));
         }
+        if let Some(region) = req.region.as_deref().filter(|r| !r.is_empty()) {
+            if region != rec.region {
+                return Err(AgentError::Invalid(format!(
+                    "region {region}: an update cannot move machine {id} out of {}; a machine stays on its host (its id, volume and state live there). Create a machine in {region} with this config and destroy this one",
+                    rec.region
+                )));
+            }
+        }
+        let name = req.name.as_deref().filter(|n| !n.is_empty());
+        if let Some(name) = name {
+            ids::validate_name("machine", name).map_err(AgentError::Invalid)?;
+        }
+        if let Some(ttl) = req.lease_ttl {
+            crate::leases::new_lease(&rec, ttl, "", None)?;
+        }
+        // The caller holds the lease (checked above) or there is none: a lease_ttl refreshes
+        // it under the same nonce, or takes a new one.
+        let held_nonce = rec
+            .lease
+            .as_ref()
+            .filter(|l| l.expires_at * 1000 > now_ms())
+            .map(|l| l.nonce.clone());
         let kind = OpKind::Update {
             skip_launch: req.skip_launch,
             previous_instance_id: rec.instance_id.clone(),
@@ -460,6 +486,20 @@ impl Agent {
             desired
         };
         rec.updated_at_ms = now_ms();
+        if let Some(name) = name {
+            rec.name = name.to_string();
+        }
+        if req.skip_service_registration {
+            rec.cordoned = true;
+        }
+        if let Some(ttl) = req.lease_ttl {
+            rec.lease = Some(crate::leases::new_lease(
+                &rec,
+                ttl,
+                "",
+                held_nonce.as_deref(),
+            )?);
+        }
         if let Err(err) = self.assign_ports(&mut rec) {
             ledger.restore(id, previous_resources);
             return Err(err);
@@ -481,7 +521,11 @@ impl Agent {
             .collect();
         lock(&self.0.ports_in_use).retain(|p| !freed.contains(p));
         drop(ledger);
-        self.enqueue(&rec, op).await
+        let mut machine = self.enqueue(&rec, op).await?;
+        if req.lease_ttl.is_some() {
+            machine.nonce = rec.lease.as_ref().map(|l| l.nonce.clone());
+        }
+        Ok(machine)
     }
 
     /// Sends a signal to a started machine's workload (not an operation: nothing to resume).

@@ -10,6 +10,7 @@ use crate::oci::OciRuntime;
 use crate::record::MachineRecord;
 use bazaar_shim::{ShimError, ShimHandle, ShimSpec};
 use bazaar_types::event::MachineEvent;
+use bazaar_types::machine::ImageRef;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -131,12 +132,15 @@ impl Driver {
         rec: &MachineRecord,
         run_id: u64,
         events: &mut Vec<MachineEvent>,
+        image: &mut Option<ImageRef>,
     ) -> Result<ShimHandle, ShimError> {
         let run_dir = self.run_dir(&rec.id, run_id);
         std::fs::create_dir_all(&run_dir)
             .map_err(|e| ShimError::Io(format!("creating {}", run_dir.display()), e))?;
         if rec.config.driver() == "oci" {
-            return self.launch_image(rec, run_id, &run_dir, events).await;
+            return self
+                .launch_image(rec, run_id, &run_dir, events, image)
+                .await;
         }
         let spec = self.spec(rec, run_id);
         self.give_volume_to_workload(rec);
@@ -161,6 +165,7 @@ impl Driver {
         run_id: u64,
         run_dir: &Path,
         events: &mut Vec<MachineEvent>,
+        image: &mut Option<ImageRef>,
     ) -> Result<ShimHandle, ShimError> {
         let oci = self
             .oci
@@ -183,6 +188,7 @@ impl Driver {
             .await
             .map_err(ShimError::Launch)?;
         events.extend(prepared.events);
+        *image = Some(prepared.image_ref);
         let spec = ShimSpec {
             argv: prepared.argv,
             env: vec![("PATH".into(), DEFAULT_PATH.into())],

@@ -63,13 +63,22 @@ pub fn router(agent: Agent) -> Router {
                 .delete(metadata_key_delete),
         )
         .route("/machines/{id}/exec", post(exec))
+        .route("/machines/{id}/ps", get(ps))
         .route("/machines/{id}/placement", get(placement))
         .route("/volumes", get(volume_list).post(volume_create))
         .route(
             "/volumes/{id}",
-            get(volume_get).put(volume_update).delete(volume_delete),
+            get(volume_get)
+                .put(volume_update)
+                .post(volume_update)
+                .delete(volume_delete),
         )
         .route("/volumes/{id}/extend", put(volume_extend))
+        .route(
+            "/volumes/{id}/snapshots",
+            get(volume_snapshots).post(volume_snapshot),
+        )
+        .route("/snapshots/{id}", get(snapshot_get))
         .merge(crate::images::routes())
         .layer(middleware::from_fn_with_state(
             agent.clone(),
@@ -306,6 +315,24 @@ async fn volume_delete(State(agent): State<Agent>, Path(id): Path<String>) -> Ap
     Ok(Json(agent.delete_volume(&id).await?).into_response())
 }
 
+async fn volume_snapshots(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    Ok(Json(agent.volume_snapshots(&id)?).into_response())
+}
+
+async fn volume_snapshot(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    Ok(Json(agent.snapshot_volume(&id).await?).into_response())
+}
+
+async fn snapshot_get(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
+    Ok(Json(agent.snapshot(&id)?).into_response())
+}
+
 /// The lease nonce a client sent, if any.
 pub const NONCE_HEADER: &str = "fly-machine-lease-nonce";
 
@@ -418,7 +445,8 @@ async fn signal(
 }
 
 /// `state` may be repeated or comma-separated; `timeout` is in seconds (or a Go duration);
-/// `instance_id` and `version` are the same thing.
+/// `instance_id` and `version` are the same thing; `from_event_id` waits for a state reached
+/// by a later event.
 async fn wait(
     State(agent): State<Agent>,
     Path(id): Path<String>,
@@ -427,6 +455,7 @@ async fn wait(
     let mut states = Vec::new();
     let mut timeout = MAX_WAIT;
     let mut version = None;
+    let mut from_event_id = None;
     for (k, v) in &params {
         match k.as_str() {
             "state" => {
@@ -453,6 +482,14 @@ async fn wait(
                     .min(MAX_WAIT);
             }
             "instance_id" | "version" => version = Some(v.clone()),
+            "from_event_id" => {
+                if !bazaar_types::event::is_valid_event_id(v) {
+                    return Err(AgentError::Invalid(format!(
+                        "from_event_id {v:?} is not an event id (a ULID from the machine's events)"
+                    )));
+                }
+                from_event_id = Some(v.clone());
+            }
             _ => {}
         }
     }
@@ -461,7 +498,13 @@ async fn wait(
     }
     Ok(Json(
         agent
-            .wait(&id, &states, timeout, version.as_deref())
+            .wait(
+                &id,
+                &states,
+                timeout,
+                version.as_deref(),
+                from_event_id.as_deref(),
+            )
             .await?,
     )
     .into_response())
@@ -692,6 +735,21 @@ async fn metadata_bulk(
         )
         .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct PsQuery {
+    sort_by: Option<String>,
+    order: Option<String>,
+}
+
+async fn ps(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    Query(q): Query<PsQuery>,
+) -> ApiResult<Response> {
+    let sort = crate::ps::Sort::parse(q.sort_by.as_deref(), q.order.as_deref())?;
+    Ok(Json(agent.ps(&id, sort).await?).into_response())
 }
 
 async fn exec(

@@ -20,12 +20,13 @@
 //!   [`network`] gives each one a network namespace on the host's bridge.
 //! - [`restart`]: the restart policy.
 //! - [`http`]: the host interface (`/host/v1`).
-//! - [`exec`]: running a command inside a machine.
+//! - [`exec`]: running a command inside a machine; [`ps`]: its processes.
 //! - [`images`]: this host's images over the host interface (list, pull with progress,
 //!   import, prune) and their background pruning.
 //! - [`standby`]: starts stopped standbys when their primary's host is declared dead.
 //! - [`volumes`]: volumes owned by this host (records, placement checks, attachment), on
-//!   storage from [`volume_fs`] (ext4 images on loop devices, or directories).
+//!   storage from [`volume_fs`] (ext4 images on loop devices, or directories);
+//!   [`snapshots`]: their snapshots, restores and forks.
 //! - [`checks`]: service health checks of this host's machines (results go in the catalog).
 //! - [`config`], [`secrets`], [`fault`], [`error`].
 //!
@@ -46,11 +47,13 @@ pub mod leases;
 pub mod market;
 pub mod network;
 pub mod oci;
+pub mod ps;
 pub mod publish;
 pub mod record;
 pub mod restart;
 pub mod schedule;
 pub mod secrets;
+pub mod snapshots;
 pub mod standby;
 pub mod store;
 pub mod views;

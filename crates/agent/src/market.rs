@@ -207,8 +207,11 @@ impl Agent {
             restart_count: 0,
             host_shutdown_run: None,
             next_event_seq: 1,
+            last_event_id: String::new(),
+            last_event_status: String::new(),
             destroyed_at_ms: None,
             lease: None,
+            image_ref: None,
         };
         rec.cordoned = req.skip_service_registration;
         if let Some(ttl) = req.lease_ttl {

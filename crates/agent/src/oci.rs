@@ -21,6 +21,7 @@ use crate::network::LazyNetwork;
 use crate::record::MachineRecord;
 use bazaar_image::{Auth, ImageStore, PullPhase, Reference};
 use bazaar_types::event::MachineEvent;
+use bazaar_types::machine::ImageRef;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -130,6 +131,30 @@ pub struct Prepared {
     pub argv: Vec<String>,
     /// Events for the machine (image pull).
     pub events: Vec<MachineEvent>,
+    /// The image it runs, resolved.
+    pub image_ref: ImageRef,
+}
+
+/// The `image_ref` of `reference`: the digest it resolved to and its labels, once pulled.
+fn image_ref(reference: &Reference, image: Option<&bazaar_image::Image>) -> ImageRef {
+    ImageRef {
+        registry: reference.registry.clone(),
+        repository: reference.repository.clone(),
+        tag: reference.tag.clone().unwrap_or_default(),
+        digest: image
+            .map(|i| i.digest.to_string())
+            .or_else(|| reference.digest.as_ref().map(|d| d.to_string()))
+            .unwrap_or_default(),
+        labels: image
+            .and_then(|i| i.config.config.as_ref()?.labels.clone())
+            .unwrap_or_default(),
+    }
+}
+
+/// The `image_ref` a machine's config names, before it is resolved (no labels; a digest
+/// only if the reference has one). `None` for a reference that does not parse.
+pub fn configured_image_ref(image: &str) -> Option<ImageRef> {
+    Some(image_ref(&image.parse().ok()?, None))
 }
 
 impl OciRuntime {
@@ -343,6 +368,7 @@ impl OciRuntime {
         Ok(Prepared {
             argv: self.run_argv(run_dir, &rec.id, &bundle),
             events,
+            image_ref: image_ref(&reference, Some(&image)),
         })
     }
 

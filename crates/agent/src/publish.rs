@@ -95,6 +95,8 @@ impl Agent {
         let snap = Snapshot {
             state: self.current_state(rec),
             instance_id: rec.instance_id.clone(),
+            event_id: rec.last_event_id.clone(),
+            event_status: rec.last_event_status.clone(),
         };
         let mut live = lock(&self.0.live);
         match live.get(&rec.id) {

@@ -54,19 +54,27 @@ pub struct MachineRecord {
     pub host_shutdown_run: Option<u64>,
     /// Next event sequence number.
     pub next_event_seq: u64,
+    /// The id of the newest event (ids increase) and the status it left the machine in.
+    #[serde(default)]
+    pub last_event_id: String,
+    #[serde(default)]
+    pub last_event_status: String,
     /// When the machine was destroyed (tombstone).
     #[serde(default)]
     pub destroyed_at_ms: Option<u64>,
     /// The lease, if one was taken (it may have expired).
     #[serde(default)]
     pub lease: Option<bazaar_types::machine::Lease>,
+    /// The image an image machine's last launch resolved.
+    #[serde(default)]
+    pub image_ref: Option<bazaar_types::machine::ImageRef>,
     // How the exchange placed the machine is stored apart (`Store::placement`).
 }
 
 impl MachineRecord {
     /// The actor read `before`, worked on it into `self`, and the stored record is now
     /// `stored`: takes from `stored` what the accept side changed meanwhile (it owns the
-    /// config and version, resources, ports, cordon, lease and, when a new
+    /// config and version, name, resources, ports, cordon, lease and, when a new
     /// operation was queued, the desired state and run ids), keeping the actor's own
     /// fields (state, run, exits, restarts). Events are renumbered by the caller.
     pub fn merge_accepted(&mut self, before: &MachineRecord, stored: &MachineRecord) {
@@ -83,6 +91,9 @@ impl MachineRecord {
         if stored.private_ip != before.private_ip {
             self.private_ip = stored.private_ip;
         }
+        if stored.name != before.name {
+            self.name = stored.name.clone();
+        }
         if stored.cordoned != before.cordoned {
             self.cordoned = stored.cordoned;
         }
@@ -94,6 +105,10 @@ impl MachineRecord {
         }
         self.next_run_id = self.next_run_id.max(stored.next_run_id);
         self.next_event_seq += stored.next_event_seq.saturating_sub(before.next_event_seq);
+        if stored.last_event_id > self.last_event_id {
+            self.last_event_id = stored.last_event_id.clone();
+            self.last_event_status = stored.last_event_status.clone();
+        }
         self.updated_at_ms = self.updated_at_ms.max(stored.updated_at_ms);
     }
 }

@@ -135,6 +135,10 @@ impl Batch {
     pub fn event(&mut self, m: &mut MachineRecord, e: MachineEvent) -> &mut Self {
         let seq = m.next_event_seq;
         m.next_event_seq += 1;
+        if e.id > m.last_event_id {
+            m.last_event_id = e.id.clone();
+            m.last_event_status = e.status.clone();
+        }
         self.events.push((m.id.clone(), seq, e));
         self
     }

@@ -73,31 +73,41 @@ impl Agent {
         Ok(text.to_string())
     }
 
-    /// Waits until the machine is in one of `states` (and at `instance_id`, if given).
+    /// Waits until the machine is in one of `states` (and at `instance_id`, if given; and,
+    /// with `from_event_id`, put in that state by an event newer than that one: the newest
+    /// event must have recorded the state, so an `update` event alone does not satisfy a
+    /// wait for `started`). Answers the newest event's id.
     pub async fn wait(
         &self,
         id: &str,
         states: &[MachineState],
         timeout: Duration,
         instance_id: Option<&str>,
+        from_event_id: Option<&str>,
     ) -> Result<WaitResponse, AgentError> {
         let rec = self.record_of(id)?;
         let rx = lock(&self.0.live).get(id).map(|tx| tx.subscribe());
         let matches = |s: &Snapshot| {
             let state_ok = states.contains(&s.state);
-            state_ok && instance_id.is_none_or(|v| v == s.instance_id)
+            state_ok
+                && instance_id.is_none_or(|v| v == s.instance_id)
+                && from_event_id
+                    .is_none_or(|e| s.event_id.as_str() > e && s.event_status == s.state.as_str())
         };
         let Some(mut rx) = rx else {
             // A tombstone: it only ever is destroyed.
             let snap = Snapshot {
                 state: self.current_state(&rec),
                 instance_id: rec.instance_id.clone(),
+                event_id: rec.last_event_id.clone(),
+                event_status: rec.last_event_status.clone(),
             };
             if matches(&snap) {
                 return Ok(WaitResponse {
                     ok: true,
                     state: snap.state.to_string(),
                     version: snap.instance_id,
+                    event_id: snap.event_id,
                 });
             }
             return Err(AgentError::WaitTimeout {
@@ -111,6 +121,7 @@ impl Agent {
                 ok: true,
                 state: snap.state.to_string(),
                 version: snap.instance_id.clone(),
+                event_id: snap.event_id.clone(),
             }),
             _ => Err(AgentError::WaitTimeout {
                 id: id.into(),
@@ -187,6 +198,13 @@ impl Agent {
                 .as_ref()
                 .filter(|l| l.expires_at * 1000 > now_ms())
                 .map(Into::into),
+            image_ref: (rec.config.driver() == "oci")
+                .then(|| {
+                    rec.image_ref
+                        .clone()
+                        .or_else(|| crate::oci::configured_image_ref(&rec.config.image))
+                })
+                .flatten(),
         }
     }
 }

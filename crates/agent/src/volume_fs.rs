@@ -3,8 +3,14 @@
 //! agent is root and the tools are there; otherwise `mnt/` is a plain directory (`fstype`
 //! `dir`, size not enforced). Every function is idempotent, so an operation cut short by a
 //! crash is finished by running it again.
+//!
+//! Snapshots and forks are consistent copies of an image ([`consistent_copy`]): the mounted
+//! file system is frozen (`fsfreeze`, so a machine writing to it waits) while its image is
+//! copied sparsely, block by block, skipping zeros and hashing what is copied.
 
+use sha2::{Digest, Sha256};
 use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -14,6 +20,8 @@ const GIB: u64 = 1024 * 1024 * 1024;
 #[derive(Debug, Clone)]
 pub struct VolumeFs {
     pub root: PathBuf,
+    /// Where snapshots are kept (`<id>/volume.img` and `<id>/snapshot.json`).
+    pub snapshots: PathBuf,
     /// Make ext4 images on loop devices (root, e2fsprogs and `/dev/loop-control`).
     pub ext4: bool,
 }
@@ -28,14 +36,19 @@ pub struct FsStats {
 }
 
 impl VolumeFs {
-    /// Volumes under `root`; ext4 when this host can make and mount images.
-    pub fn new(root: PathBuf) -> VolumeFs {
+    /// Volumes under `data_dir/volumes`, snapshots under `data_dir/snapshots`; ext4 when
+    /// this host can make and mount images.
+    pub fn new(data_dir: &Path) -> VolumeFs {
         let ext4 = rustix::process::geteuid().is_root()
             && Path::new("/dev/loop-control").exists()
             && ["mkfs.ext4", "resize2fs", "mount", "umount", "losetup"]
                 .iter()
                 .all(|tool| find_tool(tool).is_some());
-        VolumeFs { root, ext4 }
+        VolumeFs {
+            root: data_dir.join("volumes"),
+            snapshots: data_dir.join("snapshots"),
+            ext4,
+        }
     }
 
     /// The file system new volumes get: `ext4` or `dir`.
@@ -57,12 +70,20 @@ impl VolumeFs {
         self.dir(id).join("mnt")
     }
 
-    fn image(&self, id: &str) -> PathBuf {
+    /// A volume's ext4 image.
+    pub fn image(&self, id: &str) -> PathBuf {
         self.dir(id).join("volume.img")
     }
 
-    /// Makes the volume's storage and mounts it (or finishes doing so).
-    pub fn create(&self, id: &str, size_gb: u64, fstype: &str) -> io::Result<()> {
+    /// Makes the volume's storage and mounts it (or finishes doing so): a new file system,
+    /// or a copy of `source` grown to `size_gb`.
+    pub fn create(
+        &self,
+        id: &str,
+        size_gb: u64,
+        fstype: &str,
+        source: Option<&CopySource>,
+    ) -> io::Result<()> {
         let mnt = self.mount_path(id);
         std::fs::create_dir_all(&mnt)?;
         if fstype != "ext4" || is_mounted(&mnt)? {
@@ -71,13 +92,47 @@ impl VolumeFs {
         let image = self.image(id);
         let formatted = self.dir(id).join("formatted");
         if !formatted.exists() {
-            let f = std::fs::File::create(&image)?;
-            f.set_len(size_gb * GIB)?;
-            f.sync_all()?;
-            run("mkfs.ext4", &["-F", "-q", "-m", "0", path_str(&image)?])?;
+            match source {
+                Some(source) => {
+                    // Copied aside and renamed, so a crash mid-copy leaves no half image.
+                    let partial = self.dir(id).join("volume.img.partial");
+                    consistent_copy(source, &partial, false, &|| {})?;
+                    std::fs::rename(&partial, &image)?;
+                }
+                None => {
+                    let f = std::fs::File::create(&image)?;
+                    f.set_len(size_gb * GIB)?;
+                    f.sync_all()?;
+                    run("mkfs.ext4", &["-F", "-q", "-m", "0", path_str(&image)?])?;
+                }
+            }
             std::fs::write(&formatted, b"")?;
         }
-        self.mount(id)
+        self.mount(id)?;
+        if std::fs::metadata(&image)?.len() < size_gb * GIB {
+            self.grow(id, size_gb, fstype)?;
+        }
+        Ok(())
+    }
+
+    /// What a consistent copy of volume `id` reads: its image, with its file system frozen
+    /// while it is read.
+    pub fn copy_source(&self, id: &str) -> CopySource {
+        CopySource {
+            image: self.image(id),
+            freeze: Some(self.mount_path(id)),
+        }
+    }
+
+    /// Thaws volume `id`'s file system, in case a crash left it frozen mid-copy (a no-op
+    /// when it is not frozen).
+    pub fn thaw(&self, id: &str) {
+        if let Some(exe) = find_tool("fsfreeze") {
+            let _ = Command::new(exe)
+                .arg("-u")
+                .arg(self.mount_path(id))
+                .output();
+        }
     }
 
     /// Mounts an existing ext4 volume if it is not mounted (after a host reboot).
@@ -174,6 +229,128 @@ impl VolumeFs {
     }
 }
 
+/// The image a copy reads, and the mount to freeze while it does (none for a snapshot,
+/// which nothing writes to).
+#[derive(Debug, Clone)]
+pub struct CopySource {
+    pub image: PathBuf,
+    pub freeze: Option<PathBuf>,
+}
+
+/// What a copy copied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Copied {
+    /// Bytes of non-zero blocks.
+    pub bytes: u64,
+    /// `sha256:` over every non-zero 4 KiB block and its offset: equal for equal images,
+    /// whatever their holes. Only when asked for (snapshots).
+    pub digest: Option<String>,
+}
+
+/// Copies `source.image` to `to` (made, synced) with its mount frozen meanwhile, so the
+/// copy is a point in time of the file system even while a machine writes to it.
+/// `while_frozen` runs once it is frozen (crash tests kill the agent there).
+pub fn consistent_copy(
+    source: &CopySource,
+    to: &Path,
+    digest: bool,
+    while_frozen: &dyn Fn(),
+) -> io::Result<Copied> {
+    let _frozen = match &source.freeze {
+        Some(mnt) if is_mounted(mnt)? => Some(Frozen::new(mnt)?),
+        _ => None,
+    };
+    while_frozen();
+    sparse_copy(&source.image, to, digest)
+}
+
+/// A frozen file system, thawed when dropped (also on an error or a panic).
+struct Frozen(PathBuf);
+
+impl Frozen {
+    fn new(mnt: &Path) -> io::Result<Frozen> {
+        run("fsfreeze", &["-f", path_str(mnt)?])?;
+        Ok(Frozen(mnt.to_path_buf()))
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        if let Ok(p) = path_str(&self.0) {
+            if let Err(err) = run("fsfreeze", &["-u", p]) {
+                tracing::error!(mount = %self.0.display(), error = %err, "thawing a volume");
+            }
+        }
+    }
+}
+
+/// Block size of the copy's zero detection and digest.
+const COPY_BLOCK: usize = 4096;
+static ZERO_BLOCK: [u8; COPY_BLOCK] = [0; COPY_BLOCK];
+
+/// Copies `from` to `to` keeping it sparse: only the data extents of `from` are read
+/// (`SEEK_DATA`/`SEEK_HOLE`), and of them only non-zero blocks are written.
+fn sparse_copy(from: &Path, to: &Path, digest: bool) -> io::Result<Copied> {
+    use std::os::fd::AsRawFd;
+    let src = std::fs::File::open(from)?;
+    let len = src.metadata()?.len();
+    let dst = std::fs::File::create(to)?;
+    dst.set_len(len)?;
+    let seek = |off: u64, whence: libc::c_int| -> io::Result<Option<u64>> {
+        // SAFETY: lseek on a descriptor we own; no memory is passed.
+        let r = unsafe { libc::lseek(src.as_raw_fd(), off as libc::off_t, whence) };
+        if r < 0 {
+            let err = io::Error::last_os_error();
+            return match err.raw_os_error() {
+                Some(libc::ENXIO) => Ok(None),
+                _ => Err(err),
+            };
+        }
+        Ok(Some(r as u64))
+    };
+    let mut hasher = digest.then(Sha256::new);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0;
+    let mut pos = 0;
+    while pos < len {
+        let Some(data) = seek(pos, libc::SEEK_DATA)? else {
+            break;
+        };
+        let hole = seek(data, libc::SEEK_HOLE)?.unwrap_or(len).min(len);
+        // Whole blocks: extents are block-aligned on every file system we run on.
+        let mut off = data - data % COPY_BLOCK as u64;
+        while off < hole {
+            let n = (buf.len() as u64).min(len - off) as usize;
+            let chunk = &mut buf[..n];
+            src.read_exact_at(chunk, off)?;
+            let mut run_start = None;
+            for (i, block) in chunk.chunks(COPY_BLOCK).enumerate() {
+                let at = i * COPY_BLOCK;
+                if block != &ZERO_BLOCK[..block.len()] {
+                    if let Some(h) = hasher.as_mut() {
+                        h.update((off + at as u64).to_le_bytes());
+                        h.update(block);
+                    }
+                    bytes += block.len() as u64;
+                    run_start.get_or_insert(at);
+                } else if let Some(start) = run_start.take() {
+                    dst.write_all_at(&chunk[start..at], off + start as u64)?;
+                }
+            }
+            if let Some(start) = run_start {
+                dst.write_all_at(&chunk[start..], off + start as u64)?;
+            }
+            off += n as u64;
+        }
+        pos = off;
+    }
+    dst.sync_all()?;
+    Ok(Copied {
+        bytes,
+        digest: hasher.map(|h| format!("sha256:{}", hex::encode(h.finalize()))),
+    })
+}
+
 /// Free space of the file system holding `path`, in GB.
 pub fn free_gb(path: &Path) -> u64 {
     rustix::fs::statvfs(path)
@@ -264,17 +441,46 @@ mod tests {
     fn dir_volumes_are_made_and_removed_idempotently() {
         let tmp = tempfile::tempdir().unwrap();
         let fs = VolumeFs {
-            root: tmp.path().join("volumes"),
             ext4: false,
+            ..VolumeFs::new(tmp.path())
         };
-        fs.create("vol_a", 1, "dir").unwrap();
-        fs.create("vol_a", 1, "dir").unwrap();
+        fs.create("vol_a", 1, "dir", None).unwrap();
+        fs.create("vol_a", 1, "dir", None).unwrap();
         std::fs::write(fs.mount_path("vol_a").join("f"), b"hello").unwrap();
         assert_eq!(fs.dir_bytes("vol_a"), 5);
         assert!(fs.stats("vol_a").unwrap().blocks > 0);
         fs.remove("vol_a").unwrap();
         fs.remove("vol_a").unwrap();
         assert!(!fs.dir("vol_a").exists());
+    }
+
+    #[test]
+    fn sparse_copies_keep_data_holes_and_a_digest_of_the_data() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b, c) = (
+            tmp.path().join("a"),
+            tmp.path().join("b"),
+            tmp.path().join("c"),
+        );
+        let f = std::fs::File::create(&a).unwrap();
+        f.set_len(64 << 20).unwrap();
+        f.write_all_at(b"first", 4096 * 3 + 7).unwrap();
+        f.write_all_at(&vec![0u8; 8192], 1 << 20).unwrap(); // allocated, but zeros
+        f.write_all_at(b"last", (64 << 20) - 4).unwrap();
+        let copied = sparse_copy(&a, &b, true).unwrap();
+        assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+        assert_eq!(copied.bytes, 2 * 4096, "two non-zero blocks");
+        use std::os::unix::fs::MetadataExt;
+        assert!(
+            std::fs::metadata(&b).unwrap().blocks() * 512 <= 64 * 1024,
+            "sparse"
+        );
+        // The same content, written differently, has the same digest; other content not.
+        assert!(copied.digest.as_ref().unwrap().starts_with("sha256:"));
+        assert_eq!(sparse_copy(&b, &c, true).unwrap().digest, copied.digest);
+        f.write_all_at(b"x", 0).unwrap();
+        assert_ne!(sparse_copy(&a, &c, true).unwrap().digest, copied.digest);
+        assert_eq!(sparse_copy(&a, &c, false).unwrap().digest, None);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::volume_fs::VolumeFs;
 use bazaar_placement::volume::{check_volume, DiskState, VolumeRequest};
 use bazaar_types::volume::{
     is_valid_volume_id, mount_of, validate_size_gb, validate_volume_name, HostVolumeCreate,
-    UpdateVolumeRequest, Volume, BLOCK_SIZE,
+    UpdateVolumeRequest, Volume, VolumeSource, BLOCK_SIZE, NO_ENCRYPTION,
 };
 use bazaar_types::{ids, now_ms};
 use serde::{Deserialize, Serialize};
@@ -40,6 +40,9 @@ pub struct VolumeRecord {
     pub auto_backup_enabled: bool,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
+    /// What it was made from (a restore or a fork); absent for an empty volume.
+    #[serde(default)]
+    pub source: Option<VolumeSource>,
 }
 
 /// Where a volume is in its life. Transient states say which storage step is under way.
@@ -70,7 +73,7 @@ fn not_found(id: &str) -> AgentError {
 }
 
 impl Agent {
-    fn volume_fs(&self) -> &VolumeFs {
+    pub(crate) fn volume_fs(&self) -> &VolumeFs {
         &self.0.driver.volumes
     }
 
@@ -102,6 +105,9 @@ impl Agent {
         ids::validate_name("app", &req.app).map_err(AgentError::Invalid)?;
         validate_volume_name(&req.name).map_err(AgentError::Invalid)?;
         validate_size_gb(req.size_gb).map_err(AgentError::Invalid)?;
+        if req.encrypted {
+            return Err(AgentError::Invalid(NO_ENCRYPTION.into()));
+        }
         let rec = {
             let ledger = self.0.ledger.lock().await;
             if let Some(existing) = self.0.store.volume(&req.id)? {
@@ -128,6 +134,9 @@ impl Agent {
                     compute: req.compute,
                     require_unique_zone: req.require_unique_zone,
                 };
+                if let Some(source) = &req.source {
+                    self.check_source(source, &req)?;
+                }
                 check_volume(&state, &want).map_err(AgentError::Capacity)?;
                 let now = now_ms();
                 let rec = VolumeRecord {
@@ -144,6 +153,7 @@ impl Agent {
                     auto_backup_enabled: req.auto_backup_enabled,
                     created_at_ms: now,
                     updated_at_ms: now,
+                    source: req.source.clone(),
                 };
                 let mut b = Batch::default();
                 b.volume(&rec);
@@ -170,8 +180,12 @@ impl Agent {
         let fs = self.volume_fs().clone();
         let (id, size, fstype, state) =
             (rec.id.clone(), rec.size_gb, rec.fstype.clone(), rec.state);
+        let source = match (&rec.source, state) {
+            (Some(source), VolumeState::Creating) => Some(self.copy_source(source)?),
+            _ => None,
+        };
         let done = tokio::task::spawn_blocking(move || match state {
-            VolumeState::Creating => fs.create(&id, size, &fstype),
+            VolumeState::Creating => fs.create(&id, size, &fstype, source.as_ref()),
             VolumeState::Extending => fs.grow(&id, size, &fstype),
             VolumeState::Destroying => fs.remove(&id),
             VolumeState::Created if fstype == "ext4" => fs.mount(&id),
@@ -237,6 +251,7 @@ impl Agent {
     /// Finishes every volume operation a crash cut short and mounts ext4 volumes that are
     /// not mounted (after a reboot). Runs on start.
     pub(crate) async fn recover_volumes(&self) {
+        self.recover_snapshots().await;
         for rec in self.0.store.volumes().unwrap_or_default() {
             let (id, state) = (rec.id.clone(), rec.state);
             if let Err(err) = self.finish_volume(rec).await {
@@ -257,7 +272,7 @@ impl Agent {
             .collect())
     }
 
-    fn load_volume(&self, id: &str) -> Result<VolumeRecord, AgentError> {
+    pub(crate) fn load_volume(&self, id: &str) -> Result<VolumeRecord, AgentError> {
         if !is_valid_volume_id(id) {
             return Err(not_found(id));
         }

@@ -430,17 +430,29 @@ impl Api {
         path: &str,
         body: &impl serde::Serialize,
     ) -> Result<T, HostCallError> {
-        let resp = self
+        let req = self
             .to_node(reqwest::Method::POST, &host.api_addr, path)
-            .json(body)
-            .send()
-            .await
-            .map_err(|e| {
-                HostCallError::Unreachable(format!(
-                    "host {} at {}: {e}",
-                    host.host_id, host.api_addr
-                ))
-            })?;
+            .json(body);
+        Self::call_host(req, host).await
+    }
+
+    /// GETs from a host's interface and decodes the answer (errors keep the host's message).
+    pub(crate) async fn get_host<T: serde::de::DeserializeOwned>(
+        &self,
+        host: &HostAddr,
+        path: &str,
+    ) -> Result<T, HostCallError> {
+        let req = self.to_node(reqwest::Method::GET, &host.api_addr, path);
+        Self::call_host(req, host).await
+    }
+
+    async fn call_host<T: serde::de::DeserializeOwned>(
+        req: reqwest::RequestBuilder,
+        host: &HostAddr,
+    ) -> Result<T, HostCallError> {
+        let resp = req.send().await.map_err(|e| {
+            HostCallError::Unreachable(format!("host {} at {}: {e}", host.host_id, host.api_addr))
+        })?;
         let status = resp.status();
         let bytes = resp
             .bytes()

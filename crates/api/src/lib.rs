@@ -188,10 +188,15 @@ pub fn router(agent: Agent) -> Router {
         .route(
             "/v1/apps/{app}/volumes/{id}",
             get(volumes::get)
+                .post(volumes::update)
                 .put(volumes::update)
                 .delete(volumes::destroy),
         )
         .route("/v1/apps/{app}/volumes/{id}/extend", put(volumes::extend))
+        .route(
+            "/v1/apps/{app}/volumes/{id}/snapshots",
+            get(volumes::snapshots).post(volumes::snapshot),
+        )
         .route("/v1/platform/regions", get(platform::regions))
         .route("/v1/platform/placements", post(platform::placements))
         .layer(middleware::from_fn_with_state(

@@ -1,8 +1,12 @@
 //! `/v1/apps/{app}/volumes`: creates go through the market (hosts ranked from the local
 //! catalog by [`bazaar_placement::volume`], each asked in turn until one accepts from its
-//! exact state), lists come from the local catalog, every call on one volume is forwarded
-//! to the host that owns it. A machine that mounts a volume is pinned to that host
-//! ([`crate::machines`]).
+//! exact state), lists come from the local catalog, every call on one volume (snapshots
+//! included) is forwarded to the host that owns it. A machine that mounts a volume is pinned
+//! to that host ([`crate::machines`]).
+//!
+//! Restores (`snapshot_id`) and forks (`source_volume_id`) are made on the host that holds
+//! the source (Fly may fork onto another host; here the data never leaves its host), found
+//! for a snapshot by asking every host, for a volume from the catalog.
 
 use crate::error::ApiError;
 use crate::exchange::{HostAddr, HostCallError};
@@ -17,8 +21,9 @@ use bazaar_placement::exchange::parse_regions;
 use bazaar_placement::volume::{volume_candidates, VolumeCandidate, VolumeRequest};
 use bazaar_types::host::Resources;
 use bazaar_types::volume::{
-    is_valid_volume_id, new_volume_id, validate_size_gb, validate_volume_name, CreateVolumeRequest,
-    HostVolumeCreate, Volume, BLOCK_SIZE, DEFAULT_SIZE_GB,
+    is_valid_snapshot_id, is_valid_volume_id, new_volume_id, validate_size_gb,
+    validate_volume_name, CreateVolumeRequest, HostSnapshot, HostVolumeCreate, Volume,
+    VolumeSource, BLOCK_SIZE, DEFAULT_SIZE_GB, NO_ENCRYPTION,
 };
 
 /// A volume shown from the catalog (lists, and gets while its host does not answer).
@@ -63,6 +68,9 @@ fn host_request(app: &str, req: &CreateVolumeRequest) -> Result<HostVolumeCreate
             )));
         }
     }
+    if req.encrypted == Some(true) {
+        return Err(ApiError::BadRequest(NO_ENCRYPTION.into()));
+    }
     let snapshot_retention = req.snapshot_retention.unwrap_or(5);
     if !(1..=60).contains(&snapshot_retention) {
         return Err(ApiError::BadRequest(format!(
@@ -82,11 +90,12 @@ fn host_request(app: &str, req: &CreateVolumeRequest) -> Result<HostVolumeCreate
         app: app.to_string(),
         name: req.name.clone(),
         size_gb,
-        encrypted: req.encrypted.unwrap_or(true),
+        encrypted: false,
         require_unique_zone: req.require_unique_zone.unwrap_or(true),
         compute,
         snapshot_retention,
         auto_backup_enabled: req.auto_backup_enabled.unwrap_or(false),
+        source: None,
     })
 }
 
@@ -98,6 +107,9 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     require_app(&api, &app)?;
     let req: CreateVolumeRequest = parse_body(&body)?;
+    if req.snapshot_id.is_some() || req.source_volume_id.is_some() {
+        return create_from_source(&api, &app, &req).await;
+    }
     let template = host_request(&app, &req)?;
     let (hosts, addrs) = api.market_view()?;
     let volumes = api.catalog()?.volumes(Some(&app));
@@ -184,6 +196,133 @@ pub async fn create(
     )))
 }
 
+/// A restore or a fork: made on the host that holds the source, at least the source's size
+/// (by default exactly). `require_unique_zone` defaults to false here: the new volume has
+/// no other host to go to.
+async fn create_from_source(
+    api: &Api,
+    app: &str,
+    req: &CreateVolumeRequest,
+) -> Result<Response, ApiError> {
+    let (source, host, source_gb) = match (&req.snapshot_id, &req.source_volume_id) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::BadRequest(
+                "give snapshot_id (restore) or source_volume_id (fork), not both".into(),
+            ))
+        }
+        (Some(snap), None) => {
+            let (host, found) = find_snapshot(api, app, snap).await?;
+            (
+                VolumeSource::Snapshot(snap.clone()),
+                host,
+                found.volume_size_gb,
+            )
+        }
+        (None, Some(vol)) => {
+            let not_found = || {
+                ApiError::BadRequest(format!(
+                    "source_volume_id {vol} is not a volume of app {app}"
+                ))
+            };
+            let (host, _) = locate(api, app, vol).await.map_err(|e| match e {
+                ApiError::NotFound(_) => not_found(),
+                other => other,
+            })?;
+            let source: Volume = api
+                .get_host(&host, &format!("/host/v1/volumes/{vol}"))
+                .await
+                .map_err(|e| match e {
+                    HostCallError::Refused { status: 404, .. } => not_found(),
+                    other => ApiError::Unavailable(format!(
+                        "the host {} of source_volume_id {vol} is unreachable ({other})",
+                        host.host_id
+                    )),
+                })?;
+            (VolumeSource::Volume(vol.clone()), host, source.size_gb)
+        }
+        (None, None) => unreachable!("called for a restore or a fork"),
+    };
+    let region = api
+        .catalog()?
+        .host(&host.host_id)
+        .map(|h| h.record.region)
+        .unwrap_or_default();
+    if let Some(want) = req.region.as_deref().filter(|r| !r.trim().is_empty()) {
+        if want != region {
+            return Err(ApiError::BadRequest(format!(
+                "region {want}: a restored or forked volume is made on the host that holds its source, in region {region}"
+            )));
+        }
+    }
+    let mut ask = host_request(app, req)?;
+    ask.id = new_volume_id();
+    ask.size_gb = req.size_gb.unwrap_or(source_gb);
+    ask.require_unique_zone = req.require_unique_zone.unwrap_or(false);
+    ask.source = Some(source);
+    match api
+        .post_host::<Volume>(&host, "/host/v1/volumes", &ask)
+        .await
+    {
+        Ok(volume) => {
+            api.remember(&volume.id, &host.host_id);
+            Ok(Json(volume).into_response())
+        }
+        Err(HostCallError::Refused {
+            status: 409,
+            message,
+        }) => Err(ApiError::InsufficientCapacity(format!(
+            "insufficient capacity: host {} holds the source but cannot take the new volume: {message}",
+            host.host_id
+        ))),
+        Err(HostCallError::Refused { status, message }) if status < 500 => {
+            Err(ApiError::BadRequest(message))
+        }
+        Err(err) => Err(ApiError::Unavailable(format!(
+            "host {}: {err}",
+            host.host_id
+        ))),
+    }
+}
+
+/// The host that keeps snapshot `id` of `app`: every host is asked (snapshots are not in
+/// the catalog; restores are rare).
+async fn find_snapshot(
+    api: &Api,
+    app: &str,
+    id: &str,
+) -> Result<(HostAddr, HostSnapshot), ApiError> {
+    let not_found = |extra: String| {
+        ApiError::BadRequest(format!(
+            "snapshot_id {id} is not a snapshot of app {app}{extra}"
+        ))
+    };
+    if !is_valid_snapshot_id(id) {
+        return Err(not_found(String::new()));
+    }
+    let (_, addrs) = api.market_view()?;
+    let path = format!("/host/v1/snapshots/{id}");
+    let asks = addrs.values().map(|addr| {
+        let path = &path;
+        async move { (addr, api.get_host::<HostSnapshot>(addr, path).await) }
+    });
+    let mut silent = Vec::new();
+    for (addr, answer) in futures_util::future::join_all(asks).await {
+        match answer {
+            Ok(snap) if snap.app == app => return Ok((addr.clone(), snap)),
+            Ok(_) | Err(HostCallError::Refused { status: 404, .. }) => {}
+            Err(err) => silent.push(format!("{} ({err})", addr.host_id)),
+        }
+    }
+    Err(not_found(if silent.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " on the hosts that answered; not answering: {}",
+            silent.join("; ")
+        )
+    }))
+}
+
 /// `GET /v1/apps/{app}/volumes`: the app's volumes from the local catalog.
 pub async fn list(State(api): State<Api>, Path(app): Path<String>) -> Result<Response, ApiError> {
     require_app(&api, &app)?;
@@ -226,7 +365,8 @@ pub async fn get(
     forward(api, app, id, "", Method::GET, Bytes::new()).await
 }
 
-/// `PUT /v1/apps/{app}/volumes/{id}`: update (snapshot retention, backups).
+/// `POST` (Fly's method) or `PUT /v1/apps/{app}/volumes/{id}`: update (snapshot
+/// retention, backups).
 pub async fn update(
     State(api): State<Api>,
     Path((app, id)): Path<(String, String)>,
@@ -242,6 +382,22 @@ pub async fn extend(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     forward(api, app, id, "/extend", Method::PUT, body).await
+}
+
+/// `GET /v1/apps/{app}/volumes/{id}/snapshots`: the volume's snapshots, oldest first.
+pub async fn snapshots(
+    State(api): State<Api>,
+    Path((app, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    forward(api, app, id, "/snapshots", Method::GET, Bytes::new()).await
+}
+
+/// `POST /v1/apps/{app}/volumes/{id}/snapshots`: takes a snapshot now (answers it).
+pub async fn snapshot(
+    State(api): State<Api>,
+    Path((app, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    forward(api, app, id, "/snapshots", Method::POST, Bytes::new()).await
 }
 
 /// `DELETE /v1/apps/{app}/volumes/{id}`: refused with 412 while a machine has it attached.
@@ -263,7 +419,7 @@ async fn forward(
     require_app(&api, &app)?;
     let (host, row) = locate(&api, &app, &id).await?;
     let unreachable = |why: String| -> Result<Response, ApiError> {
-        if method == Method::GET {
+        if method == Method::GET && rest.is_empty() {
             if let Some(row) = &row {
                 let mut v = from_catalog(row);
                 v.host_status = "unreachable".into();

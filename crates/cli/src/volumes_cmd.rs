@@ -26,9 +26,12 @@ enum VolumesCommand {
     Create {
         /// Lowercase letters, digits and `_` (at most 30).
         name: String,
-        /// Size in GB.
-        #[arg(long, short, default_value_t = 3)]
-        size: u64,
+        /// Size in GB (default 3, or the snapshot's volume's size).
+        #[arg(long, short)]
+        size: Option<u64>,
+        /// Restore this snapshot into the new volume (made on the snapshot's host).
+        #[arg(long)]
+        snapshot_id: Option<String>,
         /// Region (default: the API node's region).
         #[arg(long, short)]
         region: Option<String>,
@@ -54,6 +57,29 @@ enum VolumesCommand {
     },
     /// Delete a volume and its data (refused while a machine mounts it).
     Destroy { id: String },
+    /// A new volume with a copy of this one's data, taken now, on the same host.
+    Fork {
+        id: String,
+        /// Name of the new volume (default: the source's).
+        #[arg(long)]
+        name: Option<String>,
+        /// Size in GB (default: the source's).
+        #[arg(long, short)]
+        size: Option<u64>,
+    },
+    /// A volume's snapshots.
+    Snapshots {
+        #[command(subcommand)]
+        command: SnapshotsCommand,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum SnapshotsCommand {
+    /// List a volume's snapshots.
+    List { id: String },
+    /// Take a snapshot of a volume now.
+    Create { id: String },
 }
 
 /// Runs `bazaar volumes`.
@@ -68,6 +94,7 @@ pub async fn volumes(a: VolumesArgs) -> anyhow::Result<()> {
         VolumesCommand::Create {
             name,
             size,
+            snapshot_id,
             region,
             no_require_unique_zone,
             vm_cpus,
@@ -75,9 +102,14 @@ pub async fn volumes(a: VolumesArgs) -> anyhow::Result<()> {
         } => {
             let mut body = json!({
                 "name": name,
-                "size_gb": size,
                 "require_unique_zone": !no_require_unique_zone,
             });
+            if let Some(size) = size {
+                body["size_gb"] = json!(size);
+            }
+            if let Some(snapshot) = snapshot_id {
+                body["snapshot_id"] = json!(snapshot);
+            }
             if let Some(r) = region {
                 body["region"] = json!(r);
             }
@@ -132,6 +164,49 @@ pub async fn volumes(a: VolumesArgs) -> anyhow::Result<()> {
         VolumesCommand::Destroy { id } => {
             let v = c.call(Method::DELETE, &path(&id, ""), None).await?;
             out(c, &v, || println!("destroyed volume {id}"))
+        }
+        VolumesCommand::Fork { id, name, size } => {
+            let name = match name {
+                Some(n) => n,
+                None => s(&c.call(Method::GET, &path(&id, ""), None).await?["name"]),
+            };
+            let mut body = json!({"name": name, "source_volume_id": id});
+            if let Some(size) = size {
+                body["size_gb"] = json!(size);
+            }
+            let v = c
+                .call(Method::POST, &format!("/apps/{app}/volumes"), Some(body))
+                .await?;
+            out(c, &v, || print_volumes(std::slice::from_ref(&v)))
+        }
+        VolumesCommand::Snapshots {
+            command: SnapshotsCommand::List { id },
+        } => {
+            let v = c.call(Method::GET, &path(&id, "/snapshots"), None).await?;
+            out(c, &v, || {
+                let mut t = Table::new();
+                t.set_header(["id", "created at", "size", "digest", "status"]);
+                for snap in v.as_array().into_iter().flatten() {
+                    t.add_row([
+                        s(&snap["id"]),
+                        s(&snap["created_at"]),
+                        s(&snap["size"]),
+                        s(&snap["digest"]),
+                        s(&snap["status"]),
+                    ]);
+                }
+                println!("{t}");
+            })
+        }
+        VolumesCommand::Snapshots {
+            command: SnapshotsCommand::Create { id },
+        } => {
+            let v = c
+                .call(Method::POST, &path(&id, "/snapshots"), Some(json!({})))
+                .await?;
+            out(c, &v, || {
+                println!("snapshot {} of volume {id}", s(&v["id"]))
+            })
         }
     }
 }

@@ -83,6 +83,7 @@ async fn crash_case(op: &str, boundary: u32) {
                     config,
                     skip_launch: false,
                     current_version: None,
+                    ..Default::default()
                 },
             )
             .await

@@ -55,6 +55,7 @@ async fn lifecycle_create_stop_start_restart_update_destroy() {
                 config: cfg.clone(),
                 skip_launch: false,
                 current_version: Some(m3.instance_id.clone()),
+                ..Default::default()
             },
         )
         .await
@@ -82,6 +83,7 @@ async fn lifecycle_create_stop_start_restart_update_destroy() {
                 config: cfg,
                 skip_launch: false,
                 current_version: Some(m3.instance_id.clone()),
+                ..Default::default()
             },
         )
         .await
@@ -406,6 +408,7 @@ async fn an_update_stops_the_running_version_with_its_own_kill_signal() {
             config: next,
             skip_launch: false,
             current_version: None,
+            ..Default::default()
         },
     )
     .await

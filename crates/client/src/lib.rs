@@ -206,6 +206,22 @@ impl HostClient {
         self.get(&format!("/volumes/{id}")).await
     }
 
+    /// A volume's snapshots, oldest first.
+    pub async fn volume_snapshots(
+        &self,
+        id: &str,
+    ) -> Result<Vec<bazaar_types::volume::VolumeSnapshot>, ClientError> {
+        self.get(&format!("/volumes/{id}/snapshots")).await
+    }
+
+    /// One snapshot kept on this host, as the host keeps it.
+    pub async fn snapshot(
+        &self,
+        id: &str,
+    ) -> Result<bazaar_types::volume::HostSnapshot, ClientError> {
+        self.get(&format!("/snapshots/{id}")).await
+    }
+
     /// Deletes one of this host's volumes.
     pub async fn delete_volume(
         &self,

@@ -36,6 +36,8 @@ pub struct ContainerConfig {
     pub working_dir: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
 }
 
 /// The `rootfs` section: the digests of the uncompressed layers, bottom first.

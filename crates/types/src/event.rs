@@ -51,11 +51,27 @@ pub struct ExitEvent {
     pub error: Option<String>,
 }
 
+/// A new event id: a ULID, strictly increasing within this process (so ids order events
+/// even within one millisecond, and `wait?from_event_id=` can compare them).
+pub fn next_event_id() -> String {
+    static IDS: std::sync::Mutex<Option<ulid::Generator>> = std::sync::Mutex::new(None);
+    let mut gen = IDS.lock().unwrap_or_else(|p| p.into_inner());
+    gen.get_or_insert_with(ulid::Generator::new)
+        .generate()
+        .unwrap_or_else(|_| ulid::Ulid::new())
+        .to_string()
+}
+
+/// True when `id` is an event id (a ULID in its canonical spelling).
+pub fn is_valid_event_id(id: &str) -> bool {
+    ulid::Ulid::from_string(id).is_ok_and(|u| u.to_string() == id)
+}
+
 impl MachineEvent {
     /// A new event happening now.
     pub fn new(kind: &str, status: &str, source: &str) -> MachineEvent {
         MachineEvent {
-            id: ulid::Ulid::new().to_string(),
+            id: next_event_id(),
             kind: kind.into(),
             status: status.into(),
             source: source.into(),

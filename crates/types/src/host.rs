@@ -119,7 +119,7 @@ pub struct SignalRequest {
 }
 
 /// Body of an update: the whole new config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct UpdateRequest {
     pub config: MachineConfig,
     #[serde(default)]
@@ -127,6 +127,21 @@ pub struct UpdateRequest {
     /// The expected current `instance_id`; a mismatch is refused with 409.
     #[serde(default)]
     pub current_version: Option<String>,
+    /// A new name for the machine (absent or empty: unchanged).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Must be the machine's region if given: a machine does not move (as on Fly, where
+    /// region is immutable on update); another region is refused with 400.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// Take (or, with the nonce, refresh) a lease of this many seconds with the update; its
+    /// nonce is returned.
+    #[serde(default)]
+    pub lease_ttl: Option<u64>,
+    /// Cordon the machine with the update: it restarts out of its services' rotation until
+    /// uncordoned (false leaves the cordon as it is).
+    #[serde(default)]
+    pub skip_service_registration: bool,
 }
 
 /// Answer of `wait`.
@@ -135,6 +150,9 @@ pub struct WaitResponse {
     pub ok: bool,
     pub state: String,
     pub version: String,
+    /// The event that left the machine in `state` (the newest when the wait was satisfied).
+    #[serde(default)]
+    pub event_id: String,
 }
 
 /// Body of `POST .../lease` (`ttl` may also come in the query).
@@ -179,4 +197,34 @@ pub struct MetadataUpdate {
     /// Refuse (412) unless the machine is at this version.
     #[serde(default)]
     pub machine_version: Option<String>,
+}
+
+/// One process of a machine (`GET .../ps`), as Fly's ProcessStat.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ProcessStat {
+    /// The pid as the machine sees it (in its pid namespace).
+    pub pid: i32,
+    /// When it started, in seconds since the Unix epoch (`ps`'s STIME).
+    pub stime: u64,
+    /// CPU time it has used (user and system), in milliseconds (`ps`'s TIME).
+    pub rtime: u64,
+    /// Its command line, arguments separated by spaces.
+    pub command: String,
+    /// Its working directory.
+    pub directory: String,
+    /// Its CPU use over its life, in percent of one CPU (`ps`'s C).
+    pub cpu: u64,
+    /// Resident memory, in bytes.
+    pub rss: u64,
+    /// The TCP sockets it listens on and the UDP sockets it has bound.
+    pub listen_sockets: Vec<ListenSocket>,
+}
+
+/// A socket a machine's process listens on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ListenSocket {
+    /// `tcp` or `udp`.
+    pub proto: String,
+    /// `ip:port` (`[ip]:port` for IPv6).
+    pub address: String,
 }

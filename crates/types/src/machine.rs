@@ -52,6 +52,25 @@ pub struct Machine {
     /// never its nonce.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<LeaseInfo>,
+    /// The image of an image machine: as resolved by its last start (with the digest), or
+    /// as its config names it until it has started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_ref: Option<ImageRef>,
+}
+
+/// The image a machine runs, as Fly's `image_ref`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ImageRef {
+    /// Registry host, with its port if any (`docker.io`).
+    pub registry: String,
+    /// Repository path in the registry (`library/busybox`).
+    pub repository: String,
+    pub tag: String,
+    /// The digest the image resolved to (`sha256:...`; empty until it has been pulled).
+    pub digest: String,
+    /// The image config's labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// An exclusive, time-bound write lock on a machine (reference/fly.md §2.8).

@@ -54,7 +54,8 @@ pub struct Volume {
     pub host_id: String,
 }
 
-/// Fly's CreateVolumeRequest. Snapshot and fork fields are accepted and ignored.
+/// Fly's CreateVolumeRequest. `snapshot_id` restores a snapshot and `source_volume_id` forks
+/// a volume; both put the new volume on the host that holds the source.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct CreateVolumeRequest {
     #[serde(default)]
@@ -116,7 +117,8 @@ pub struct HostVolumeCreate {
     pub app: String,
     pub name: String,
     pub size_gb: u64,
-    #[serde(default = "yes")]
+    /// Always false (see [`NO_ENCRYPTION`]); a host refuses true.
+    #[serde(default)]
     pub encrypted: bool,
     #[serde(default = "yes")]
     pub require_unique_zone: bool,
@@ -127,7 +129,72 @@ pub struct HostVolumeCreate {
     pub snapshot_retention: u32,
     #[serde(default)]
     pub auto_backup_enabled: bool,
+    /// What the volume starts with (empty when absent).
+    #[serde(default)]
+    pub source: Option<VolumeSource>,
 }
+
+/// The data a new volume starts with: a copy of a snapshot or of another volume, both on
+/// the host that creates it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum VolumeSource {
+    /// Restore: the snapshot with this id.
+    Snapshot(String),
+    /// Fork: a consistent copy of the volume with this id, taken now.
+    Volume(String),
+}
+
+/// Fly's VolumeSnapshot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct VolumeSnapshot {
+    /// `vs_` and 16 base-36 characters.
+    pub id: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// `sha256:` of the image's non-zero blocks and their offsets.
+    pub digest: String,
+    /// Bytes of data in the snapshot (the image's non-zero blocks).
+    pub size: u64,
+    /// Always `created`: a snapshot is listed once it is complete.
+    pub status: String,
+}
+
+/// A snapshot as its host keeps it (`GET /host/v1/snapshots/{id}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HostSnapshot {
+    pub id: String,
+    pub volume_id: String,
+    pub app: String,
+    pub size: u64,
+    pub digest: String,
+    pub created_at_ms: u64,
+    /// The size of the volume it was taken from: a restore is at least this big.
+    pub volume_size_gb: u64,
+    /// Days it is kept (the volume's `snapshot_retention` when it was taken).
+    pub retention_days: u32,
+}
+
+impl HostSnapshot {
+    /// The API object.
+    pub fn view(&self) -> VolumeSnapshot {
+        VolumeSnapshot {
+            id: self.id.clone(),
+            created_at: crate::rfc3339(self.created_at_ms),
+            digest: self.digest.clone(),
+            size: self.size,
+            status: "created".into(),
+        }
+    }
+
+    /// True once it has been kept for its retention period.
+    pub fn expired(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.created_at_ms) > u64::from(self.retention_days) * 86_400_000
+    }
+}
+
+/// Why `encrypted: true` is refused: volumes are plain ext4 images.
+pub const NO_ENCRYPTION: &str = "encrypted volumes are not supported: encryption at rest needs dm-crypt (LUKS), which the kernel of this cluster's hosts does not have, so bazaar will not claim it; create the volume with \"encrypted\": false";
 
 fn yes() -> bool {
     true
@@ -155,13 +222,25 @@ pub fn new_volume_id() -> String {
     format!("vol_{tail}")
 }
 
+/// Returns a new snapshot id: `vs_` and 16 base-36 characters.
+pub fn new_snapshot_id() -> String {
+    format!("vs_{}", &new_volume_id()[4..])
+}
+
+/// Checks a snapshot id's shape (so it can be used in paths safely).
+pub fn is_valid_snapshot_id(id: &str) -> bool {
+    id.strip_prefix("vs_").is_some_and(base36_tail)
+}
+
+fn base36_tail(t: &str) -> bool {
+    (1..=40).contains(&t.len())
+        && t.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
 /// Checks a volume id's shape (so it can be used in paths safely).
 pub fn is_valid_volume_id(id: &str) -> bool {
-    id.strip_prefix("vol_").is_some_and(|t| {
-        (1..=40).contains(&t.len())
-            && t.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-    })
+    id.strip_prefix("vol_").is_some_and(base36_tail)
 }
 
 /// Checks a volume name as Fly does: 1-30 lowercase letters, digits and `_`.
@@ -242,9 +321,32 @@ mod tests {
         for bad in ["", "Data", "a-b", "../x", &"a".repeat(31)] {
             assert!(validate_volume_name(bad).is_err(), "{bad:?}");
         }
+        let snap = new_snapshot_id();
+        assert!(is_valid_snapshot_id(&snap) && snap.len() == 19, "{snap}");
+        for bad in ["vs_", "vs_../x", "vol_abc", "vs_ABC"] {
+            assert!(!is_valid_snapshot_id(bad), "{bad:?}");
+        }
         assert!(validate_size_gb(0).is_err());
         assert!(validate_size_gb(MAX_SIZE_GB + 1).is_err());
         assert!(validate_size_gb(1).is_ok());
+    }
+
+    #[test]
+    fn snapshots_expire_after_their_retention() {
+        let day = 86_400_000;
+        let snap = HostSnapshot {
+            id: new_snapshot_id(),
+            volume_id: new_volume_id(),
+            app: "a".into(),
+            size: 1,
+            digest: "sha256:00".into(),
+            created_at_ms: 10 * day,
+            volume_size_gb: 1,
+            retention_days: 5,
+        };
+        assert!(!snap.expired(15 * day));
+        assert!(snap.expired(15 * day + 1));
+        assert_eq!(snap.view().status, "created");
     }
 
     #[test]

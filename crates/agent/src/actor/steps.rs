@@ -73,9 +73,13 @@ impl Actor {
             }
             RunFound::None => {
                 let mut events = Vec::new();
-                let launched = driver.launch(rec, run_id, &mut events).await;
+                let mut image = None;
+                let launched = driver.launch(rec, run_id, &mut events, &mut image).await;
                 for e in events {
                     b.event(rec, e);
+                }
+                if image.is_some() {
+                    rec.image_ref = image;
                 }
                 launched
             }

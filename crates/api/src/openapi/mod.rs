@@ -13,12 +13,13 @@ use axum::response::{IntoResponse, Response};
 use bazaar_types::error::ErrorBody;
 use bazaar_types::event::MachineEvent;
 use bazaar_types::host::{
-    ExecRequest, ExecResponse, LeaseRequest, MetadataUpdate, SignalRequest, StopRequest,
-    UpdateRequest, WaitResponse,
+    ExecRequest, ExecResponse, LeaseRequest, MetadataUpdate, ProcessStat, SignalRequest,
+    StopRequest, UpdateRequest, WaitResponse,
 };
 use bazaar_types::machine::Machine;
 use bazaar_types::volume::{
     CreateVolumeRequest, ExtendVolumeRequest, ExtendVolumeResponse, UpdateVolumeRequest, Volume,
+    VolumeSnapshot,
 };
 use schemars::generate::SchemaSettings;
 use schemars::{JsonSchema, Schema, SchemaGenerator};

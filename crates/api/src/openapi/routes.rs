@@ -147,7 +147,9 @@ pub(super) fn operations() -> Vec<Op> {
             M,
             "MachinesUpdate",
             "machines",
-            "Update a machine's config (a new version).",
+            "Update a machine's config (a new version). `name` renames it, `lease_ttl` takes or \
+             refreshes a lease (its nonce is answered), `skip_service_registration` cordons it; \
+             `region` must be its own (a machine does not move: 400).",
             &[(200, "The updated machine.", Json(schema::<Machine>))],
             FWD_CHANGE,
         )
@@ -261,6 +263,12 @@ pub(super) fn operations() -> Vec<Op> {
             ),
             Query("instance_id", Str, "Wait for this version."),
             Query("version", Str, "Same as `instance_id`."),
+            Query(
+                "from_event_id",
+                Str,
+                "Wait for the state to be reached by an event after this one (an event id); \
+                 the answer's `event_id` is the event that satisfied the wait.",
+            ),
         ]),
         Op::new(
             "GET",
@@ -410,6 +418,24 @@ pub(super) fn operations() -> Vec<Op> {
         .body(schema::<ExecRequest>),
         Op::new(
             "GET",
+            "/v1/apps/{app}/machines/{id}/ps",
+            "MachinesListProcesses",
+            "machines",
+            "The processes of a started machine (its workload and every descendant), read \
+             from `/proc` on its host; 409 when it is not started.",
+            &[(200, "The processes.", Json(schema::<Vec<ProcessStat>>))],
+            &[400, 401, 404, 409, 503],
+        )
+        .params(&[
+            Query(
+                "sort_by",
+                Str,
+                "pid (default), stime, rtime, cpu, rss or command.",
+            ),
+            Query("order", Str, "asc (default) or desc."),
+        ]),
+        Op::new(
+            "GET",
             "/v1/apps/{app}/machines/{id}/logs",
             "MachinesLogs",
             "machines",
@@ -461,7 +487,11 @@ pub(super) fn operations() -> Vec<Op> {
             "VolumesCreate",
             "volumes",
             "Create a volume: host-local storage placed by the market (disk, \
-             `require_unique_zone`, the `compute` hint). Snapshot fields are accepted and ignored.",
+             `require_unique_zone`, the `compute` hint). With `snapshot_id` it restores a \
+             snapshot, with `source_volume_id` it forks a volume (a copy taken now); both are \
+             made on the host that holds the source, at least the source's size \
+             (`require_unique_zone` defaults to false for them). `encrypted: true` is refused: \
+             volumes are not encrypted.",
             &[(200, "The volume.", Json(schema::<Volume>))],
             &[400, 401, 404, 409, 503],
         )
@@ -485,6 +515,35 @@ pub(super) fn operations() -> Vec<Op> {
             &[400, 401, 404, 503],
         )
         .body(schema::<UpdateVolumeRequest>),
+        Op::new(
+            "POST",
+            "/v1/apps/{app}/volumes/{id}",
+            "VolumesUpdatePost",
+            "volumes",
+            "Same as `PUT` (Fly's method).",
+            &[(200, "The volume.", Json(schema::<Volume>))],
+            &[400, 401, 404, 503],
+        )
+        .body(schema::<UpdateVolumeRequest>),
+        Op::new(
+            "GET",
+            "/v1/apps/{app}/volumes/{id}/snapshots",
+            "VolumesListSnapshots",
+            "volumes",
+            "A volume's snapshots, oldest first (kept on its host for `snapshot_retention` days).",
+            &[(200, "The snapshots.", Json(schema::<Vec<VolumeSnapshot>>))],
+            &[401, 404, 503],
+        ),
+        Op::new(
+            "POST",
+            "/v1/apps/{app}/volumes/{id}/snapshots",
+            "CreateVolumeSnapshot",
+            "volumes",
+            "Take a snapshot now: a consistent copy of the volume (its file system is frozen \
+             while it is copied; writers wait), kept on the volume's host.",
+            &[(200, "The snapshot.", Json(schema::<VolumeSnapshot>))],
+            &[400, 401, 404, 409, 503],
+        ),
         Op::new(
             "PUT",
             "/v1/apps/{app}/volumes/{id}/extend",
