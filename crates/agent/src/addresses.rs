@@ -105,7 +105,9 @@ impl Agent {
         Ok(())
     }
 
+    /// Gives back what [`Agent::assign_ports`] and [`Agent::assign_user`] handed out.
     pub(crate) fn release_ports(&self, rec: &MachineRecord) {
+        self.release_user(rec);
         if let Some(ip) = rec.private_ip {
             lock(&self.0.addresses_in_use).remove(&ip);
             let network = self

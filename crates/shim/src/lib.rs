@@ -24,6 +24,9 @@
 //! * `supervisor`: the body of the shim process ([`shim_main`]): launch, event loop, exit record.
 //! * `launch`: code that runs in forked children before `execve` (user switch, PATH search).
 //! * `init`: the mini init (like tini) that is pid 1 of an isolated run.
+//! * `sandbox`, `seccomp`: the private root file system, capability drop and seccomp filter
+//!   of a confined run ([`Sandbox`]).
+//! * `enter`: `bazaar shim-exec`, which runs a command inside a live run ([`exec_main`]).
 //! * `cgroup`: cgroup v1 and v2 discovery and control ([`remove_cgroup`], [`cgroups_available`]).
 //! * `user`, `log`, `files`, `sys`: credentials, the log writer, `RUN_DIR` formats, raw syscalls.
 //!
@@ -76,11 +79,14 @@
 //! relies on the shim being single-threaded: the shim never starts a thread or a runtime.
 
 mod cgroup;
+mod enter;
 mod files;
 mod handle;
 mod init;
 mod launch;
 mod log;
+mod sandbox;
+mod seccomp;
 mod supervisor;
 mod sys;
 mod user;
@@ -91,7 +97,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use cgroup::{cgroups_available, remove_cgroup};
+pub use enter::exec_main;
 pub use handle::ShimHandle;
+pub use sandbox::Sandbox;
 pub use supervisor::shim_main;
 
 /// File in RUN_DIR holding the [`ShimSpec`], written by the agent before the shim starts.
@@ -136,6 +144,18 @@ pub struct ShimSpec {
     pub log_path: PathBuf,
     /// When the log would exceed this size it is rotated to `<log_path>.1` (0 = never).
     pub log_max_bytes: u64,
+    /// Confine an isolated run: a private root file system ([`Sandbox`]), no capabilities,
+    /// `no_new_privs` and the seccomp filter of `bazaar_types::seccomp` (root only; needs
+    /// `isolate`).
+    #[serde(default)]
+    pub sandbox: Option<Sandbox>,
+}
+
+impl ShimSpec {
+    /// The working directory as the workload sees it (inside its sandbox, if any).
+    pub fn workdir_inside(&self) -> &Path {
+        self.sandbox.as_ref().map_or(&self.workdir, |s| &s.workdir)
+    }
 }
 
 /// How a run ended: `RUN_DIR/exit.json`, written by the shim after the run is fully over (the
