@@ -138,6 +138,11 @@ impl Agent {
             log_max_bytes: config.log_max_bytes,
             volumes: crate::volume_fs::VolumeFs::new(config.data_dir.join("volumes")),
             oci: crate::oci::OciRuntime::for_agent(&config, &host_id, cgroups),
+            network: None,
+        };
+        let driver = Driver {
+            network: crate::addresses::machine_network(&config, &host_id, &driver),
+            ..driver
         };
         let disk_gb = config
             .disk_gb
@@ -156,7 +161,7 @@ impl Agent {
             addresses.extend(m.private_ip);
             uids.extend(m.uid);
         }
-        crate::addresses::restore_machine_network(&driver.oci, &addresses);
+        crate::addresses::restore_machine_network(&driver, &addresses);
         for r in store.reservations()? {
             ledger.restore_reservation(r);
         }

@@ -6,6 +6,7 @@
 //! `rootfs/` (an image machine's root), `output.log` (stdout/stderr), `runs/<run_id>/`
 //! (one shim's files).
 
+use crate::network::LazyNetwork;
 use crate::oci::OciRuntime;
 use crate::record::MachineRecord;
 use bazaar_shim::{Sandbox, ShimError, ShimHandle, ShimSpec};
@@ -34,6 +35,10 @@ pub struct Driver {
     /// Image machines: runc, the image store and the machine network, or why this host
     /// cannot run them.
     pub oci: Result<Arc<OciRuntime>, String>,
+    /// The machine network (the image machines' one when this host runs images): sandboxed
+    /// process machines get an address and a network namespace on it too. `None` when the
+    /// agent does not isolate (not root): process machines then listen on host ports.
+    pub network: Option<Arc<LazyNetwork>>,
 }
 
 impl Driver {
@@ -94,9 +99,14 @@ impl Driver {
         let home = sandbox.as_ref().map_or(&workdir, |s| &s.workdir);
         env.insert("HOME".into(), home.display().to_string());
         env.extend(self.machine_env(rec));
-        // The first service's port is PORT; every service also gets PORT_<internal>.
+        // The first service's port is PORT; every service also gets PORT_<internal>. A
+        // machine with an address of its own listens on the internal ports themselves.
         for (i, svc) in rec.config.services.iter().enumerate() {
-            if let Some(host_port) = rec.host_ports.get(&svc.internal_port) {
+            let port = match rec.private_ip {
+                Some(_) => Some(&svc.internal_port),
+                None => rec.host_ports.get(&svc.internal_port),
+            };
+            if let Some(host_port) = port {
                 if i == 0 {
                     env.insert("PORT".into(), host_port.to_string());
                 }
@@ -184,12 +194,27 @@ impl Driver {
         if rec.config.driver() == "oci" {
             return self.launch_image(rec, run_id, &run_dir, events).await;
         }
-        let spec = self.spec(rec, run_id);
+        let mut spec = self.spec(rec, run_id);
+        if let (Some(sandbox), Some(ip)) = (spec.sandbox.as_mut(), rec.private_ip) {
+            sandbox.netns = Some(self.attach_network(ip).await?);
+        }
         match rec.uid.filter(|_| spec.sandbox.is_some()) {
             Some(uid) => self.give_to_machine_user(rec, uid)?,
             None => self.give_volume_to_workload(rec),
         }
         ShimHandle::spawn(&self.exe, &run_dir, &spec).await
+    }
+
+    /// The network namespace of address `ip` (set up now unless it was ahead of time).
+    async fn attach_network(&self, ip: std::net::Ipv4Addr) -> Result<PathBuf, ShimError> {
+        let network = self
+            .network
+            .clone()
+            .ok_or_else(|| ShimError::Launch("this host has no machine network".into()))?;
+        tokio::task::spawn_blocking(move || network.get()?.attach(ip))
+            .await
+            .map_err(|e| ShimError::Launch(e.to_string()))?
+            .map_err(|e| ShimError::Launch(format!("machine network: {e}")))
     }
 
     /// An image machine's run: `runc run` of a bundle made by [`OciRuntime::prepare`], in

@@ -53,11 +53,16 @@ async fn started(c: &HostClient, req: &ClaimRequest) -> (String, i32) {
 async fn a_process_machine_is_confined_to_its_own_uid_and_root() {
     let agent = root_agent(&[]);
     let c = agent.client();
-    let mut secret = create_request("app-b", &["sleep", "1000"]);
+    let mut secret = create_request(
+        "app-b",
+        &["python3", "-m", "http.server", "--bind", "0.0.0.0", "8080"],
+    );
     secret
         .config
         .env
         .insert("B_SECRET".into(), "hunter2-of-b".into());
+    secret.config.services =
+        vec![serde_json::from_value(serde_json::json!({"internal_port": 8080})).unwrap()];
     let (b, b_pid) = started(&c, &secret).await;
     let (a, a_pid) = started(&c, &create_request("app-a", &["sleep", "1000"])).await;
 
@@ -119,6 +124,25 @@ async fn a_process_machine_is_confined_to_its_own_uid_and_root() {
     .await;
     assert_ne!(code, 0, "/usr is read-only: {out}");
     assert!(out.starts_with("machine\n"), "{out}");
+
+    // Its own network: B's service answers at B's address (from the host, as the proxy
+    // reaches it), but not to A; nor does the agent's API on the host's loopback.
+    let b_ip = c.machine(&b).await.unwrap().private_ip;
+    assert!(!b_ip.is_empty() && b_ip != "127.0.0.1", "B has an address: {b_ip}");
+    bazaar_testkit::eventually(Duration::from_secs(20), || async {
+        std::net::TcpStream::connect((b_ip.as_str(), 8080)).ok()
+    })
+    .await
+    .expect("B serves at its address");
+    let api_port = agent.url().rsplit(':').next().unwrap().to_string();
+    for (ip, port) in [(b_ip.as_str(), "8080"), ("127.0.0.1", api_port.as_str())] {
+        let probe = format!(
+            "python3 -c 'import socket, sys; s = socket.socket(); s.settimeout(2); \
+             sys.exit(7 if s.connect_ex((\"{ip}\", {port})) == 0 else 0)'"
+        );
+        let (code, out) = sh(&c, &a, &probe).await;
+        assert_eq!(code, 0, "A reached {ip}:{port}: {out}");
+    }
 
     // New namespaces are refused by the filter (EPERM), whatever the tool.
     let (code, out) = sh(&c, &a, "unshare -U true").await;

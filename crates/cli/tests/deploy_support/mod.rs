@@ -42,7 +42,7 @@ class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
     allow_reuse_address = True
     request_queue_size = 256
 
-srv = S(("127.0.0.1", int(os.environ["PORT"])), H)
+srv = S(("0.0.0.0", int(os.environ["PORT"])), H)
 def stop(*_):
     threading.Thread(target=srv.shutdown).start()
 signal.signal(signal.SIGINT, stop)

@@ -162,4 +162,4 @@ class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
     request_queue_size = 256
 
 
-S(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
+S(("0.0.0.0", int(os.environ["PORT"])), H).serve_forever()
