@@ -17,6 +17,9 @@
 //!   Shims outlive the agent: after an agent restart, [`ShimHandle::adopt`] re-attaches to them.
 //! * A workload never outlives its shim: it (or its mini init) has `PR_SET_PDEATHSIG(SIGKILL)`,
 //!   an isolated run dies with its pid namespace, and the run's cgroup is emptied at exit.
+//! * A sandboxed run ([`ShimSpec::sandbox`]) sees a private root instead of the host's file
+//!   system, may join a network namespace, and runs with no capabilities, `no_new_privs`
+//!   and the seccomp allowlist of `bazaar_types::seccomp`.
 //!
 //! # Layout
 //!
