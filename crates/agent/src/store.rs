@@ -198,7 +198,8 @@ impl Store {
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         let db = Database::create(path)?;
         // It holds every machine's environment: the agent's user only.
-        let owner_only = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600);
+        let owner_only =
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600);
         std::fs::set_permissions(path, owner_only).map_err(io_err)?;
         let tx = db.begin_write()?;
         {

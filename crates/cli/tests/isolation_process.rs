@@ -84,10 +84,16 @@ async fn a_process_machine_is_confined_to_its_own_uid_and_root() {
     )
     .await;
     assert_eq!(code, 0, "{out}");
-    assert!(out.starts_with(&format!("{a_uid}\n")), "exec runs as the machine's uid: {out}");
+    assert!(
+        out.starts_with(&format!("{a_uid}\n")),
+        "exec runs as the machine's uid: {out}"
+    );
     assert!(out.contains("CapEff:\t0000000000000000"), "{out}");
     assert!(out.contains("CapBnd:\t0000000000000000"), "{out}");
-    assert!(out.contains("NoNewPrivs:\t1") && out.contains("Seccomp:\t2"), "{out}");
+    assert!(
+        out.contains("NoNewPrivs:\t1") && out.contains("Seccomp:\t2"),
+        "{out}"
+    );
     assert!(out.trim_end().ends_with("/work"), "{out}");
 
     // The host's secrets, the agent's data (other apps' env and run specs) and other
@@ -104,10 +110,18 @@ async fn a_process_machine_is_confined_to_its_own_uid_and_root() {
         let (code, out) = sh(&c, &a, &format!("ls -d {path} || exit 7")).await;
         assert_eq!(code, 7, "{path} is visible: {out}");
     }
-    let (code, out) = sh(&c, &a, "grep -rsl hunter2-of-b /etc /work /tmp /proc/*/environ; ls /proc | grep -c '^[0-9]'").await;
+    let (code, out) = sh(
+        &c,
+        &a,
+        "grep -rsl hunter2-of-b /etc /work /tmp /proc/*/environ; ls /proc | grep -c '^[0-9]'",
+    )
+    .await;
     // Only its own processes are visible (init, sleep, sh, ls, grep), none of B's.
     assert_eq!(code, 0, "{out}");
-    assert!(out.trim().parse::<u32>().is_ok_and(|n| n <= 5), "B's secret or processes seen from A: {out}");
+    assert!(
+        out.trim().parse::<u32>().is_ok_and(|n| n <= 5),
+        "B's secret or processes seen from A: {out}"
+    );
     // The work directory is the machine's, and its alone.
     let (code, out) = sh(&c, &a, "echo hi > note && cat note").await;
     assert_eq!((code, out.trim()), (0, "hi"));
@@ -128,7 +142,10 @@ async fn a_process_machine_is_confined_to_its_own_uid_and_root() {
     // Its own network: B's service answers at B's address (from the host, as the proxy
     // reaches it), but not to A; nor does the agent's API on the host's loopback.
     let b_ip = c.machine(&b).await.unwrap().private_ip;
-    assert!(!b_ip.is_empty() && b_ip != "127.0.0.1", "B has an address: {b_ip}");
+    assert!(
+        !b_ip.is_empty() && b_ip != "127.0.0.1",
+        "B has an address: {b_ip}"
+    );
     bazaar_testkit::eventually(Duration::from_secs(20), || async {
         std::net::TcpStream::connect((b_ip.as_str(), 8080)).ok()
     })
@@ -148,6 +165,18 @@ async fn a_process_machine_is_confined_to_its_own_uid_and_root() {
     let (code, out) = sh(&c, &a, "unshare -U true").await;
     assert_ne!(code, 0, "{out}");
     assert!(out.contains("Operation not permitted"), "{out}");
+
+    // A destroyed machine leaves no cgroup directory in any hierarchy.
+    c.destroy(&b, true).await.unwrap();
+    wait_state(&c, &b, MachineState::Destroyed).await;
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    for line in mountinfo.lines().filter(|l| l.contains(" - cgroup")) {
+        let root = Path::new(line.split(' ').nth(4).unwrap()).join("bazaar");
+        for host in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            let left = host.path().join(&b);
+            assert!(!left.exists(), "{} left behind", left.display());
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,7 +190,10 @@ async fn root_is_refused_unless_the_operator_allows_it() {
         assert_eq!(err.status(), Some(400), "init.user = {user:?}: {err}");
         assert!(err.to_string().contains("root"), "{err}");
     }
-    assert!(c.machines(None, false).await.unwrap().is_empty(), "nothing was created");
+    assert!(
+        c.machines(None, false).await.unwrap().is_empty(),
+        "nothing was created"
+    );
     // A named user is the machine's own uid under that name.
     let mut req = create_request("named", &["sleep", "1000"]);
     req.config.init.as_mut().unwrap().user = Some("www-data".into());
@@ -199,7 +231,11 @@ async fn volumes_and_data_at_rest_belong_to_their_owner_only() {
     c.create_volume(&volume).await.expect("volume");
     let mut req = create_request(
         "vol-b",
-        &["sh", "-c", "echo boot >> $BAZAAR_VOLUME_PATH/boots; exec sleep 1000"],
+        &[
+            "sh",
+            "-c",
+            "echo boot >> $BAZAAR_VOLUME_PATH/boots; exec sleep 1000",
+        ],
     );
     req.config.mounts = vec![serde_json::json!({"volume": volume.id, "path": "/data"})];
     let (b, b_pid) = started(&c, &req).await;
@@ -225,7 +261,9 @@ async fn volumes_and_data_at_rest_belong_to_their_owner_only() {
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&agent.data_dir), 0o700);
     assert_eq!(mode(&agent.data_dir.join("agent.redb")), 0o600);
-    let spec = agent.data_dir.join(format!("machines/{b}/runs/1/spec.json"));
+    let spec = agent
+        .data_dir
+        .join(format!("machines/{b}/runs/1/spec.json"));
     assert_eq!(mode(&spec), 0o600);
     assert_eq!(mode(&agent.data_dir.join("machines").join(&b)), 0o700);
 }

@@ -41,17 +41,21 @@ pub fn exec_main(run_dir: &Path, argv: &[String]) -> ! {
 
 fn run(run_dir: &Path, argv: &[String]) -> Result<i32, String> {
     let path = run_dir.join(SPEC_FILE);
-    let bytes =
-        std::fs::read(&path).map_err(|err| format!("reading {}: {}", path.display(), describe(&err)))?;
-    let spec: ShimSpec =
-        serde_json::from_slice(&bytes).map_err(|err| format!("parsing {}: {err}", path.display()))?;
+    let bytes = std::fs::read(&path)
+        .map_err(|err| format!("reading {}: {}", path.display(), describe(&err)))?;
+    let spec: ShimSpec = serde_json::from_slice(&bytes)
+        .map_err(|err| format!("parsing {}: {err}", path.display()))?;
     let pids = PidRecord::read(run_dir)
         .filter(|p| p.running && p.run_id == spec.run_id)
         .ok_or("the machine's process is gone")?;
     let (euid, egid) = sys::effective_ids();
     let creds = user::resolve(spec.user.as_deref(), euid, egid)?;
     let command = Command::with_argv(&spec, argv)?;
-    let filters = spec.sandbox.as_ref().map(|_| Filters::compile()).transpose()?;
+    let filters = spec
+        .sandbox
+        .as_ref()
+        .map(|_| Filters::compile())
+        .transpose()?;
     if let Some(rel) = &spec.cgroup {
         Cgroup::open(rel)?
             .join()
@@ -71,7 +75,12 @@ fn run(run_dir: &Path, argv: &[String]) -> Result<i32, String> {
             | ThreadNameSpaceType::HOST_NAME_AND_NIS_DOMAIN_NAME
             | ThreadNameSpaceType::INTER_PROCESS_COMMUNICATION;
         rustix::thread::move_into_thread_name_spaces(std::os::fd::AsFd::as_fd(&pidfd), spaces)
-            .map_err(|err| format!("entering the machine's namespaces: {}", describe(&err.into())))?;
+            .map_err(|err| {
+                format!(
+                    "entering the machine's namespaces: {}",
+                    describe(&err.into())
+                )
+            })?;
     }
     let me = rustix::process::pidfd_open(rustix::process::getpid(), PidfdFlags::empty())
         .map_err(|err| format!("pidfd: {}", describe(&err.into())))?;

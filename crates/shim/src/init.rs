@@ -150,7 +150,11 @@ fn start(setup: &InitSetup<'_>) -> Result<libc::pid_t, String> {
             .join()
             .map_err(|err| format!("joining cgroup: {err}"))?;
     }
-    if let Some(netns) = setup.confined.as_ref().and_then(|c| c.sandbox.netns.as_ref()) {
+    if let Some(netns) = setup
+        .confined
+        .as_ref()
+        .and_then(|c| c.sandbox.netns.as_ref())
+    {
         sandbox::join_netns(netns)?;
     }
     let flags = UnshareFlags::NEWNS | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS;

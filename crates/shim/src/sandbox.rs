@@ -69,14 +69,24 @@ pub(crate) fn enter(
         let what = what.to_owned();
         move |err: io::Error| format!("sandbox: {what}: {}", describe(&err))
     };
-    mount_tmpfs(root, "mode=0755,size=4m", MountFlags::NOSUID | MountFlags::NODEV)
-        .map_err(fail("mounting the root"))?;
+    mount_tmpfs(
+        root,
+        "mode=0755,size=4m",
+        MountFlags::NOSUID | MountFlags::NODEV,
+    )
+    .map_err(fail("mounting the root"))?;
     for dir in SYSTEM_DIRS {
         share_system_path(&Path::new("/").join(dir), &root.join(dir))
             .map_err(fail(&format!("/{dir}")))?;
     }
-    write_etc(&root.join("etc"), creds, &sandbox.user_name, hostname, &sandbox.workdir)
-        .map_err(fail("/etc"))?;
+    write_etc(
+        &root.join("etc"),
+        creds,
+        &sandbox.user_name,
+        hostname,
+        &sandbox.workdir,
+    )
+    .map_err(fail("/etc"))?;
     mkdir(&root.join("proc"), 0o555).map_err(fail("/proc"))?;
     let proc_flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
     rustix::mount::mount("proc", root.join("proc"), "proc", proc_flags, None)
@@ -89,16 +99,25 @@ pub(crate) fn enter(
         MountFlags::NOSUID | MountFlags::NODEV,
     )
     .map_err(fail("mounting /tmp"))?;
-    bind_inside(workdir, root, &sandbox.workdir)
-        .map_err(fail(&format!("mounting the work directory at {}", sandbox.workdir.display())))?;
+    bind_inside(workdir, root, &sandbox.workdir).map_err(fail(&format!(
+        "mounting the work directory at {}",
+        sandbox.workdir.display()
+    )))?;
     for (source, target) in &sandbox.binds {
-        bind_inside(source, root, target)
-            .map_err(fail(&format!("mounting {} at {}", source.display(), target.display())))?;
+        bind_inside(source, root, target).map_err(fail(&format!(
+            "mounting {} at {}",
+            source.display(),
+            target.display()
+        )))?;
     }
     pivot(root).map_err(fail("pivot_root"))?;
     // Read-only from here on: the workload writes to its work directory, volume and /tmp.
-    rustix::mount::mount_remount("/", MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV, "")
-        .map_err(|e| fail("making the root read-only")(e.into()))?;
+    rustix::mount::mount_remount(
+        "/",
+        MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
+        "",
+    )
+    .map_err(|e| fail("making the root read-only")(e.into()))?;
     Ok(())
 }
 
@@ -179,7 +198,11 @@ fn write_etc(
     let mut passwd = String::from("root:x:0:0:root:/root:/usr/sbin/nologin\n");
     let mut group = String::from("root:x:0:\n");
     if uid != 0 {
-        let name = if user_name.is_empty() { "machine" } else { user_name };
+        let name = if user_name.is_empty() {
+            "machine"
+        } else {
+            user_name
+        };
         passwd += &format!("{name}:x:{uid}:{gid}::{}:/bin/sh\n", home.display());
         group += &format!("{name}:x:{gid}:\n");
     }
@@ -213,7 +236,11 @@ fn write_etc(
 /// The private `/dev`: a few host devices, a new `pts` instance, `shm`, the usual links.
 fn make_dev(dev: &Path) -> io::Result<()> {
     mkdir(dev, 0o755)?;
-    mount_tmpfs(dev, "mode=0755,size=64k", MountFlags::NOSUID | MountFlags::NOEXEC)?;
+    mount_tmpfs(
+        dev,
+        "mode=0755,size=64k",
+        MountFlags::NOSUID | MountFlags::NOEXEC,
+    )?;
     for name in DEVICES {
         let target = dev.join(name);
         fs::write(&target, b"")?;

@@ -233,7 +233,13 @@ impl Run {
                 match fs::create_dir(&staging) {
                     Ok(()) => {}
                     Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
-                    Err(err) => return Err(format!("creating {}: {}", staging.display(), describe(&err))),
+                    Err(err) => {
+                        return Err(format!(
+                            "creating {}: {}",
+                            staging.display(),
+                            describe(&err)
+                        ))
+                    }
                 }
                 Some((staging, Filters::compile()?))
             }
@@ -264,7 +270,9 @@ impl Run {
             command: &command,
             creds: creds.as_ref(),
             cgroup: cgroup.as_ref(),
-            confined: confined.as_ref().map(|(staging, filters)| (staging.as_path(), filters)),
+            confined: confined
+                .as_ref()
+                .map(|(staging, filters)| (staging.as_path(), filters)),
         };
         let started = if spec.isolate && euid == 0 {
             parts.start_isolated()

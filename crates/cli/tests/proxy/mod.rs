@@ -94,8 +94,14 @@ impl Cluster {
 
     /// A file in machine `id`'s working directory, on whichever agent has it.
     pub fn work_file(&self, id: &str, name: &str) -> PathBuf {
-        let dirs = self.agents.iter().map(|a| a.data_dir.join("machines").join(id));
-        let dir = dirs.clone().find(|d| d.exists()).expect("the machine's directory");
+        let dirs = self
+            .agents
+            .iter()
+            .map(|a| a.data_dir.join("machines").join(id));
+        let dir = dirs
+            .clone()
+            .find(|d| d.exists())
+            .expect("the machine's directory");
         dir.join("work").join(name)
     }
 
