@@ -17,9 +17,14 @@ use std::path::Path;
 use std::time::Duration;
 
 fn root_agent(extra: &[&str]) -> TestAgent {
+    root_agent_with(extra, |_| {})
+}
+
+fn root_agent_with(extra: &[&str], configure: impl FnOnce(&mut AgentOptions)) -> TestAgent {
     assert!(is_root(), "these tests need root (CI runs as root)");
     let mut opts = AgentOptions::new(EXE);
     opts.extra_args.extend(extra.iter().map(|s| s.to_string()));
+    configure(&mut opts);
     TestAgent::start(opts).expect("agent starts")
 }
 
@@ -271,11 +276,9 @@ async fn volumes_and_data_at_rest_belong_to_their_owner_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_private_data_dir_runs_and_serves_process_machines() {
     // Issue 13 acceptance 1 (process half): the data dir inside a mode-700 directory.
-    let agent = root_agent(&[]);
-    assert_eq!(
-        std::fs::metadata(&agent.data_dir).unwrap().mode() & 0o777,
-        0o700
-    );
+    let agent = root_agent_with(&[], |o| o.data_subdir = Some("data".into()));
+    let parent = agent.data_dir.parent().unwrap();
+    std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o700)).unwrap();
     let fly = Fly::new(&agent);
     fly.create_app("private").await;
     let config = serde_json::json!({
