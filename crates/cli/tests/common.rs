@@ -44,7 +44,8 @@ pub fn work_file(agent: &TestAgent, id: &str, name: &str) -> std::path::PathBuf 
         .join(name)
 }
 
-/// A world-writable scratch directory (workloads run as nobody).
+/// A world-writable scratch directory (for shims run directly: their workloads run as
+/// nobody and see the host's files).
 pub fn scratch() -> tempfile::TempDir {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::Builder::new()
