@@ -70,9 +70,8 @@
 //!   most of the shim's memory is its relocated read-only data; both grow with the binary.
 //!   The shim drops every clean page it touched while starting (`sys::trim_resident_memory`).
 //! * A sandboxed run adds the private root (about twenty mounts in the init) and compiling
-//!   the seccomp filter (0.7 ms in a debug build): measured through the agent
-//!   (`benches/agent.rs`, debug build, load 10-13), create→started p50 47 ms with the
-//!   sandbox but without the network namespace against 45.7 ms before it.
+//!   the seccomp filter (0.7 ms in a debug build); `shim_perf` measures it (`sandboxed`
+//!   columns) beside the plain isolated run.
 //! * On cgroup v1 the child joins the run's cgroup by moving its only thread (`tasks`), not
 //!   its process (`cgroup.procs`): a process move waits for an RCU grace period under the
 //!   global `cgroup_mutex` whenever no other move ran in the last few milliseconds. That
