@@ -1,52 +1,84 @@
-//! Where a machine's services are reached: host ports on loopback for a process machine,
-//! an address of its own on the host's machine network ([`crate::network`]) for an image
-//! machine. Both are handed out when a machine is accepted and given back when it is
+//! Where a machine's services are reached: an address of its own on the host's machine
+//! network ([`crate::network`]) for an image machine and for a process machine of an
+//! isolating (root) agent, host ports on loopback for a process machine otherwise. Both are handed out when a machine is accepted and given back when it is
 //! destroyed; namespaces for addresses are set up in the background.
 
 use crate::agent::{lock, Agent};
 use crate::driver;
 use crate::error::AgentError;
-use crate::oci::OciRuntime;
+use crate::network::LazyNetwork;
 use crate::record::MachineRecord;
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
-/// How many network namespaces are kept set up ahead for the next image machines.
+/// How many network namespaces are kept set up ahead for the next machines.
 const NETNS_AHEAD: usize = 4;
 
-/// At start: a host that already has image machines (`used` addresses) sets its network up
-/// again at once (after a reboot the bridge is gone); others wait for their first image
-/// machine.
-pub(crate) fn restore_machine_network(
-    oci: &Result<Arc<OciRuntime>, String>,
-    used: &HashSet<Ipv4Addr>,
-) {
-    match oci {
-        Err(reason) => tracing::info!(%reason, "image machines are not available on this host"),
-        Ok(_) if used.is_empty() => {}
-        Ok(oci) => {
-            let (network, used) = (oci.network.clone(), used.clone());
-            tokio::task::spawn_blocking(move || match network.get() {
-                Ok(n) => n.prepare_ahead(&used, NETNS_AHEAD),
-                Err(err) => tracing::warn!(error = %err, "setting up the machine network"),
-            });
-        }
+/// The machine network of this host: the image machines' one when it can run images, else
+/// its own when it isolates process machines (root), else none.
+pub(crate) fn machine_network(
+    config: &crate::config::AgentConfig,
+    host_id: &str,
+    driver: &crate::driver::Driver,
+) -> Option<Arc<LazyNetwork>> {
+    if let Ok(oci) = &driver.oci {
+        return Some(oci.network.clone());
     }
+    if !driver.isolate {
+        return None;
+    }
+    let subnet = match config.machine_subnet.as_deref().map(str::parse).transpose() {
+        Ok(subnet) => subnet,
+        Err(err) => {
+            tracing::warn!(error = %err, "no machine network: process machines listen on host ports");
+            return None;
+        }
+    };
+    Some(Arc::new(LazyNetwork::new(
+        &config.data_dir,
+        host_id,
+        subnet,
+        config.machine_nat,
+    )))
+}
+
+/// At start: a host whose machines already have addresses (`used`) sets its network up
+/// again at once (after a reboot the bridge is gone); others wait for their first machine
+/// that needs it.
+pub(crate) fn restore_machine_network(driver: &crate::driver::Driver, used: &HashSet<Ipv4Addr>) {
+    if let Err(reason) = &driver.oci {
+        tracing::info!(%reason, "image machines are not available on this host");
+    }
+    let Some(network) = driver.network.clone() else {
+        return;
+    };
+    if used.is_empty() {
+        return;
+    }
+    let used = used.clone();
+    tokio::task::spawn_blocking(move || match network.get() {
+        Ok(n) => n.prepare_ahead(&used, NETNS_AHEAD),
+        Err(err) => tracing::warn!(error = %err, "setting up the machine network"),
+    });
 }
 
 impl Agent {
-    /// Gives a machine what its services are reached at: host ports on loopback for a
-    /// process machine, an address of its own on the machine network for an image machine
-    /// (refused with the reason when this host cannot run images).
+    /// Gives a machine what its services are reached at: an address of its own on the
+    /// machine network for an image machine (refused with the reason when this host cannot
+    /// run images) and for a process machine of an isolating agent; host ports on loopback
+    /// for a process machine otherwise.
     pub(crate) fn assign_ports(&self, rec: &mut MachineRecord) -> Result<(), AgentError> {
+        let driver = &self.0.driver;
         if rec.config.driver() == "oci" {
-            let oci = self.0.driver.oci.as_ref().map_err(|reason| {
+            driver.oci.as_ref().map_err(|reason| {
                 AgentError::Invalid(format!(
                     "image {:?}: this host cannot run image machines: {reason}",
                     rec.config.image
                 ))
             })?;
+        }
+        if let Some(network) = driver.network.as_ref().filter(|_| driver.isolate) {
             {
                 let mut in_use = lock(&self.0.ports_in_use);
                 for p in rec.host_ports.values() {
@@ -55,7 +87,7 @@ impl Agent {
             }
             rec.host_ports.clear();
             if rec.private_ip.is_none() {
-                let network = oci.network.get().map_err(|e| {
+                let network = network.get().map_err(|e| {
                     AgentError::Internal(format!("setting up the machine network: {e}"))
                 })?;
                 let mut used = lock(&self.0.addresses_in_use);
@@ -105,16 +137,12 @@ impl Agent {
         Ok(())
     }
 
+    /// Gives back what [`Agent::assign_ports`] and [`Agent::assign_user`] handed out.
     pub(crate) fn release_ports(&self, rec: &MachineRecord) {
+        self.release_user(rec);
         if let Some(ip) = rec.private_ip {
             lock(&self.0.addresses_in_use).remove(&ip);
-            let network = self
-                .0
-                .driver
-                .oci
-                .as_ref()
-                .ok()
-                .and_then(|o| o.network.ready());
+            let network = self.0.driver.network.as_ref().and_then(|n| n.ready());
             if let Some(network) = network.cloned() {
                 tokio::task::spawn_blocking(move || network.renew(ip));
             }

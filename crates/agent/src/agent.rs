@@ -69,6 +69,8 @@ pub(crate) struct Inner {
     pub ports_in_use: Mutex<HashSet<u16>>,
     /// Machine network addresses held by this host's machines (image machines).
     pub addresses_in_use: Mutex<HashSet<std::net::Ipv4Addr>>,
+    /// Uids held by this host's process machines (`identity.rs`).
+    pub uids_in_use: Mutex<HashSet<u32>>,
     pub cluster_secret: String,
     /// The gossip replica, once attached: every change to a machine is published to it.
     pub catalog: std::sync::OnceLock<bazaar_catalog::Catalog>,
@@ -102,6 +104,12 @@ impl Agent {
     /// unfinished operation.
     pub async fn start(config: AgentConfig) -> anyhow::Result<Agent> {
         std::fs::create_dir_all(&config.data_dir)?;
+        // Machines' environments, specs and volumes are in here: the agent's user only.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let private = std::fs::Permissions::from_mode(0o700);
+            std::fs::set_permissions(&config.data_dir, private)?;
+        }
         let store = Store::open(&config.data_dir.join("agent.redb"))?;
         let host_id = match store.meta("host_id")? {
             Some(id) => id,
@@ -133,6 +141,11 @@ impl Agent {
             log_max_bytes: config.log_max_bytes,
             volumes: crate::volume_fs::VolumeFs::new(&config.data_dir),
             oci: crate::oci::OciRuntime::for_agent(&config, &host_id, cgroups),
+            network: None,
+        };
+        let driver = Driver {
+            network: crate::addresses::machine_network(&config, &host_id, &driver),
+            ..driver
         };
         let disk_gb = config
             .disk_gb
@@ -141,6 +154,7 @@ impl Agent {
         let machines = store.machines()?;
         let mut ports = HashSet::new();
         let mut addresses = HashSet::new();
+        let mut uids = HashSet::new();
         for m in machines
             .iter()
             .filter(|m| m.state != MachineState::Destroyed)
@@ -148,8 +162,9 @@ impl Agent {
             ledger.restore(&m.id, m.resources);
             ports.extend(m.host_ports.values().copied());
             addresses.extend(m.private_ip);
+            uids.extend(m.uid);
         }
-        crate::addresses::restore_machine_network(&driver.oci, &addresses);
+        crate::addresses::restore_machine_network(&driver, &addresses);
         for r in store.reservations()? {
             ledger.restore_reservation(r);
         }
@@ -171,6 +186,7 @@ impl Agent {
             tokens_read: Mutex::new(None),
             ports_in_use: Mutex::new(ports),
             addresses_in_use: Mutex::new(addresses),
+            uids_in_use: Mutex::new(uids),
             cluster_secret: secret,
             catalog: std::sync::OnceLock::new(),
             last_host_record: Mutex::new(None),
@@ -500,7 +516,10 @@ impl Agent {
                 held_nonce.as_deref(),
             )?);
         }
-        if let Err(err) = self.assign_ports(&mut rec) {
+        if let Err(err) = self
+            .assign_ports(&mut rec)
+            .and_then(|()| self.assign_user(&mut rec))
+        {
             ledger.restore(id, previous_resources);
             return Err(err);
         }

@@ -39,6 +39,9 @@ pub struct AgentConfig {
     /// Run workloads in their own namespaces, as an unprivileged user, under cgroup limits
     /// (only possible as root; ignored otherwise).
     pub isolate: bool,
+    /// Let process machines run as root (`init.user = "root"`) on a root agent; refused
+    /// with 400 otherwise (see `identity.rs`).
+    pub allow_root_machines: bool,
     /// Stop every workload when the agent shuts down (dev clusters). By default workloads
     /// keep running and are re-adopted when the agent comes back (upgrades, crashes).
     pub stop_machines_on_shutdown: bool,
@@ -95,6 +98,7 @@ impl Default for AgentConfig {
             cluster_secret: None,
             token_file: None,
             isolate: true,
+            allow_root_machines: false,
             stop_machines_on_shutdown: false,
             log_max_bytes: 8 * 1024 * 1024,
             // Long enough for a claim round trip on a busy host, short enough that an

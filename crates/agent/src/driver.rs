@@ -6,14 +6,18 @@
 //! `rootfs/` (an image machine's root), `output.log` (stdout/stderr), `runs/<run_id>/`
 //! (one shim's files).
 
+use crate::network::LazyNetwork;
 use crate::oci::OciRuntime;
 use crate::record::MachineRecord;
-use bazaar_shim::{ShimError, ShimHandle, ShimSpec};
+use bazaar_shim::{Sandbox, ShimError, ShimHandle, ShimSpec};
 use bazaar_types::event::MachineEvent;
 use bazaar_types::machine::ImageRef;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// Where a sandboxed process machine sees its work directory (its cwd and HOME).
+pub const SANDBOX_WORKDIR: &str = "/work";
 
 /// The PATH used when the machine's env does not set one.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -32,6 +36,10 @@ pub struct Driver {
     /// Image machines: runc, the image store and the machine network, or why this host
     /// cannot run them.
     pub oci: Result<Arc<OciRuntime>, String>,
+    /// The machine network (the image machines' one when this host runs images): sandboxed
+    /// process machines get an address and a network namespace on it too. `None` when the
+    /// agent does not isolate (not root): process machines then listen on host ports.
+    pub network: Option<Arc<LazyNetwork>>,
 }
 
 impl Driver {
@@ -86,24 +94,34 @@ impl Driver {
             .map(|i| i.argv())
             .unwrap_or_default();
         let workdir = self.machine_dir(&rec.id).join("work");
+        let sandbox = self.sandbox(rec);
         let mut env: BTreeMap<String, String> = BTreeMap::new();
         env.insert("PATH".into(), DEFAULT_PATH.into());
-        env.insert("HOME".into(), workdir.display().to_string());
-        env.insert("BAZAAR_WORK_DIR".into(), workdir.display().to_string());
+        let home = sandbox.as_ref().map_or(&workdir, |s| &s.workdir);
+        env.insert("HOME".into(), home.display().to_string());
+        env.insert("BAZAAR_WORK_DIR".into(), home.display().to_string());
         env.extend(self.machine_env(rec));
-        // The first service's port is PORT; every service also gets PORT_<internal>.
+        // The first service's port is PORT; every service also gets PORT_<internal>. A
+        // machine with an address of its own listens on the internal ports themselves.
         for (i, svc) in rec.config.services.iter().enumerate() {
-            if let Some(host_port) = rec.host_ports.get(&svc.internal_port) {
+            let port = match rec.private_ip {
+                Some(_) => Some(&svc.internal_port),
+                None => rec.host_ports.get(&svc.internal_port),
+            };
+            if let Some(host_port) = port {
                 if i == 0 {
                     env.insert("PORT".into(), host_port.to_string());
                 }
                 env.insert(format!("PORT_{}", svc.internal_port), host_port.to_string());
             }
         }
-        // A process machine reaches its volume at the host path given here
-        // (`mounts[0].path` is passed along for the workload to use).
+        // A sandboxed machine has its volume at `mounts[0].path`; one that is not (the
+        // agent is not root) reaches it at its host path.
         if let Ok(Some(mount)) = bazaar_types::volume::mount_of(&rec.config) {
-            let path = self.volumes.mount_path(&mount.volume);
+            let path = match &sandbox {
+                Some(_) => PathBuf::from(&mount.path),
+                None => self.volumes.mount_path(&mount.volume),
+            };
             env.insert("BAZAAR_VOLUME_PATH".into(), path.display().to_string());
             env.insert("BAZAAR_VOLUME_ID".into(), mount.volume);
             env.insert("BAZAAR_VOLUME_MOUNT_PATH".into(), mount.path);
@@ -114,7 +132,11 @@ impl Driver {
             argv,
             env: env.into_iter().collect(),
             workdir,
-            user: rec.config.init.as_ref().and_then(|i| i.user.clone()),
+            user: match (&sandbox, rec.uid) {
+                (Some(_), Some(_)) if self.runs_as_root(rec) => Some("0:0".into()),
+                (Some(_), Some(uid)) => Some(format!("{uid}:{uid}")),
+                _ => rec.config.init.as_ref().and_then(|i| i.user.clone()),
+            },
             hostname: rec.id.clone(),
             isolate: self.isolate,
             memory_mb: rec.resources.memory_mb,
@@ -122,7 +144,42 @@ impl Driver {
             cgroup: self.cgroup(&rec.id),
             log_path: self.log_path(&rec.id),
             log_max_bytes: self.log_max_bytes,
+            sandbox,
         }
+    }
+
+    /// A process machine's sandbox: on an isolating (root) agent, for a machine with its own
+    /// uid ([`crate::identity`]; records from before uids were recorded have none).
+    fn sandbox(&self, rec: &MachineRecord) -> Option<Sandbox> {
+        rec.uid.filter(|_| self.isolate)?;
+        let user = rec.config.init.as_ref().and_then(|i| i.user.as_deref());
+        let user_name = user
+            .map(|u| u.split(':').next().unwrap_or(u))
+            .filter(|name| name.parse::<u32>().is_err() && !name.is_empty())
+            .unwrap_or("machine");
+        let binds = match bazaar_types::volume::mount_of(&rec.config) {
+            Ok(Some(mount)) => vec![(
+                self.volumes.mount_path(&mount.volume),
+                PathBuf::from(mount.path),
+            )],
+            _ => Vec::new(),
+        };
+        Some(Sandbox {
+            workdir: PathBuf::from(SANDBOX_WORKDIR),
+            binds,
+            netns: None,
+            user_name: user_name.to_owned(),
+        })
+    }
+
+    /// Whether a process machine asked for root (allowed by the operator, or it would not
+    /// have been accepted).
+    fn runs_as_root(&self, rec: &MachineRecord) -> bool {
+        rec.config
+            .init
+            .as_ref()
+            .and_then(|i| i.user.as_deref())
+            .is_some_and(crate::identity::is_root_user)
     }
 
     /// Starts run `run_id` of `rec`; what happened on the way (an image pull) is added to
@@ -142,8 +199,14 @@ impl Driver {
                 .launch_image(rec, run_id, &run_dir, events, image)
                 .await;
         }
-        let spec = self.spec(rec, run_id);
-        self.give_volume_to_workload(rec);
+        let mut spec = self.spec(rec, run_id);
+        if let (Some(sandbox), Some(ip)) = (spec.sandbox.as_mut(), rec.private_ip) {
+            sandbox.netns = Some(self.attach_network(ip).await?);
+        }
+        match rec.uid.filter(|_| spec.sandbox.is_some()) {
+            Some(uid) => self.give_to_machine_user(rec, uid)?,
+            None => self.give_volume_to_workload(rec),
+        }
         let files = work_files(&rec.config).map_err(ShimError::Spec)?;
         if !files.is_empty() {
             let (workdir, user) = (spec.workdir.clone(), spec.user.clone());
@@ -155,6 +218,18 @@ impl Driver {
             .map_err(ShimError::Launch)?;
         }
         ShimHandle::spawn(&self.exe, &run_dir, &spec).await
+    }
+
+    /// The network namespace of address `ip` (set up now unless it was ahead of time).
+    async fn attach_network(&self, ip: std::net::Ipv4Addr) -> Result<PathBuf, ShimError> {
+        let network = self
+            .network
+            .clone()
+            .ok_or_else(|| ShimError::Launch("this host has no machine network".into()))?;
+        tokio::task::spawn_blocking(move || network.get()?.attach(ip))
+            .await
+            .map_err(|e| ShimError::Launch(e.to_string()))?
+            .map_err(|e| ShimError::Launch(format!("machine network: {e}")))
     }
 
     /// An image machine's run: `runc run` of a bundle made by [`OciRuntime::prepare`], in
@@ -238,6 +313,41 @@ impl Driver {
         Some(oci.exec_argv(&self.run_dir(&rec.id, run_id), &rec.id, argv))
     }
 
+    /// A sandboxed machine's work directory and volume belong to its uid alone (mode 0700);
+    /// a volume last used by another uid is handed over, with everything in it.
+    fn give_to_machine_user(&self, rec: &MachineRecord, uid: u32) -> Result<(), ShimError> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let own = |path: &Path, recursive: bool| -> std::io::Result<()> {
+            let meta = std::fs::metadata(path)?;
+            if meta.uid() != uid || meta.gid() != uid {
+                if recursive {
+                    chown_tree(path, uid)?;
+                } else {
+                    std::os::unix::fs::chown(path, Some(uid), Some(uid))?;
+                }
+            }
+            if meta.mode() & 0o777 != 0o700 {
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))?;
+            }
+            Ok(())
+        };
+        let machine_dir = self.machine_dir(&rec.id);
+        let work = machine_dir.join("work");
+        let fail = |path: &Path| {
+            let what = format!("giving {} to uid {uid}", path.display());
+            move |err| ShimError::Io(what, err)
+        };
+        std::fs::create_dir_all(&work).map_err(fail(&work))?;
+        std::fs::set_permissions(&machine_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(fail(&machine_dir))?;
+        own(&work, false).map_err(fail(&work))?;
+        if let Ok(Some(mount)) = bazaar_types::volume::mount_of(&rec.config) {
+            let path = self.volumes.mount_path(&mount.volume);
+            own(&path, true).map_err(fail(&path))?;
+        }
+        Ok(())
+    }
+
     /// An isolated workload without `init.user` runs as nobody: the root of its volume, as
     /// made (owned by root), is handed to nobody so the workload can write to it. A volume
     /// root someone already owns is left alone.
@@ -316,6 +426,24 @@ fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p)
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         .unwrap_or(false)
+}
+
+/// Gives `root` and everything under it to `uid:uid` (symlinks themselves, not their
+/// targets; other mounts are not entered).
+fn chown_tree(root: &Path, uid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let device = std::fs::symlink_metadata(root)?.dev();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        std::os::unix::fs::lchown(&path, Some(uid), Some(uid))?;
+        let meta = std::fs::symlink_metadata(&path)?;
+        if meta.is_dir() && meta.dev() == device {
+            for entry in std::fs::read_dir(&path)? {
+                stack.push(entry?.path());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Picks a free loopback TCP port for a service.

@@ -1,7 +1,9 @@
-//! `exec`: runs a command in a machine's context — inside its namespaces (through
-//! `nsenter`, from util-linux), as its user (`setpriv`), with its environment and working
-//! directory; in an image machine through `runc exec` — and returns its exit status and
-//! output. Output is capped; the command is killed at its timeout.
+//! `exec`: runs a command in a machine's context and returns its exit status and output.
+//! In an isolated process machine through `bazaar shim-exec` ([`bazaar_shim::exec_main`]:
+//! the run's cgroup, namespaces, user, environment and working directory, and for a
+//! sandboxed run no capabilities and its seccomp filter); in an image machine through
+//! `runc exec`; otherwise directly, with the machine's environment. Output is capped; the
+//! command is killed at its timeout.
 
 use crate::error::AgentError;
 use bazaar_types::host::{ExecRequest, ExecResponse};
@@ -15,11 +17,12 @@ const MAX_OUTPUT: usize = 1024 * 1024;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Where and how to run: the workload's host pid and whether it is isolated.
+/// Where and how to run.
 #[derive(Debug)]
 pub struct ExecTarget {
-    pub workload_pid: i32,
-    pub isolated: bool,
+    /// For an isolated run: the `bazaar` executable and the run's directory, for
+    /// `bazaar shim-exec RUN_DIR ARGV...`.
+    pub shim_exec: Option<(std::path::PathBuf, std::path::PathBuf)>,
     pub env: Vec<(String, String)>,
     pub workdir: std::path::PathBuf,
     /// For an image machine: the whole `runc exec ...` argv to run instead.
@@ -58,25 +61,16 @@ pub async fn run(target: &ExecTarget, req: &ExecRequest) -> Result<ExecResponse,
         let mut c = tokio::process::Command::new(&runc[0]);
         c.args(&runc[1..]);
         c
-    } else if target.isolated {
-        let (uid, gid) = ids_of(target.workload_pid)?;
-        let mut c = tokio::process::Command::new("nsenter");
-        c.arg("--target")
-            .arg(target.workload_pid.to_string())
-            .args(["--mount", "--uts", "--ipc", "--pid", "--"])
-            .arg("setpriv")
-            .arg(format!("--reuid={uid}"))
-            .arg(format!("--regid={gid}"))
-            .arg("--clear-groups")
-            .arg("--")
-            .args(&argv);
+    } else if let Some((exe, run_dir)) = &target.shim_exec {
+        let mut c = tokio::process::Command::new(exe);
+        c.arg("shim-exec").arg(run_dir).args(&argv);
         c
     } else {
         let mut c = tokio::process::Command::new(&argv[0]);
         c.args(&argv[1..]);
         c
     };
-    if target.runc_exec.is_none() {
+    if target.runc_exec.is_none() && target.shim_exec.is_none() {
         cmd.env_clear()
             .envs(target.env.iter().cloned())
             .current_dir(&target.workdir);
@@ -138,23 +132,4 @@ async fn read_capped<R: tokio::io::AsyncRead + Unpin>(r: Option<&mut R>) -> Stri
         }
     }
     String::from_utf8_lossy(&buf).into_owned()
-}
-
-/// The real uid and gid of a process.
-fn ids_of(pid: i32) -> Result<(u32, u32), AgentError> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .map_err(|_| AgentError::Conflict("the machine's process is gone".into()))?;
-    let field = |name: &str| -> Option<u32> {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-    };
-    match (field("Uid:"), field("Gid:")) {
-        (Some(u), Some(g)) => Ok((u, g)),
-        _ => Err(AgentError::Internal(format!(
-            "cannot read the ids of pid {pid}"
-        ))),
-    }
 }

@@ -146,8 +146,10 @@ impl Agent {
             .ok_or_else(|| AgentError::Conflict(format!("machine {id} has no running process")))?;
         let spec = self.0.driver.spec(&rec, run.run_id);
         let target = crate::exec::ExecTarget {
-            workload_pid: run.workload_pid,
-            isolated: self.0.driver.isolate,
+            shim_exec: self.0.driver.isolate.then(|| {
+                let driver = &self.0.driver;
+                (driver.exe.clone(), driver.run_dir(&rec.id, run.run_id))
+            }),
             env: spec.env,
             workdir: spec.workdir,
             runc_exec: self

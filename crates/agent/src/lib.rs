@@ -42,6 +42,7 @@ pub mod error;
 pub mod exec;
 pub mod fault;
 pub mod http;
+pub mod identity;
 pub mod images;
 pub mod leases;
 pub mod market;

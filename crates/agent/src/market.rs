@@ -200,6 +200,7 @@ impl Agent {
             cordoned: false,
             host_ports: BTreeMap::new(),
             private_ip: None,
+            uid: None,
             run: None,
             next_run_id: 1,
             exit_handled_run: 0,
@@ -218,6 +219,10 @@ impl Agent {
             rec.lease = Some(new_lease(&rec, ttl, "", None)?);
         }
         self.assign_ports(&mut rec)?;
+        if let Err(err) = self.assign_user(&mut rec) {
+            self.release_ports(&rec);
+            return Err(err);
+        }
         let kind = OpKind::Create {
             skip_launch: req.skip_launch,
         };

@@ -280,12 +280,14 @@ impl Network {
             return Ok(path);
         }
         let veth = self.veth_name(ip);
+        // What a cut-short set-up left: the veth pair first (deleting the namespace would
+        // take the pair with it, and the host end would then be gone when deleted).
         let mut host = String::new();
-        if path.exists() {
-            host += &format!("netns delete {ns}\n");
-        }
         if Path::new("/sys/class/net").join(&veth).exists() {
             host += &format!("link delete {veth}\n");
+        }
+        if path.exists() {
+            host += &format!("netns delete {ns}\n");
         }
         host += &format!(
             "netns add {ns}\n\

@@ -35,6 +35,9 @@ pub struct MachineRecord {
     /// services are reached at `private_ip:internal_port`.
     #[serde(default)]
     pub private_ip: Option<std::net::Ipv4Addr>,
+    /// The uid (and gid) a process machine runs as on a root agent (`identity.rs`).
+    #[serde(default)]
+    pub uid: Option<u32>,
     /// The current (or last) run of the workload.
     #[serde(default)]
     pub run: Option<RunInfo>,
@@ -93,6 +96,9 @@ impl MachineRecord {
         }
         if stored.name != before.name {
             self.name = stored.name.clone();
+        }
+        if stored.uid != before.uid {
+            self.uid = stored.uid;
         }
         if stored.cordoned != before.cordoned {
             self.cordoned = stored.cordoned;

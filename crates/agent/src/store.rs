@@ -40,6 +40,10 @@ pub enum StoreError {
     Decode(#[from] serde_json::Error),
 }
 
+fn io_err(err: std::io::Error) -> StoreError {
+    StoreError::Db(err.to_string())
+}
+
 macro_rules! db_err {
     ($($t:ty),*) => {$(
         impl From<$t> for StoreError {
@@ -197,6 +201,10 @@ impl Store {
     /// Opens (or creates) the store at `path`.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         let db = Database::create(path)?;
+        // It holds every machine's environment: the agent's user only.
+        let owner_only =
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600);
+        std::fs::set_permissions(path, owner_only).map_err(io_err)?;
         let tx = db.begin_write()?;
         {
             tx.open_table(META)?;

@@ -5,9 +5,11 @@
 //!
 //! Run: `cargo bench -p bazaar --bench agent` (prints a Markdown table for BENCHMARKS.md).
 //! `BAZAAR_BENCH_MACHINES` changes the machine count (default 1000);
-//! `BAZAAR_BENCH_NO_ISOLATE=1` runs the workloads without namespaces and cgroups.
+//! `BAZAAR_BENCH_NO_ISOLATE=1` runs the workloads without namespaces and cgroups;
+//! `BAZAAR_BENCH_EXE` runs another `bazaar` executable (to compare builds in one sitting).
 
 use bazaar_testkit::{create_request, AgentOptions, TestAgent};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 const EXE: &str = env!("CARGO_BIN_EXE_bazaar");
@@ -82,7 +84,12 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let mut opts = AgentOptions::new(EXE);
+    // BAZAAR_BENCH_EXE=<path> measures another `bazaar` build (e.g. before a change).
+    let exe = std::env::var_os("BAZAAR_BENCH_EXE").map_or_else(|| EXE.into(), PathBuf::from);
+    let mut opts = AgentOptions::new(exe);
+    // Every process machine of a root agent has an address: room for all of them.
+    opts.extra_args
+        .extend(["--machine-subnet".into(), "10.214.0.0/20".into()]);
     opts.memory_mb = (total as u64 + 10) * 256;
     opts.cpus = total as u32 + 10;
     // BAZAAR_BENCH_NO_ISOLATE=1 measures without namespaces and cgroups, to attribute cost.

@@ -31,20 +31,21 @@ class H(http.server.BaseHTTPRequestHandler):
 class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-srv = S(("127.0.0.1", int(os.environ["PORT"])), H)
+srv = S(("0.0.0.0", int(os.environ["PORT"])), H)
 signal.signal(signal.SIGINT, lambda *_: threading.Thread(target=srv.shutdown).start())
 srv.serve_forever()
 "#;
 
-fn config(app: &str, script: &std::path::Path, version: u32) -> bazaar_deploy::config::AppConfig {
+fn config(app: &str, version: u32) -> bazaar_deploy::config::AppConfig {
     let text = format!(
         r#"app = "{app}"
 [build]
   driver = "process"
 [processes]
-  app = "python3 {script}"
+  app = "python3 -c 'import os; exec(os.environ[\"BACKEND_PY\"])'"
 [env]
   VERSION = "{version}"
+  BACKEND_PY = '''{BACKEND}'''
 [http_service]
   internal_port = 8080
   [[http_service.checks]]
@@ -55,8 +56,7 @@ fn config(app: &str, script: &std::path::Path, version: u32) -> bazaar_deploy::c
   policy = "no"
 [deploy]
   wait_timeout = "120s"
-"#,
-        script = script.display()
+"#
     );
     bazaar_deploy::config::parse("bench.toml", &text)
         .expect("config")
@@ -80,12 +80,6 @@ fn main() {
         o.memory_mb = 400 * 256;
     })
     .expect("cluster");
-    let dir = tempfile::tempdir().unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let script = dir.path().join("backend.py");
-    std::fs::write(&script, BACKEND).unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
     let client = Client::new(&agents[0].url(), TEST_SECRET);
     let mut rows: Vec<(String, Duration, String)> = Vec::new();
     rt.block_on(async {
@@ -108,7 +102,7 @@ fn main() {
             };
             let out = deploy(
                 &client,
-                &config(&app, &script, 1),
+                &config(&app, 1),
                 &initial,
                 &settings,
                 Arc::new(Silent),
@@ -132,7 +126,7 @@ fn main() {
             };
             let out = deploy(
                 &client,
-                &config("bench50", &script, k),
+                &config("bench50", k),
                 &Initial::default(),
                 &s,
                 Arc::new(Silent),

@@ -11,6 +11,8 @@
 //!   ([`deploy_cmd`], over [`bazaar_deploy`]).
 //! - `bazaar sim`: the fleet simulator ([`bazaar_sim`]).
 //! - `bazaar shim RUN_DIR`: internal; the per-machine supervisor ([`bazaar_shim`]).
+//! - `bazaar shim-exec RUN_DIR ARGV...`: internal; runs a command inside a live run
+//!   ([`bazaar_shim::exec_main`]).
 
 mod api_cmd;
 mod deploy_cmd;
@@ -116,6 +118,9 @@ struct AgentArgs {
     /// Run workloads without namespaces, user switch or cgroups.
     #[arg(long)]
     no_isolate: bool,
+    /// Let process machines run as root (`init.user = "root"`); refused by default.
+    #[arg(long)]
+    allow_root_machines: bool,
     /// Stop every workload when the agent stops (they restart with it).
     #[arg(long)]
     stop_machines_on_shutdown: bool,
@@ -167,6 +172,11 @@ fn main() {
         if cmd == "shim" {
             let run_dir = args.next().unwrap_or_default();
             bazaar_shim::shim_main(std::path::Path::new(&run_dir));
+        }
+        if cmd == "shim-exec" {
+            let run_dir = args.next().unwrap_or_default();
+            let argv: Vec<String> = args.map(|a| a.to_string_lossy().into_owned()).collect();
+            bazaar_shim::exec_main(std::path::Path::new(&run_dir), &argv);
         }
     }
     let cli = Cli::parse();
@@ -271,6 +281,7 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     if a.no_isolate {
         config.isolate = false;
     }
+    config.allow_root_machines |= a.allow_root_machines;
     if a.stop_machines_on_shutdown {
         config.stop_machines_on_shutdown = true;
     }

@@ -9,7 +9,6 @@ use bazaar_testkit::{pid_alive, process_config, TestAgent};
 use bazaar_types::host::{ClaimRequest, StopRequest, UpdateRequest};
 use bazaar_types::state::MachineState;
 use common::*;
-use std::path::Path;
 use std::time::Duration;
 
 /// Number of step boundaries of each operation (0 = accepted, k = step k recorded).
@@ -22,8 +21,9 @@ const CASES: &[(&str, u32)] = &[
     ("destroy", 3),
 ];
 
-fn request(id: &str, counter: &Path, version: &str) -> ClaimRequest {
-    let script = format!("echo {version} >> {}; exec sleep 1000", counter.display());
+fn request(id: &str, version: &str) -> ClaimRequest {
+    // In the machine's work directory (its cwd), which lasts across its runs.
+    let script = format!("echo {version} >> runs; exec sleep 1000");
     let mut config = process_config(&["sh", "-c", &script]);
     config.env.insert("VERSION".into(), version.into());
     ClaimRequest {
@@ -42,8 +42,6 @@ fn request(id: &str, counter: &Path, version: &str) -> ClaimRequest {
 /// Runs operation `op` on a machine while the agent is set to die at `boundary`.
 async fn crash_case(op: &str, boundary: u32) {
     let mut agent = agent();
-    let dir = scratch();
-    let counter = dir.path().join("runs");
     let id = format!("c{op}{boundary}").replace('_', "");
     let id = format!(
         "{:0<14}",
@@ -52,10 +50,11 @@ async fn crash_case(op: &str, boundary: u32) {
             .collect::<String>()
     );
     let c = agent.client();
+    let counter = work_file(&agent, &id, "runs");
 
     // Bring the machine to the state the operation starts from (without faults).
     if op != "create" {
-        c.create(&request(&id, &counter, "v1")).await.unwrap();
+        c.create(&request(&id, "v1")).await.unwrap();
         wait_state(&c, &id, MachineState::Started).await;
         if op == "start" {
             c.stop(&id, &StopRequest::default()).await.unwrap();
@@ -71,12 +70,12 @@ async fn crash_case(op: &str, boundary: u32) {
     agent.spawn(&[("BAZAAR_CRASH_AT", &at)]).unwrap();
     let c = agent.client();
     let _ = match op {
-        "create" => c.create(&request(&id, &counter, "v1")).await.map(|_| ()),
+        "create" => c.create(&request(&id, "v1")).await.map(|_| ()),
         "start" => c.start(&id).await.map(|_| ()),
         "stop" => c.stop(&id, &StopRequest::default()).await.map(|_| ()),
         "restart" => c.restart(&id, &StopRequest::default()).await.map(|_| ()),
         "update" => {
-            let config = request(&id, &counter, "v2").config;
+            let config = request(&id, "v2").config;
             c.update(
                 &id,
                 &UpdateRequest {
@@ -110,10 +109,12 @@ async fn crash_case(op: &str, boundary: u32) {
     let m = wait_state(&c, &id, state).await;
     // Let anything that would wrongly run twice show itself.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // The work directory goes with a destroyed machine (a wrong relaunch would make it anew).
+    let counted = if op == "destroy" { 0 } else { runs };
     assert_eq!(
         lines(&counter),
-        runs,
-        "{at}: workload ran {} times, expected {runs}",
+        counted,
+        "{at}: workload ran {} times, expected {counted}",
         lines(&counter)
     );
     let m2 = c.machine(&id).await.unwrap();

@@ -197,20 +197,16 @@ async fn suspend_freezes_and_start_resumes_the_same_process() {
     }
     let agent = agent();
     let c = agent.client();
-    let dir = scratch();
-    let ticks = dir.path().join("ticks");
-    let script = format!(
-        "while true; do echo t >> {}; sleep 0.05; done",
-        ticks.display()
-    );
+    let script = "while true; do echo t >> ticks; sleep 0.05; done";
     let m = c
-        .create(&create_request("susp", &["sh", "-c", &script]))
+        .create(&create_request("susp", &["sh", "-c", script]))
         .await
         .unwrap();
     let pid = wait_state(&c, &m.id, MachineState::Started)
         .await
         .pid
         .unwrap();
+    let ticks = work_file(&agent, &m.id, "ticks");
     c.suspend(&m.id).await.unwrap();
     wait_state(&c, &m.id, MachineState::Suspended).await;
     let n = lines(&ticks);
@@ -241,14 +237,17 @@ async fn exec_runs_inside_the_machine() {
         .create(&create_request("exec", &["sleep", "1000"]))
         .await
         .unwrap();
-    wait_state(&c, &m.id, MachineState::Started).await;
+    let pid = wait_state(&c, &m.id, MachineState::Started)
+        .await
+        .pid
+        .unwrap();
     let r = c
         .exec(
             &m.id,
             &[
                 "sh",
                 "-c",
-                "echo $FLY_MACHINE_ID; id -u; echo err >&2; exit 7",
+                "echo $FLY_MACHINE_ID; id -u; cat /proc/self/cgroup; echo err >&2; exit 7",
             ],
         )
         .await
@@ -257,7 +256,20 @@ async fn exec_runs_inside_the_machine() {
     let mut out = r.stdout.lines();
     assert_eq!(out.next(), Some(m.id.as_str()));
     if is_root() {
-        assert_eq!(out.next(), Some("65534"), "runs as the machine's user");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let uid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().next())
+            .unwrap()
+            .to_string();
+        assert_ne!(uid, "0");
+        assert_eq!(out.next(), Some(uid.as_str()), "runs as the machine's user");
+        assert!(
+            out.any(|l| l.contains(":memory:") && l.contains(&m.id)),
+            "runs in the machine's cgroup: {}",
+            r.stdout
+        );
         let ps = c
             .exec(&m.id, &["sh", "-c", "ls /proc | grep -c '^[0-9]'"])
             .await

@@ -140,7 +140,14 @@ async fn workload_sees_identity_ports_and_output_is_logged() {
             ..Default::default()
         });
     let m = c.create(&req).await.unwrap();
-    let host_port = *m.host_ports.get(&8080).expect("the service port is mapped");
+    // A root agent gives the machine an address of its own: it listens on the internal port.
+    let host_port = if is_root() {
+        assert!(m.host_ports.is_empty(), "{:?}", m.host_ports);
+        assert!(m.private_ip.starts_with("10."), "{}", m.private_ip);
+        8080
+    } else {
+        *m.host_ports.get(&8080).expect("the service port is mapped")
+    };
     let want = format!(
         "id={} fly=envapp region=local port={host_port} p8080={host_port}",
         m.id
@@ -196,15 +203,13 @@ async fn stop_escalates_to_sigkill_after_the_timeout() {
 async fn restart_policy_on_failure_retries_then_stops() {
     let agent = agent();
     let c = agent.client();
-    let dir = scratch();
-    let counter = dir.path().join("runs");
-    let script = format!("echo run >> {}; exit 3", counter.display());
-    let mut req = create_request("flaky", &["sh", "-c", &script]);
+    let mut req = create_request("flaky", &["sh", "-c", "echo run >> runs; exit 3"]);
     req.config.restart = Some(bazaar_types::config::RestartConfig {
         policy: bazaar_types::config::RestartPolicyKind::OnFailure,
         max_retries: Some(2),
     });
     let m = c.create(&req).await.unwrap();
+    let counter = work_file(&agent, &m.id, "runs");
     // First run + 2 retries, then it stays stopped.
     bazaar_testkit::eventually(Duration::from_secs(20), || async {
         let events = c.events(&m.id).await.ok()?;
@@ -226,12 +231,12 @@ async fn restart_policy_on_failure_retries_then_stops() {
 
     // `no`: one run, then stopped; a clean exit under on-failure is not restarted either.
     for (policy, code) in [("no", 3), ("on-failure", 0)] {
-        let counter = dir.path().join(format!("runs-{policy}"));
-        let script = format!("echo run >> {}; exit {code}", counter.display());
+        let script = format!("echo run >> runs; exit {code}");
         let mut req = create_request("once", &["sh", "-c", &script]);
         req.config.restart =
             Some(serde_json::from_value(serde_json::json!({"policy": policy})).unwrap());
         let m = c.create(&req).await.unwrap();
+        let counter = work_file(&agent, &m.id, "runs");
         wait_state(&c, &m.id, MachineState::Stopped).await;
         tokio::time::sleep(Duration::from_millis(400)).await;
         assert_eq!(lines(&counter), 1, "policy {policy}");
@@ -239,12 +244,11 @@ async fn restart_policy_on_failure_retries_then_stops() {
     }
 
     // `always` restarts even after a clean exit.
-    let counter = dir.path().join("runs-always");
-    let script = format!("echo run >> {}; exit 0", counter.display());
-    let mut req = create_request("always", &["sh", "-c", &script]);
+    let mut req = create_request("always", &["sh", "-c", "echo run >> runs; exit 0"]);
     req.config.restart =
         Some(serde_json::from_value(serde_json::json!({"policy": "always"})).unwrap());
     let m = c.create(&req).await.unwrap();
+    let counter = work_file(&agent, &m.id, "runs");
     bazaar_testkit::eventually(Duration::from_secs(10), || async {
         (lines(&counter) >= 3).then_some(())
     })
@@ -353,16 +357,12 @@ async fn bad_input_gets_clear_errors_and_changes_nothing() {
 async fn wait_times_out_with_408_and_signal_reaches_the_workload() {
     let agent = agent();
     let c = agent.client();
-    let dir = scratch();
-    let out = dir.path().join("got");
-    let script = format!(
-        "trap 'echo usr1 >> {}' USR1; while true; do sleep 0.05; done",
-        out.display()
-    );
+    let script = "trap 'echo usr1 >> got' USR1; while true; do sleep 0.05; done";
     let m = c
-        .create(&create_request("sig", &["sh", "-c", &script]))
+        .create(&create_request("sig", &["sh", "-c", script]))
         .await
         .unwrap();
+    let out = work_file(&agent, &m.id, "got");
     wait_state(&c, &m.id, MachineState::Started).await;
     let t0 = Instant::now();
     let err = c.wait(&m.id, "stopped", 1).await.unwrap_err();

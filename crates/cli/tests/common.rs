@@ -33,7 +33,19 @@ pub async fn wait_state(client: &HostClient, id: &str, state: MachineState) -> M
     }
 }
 
-/// A world-writable scratch directory (workloads run as nobody).
+/// A file of machine `id`'s work directory, on the host (a workload's cwd: the files it
+/// writes at relative paths; gone when the machine is destroyed).
+pub fn work_file(agent: &TestAgent, id: &str, name: &str) -> std::path::PathBuf {
+    agent
+        .data_dir
+        .join("machines")
+        .join(id)
+        .join("work")
+        .join(name)
+}
+
+/// A world-writable scratch directory (for shims run directly: their workloads run as
+/// nobody and see the host's files).
 pub fn scratch() -> tempfile::TempDir {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::Builder::new()

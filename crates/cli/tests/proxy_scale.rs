@@ -62,7 +62,7 @@ async fn failing_health_checks_take_a_machine_out_of_rotation() {
 
     // `a` turns sick: within a few check intervals it gets no traffic, and its check shows
     // critical in the API.
-    std::fs::write(c.scratch.path().join(format!("sick-{a}")), "").unwrap();
+    std::fs::write(c.work_file(&a, "sick"), "").unwrap();
     bazaar_testkit::eventually(Duration::from_secs(10), || async {
         let m = c.machine("hc", &a).await;
         let critical = m.to_string().contains("critical");
@@ -73,7 +73,7 @@ async fn failing_health_checks_take_a_machine_out_of_rotation() {
     assert_eq!(seen(20).await, HashSet::from([b.clone()]));
 
     // Healthy again: back in rotation.
-    std::fs::remove_file(c.scratch.path().join(format!("sick-{a}"))).unwrap();
+    std::fs::remove_file(c.work_file(&a, "sick")).unwrap();
     bazaar_testkit::eventually(Duration::from_secs(10), || async {
         let mut tasks = Vec::new();
         for _ in 0..4 {

@@ -17,7 +17,7 @@ const RUNS: usize = 25;
 const MAX_P50: Duration = Duration::from_millis(50);
 const MAX_RSS_KIB: u64 = 4 * 1024;
 
-fn spec(dir: &Path, isolate: bool, cgroup: Option<String>) -> ShimSpec {
+fn spec(dir: &Path, isolate: bool, cgroup: Option<String>, sandbox: bool) -> ShimSpec {
     ShimSpec {
         machine_id: "m-perf".into(),
         run_id: 1,
@@ -25,7 +25,10 @@ fn spec(dir: &Path, isolate: bool, cgroup: Option<String>) -> ShimSpec {
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
         workdir: dir.join("work"),
         // SAFETY: geteuid cannot fail.
-        user: (unsafe { libc::geteuid() } == 0).then(|| "root".into()),
+        user: match (sandbox, unsafe { libc::geteuid() } == 0) {
+            (true, _) => Some("200000:200000".into()),
+            (false, root) => root.then(|| "root".into()),
+        },
         hostname: "m-perf".into(),
         isolate,
         memory_mb: if cgroup.is_some() { 256 } else { 0 },
@@ -33,6 +36,11 @@ fn spec(dir: &Path, isolate: bool, cgroup: Option<String>) -> ShimSpec {
         cgroup,
         log_path: dir.join("m-perf.log"),
         log_max_bytes: 1 << 20,
+        sandbox: sandbox.then(|| bazaar_shim::Sandbox {
+            workdir: "/work".into(),
+            user_name: "machine".into(),
+            ..Default::default()
+        }),
     }
 }
 
@@ -43,7 +51,7 @@ fn rss_kib(pid: i32) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-async fn measure(label: &str, isolate: bool, cgroup: bool) -> (Duration, u64) {
+async fn measure(label: &str, isolate: bool, cgroup: bool, sandbox: bool) -> (Duration, u64) {
     let dir = tempfile::tempdir().unwrap();
     let exe = std::env::var_os("BAZAAR_SHIM_PERF_EXE")
         .map_or_else(|| env!("CARGO_BIN_EXE_bazaar").into(), PathBuf::from);
@@ -51,7 +59,7 @@ async fn measure(label: &str, isolate: bool, cgroup: bool) -> (Duration, u64) {
     let mut rss = Vec::with_capacity(RUNS);
     for i in 0..RUNS {
         let cg = cgroup.then(|| format!("bazaar-test-{}-perf-{i}", std::process::id()));
-        let spec = spec(dir.path(), isolate, cg);
+        let spec = spec(dir.path(), isolate, cg, sandbox);
         let run_dir = dir.path().join(format!("run-{i}"));
         let started = Instant::now();
         let handle = ShimHandle::spawn(&exe, &run_dir, &spec).await.unwrap();
@@ -79,17 +87,19 @@ async fn measure(label: &str, isolate: bool, cgroup: bool) -> (Duration, u64) {
 
 #[tokio::test]
 async fn spawn_latency_and_shim_memory() {
-    let mut configs = vec![("plain", false, false)];
+    let mut configs = vec![("plain", false, false, false)];
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } == 0 {
-        configs.push(("isolated", true, false));
+        configs.push(("isolated", true, false, false));
+        configs.push(("sandboxed", true, false, true));
     }
     if bazaar_shim::cgroups_available() {
-        configs.push(("cgroup", false, true));
-        configs.push(("isolated+cgroup", true, true));
+        configs.push(("cgroup", false, true, false));
+        configs.push(("isolated+cgroup", true, true, false));
+        configs.push(("sandboxed+cgroup", true, true, true));
     }
-    for (label, isolate, cgroup) in configs {
-        let (p50, rss) = measure(label, isolate, cgroup).await;
+    for (label, isolate, cgroup, sandbox) in configs {
+        let (p50, rss) = measure(label, isolate, cgroup, sandbox).await;
         assert!(p50 < MAX_P50, "{label}: spawn p50 {p50:?}");
         assert!(rss < MAX_RSS_KIB, "{label}: shim rss {rss} KiB");
     }

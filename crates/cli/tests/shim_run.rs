@@ -45,6 +45,7 @@ fn spec(dir: &Path, argv: &[&str]) -> ShimSpec {
         cgroup: None,
         log_path: dir.join("logs/m-test.log"),
         log_max_bytes: 1 << 20,
+        sandbox: None,
     }
 }
 

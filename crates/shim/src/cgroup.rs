@@ -39,8 +39,10 @@ pub fn cgroups_available() -> bool {
 }
 
 /// Kills whatever is left in the run cgroup `cgroup` (relative path) and removes its directory
-/// in every hierarchy. Idempotent: a missing cgroup is not an error. Parent directories are
-/// left alone (they are shared with other runs).
+/// in every hierarchy: those the shim uses, and the others (a named `systemd` hierarchy, a
+/// hybrid host's `unified` one) where a runtime such as runc made child cgroups too.
+/// Idempotent: a missing cgroup is not an error. Parent directories are left alone (they are
+/// shared with other runs).
 ///
 /// # Errors
 ///
@@ -53,7 +55,34 @@ pub fn remove_cgroup(cgroup: &str) -> Result<(), ShimError> {
     };
     let cg = Cgroup::new(&layout, cgroup);
     cg.remove()
-        .map_err(ShimError::io(format!("removing cgroup {cgroup}")))
+        .map_err(ShimError::io(format!("removing cgroup {cgroup}")))?;
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for root in cgroup_mounts(&mountinfo) {
+        let dir = root.join(cgroup);
+        let mut below = descendants(&dir);
+        below.reverse();
+        for d in below.iter().chain(std::iter::once(&dir)) {
+            match fs::remove_dir(d) {
+                Ok(()) => {}
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                Err(err) => return Err(ShimError::Io(format!("removing {}", d.display()), err)),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The mount points of every cgroup (v1) and cgroup2 file system in `mountinfo`.
+fn cgroup_mounts(mountinfo: &str) -> Vec<PathBuf> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (before, after) = line.split_once(" - ")?;
+            let fstype = after.split(' ').next()?;
+            let mount_point = before.split(' ').nth(4)?;
+            matches!(fstype, "cgroup" | "cgroup2").then(|| PathBuf::from(unescape(mount_point)))
+        })
+        .collect()
 }
 
 /// Checks that `rel` is a relative path of plain components (no `..`, no empty parts).
@@ -518,6 +547,15 @@ mod tests {
 40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 ";
+
+    #[test]
+    fn every_cgroup_hierarchy_is_found_for_removal() {
+        let mounts = cgroup_mounts(HYBRID);
+        assert_eq!(mounts.len(), 7, "{mounts:?}");
+        assert!(mounts.contains(&PathBuf::from("/sys/fs/cgroup/systemd")));
+        assert!(mounts.contains(&PathBuf::from("/sys/fs/cgroup/unified")));
+        assert!(mounts.contains(&PathBuf::from("/sys/fs/cgroup/free zer")));
+    }
 
     #[test]
     fn hybrid_hosts_use_the_v1_controllers() {

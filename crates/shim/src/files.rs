@@ -4,6 +4,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -52,12 +53,14 @@ pub(crate) enum Ready {
 
 /// Replaces `path` with `bytes` atomically (write a sibling temporary file, rename it over).
 /// With `durable`, the data and the rename are fsynced, so the file survives a power loss.
+/// Readable by the owner only: a spec holds the machine's environment (its secrets).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
     let tmp = tmp_path(path);
     let mut file = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
+        .mode(0o600)
         .open(&tmp)?;
     file.write_all(bytes)?;
     if durable {
@@ -100,6 +103,20 @@ pub(crate) fn validate(spec: &ShimSpec) -> Result<(), ShimError> {
             spec.workdir.display()
         ));
     }
+    if let Some(sandbox) = &spec.sandbox {
+        let inside = std::iter::once(&sandbox.workdir).chain(sandbox.binds.iter().map(|(_, t)| t));
+        for path in inside.chain(sandbox.binds.iter().map(|(s, _)| s)) {
+            let plain = path
+                .components()
+                .all(|c| !matches!(c, std::path::Component::ParentDir));
+            if !path.is_absolute() || !plain || path == Path::new("/") {
+                return bad(format!(
+                    "sandbox path {} must be absolute, not / and without ..",
+                    path.display()
+                ));
+            }
+        }
+    }
     if !spec.log_path.is_absolute() || spec.log_path.file_name().is_none() {
         return bad(format!(
             "log_path {} is not an absolute file path",
@@ -140,6 +157,7 @@ mod tests {
             cgroup: None,
             log_path: "/tmp/log".into(),
             log_max_bytes: 0,
+            sandbox: None,
         }
     }
 

@@ -1,8 +1,9 @@
 //! The mini init of an isolated run (like tini): pid 1 of the run's new pid namespace.
 //!
 //! The shim forks it after `unshare(CLONE_NEWPID)`. It dies with the shim
-//! (`PR_SET_PDEATHSIG`), gives the run its own mount (with a fresh `/proc`), ipc and uts
-//! namespaces, joins the cgroup, then forks and execs the workload. It forwards every signal
+//! (`PR_SET_PDEATHSIG`), joins the cgroup (and, when confined, the run's network
+//! namespace), gives the run its own mount (with a fresh `/proc`, or the whole private root
+//! of a [`Sandbox`]), ipc and uts namespaces, then forks and execs the workload. It forwards every signal
 //! it gets to the workload, reaps orphans, and when the workload exits reports its wait status
 //! to the shim and exits, which makes the kernel kill whatever is left in the namespace.
 //!
@@ -15,12 +16,15 @@
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsRawFd, RawFd};
+use std::path::Path;
 
 use rustix::mount::{MountFlags, MountPropagationFlags};
 use rustix::thread::UnshareFlags;
 
 use crate::cgroup::Cgroup;
 use crate::launch::{self, describe, Command, Setup};
+use crate::sandbox::{self, Sandbox};
+use crate::seccomp::Filters;
 use crate::sys::{self, Forked, SigSet};
 use crate::user::Credentials;
 
@@ -81,6 +85,17 @@ pub(crate) struct InitSetup<'a> {
     pub status_fd: RawFd,
     /// The workload's stdin, stdout and stderr.
     pub stdio: [RawFd; 3],
+    /// A confined run: its sandbox, built on the empty directory `staging`, with the host
+    /// path of its work directory; and the seccomp filters of the workload.
+    pub confined: Option<Confined<'a>>,
+}
+
+/// What the init needs for a confined run.
+pub(crate) struct Confined<'a> {
+    pub sandbox: &'a Sandbox,
+    pub staging: &'a Path,
+    pub workdir: &'a Path,
+    pub filters: &'a Filters,
 }
 
 /// The body of the init, in the child forked by the shim. Never returns.
@@ -125,6 +140,23 @@ fn take_fds(setup: &InitSetup<'_>) -> std::io::Result<()> {
 /// workload's pid (in the new namespace) once `execve` succeeded.
 fn start(setup: &InitSetup<'_>) -> Result<libc::pid_t, String> {
     let _ = rustix::process::setsid();
+    // The init lives in the cgroup with the workload: make sure the OOM killer picks the
+    // workload, and give the workload back the score it would have had.
+    let oom_score_adj = std::fs::read_to_string("/proc/self/oom_score_adj").unwrap_or_default();
+    let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
+    // Before a sandbox hides the host's /sys.
+    if let Some(cgroup) = setup.cgroup {
+        cgroup
+            .join()
+            .map_err(|err| format!("joining cgroup: {err}"))?;
+    }
+    if let Some(netns) = setup
+        .confined
+        .as_ref()
+        .and_then(|c| c.sandbox.netns.as_ref())
+    {
+        sandbox::join_netns(netns)?;
+    }
     let flags = UnshareFlags::NEWNS | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS;
     // SAFETY: unshare_unsafe is unsafe because a new mount or fs namespace can invalidate
     // what other threads assume about paths; the init is single-threaded.
@@ -136,21 +168,17 @@ fn start(setup: &InitSetup<'_>) -> Result<libc::pid_t, String> {
         MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
     )
     .map_err(|err| format!("making / private: {}", describe(&err.into())))?;
-    let proc_flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
-    rustix::mount::mount("proc", "/proc", "proc", proc_flags, None)
-        .map_err(|err| format!("mounting /proc: {}", describe(&err.into())))?;
+    match &setup.confined {
+        Some(c) => sandbox::enter(c.staging, c.sandbox, c.workdir, setup.creds, setup.hostname)?,
+        None => {
+            let proc_flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
+            rustix::mount::mount("proc", "/proc", "proc", proc_flags, None)
+                .map_err(|err| format!("mounting /proc: {}", describe(&err.into())))?;
+        }
+    }
     if !setup.hostname.is_empty() {
         rustix::system::sethostname(setup.hostname.as_bytes())
             .map_err(|err| format!("setting the hostname: {}", describe(&err.into())))?;
-    }
-    // The init lives in the cgroup with the workload: make sure the OOM killer picks the
-    // workload, and give the workload back the score it would have had.
-    let oom_score_adj = std::fs::read_to_string("/proc/self/oom_score_adj").unwrap_or_default();
-    let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
-    if let Some(cgroup) = setup.cgroup {
-        cgroup
-            .join()
-            .map_err(|err| format!("joining cgroup: {err}"))?;
     }
     let mut blocked = SigSet::full();
     SYNCHRONOUS.iter().for_each(|&sig| blocked.remove(sig));
@@ -171,6 +199,7 @@ fn start(setup: &InitSetup<'_>) -> Result<libc::pid_t, String> {
                 cgroup: None,
                 parent: None,
                 oom_score_adj: Some(oom_score_adj.trim()),
+                confine: setup.confined.as_ref().map(|c| c.filters),
             };
             let msg = launch::exec_workload(&workload);
             let _ = sys::write_all_fd(exec_w.as_raw_fd(), msg.as_bytes());

@@ -19,6 +19,8 @@ use std::path::Path;
 use rustix::process::Signal;
 
 use crate::cgroup::Cgroup;
+use crate::sandbox;
+use crate::seccomp::Filters;
 use crate::sys::{self, SigSet};
 use crate::user::Credentials;
 use crate::ShimSpec;
@@ -41,10 +43,16 @@ pub(crate) struct Command {
 impl Command {
     /// Prepares `spec`'s command (a validated spec: no NUL bytes).
     pub(crate) fn new(spec: &ShimSpec) -> Result<Command, String> {
+        Command::with_argv(spec, &spec.argv)
+    }
+
+    /// Prepares `argv` to run as `spec`'s workload would: its environment and working
+    /// directory (the one inside a sandbox).
+    pub(crate) fn with_argv(spec: &ShimSpec, argv: &[String]) -> Result<Command, String> {
         let cstring =
             |s: &[u8]| CString::new(s).map_err(|_| "argument contains a NUL byte".to_owned());
-        let argv = spec
-            .argv
+        let names = argv;
+        let argv = argv
             .iter()
             .map(|a| cstring(a.as_bytes()))
             .collect::<Result<Vec<_>, _>>()?;
@@ -53,7 +61,7 @@ impl Command {
             .iter()
             .map(|(k, v)| cstring(format!("{k}={v}").as_bytes()))
             .collect::<Result<Vec<_>, _>>()?;
-        let name = spec.argv.first().ok_or("argv is empty")?;
+        let name = names.first().ok_or("argv is empty")?;
         let candidates = if name.contains('/') {
             vec![cstring(name.as_bytes())?]
         } else {
@@ -73,7 +81,7 @@ impl Command {
             argv,
             envp,
             candidates,
-            workdir: cstring(spec.workdir.as_os_str().as_bytes())?,
+            workdir: cstring(spec.workdir_inside().as_os_str().as_bytes())?,
         })
     }
 
@@ -147,6 +155,8 @@ pub(crate) struct Setup<'a> {
     pub parent: Option<RawFd>,
     /// Value to restore in `/proc/self/oom_score_adj` (the init lowers its own).
     pub oom_score_adj: Option<&'a str>,
+    /// Confine the workload: no capabilities at all, and these seccomp filters.
+    pub confine: Option<&'a Filters>,
 }
 
 /// Runs in the forked child: sets the process up and execs the workload. Returns only on
@@ -172,6 +182,11 @@ pub(crate) fn exec_workload(setup: &Setup<'_>) -> String {
             return format!("joining cgroup: {err}");
         }
     }
+    if setup.confine.is_some() {
+        if let Err(err) = sandbox::drop_bounding_capabilities() {
+            return format!("dropping capabilities: {}", describe(&err));
+        }
+    }
     if let Some(c) = setup.creds {
         if let Err(err) = sys::set_credentials(c.uid, c.gid, &c.groups) {
             return format!(
@@ -195,8 +210,19 @@ pub(crate) fn exec_workload(setup: &Setup<'_>) -> String {
     if let Err(err) = rustix::thread::set_no_new_privs(true) {
         return format!("setting no_new_privs: {}", describe(&err.into()));
     }
+    if setup.confine.is_some() {
+        if let Err(err) = sandbox::clear_capabilities() {
+            return format!("dropping capabilities: {}", describe(&err));
+        }
+    }
     if let Err(err) = SigSet::empty().set_mask() {
         return format!("unblocking signals: {}", describe(&err));
+    }
+    // Last: from here on only what the workload may do is allowed.
+    if let Some(filters) = setup.confine {
+        if let Err(err) = filters.install() {
+            return err;
+        }
     }
     setup.command.exec()
 }
@@ -247,6 +273,7 @@ mod tests {
             cgroup: None,
             log_path: "/tmp/x.log".into(),
             log_max_bytes: 0,
+            sandbox: None,
         }
     }
 

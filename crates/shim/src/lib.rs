@@ -17,6 +17,9 @@
 //!   Shims outlive the agent: after an agent restart, [`ShimHandle::adopt`] re-attaches to them.
 //! * A workload never outlives its shim: it (or its mini init) has `PR_SET_PDEATHSIG(SIGKILL)`,
 //!   an isolated run dies with its pid namespace, and the run's cgroup is emptied at exit.
+//! * A sandboxed run ([`ShimSpec::sandbox`]) sees a private root instead of the host's file
+//!   system, may join a network namespace, and runs with no capabilities, `no_new_privs`
+//!   and the seccomp allowlist of `bazaar_types::seccomp`.
 //!
 //! # Layout
 //!
@@ -24,6 +27,9 @@
 //! * `supervisor`: the body of the shim process ([`shim_main`]): launch, event loop, exit record.
 //! * `launch`: code that runs in forked children before `execve` (user switch, PATH search).
 //! * `init`: the mini init (like tini) that is pid 1 of an isolated run.
+//! * `sandbox`, `seccomp`: the private root file system, capability drop and seccomp filter
+//!   of a confined run ([`Sandbox`]).
+//! * `enter`: `bazaar shim-exec`, which runs a command inside a live run ([`exec_main`]).
 //! * `cgroup`: cgroup v1 and v2 discovery and control ([`remove_cgroup`], [`cgroups_available`]).
 //! * `user`, `log`, `files`, `sys`: credentials, the log writer, `RUN_DIR` formats, raw syscalls.
 //!
@@ -63,6 +69,9 @@
 //! * Most of a plain spawn is loading and relocating the large `bazaar` executable, and
 //!   most of the shim's memory is its relocated read-only data; both grow with the binary.
 //!   The shim drops every clean page it touched while starting (`sys::trim_resident_memory`).
+//! * A sandboxed run adds the private root (about twenty mounts in the init) and compiling
+//!   the seccomp filter (0.7 ms in a debug build); `shim_perf` measures it (`sandboxed`
+//!   columns) beside the plain isolated run.
 //! * On cgroup v1 the child joins the run's cgroup by moving its only thread (`tasks`), not
 //!   its process (`cgroup.procs`): a process move waits for an RCU grace period under the
 //!   global `cgroup_mutex` whenever no other move ran in the last few milliseconds. That
@@ -76,11 +85,14 @@
 //! relies on the shim being single-threaded: the shim never starts a thread or a runtime.
 
 mod cgroup;
+mod enter;
 mod files;
 mod handle;
 mod init;
 mod launch;
 mod log;
+mod sandbox;
+mod seccomp;
 mod supervisor;
 mod sys;
 mod user;
@@ -92,7 +104,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use cgroup::{cgroups_available, remove_cgroup};
+pub use enter::exec_main;
 pub use handle::ShimHandle;
+pub use sandbox::Sandbox;
 pub use supervisor::shim_main;
 pub use work_files::{write_work_files, WorkFile};
 
@@ -138,6 +152,18 @@ pub struct ShimSpec {
     pub log_path: PathBuf,
     /// When the log would exceed this size it is rotated to `<log_path>.1` (0 = never).
     pub log_max_bytes: u64,
+    /// Confine an isolated run: a private root file system ([`Sandbox`]), no capabilities,
+    /// `no_new_privs` and the seccomp filter of `bazaar_types::seccomp` (root only; needs
+    /// `isolate`).
+    #[serde(default)]
+    pub sandbox: Option<Sandbox>,
+}
+
+impl ShimSpec {
+    /// The working directory as the workload sees it (inside its sandbox, if any).
+    pub fn workdir_inside(&self) -> &Path {
+        self.sandbox.as_ref().map_or(&self.workdir, |s| &s.workdir)
+    }
 }
 
 /// How a run ended: `RUN_DIR/exit.json`, written by the shim after the run is fully over (the

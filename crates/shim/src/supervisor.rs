@@ -20,9 +20,10 @@ use rustix::thread::UnshareFlags;
 
 use crate::cgroup::Cgroup;
 use crate::files::{self, PidRecord, Ready};
-use crate::init::{self, InitMessage, InitSetup, StatusReader};
+use crate::init::{self, Confined, InitMessage, InitSetup, StatusReader};
 use crate::launch::{self, describe, Command, Setup};
 use crate::log::{LogWriter, Stream};
+use crate::seccomp::Filters;
 use crate::sys::{self, Forked, SigSet};
 use crate::{user, ExitRecord, ShimSpec, EXIT_FILE, LOCK_FILE, PID_FILE, SPEC_FILE};
 
@@ -46,6 +47,9 @@ const LOCK_TIMEOUT: Duration = Duration::from_millis(100);
 /// How long to wait for the `oom_kill` counter after a SIGKILL death: the kernel bumps it
 /// right after sending the signal, so it is normally already there when we reap.
 const OOM_SETTLE: Duration = Duration::from_millis(50);
+/// The directory of RUN_DIR on which a sandboxed run's root is built (a mount point in the
+/// run's own mount namespace only: empty on the host).
+const SANDBOX_ROOT: &str = "root";
 /// Read buffer for the workload's output.
 const READ_CHUNK: usize = 8 * 1024;
 
@@ -83,7 +87,7 @@ fn run(run_dir: &Path) -> i32 {
     // Records left by an earlier run of this directory would be mistaken for ours.
     let _ = fs::remove_file(run_dir.join(EXIT_FILE));
     let _ = fs::remove_file(run_dir.join(PID_FILE));
-    let launched = Run::launch(&spec);
+    let launched = Run::launch(&spec, run_dir);
     let run = match launched {
         Ok(run) => run,
         Err(msg) => {
@@ -216,9 +220,30 @@ struct Run {
 impl Run {
     /// Prepares everything and starts the workload; returns once it was exec'd. On failure,
     /// returns the message for the agent, and nothing is left behind.
-    fn launch(spec: &ShimSpec) -> Result<Run, String> {
+    fn launch(spec: &ShimSpec, run_dir: &Path) -> Result<Run, String> {
         files::validate(spec).map_err(|err| err.to_string())?;
         let (euid, egid) = sys::effective_ids();
+        let confined = match &spec.sandbox {
+            None => None,
+            Some(_) if !spec.isolate || euid != 0 => {
+                return Err("a sandboxed run needs root and isolation".into())
+            }
+            Some(_) => {
+                let staging = run_dir.join(SANDBOX_ROOT);
+                match fs::create_dir(&staging) {
+                    Ok(()) => {}
+                    Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(err) => {
+                        return Err(format!(
+                            "creating {}: {}",
+                            staging.display(),
+                            describe(&err)
+                        ))
+                    }
+                }
+                Some((staging, Filters::compile()?))
+            }
+        };
         let creds = user::resolve(spec.user.as_deref(), euid, egid)?;
         let command = Command::new(spec)?;
         launch::prepare_workdir(&spec.workdir, creds.as_ref())?;
@@ -245,6 +270,9 @@ impl Run {
             command: &command,
             creds: creds.as_ref(),
             cgroup: cgroup.as_ref(),
+            confined: confined
+                .as_ref()
+                .map(|(staging, filters)| (staging.as_path(), filters)),
         };
         let started = if spec.isolate && euid == 0 {
             parts.start_isolated()
@@ -432,6 +460,8 @@ struct Parts<'a> {
     command: &'a Command,
     creds: Option<&'a user::Credentials>,
     cgroup: Option<&'a Cgroup>,
+    /// A confined run's staging directory and seccomp filters.
+    confined: Option<(&'a Path, &'a Filters)>,
 }
 
 /// The processes and fds of a started workload.
@@ -501,6 +531,7 @@ impl Parts<'_> {
                     cgroup: self.cgroup,
                     parent: Some(plumbing.shim_pidfd.as_raw_fd()),
                     oom_score_adj: None,
+                    confine: None,
                 };
                 let msg = launch::exec_workload(&setup);
                 let _ = sys::write_all_fd(exec_w.as_raw_fd(), msg.as_bytes());
@@ -547,6 +578,14 @@ impl Parts<'_> {
                 shim_pidfd: plumbing.shim_pidfd.as_raw_fd(),
                 status_fd: status_w.as_raw_fd(),
                 stdio: plumbing.stdio(),
+                confined: self.spec.sandbox.as_ref().zip(self.confined).map(
+                    |(sandbox, (staging, filters))| Confined {
+                        sandbox,
+                        staging,
+                        workdir: &self.spec.workdir,
+                        filters,
+                    },
+                ),
             }),
             Ok(Forked::Parent(init_pid)) => {
                 drop(status_w);

@@ -28,6 +28,9 @@ pub struct AgentOptions {
     /// The loopback address the edge proxy listens on (hosts of a multi-host test can
     /// each take their own, as separate servers would have).
     pub proxy_ip: std::net::Ipv4Addr,
+    /// Put the data dir in this subdirectory of the temporary directory instead of using
+    /// it directly (a test can then make the parent private, as a home directory is).
+    pub data_subdir: Option<String>,
 }
 
 impl AgentOptions {
@@ -42,6 +45,7 @@ impl AgentOptions {
             env: Vec::new(),
             extra_args: Vec::new(),
             proxy_ip: std::net::Ipv4Addr::LOCALHOST,
+            data_subdir: None,
         }
     }
 }
@@ -64,7 +68,11 @@ impl TestAgent {
     /// Starts an agent on a fresh temporary directory and a free port.
     pub fn start(opts: AgentOptions) -> anyhow::Result<TestAgent> {
         let tmp = tempfile::Builder::new().prefix("bazaar-test-").tempdir()?;
-        let data_dir = tmp.path().to_path_buf();
+        let data_dir = match &opts.data_subdir {
+            Some(sub) => tmp.path().join(sub),
+            None => tmp.path().to_path_buf(),
+        };
+        std::fs::create_dir_all(&data_dir)?;
         let mut agent = TestAgent {
             opts,
             data_dir,

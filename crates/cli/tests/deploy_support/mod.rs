@@ -42,7 +42,7 @@ class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
     allow_reuse_address = True
     request_queue_size = 256
 
-srv = S(("127.0.0.1", int(os.environ["PORT"])), H)
+srv = S(("0.0.0.0", int(os.environ["PORT"])), H)
 def stop(*_):
     threading.Thread(target=srv.shutdown).start()
 signal.signal(signal.SIGINT, stop)
@@ -76,9 +76,6 @@ impl Env {
             .unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let script = dir.path().join("backend.py");
-        std::fs::write(&script, BACKEND).unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(16)
             .build()
@@ -89,10 +86,6 @@ impl Env {
             dir,
             http,
         }
-    }
-
-    pub fn script(&self) -> PathBuf {
-        self.dir.path().join("backend.py")
     }
 
     /// Writes `bazaar.toml` for `app` at `version`; `extra` is appended verbatim.
@@ -108,11 +101,12 @@ kill_timeout = 5
   driver = "process"
 
 [processes]
-  app = "python3 {script}"
+  app = "python3 -c 'import os; exec(os.environ[\"BACKEND_PY\"])'"
 
 [env]
   VERSION = "{version}"
   HEALTHY = "{healthy}"
+  BACKEND_PY = '''{BACKEND}'''
 
 [http_service]
   internal_port = 8080
@@ -128,7 +122,6 @@ kill_timeout = 5
   wait_timeout = "20s"
 {extra}
 "#,
-            script = self.script().display(),
             healthy = if healthy { 1 } else { 0 },
         );
         std::fs::write(&path, text).unwrap();

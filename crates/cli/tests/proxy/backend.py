@@ -1,6 +1,6 @@
 # A test backend for the proxy tests: answers JSON with its machine id, the headers it got
 # and the concurrency it has seen; answers 500 if its concurrency ever exceeds $LIMIT.
-# /healthz fails while the file $SCRATCH/sick-<machine id> exists. ?sleep=MS delays.
+# /healthz fails while the file `sick` exists in its working directory. ?sleep=MS delays.
 # A WebSocket upgrade (/ws) is accepted (RFC 6455 handshake) and then every byte received is
 # echoed back, prefixed once by the machine id and a newline.
 # /shape/<kind> answers in one of HTTP/1.1's framings (chunked, big, close, 204, hop, drop);
@@ -11,7 +11,7 @@ LOCK = threading.Lock()
 STATE = {"cur": 0, "max": 0, "count": 0}
 MID = os.environ.get("FLY_MACHINE_ID", "?")
 LIMIT = int(os.environ.get("LIMIT", "0"))
-SICK = os.path.join(os.environ.get("SCRATCH", "/nonexistent"), "sick-" + MID)
+SICK = "sick"
 
 
 class H(http.server.BaseHTTPRequestHandler):
@@ -162,4 +162,4 @@ class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
     request_queue_size = 256
 
 
-S(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
+S(("0.0.0.0", int(os.environ["PORT"])), H).serve_forever()

@@ -17,8 +17,6 @@ pub struct Cluster {
     pub fly: Fly,
     /// For requests through the proxies.
     pub http: Client,
-    pub scratch: tempfile::TempDir,
-    pub script: PathBuf,
 }
 
 impl Cluster {
@@ -33,15 +31,6 @@ impl Cluster {
     pub fn start_with(n: usize, configure: impl FnMut(usize, &mut AgentOptions)) -> Cluster {
         let agents =
             start_cluster(std::path::Path::new(EXE), n, configure).expect("cluster starts");
-        let scratch = tempfile::Builder::new()
-            .prefix("bazaar-proxy-")
-            .tempdir()
-            .unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-        let script = scratch.path().join("backend.py");
-        std::fs::write(&script, BACKEND).unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
         Cluster {
             fly: Fly::new(&agents[0]),
             agents,
@@ -49,8 +38,6 @@ impl Cluster {
                 .pool_max_idle_per_host(64)
                 .build()
                 .unwrap(),
-            scratch,
-            script,
         }
     }
 
@@ -77,7 +64,7 @@ impl Cluster {
                 base.insert(k.clone(), v.clone());
             }
         }
-        let mut envs = json!({"SCRATCH": self.scratch.path().display().to_string()});
+        let mut envs = json!({});
         if let (Some(base), Some(extra)) = (envs.as_object_mut(), env.as_object()) {
             for (k, v) in extra {
                 base.insert(k.clone(), v.clone());
@@ -85,7 +72,8 @@ impl Cluster {
         }
         let config = json!({
             "image": "process", "driver": "process",
-            "init": {"exec": ["python3", self.script.display().to_string()]},
+            // The source itself: a machine sees none of the host's files but its programs.
+            "init": {"exec": ["python3", "-c", BACKEND]},
             "env": envs,
             "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256},
             "restart": {"policy": "no"},
@@ -102,6 +90,19 @@ impl Cluster {
         let id = m["id"].as_str().unwrap().to_string();
         self.wait_state(app, &id, "started").await;
         id
+    }
+
+    /// A file in machine `id`'s working directory, on whichever agent has it.
+    pub fn work_file(&self, id: &str, name: &str) -> PathBuf {
+        let dirs = self
+            .agents
+            .iter()
+            .map(|a| a.data_dir.join("machines").join(id));
+        let dir = dirs
+            .clone()
+            .find(|d| d.exists())
+            .expect("the machine's directory");
+        dir.join("work").join(name)
     }
 
     pub async fn wait_state(&self, app: &str, id: &str, state: &str) {

@@ -1,0 +1,87 @@
+//! A process machine's own user: when the agent is root and isolates workloads, every
+//! process machine runs as a uid (and gid) of its own, `FIRST_UID + n`, allocated when the
+//! machine is accepted, recorded with it (a restart or re-adoption keeps it) and unique among
+//! this host's machines; it owns the machine's work directory and volume. A machine asking
+//! for root (`init.user` naming uid 0) is refused unless the operator allows it
+//! (`--allow-root-machines`); any other `init.user` only names the machine's own uid inside
+//! its sandbox. Agents that are not root run every workload as themselves, as before.
+
+use crate::agent::{lock, Agent};
+use crate::error::AgentError;
+use crate::record::MachineRecord;
+
+/// The first uid handed to machines (above the usual subordinate-id ranges of users).
+pub const FIRST_UID: u32 = 200_000;
+/// How many machine uids a host can hand out.
+const UID_COUNT: u32 = 65_536;
+
+/// Whether `user` (`init.user`: a name or uid, optionally `:group`) means uid 0 on this host.
+pub fn is_root_user(user: &str) -> bool {
+    let name = user.split(':').next().unwrap_or(user);
+    if let Ok(uid) = name.parse::<u32>() {
+        return uid == 0;
+    }
+    if name == "root" {
+        return true;
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    passwd.lines().any(|line| {
+        let mut fields = line.split(':');
+        fields.next() == Some(name) && fields.nth(1) == Some("0")
+    })
+}
+
+impl Agent {
+    /// Whether process machines run sandboxed, each as its own uid.
+    pub(crate) fn machine_users(&self) -> bool {
+        self.0.driver.isolate
+    }
+
+    /// Checks `init.user` and gives a process machine its uid (kept once it has one).
+    pub(crate) fn assign_user(&self, rec: &mut MachineRecord) -> Result<(), AgentError> {
+        if rec.config.driver() == "oci" {
+            return Ok(());
+        }
+        let user = rec.config.init.as_ref().and_then(|i| i.user.as_deref());
+        let root = rustix::process::geteuid().is_root();
+        if root && user.is_some_and(is_root_user) && !self.0.config.allow_root_machines {
+            return Err(AgentError::Invalid(
+                "config.init.user: process machines may not run as root on this host \
+                 (the agent needs --allow-root-machines)"
+                    .into(),
+            ));
+        }
+        if !self.machine_users() || rec.uid.is_some() {
+            return Ok(());
+        }
+        let mut used = lock(&self.0.uids_in_use);
+        let uid = (FIRST_UID..FIRST_UID + UID_COUNT)
+            .find(|uid| !used.contains(uid))
+            .ok_or_else(|| AgentError::Capacity("no machine uid left on this host".into()))?;
+        used.insert(uid);
+        rec.uid = Some(uid);
+        Ok(())
+    }
+
+    /// Gives a destroyed (or refused) machine's uid back.
+    pub(crate) fn release_user(&self, rec: &MachineRecord) {
+        if let Some(uid) = rec.uid {
+            lock(&self.0.uids_in_use).remove(&uid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_is_recognised_by_name_and_number() {
+        for user in ["root", "0", "0:0", "root:staff", "00"] {
+            assert!(is_root_user(user), "{user}");
+        }
+        for user in ["nobody", "1000", "65534:0", "www-data"] {
+            assert!(!is_root_user(user), "{user}");
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! `bazaar shim-exec RUN_DIR ARGV...`: runs a command inside a live run, as its workload
+//! runs: in the run's cgroup, in its namespaces (mount, pid, network, uts, ipc: those of the
+//! run's init), as its user, with its environment and working directory, and for a
+//! sandboxed run without capabilities and under the same seccomp filter. The agent's
+//! `machine exec` runs it with pipes for stdio; it exits with the command's status (or
+//! dies of the command's signal).
+
+use std::path::Path;
+
+use rustix::process::{Pid, PidfdFlags};
+use rustix::thread::ThreadNameSpaceType;
+
+use crate::cgroup::Cgroup;
+use crate::files::PidRecord;
+use crate::launch::{self, describe, Command, Setup};
+use crate::seccomp::Filters;
+use crate::sys::{self, Forked};
+use crate::{user, ShimSpec, SPEC_FILE};
+
+/// Exit status when the command could not be started (as the shell's "command not found").
+const NOT_STARTED: i32 = launch::LAUNCH_FAILED;
+
+/// The body of `bazaar shim-exec`. Must be called before any thread is started.
+pub fn exec_main(run_dir: &Path, argv: &[String]) -> ! {
+    match run(run_dir, argv) {
+        Ok(status) => {
+            let (code, signal) = sys::decode_status(status);
+            if let Some(sig) = signal {
+                // Die of the same signal, so that the caller sees it.
+                sys::reset_signal_dispositions();
+                let _ = sys::kill(rustix::process::getpid().as_raw_nonzero().get(), sig);
+            }
+            sys::exit_now(code.unwrap_or(NOT_STARTED))
+        }
+        Err(msg) => {
+            let _ = sys::write_all_fd(libc::STDERR_FILENO, format!("{msg}\n").as_bytes());
+            sys::exit_now(NOT_STARTED)
+        }
+    }
+}
+
+fn run(run_dir: &Path, argv: &[String]) -> Result<i32, String> {
+    let path = run_dir.join(SPEC_FILE);
+    let bytes = std::fs::read(&path)
+        .map_err(|err| format!("reading {}: {}", path.display(), describe(&err)))?;
+    let spec: ShimSpec = serde_json::from_slice(&bytes)
+        .map_err(|err| format!("parsing {}: {err}", path.display()))?;
+    let pids = PidRecord::read(run_dir)
+        .filter(|p| p.running && p.run_id == spec.run_id)
+        .ok_or("the machine's process is gone")?;
+    let (euid, egid) = sys::effective_ids();
+    let creds = user::resolve(spec.user.as_deref(), euid, egid)?;
+    let command = Command::with_argv(&spec, argv)?;
+    let filters = spec
+        .sandbox
+        .as_ref()
+        .map(|_| Filters::compile())
+        .transpose()?;
+    if let Some(rel) = &spec.cgroup {
+        Cgroup::open(rel)?
+            .join()
+            .map_err(|err| format!("joining cgroup: {}", describe(&err)))?;
+    }
+    if let (Some(init), Some(start)) = (pids.init_pid, pids.init_start) {
+        let gone = || "the machine's process is gone".to_owned();
+        let pid = Pid::from_raw(init).ok_or_else(gone)?;
+        let pidfd = rustix::process::pidfd_open(pid, PidfdFlags::empty()).map_err(|_| gone())?;
+        // Checked after opening: the pidfd now pins the process compared.
+        if sys::start_time(init).ok() != Some(start) {
+            return Err(gone());
+        }
+        let spaces = ThreadNameSpaceType::MOUNT
+            | ThreadNameSpaceType::PROCESS_ID
+            | ThreadNameSpaceType::NETWORK
+            | ThreadNameSpaceType::HOST_NAME_AND_NIS_DOMAIN_NAME
+            | ThreadNameSpaceType::INTER_PROCESS_COMMUNICATION;
+        rustix::thread::move_into_thread_name_spaces(std::os::fd::AsFd::as_fd(&pidfd), spaces)
+            .map_err(|err| {
+                format!(
+                    "entering the machine's namespaces: {}",
+                    describe(&err.into())
+                )
+            })?;
+    }
+    let me = rustix::process::pidfd_open(rustix::process::getpid(), PidfdFlags::empty())
+        .map_err(|err| format!("pidfd: {}", describe(&err.into())))?;
+    let (mut exec_r, exec_w) = sys::pipe().map_err(|err| format!("pipe: {}", describe(&err)))?;
+    // SAFETY: this process is single-threaded; the child ends in execve or exit_now.
+    match unsafe { sys::fork() } {
+        Err(err) => Err(format!("fork: {}", describe(&err))),
+        Ok(Forked::Child) => {
+            let setup = Setup {
+                command: &command,
+                creds: creds.as_ref(),
+                stdio: None,
+                cgroup: None,
+                parent: Some(std::os::fd::AsRawFd::as_raw_fd(&me)),
+                oom_score_adj: None,
+                confine: filters.as_ref(),
+            };
+            let msg = launch::exec_workload(&setup);
+            let _ = sys::write_all_fd(std::os::fd::AsRawFd::as_raw_fd(&exec_w), msg.as_bytes());
+            sys::exit_now(NOT_STARTED);
+        }
+        Ok(Forked::Parent(pid)) => {
+            drop(exec_w);
+            let mut msg = String::new();
+            let _ = std::io::Read::read_to_string(&mut exec_r, &mut msg);
+            let status = sys::wait_child(pid).map_err(|err| format!("wait: {}", describe(&err)))?;
+            if msg.is_empty() {
+                Ok(status)
+            } else {
+                Err(msg)
+            }
+        }
+    }
+}
