@@ -232,6 +232,7 @@ async fn volumes_and_data_at_rest_belong_to_their_owner_only() {
         compute: None,
         snapshot_retention: 5,
         auto_backup_enabled: false,
+        source: None,
     };
     c.create_volume(&volume).await.expect("volume");
     let mut req = create_request(
