@@ -31,6 +31,10 @@ pub struct HostRecord {
     /// Disk not yet given to volumes, in GB.
     #[serde(default)]
     pub disk_free_gb: u64,
+    /// The host's ed25519 public key (hex), which signs every row it owns (see
+    /// [`crate::trust`]); set by the catalog when the host publishes its record.
+    #[serde(default)]
+    pub public_key: String,
     pub updated_at_ms: u64,
 }
 
