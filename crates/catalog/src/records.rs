@@ -35,6 +35,10 @@ pub struct HostRecord {
     /// [`crate::trust`]); set by the catalog when the host publishes its record.
     #[serde(default)]
     pub public_key: String,
+    /// Hashes (hex SHA-256) of the API tokens this host's token file revokes; every host
+    /// refuses a token any host revokes.
+    #[serde(default)]
+    pub revoked_tokens: Vec<String>,
     pub updated_at_ms: u64,
 }
 
