@@ -12,7 +12,8 @@
 //!
 //! The answering side guards its few answer slots: a connection must present an
 //! authenticated frame header within [`HEADER_DEADLINE`] before it may take one (at most
-//! [`MAX_HANDSHAKES`] connections wait for that at once), a peer holds at most one slot,
+//! [`MAX_HANDSHAKES`] connections wait for that at once), a peer holds at most
+//! [`MAX_ANSWERS_PER_PEER`] slots,
 //! and frames above the configured cap are refused from their header. Every row received
 //! is checked against its owner's key; an owner's complete set (which may drop rows) is
 //! believed only with the owner's signed digest entry ([`crate::trust`]).
@@ -23,7 +24,7 @@ use crate::wire::{self, FrameHeader, SyncMsg, WireRow};
 use anyhow::{bail, Context};
 use rand::seq::IndexedRandom;
 use rand::Rng;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -44,14 +45,16 @@ const MAX_CONCURRENT_ANSWERS: usize = 4;
 const HEADER_DEADLINE: Duration = Duration::from_secs(1);
 /// Connections that have not yet presented their header, at most; more are closed at once.
 const MAX_HANDSHAKES: usize = 64;
+/// Answers one peer may hold at once (a periodic exchange and a hint's pull may overlap).
+const MAX_ANSWERS_PER_PEER: usize = 2;
 
 /// Accepts anti-entropy connections until aborted.
 pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener) {
     let mut conns = JoinSet::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_ANSWERS));
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
-    // Peers (by the id in their authenticated header) with an answer in progress.
-    let answering: Arc<Mutex<HashSet<String>>> = Arc::default();
+    // Answers in progress per peer (by the id in its authenticated header).
+    let answering: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
     loop {
         while conns.try_join_next().is_some() {}
         match listener.accept().await {
@@ -85,7 +88,7 @@ async fn admit_and_answer(
     mut stream: TcpStream,
     handshake: tokio::sync::OwnedSemaphorePermit,
     slots: &Arc<tokio::sync::Semaphore>,
-    answering: &Mutex<HashSet<String>>,
+    answering: &Mutex<HashMap<String, usize>>,
 ) -> anyhow::Result<()> {
     let header = timeout(
         HEADER_DEADLINE,
@@ -101,11 +104,24 @@ async fn admit_and_answer(
         bail!("too many syncs at once");
     };
     let peer = header.sender.clone();
-    if !lock(answering).insert(peer.clone()) {
-        bail!("{peer} already has a sync in progress");
+    {
+        let mut answering = lock(answering);
+        let held = answering.entry(peer.clone()).or_default();
+        if *held >= MAX_ANSWERS_PER_PEER {
+            bail!("{peer} already has {held} syncs in progress");
+        }
+        *held += 1;
     }
     let outcome = timeout(SYNC_TIMEOUT, answer(shared, stream, header)).await;
-    lock(answering).remove(&peer);
+    {
+        let mut answering = lock(answering);
+        if let Some(held) = answering.get_mut(&peer) {
+            *held -= 1;
+            if *held == 0 {
+                answering.remove(&peer);
+            }
+        }
+    }
     outcome.context("timed out")?
 }
 
