@@ -175,7 +175,7 @@ impl Shared {
     /// Decodes a row from a peer and checks its owner's signature (pinning the key of an
     /// owner seen for the first time); `None`, counted in `rows_refused`, if it fails.
     pub fn open_row(&self, wire: WireRow) -> Option<Row> {
-        let checked = wire.into_row().and_then(|row| {
+        let checked = wire.into_row().and_then(|mut row| {
             let pinned = self
                 .keys
                 .read()
@@ -188,6 +188,7 @@ impl Shared {
                 "another key was pinned for {} meanwhile",
                 row.owner
             );
+            row.seal.compact(&row.record);
             Ok(row)
         });
         match checked {

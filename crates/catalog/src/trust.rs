@@ -25,6 +25,7 @@ use anyhow::{bail, Context};
 pub use ed25519_dalek::SigningKey;
 use ed25519_dalek::{Signature, Signer, VerifyingKey};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -37,8 +38,10 @@ pub struct Seal {
     /// The signer's public key (checked against the owner's pinned key).
     pub public_key: [u8; 32],
     pub signature: [u8; 64],
-    /// The record's JSON exactly as the owner signed it.
-    pub body: Arc<[u8]>,
+    /// The record's JSON exactly as the owner signed it, when encoding the record again
+    /// would not give the same bytes; `None` in the usual case, where it would (the row's
+    /// record is then not held twice).
+    pub body: Option<Arc<[u8]>>,
 }
 
 impl Default for Seal {
@@ -47,9 +50,41 @@ impl Default for Seal {
         Seal {
             public_key: [0; 32],
             signature: [0; 64],
-            body: Arc::from(&[][..]),
+            body: None,
         }
     }
+}
+
+impl Seal {
+    /// The signed bytes: the body kept, or the record encoded again.
+    pub fn signed_body<'a>(&'a self, record: &Record) -> Cow<'a, [u8]> {
+        match &self.body {
+            Some(body) => Cow::Borrowed(body),
+            None => Cow::Owned(record_json(record)),
+        }
+    }
+
+    /// Drops the body kept if encoding `record` again gives the same bytes.
+    pub(crate) fn compact(&mut self, record: &Record) {
+        if self
+            .body
+            .as_deref()
+            .is_some_and(|body| body == record_json(record).as_slice())
+        {
+            self.body = None;
+        }
+    }
+}
+
+/// A record's JSON, as rows carry it.
+pub fn record_json(record: &Record) -> Vec<u8> {
+    match record {
+        Record::Host(h) => serde_json::to_vec(h),
+        Record::Machine(m) => serde_json::to_vec(m),
+        Record::App(a) => serde_json::to_vec(a),
+        Record::Volume(v) => serde_json::to_vec(v),
+    }
+    .expect("records serialize to JSON")
 }
 
 /// What a row's signature covers: everything the merge rule and the queries read.
@@ -81,18 +116,10 @@ impl RowIdentity<'_> {
 
 /// Seals a record of this host: its JSON, signed with the host's key.
 pub(crate) fn seal(key: &SigningKey, id: &RowIdentity<'_>, record: &Record) -> Seal {
-    let body: Arc<[u8]> = match record {
-        Record::Host(h) => serde_json::to_vec(h),
-        Record::Machine(m) => serde_json::to_vec(m),
-        Record::App(a) => serde_json::to_vec(a),
-        Record::Volume(v) => serde_json::to_vec(v),
-    }
-    .expect("records serialize to JSON")
-    .into();
     Seal {
         public_key: key.verifying_key().to_bytes(),
-        signature: key.sign(&id.message(&body)).to_bytes(),
-        body,
+        signature: key.sign(&id.message(&record_json(record))).to_bytes(),
+        body: None,
     }
 }
 
@@ -134,7 +161,7 @@ pub(crate) fn verify_row(
         None => VerifyingKey::from_bytes(&seal.public_key).context("bad public key")?,
     };
     key.verify_strict(
-        &id.message(&seal.body),
+        &id.message(&seal.signed_body(record)),
         &Signature::from_bytes(&seal.signature),
     )
     .with_context(|| format!("bad signature on a row of {}", id.owner))?;

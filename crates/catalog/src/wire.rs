@@ -354,7 +354,7 @@ impl WireRow {
             version: row.version,
             deleted: row.deleted,
             updated_at_ms: row.updated_at_ms,
-            body: row.seal.body.to_vec(),
+            body: row.seal.signed_body(&row.record).into_owned(),
             public_key: row.seal.public_key,
             signature: row.seal.signature.to_vec(),
         }
@@ -414,7 +414,7 @@ impl WireRow {
             seal: Seal {
                 public_key: self.public_key,
                 signature,
-                body: self.body.into(),
+                body: Some(self.body.into()),
             },
         })
     }
@@ -612,20 +612,14 @@ mod tests {
                 host_id: "h1".into(),
                 ..Default::default()
             }),
-            seal: Seal {
-                body: serde_json::to_vec(&MachineRecord {
-                    id: "m".into(),
-                    host_id: "h1".into(),
-                    ..Default::default()
-                })
-                .unwrap()
-                .into(),
-                ..Default::default()
-            },
+            seal: Seal::default(),
         };
         let wire = WireRow::from_row(&row);
         let back = decode::<WireRow>(&encode(&wire)).unwrap();
-        assert_eq!(back.clone().into_row().unwrap(), row);
+        let mut received = back.clone().into_row().unwrap();
+        assert!(received.seal.body.is_some(), "kept until checked");
+        received.seal.compact(&received.record);
+        assert_eq!(received, row);
         let mut forged = back;
         forged.owner = "h2".into();
         assert!(forged.into_row().is_err());
