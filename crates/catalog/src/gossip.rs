@@ -273,7 +273,9 @@ impl Gossip {
                 }
             }
             DGRAM_GOODBYE => match wire::decode::<Goodbye>(payload) {
-                Ok(bye) => self.on_goodbye(bye),
+                // A node says goodbye for itself only.
+                Ok(bye) if bye.node_id == datagram.sender => self.on_goodbye(bye),
+                Ok(bye) => tracing::debug!(%from, node = bye.node_id, "goodbye for another node"),
                 Err(e) => tracing::debug!(%from, error = %e, "bad goodbye"),
             },
             other => tracing::debug!(%from, kind = other, "unknown datagram kind"),
