@@ -139,23 +139,26 @@ impl Shared {
     /// Writes one of this node's own rows with a fresh version, and disseminates it.
     pub fn publish(&self, record: Record, deleted: bool) {
         let now = bazaar_types::now_ms();
-        let row = {
+        let version = {
             let mut st = self.write();
             let version = (st.last_version + 1).max(now.saturating_mul(1000));
             st.last_version = version;
-            let mut row = Row {
-                owner: self.node_id().to_owned(),
-                version,
-                deleted,
-                updated_at_ms: now,
-                record,
-                seal: Default::default(),
-            };
-            row.seal = trust::seal(&self.config.signing_key, &row.identity(), &row.record);
-            let outcome = st.replica.apply(row.clone());
-            debug_assert!(outcome.is_applied(), "own rows always apply");
-            row
+            version
         };
+        let mut row = Row {
+            owner: self.node_id().to_owned(),
+            version,
+            deleted,
+            updated_at_ms: now,
+            record,
+            seal: Default::default(),
+        };
+        // Signed outside the lock; a newer write of the same row that got in meanwhile
+        // wins, and this one is dropped.
+        row.seal = trust::seal(&self.config.signing_key, &row.identity(), &row.record);
+        if !self.write().replica.apply(row.clone()).is_applied() {
+            return;
+        }
         self.notify(std::slice::from_ref(&row));
         let wire = WireRow::from_row(&row);
         let full = wire::encode(&BroadcastItem::Row(wire));
