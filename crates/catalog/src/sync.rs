@@ -13,7 +13,8 @@
 //! The answering side guards its few answer slots: a connection must present an
 //! authenticated frame header within [`HEADER_DEADLINE`] before it may take one (at most
 //! [`MAX_HANDSHAKES`] connections wait for that at once), a peer holds at most
-//! [`MAX_ANSWERS_PER_PEER`] slots,
+//! [`MAX_ANSWERS_PER_PEER`] slots, a request (the first frame) is at most [`MAX_REQUEST`]
+//! bytes and must arrive at [`MIN_REQUEST_RATE`],
 //! and frames above the configured cap are refused from their header. Every row received
 //! is checked against its owner's key; an owner's complete set (which may drop rows) is
 //! believed only with the owner's signed digest entry ([`crate::trust`]).
@@ -43,6 +44,11 @@ pub(crate) const MAX_ROWS_PER_MESSAGE: usize = 500;
 const MAX_CONCURRENT_ANSWERS: usize = 4;
 /// A connection must present an authenticated frame header within this long.
 const HEADER_DEADLINE: Duration = Duration::from_secs(1);
+/// The largest request (a digest: a few dozen bytes per host) a slot is taken for.
+const MAX_REQUEST: usize = 4 * 1024 * 1024;
+/// A request's payload must arrive at this rate at least (after a first second), so a slow
+/// peer holds a slot for seconds, not for the whole exchange's timeout.
+const MIN_REQUEST_RATE: usize = 1024 * 1024;
 /// Connections that have not yet presented their header, at most; more are closed at once.
 const MAX_HANDSHAKES: usize = 64;
 /// Answers one peer may hold at once (a periodic exchange and a hint's pull may overlap).
@@ -100,6 +106,9 @@ async fn admit_and_answer(
     .context("no frame header in time")??
     .context("closed before a frame")?;
     drop(handshake);
+    if header.len > MAX_REQUEST {
+        bail!("a request of {} bytes is too large", header.len);
+    }
     let Ok(_slot) = slots.clone().try_acquire_owned() else {
         bail!("too many syncs at once");
     };
@@ -308,7 +317,10 @@ fn merge_rows(
 /// One exchange, as the peer asked; `header` is the first frame's, already checked.
 async fn answer(shared: &Shared, mut stream: TcpStream, header: FrameHeader) -> anyhow::Result<()> {
     stream.set_nodelay(true)?;
-    let frame = shared.auth.read_body(&mut stream, &header).await?;
+    let deadline = HEADER_DEADLINE + Duration::from_secs((header.len / MIN_REQUEST_RATE) as u64);
+    let frame = timeout(deadline, shared.auth.read_body(&mut stream, &header))
+        .await
+        .context("request too slow")??;
     Counters::add(&shared.counters.tcp_bytes_received, frame.len());
     let SyncMsg::Request {
         from,

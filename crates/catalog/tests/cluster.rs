@@ -618,3 +618,60 @@ async fn slow_loris_syncs_neither_grow_memory_nor_starve_anti_entropy() {
     );
     assert!(b.stats().rejected > 0, "the attackers were refused");
 }
+
+/// How long until the node closes `s` (reading whatever it sends first).
+async fn closed_within(s: &mut tokio::net::TcpStream, within: Duration) -> Option<Duration> {
+    use tokio::io::AsyncReadExt;
+    let start = Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout_at((start + within).into(), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(start.elapsed()),
+            Ok(Ok(_)) => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_or_oversized_request_from_a_key_holder_loses_its_slot_quickly() {
+    let node = Catalog::start(config("k0", any_port(), &[])).await.unwrap();
+    let auth = Authenticator::new(SECRET);
+    let sender = "mallory";
+    let header_len = 4 + 8 + 1 + sender.len() + 16;
+
+    // A request announced at 5 MiB (above what a digest needs): refused from its header.
+    let mut frame = Vec::new();
+    auth.write_frame(&mut frame, sender, &vec![0u8; 5 << 20])
+        .await
+        .unwrap();
+    let mut s = tokio::net::TcpStream::connect(node.local_addr())
+        .await
+        .unwrap();
+    s.write_all(&frame[..header_len]).await.unwrap();
+    assert!(
+        closed_within(&mut s, Duration::from_secs(2))
+            .await
+            .is_some(),
+        "an oversized request keeps its connection"
+    );
+
+    // A 3 MiB request trickled in: dropped after its deadline (1 s + 1 s per MiB), well
+    // before the exchange's 10 s timeout.
+    let mut frame = Vec::new();
+    auth.write_frame(&mut frame, sender, &vec![0u8; 3 << 20])
+        .await
+        .unwrap();
+    let mut s = tokio::net::TcpStream::connect(node.local_addr())
+        .await
+        .unwrap();
+    s.write_all(&frame[..header_len + 1000]).await.unwrap();
+    let took = closed_within(&mut s, Duration::from_secs(8))
+        .await
+        .expect("a slow request keeps its slot");
+    assert!(took >= Duration::from_secs(3), "closed too early: {took:?}");
+    eventually("both are counted as rejected", PATIENCE, || {
+        node.stats().rejected >= 2
+    })
+    .await;
+}
