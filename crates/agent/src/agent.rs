@@ -64,8 +64,14 @@ pub(crate) struct Inner {
     pub tracker: TaskTracker,
     /// Accepted bearer tokens: the cluster secret and API tokens.
     pub tokens: Mutex<Vec<String>>,
-    /// When the token file was last read (it is re-read when it changes).
-    pub tokens_read: Mutex<Option<std::time::SystemTime>>,
+    /// The token file's modification time and length when last read (it is re-read when
+    /// they change).
+    pub tokens_read: Mutex<Option<(Option<std::time::SystemTime>, u64)>>,
+    /// Hashes of the tokens this host's token file revokes (published in its host record).
+    pub revoked_here: Mutex<std::collections::BTreeSet<String>>,
+    /// Hashes of the tokens revoked anywhere in the cluster: this host's and those every
+    /// host record publishes (refreshed by housekeeping).
+    pub revoked: std::sync::RwLock<HashSet<String>>,
     pub ports_in_use: Mutex<HashSet<u16>>,
     /// Machine network addresses held by this host's machines (image machines).
     pub addresses_in_use: Mutex<HashSet<std::net::Ipv4Addr>>,
@@ -123,9 +129,13 @@ impl Agent {
         };
         let secret = crate::secrets::cluster_secret(&config)?;
         let mut tokens = vec![secret.clone()];
+        let mut revoked_here = std::collections::BTreeSet::new();
         if let Some(path) = &config.token_file {
-            tokens.extend(crate::secrets::read_tokens(path)?);
+            let file = crate::secrets::read_tokens(path)?;
+            tokens.extend(file.tokens);
+            revoked_here = file.revoked;
         }
+        let revoked = revoked_here.iter().cloned().collect();
         let is_root = rustix::process::geteuid().is_root();
         let cgroups = is_root && config.isolate && bazaar_shim::cgroups_available();
         let exe = match &config.shim_exe {
@@ -184,6 +194,8 @@ impl Agent {
             tracker: TaskTracker::new(),
             tokens: Mutex::new(tokens),
             tokens_read: Mutex::new(None),
+            revoked_here: Mutex::new(revoked_here),
+            revoked: std::sync::RwLock::new(revoked),
             ports_in_use: Mutex::new(ports),
             addresses_in_use: Mutex::new(addresses),
             uids_in_use: Mutex::new(uids),
@@ -272,34 +284,66 @@ impl Agent {
         crate::secrets::constant_time_eq(self.0.cluster_secret.as_bytes(), token.as_bytes())
     }
 
-    /// Checks a Machines API bearer token (an API token or the cluster secret) in constant
-    /// time.
+    /// Checks a bearer token in constant time: the cluster secret, or an API token of the
+    /// token file that no host has revoked. The file is re-read as soon as it changes (one
+    /// `stat` per call), so adding or revoking a token here takes effect at once.
     pub fn authorized(&self, token: &str) -> bool {
-        let check = |tokens: &Vec<String>| {
-            tokens
-                .iter()
-                .any(|t| crate::secrets::constant_time_eq(t.as_bytes(), token.as_bytes()))
-        };
-        if check(&lock(&self.0.tokens)) {
+        let eq = |t: &String| crate::secrets::constant_time_eq(t.as_bytes(), token.as_bytes());
+        if eq(&self.0.cluster_secret) {
             return true;
         }
-        // `bazaar token create` appends to the token file: pick up new tokens.
+        self.refresh_tokens();
+        {
+            let revoked = self.0.revoked.read().unwrap_or_else(|e| e.into_inner());
+            if !revoked.is_empty() && revoked.contains(&crate::secrets::token_hash(token)) {
+                return false;
+            }
+        }
+        lock(&self.0.tokens).iter().any(eq)
+    }
+
+    /// Re-reads the token file if its modification time or length changed. A file that
+    /// cannot be read leaves only the cluster secret.
+    fn refresh_tokens(&self) {
         let Some(path) = &self.0.config.token_file else {
-            return false;
+            return;
         };
-        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        let stamp = std::fs::metadata(path)
+            .ok()
+            .map(|m| (m.modified().ok(), m.len()));
         let mut read = lock(&self.0.tokens_read);
-        if modified.is_none() || *read == modified {
-            return false;
+        if read.is_some() && *read == stamp {
+            return;
         }
-        *read = modified;
-        if let Ok(file_tokens) = crate::secrets::read_tokens(path) {
-            let mut tokens = lock(&self.0.tokens);
-            let secret = self.0.cluster_secret.clone();
-            *tokens = std::iter::once(secret).chain(file_tokens).collect();
-            return check(&tokens);
+        *read = stamp;
+        let file = crate::secrets::read_tokens(path).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "token file unreadable: only the cluster secret is accepted");
+            crate::secrets::TokenFile::default()
+        });
+        let secret = self.0.cluster_secret.clone();
+        *lock(&self.0.tokens) = std::iter::once(secret).chain(file.tokens).collect();
+        self.0
+            .revoked
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(file.revoked.iter().cloned());
+        *lock(&self.0.revoked_here) = file.revoked;
+    }
+
+    /// Refreshes the cluster-wide set of revoked tokens: this host's file and every host
+    /// record's `revoked_tokens`.
+    pub(crate) fn refresh_revocations(&self) {
+        self.refresh_tokens();
+        let mut all: HashSet<String> = lock(&self.0.revoked_here).iter().cloned().collect();
+        if let Some(catalog) = self.0.catalog.get() {
+            for host in catalog.hosts() {
+                all.extend(host.record.revoked_tokens);
+            }
         }
-        false
+        let mut revoked = self.0.revoked.write().unwrap_or_else(|e| e.into_inner());
+        if *revoked != all {
+            *revoked = all;
+        }
     }
 
     /// Stops the agent: operations in flight are interrupted (they resume on the next start)
@@ -674,9 +718,10 @@ impl Agent {
         });
     }
 
-    /// Expires unclaimed reservations, collects old tombstones, republishes the host record,
-    /// starts scheduled machines that are due.
+    /// Refreshes the revoked tokens, expires unclaimed reservations, collects old
+    /// tombstones, republishes the host record, starts scheduled machines that are due.
     async fn housekeeping(&self) {
+        self.refresh_revocations();
         self.publish_host().await;
         let now = now_ms();
         crate::schedule::start_due(self, now).await;

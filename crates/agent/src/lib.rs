@@ -91,6 +91,7 @@ pub async fn run_agent(
         config.gossip_listen,
         agent.cluster_secret(),
     );
+    catalog_config.signing_key = secrets::host_signing_key(&config.data_dir)?;
     catalog_config.seeds = config.join.clone();
     catalog_config.dead_after = config.dead_after;
     catalog_config.probe_period =

@@ -67,6 +67,9 @@ impl Agent {
             draining: self.0.shutdown.is_cancelled(),
             disk_gb,
             disk_free_gb: disk_gb.saturating_sub(self.disk_used_gb()),
+            revoked_tokens: lock(&self.0.revoked_here).iter().cloned().collect(),
+            // Set by the catalog.
+            public_key: String::new(),
             updated_at_ms: 0,
         };
         let mut last = lock(&self.0.last_host_record);

@@ -1,8 +1,9 @@
-//! The cluster secret (host-to-host calls) and API tokens: where they are kept and how they
-//! are compared. Every authorization check goes through [`constant_time_eq`] via
+//! The cluster secret (host-to-host calls), this host's catalog signing key and API tokens:
+//! where they are kept and how they are compared. Every authorization check goes through [`constant_time_eq`] via
 //! [`crate::Agent::authorized`].
 
 use crate::config::AgentConfig;
+use std::collections::BTreeSet;
 use std::path::Path;
 
 /// The cluster secret: from the config, else `data_dir/cluster-secret` (created once).
@@ -25,16 +26,91 @@ pub fn cluster_secret(config: &AgentConfig) -> anyhow::Result<String> {
     }
 }
 
-/// Reads a token file: one token per line; blank lines and `#` comments are skipped.
-pub fn read_tokens(path: &Path) -> anyhow::Result<Vec<String>> {
+/// This host's catalog signing key (ed25519): `data_dir/host-key`, 32 bytes in hex, made
+/// once and kept 0600. Other nodes pin it to this host id on first sight, so it must
+/// outlive restarts (see `bazaar_catalog::trust`).
+pub fn host_signing_key(data_dir: &Path) -> anyhow::Result<bazaar_catalog::trust::SigningKey> {
+    use anyhow::Context;
+    let path = data_dir.join("host-key");
+    let seed = match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let bytes = hex::decode(text.trim())
+                .with_context(|| format!("{} is not hex", path.display()))?;
+            <[u8; 32]>::try_from(bytes.as_slice())
+                .map_err(|_| anyhow::anyhow!("{} must hold 32 bytes", path.display()))?
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let seed: [u8; 32] = rand::random();
+            write_private(&path, &hex::encode(seed))?;
+            seed
+        }
+        Err(e) => return Err(anyhow::anyhow!("reading {}: {e}", path.display())),
+    };
+    Ok(bazaar_catalog::trust::SigningKey::from_bytes(&seed))
+}
+
+/// A token file's line naming a revoked token by its hash ([`token_hash`]).
+const REVOKED: &str = "revoked:";
+
+/// What a token file says.
+#[derive(Debug, Default, PartialEq)]
+pub struct TokenFile {
+    /// The API tokens accepted.
+    pub tokens: Vec<String>,
+    /// Hashes of revoked tokens (`revoked:<hash>` lines, written by `bazaar token
+    /// revoke`): refused on this host, and published in its host record so that every
+    /// host refuses them.
+    pub revoked: BTreeSet<String>,
+}
+
+/// Reads a token file: one token per line, or `revoked:<hash>`; blank lines and `#`
+/// comments are skipped.
+pub fn read_tokens(path: &Path) -> anyhow::Result<TokenFile> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("reading token file {}: {e}", path.display()))?;
-    Ok(text
+    let mut file = TokenFile::default();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        match line.strip_prefix(REVOKED) {
+            Some(hash) => {
+                file.revoked.insert(hash.trim().to_string());
+            }
+            None => file.tokens.push(line.to_string()),
+        }
+    }
+    Ok(file)
+}
+
+/// How a revoked token is named where others can read it (the catalog): the hex SHA-256
+/// of the token, never the token itself.
+pub fn token_hash(token: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(token.as_bytes()))
+}
+
+/// Revokes `token` in a token file: removes it and records its hash (also when the file
+/// never held it: another host's file may). Returns the hash.
+pub fn revoke_token(path: &Path, token: &str) -> anyhow::Result<String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => anyhow::bail!("reading token file {}: {e}", path.display()),
+    };
+    let hash = token_hash(token);
+    let revoked_line = format!("{REVOKED}{hash}");
+    let mut out: String = text
         .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(str::to_string)
-        .collect())
+        .filter(|l| l.trim() != token)
+        .flat_map(|l| [l, "\n"])
+        .collect();
+    if !text.lines().any(|l| l.trim() == revoked_line) {
+        out.push_str(&revoked_line);
+        out.push('\n');
+    }
+    write_private(path, &out)?;
+    Ok(hash)
 }
 
 /// Writes a file readable by its owner only.
@@ -60,4 +136,45 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn revoking_removes_the_token_and_records_its_hash() {
+        let dir = std::env::temp_dir().join(format!("bazaar-tokens-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tokens");
+        std::fs::write(&path, "# api tokens\naaa\nbbb\n").unwrap();
+        let hash = revoke_token(&path, "aaa").unwrap();
+        assert_eq!(hash, token_hash("aaa"));
+        assert_ne!(hash, "aaa");
+        let file = read_tokens(&path).unwrap();
+        assert_eq!(file.tokens, vec!["bbb".to_string()]);
+        assert_eq!(file.revoked, BTreeSet::from([hash.clone()]));
+        // Twice is the same; a token the file never held is recorded too.
+        revoke_token(&path, "aaa").unwrap();
+        revoke_token(&path, "zzz").unwrap();
+        let file = read_tokens(&path).unwrap();
+        assert_eq!(file.revoked, BTreeSet::from([hash, token_hash("zzz")]));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_host_key_is_made_once_and_kept_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("bazaar-host-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let first = host_signing_key(&dir).unwrap();
+        let again = host_signing_key(&dir).unwrap();
+        assert_eq!(first.to_bytes(), again.to_bytes());
+        let mode = std::fs::metadata(dir.join("host-key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -19,6 +19,13 @@ pub struct CatalogConfig {
     pub seeds: Vec<SocketAddr>,
     /// Shared by the whole cluster; every datagram and frame is signed with it.
     pub cluster_secret: String,
+    /// This host's own key: every row it publishes is signed with it, and other nodes
+    /// refuse rows of this host id signed with any other key (see [`crate::trust`]). Keep
+    /// it across restarts; [`CatalogConfig::new`] makes a fresh one.
+    pub signing_key: crate::trust::SigningKey,
+    /// The largest anti-entropy frame accepted, checked from the frame's header before
+    /// anything is read.
+    pub max_frame: usize,
     /// How often each node probes one random member (SWIM).
     pub probe_period: Duration,
     /// A killed node is declared dead on every other node within about this long.
@@ -48,6 +55,8 @@ impl CatalogConfig {
             advertise: None,
             seeds: Vec::new(),
             cluster_secret: cluster_secret.into(),
+            signing_key: crate::trust::SigningKey::from_bytes(&rand::random()),
+            max_frame: crate::wire::MAX_FRAME,
             probe_period: Duration::from_secs(1),
             dead_after: Duration::from_secs(8),
             anti_entropy_interval: Duration::from_secs(2),
@@ -60,6 +69,14 @@ impl CatalogConfig {
     /// Checks the settings that would make the node misbehave.
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(!self.node_id.is_empty(), "node_id must not be empty");
+        anyhow::ensure!(
+            self.node_id.len() <= 128,
+            "node_id must be at most 128 bytes"
+        );
+        anyhow::ensure!(
+            self.max_frame >= 1024 * 1024,
+            "max_frame must be at least 1 MiB"
+        );
         anyhow::ensure!(
             !self.probe_period.is_zero(),
             "probe_period must not be zero"
@@ -119,9 +136,9 @@ impl CatalogConfig {
         c
     }
 
-    /// The largest foca packet: a datagram less our kind byte and tag.
+    /// The largest foca packet: a datagram less our header and tag.
     pub(crate) fn foca_packet_size(&self) -> usize {
-        self.max_packet_size - crate::wire::DGRAM_OVERHEAD
+        self.max_packet_size - crate::wire::datagram_overhead(&self.node_id)
     }
 
     /// The largest broadcast item carried in full; larger rows travel as hints. Leaves

@@ -1,11 +1,13 @@
 //! The gossip task: drives foca (SWIM membership, failure detection and custom
 //! broadcasts) over the node's UDP socket, with its timers, joins through the seeds, says
-//! goodbye on leave, and keeps the membership view current.
+//! goodbye on leave, and keeps the membership view current. Datagrams carry this node's id,
+//! clock and a sequence number inside their tag; stale and replayed ones are refused
+//! ([`ReplayGuard`]), and every row a broadcast carries is checked against its owner's key.
 
 use crate::membership::NodeIdentity;
 use crate::node::{Command, Counters, Shared};
 use crate::replica::Kind;
-use crate::wire::{self, BroadcastItem, Goodbye, DGRAM_GOODBYE, DGRAM_SWIM};
+use crate::wire::{self, BroadcastItem, Goodbye, Refusal, ReplayGuard, DGRAM_GOODBYE, DGRAM_SWIM};
 use foca::{AccumulatingRuntime, BroadcastHandler, Foca, Invalidates, OwnedNotification, Timer};
 use rand_foca::rngs::SmallRng;
 use rand_foca::SeedableRng;
@@ -82,10 +84,16 @@ impl BroadcastHandler<NodeIdentity> for RowBroadcasts {
             return Ok(Some(bkey));
         }
         let news = match item {
-            BroadcastItem::Row(w) => {
-                let row = w.into_row().map_err(|e| BadBroadcast(e.to_string()))?;
-                self.shared.merge(vec![row], None) > 0
+            // Only news is worth checking a signature for.
+            BroadcastItem::Row(w)
+                if self.shared.is_newer(&bkey.owner, kind, &bkey.key, version) =>
+            {
+                match self.shared.open_row(w) {
+                    Some(row) => self.shared.merge(vec![row], None) > 0,
+                    None => false,
+                }
             }
+            BroadcastItem::Row(_) => false,
             BroadcastItem::Hint { .. } => {
                 let news = self.shared.is_newer(&bkey.owner, kind, &bkey.key, version);
                 if news && bkey.owner != self.shared.node_id() {
@@ -141,6 +149,9 @@ pub(crate) struct Gossip {
     members_fingerprint: u64,
     fresh: Arc<AtomicBool>,
     commands: mpsc::UnboundedReceiver<Command>,
+    /// The sequence number of the last datagram sent.
+    sent: u64,
+    replays: ReplayGuard,
 }
 
 impl Gossip {
@@ -181,6 +192,8 @@ impl Gossip {
             members_fingerprint: 0,
             fresh,
             commands,
+            sent: 0,
+            replays: ReplayGuard::default(),
         }
     }
 
@@ -234,19 +247,35 @@ impl Gossip {
             Counters::add(&self.shared.counters.dropped_partitioned, 1);
             return;
         }
-        let Some((kind, payload)) = self.shared.auth.open_datagram(data) else {
+        let Some(datagram) = self.shared.auth.open_datagram(data) else {
             Counters::add(&self.shared.counters.rejected, 1);
             tracing::trace!(%from, "dropped unauthenticated datagram");
             return;
         };
-        match kind {
+        match self.replays.admit(&datagram, bazaar_types::now_ms()) {
+            Ok(()) => {}
+            Err(Refusal::Replayed) => {
+                Counters::add(&self.shared.counters.replayed, 1);
+                tracing::debug!(%from, sender = datagram.sender, "dropped a replayed datagram");
+                return;
+            }
+            Err(Refusal::Stale) => {
+                Counters::add(&self.shared.counters.rejected, 1);
+                tracing::debug!(%from, sender = datagram.sender, "dropped a stale datagram");
+                return;
+            }
+        }
+        let payload = datagram.payload;
+        match datagram.kind {
             DGRAM_SWIM => {
                 if let Err(e) = self.swim.handle_data(payload, &mut self.runtime) {
                     tracing::trace!(%from, error = %e, "foca refused a packet");
                 }
             }
             DGRAM_GOODBYE => match wire::decode::<Goodbye>(payload) {
-                Ok(bye) => self.on_goodbye(bye),
+                // A node says goodbye for itself only.
+                Ok(bye) if bye.node_id == datagram.sender => self.on_goodbye(bye),
+                Ok(bye) => tracing::debug!(%from, node = bye.node_id, "goodbye for another node"),
                 Err(e) => tracing::debug!(%from, error = %e, "bad goodbye"),
             },
             other => tracing::debug!(%from, kind = other, "unknown datagram kind"),
@@ -324,16 +353,14 @@ impl Gossip {
 
     async fn leave(&mut self) {
         self.shared.write().left = true;
-        let bye = self.shared.auth.seal_datagram(
-            DGRAM_GOODBYE,
-            &wire::encode(&Goodbye {
-                node_id: self.shared.node_id().to_owned(),
-                bump: self.swim.identity().bump,
-            }),
-        );
+        let bye = wire::encode(&Goodbye {
+            node_id: self.shared.node_id().to_owned(),
+            bump: self.swim.identity().bump,
+        });
         let peers: Vec<SocketAddr> = self.swim.iter_members().map(|m| m.id().addr).collect();
         for peer in peers {
-            self.send(&bye, peer).await;
+            let datagram = self.seal(DGRAM_GOODBYE, &bye);
+            self.send(&datagram, peer).await;
         }
         if let Err(e) = self.swim.leave_cluster(&mut self.runtime) {
             tracing::debug!(error = %e, "leave_cluster failed");
@@ -346,7 +373,7 @@ impl Gossip {
     /// Sends what foca asked to send, schedules its timers, and reacts to notifications.
     async fn flush(&mut self) {
         while let Some((to, data)) = self.runtime.to_send() {
-            let datagram = self.shared.auth.seal_datagram(DGRAM_SWIM, &data);
+            let datagram = self.seal(DGRAM_SWIM, &data);
             self.send(&datagram, to.addr).await;
         }
         let now = Instant::now();
@@ -378,6 +405,15 @@ impl Gossip {
             self.swim.custom_broadcast_backlog() as u64,
             Ordering::Relaxed,
         );
+    }
+
+    /// Signs a datagram from this node, with the next sequence number.
+    fn seal(&mut self, kind: u8, payload: &[u8]) -> Vec<u8> {
+        self.sent += 1;
+        let now = bazaar_types::now_ms();
+        self.shared
+            .auth
+            .seal_datagram(kind, self.shared.node_id(), now, self.sent, payload)
     }
 
     async fn send(&self, datagram: &[u8], to: SocketAddr) {

@@ -9,7 +9,10 @@
 //! - Fresh rows spread as foca custom broadcasts, forwarded as soon as they arrive; a
 //!   periodic anti-entropy exchange of per-owner digests over TCP repairs whatever was
 //!   missed ([`sync`]).
-//! - Every datagram and frame is signed with the cluster secret ([`wire`]).
+//! - Every datagram and frame is signed with the cluster secret ([`wire`]), with its
+//!   sender and clock inside the tag; datagrams are refused when stale or replayed.
+//! - Every row is signed by its owner's own key and kept only if it verifies against the
+//!   key trusted for that host ([`trust`]), wherever it came from.
 //!
 //! Use: [`Catalog::start`] with a [`CatalogConfig`], publish this host's rows, query and
 //! [`Catalog::subscribe`] to changes. The replica is soft state: after a restart the agent
@@ -23,6 +26,7 @@ mod node;
 pub mod records;
 pub mod replica;
 pub mod sync;
+pub mod trust;
 pub mod wire;
 
 pub use config::CatalogConfig;
@@ -55,8 +59,13 @@ pub struct CatalogStats {
     pub syncs_failed: u64,
     /// Immediate pulls triggered by hints (rows too big to broadcast), included in `syncs`.
     pub pulls: u64,
-    /// Datagrams and frames dropped for failing authentication or decoding.
+    /// Datagrams and frames dropped for failing authentication, freshness or decoding.
     pub rejected: u64,
+    /// Rows refused because their owner's signature did not verify (forged, or signed
+    /// with a key other than the one trusted for the host).
+    pub rows_refused: u64,
+    /// Datagrams refused because they had been received already.
+    pub replayed: u64,
     /// Datagrams and syncs dropped by [`Catalog::set_partitioned`].
     pub dropped_partitioned: u64,
     /// Rows from peers that changed the replica.
@@ -157,9 +166,11 @@ impl Catalog {
         self.shared().node_id()
     }
 
-    /// Publishes this host's record (its `id` is set to this node's id).
+    /// Publishes this host's record (its `id` is set to this node's id, its `public_key`
+    /// to this node's key).
     pub fn publish_host(&self, mut record: HostRecord) {
         record.id = self.node_id().to_owned();
+        record.public_key = trust::public_key_hex(&self.shared().config.signing_key);
         if record.updated_at_ms == 0 {
             record.updated_at_ms = bazaar_types::now_ms();
         }
@@ -420,6 +431,8 @@ impl Catalog {
             syncs_failed: get(&c.syncs_failed),
             pulls: get(&c.pulls),
             rejected: get(&c.rejected),
+            rows_refused: get(&c.rows_refused),
+            replayed: get(&c.replayed),
             dropped_partitioned: get(&c.dropped_partitioned),
             rows_merged: get(&c.rows_merged),
             broadcast_backlog: get(&c.broadcast_backlog),

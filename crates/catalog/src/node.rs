@@ -1,10 +1,13 @@
 //! The state one node's tasks share: the replica, the membership view, the version clock,
-//! counters, fault injection, and the merge-and-notify path every incoming row takes.
+//! the pinned host keys, counters, fault injection, and the check-merge-and-notify path
+//! every incoming row takes.
 
 use crate::config::CatalogConfig;
 use crate::membership::MemberView;
 use crate::records::{Change, HostStatus};
+use crate::replica::DigestEntry;
 use crate::replica::{Kind, Record, Replica, Row};
+use crate::trust::{self, KeyRing, SignedEntry};
 use crate::wire::{self, Authenticator, BroadcastItem, WireRow};
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -55,6 +58,8 @@ pub(crate) struct Counters {
     pub pulls: AtomicU64,
     pub syncs_failed: AtomicU64,
     pub rejected: AtomicU64,
+    pub rows_refused: AtomicU64,
+    pub replayed: AtomicU64,
     pub dropped_partitioned: AtomicU64,
     pub rows_merged: AtomicU64,
     /// Gauge: broadcast items foca still has to transmit.
@@ -74,6 +79,8 @@ pub(crate) struct Shared {
     /// The address other nodes reach this one at (UDP and TCP).
     pub addr: SocketAddr,
     pub auth: Authenticator,
+    /// The key trusted for each host id (see [`crate::trust`]).
+    keys: RwLock<KeyRing>,
     state: RwLock<State>,
     pub changes: broadcast::Sender<Change>,
     pub counters: Counters,
@@ -91,10 +98,12 @@ impl Shared {
         pulls: mpsc::UnboundedSender<String>,
     ) -> Self {
         let auth = Authenticator::new(&config.cluster_secret);
+        let keys = RwLock::new(KeyRing::new(&config.node_id, &config.signing_key));
         Shared {
             config,
             addr,
             auth,
+            keys,
             state: RwLock::new(State::default()),
             changes: broadcast::channel(4096).0,
             counters: Counters::default(),
@@ -130,21 +139,26 @@ impl Shared {
     /// Writes one of this node's own rows with a fresh version, and disseminates it.
     pub fn publish(&self, record: Record, deleted: bool) {
         let now = bazaar_types::now_ms();
-        let row = {
+        let version = {
             let mut st = self.write();
             let version = (st.last_version + 1).max(now.saturating_mul(1000));
             st.last_version = version;
-            let row = Row {
-                owner: self.node_id().to_owned(),
-                version,
-                deleted,
-                updated_at_ms: now,
-                record,
-            };
-            let outcome = st.replica.apply(row.clone());
-            debug_assert!(outcome.is_applied(), "own rows always apply");
-            row
+            version
         };
+        let mut row = Row {
+            owner: self.node_id().to_owned(),
+            version,
+            deleted,
+            updated_at_ms: now,
+            record,
+            seal: Default::default(),
+        };
+        // Signed outside the lock; a newer write of the same row that got in meanwhile
+        // wins, and this one is dropped.
+        row.seal = trust::seal(&self.config.signing_key, &row.identity(), &row.record);
+        if !self.write().replica.apply(row.clone()).is_applied() {
+            return;
+        }
         self.notify(std::slice::from_ref(&row));
         let wire = WireRow::from_row(&row);
         let full = wire::encode(&BroadcastItem::Row(wire));
@@ -159,6 +173,53 @@ impl Shared {
             })
         };
         let _ = self.commands.send(Command::Broadcast(item));
+    }
+
+    /// Decodes a row from a peer and checks its owner's signature (pinning the key of an
+    /// owner seen for the first time); `None`, counted in `rows_refused`, if it fails.
+    pub fn open_row(&self, wire: WireRow) -> Option<Row> {
+        let checked = wire.into_row().and_then(|mut row| {
+            let pinned = self
+                .keys
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .pinned(&row.owner);
+            let key = trust::verify_row(pinned, &row.identity(), &row.seal, &row.record)?;
+            let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
+            anyhow::ensure!(
+                pinned.is_some() || keys.pin(&row.owner, key),
+                "another key was pinned for {} meanwhile",
+                row.owner
+            );
+            row.seal.compact(&row.record);
+            Ok(row)
+        });
+        match checked {
+            Ok(row) => Some(row),
+            Err(e) => {
+                Counters::add(&self.counters.rows_refused, 1);
+                tracing::debug!(error = %e, "refused a row");
+                None
+            }
+        }
+    }
+
+    /// This node's digest entry signed with its key: its own rows in the same message are
+    /// its complete set.
+    pub fn sign_complete_set(&self, entry: DigestEntry) -> SignedEntry {
+        SignedEntry::sign(&self.config.signing_key, entry)
+    }
+
+    /// Whether `complete` proves that `rows` hold the complete set of `from`'s rows:
+    /// signed by `from`'s key, and matching the rows received.
+    pub fn is_complete_set(&self, from: &str, complete: &SignedEntry, rows: &[Row]) -> bool {
+        complete.entry.owner == from
+            && DigestEntry::of(from, rows).same_as(&complete.entry)
+            && self
+                .keys
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .check_entry(complete)
     }
 
     /// Whether the broadcast queue is full (see [`MAX_BROADCAST_BACKLOG`]).

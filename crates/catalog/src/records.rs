@@ -31,6 +31,14 @@ pub struct HostRecord {
     /// Disk not yet given to volumes, in GB.
     #[serde(default)]
     pub disk_free_gb: u64,
+    /// The host's ed25519 public key (hex), which signs every row it owns (see
+    /// [`crate::trust`]); set by the catalog when the host publishes its record.
+    #[serde(default)]
+    pub public_key: String,
+    /// Hashes (hex SHA-256) of the API tokens this host's token file revokes; every host
+    /// refuses a token any host revokes.
+    #[serde(default)]
+    pub revoked_tokens: Vec<String>,
     pub updated_at_ms: u64,
 }
 

@@ -16,6 +16,7 @@
 //!   node was away for longer than the markers last).
 
 use crate::records::{AppRecord, HostRecord, MachineRecord, VolumeRecord};
+use crate::trust::{RowIdentity, Seal};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -83,6 +84,8 @@ pub struct Row {
     /// When the owner wrote this version (owner's clock); tombstones expire from it.
     pub updated_at_ms: u64,
     pub record: Record,
+    /// The owner's signature, relayed as is (see [`crate::trust`]).
+    pub seal: Seal,
 }
 
 impl Row {
@@ -92,6 +95,18 @@ impl Row {
 
     pub fn key(&self) -> &str {
         self.record.key()
+    }
+
+    /// What the owner's signature covers, besides the record.
+    pub(crate) fn identity(&self) -> RowIdentity<'_> {
+        RowIdentity {
+            owner: &self.owner,
+            kind: self.kind(),
+            key: self.key(),
+            version: self.version,
+            deleted: self.deleted,
+            updated_at_ms: self.updated_at_ms,
+        }
     }
 
     /// A 64-bit hash of the row's identity (kind, key, version, deleted); XOR-ed into the
@@ -121,6 +136,22 @@ pub struct DigestEntry {
 }
 
 impl DigestEntry {
+    /// The entry `owner` has when it holds exactly `rows` (those of other owners ignored).
+    pub fn of<'a>(owner: &str, rows: impl IntoIterator<Item = &'a Row>) -> DigestEntry {
+        let mut entry = DigestEntry {
+            owner: owner.to_owned(),
+            max_version: 0,
+            count: 0,
+            hash: 0,
+        };
+        for row in rows.into_iter().filter(|r| r.owner == owner) {
+            entry.max_version = entry.max_version.max(row.version);
+            entry.count += 1;
+            entry.hash ^= row.id_hash();
+        }
+        entry
+    }
+
     /// Same rows (with overwhelming probability).
     pub fn same_as(&self, other: &DigestEntry) -> bool {
         self.max_version == other.max_version
@@ -539,6 +570,7 @@ mod tests {
             deleted,
             updated_at_ms: version,
             record,
+            seal: Default::default(),
         }
     }
 

@@ -9,16 +9,25 @@
 //! a couple of peers without a full resend, and a converged cluster exchanges only
 //! digests (a few dozen bytes per host, independent of the number of machines). Rows too big to broadcast make receivers of
 //! their hint pull from the owner at once through the same exchange.
+//!
+//! The answering side guards its few answer slots: a connection must present an
+//! authenticated frame header within [`HEADER_DEADLINE`] before it may take one (at most
+//! [`MAX_HANDSHAKES`] connections wait for that at once), a peer holds at most
+//! [`MAX_ANSWERS_PER_PEER`] slots, a request (the first frame) is at most [`MAX_REQUEST`]
+//! bytes and must arrive at [`MIN_REQUEST_RATE`],
+//! and frames above the configured cap are refused from their header. Every row received
+//! is checked against its owner's key; an owner's complete set (which may drop rows) is
+//! believed only with the owner's signed digest entry ([`crate::trust`]).
 
 use crate::node::{Counters, Shared};
 use crate::replica::{DigestEntry, Replica, Row};
-use crate::wire::{self, SyncMsg, WireRow, TAG_LEN};
+use crate::wire::{self, FrameHeader, SyncMsg, WireRow};
 use anyhow::{bail, Context};
 use rand::seq::IndexedRandom;
 use rand::Rng;
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -33,30 +42,40 @@ pub(crate) const MAX_ROWS_PER_MESSAGE: usize = 500;
 /// Exchanges a node answers at once; more are refused at once (the initiator tries other
 /// peers next round), so an overloaded node sheds work instead of timing everything out.
 const MAX_CONCURRENT_ANSWERS: usize = 4;
+/// A connection must present an authenticated frame header within this long.
+const HEADER_DEADLINE: Duration = Duration::from_secs(1);
+/// The largest request (a digest: a few dozen bytes per host) a slot is taken for.
+const MAX_REQUEST: usize = 4 * 1024 * 1024;
+/// A request's payload must arrive at this rate at least (after a first second), so a slow
+/// peer holds a slot for seconds, not for the whole exchange's timeout.
+const MIN_REQUEST_RATE: usize = 1024 * 1024;
+/// Connections that have not yet presented their header, at most; more are closed at once.
+const MAX_HANDSHAKES: usize = 64;
+/// Answers one peer may hold at once (a periodic exchange and a hint's pull may overlap).
+const MAX_ANSWERS_PER_PEER: usize = 2;
 
 /// Accepts anti-entropy connections until aborted.
 pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener) {
     let mut conns = JoinSet::new();
-    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_ANSWERS));
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_ANSWERS));
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+    // Answers in progress per peer (by the id in its authenticated header).
+    let answering: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
     loop {
         while conns.try_join_next().is_some() {}
         match listener.accept().await {
             Ok((stream, peer)) => {
-                let Ok(permit) = permits.clone().try_acquire_owned() else {
-                    tracing::debug!(%peer, "too many syncs at once, refusing one");
-                    drop(stream);
+                let Ok(handshake) = handshakes.clone().try_acquire_owned() else {
+                    tracing::debug!(%peer, "too many connections waiting, refusing one");
                     continue;
                 };
-                let shared = shared.clone();
+                let (shared, slots, answering) = (shared.clone(), slots.clone(), answering.clone());
                 conns.spawn(async move {
-                    let _permit = permit;
-                    match timeout(SYNC_TIMEOUT, answer(&shared, stream)).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => {
-                            Counters::add(&shared.counters.rejected, 1);
-                            tracing::debug!(%peer, error = %e, "sync from peer failed");
-                        }
-                        Err(_) => tracing::debug!(%peer, "sync from peer timed out"),
+                    let outcome =
+                        admit_and_answer(&shared, stream, handshake, &slots, &answering).await;
+                    if let Err(e) = outcome {
+                        Counters::add(&shared.counters.rejected, 1);
+                        tracing::debug!(%peer, error = %e, "sync from peer failed");
                     }
                 });
             }
@@ -66,6 +85,57 @@ pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener) {
             }
         }
     }
+}
+
+/// Reads the first frame header (within [`HEADER_DEADLINE`]), takes an answer slot if one
+/// is free and the peer holds none, and answers. Refusals are errors.
+async fn admit_and_answer(
+    shared: &Shared,
+    mut stream: TcpStream,
+    handshake: tokio::sync::OwnedSemaphorePermit,
+    slots: &Arc<tokio::sync::Semaphore>,
+    answering: &Mutex<HashMap<String, usize>>,
+) -> anyhow::Result<()> {
+    let header = timeout(
+        HEADER_DEADLINE,
+        shared
+            .auth
+            .read_header(&mut stream, shared.config.max_frame),
+    )
+    .await
+    .context("no frame header in time")??
+    .context("closed before a frame")?;
+    drop(handshake);
+    if header.len > MAX_REQUEST {
+        bail!("a request of {} bytes is too large", header.len);
+    }
+    let Ok(_slot) = slots.clone().try_acquire_owned() else {
+        bail!("too many syncs at once");
+    };
+    let peer = header.sender.clone();
+    {
+        let mut answering = lock(answering);
+        let held = answering.entry(peer.clone()).or_default();
+        if *held >= MAX_ANSWERS_PER_PEER {
+            bail!("{peer} already has {held} syncs in progress");
+        }
+        *held += 1;
+    }
+    let outcome = timeout(SYNC_TIMEOUT, answer(shared, stream, header)).await;
+    {
+        let mut answering = lock(answering);
+        if let Some(held) = answering.get_mut(&peer) {
+            *held -= 1;
+            if *held == 0 {
+                answering.remove(&peer);
+            }
+        }
+    }
+    outcome.context("timed out")?
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Runs anti-entropy rounds, hint pulls and tombstone collection until aborted.
@@ -176,20 +246,27 @@ pub(crate) async fn sync_with(shared: &Shared, peer: SocketAddr) -> anyhow::Resu
         digest: shared.read().replica.digest_entries(),
     };
     send(shared, &mut stream, &request).await?;
-    let Some(SyncMsg::Response {
+    let Some((header, frame)) = receive(shared, &mut stream).await? else {
+        bail!("closed before a response");
+    };
+    let SyncMsg::Response {
         from,
         rows,
         want,
-        authoritative,
-    }) = receive(shared, &mut stream).await?
+        complete,
+    } = wire::decode(&frame)?
     else {
         bail!("expected a sync response");
     };
-    let authority = authoritative.then_some(from.as_str());
-    shared.merge(decode_rows(shared, rows, authority), authority);
+    anyhow::ensure!(
+        from == header.sender,
+        "response from {from} sent by {}",
+        header.sender
+    );
+    merge_rows(shared, &from, rows, complete);
     shared.write().synced = true;
     if !want.is_empty() {
-        let rows: Vec<Row> = {
+        let (rows, complete) = {
             let st = shared.read();
             let me = shared.node_id();
             let mut rows = Vec::new();
@@ -201,56 +278,95 @@ pub(crate) async fn sync_with(shared: &Shared, peer: SocketAddr) -> anyhow::Resu
                     rows.extend(rows_for(&st.replica, me, &mine, Some(t)));
                 }
             }
-            rows
+            let complete = own_entry_if_sent(&st.replica, me, &rows);
+            (rows, complete)
         };
         let push = SyncMsg::Push {
             rows: rows.iter().map(WireRow::from_row).collect(),
-            authoritative: true,
+            complete: complete.map(|e| shared.sign_complete_set(e)),
         };
         send(shared, &mut stream, &push).await?;
     }
     Ok(())
 }
 
-/// One exchange, as the peer asked.
-async fn answer(shared: &Shared, mut stream: TcpStream) -> anyhow::Result<()> {
+/// This node's digest entry when `rows` carry its rows (they then carry all of them).
+fn own_entry_if_sent(replica: &Replica, me: &str, rows: &[Row]) -> Option<DigestEntry> {
+    rows.iter()
+        .any(|r| r.owner == me)
+        .then(|| replica.entry(me))
+        .flatten()
+}
+
+/// Checks and merges rows received from `from`; `complete` is its signed claim that its
+/// own rows among them are its complete set.
+fn merge_rows(
+    shared: &Shared,
+    from: &str,
+    rows: Vec<WireRow>,
+    complete: Option<crate::trust::SignedEntry>,
+) {
+    let claimed = complete.as_ref().map(|_| from);
+    let rows = decode_rows(shared, rows, claimed);
+    let authority = complete
+        .filter(|c| shared.is_complete_set(from, c, &rows))
+        .map(|_| from);
+    shared.merge(rows, authority);
+}
+
+/// One exchange, as the peer asked; `header` is the first frame's, already checked.
+async fn answer(shared: &Shared, mut stream: TcpStream, header: FrameHeader) -> anyhow::Result<()> {
     stream.set_nodelay(true)?;
-    let Some(SyncMsg::Request {
+    let deadline = HEADER_DEADLINE + Duration::from_secs((header.len / MIN_REQUEST_RATE) as u64);
+    let frame = timeout(deadline, shared.auth.read_body(&mut stream, &header))
+        .await
+        .context("request too slow")??;
+    Counters::add(&shared.counters.tcp_bytes_received, frame.len());
+    let SyncMsg::Request {
         from,
         from_addr,
         digest,
-    }) = receive(shared, &mut stream).await?
+    } = wire::decode(&frame)?
     else {
         bail!("expected a sync request");
     };
+    anyhow::ensure!(
+        from == header.sender,
+        "request from {from} sent by {}",
+        header.sender
+    );
     if shared.is_blocked(&from_addr) {
         Counters::add(&shared.counters.dropped_partitioned, 1);
         return Ok(());
     }
     // Copy under the lock, encode outside it.
-    let (rows, want, authoritative) = {
+    let (rows, want, complete) = {
         let st = shared.read();
-        let (rows, want) = diff(&st.replica, shared.node_id(), &digest);
-        (rows, want, st.synced)
+        let me = shared.node_id();
+        let (rows, want) = diff(&st.replica, me, &digest);
+        let complete = st
+            .synced
+            .then(|| own_entry_if_sent(&st.replica, me, &rows))
+            .flatten();
+        (rows, want, complete)
     };
     let response = SyncMsg::Response {
         from: shared.node_id().to_owned(),
         rows: rows.iter().map(WireRow::from_row).collect(),
         want,
-        authoritative,
+        complete: complete.map(|e| shared.sign_complete_set(e)),
     };
     let wants = matches!(&response, SyncMsg::Response { want, .. } if !want.is_empty());
     send(shared, &mut stream, &response).await?;
     if wants {
-        let Some(SyncMsg::Push {
-            rows,
-            authoritative,
-        }) = receive(shared, &mut stream).await?
-        else {
+        let Some((header, frame)) = receive(shared, &mut stream).await? else {
+            bail!("closed before a push");
+        };
+        anyhow::ensure!(from == header.sender, "push from {}", header.sender);
+        let SyncMsg::Push { rows, complete } = wire::decode(&frame)? else {
             bail!("expected a sync push");
         };
-        let authority = authoritative.then_some(from.as_str());
-        shared.merge(decode_rows(shared, rows, authority), authority);
+        merge_rows(shared, &from, rows, complete);
         shared.write().synced = true;
     }
     Ok(())
@@ -336,33 +452,31 @@ fn decode_rows(shared: &Shared, rows: Vec<WireRow>, authority: Option<&str>) -> 
             .collect()
     };
     rows.into_iter()
-        .filter_map(|w| match w.into_row() {
-            Ok(row) => Some(row),
-            Err(e) => {
-                tracing::debug!(error = %e, "dropped an invalid row");
-                None
-            }
-        })
+        .filter_map(|w| shared.open_row(w))
         .collect()
 }
 
 async fn send(shared: &Shared, stream: &mut TcpStream, msg: &SyncMsg) -> anyhow::Result<()> {
-    let n = shared.auth.write_frame(stream, &wire::encode(msg)).await?;
+    let n = shared
+        .auth
+        .write_frame(stream, shared.node_id(), &wire::encode(msg))
+        .await?;
     Counters::add(&shared.counters.tcp_bytes_sent, n);
     Ok(())
 }
 
-async fn receive(shared: &Shared, stream: &mut TcpStream) -> anyhow::Result<Option<SyncMsg>> {
-    match shared.auth.read_frame(stream).await? {
-        Some(frame) => {
-            Counters::add(
-                &shared.counters.tcp_bytes_received,
-                frame.len() + 4 + TAG_LEN,
-            );
-            Ok(Some(wire::decode(&frame)?))
-        }
-        None => Ok(None),
+async fn receive(
+    shared: &Shared,
+    stream: &mut TcpStream,
+) -> anyhow::Result<Option<(FrameHeader, Vec<u8>)>> {
+    let frame = shared
+        .auth
+        .read_frame(stream, shared.config.max_frame)
+        .await?;
+    if let Some((_, payload)) = &frame {
+        Counters::add(&shared.counters.tcp_bytes_received, payload.len());
     }
+    Ok(frame)
 }
 
 #[cfg(test)]
@@ -382,6 +496,7 @@ mod tests {
                 host_id: owner.into(),
                 ..Default::default()
             }),
+            seal: Default::default(),
         }
     }
 

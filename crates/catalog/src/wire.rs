@@ -1,13 +1,21 @@
 //! What goes on the wire: the datagram and frame layouts, their authentication with the
-//! cluster secret (HMAC-SHA256, truncated tag), and the messages they carry.
+//! cluster secret (HMAC-SHA256, truncated tag), and the messages they carry. Rows inside
+//! them carry their owner's signature besides (see [`crate::trust`]).
 //!
-//! Datagram (UDP): `kind: u8 | payload | tag[16]`, where the tag is
-//! HMAC(secret, "bazaar-catalog/udp/v1" | kind | payload). `kind` is [`DGRAM_SWIM`] (a foca
-//! packet) or [`DGRAM_GOODBYE`] (a [`Goodbye`]).
+//! Datagram (UDP): `kind: u8 | sender_len: u8 | sender | sent_at_ms: u64 | seq: u64 |
+//! payload | tag[16]`, tag = HMAC(secret, "bazaar-catalog/udp/v2" | everything before it).
+//! `kind` is [`DGRAM_SWIM`] (a foca packet) or [`DGRAM_GOODBYE`] (a [`Goodbye`]). The
+//! sender's id and clock are inside the tag, and `seq` (per sender, increasing) makes every
+//! datagram unique: a receiver refuses datagrams outside [`FRESHNESS`] of its clock and
+//! those it has already seen ([`ReplayGuard`]).
 //!
-//! Frame (TCP, anti-entropy): `len: u32 (big endian) | payload | tag[16]`, `len` counting
-//! payload and tag, tag = HMAC(secret, "bazaar-catalog/tcp/v1" | payload); the payload is a
-//! postcard-encoded [`SyncMsg`].
+//! Frame (TCP, anti-entropy): a small header `len: u32 | sent_at_ms: u64 | sender_len: u8 |
+//! sender | header_tag[16]` with header_tag = HMAC(secret, "bazaar-catalog/tcp/v2/header" |
+//! the header before it), then `payload[len] | tag[16]` with tag = HMAC(secret,
+//! "bazaar-catalog/tcp/v2/body" | header_tag | payload). The header is read and checked
+//! (tag, `len` under the configured cap, `sent_at_ms` within [`FRESHNESS`]) before any
+//! buffer for the payload exists, and the payload buffer then grows only as bytes arrive;
+//! the payload is a postcard-encoded [`SyncMsg`].
 //!
 //! Records travel as JSON inside postcard ([`WireRow::body`]): the shared types use
 //! `#[serde(flatten)]`, which only self-describing formats can read back.
@@ -16,10 +24,12 @@
 
 use crate::records::{AppRecord, HostRecord, MachineRecord, VolumeRecord};
 use crate::replica::{DigestEntry, Kind, Record, Row};
+use crate::trust::{Seal, SignedEntry};
 use anyhow::{bail, Context};
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
+use std::collections::{HashSet, VecDeque};
 use std::net::SocketAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -29,13 +39,24 @@ pub const TAG_LEN: usize = 16;
 pub const DGRAM_SWIM: u8 = 1;
 /// A datagram announcing a clean shutdown.
 pub const DGRAM_GOODBYE: u8 = 2;
-/// Bytes a datagram adds around its payload.
-pub const DGRAM_OVERHEAD: usize = 1 + TAG_LEN;
-/// The largest anti-entropy frame accepted (a whole replica of a large cluster fits).
-pub const MAX_FRAME: usize = 256 * 1024 * 1024;
+/// The default cap on an anti-entropy frame's payload
+/// ([`crate::CatalogConfig::max_frame`]).
+pub const MAX_FRAME: usize = 64 * 1024 * 1024;
+/// How far a datagram's or frame's clock may be from the receiver's (either way).
+pub const FRESHNESS: std::time::Duration = std::time::Duration::from_secs(30);
+/// Datagrams remembered for replay detection, at most.
+const MAX_REMEMBERED: usize = 1 << 18;
+/// The payload buffer of a frame starts this small and grows as the bytes arrive.
+const FIRST_READ: usize = 64 * 1024;
 
-const UDP_CONTEXT: &[u8] = b"bazaar-catalog/udp/v1";
-const TCP_CONTEXT: &[u8] = b"bazaar-catalog/tcp/v1";
+const UDP_CONTEXT: &[u8] = b"bazaar-catalog/udp/v2";
+const TCP_HEADER_CONTEXT: &[u8] = b"bazaar-catalog/tcp/v2/header";
+const TCP_BODY_CONTEXT: &[u8] = b"bazaar-catalog/tcp/v2/body";
+
+/// Bytes a datagram of `sender` adds around its payload.
+pub fn datagram_overhead(sender: &str) -> usize {
+    1 + 1 + sender.len() + 8 + 8 + TAG_LEN
+}
 
 /// Signs and checks datagrams and frames with the cluster secret.
 #[derive(Clone)]
@@ -47,6 +68,30 @@ impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Authenticator(..)")
     }
+}
+
+/// A datagram that passed its tag.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Datagram<'a> {
+    pub kind: u8,
+    pub sender: &'a str,
+    pub sent_at_ms: u64,
+    /// Unique per datagram (it covers `seq`): what the replay guard remembers.
+    pub tag: [u8; TAG_LEN],
+    pub payload: &'a [u8],
+}
+
+/// A frame header that passed its tag, its cap and its clock check.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FrameHeader {
+    pub len: usize,
+    pub sender: String,
+    pub sent_at_ms: u64,
+    tag: [u8; TAG_LEN],
+}
+
+fn is_fresh(sent_at_ms: u64, now_ms: u64) -> bool {
+    sent_at_ms.abs_diff(now_ms) <= FRESHNESS.as_millis() as u64
 }
 
 impl Authenticator {
@@ -78,70 +123,209 @@ impl Authenticator {
         mac.verify_truncated_left(tag).is_ok()
     }
 
-    /// Builds a signed datagram.
-    pub fn seal_datagram(&self, kind: u8, payload: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(payload.len() + DGRAM_OVERHEAD);
+    /// Builds a signed datagram from `sender` (at most 255 bytes, see
+    /// [`crate::CatalogConfig::validate`]), its clock and its sequence number.
+    pub fn seal_datagram(
+        &self,
+        kind: u8,
+        sender: &str,
+        sent_at_ms: u64,
+        seq: u64,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let mut out = Vec::with_capacity(payload.len() + datagram_overhead(sender));
         out.push(kind);
+        out.push(sender.len() as u8);
+        out.extend_from_slice(sender.as_bytes());
+        out.extend_from_slice(&sent_at_ms.to_be_bytes());
+        out.extend_from_slice(&seq.to_be_bytes());
         out.extend_from_slice(payload);
         let tag = self.tag(UDP_CONTEXT, &[&out]);
         out.extend_from_slice(&tag);
         out
     }
 
-    /// Checks a datagram; returns its kind and payload, or `None` if it is not ours.
-    pub fn open_datagram<'a>(&self, data: &'a [u8]) -> Option<(u8, &'a [u8])> {
-        if data.len() < DGRAM_OVERHEAD {
+    /// Checks a datagram's tag and layout; `None` if it is not ours. Freshness and replays
+    /// are the [`ReplayGuard`]'s business.
+    pub fn open_datagram<'a>(&self, data: &'a [u8]) -> Option<Datagram<'a>> {
+        if data.len() < datagram_overhead("") {
             return None;
         }
         let (body, tag) = data.split_at(data.len() - TAG_LEN);
         if !self.verify(UDP_CONTEXT, &[body], tag) {
             return None;
         }
-        Some((body[0], &body[1..]))
+        let sender_len = body[1] as usize;
+        let rest = body.get(2..)?;
+        let (sender, rest) = (rest.get(..sender_len)?, rest.get(sender_len..)?);
+        let sent_at_ms = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
+        let payload = rest.get(16..)?;
+        Some(Datagram {
+            kind: body[0],
+            sender: std::str::from_utf8(sender).ok()?,
+            sent_at_ms,
+            tag: tag.try_into().ok()?,
+            payload,
+        })
     }
 
-    /// Writes one signed frame.
+    /// Writes one signed frame from `sender`.
     pub async fn write_frame<W: AsyncWriteExt + Unpin>(
         &self,
         w: &mut W,
+        sender: &str,
         payload: &[u8],
     ) -> anyhow::Result<usize> {
-        let len = payload.len() + TAG_LEN;
-        if len > MAX_FRAME {
-            bail!("frame of {len} bytes is too large");
-        }
-        let tag = self.tag(TCP_CONTEXT, &[payload]);
-        let mut buf = Vec::with_capacity(4 + len);
-        buf.extend_from_slice(&(len as u32).to_be_bytes());
+        self.write_frame_at(w, sender, bazaar_types::now_ms(), payload)
+            .await
+    }
+
+    /// [`Authenticator::write_frame`] with the sender's clock given.
+    pub async fn write_frame_at<W: AsyncWriteExt + Unpin>(
+        &self,
+        w: &mut W,
+        sender: &str,
+        sent_at_ms: u64,
+        payload: &[u8],
+    ) -> anyhow::Result<usize> {
+        let len = u32::try_from(payload.len()).context("frame too large")?;
+        let sender_len = u8::try_from(sender.len()).context("sender id too long")?;
+        let mut buf = Vec::with_capacity(payload.len() + 2 * TAG_LEN + 13 + sender.len());
+        buf.extend_from_slice(&len.to_be_bytes());
+        buf.extend_from_slice(&sent_at_ms.to_be_bytes());
+        buf.push(sender_len);
+        buf.extend_from_slice(sender.as_bytes());
+        let header_tag = self.tag(TCP_HEADER_CONTEXT, &[&buf]);
+        buf.extend_from_slice(&header_tag);
         buf.extend_from_slice(payload);
-        buf.extend_from_slice(&tag);
+        buf.extend_from_slice(&self.tag(TCP_BODY_CONTEXT, &[&header_tag, payload]));
         w.write_all(&buf).await?;
         w.flush().await?;
         Ok(buf.len())
     }
 
-    /// Reads one frame and checks it; `Ok(None)` on a clean end of stream.
-    pub async fn read_frame<R: AsyncReadExt + Unpin>(
+    /// Reads and checks a frame header (a few hundred bytes at most, on the stack);
+    /// `Ok(None)` on a clean end of stream. Refuses a payload above `max_frame`.
+    pub async fn read_header<R: AsyncReadExt + Unpin>(
         &self,
         r: &mut R,
-    ) -> anyhow::Result<Option<Vec<u8>>> {
-        let mut len = [0u8; 4];
-        match r.read_exact(&mut len).await {
+        max_frame: usize,
+    ) -> anyhow::Result<Option<FrameHeader>> {
+        let mut buf = [0u8; 13 + 255 + TAG_LEN];
+        match r.read_exact(&mut buf[..13]).await {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
             Err(e) => return Err(e.into()),
         }
-        let len = u32::from_be_bytes(len) as usize;
-        if !(TAG_LEN..=MAX_FRAME).contains(&len) {
-            bail!("bad frame length {len}");
+        let end = 13 + buf[12] as usize;
+        r.read_exact(&mut buf[13..end + TAG_LEN])
+            .await
+            .context("reading a frame header")?;
+        let (fields, tag) = (&buf[..end], &buf[end..end + TAG_LEN]);
+        if !self.verify(TCP_HEADER_CONTEXT, &[fields], tag) {
+            bail!("frame header failed authentication");
         }
-        let mut buf = vec![0u8; len];
-        r.read_exact(&mut buf).await.context("reading frame")?;
-        let tag = buf.split_off(len - TAG_LEN);
-        if !self.verify(TCP_CONTEXT, &[&buf], &tag) {
+        let len = u32::from_be_bytes(fields[..4].try_into().expect("4 bytes")) as usize;
+        let sent_at_ms = u64::from_be_bytes(fields[4..12].try_into().expect("8 bytes"));
+        if len > max_frame {
+            bail!("frame of {len} bytes is over the {max_frame}-byte cap");
+        }
+        if !is_fresh(sent_at_ms, bazaar_types::now_ms()) {
+            bail!("frame sent at {sent_at_ms} is not fresh");
+        }
+        Ok(Some(FrameHeader {
+            len,
+            sender: std::str::from_utf8(&fields[13..])
+                .context("sender id is not UTF-8")?
+                .to_owned(),
+            sent_at_ms,
+            tag: tag.try_into().expect("tag length"),
+        }))
+    }
+
+    /// Reads and checks the payload that follows `header`.
+    pub async fn read_body<R: AsyncReadExt + Unpin>(
+        &self,
+        r: &mut R,
+        header: &FrameHeader,
+    ) -> anyhow::Result<Vec<u8>> {
+        let mut payload = Vec::with_capacity(header.len.min(FIRST_READ));
+        let read = r
+            .take(header.len as u64)
+            .read_to_end(&mut payload)
+            .await
+            .context("reading a frame")?;
+        let mut tag = [0u8; TAG_LEN];
+        if read < header.len {
+            bail!("frame cut short");
+        }
+        r.read_exact(&mut tag).await.context("reading a frame")?;
+        if !self.verify(TCP_BODY_CONTEXT, &[&header.tag, &payload], &tag) {
             bail!("frame failed authentication");
         }
-        Ok(Some(buf))
+        Ok(payload)
+    }
+
+    /// Reads one whole frame; `Ok(None)` on a clean end of stream.
+    pub async fn read_frame<R: AsyncReadExt + Unpin>(
+        &self,
+        r: &mut R,
+        max_frame: usize,
+    ) -> anyhow::Result<Option<(FrameHeader, Vec<u8>)>> {
+        let Some(header) = self.read_header(r, max_frame).await? else {
+            return Ok(None);
+        };
+        let payload = self.read_body(r, &header).await?;
+        Ok(Some((header, payload)))
+    }
+}
+
+/// Why a datagram with a good tag was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Its clock is more than [`FRESHNESS`] from ours.
+    Stale,
+    /// Seen before.
+    Replayed,
+}
+
+/// Remembers the datagrams accepted within the freshness window, to refuse replays. Bounded:
+/// when full it forgets the oldest and from then on refuses anything not newer than what
+/// it forgot, so it never accepts a datagram twice.
+#[derive(Debug, Default)]
+pub struct ReplayGuard {
+    seen: HashSet<[u8; TAG_LEN]>,
+    /// (sent_at_ms, tag) in arrival order; sent times are close to arrival order, and an
+    /// entry leaves once its time is out of the window.
+    order: VecDeque<(u64, [u8; TAG_LEN])>,
+    /// Datagrams sent at or before this are refused (the guard forgot some of that age).
+    floor_ms: u64,
+}
+
+impl ReplayGuard {
+    /// Accepts a datagram once, if it is fresh.
+    pub fn admit(&mut self, d: &Datagram<'_>, now_ms: u64) -> Result<(), Refusal> {
+        let window = FRESHNESS.as_millis() as u64;
+        while let Some(&(at, tag)) = self.order.front() {
+            if at.saturating_add(window) >= now_ms {
+                break;
+            }
+            self.order.pop_front();
+            self.seen.remove(&tag);
+        }
+        if !is_fresh(d.sent_at_ms, now_ms) || d.sent_at_ms <= self.floor_ms {
+            return Err(Refusal::Stale);
+        }
+        if !self.seen.insert(d.tag) {
+            return Err(Refusal::Replayed);
+        }
+        self.order.push_back((d.sent_at_ms, d.tag));
+        if self.order.len() > MAX_REMEMBERED {
+            let (at, tag) = self.order.pop_front().expect("non-empty");
+            self.seen.remove(&tag);
+            self.floor_ms = self.floor_ms.max(at);
+        }
+        Ok(())
     }
 }
 
@@ -154,18 +338,15 @@ pub struct WireRow {
     pub version: u64,
     pub deleted: bool,
     pub updated_at_ms: u64,
+    /// The record's JSON as the owner signed it.
     pub body: Vec<u8>,
+    /// The signer's public key and signature ([`Seal`]).
+    pub public_key: [u8; 32],
+    pub signature: Vec<u8>,
 }
 
 impl WireRow {
     pub fn from_row(row: &Row) -> Self {
-        let body = match &row.record {
-            Record::Host(h) => serde_json::to_vec(h),
-            Record::Machine(m) => serde_json::to_vec(m),
-            Record::App(a) => serde_json::to_vec(a),
-            Record::Volume(v) => serde_json::to_vec(v),
-        }
-        .expect("records serialize to JSON");
         WireRow {
             owner: row.owner.clone(),
             kind: row.kind(),
@@ -173,11 +354,14 @@ impl WireRow {
             version: row.version,
             deleted: row.deleted,
             updated_at_ms: row.updated_at_ms,
-            body,
+            body: row.seal.signed_body(&row.record).into_owned(),
+            public_key: row.seal.public_key,
+            signature: row.seal.signature.to_vec(),
         }
     }
 
     /// Decodes the record and checks that it is consistent with the row's key and owner.
+    /// The seal is carried over unchecked: see [`crate::trust::verify_row`].
     pub fn into_row(self) -> anyhow::Result<Row> {
         let record = match self.kind {
             Kind::Host => {
@@ -194,7 +378,17 @@ impl WireRow {
                 }
                 Record::Machine(m)
             }
-            Kind::App => Record::App(serde_json::from_slice::<AppRecord>(&self.body)?),
+            Kind::App => {
+                let a: AppRecord = serde_json::from_slice(&self.body)?;
+                if a.created_by_host != self.owner {
+                    bail!(
+                        "app of host {} published by {}",
+                        a.created_by_host,
+                        self.owner
+                    );
+                }
+                Record::App(a)
+            }
             Kind::Volume => {
                 let v: VolumeRecord = serde_json::from_slice(&self.body)?;
                 if v.host_id != self.owner {
@@ -206,12 +400,22 @@ impl WireRow {
         if record.key() != self.key {
             bail!("row key {} does not match its record", self.key);
         }
+        let signature: [u8; 64] = self
+            .signature
+            .as_slice()
+            .try_into()
+            .context("bad signature length")?;
         Ok(Row {
             owner: self.owner,
             version: self.version,
             deleted: self.deleted,
             updated_at_ms: self.updated_at_ms,
             record,
+            seal: Seal {
+                public_key: self.public_key,
+                signature,
+                body: Some(self.body.into()),
+            },
         })
     }
 }
@@ -268,13 +472,15 @@ pub enum SyncMsg {
         rows: Vec<WireRow>,
         /// The responder's entries for the owners where the digests differ.
         want: Vec<DigestEntry>,
-        /// The responder has merged a sync since it started, so its own rows in `rows`
-        /// are its complete set (see [`crate::replica::Replica::apply_authoritative`]).
-        authoritative: bool,
+        /// Set when the responder has merged a sync since it started and sends its own
+        /// rows: its signed digest entry, saying those rows are its complete set (see
+        /// [`crate::replica::Replica::apply_authoritative`]).
+        complete: Option<SignedEntry>,
     },
     Push {
         rows: Vec<WireRow>,
-        authoritative: bool,
+        /// The initiator's signed entry when `rows` holds its own rows.
+        complete: Option<SignedEntry>,
     },
 }
 
@@ -293,28 +499,105 @@ mod tests {
     #[test]
     fn datagrams_round_trip_and_reject_tampering() {
         let a = Authenticator::new("secret");
-        let d = a.seal_datagram(DGRAM_SWIM, b"hello");
-        assert_eq!(a.open_datagram(&d), Some((DGRAM_SWIM, &b"hello"[..])));
-        let mut bad = d.clone();
-        bad[2] ^= 1;
-        assert_eq!(a.open_datagram(&bad), None);
+        let d = a.seal_datagram(DGRAM_SWIM, "h1", 1_000, 7, b"hello");
+        assert_eq!(d.len(), 5 + datagram_overhead("h1"));
+        let open = a.open_datagram(&d).unwrap();
+        assert_eq!(
+            (open.kind, open.sender, open.sent_at_ms, open.payload),
+            (DGRAM_SWIM, "h1", 1_000, &b"hello"[..])
+        );
+        for i in 0..d.len() {
+            let mut bad = d.clone();
+            bad[i] ^= 1;
+            assert_eq!(a.open_datagram(&bad), None, "flipped byte {i}");
+        }
         assert_eq!(Authenticator::new("other").open_datagram(&d), None);
         assert_eq!(a.open_datagram(&[1, 2, 3]), None);
         assert_eq!(a.open_datagram(&[]), None);
+    }
+
+    #[test]
+    fn the_replay_guard_admits_each_fresh_datagram_once() {
+        let a = Authenticator::new("secret");
+        let now = 1_000_000;
+        let mut guard = ReplayGuard::default();
+        let d1 = a.seal_datagram(DGRAM_SWIM, "h1", now, 1, b"x");
+        let d2 = a.seal_datagram(DGRAM_SWIM, "h1", now, 2, b"x");
+        let d1 = a.open_datagram(&d1).unwrap();
+        assert_eq!(guard.admit(&d1, now), Ok(()));
+        assert_eq!(guard.admit(&d1, now + 5), Err(Refusal::Replayed));
+        assert_eq!(guard.admit(&a.open_datagram(&d2).unwrap(), now), Ok(()));
+        let old = a.seal_datagram(DGRAM_SWIM, "h1", now - 31_000, 3, b"x");
+        let early = a.seal_datagram(DGRAM_SWIM, "h1", now + 31_000, 4, b"x");
+        for d in [old, early] {
+            assert_eq!(
+                guard.admit(&a.open_datagram(&d).unwrap(), now),
+                Err(Refusal::Stale)
+            );
+        }
+        // Past the window the guard forgets, and the datagram is refused as stale.
+        assert_eq!(guard.admit(&d1, now + 61_000), Err(Refusal::Stale));
+        assert!(guard.seen.is_empty());
     }
 
     #[tokio::test]
     async fn frames_round_trip_and_reject_garbage() {
         let a = Authenticator::new("secret");
         let mut buf = Vec::new();
-        a.write_frame(&mut buf, b"payload").await.unwrap();
+        a.write_frame(&mut buf, "h1", b"payload").await.unwrap();
         let mut r = &buf[..];
-        assert_eq!(a.read_frame(&mut r).await.unwrap().unwrap(), b"payload");
-        assert!(a.read_frame(&mut r).await.unwrap().is_none());
+        let (header, payload) = a.read_frame(&mut r, MAX_FRAME).await.unwrap().unwrap();
+        assert_eq!(
+            (header.sender.as_str(), &payload[..]),
+            ("h1", &b"payload"[..])
+        );
+        assert!(a.read_frame(&mut r, MAX_FRAME).await.unwrap().is_none());
         let mut r = &buf[..];
-        assert!(Authenticator::new("x").read_frame(&mut r).await.is_err());
-        let huge = [0xffu8, 0xff, 0xff, 0xff, 0];
-        assert!(a.read_frame(&mut &huge[..]).await.is_err());
+        assert!(Authenticator::new("x")
+            .read_frame(&mut r, MAX_FRAME)
+            .await
+            .is_err());
+        for i in 0..buf.len() {
+            let mut bad = buf.clone();
+            bad[i] ^= 1;
+            assert!(
+                a.read_frame(&mut &bad[..], MAX_FRAME).await.is_err(),
+                "byte {i}"
+            );
+        }
+        // Over the cap, or from a clock too far away: refused from the header alone.
+        assert!(a.read_frame(&mut &buf[..], 6).await.is_err());
+        let mut old = Vec::new();
+        a.write_frame_at(&mut old, "h1", bazaar_types::now_ms() - 60_000, b"payload")
+            .await
+            .unwrap();
+        assert!(a.read_frame(&mut &old[..], MAX_FRAME).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_huge_announced_frame_allocates_only_what_arrives() {
+        let a = Authenticator::new("secret");
+        let mut buf = Vec::new();
+        a.write_frame(&mut buf, "h1", &[7u8; 100]).await.unwrap();
+        // Announce 60 MiB (under the cap) and re-sign the header, then cut the stream.
+        let announced = 60 * 1024 * 1024u32;
+        let mut header = Vec::new();
+        header.extend_from_slice(&announced.to_be_bytes());
+        header.extend_from_slice(&buf[4..15]);
+        let tag = a.tag(TCP_HEADER_CONTEXT, &[&header]);
+        header.extend_from_slice(&tag);
+        header.extend_from_slice(&[0u8; 1000]);
+        let mut r = &header[..];
+        let h = a.read_header(&mut r, MAX_FRAME).await.unwrap().unwrap();
+        assert_eq!(h.len, announced as usize);
+        let mut payload = Vec::with_capacity(h.len.min(FIRST_READ));
+        (&mut r)
+            .take(h.len as u64)
+            .read_to_end(&mut payload)
+            .await
+            .unwrap();
+        assert!(payload.capacity() <= FIRST_READ, "{}", payload.capacity());
+        assert!(a.read_body(&mut &header[31..], &h).await.is_err());
     }
 
     #[test]
@@ -329,12 +612,35 @@ mod tests {
                 host_id: "h1".into(),
                 ..Default::default()
             }),
+            seal: Seal::default(),
         };
         let wire = WireRow::from_row(&row);
         let back = decode::<WireRow>(&encode(&wire)).unwrap();
-        assert_eq!(back.clone().into_row().unwrap(), row);
+        let mut received = back.clone().into_row().unwrap();
+        assert!(received.seal.body.is_some(), "kept until checked");
+        received.seal.compact(&received.record);
+        assert_eq!(received, row);
         let mut forged = back;
         forged.owner = "h2".into();
         assert!(forged.into_row().is_err());
+        let app = AppRecord {
+            name: "web".into(),
+            created_by_host: "h1".into(),
+            ..Default::default()
+        };
+        let mut wire = WireRow {
+            owner: "h2".into(),
+            kind: Kind::App,
+            key: "web".into(),
+            body: serde_json::to_vec(&app).unwrap(),
+            signature: vec![0; 64],
+            ..wire
+        };
+        assert!(
+            wire.clone().into_row().is_err(),
+            "app rows name their owner"
+        );
+        wire.owner = "h1".into();
+        wire.into_row().unwrap();
     }
 }

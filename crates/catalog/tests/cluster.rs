@@ -1,6 +1,8 @@
 //! Multi-node tests of the catalog: several nodes in one process on 127.0.0.1, with short
 //! timings, checked by polling until a deadline (never by fixed long sleeps).
 
+use bazaar_catalog::trust::SigningKey;
+use bazaar_catalog::wire::{Authenticator, DGRAM_SWIM};
 use bazaar_catalog::{
     AppRecord, Catalog, CatalogConfig, Change, HostRecord, HostStatus, MachineFilter, MachineRecord,
 };
@@ -18,6 +20,10 @@ const HEAL_PATIENCE: Duration = Duration::from_secs(60);
 
 fn config(id: &str, listen: SocketAddr, seeds: &[SocketAddr]) -> CatalogConfig {
     let mut c = CatalogConfig::new(id, "ams", listen, SECRET);
+    // A host keeps its key across restarts (the agent stores it in its data dir).
+    let mut seed = [7u8; 32];
+    seed[..id.len()].copy_from_slice(id.as_bytes());
+    c.signing_key = SigningKey::from_bytes(&seed);
     c.seeds = seeds.to_vec();
     c.probe_period = Duration::from_millis(200);
     c.dead_after = DEAD_AFTER;
@@ -346,7 +352,7 @@ async fn garbage_and_unauthenticated_traffic_is_ignored() {
     }
     let wrong = bazaar_catalog::wire::Authenticator::new("not-the-secret");
     udp.send_to(
-        &wrong.seal_datagram(bazaar_catalog::wire::DGRAM_SWIM, b"hello"),
+        &wrong.seal_datagram(DGRAM_SWIM, "n1", bazaar_types::now_ms(), 1, b"hello"),
         target,
     )
     .unwrap();
@@ -361,7 +367,10 @@ async fn garbage_and_unauthenticated_traffic_is_ignored() {
         drop(s);
     }
     let mut s = tokio::net::TcpStream::connect(target).await.unwrap();
-    wrong.write_frame(&mut s, b"not a sync").await.unwrap();
+    wrong
+        .write_frame(&mut s, "n1", b"not a sync")
+        .await
+        .unwrap();
     drop(s);
 
     eventually("the garbage is counted as rejected", PATIENCE, || {
@@ -425,6 +434,244 @@ async fn duplicate_app_names_resolve_the_same_everywhere() {
         nodes
             .iter()
             .all(|n| n.app("shop").is_some_and(|a| a.created_by_host == "n0"))
+    })
+    .await;
+}
+
+/// A machine row too big for a datagram: it travels by anti-entropy (TCP) only.
+fn big_machine(id: &str) -> MachineRecord {
+    let mut m = machine(id, "web", "started");
+    for i in 0..100 {
+        m.metadata.insert(format!("key-{i}"), "x".repeat(40));
+    }
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_forged_for_another_host_are_refused_everywhere() {
+    let nodes = cluster(3).await;
+    nodes[1].publish_machine(machine("m-real", "web", "started"));
+    nodes[1].publish_app(AppRecord {
+        name: "web".into(),
+        org_slug: "personal".into(),
+        created_at_ms: 100,
+        created_by_host: "n1".into(),
+    });
+    eventually("n1's rows reach everyone", PATIENCE, || {
+        nodes
+            .iter()
+            .all(|n| n.machine("m-real").is_some() && n.app("web").is_some())
+    })
+    .await;
+    let real_api = nodes[0].host("n1").unwrap().record.api_addr;
+
+    // Someone holding the cluster secret, but not n1's key, claims to be n1 and rewrites
+    // its rows: its api_addr, one of its machines, its app, and adds a machine too big for
+    // a datagram (so it goes by TCP sync), while small ones also go by datagram.
+    let mut cfg = config("n1", any_port(), &[nodes[0].local_addr()]);
+    cfg.signing_key = SigningKey::from_bytes(&[0xee; 32]);
+    let rogue = Catalog::start(cfg).await.unwrap();
+    let mut forged = host("n1", 8000);
+    forged.api_addr = "127.6.6.6:4280".into();
+    rogue.publish_host(forged);
+    rogue.publish_machine(machine("m-real", "web", "stopped"));
+    rogue.publish_machine(big_machine("m-forged"));
+    rogue.publish_app(AppRecord {
+        name: "web".into(),
+        org_slug: "evil".into(),
+        created_at_ms: 1,
+        created_by_host: "n1".into(),
+    });
+    eventually("every node refuses forged rows", PATIENCE, || {
+        nodes.iter().all(|n| n.stats().rows_refused >= 3)
+    })
+    .await;
+    // Several anti-entropy rounds later, nothing of the forgery got in.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for n in &nodes {
+        let h = n.host("n1").unwrap();
+        assert_eq!(h.record.api_addr, real_api, "on {}", n.node_id());
+        assert_eq!(n.machine("m-real").unwrap().record.state, "started");
+        assert!(n.machine("m-forged").is_none(), "on {}", n.node_id());
+        assert_eq!(n.app("web").unwrap().org_slug, "personal");
+    }
+    rogue.kill().await;
+    // The real n1 still publishes as before.
+    nodes[1].publish_machine(machine("m-real", "web", "stopped"));
+    eventually("n1's real change arrives", PATIENCE, || {
+        nodes.iter().all(|n| {
+            n.machine("m-real")
+                .is_some_and(|m| m.record.state == "stopped")
+        })
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replayed_and_stale_datagrams_are_refused() {
+    let nodes = cluster(2).await;
+    let target = nodes[0].local_addr();
+    // Capture a real datagram: a node that joins through a socket we hold announces to it.
+    let capture = UdpSocket::bind("127.0.0.1:0").unwrap();
+    capture
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let joiner = Catalog::start(config("n9", any_port(), &[capture.local_addr().unwrap()]))
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 65_536];
+    let (len, _) = capture.recv_from(&mut buf).unwrap();
+    let captured = buf[..len].to_vec();
+    joiner.kill().await;
+
+    let before = nodes[0].stats();
+    capture.send_to(&captured, target).unwrap();
+    capture.send_to(&captured, target).unwrap();
+    capture.send_to(&captured, target).unwrap();
+    eventually("the replays are counted", PATIENCE, || {
+        nodes[0].stats().replayed >= before.replayed + 2
+    })
+    .await;
+    // A datagram signed with the secret but stamped a minute ago is refused too.
+    let old = Authenticator::new(SECRET).seal_datagram(
+        DGRAM_SWIM,
+        "n1",
+        bazaar_types::now_ms() - 60_000,
+        u64::MAX,
+        b"old",
+    );
+    let rejected = nodes[0].stats().rejected;
+    capture.send_to(&old, target).unwrap();
+    eventually("the stale datagram is refused", PATIENCE, || {
+        nodes[0].stats().rejected > rejected
+    })
+    .await;
+    assert_eq!(nodes[0].stats().replayed, before.replayed + 2);
+}
+
+/// This process's resident memory, from `/proc/self/status`.
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kb * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_loris_syncs_neither_grow_memory_nor_starve_anti_entropy() {
+    // b never starts an exchange itself: its rows reach a only through a's syncs with b,
+    // which is the listener under attack.
+    let a = Catalog::start(config("la", any_port(), &[])).await.unwrap();
+    let mut cfg = config("lb", any_port(), &[a.local_addr()]);
+    cfg.anti_entropy_interval = Duration::from_secs(600);
+    let b = Catalog::start(cfg).await.unwrap();
+    eventually("the two nodes see each other", PATIENCE, || {
+        a.stats().alive_members == 1 && b.stats().alive_members == 1
+    })
+    .await;
+    let target = b.local_addr();
+    let rss_before = rss_bytes();
+
+    // Four connections, each announcing a 200 MiB frame, then sending 48 MiB of it as fast
+    // as the node reads and trickling the rest; reconnecting whenever dropped.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut attackers = Vec::new();
+    for _ in 0..4 {
+        let stop = stop.clone();
+        attackers.push(tokio::spawn(async move {
+            let chunk = vec![0x5au8; 64 * 1024];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok(mut s) = tokio::net::TcpStream::connect(target).await else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                let _ = s.write_all(&(200u32 << 20).to_be_bytes()).await;
+                let mut sent = 0;
+                while sent < 48 << 20 && s.write_all(&chunk).await.is_ok() {
+                    sent += chunk.len();
+                }
+                while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                    && s.write_all(&[0]).await.is_ok()
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    b.publish_machine(big_machine("during-attack"));
+    eventually(
+        "b's row reaches a by anti-entropy during the attack",
+        PATIENCE,
+        || a.machine("during-attack").is_some(),
+    )
+    .await;
+    let grown = rss_bytes().saturating_sub(rss_before);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in attackers {
+        t.await.unwrap();
+    }
+    assert!(
+        grown < 64 << 20,
+        "resident memory grew by {} MiB under the attack",
+        grown >> 20
+    );
+    assert!(b.stats().rejected > 0, "the attackers were refused");
+}
+
+/// How long until the node closes `s` (reading whatever it sends first).
+async fn closed_within(s: &mut tokio::net::TcpStream, within: Duration) -> Option<Duration> {
+    use tokio::io::AsyncReadExt;
+    let start = Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout_at((start + within).into(), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(start.elapsed()),
+            Ok(Ok(_)) => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_or_oversized_request_from_a_key_holder_loses_its_slot_quickly() {
+    let node = Catalog::start(config("k0", any_port(), &[])).await.unwrap();
+    let auth = Authenticator::new(SECRET);
+    let sender = "mallory";
+    let header_len = 4 + 8 + 1 + sender.len() + 16;
+
+    // A request announced at 5 MiB (above what a digest needs): refused from its header.
+    let mut frame = Vec::new();
+    auth.write_frame(&mut frame, sender, &vec![0u8; 5 << 20])
+        .await
+        .unwrap();
+    let mut s = tokio::net::TcpStream::connect(node.local_addr())
+        .await
+        .unwrap();
+    s.write_all(&frame[..header_len]).await.unwrap();
+    assert!(
+        closed_within(&mut s, Duration::from_secs(2))
+            .await
+            .is_some(),
+        "an oversized request keeps its connection"
+    );
+
+    // A 3 MiB request trickled in: dropped after its deadline (1 s + 1 s per MiB), well
+    // before the exchange's 10 s timeout.
+    let mut frame = Vec::new();
+    auth.write_frame(&mut frame, sender, &vec![0u8; 3 << 20])
+        .await
+        .unwrap();
+    let mut s = tokio::net::TcpStream::connect(node.local_addr())
+        .await
+        .unwrap();
+    s.write_all(&frame[..header_len + 1000]).await.unwrap();
+    let took = closed_within(&mut s, Duration::from_secs(8))
+        .await
+        .expect("a slow request keeps its slot");
+    assert!(took >= Duration::from_secs(3), "closed too early: {took:?}");
+    eventually("both are counted as rejected", PATIENCE, || {
+        node.stats().rejected >= 2
     })
     .await;
 }

@@ -507,7 +507,7 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
     }
 }
 
-/// `bazaar token create`.
+/// `bazaar token create` and `bazaar token revoke`.
 #[derive(Debug, clap::Args)]
 pub struct TokenArgs {
     #[command(subcommand)]
@@ -518,6 +518,20 @@ pub struct TokenArgs {
 enum TokenCommand {
     /// Make a new API token and add it to the token file the agents read.
     Create {
+        /// The agents' token file (`bazaar dev` uses .bazaar-dev/api-tokens).
+        #[arg(
+            long,
+            env = "BAZAAR_TOKEN_FILE",
+            default_value = ".bazaar-dev/api-tokens"
+        )]
+        token_file: std::path::PathBuf,
+    },
+    /// Revoke an API token: remove it from the token file and record its hash there. The
+    /// agent reading the file refuses it at once, and every other agent within moments
+    /// (the hash travels in the catalog; the token never does).
+    Revoke {
+        /// The token to revoke.
+        token: String,
         /// The agents' token file (`bazaar dev` uses .bazaar-dev/api-tokens).
         #[arg(
             long,
@@ -544,6 +558,11 @@ pub async fn token(a: TokenArgs) -> anyhow::Result<()> {
             writeln!(f, "{token}")?;
             f.sync_all()?;
             println!("{token}");
+            Ok(())
+        }
+        TokenCommand::Revoke { token, token_file } => {
+            let hash = bazaar_agent::secrets::revoke_token(&token_file, token.trim())?;
+            println!("revoked {hash}");
             Ok(())
         }
     }

@@ -123,6 +123,20 @@ async fn routes_spreads_and_never_exceeds_the_hard_limit() {
         m.contains("bazaar_proxy_requests_total{app=\"web\",status=\"200\"}"),
         "{m}"
     );
+    // Without a token the metrics (app names, traffic) are not shown.
+    for token in [None, Some("not-a-token")] {
+        let mut req = c.http.get(format!("{}/metrics", c.agents[0].url()));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        let body = r.text().await.unwrap();
+        assert!(
+            body.contains("\"error\"") && !body.contains("web"),
+            "{body}"
+        );
+    }
     assert!(
         m.contains("bazaar_proxy_request_duration_seconds_bucket"),
         "{m}"

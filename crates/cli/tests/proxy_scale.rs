@@ -225,4 +225,13 @@ async fn autostart_wakes_once_and_autostop_drains_then_stops() {
     c.wait_state("off", &id, "stopped").await;
     let (s, _, body) = c.get(0, "off", "/", &[]).await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    // Nor by an anonymous client naming it with fly-force-instance-id, through any proxy.
+    for i in 0..c.agents.len() {
+        let (s, _, body) = c
+            .get(i, "off", "/", &[("fly-force-instance-id", id.as_str())])
+            .await;
+        assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    }
+    let v = c.machine("off", &id).await;
+    assert_eq!(v["state"], "stopped", "{v}");
 }

@@ -200,7 +200,7 @@ pub(crate) async fn handle_parts(
     body: ClientBody,
 ) -> Response<RespBody> {
     if let Some(token) = req.headers.get(&HOP_TOKEN) {
-        if token.as_bytes() == shared.secret.as_bytes() {
+        if bazaar_agent::secrets::constant_time_eq(token.as_bytes(), shared.secret.as_bytes()) {
             return serve_hop(shared, req, body).await;
         }
         return reply(StatusCode::FORBIDDEN, "bazaar proxy: bad hop token");
@@ -327,7 +327,7 @@ async fn route(
                 let mut candidates = candidates.borrow_mut();
                 candidates.clear();
                 candidates.extend(route.backends.iter().map(|b| {
-                    let mut c = candidate(b, &tried, now_ms, force.is_some());
+                    let mut c = candidate(b, &tried, now_ms);
                     if !pinned(b) {
                         c.state = Availability::Unavailable;
                     }
@@ -419,7 +419,10 @@ async fn route(
     resp
 }
 
-fn candidate(b: &Backend, tried: &[String], now_ms: u64, forced: bool) -> Candidate {
+/// How `b` may serve. A stopped machine is woken only when its service autostarts:
+/// `fly-force-instance-id` picks the machine but never starts one whose autostart is off
+/// (an anonymous client must not start what the app's owner keeps stopped).
+fn candidate(b: &Backend, tried: &[String], now_ms: u64) -> Candidate {
     let reachable = b.local || b.hop.is_some();
     let skipped = tried.contains(&b.id)
         || b.load.failed_until_ms.load(Ordering::Relaxed) > now_ms
@@ -428,7 +431,7 @@ fn candidate(b: &Backend, tried: &[String], now_ms: u64, forced: bool) -> Candid
         _ if skipped || !reachable => Availability::Unavailable,
         RouteState::Ready => Availability::Ready,
         RouteState::Starting => Availability::Wakeable,
-        RouteState::Stopped if b.limits.autostart || forced => Availability::Wakeable,
+        RouteState::Stopped if b.limits.autostart => Availability::Wakeable,
         _ => Availability::Unavailable,
     };
     Candidate {

@@ -156,9 +156,11 @@ impl Cluster {
         .unwrap_or_else(|_| panic!("{app} never routable through proxy {i}"));
     }
 
+    /// `/metrics` of agent `i`, scraped with a bearer token as Prometheus would.
     pub async fn metrics(&self, i: usize) -> String {
         self.http
             .get(format!("{}/metrics", self.agents[i].url()))
+            .bearer_auth(bazaar_testkit::TEST_SECRET)
             .send()
             .await
             .unwrap()
