@@ -19,7 +19,8 @@ pub fn mount_small_disk(image: &Path, mountpoint: &Path) -> anyhow::Result<()> {
     f.set_len(SMALL_DISK_MIB << 20)?;
     drop(f);
     let image_s = image.display().to_string();
-    run("mkfs.ext4", &["-q", "-F", &image_s], "")?;
+    // No blocks reserved for root: the agent runs as root, and full must mean full.
+    run("mkfs.ext4", &["-q", "-F", "-m", "0", &image_s], "")?;
     run(
         "mount",
         &["-o", "loop", &image_s, &mountpoint.display().to_string()],
