@@ -15,7 +15,8 @@ pub const FILLER: &str = "lab-filler";
 /// Makes an ext4 file system of `SMALL_DISK_MIB` in `image` and mounts it at `mountpoint`.
 pub fn mount_small_disk(image: &Path, mountpoint: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(mountpoint)?;
-    let f = std::fs::File::create(image).with_context(|| format!("creating {}", image.display()))?;
+    let f =
+        std::fs::File::create(image).with_context(|| format!("creating {}", image.display()))?;
     f.set_len(SMALL_DISK_MIB << 20)?;
     drop(f);
     let image_s = image.display().to_string();
@@ -99,7 +100,11 @@ pub fn mounts_under(dir: &Path) -> Vec<String> {
 /// Loop devices whose backing file is below `dir`.
 pub fn loops_under(dir: &Path) -> Vec<String> {
     let prefix = format!("{}/", dir.display());
-    let Ok(out) = run("losetup", &["-n", "--raw", "-O", "NAME,BACK-FILE", "-l"], "") else {
+    let Ok(out) = run(
+        "losetup",
+        &["-n", "--raw", "-O", "NAME,BACK-FILE", "-l"],
+        "",
+    ) else {
         return Vec::new();
     };
     out.lines()
@@ -119,7 +124,16 @@ pub fn unmount_under(dir: &Path) -> anyhow::Result<()> {
     for dev in loops_under(dir) {
         let _ = run("losetup", &["-d", &dev], "");
     }
-    let left: Vec<String> = mounts_under(dir).into_iter().chain(loops_under(dir)).collect();
+    // The kernel detaches an auto-clearing loop device after its last close, which can wait
+    // for the mount namespaces of killed workloads to be torn down.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !loops_under(dir).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let left: Vec<String> = mounts_under(dir)
+        .into_iter()
+        .chain(loops_under(dir))
+        .collect();
     anyhow::ensure!(left.is_empty(), "still mounted or attached: {left:?}");
     Ok(())
 }

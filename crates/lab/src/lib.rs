@@ -123,10 +123,7 @@ impl Lab {
             unsafe { libc::geteuid() } == 0,
             "a lab creates network namespaces: run it as root"
         );
-        anyhow::ensure!(
-            opts.hosts >= 1,
-            "--hosts must be at least 1"
-        );
+        anyhow::ensure!(opts.hosts >= 1, "--hosts must be at least 1");
         std::fs::create_dir_all(&opts.dir)
             .with_context(|| format!("creating {}", opts.dir.display()))?;
         let dir = std::fs::canonicalize(&opts.dir)?;
@@ -160,7 +157,8 @@ impl Lab {
                 break id;
             }
         };
-        let plan = LabPlan::new(&id, subnet, opts.hosts, &opts.regions).map_err(anyhow::Error::msg)?;
+        let plan =
+            LabPlan::new(&id, subnet, opts.hosts, &opts.regions).map_err(anyhow::Error::msg)?;
         let state = LabState {
             hosts: plan
                 .hosts
@@ -235,12 +233,16 @@ impl Lab {
         let path = dir.join(STATE_FILE);
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("no lab in {} (run `bazaar lab up`)", dir.display()))?;
-        let state = serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
+        let state =
+            serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
         Ok(Lab { dir, state })
     }
 
     /// Runs `change` on the state as it is on disk, under the lab's lock, and saves it.
-    fn change<T>(&mut self, change: impl FnOnce(&mut Lab) -> anyhow::Result<T>) -> anyhow::Result<T> {
+    fn change<T>(
+        &mut self,
+        change: impl FnOnce(&mut Lab) -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
         let _lock = FileLock::take(&self.dir.join("lab.lock"))?;
         *self = Lab::open(&self.dir)?;
         let out = change(self);
@@ -284,7 +286,11 @@ impl Lab {
 
     /// The host called `name` (`h2` or `2`).
     pub fn host(&self, name: &str) -> anyhow::Result<HostPlan> {
-        self.state.plan.host(name).cloned().map_err(anyhow::Error::msg)
+        self.state
+            .plan
+            .host(name)
+            .cloned()
+            .map_err(anyhow::Error::msg)
     }
 
     /// `http://<addr>:<api port>` of a host.
@@ -365,8 +371,12 @@ impl Lab {
             }
             anyhow::ensure!(
                 started.elapsed() < within,
-                "not every host sees {n} alive hosts within {within:?}: {:?} do not",
-                pending.iter().map(|h| &h.name).collect::<Vec<_>>()
+                "not every host sees {n} alive hosts within {within:?}: {}",
+                pending
+                    .iter()
+                    .map(|h| format!("{} sees {:?}", h.name, self.alive_in_catalog(h)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -449,14 +459,14 @@ impl Lab {
     pub fn freeze(&mut self, host: &str) -> anyhow::Result<()> {
         let agent = self.running_agent(host)?;
         agent.signal(libc::SIGSTOP);
-        Ok(())
+        agent.wait_state(AgentState::Frozen, Duration::from_secs(5))
     }
 
     /// SIGCONTs the host's agent.
     pub fn thaw(&mut self, host: &str) -> anyhow::Result<()> {
         let agent = self.running_agent(host)?;
         agent.signal(libc::SIGCONT);
-        Ok(())
+        agent.wait_state(AgentState::Running, Duration::from_secs(5))
     }
 
     fn running_agent(&self, host: &str) -> anyhow::Result<ProcId> {
@@ -498,7 +508,8 @@ impl Lab {
     /// Replaces the host's agent with `exe` (another `bazaar` binary): stops the running
     /// one, starts the new one on the same data; its machines keep running.
     pub fn upgrade(&mut self, host: &str, exe: &Path) -> anyhow::Result<()> {
-        let exe = std::fs::canonicalize(exe).with_context(|| format!("no binary {}", exe.display()))?;
+        let exe =
+            std::fs::canonicalize(exe).with_context(|| format!("no binary {}", exe.display()))?;
         anyhow::ensure!(
             is_executable(&exe),
             "{} is not an executable file",
@@ -694,11 +705,7 @@ fn remove_cgroups(host_id: &str, data_dir: &Path) {
 
 /// A plain HTTP/1.1 GET over a blocking socket (the lab needs no runtime): answers the
 /// status and the body.
-fn http_get(
-    addr: std::net::SocketAddr,
-    path: &str,
-    bearer: &str,
-) -> anyhow::Result<(u16, String)> {
+fn http_get(addr: std::net::SocketAddr, path: &str, bearer: &str) -> anyhow::Result<(u16, String)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
     s.set_read_timeout(Some(Duration::from_secs(3)))?;
@@ -720,10 +727,18 @@ fn http_get(
         .nth(1)
         .and_then(|s| s.parse().ok())
         .context("no HTTP status")?;
-    let chunked = head
-        .lines()
-        .any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding: chunked"));
-    Ok((status, if chunked { dechunk(body) } else { body.to_string() }))
+    let chunked = head.lines().any(|l| {
+        l.to_ascii_lowercase()
+            .starts_with("transfer-encoding: chunked")
+    });
+    Ok((
+        status,
+        if chunked {
+            dechunk(body)
+        } else {
+            body.to_string()
+        },
+    ))
 }
 
 /// The body of a chunked HTTP/1.1 message.

@@ -45,8 +45,15 @@ pub fn subnets_in_use() -> anyhow::Result<Vec<Subnet>> {
         let mut words = line.split_whitespace();
         let mut first = words.next().unwrap_or("");
         // `local 10.0.0.1 ...`, `broadcast ...`, `unreachable ...`: the type comes first.
-        if ["local", "broadcast", "unicast", "unreachable", "blackhole", "prohibit"]
-            .contains(&first)
+        if [
+            "local",
+            "broadcast",
+            "unicast",
+            "unreachable",
+            "blackhole",
+            "prohibit",
+        ]
+        .contains(&first)
         {
             first = words.next().unwrap_or("");
         }

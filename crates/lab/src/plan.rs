@@ -478,14 +478,32 @@ mod tests {
         assert_eq!(
             names,
             vec![
-                ("h1", "bzlab-ab12-1", "bzl-ab12-1", "10.250.3.2".into(), "ams"),
-                ("h2", "bzlab-ab12-2", "bzl-ab12-2", "10.250.3.3".into(), "ord"),
-                ("h3", "bzlab-ab12-3", "bzl-ab12-3", "10.250.3.4".into(), "ams"),
+                (
+                    "h1",
+                    "bzlab-ab12-1",
+                    "bzl-ab12-1",
+                    "10.250.3.2".into(),
+                    "ams"
+                ),
+                (
+                    "h2",
+                    "bzlab-ab12-2",
+                    "bzl-ab12-2",
+                    "10.250.3.3".into(),
+                    "ord"
+                ),
+                (
+                    "h3",
+                    "bzlab-ab12-3",
+                    "bzl-ab12-3",
+                    "10.250.3.4".into(),
+                    "ams"
+                ),
             ]
         );
         // Interface names fit the kernel's 15 bytes even for the largest lab.
-        let big = LabPlan::new("ffff", "10.250.0.0/16".parse().unwrap(), 999, &["a".into()])
-            .unwrap();
+        let big =
+            LabPlan::new("ffff", "10.250.0.0/16".parse().unwrap(), 999, &["a".into()]).unwrap();
         let last = big.hosts.last().unwrap();
         assert!(last.veth.len() <= 15 && big.bridge().len() <= 15);
         assert_eq!(plan.host("h2").unwrap().index, 2);
@@ -587,7 +605,9 @@ mod tests {
         f.loss.insert("h2".into(), 20);
         let h2 = plan.firewall(&plan.hosts[1], &f);
         assert_eq!(h2.matches("numgen random mod 100 < 20 drop").count(), 2);
-        assert!(plan.firewall(&plan.hosts[0], &f).ends_with("delete table inet bazaar_lab\n"));
+        assert!(plan
+            .firewall(&plan.hosts[0], &f)
+            .ends_with("delete table inet bazaar_lab\n"));
         let none = Faults::default();
         let changed = none.hosts_changed(&f);
         assert_eq!(changed.into_iter().collect::<Vec<_>>(), vec!["h2"]);

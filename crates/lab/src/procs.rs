@@ -84,6 +84,25 @@ impl ProcId {
             .and_then(|v| v.parse().ok())
     }
 
+    /// Waits up to `within` until the process is in `state` (signals land asynchronously).
+    pub fn wait_state(&self, state: AgentState, within: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            let now = self.state();
+            if now == state {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline && now != AgentState::Down,
+                "process {} is {} instead of {}",
+                self.pid,
+                now.as_str(),
+                state.as_str()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Waits up to `within` for the process to end.
     pub fn wait_gone(&self, within: Duration) -> bool {
         let deadline = Instant::now() + within;
