@@ -1,8 +1,8 @@
 //! `bazaar lab` (root): a fleet of agents in network namespaces. Hosts find each other and
 //! place machines that serve through any proxy; a partition splits the catalog, writes
 //! work on both sides and every catalog agrees after `heal`; freeze/thaw, kill/restart
-//! (workloads keep their pids), crash (power loss) and a full disk; one-way partitions drop
-//! one direction only; `down` leaves no namespace, link, mount, loop device or process.
+//! (workloads keep their pids), upgrade to another binary, crash (power loss) and a full
+//! disk; one-way partitions drop one direction only; `down` leaves no namespace, link, mount, loop device or process.
 
 mod common;
 
@@ -385,6 +385,19 @@ async fn a_lab_fleet_places_partitions_heals_survives_kills_and_comes_down_clean
         through_proxy(&lab, "h1", "web").await == Some(StatusCode::OK)
     })
     .await;
+
+    // Upgrade h2 to another binary: the new one runs, the workload keeps its pid.
+    let next = t.path().join("bazaar-next");
+    std::fs::copy(EXE, &next).unwrap();
+    t.cli(&["upgrade", "h2", "--binary", next.to_str().unwrap()]);
+    let agent = t.lab().agent(&lab.plan().hosts[1]).unwrap();
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{}/exe", agent.pid)).unwrap(),
+        next.canonicalize().unwrap()
+    );
+    assert_eq!(workload_pid("web-1"), Some(pid));
+    let (s, m) = apis[1].get(&format!("/v1/apps/web/machines/{id}")).await;
+    assert_eq!((s, &m["state"]), (StatusCode::OK, &json!("started")), "{m}");
 
     // Down: nothing of the lab is left, the workload neither.
     t.cli(&["down"]);
