@@ -399,7 +399,15 @@ async fn a_lab_fleet_places_partitions_heals_survives_kills_and_comes_down_clean
     let (s, m) = apis[1].get(&format!("/v1/apps/web/machines/{id}")).await;
     assert_eq!((s, &m["state"]), (StatusCode::OK, &json!("started")), "{m}");
 
-    // Down: nothing of the lab is left, the workload neither.
+    // Down: nothing of the lab is left, the workload neither (the check sees what is there
+    // before).
+    let before = t.lab().leftovers();
+    for what in ["bzlab-", "/bazaar/", "process "] {
+        assert!(
+            before.iter().any(|l| l.contains(what)),
+            "{what}: {before:?}"
+        );
+    }
     t.cli(&["down"]);
     assert_nothing_left(&lab, t.path());
     assert_eq!(workload_pid("web-1"), None);

@@ -114,11 +114,62 @@ pub fn loops_under(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Unmounts everything below `dir` and detaches the loop devices of images below it.
+/// Copies of mounts below `dir` in other mount namespaces: `(a process in that namespace,
+/// mount points deepest first)`. Any process that unshares its mount namespace while a
+/// lab's disk is mounted (a workload of another agent, `ip netns exec`) gets a private copy
+/// that keeps the loop device busy after the lab unmounts its own.
+fn copies_elsewhere(dir: &Path) -> Vec<(u32, Vec<String>)> {
+    use std::collections::HashMap;
+    let own = std::fs::read_link("/proc/self/ns/mnt").ok();
+    let prefix = format!("{}/", dir.display());
+    let mut by_ns: HashMap<std::path::PathBuf, (u32, Vec<String>)> = HashMap::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/mnt")) else {
+            continue;
+        };
+        if Some(&ns) == own.as_ref() || by_ns.contains_key(&ns) {
+            continue;
+        }
+        let Ok(info) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {
+            continue;
+        };
+        let mut targets: Vec<String> = info
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .map(|t| t.replace("\\040", " "))
+            .filter(|t| t.starts_with(&prefix))
+            .collect();
+        if !targets.is_empty() {
+            targets.sort_by_key(|t| std::cmp::Reverse(t.len()));
+            by_ns.insert(ns, (pid, targets));
+        }
+    }
+    by_ns.into_values().collect()
+}
+
+/// Unmounts everything below `dir` (here and the copies in other mount namespaces) and
+/// detaches the loop devices of images below it.
 pub fn unmount_under(dir: &Path) -> anyhow::Result<()> {
     for target in mounts_under(dir) {
         if run("umount", &[&target], "").is_err() {
             run("umount", &["-l", &target], "")?;
+        }
+    }
+    for (pid, targets) in copies_elsewhere(dir) {
+        let ns = std::path::PathBuf::from(format!("/proc/{pid}/ns/mnt"));
+        for target in targets {
+            // Lazily: what a process there has open stays valid; the device is let go once
+            // nothing uses it. A process that ended meanwhile took its copy with it.
+            let _ = crate::procs::run_in_namespace(
+                &ns,
+                libc::CLONE_NEWNS,
+                "umount",
+                &["-l", &target],
+                "",
+            );
         }
     }
     for dev in loops_under(dir) {

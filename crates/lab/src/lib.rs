@@ -579,13 +579,16 @@ impl Lab {
     }
 
     /// What of the lab is still on the machine (namespaces, links, mounts, loop devices,
-    /// processes); empty after `down`.
+    /// cgroups, processes); empty after `down`.
     pub fn leftovers(&self) -> Vec<String> {
         let mut left: Vec<String> = net::namespaces(&self.state.plan);
         left.extend(net::links(&self.state.plan));
         left.extend(disk::mounts_under(&self.dir));
         left.extend(disk::loops_under(&self.dir));
-        for h in &self.state.plan.hosts {
+        for (h, host) in self.state.plan.hosts.iter().zip(&self.state.hosts) {
+            if let Some(id) = &host.host_id {
+                left.extend(cgroups_of(id).into_iter().map(|p| p.display().to_string()));
+            }
             for pid in procs::processes_of_host(&h.netns, &self.data_dir(h)) {
                 if ProcId::of(pid).is_some_and(|p| p.state() != AgentState::Down) {
                     left.push(format!("process {pid} of {}", h.name));
@@ -701,6 +704,23 @@ fn remove_cgroups(host_id: &str, data_dir: &Path) {
         let _ = bazaar_shim::remove_cgroup(&format!("bazaar/{host_id}/{id}"));
     }
     let _ = bazaar_shim::remove_cgroup(&format!("bazaar/{host_id}"));
+}
+
+/// The cgroup directories of a host that exist (`bazaar/<host id>` in the unified
+/// hierarchy or in any v1 hierarchy).
+fn cgroups_of(host_id: &str) -> Vec<PathBuf> {
+    let root = Path::new("/sys/fs/cgroup");
+    std::iter::once(root.to_path_buf())
+        .chain(
+            std::fs::read_dir(root)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path()),
+        )
+        .map(|h| h.join("bazaar").join(host_id))
+        .filter(|p| p.is_dir())
+        .collect()
 }
 
 /// A plain HTTP/1.1 GET over a blocking socket (the lab needs no runtime): answers the

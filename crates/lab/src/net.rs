@@ -86,34 +86,40 @@ pub fn link_exists(name: &str) -> bool {
 }
 
 /// Creates the bridge (with the lab's first address), and every host's namespace, veth,
-/// address and loopback. No route leaves the subnet: hosts reach one another and the
+/// address, loopback and permanent neighbor entries. No route leaves the subnet: hosts reach one another and the
 /// bridge's address, nothing else.
 pub fn create(plan: &LabPlan) -> anyhow::Result<()> {
     let bridge = plan.bridge();
     let prefix = plan.subnet.prefix;
     let mut root = format!(
-        "link add {bridge} type bridge\naddr add {}/{prefix} dev {bridge}\nlink set {bridge} up\n",
+        "link add {bridge} address {} type bridge\naddr add {}/{prefix} dev {bridge}\n\
+         link set {bridge} up\n",
+        plan.bridge_mac(),
         plan.bridge_addr()
     );
     for h in &plan.hosts {
         root.push_str(&format!(
-            "netns add {ns}\nlink add {veth} type veth peer name {HOST_IFACE} netns {ns}\n\
+            "netns add {ns}\nlink add {veth} type veth peer name {HOST_IFACE} address {mac} netns {ns}\n\
              link set {veth} master {bridge} up\n",
             ns = h.netns,
-            veth = h.veth
+            veth = h.veth,
+            mac = h.mac
         ));
     }
+    root.push_str(&plan.neighbors(None));
     run("ip", &["-batch", "-"], &root).context("creating the lab's bridge and namespaces")?;
     for h in &plan.hosts {
-        configure_host(h, prefix)?;
+        configure_host(plan, h)?;
     }
     Ok(())
 }
 
-fn configure_host(h: &HostPlan, prefix: u8) -> anyhow::Result<()> {
+fn configure_host(plan: &LabPlan, h: &HostPlan) -> anyhow::Result<()> {
     let inside = format!(
-        "link set lo up\naddr add {}/{prefix} dev {HOST_IFACE}\nlink set {HOST_IFACE} up\n",
-        h.addr
+        "link set lo up\naddr add {}/{} dev {HOST_IFACE}\nlink set {HOST_IFACE} up\n{}",
+        h.addr,
+        plan.subnet.prefix,
+        plan.neighbors(Some(h))
     );
     run("ip", &["-n", &h.netns, "-batch", "-"], &inside)
         .with_context(|| format!("configuring {}", h.netns))?;
@@ -122,7 +128,8 @@ fn configure_host(h: &HostPlan, prefix: u8) -> anyhow::Result<()> {
 
 /// Loads an nftables script into the host's namespace.
 pub fn apply_firewall(host: &HostPlan, script: &str) -> anyhow::Result<()> {
-    crate::procs::run_in_netns(&host.netns, "nft", &["-f", "-"], script)
+    let ns = Path::new(NETNS_DIR).join(&host.netns);
+    crate::procs::run_in_namespace(&ns, libc::CLONE_NEWNET, "nft", &["-f", "-"], script)
         .with_context(|| format!("setting the firewall of {}", host.name))
 }
 

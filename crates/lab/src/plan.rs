@@ -140,6 +140,8 @@ pub struct HostPlan {
     /// The root-namespace end of the host's veth, a port of the lab bridge.
     pub veth: String,
     pub addr: Ipv4Addr,
+    /// The MAC address of its interface (fixed, so neighbors can be written in advance).
+    pub mac: String,
     pub region: String,
 }
 
@@ -174,6 +176,7 @@ impl LabPlan {
                 netns: format!("bzlab-{id}-{index}"),
                 veth: format!("bzl-{id}-{index}"),
                 addr: subnet.nth(index as u32 + 1),
+                mac: mac(id, index),
                 region: regions[(index - 1) % regions.len()].clone(),
             })
             .collect();
@@ -202,6 +205,37 @@ impl LabPlan {
     /// The bridge's address: the root namespace reaches the hosts through it.
     pub fn bridge_addr(&self) -> Ipv4Addr {
         self.subnet.nth(1)
+    }
+
+    /// The bridge's MAC address (fixed: a bridge otherwise takes its ports' lowest).
+    pub fn bridge_mac(&self) -> String {
+        mac(&self.id, 0)
+    }
+
+    /// `ip -batch` lines giving `host` (or the root namespace, with `None`) a permanent
+    /// neighbor entry for every other member of the lab. Learned entries would not do: the
+    /// kernel's ARP table is shared by all namespaces (1024 entries by default), and a lab
+    /// of N hosts needs about N² of them; permanent entries do not count.
+    pub fn neighbors(&self, host: Option<&HostPlan>) -> String {
+        let (dev, me) = match host {
+            Some(h) => (HOST_IFACE.to_string(), Some(h.index)),
+            None => (self.bridge(), None),
+        };
+        let mut lines = String::new();
+        if me.is_some() {
+            lines.push_str(&format!(
+                "neigh replace {} lladdr {} dev {dev} nud permanent\n",
+                self.bridge_addr(),
+                self.bridge_mac()
+            ));
+        }
+        for h in self.hosts.iter().filter(|h| Some(h.index) != me) {
+            lines.push_str(&format!(
+                "neigh replace {} lladdr {} dev {dev} nud permanent\n",
+                h.addr, h.mac
+            ));
+        }
+        lines
     }
 
     /// The host called `name`: `h2`, or just `2`.
@@ -334,6 +368,17 @@ impl HostPlan {
     pub fn proxy(&self) -> SocketAddr {
         SocketAddr::from((self.addr, PROXY_PORT))
     }
+}
+
+/// A locally administered MAC address: `02:62:<lab id>:<index>` (index 0 is the bridge).
+fn mac(id: &str, index: usize) -> String {
+    let id = u16::from_str_radix(id, 16).unwrap_or_else(|_| {
+        id.bytes()
+            .fold(0u16, |h, b| h.wrapping_mul(31).wrapping_add(u16::from(b)))
+    });
+    let [a, b] = id.to_be_bytes();
+    let [c, d] = (index as u16).to_be_bytes();
+    format!("02:62:{a:02x}:{b:02x}:{c:02x}:{d:02x}")
 }
 
 /// What every agent of a lab is started with, beyond its addresses.
@@ -506,6 +551,9 @@ mod tests {
             LabPlan::new("ffff", "10.250.0.0/16".parse().unwrap(), 999, &["a".into()]).unwrap();
         let last = big.hosts.last().unwrap();
         assert!(last.veth.len() <= 15 && big.bridge().len() <= 15);
+        assert_eq!(plan.bridge_mac(), "02:62:ab:12:00:00");
+        assert_eq!(plan.hosts[2].mac, "02:62:ab:12:00:03");
+        assert_eq!(last.mac, "02:62:ff:ff:03:e7");
         assert_eq!(plan.host("h2").unwrap().index, 2);
         assert_eq!(plan.host("3").unwrap().index, 3);
         assert!(plan.host("h4").is_err());
@@ -557,6 +605,23 @@ mod tests {
             Path::new("/t"),
         );
         assert!(!args.contains(&"--join".to_string()));
+    }
+
+    #[test]
+    fn every_member_knows_every_other_statically() {
+        let plan = lab(3);
+        let h2 = plan.neighbors(Some(&plan.hosts[1]));
+        assert_eq!(
+            h2,
+            "neigh replace 10.250.3.1 lladdr 02:62:ab:12:00:00 dev eth0 nud permanent\n\
+             neigh replace 10.250.3.2 lladdr 02:62:ab:12:00:01 dev eth0 nud permanent\n\
+             neigh replace 10.250.3.4 lladdr 02:62:ab:12:00:03 dev eth0 nud permanent\n"
+        );
+        let root = plan.neighbors(None);
+        assert_eq!(root.lines().count(), 3);
+        assert!(root
+            .lines()
+            .all(|l| l.contains("dev bzlab-ab12 nud permanent")));
     }
 
     #[test]

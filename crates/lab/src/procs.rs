@@ -169,12 +169,19 @@ pub fn spawn_in_netns(
     Ok(id)
 }
 
-/// Starts `program args` inside `/run/netns/<netns>` and waits for it, feeding `input`.
-pub fn run_in_netns(netns: &str, program: &str, args: &[&str], input: &str) -> anyhow::Result<()> {
+/// Runs `program args` inside the namespace of kind `nstype` (`CLONE_NEWNET`,
+/// `CLONE_NEWNS`) that `ns` names, and waits for it, feeding `input`.
+pub fn run_in_namespace(
+    ns: &Path,
+    nstype: libc::c_int,
+    program: &str,
+    args: &[&str],
+    input: &str,
+) -> anyhow::Result<()> {
     use std::io::Write;
-    let ns = std::fs::File::open(Path::new(crate::net::NETNS_DIR).join(netns))
-        .with_context(|| format!("opening network namespace {netns}"))?;
-    let fd = ns.as_raw_fd();
+    let ns_file =
+        std::fs::File::open(ns).with_context(|| format!("opening namespace {}", ns.display()))?;
+    let fd = ns_file.as_raw_fd();
     let mut cmd = Command::new(program);
     cmd.args(args)
         .stdin(Stdio::piped())
@@ -183,7 +190,7 @@ pub fn run_in_netns(netns: &str, program: &str, args: &[&str], input: &str) -> a
     // SAFETY: as in `spawn_in_netns`: one async-signal-safe system call.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+            if libc::setns(fd, nstype) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -200,8 +207,9 @@ pub fn run_in_netns(netns: &str, program: &str, args: &[&str], input: &str) -> a
     let out = child.wait_with_output()?;
     anyhow::ensure!(
         out.status.success(),
-        "{program} {} in {netns}: {}",
+        "{program} {} in {}: {}",
         args.join(" "),
+        ns.display(),
         String::from_utf8_lossy(&out.stderr).trim()
     );
     Ok(())
