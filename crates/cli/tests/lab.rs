@@ -534,3 +534,48 @@ fn udp_reaches(from: &str, to: &str, to_addr: &str) -> bool {
     receiver.wait().unwrap();
     line.trim() == "hello"
 }
+
+#[test]
+fn up_refuses_bad_input_and_leaves_nothing() {
+    assert!(
+        is_root(),
+        "the lab tests need root (network namespaces, mounts)"
+    );
+    let dir = tempfile::Builder::new()
+        .prefix("bazaar-lab-")
+        .tempdir()
+        .unwrap();
+    let up = |args: &[&str]| {
+        Command::new(EXE)
+            .arg("lab")
+            .arg("--dir")
+            .arg(dir.path())
+            .arg("up")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    for (args, says) in [
+        (&["--subnet", "127.0.0.0/24"][..], "already in use"),
+        (
+            &["--subnet", "10.250.255.252/30", "--hosts", "2"][..],
+            "room for 1 hosts",
+        ),
+        (&["--hosts", "0"][..], "at least 1"),
+        (&["--regions", "Not A Region"][..], "region"),
+    ] {
+        let out = up(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!dir.path().join("lab.json").exists(), "{args:?}");
+    }
+    let out = Command::new(EXE)
+        .args(["lab", "--dir"])
+        .arg(dir.path())
+        .arg("status")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no lab in"));
+}
