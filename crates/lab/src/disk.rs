@@ -150,6 +150,32 @@ fn copies_elsewhere(dir: &Path) -> Vec<(u32, Vec<String>)> {
     by_ns.into_values().collect()
 }
 
+/// Lazily unmounts the copies of mounts below `dir` in other mount namespaces: what a
+/// process there has open stays valid. A process that ended meanwhile took its copy along.
+fn unmount_copies(dir: &Path) -> Vec<String> {
+    let mut errors = Vec::new();
+    for (pid, targets) in copies_elsewhere(dir) {
+        let ns = std::path::PathBuf::from(format!("/proc/{pid}/ns/mnt"));
+        for target in targets {
+            if let Err(e) = crate::procs::run_in_namespace(
+                &ns,
+                libc::CLONE_NEWNS,
+                "umount",
+                &["-l", &target],
+                "",
+            ) {
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                errors.push(format!(
+                    "in the mount namespace of {pid} ({}): {e:#}",
+                    cmd.trim()
+                ));
+            }
+        }
+    }
+    errors
+}
+
 /// Unmounts everything below `dir` (here and the copies in other mount namespaces) and
 /// detaches the loop devices of images below it.
 pub fn unmount_under(dir: &Path) -> anyhow::Result<()> {
@@ -158,33 +184,31 @@ pub fn unmount_under(dir: &Path) -> anyhow::Result<()> {
             run("umount", &["-l", &target], "")?;
         }
     }
-    for (pid, targets) in copies_elsewhere(dir) {
-        let ns = std::path::PathBuf::from(format!("/proc/{pid}/ns/mnt"));
-        for target in targets {
-            // Lazily: what a process there has open stays valid; the device is let go once
-            // nothing uses it. A process that ended meanwhile took its copy with it.
-            let _ = crate::procs::run_in_namespace(
-                &ns,
-                libc::CLONE_NEWNS,
-                "umount",
-                &["-l", &target],
-                "",
-            );
-        }
-    }
-    for dev in loops_under(dir) {
-        let _ = run("losetup", &["-d", &dev], "");
-    }
-    // The kernel detaches an auto-clearing loop device after its last close, which can wait
-    // for the mount namespaces of killed workloads to be torn down.
+    // The kernel detaches an auto-clearing loop device after its last user is gone; a
+    // namespace may copy the mounts again until then: unmount the copies until it is.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !loops_under(dir).is_empty() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(20));
+    let mut errors;
+    loop {
+        errors = unmount_copies(dir);
+        for dev in loops_under(dir) {
+            let _ = run("losetup", &["-d", &dev], "");
+        }
+        if loops_under(dir).is_empty() || std::time::Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
     let left: Vec<String> = mounts_under(dir)
         .into_iter()
         .chain(loops_under(dir))
         .collect();
-    anyhow::ensure!(left.is_empty(), "still mounted or attached: {left:?}");
+    let holders: Vec<u32> = copies_elsewhere(dir)
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .collect();
+    anyhow::ensure!(
+        left.is_empty(),
+        "still mounted or attached: {left:?} (copies held by processes {holders:?})"
+    );
     Ok(())
 }
