@@ -33,7 +33,7 @@ pub fn mount_small_disk(image: &Path, mountpoint: &Path) -> anyhow::Result<()> {
 /// True if `path` is a mount point.
 pub fn is_mounted(path: &Path) -> bool {
     let target = path.display().to_string();
-    mount_targets().iter().any(|t| *t == target)
+    mount_targets().contains(&target)
 }
 
 /// Writes a filler file into `dir` until the file system is full; answers how many bytes
@@ -202,13 +202,20 @@ pub fn unmount_under(dir: &Path) -> anyhow::Result<()> {
         .into_iter()
         .chain(loops_under(dir))
         .collect();
-    let holders: Vec<u32> = copies_elsewhere(dir)
+    let holders: Vec<String> = copies_elsewhere(dir)
         .into_iter()
-        .map(|(pid, _)| pid)
+        .map(|(pid, _)| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            format!(
+                "{pid} ({})",
+                String::from_utf8_lossy(&cmd).replace('\0', " ").trim()
+            )
+        })
         .collect();
     anyhow::ensure!(
         left.is_empty(),
-        "still mounted or attached: {left:?} (copies held by processes {holders:?})"
+        "still mounted or attached: {left:?}; copies held by {holders:?}; {}",
+        errors.join("; ")
     );
     Ok(())
 }

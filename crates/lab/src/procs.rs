@@ -240,7 +240,7 @@ pub fn processes_of_host(netns: &str, data_dir: &Path) -> Vec<u32> {
             parent.insert(pid, ppid);
         }
         let in_ns = ns_inode.is_some()
-            && netns_inode(&Path::new(&format!("/proc/{pid}/ns/net"))) == ns_inode;
+            && netns_inode(Path::new(&format!("/proc/{pid}/ns/net"))) == ns_inode;
         let is_shim = || {
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .map(|c| {
