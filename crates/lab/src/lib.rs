@@ -28,8 +28,9 @@ use std::time::{Duration, Instant};
 const STATE_FILE: &str = "lab.json";
 /// The env file `lab up` writes (URLs and token of host 1).
 pub const ENV_FILE: &str = "lab.env";
-/// Serializes `lab up`s on this machine while they pick a subnet and a name.
-const MACHINE_LOCK: &str = "/run/bazaar-lab.lock";
+/// Serializes `lab up`s on this machine while they pick a subnet and a name: a lock on
+/// this directory, which every Linux machine has (a lock file would be left behind).
+const MACHINE_LOCK: &str = "/run";
 /// How long an agent has to answer `/health` after it starts.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -100,13 +101,18 @@ struct FileLock {
 }
 
 impl FileLock {
+    /// Locks `path`, a directory or a file (created if missing).
     fn take(path: &Path) -> anyhow::Result<FileLock> {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(path)
-            .with_context(|| format!("opening {}", path.display()))?;
+        let f = if path.is_dir() {
+            std::fs::File::open(path)
+        } else {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(path)
+        }
+        .with_context(|| format!("opening {}", path.display()))?;
         // SAFETY: flock on a descriptor we own.
         let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
         anyhow::ensure!(rc == 0, "locking {}", path.display());
@@ -153,7 +159,8 @@ impl Lab {
         };
         let id = loop {
             let id = hex::encode(rand::random::<[u8; 2]>());
-            if !net::link_exists(&format!("bzlab-{id}")) {
+            let netns = Path::new(net::NETNS_DIR).join(format!("bzlab-{id}-1"));
+            if !net::link_exists(&format!("bzlab-{id}")) && !netns.exists() {
                 break id;
             }
         };
@@ -194,7 +201,7 @@ impl Lab {
         net::create(&self.state.plan)?;
         // Names and subnet are now visible to other `lab up`s.
         drop(machine_lock);
-        bazaar_write_private(
+        write_private(
             &self.dir.join("api-tokens"),
             &format!("{}\n", self.state.token),
         )?;
@@ -222,7 +229,7 @@ impl Lab {
             self.state.cluster_secret,
             self.dir.display()
         );
-        bazaar_write_private(&self.env_file(), &env)?;
+        write_private(&self.env_file(), &env)?;
         Ok(())
     }
 
@@ -679,7 +686,7 @@ fn is_executable(p: &Path) -> bool {
 }
 
 /// Writes a file only its owner can read.
-fn bazaar_write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
+fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
