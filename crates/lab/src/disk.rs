@@ -157,13 +157,7 @@ fn unmount_copies(dir: &Path) -> Vec<String> {
     for (pid, targets) in copies_elsewhere(dir) {
         let ns = std::path::PathBuf::from(format!("/proc/{pid}/ns/mnt"));
         for target in targets {
-            if let Err(e) = crate::procs::run_in_namespace(
-                &ns,
-                libc::CLONE_NEWNS,
-                "umount",
-                &["-l", &target],
-                "",
-            ) {
+            if let Err(e) = crate::procs::umount_in_namespace(&ns, &target) {
                 let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
                 let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
                 errors.push(format!(

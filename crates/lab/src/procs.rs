@@ -215,6 +215,43 @@ pub fn run_in_namespace(
     Ok(())
 }
 
+/// Lazily unmounts `target` inside the mount namespace `ns` (`/proc/<pid>/ns/mnt`). A
+/// forked child enters the namespace and calls umount2 itself: the `umount` program would
+/// need a `/proc/self` there, which a namespace with its own /proc (a workload's) lacks.
+pub fn umount_in_namespace(ns: &Path, target: &str) -> anyhow::Result<()> {
+    let ns_file =
+        std::fs::File::open(ns).with_context(|| format!("opening namespace {}", ns.display()))?;
+    let fd = ns_file.as_raw_fd();
+    let path = std::ffi::CString::new(target)?;
+    // SAFETY: between fork and _exit the child makes only system calls (setns, umount2,
+    // _exit) on memory prepared before the fork; nothing allocates or takes a lock.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        unsafe {
+            let code = if libc::setns(fd, libc::CLONE_NEWNS) != 0
+                || libc::umount2(path.as_ptr(), libc::MNT_DETACH) != 0
+            {
+                *libc::__errno_location()
+            } else {
+                0
+            };
+            libc::_exit(code);
+        }
+    }
+    anyhow::ensure!(pid > 0, "fork: {}", std::io::Error::last_os_error());
+    let mut status = 0;
+    // SAFETY: waiting for the child we just forked.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let code = libc::WEXITSTATUS(status);
+    anyhow::ensure!(
+        libc::WIFEXITED(status) && code == 0,
+        "unmounting {target} in {}: {}",
+        ns.display(),
+        std::io::Error::from_raw_os_error(code)
+    );
+    Ok(())
+}
+
 /// The inode of a network namespace file (`/run/netns/<name>` or `/proc/<pid>/ns/net`).
 fn netns_inode(path: &Path) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
