@@ -508,13 +508,13 @@ async fn crash_full_disk_loss_and_oneway_partitions() {
 
 /// How many of `count` UDP datagrams sent from namespace `from` reach a listener on
 /// `to_addr` in namespace `to` (a send the firewall drops on the way out fails with EPERM:
-/// ignored).
+/// ignored). The test itself ends the count with a `stop` datagram from the root
+/// namespace, which no lab rule touches, once the sender is done.
 fn udp_received(from: &str, to: &str, to_addr: &str, count: usize) -> usize {
     let listen = format!(
         "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
-         s.bind(('{to_addr}',9099))\ns.settimeout(1)\nprint('ready',flush=True)\nn=0\n\
-         while True:\n    try:\n        s.recv(100)\n        n+=1\n    except OSError:\n        \
-         break\nprint(n)\n"
+         s.bind(('{to_addr}',9099))\ns.settimeout(30)\nprint('ready',flush=True)\nn=0\n\
+         while s.recv(100)!=b'stop':\n    n+=1\nprint(n)\n"
     );
     let mut receiver = Command::new("ip")
         .args(["netns", "exec", to, "python3", "-c", &listen])
@@ -535,6 +535,9 @@ fn udp_received(from: &str, to: &str, to_addr: &str, count: usize) -> usize {
         .status()
         .unwrap();
     assert!(sent.success());
+    std::thread::sleep(Duration::from_millis(100));
+    let stop = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    stop.send_to(b"stop", (to_addr, 9099)).unwrap();
     line.clear();
     std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
     receiver.wait().unwrap();
