@@ -312,6 +312,7 @@ pub fn processes_of_host(netns: &str, data_dir: &Path) -> Vec<u32> {
 pub fn kill_host(netns: &str, data_dir: &Path) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut seen: HashSet<u32> = HashSet::new();
+    let mut stopped: Vec<ProcId> = Vec::new();
     // A process may fork between the scan and the stop: scan again until a pass finds
     // nothing new.
     loop {
@@ -322,16 +323,24 @@ pub fn kill_host(netns: &str, data_dir: &Path) -> anyhow::Result<()> {
         }
         for pid in fresh {
             signal(pid, libc::SIGSTOP);
+            stopped.extend(ProcId::of(pid));
         }
     }
-    for pid in &seen {
-        signal(*pid, libc::SIGKILL);
+    for id in &stopped {
+        id.signal(libc::SIGKILL);
     }
+    // Wait for each process itself: one on its way out has already left its namespace
+    // and lost its command line, so a new scan would miss it.
     loop {
-        let left = processes_of_host(netns, data_dir);
-        let left: Vec<u32> = left
-            .into_iter()
-            .filter(|p| ProcId::of(*p).is_some_and(|id| id.state() != AgentState::Down))
+        let left: Vec<u32> = stopped
+            .iter()
+            .filter(|id| id.state() != AgentState::Down)
+            .map(|id| id.pid)
+            .chain(
+                processes_of_host(netns, data_dir)
+                    .into_iter()
+                    .filter(|p| ProcId::of(*p).is_some_and(|id| id.state() != AgentState::Down)),
+            )
             .collect();
         if left.is_empty() {
             return Ok(());
