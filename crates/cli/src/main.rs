@@ -3,6 +3,8 @@
 //!
 //! - `bazaar agent`: run one host's agent ([`bazaar_agent`]).
 //! - `bazaar dev`: a local cluster of N agents on loopback ([`dev`]).
+//! - `bazaar lab ...`: a fleet of agents in network namespaces, with faults to inject
+//!   ([`lab_cmd`], over [`bazaar_lab`]).
 //! - `bazaar host ...`: talk to one agent's host interface ([`host_cmd`]).
 //! - `bazaar hosts`, `bazaar status`: the catalog as this node sees it.
 //! - `bazaar apps ...`, `bazaar machine ...`, `bazaar token create`: the Machines API
@@ -19,6 +21,7 @@ mod deploy_cmd;
 mod dev;
 mod host_cmd;
 mod image_cmd;
+mod lab_cmd;
 mod volumes_cmd;
 
 use clap::{Parser, Subcommand};
@@ -42,6 +45,8 @@ enum Command {
     Agent(AgentArgs),
     /// Start (or resume) a local cluster of agents on loopback.
     Dev(dev::DevArgs),
+    /// A fleet of hosts in network namespaces on this machine, and faults to inject (root).
+    Lab(lab_cmd::LabArgs),
     /// Talk to one host's agent (host interface).
     Host(host_cmd::HostArgs),
     /// List the hosts this node's catalog knows, with their liveness and free capacity.
@@ -189,6 +194,7 @@ fn main() {
             init_logging("text");
             run_async(dev::run(d))
         }
+        Command::Lab(l) => lab_cmd::run(l),
         Command::Host(h) => run_async(host_cmd::run(h)),
         Command::Hosts(a) => run_async(host_cmd::hosts(a)),
         Command::Status(a) => run_async(host_cmd::status(a)),
