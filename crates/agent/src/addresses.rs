@@ -28,7 +28,11 @@ pub(crate) fn restore_machine_network(
         Ok(oci) => {
             let (network, used) = (oci.network.clone(), used.clone());
             tokio::task::spawn_blocking(move || match network.get() {
-                Ok(n) => n.prepare_ahead(&used, NETNS_AHEAD),
+                Ok(n) => {
+                    // Namespaces of machines destroyed while the agent was down go.
+                    crate::cleanup::remove_unused_namespaces(n, &used);
+                    n.prepare_ahead(&used, NETNS_AHEAD);
+                }
                 Err(err) => tracing::warn!(error = %err, "setting up the machine network"),
             });
         }

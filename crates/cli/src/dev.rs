@@ -1,6 +1,8 @@
 //! `bazaar dev`: a working local cluster with nothing to install. Starts N agents as child
 //! processes on loopback (API ports from `--base-port`), writes `DIR/dev.env` with the URLs
-//! and tokens, and stops everything on Ctrl-C or SIGTERM. Running it again on the same
+//! and tokens, and stops everything on Ctrl-C or SIGTERM, removing what its hosts made on
+//! the machine outside their data dirs (network, mounts, loop devices, cgroups; see
+//! `bazaar_agent::cleanup`). Running it again on the same
 //! directory resumes the same cluster: same hosts, same machines (restarted if they were
 //! running).
 
@@ -176,6 +178,16 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         for (_, pid) in &pids {
             send_signal(*pid, libc::SIGKILL);
         }
+    }
+    // What the hosts made on this machine (network, mounts, loop devices, cgroups) goes
+    // with them; their data stays, so the next run resumes the cluster.
+    for i in 0..args.hosts {
+        let host_dir = dir.join(format!("host-{i}"));
+        let host_id = bazaar_agent::cleanup::host_id_of(&host_dir).unwrap_or_else(|err| {
+            eprintln!("host-{i}: {err}");
+            None
+        });
+        bazaar_agent::cleanup::release_host(&host_dir, host_id.as_deref());
     }
     println!(
         "stopped; run `bazaar dev --data-dir {}` again to resume",
