@@ -156,16 +156,44 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         .iter()
         .filter_map(|(i, _, _, c)| c.id().map(|pid| (*i, pid)))
         .collect();
+    // `kill -9 $(cat DIR/host-N/agent.pid)` shows what the others do when a host dies.
+    for (i, pid) in &pids {
+        std::fs::write(dir.join(format!("host-{i}/agent.pid")), format!("{pid}\n"))?;
+    }
     let mut running = tokio::task::JoinSet::new();
     for (i, _, _, mut child) in children {
         running.spawn(async move { (i, child.wait().await) });
     }
-    tokio::select! {
-        () = stop => println!("stopping the cluster..."),
-        Some(Ok((i, status))) = running.join_next() => {
-            eprintln!("host-{i} exited unexpectedly ({status:?}); stopping the cluster");
+    // A host that dies leaves the others running (as in a real cluster); the cluster stops
+    // on Ctrl-C / SIGTERM, or when no host is left.
+    tokio::pin!(stop);
+    let mut exited_hosts = Vec::new();
+    loop {
+        tokio::select! {
+            () = &mut stop => {
+                println!("stopping the cluster...");
+                break;
+            }
+            exited = running.join_next() => match exited {
+                Some(Ok((i, status))) => {
+                    exited_hosts.push(i);
+                    eprintln!(
+                        "host-{i} exited ({}); the other hosts keep running",
+                        status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string())
+                    );
+                }
+                _ => {
+                    eprintln!("every host has exited; stopping");
+                    break;
+                }
+            },
         }
     }
+    // (Not to a host that exited: its pid may be another process's by now.)
+    let pids: Vec<(usize, u32)> = pids
+        .into_iter()
+        .filter(|(i, _)| !exited_hosts.contains(i))
+        .collect();
     for (_, pid) in &pids {
         send_signal(*pid, libc::SIGTERM);
     }
