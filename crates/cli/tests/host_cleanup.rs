@@ -410,3 +410,93 @@ fn reset_refuses_a_host_whose_agent_runs() {
         "nothing is deleted"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_started_again_removes_what_its_killed_run_left() {
+    assert!(is_root(), "this test needs root (CI runs as root)");
+    let registry = TestRegistry::start(None);
+    let reg =
+        bazaar_image::Registry::new(&registry.host, bazaar_image::Auth::Anonymous, true).unwrap();
+    let layer = busybox_rootfs_layer(&["sh", "sleep"], ("etc/motd", b"restart\n"));
+    let arch = bazaar_image::manifest::Platform::current().architecture;
+    let config = config_with(
+        &[&layer],
+        arch.as_str(),
+        json!({"Cmd": ["/bin/sleep", "1000"]}),
+    );
+    push_with_config(&reg, "sleeper", "1", &[&layer], &config).await;
+    let image = format!("{}/sleeper:1", registry.host);
+
+    let mut agent = agent();
+    let fly = Fly::new(&agent);
+    fly.create_app("left").await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let (status, m) = fly
+            .post(
+                "/apps/left/machines",
+                json!({"config": {"image": image, "init": {"exec": ["/bin/sleep", "1000"]}}}),
+            )
+            .await;
+        assert!(status.is_success(), "{m}");
+        let id = m["id"].as_str().unwrap().to_string();
+        fly.wait_state("left", &id, "started").await;
+        ids.push(id);
+    }
+    let (kept, destroyed) = ids.split_first().unwrap();
+    for id in destroyed {
+        let (status, v) = fly
+            .delete(&format!("/apps/left/machines/{id}?force=true"))
+            .await;
+        assert!(status.is_success(), "{v}");
+        fly.wait_state("left", id, "destroyed").await;
+    }
+    let (status, v) = fly
+        .post(&format!("/apps/left/machines/{kept}/stop"), json!({}))
+        .await;
+    assert!(status.is_success(), "{v}");
+    fly.wait_state("left", kept, "stopped").await;
+
+    let info = agent.client().info().await.unwrap();
+    let bridge = bazaar_agent::network::bridge_name(&info.id);
+    let namespaces = || {
+        run_text("ip", &["netns", "list"])
+            .lines()
+            .filter(|l| l.starts_with(&format!("{bridge}-")))
+            .count()
+    };
+    let rootfs = agent.data_dir.join("machines").join(kept).join("rootfs");
+    let mounted = || {
+        let target = rootfs.display().to_string();
+        std::fs::read_to_string("/proc/mounts")
+            .unwrap()
+            .lines()
+            .any(|l| l.split(' ').nth(1) == Some(target.as_str()))
+    };
+    // Addresses of destroyed machines keep a namespace, made ahead for the next machines;
+    // the stopped machine keeps its root filesystem mounted.
+    let before = namespaces();
+    assert!(before > 5, "{before} namespaces");
+    assert!(mounted(), "the stopped machine's root is mounted");
+
+    agent.kill9();
+    agent.spawn(&[]).unwrap();
+    // One namespace for the stopped machine's address, four made ahead; no stale root.
+    let settled = bazaar_testkit::eventually(Duration::from_secs(20), || async {
+        (namespaces() == 5 && !mounted()).then_some(())
+    })
+    .await;
+    assert!(
+        settled.is_ok(),
+        "after the restart: {} namespaces, root mounted: {}",
+        namespaces(),
+        mounted()
+    );
+    // The machine starts again on a fresh root.
+    let (status, v) = fly
+        .post(&format!("/apps/left/machines/{kept}/start"), json!({}))
+        .await;
+    assert!(status.is_success(), "{v}");
+    fly.wait_state("left", kept, "started").await;
+    assert!(mounted());
+}

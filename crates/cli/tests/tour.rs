@@ -62,6 +62,7 @@ fn the_readme_tour_runs_top_to_bottom() {
         String::from_utf8_lossy(&out.stdout)
     );
     assert!(stderr.contains("tour: every command worked"), "{stderr}");
+    assert!(!stderr.contains("skipping images"), "{stderr}");
 
     // Ctrl-C took the cluster down whole, the host killed with kill -9 included.
     let under = format!("{}/", dir.display());
