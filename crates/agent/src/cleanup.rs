@@ -277,30 +277,54 @@ fn unmount_below(dir: &Path) -> usize {
     n
 }
 
+/// Unmounts `target`; while it is busy (workloads killed a moment ago still exiting) for up
+/// to a second, then lazily.
 fn unmount(target: &str) -> bool {
-    run("umount", &[target]) || run("umount", &["-l", target])
+    for _ in 0..10 {
+        if run("umount", &[target]) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    run("umount", &["-l", target])
 }
 
-/// Detaches loop devices whose backing file is below `dir`. Returns how many.
+/// Detaches loop devices whose backing file is below `dir`, waiting (up to 5 s) for those
+/// still busy, as after a lazy unmount. Returns how many went.
 fn detach_loops_below(dir: &Path) -> usize {
     let prefix = format!("{}/", dir.display());
-    let Ok(entries) = std::fs::read_dir("/sys/block") else {
-        return 0;
+    let attached = || -> Vec<String> {
+        std::fs::read_dir("/sys/block")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("loop"))
+            .filter(|name| {
+                let backing =
+                    std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
+                        .unwrap_or_default();
+                backing
+                    .trim()
+                    .trim_end_matches(" (deleted)")
+                    .starts_with(&prefix)
+            })
+            .collect()
     };
-    let mut n = 0;
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if !name.starts_with("loop") {
-            continue;
+    let found = attached();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut left = found.clone();
+    while !left.is_empty() && std::time::Instant::now() < deadline {
+        for name in &left {
+            run("losetup", &["-d", &format!("/dev/{name}")]);
         }
-        let backing =
-            std::fs::read_to_string(e.path().join("loop/backing_file")).unwrap_or_default();
-        let backing = backing.trim().trim_end_matches(" (deleted)");
-        if backing.starts_with(&prefix) {
-            n += run("losetup", &["-d", &format!("/dev/{name}")]) as usize;
-        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        left = attached();
     }
-    n
+    for name in &left {
+        tracing::warn!(device = %name, "a loop device of the host is still busy");
+    }
+    found.len() - left.len()
 }
 
 /// Deletes the namespaces, veths, bridge and nftables table named after `bridge`.

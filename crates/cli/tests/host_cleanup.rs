@@ -101,6 +101,23 @@ fn run_text(program: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The processes (pid, command line) whose mount namespace has a mount below `under`:
+/// what holds a loop device after the host's own mount is gone.
+fn mounted_in(under: &str) -> Vec<(String, String)> {
+    let mut holders = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(mountinfo) = std::fs::read_to_string(e.path().join("mountinfo")) else {
+            continue;
+        };
+        if mountinfo.contains(under) {
+            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            holders.push((e.file_name().to_string_lossy().into_owned(), cmdline));
+        }
+    }
+    holders
+}
+
 /// Every trace of `hosts` on this machine, one line each (empty when there is none).
 fn traces(hosts: &[Host], cluster_dir: &Path) -> Vec<String> {
     let mut found = Vec::new();
@@ -142,8 +159,22 @@ fn traces(hosts: &[Host], cluster_dir: &Path) -> Vec<String> {
         }
     }
     for line in run_text("losetup", &["-a"]).lines() {
-        if line.contains(&under) {
-            found.push(format!("loop {line}"));
+        if !line.contains(&under) {
+            continue;
+        }
+        // Detached (autoclear) but still held by a copy of its mount in the mount namespace
+        // of a process that is not the cluster's (another test's workload): the kernel
+        // frees it when that process exits. Anything else is a leak.
+        let device = line
+            .split(':')
+            .next()
+            .unwrap_or("")
+            .trim_start_matches("/dev/");
+        let autoclear = std::fs::read_to_string(format!("/sys/block/{device}/loop/autoclear"))
+            .is_ok_and(|a| a.trim() == "1");
+        let holders = mounted_in(&under);
+        if !autoclear || holders.iter().any(|(_, cmdline)| cmdline.contains(&under)) {
+            found.push(format!("loop {line} (mounted in {holders:?})"));
         }
     }
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -166,6 +197,20 @@ fn traces(hosts: &[Host], cluster_dir: &Path) -> Vec<String> {
         }
     }
     found
+}
+
+/// The traces of `hosts` once they are gone, or those left after 30 s. A loop device can
+/// outlive its unmount for a moment: it is detached (autoclear) once no mount namespace
+/// holds a copy of its mount, such as one a process of another test made meanwhile.
+async fn gone(hosts: &[Host], cluster_dir: &Path) -> Vec<String> {
+    let cleared = bazaar_testkit::eventually(Duration::from_secs(30), || async {
+        traces(hosts, cluster_dir).is_empty().then_some(())
+    })
+    .await;
+    match cleared {
+        Ok(()) => Vec::new(),
+        Err(_) => traces(hosts, cluster_dir),
+    }
 }
 
 /// Starts the cluster's workloads: an image machine with a volume, one without, and a
@@ -316,6 +361,15 @@ async fn a_stopped_or_reset_host_leaves_nothing_on_the_machine() {
             .unwrap();
         hosts.push(Host::read(dir.join(format!("host-{i}")), info.id));
     }
+    // The cluster secret is not on any agent's command line (ps shows those).
+    let secret = &env["BAZAAR_CLUSTER_SECRET"];
+    for pid in agent_pids(&dir) {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        assert!(
+            !String::from_utf8_lossy(&cmdline).contains(secret.as_str()),
+            "the secret shows in ps"
+        );
+    }
     let before = traces(&hosts, &dir);
     for kind in ["netns", "link", "nft", "mount", "loop", "cgroup", "process"] {
         assert!(
@@ -327,7 +381,7 @@ async fn a_stopped_or_reset_host_leaves_nothing_on_the_machine() {
     // Ctrl-C: every trace goes, the data stays.
     signal_and_wait(dev, libc::SIGINT);
     assert_eq!(
-        traces(&hosts, &dir),
+        gone(&hosts, &dir).await,
         Vec::<String>::new(),
         "left after SIGINT"
     );
@@ -388,7 +442,7 @@ async fn a_stopped_or_reset_host_leaves_nothing_on_the_machine() {
         );
     }
     assert_eq!(
-        traces(&hosts, &dir),
+        gone(&hosts, &dir).await,
         Vec::<String>::new(),
         "left after reset"
     );
@@ -499,4 +553,23 @@ async fn an_agent_started_again_removes_what_its_killed_run_left() {
     assert!(status.is_success(), "{v}");
     fly.wait_state("left", kept, "started").await;
     assert!(mounted());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_secret_comes_from_a_file_not_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("secret");
+    std::fs::write(&secret_file, "from-a-file-0123456789\n").unwrap();
+    let mut opts = bazaar_testkit::AgentOptions::new(EXE);
+    opts.extra_args = vec![
+        "--cluster-secret-file".into(),
+        secret_file.display().to_string(),
+    ];
+    let agent = bazaar_testkit::TestAgent::start(opts).unwrap();
+    let with = |secret: &str| bazaar_client::HostClient::new(&agent.url(), secret);
+    assert!(with("from-a-file-0123456789").info().await.is_ok());
+    // The file wins over the environment the test kit sets.
+    assert!(with(bazaar_testkit::TEST_SECRET).info().await.is_err());
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", agent.pid().unwrap())).unwrap();
+    assert!(!String::from_utf8_lossy(&cmdline).contains("from-a-file"));
 }
