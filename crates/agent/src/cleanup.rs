@@ -69,9 +69,11 @@ pub fn host_id_of(data_dir: &Path) -> Result<Option<String>, String> {
 /// below the data dir, detaches loop devices backed by files there, and deletes its
 /// bridge, namespaces, veths and nftables table. The agent must not be running. Idempotent.
 pub fn release_host(data_dir: &Path, host_id: Option<&str>) -> Released {
-    let mut done = Released::default();
     // Shims name their run dir as the agent was given it; mounts show the canonical path.
-    done.processes = kill_shims_under(data_dir);
+    let mut done = Released {
+        processes: kill_shims_under(data_dir),
+        ..Released::default()
+    };
     let data_dir = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
     done.processes += kill_shims_under(&data_dir);
     if let Some(id) = host_id {
