@@ -29,8 +29,14 @@ pub(crate) fn restore_machine_network(
             let (network, used) = (oci.network.clone(), used.clone());
             tokio::task::spawn_blocking(move || match network.get() {
                 Ok(n) => {
-                    // Namespaces of machines destroyed while the agent was down go.
-                    crate::cleanup::remove_unused_namespaces(n, &used);
+                    // Namespaces of addresses no machine holds go, but for those kept
+                    // ahead (deleting and making one again at once races with the
+                    // kernel's asynchronous removal of its veth).
+                    let mut keep = used.clone();
+                    for _ in 0..NETNS_AHEAD {
+                        keep.extend(n.allocate(&keep));
+                    }
+                    crate::cleanup::remove_unused_namespaces(n, &keep);
                     n.prepare_ahead(&used, NETNS_AHEAD);
                 }
                 Err(err) => tracing::warn!(error = %err, "setting up the machine network"),

@@ -74,8 +74,11 @@ pub fn release_host(data_dir: &Path, host_id: Option<&str>) -> Released {
         processes: kill_shims_under(data_dir),
         ..Released::default()
     };
-    let data_dir = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
-    done.processes += kill_shims_under(&data_dir);
+    let canonical = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    if canonical != data_dir {
+        done.processes += kill_shims_under(&canonical);
+    }
+    let data_dir = canonical;
     if let Some(id) = host_id {
         let cgroup = format!("bazaar/{id}");
         done.cgroups = !cgroup_dirs(&cgroup).is_empty();
@@ -104,11 +107,15 @@ pub fn release_host(data_dir: &Path, host_id: Option<&str>) -> Released {
 }
 
 /// [`release_host`], then removes the contents of the data dir (the store, machines,
-/// volumes, images, secrets). Refuses while an agent runs on it, or when something below it
-/// could not be unmounted.
+/// volumes, images, secrets). Refuses a directory without a host's store (it deletes what
+/// is inside), while an agent runs on it, or when something below it could not be
+/// unmounted.
 pub fn reset_host(data_dir: &Path) -> Result<Released, String> {
-    if !data_dir.is_dir() {
-        return Err(format!("{} is not a directory", data_dir.display()));
+    if !data_dir.join("agent.redb").is_file() {
+        return Err(format!(
+            "{} is not a host's data dir (it has no agent.redb); nothing was done",
+            data_dir.display()
+        ));
     }
     let host_id = host_id_of(data_dir)?;
     let done = release_host(data_dir, host_id.as_deref());
@@ -136,18 +143,19 @@ pub fn reset_host(data_dir: &Path) -> Result<Released, String> {
 /// that is not in `running`: an earlier run of the agent left it (a root is rebuilt at
 /// every start anyway). Returns how many were unmounted.
 pub fn unmount_stale_roots(data_dir: &Path, running: &HashSet<String>) -> usize {
-    let machines = data_dir.join("machines");
-    let Ok(entries) = std::fs::read_dir(&machines) else {
+    let Ok(machines) = std::fs::canonicalize(data_dir.join("machines")) else {
         return 0;
     };
-    let mut n = 0;
-    for e in entries.flatten() {
-        let id = e.file_name().to_string_lossy().into_owned();
-        if running.contains(&id) {
-            continue;
-        }
-        n += unmount_below(&e.path());
-    }
+    let prefix = format!("{}/", machines.display());
+    // One read of the mount table, whatever the number of machines.
+    let stale: Vec<String> = mounts_below(&machines)
+        .into_iter()
+        .filter(|target| {
+            let id = target[prefix.len()..].split('/').next().unwrap_or("");
+            !running.contains(id)
+        })
+        .collect();
+    let n = stale.iter().filter(|target| unmount(target)).count();
     if n > 0 {
         tracing::info!(count = n, "unmounted root filesystems an earlier run left");
     }

@@ -4,7 +4,8 @@
 //! error, a command that cannot run), stops, or exits within the window (also when its
 //! restart policy starts it again) is a failure: the caller gets an error that says why (the
 //! exit event's error or exit code) and ends with the last lines of the machine's log. The
-//! machine is left as it is, for inspection.
+//! machine is left as it is, for inspection. A job that exits with code 0 and is not
+//! started again did what it was asked: that is not a failure.
 
 use crate::api_cmd::{s, Conn};
 use serde_json::Value;

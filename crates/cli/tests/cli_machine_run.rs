@@ -71,6 +71,17 @@ async fn a_good_machine_prints_its_id_once_started_and_a_failing_one_says_why() 
     assert_eq!(m["id"], id.as_str());
     assert_eq!(m["state"], "started");
 
+    // An update to a command that cannot stay up fails the same way.
+    let (out, _) = bazaar(
+        &agent,
+        &[
+            "machine", "update", "-a", "runs", &id, "--", "sh", "-c", "exit 5",
+        ],
+    );
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success(), "a failed update reported as success");
+    assert!(stderr.contains("exited with code 5"), "{stderr}");
+
     // A command that exits at once (restarted by the default policy, then given up on).
     let (out, took) = bazaar(
         &agent,
