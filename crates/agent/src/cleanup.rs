@@ -103,6 +103,14 @@ pub fn release_host(data_dir: &Path, host_id: Option<&str>) -> Released {
     for bridge in &bridges {
         remove_network(bridge, &mut done);
     }
+    if done.namespaces + done.links > 0 {
+        // An `ip` the killed agent had started may still be finishing a batch (it outlives
+        // its parent): once it has, remove what it made too.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        for bridge in &bridges {
+            remove_network(bridge, &mut done);
+        }
+    }
     done
 }
 
