@@ -1,7 +1,7 @@
 //! Where a machine's services are reached: an address of its own on the host's machine
 //! network ([`crate::network`]) for an image machine and for a process machine of an
-//! isolating (root) agent, host ports on loopback for a process machine otherwise. Both are handed out when a machine is accepted and given back when it is
-//! destroyed; namespaces for addresses are set up in the background.
+//! isolating (root) agent, host ports on loopback for a process machine otherwise. Both
+//! are handed out when a machine is accepted and given back when it is destroyed; namespaces for addresses are set up in the background.
 
 use crate::agent::{lock, Agent};
 use crate::driver;
@@ -58,7 +58,17 @@ pub(crate) fn restore_machine_network(driver: &crate::driver::Driver, used: &Has
     }
     let used = used.clone();
     tokio::task::spawn_blocking(move || match network.get() {
-        Ok(n) => n.prepare_ahead(&used, NETNS_AHEAD),
+        Ok(n) => {
+            // Namespaces of addresses no machine holds go, but for those kept ahead
+            // (deleting and making one again at once races with the kernel's asynchronous
+            // removal of its veth).
+            let mut keep = used.clone();
+            for _ in 0..NETNS_AHEAD {
+                keep.extend(n.allocate(&keep));
+            }
+            crate::cleanup::remove_unused_namespaces(n, &keep);
+            n.prepare_ahead(&used, NETNS_AHEAD);
+        }
         Err(err) => tracing::warn!(error = %err, "setting up the machine network"),
     });
 }

@@ -220,6 +220,7 @@ impl Agent {
         }
         let num_machines = machines.len();
         let mut num_adopted = 0;
+        let mut actors = Vec::new();
         for m in machines {
             if m.state == MachineState::Destroyed {
                 continue;
@@ -242,6 +243,17 @@ impl Agent {
                     }
                 });
             num_adopted += run.is_some() as usize;
+            actors.push((m, ops, run));
+        }
+        // What an earlier run left mounted for machines that no longer run goes before any
+        // of them launches again.
+        let running: HashSet<String> = actors
+            .iter()
+            .filter(|(_, _, run)| run.is_some())
+            .map(|(m, _, _)| m.id.clone())
+            .collect();
+        crate::cleanup::unmount_stale_roots(&agent.0.config.data_dir, &running);
+        for (m, ops, run) in actors {
             spawn_actor(&agent, m, ops, run);
         }
         agent.spawn_housekeeping();

@@ -32,8 +32,12 @@ pub struct AgentConfig {
     pub disk_gb: Option<u64>,
     /// Shared CPUs are time-sliced: each detected CPU counts this many times.
     pub cpu_overcommit: u32,
-    /// The cluster secret; `None` reads (or creates) `data_dir/cluster-secret`.
+    /// The cluster secret; `None` reads `cluster_secret_file`, else reads (or creates)
+    /// `data_dir/cluster-secret`. Prefer the file or `BAZAAR_CLUSTER_SECRET`: a command
+    /// line shows in `ps`.
     pub cluster_secret: Option<String>,
+    /// A file holding the cluster secret (first line).
+    pub cluster_secret_file: Option<PathBuf>,
     /// A file of API tokens (one per line) also accepted by this agent.
     pub token_file: Option<PathBuf>,
     /// Run workloads in their own namespaces, as an unprivileged user, under cgroup limits
@@ -96,6 +100,7 @@ impl Default for AgentConfig {
             disk_gb: None,
             cpu_overcommit: 8,
             cluster_secret: None,
+            cluster_secret_file: None,
             token_file: None,
             isolate: true,
             allow_root_machines: false,

@@ -28,6 +28,9 @@
 //!   storage from [`volume_fs`] (ext4 images on loop devices, or directories);
 //!   [`snapshots`]: their snapshots, restores and forks.
 //! - [`checks`]: service health checks of this host's machines (results go in the catalog).
+//! - [`cleanup`]: what a host made on the machine outside its store (mounts, loop devices,
+//!   network, cgroups, shims), found from its data dir and removed (`bazaar host reset`,
+//!   `bazaar dev` on Ctrl-C, leftovers of a killed agent at start).
 //! - [`config`], [`secrets`], [`fault`], [`error`].
 //!
 //! Entry point: [`run_agent`].
@@ -36,6 +39,7 @@ pub mod actor;
 pub mod addresses;
 pub mod agent;
 pub mod checks;
+pub mod cleanup;
 pub mod config;
 pub mod driver;
 pub mod error;

@@ -26,9 +26,9 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
 /// Where `ip netns` keeps named namespaces.
-const NETNS_DIR: &str = "/run/netns";
+pub(crate) const NETNS_DIR: &str = "/run/netns";
 /// Markers of namespaces that are completely set up.
-const READY_DIR: &str = "/run/bazaar/netns-ready";
+pub(crate) const READY_DIR: &str = "/run/bazaar/netns-ready";
 /// Default subnets are /24s picked from here (the first one no route on the host covers).
 const DEFAULT_POOL: (u8, u8) = (10, 213);
 
@@ -165,7 +165,7 @@ impl Network {
         configured: Option<Subnet>,
         nat: bool,
     ) -> Result<Network, String> {
-        let bridge = format!("bz-{}", &hex_of(host_id)[..8]);
+        let bridge = bridge_name(host_id);
         let record = data_dir.join("network");
         let remembered = std::fs::read_to_string(&record)
             .ok()
@@ -354,6 +354,13 @@ impl Network {
         let table = format!("bazaar_{}", self.bridge.replace('-', "_"));
         let _ = run_stdin("nft", &["-f", "-"], &format!("delete table ip {table}\n"));
     }
+}
+
+/// The bridge of host `host_id`: `bz-<8 hex of a hash of the id>`. Everything else of the
+/// host's network is named after it: namespaces `<bridge>-<n>`, host-side veths
+/// `b<8 hex><n>`, the nftables table `bazaar_bz_<8 hex>` ([`crate::cleanup`] finds them so).
+pub fn bridge_name(host_id: &str) -> String {
+    format!("bz-{}", &hex_of(host_id)[..8])
 }
 
 fn stripes() -> Arc<Vec<Mutex<()>>> {

@@ -6,9 +6,24 @@ use crate::config::AgentConfig;
 use std::collections::BTreeSet;
 use std::path::Path;
 
-/// The cluster secret: from the config, else `data_dir/cluster-secret` (created once).
+/// The cluster secret: from the config (inline, else its `cluster_secret_file`), else
+/// `data_dir/cluster-secret` (created once).
 pub fn cluster_secret(config: &AgentConfig) -> anyhow::Result<String> {
-    if let Some(s) = &config.cluster_secret {
+    let from_file = match (&config.cluster_secret, &config.cluster_secret_file) {
+        (None, Some(path)) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| {
+                    anyhow::anyhow!("reading cluster secret file {}: {e}", path.display())
+                })?
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+        ),
+        _ => None,
+    };
+    if let Some(s) = config.cluster_secret.as_ref().or(from_file.as_ref()) {
         anyhow::ensure!(
             s.len() >= 16,
             "the cluster secret must be at least 16 characters"

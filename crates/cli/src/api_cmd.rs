@@ -7,7 +7,7 @@ use comfy_table::Table;
 use serde_json::{json, Value};
 
 /// Where the API is and how to authenticate.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Conn {
     #[arg(
         long,
@@ -191,7 +191,25 @@ enum MachineCommand {
         count: usize,
         #[arg(long)]
         skip_launch: bool,
+        /// Return once the machine is created, without waiting for it to start.
+        #[arg(long, short)]
+        detach: bool,
         #[arg(last = true, required_unless_present = "image")]
+        command: Vec<String>,
+    },
+    /// Change a machine's image, command or environment (it restarts with them).
+    Update {
+        id: String,
+        #[arg(long)]
+        image: Option<String>,
+        /// KEY=VALUE (repeatable), added to its environment.
+        #[arg(long = "env")]
+        env: Vec<String>,
+        /// Return without waiting for it to start again.
+        #[arg(long, short)]
+        detach: bool,
+        /// The new command.
+        #[arg(last = true)]
         command: Vec<String>,
     },
     /// List the app's machines.
@@ -200,14 +218,22 @@ enum MachineCommand {
     Status {
         id: String,
     },
+    /// Start a machine and wait until it runs.
     Start {
         id: String,
+        /// Return without waiting for it to start.
+        #[arg(long, short)]
+        detach: bool,
     },
     Stop {
         id: String,
     },
+    /// Restart a machine and wait until it runs again.
     Restart {
         id: String,
+        /// Return without waiting for it to start again.
+        #[arg(long, short)]
+        detach: bool,
     },
     /// Freeze a machine (start resumes it).
     Suspend {
@@ -267,6 +293,7 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
             restart,
             count,
             skip_launch,
+            detach,
             command,
         } => {
             let mut guest =
@@ -319,14 +346,11 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
                         .await?,
                 ]
             };
-            if !skip_launch {
-                for mm in &machines {
-                    let id = s(&mm["id"]);
-                    let _ = c
-                        .call(Method::GET, &m(&id, "/wait?state=started&timeout=30"), None)
-                        .await;
-                }
-            }
+            let machines = if skip_launch || detach {
+                machines
+            } else {
+                until_all_running(c, &app, &machines).await?
+            };
             let v = Value::Array(machines);
             out(c, &v, || {
                 for mm in v.as_array().into_iter().flatten() {
@@ -350,24 +374,64 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
             let v = c.call(Method::GET, &m(&id, ""), None).await?;
             out(c, &v, || print_machines(&Value::Array(vec![v.clone()])))
         }
-        MachineCommand::Start { id } => {
-            simple(
+        MachineCommand::Start { id, detach } => {
+            act_and_wait(
                 c,
+                &app,
+                &id,
                 Method::POST,
-                &m(&id, "/start"),
-                &format!("starting {id}"),
+                "/start",
+                None,
+                detach,
+                "started",
             )
             .await
         }
         MachineCommand::Stop { id } => {
             simple(c, Method::POST, &m(&id, "/stop"), &format!("stopping {id}")).await
         }
-        MachineCommand::Restart { id } => {
-            simple(
+        MachineCommand::Restart { id, detach } => {
+            act_and_wait(
                 c,
+                &app,
+                &id,
                 Method::POST,
-                &m(&id, "/restart"),
-                &format!("restarting {id}"),
+                "/restart",
+                None,
+                detach,
+                "restarted",
+            )
+            .await
+        }
+        MachineCommand::Update {
+            id,
+            image,
+            env,
+            detach,
+            command,
+        } => {
+            let current = c.call(Method::GET, &m(&id, ""), None).await?;
+            let mut config = current["config"].clone();
+            if let Some(image) = image {
+                config["image"] = json!(image);
+            }
+            for kv in env {
+                let (k, v) = kv.split_once('=').context("--env takes KEY=VALUE")?;
+                config["env"][k] = json!(v);
+            }
+            if !command.is_empty() {
+                config["init"]["exec"] = json!(command);
+            }
+            let body = json!({"config": config});
+            act_and_wait(
+                c,
+                &app,
+                &id,
+                Method::POST,
+                "",
+                Some(body),
+                detach,
+                "updated",
             )
             .await
         }
@@ -505,6 +569,60 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
             })
         }
     }
+}
+
+/// Waits until every machine of a `run` runs (in parallel); fails with the first failure.
+async fn until_all_running(c: &Conn, app: &str, machines: &[Value]) -> anyhow::Result<Vec<Value>> {
+    let mut waits = tokio::task::JoinSet::new();
+    for (i, mm) in machines.iter().enumerate() {
+        let (c, app, id) = (c.clone(), app.to_string(), s(&mm["id"]));
+        waits.spawn(async move {
+            let none = std::collections::HashSet::new();
+            (
+                i,
+                crate::machine_wait::until_running(&c, &app, &id, &none).await,
+            )
+        });
+    }
+    let mut out = machines.to_vec();
+    while let Some(joined) = waits.join_next().await {
+        let (i, result) = joined?;
+        out[i] = result?;
+    }
+    Ok(out)
+}
+
+/// Does `method` on machine `id` (`rest` after its path), then, unless `detach`, waits
+/// until it runs and says so (or fails saying why).
+#[allow(clippy::too_many_arguments)]
+async fn act_and_wait(
+    c: &Conn,
+    app: &str,
+    id: &str,
+    method: reqwest::Method,
+    rest: &str,
+    body: Option<Value>,
+    detach: bool,
+    done: &str,
+) -> anyhow::Result<()> {
+    let seen = if detach {
+        Default::default()
+    } else {
+        crate::machine_wait::seen_events(c, app, id).await?
+    };
+    let path = format!("/apps/{app}/machines/{id}{rest}");
+    let v = c
+        .call(method, &path, Some(body.unwrap_or(json!({}))))
+        .await?;
+    if detach {
+        return out(c, &v, || {
+            println!("machine {id}: {done}, not waiting for it to run")
+        });
+    }
+    let machine = crate::machine_wait::until_running(c, app, id, &seen).await?;
+    out(c, &machine, || {
+        println!("machine {id} {done}: {}", s(&machine["state"]))
+    })
 }
 
 /// `bazaar token create` and `bazaar token revoke`.

@@ -1,6 +1,8 @@
 //! `bazaar dev`: a working local cluster with nothing to install. Starts N agents as child
 //! processes on loopback (API ports from `--base-port`), writes `DIR/dev.env` with the URLs
-//! and tokens, and stops everything on Ctrl-C or SIGTERM. Running it again on the same
+//! and tokens, and stops everything on Ctrl-C or SIGTERM, removing what its hosts made on
+//! the machine outside their data dirs (network, mounts, loop devices, cgroups; see
+//! `bazaar_agent::cleanup`). Running it again on the same
 //! directory resumes the same cluster: same hosts, same machines (restarted if they were
 //! running).
 
@@ -154,16 +156,44 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         .iter()
         .filter_map(|(i, _, _, c)| c.id().map(|pid| (*i, pid)))
         .collect();
+    // `kill -9 $(cat DIR/host-N/agent.pid)` shows what the others do when a host dies.
+    for (i, pid) in &pids {
+        std::fs::write(dir.join(format!("host-{i}/agent.pid")), format!("{pid}\n"))?;
+    }
     let mut running = tokio::task::JoinSet::new();
     for (i, _, _, mut child) in children {
         running.spawn(async move { (i, child.wait().await) });
     }
-    tokio::select! {
-        () = stop => println!("stopping the cluster..."),
-        Some(Ok((i, status))) = running.join_next() => {
-            eprintln!("host-{i} exited unexpectedly ({status:?}); stopping the cluster");
+    // A host that dies leaves the others running (as in a real cluster); the cluster stops
+    // on Ctrl-C / SIGTERM, or when no host is left.
+    tokio::pin!(stop);
+    let mut exited_hosts = Vec::new();
+    loop {
+        tokio::select! {
+            () = &mut stop => {
+                println!("stopping the cluster...");
+                break;
+            }
+            exited = running.join_next() => match exited {
+                Some(Ok((i, status))) => {
+                    exited_hosts.push(i);
+                    eprintln!(
+                        "host-{i} exited ({}); the other hosts keep running",
+                        status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string())
+                    );
+                }
+                _ => {
+                    eprintln!("every host has exited; stopping");
+                    break;
+                }
+            },
         }
     }
+    // (Not to a host that exited: its pid may be another process's by now.)
+    let pids: Vec<(usize, u32)> = pids
+        .into_iter()
+        .filter(|(i, _)| !exited_hosts.contains(i))
+        .collect();
     for (_, pid) in &pids {
         send_signal(*pid, libc::SIGTERM);
     }
@@ -176,6 +206,16 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         for (_, pid) in &pids {
             send_signal(*pid, libc::SIGKILL);
         }
+    }
+    // What the hosts made on this machine (network, mounts, loop devices, cgroups) goes
+    // with them; their data stays, so the next run resumes the cluster.
+    for i in 0..args.hosts {
+        let host_dir = dir.join(format!("host-{i}"));
+        let host_id = bazaar_agent::cleanup::host_id_of(&host_dir).unwrap_or_else(|err| {
+            eprintln!("host-{i}: {err}");
+            None
+        });
+        bazaar_agent::cleanup::release_host(&host_dir, host_id.as_deref());
     }
     println!(
         "stopped; run `bazaar dev --data-dir {}` again to resume",

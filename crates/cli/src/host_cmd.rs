@@ -104,6 +104,37 @@ enum HostCommand {
         #[arg(long, default_value_t = 60)]
         timeout: u64,
     },
+    /// Remove every trace of a host whose agent is stopped, its machines included: kill
+    /// its shims and workloads, unmount, detach loop devices, delete its bridge, network
+    /// namespaces, veths, nftables table and cgroups, then empty its data dir. For a host
+    /// taken out of service; nothing of it can be resumed afterwards.
+    Reset {
+        /// The host's data dir (what its agent had as --data-dir).
+        #[arg(long)]
+        data_dir: std::path::PathBuf,
+    },
+}
+
+/// `bazaar host reset`: works on the data dir, with no agent to talk to.
+fn reset(data_dir: &std::path::Path, json: bool) -> anyhow::Result<()> {
+    let done = bazaar_agent::cleanup::reset_host(data_dir).map_err(anyhow::Error::msg)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "processes": done.processes,
+                "mounts": done.mounts,
+                "loop_devices": done.loop_devices,
+                "namespaces": done.namespaces,
+                "links": done.links,
+                "nft_tables": done.nft_tables,
+                "cgroups": done.cgroups,
+            })
+        );
+    } else {
+        println!("reset {}: removed {done}", data_dir.display());
+    }
+    Ok(())
 }
 
 /// The cluster secret the host interface takes, or an error saying where to find it.
@@ -117,6 +148,9 @@ pub(crate) fn require_secret(secret: Option<String>) -> anyhow::Result<String> {
 
 /// Runs a `bazaar host` command.
 pub async fn run(args: HostArgs) -> anyhow::Result<()> {
+    if let HostCommand::Reset { data_dir } = &args.command {
+        return reset(data_dir, args.json);
+    }
     let client = HostClient::new(&args.api_url, &require_secret(args.cluster_secret)?);
     let json = args.json;
     match args.command {
@@ -298,6 +332,8 @@ pub async fn run(args: HostArgs) -> anyhow::Result<()> {
                 }
             }
         }
+        // Done above, before a token is needed.
+        HostCommand::Reset { .. } => {}
         HostCommand::Wait { id, state, timeout } => {
             let r = client.wait(&id, &state, timeout).await?;
             if json {

@@ -22,6 +22,7 @@ mod dev;
 mod host_cmd;
 mod image_cmd;
 mod lab_cmd;
+mod machine_wait;
 mod volumes_cmd;
 
 use clap::{Parser, Subcommand};
@@ -114,9 +115,13 @@ struct AgentArgs {
     /// Disk offered to volumes in GB (default: free space of the data dir at start).
     #[arg(long)]
     disk_gb: Option<u64>,
-    /// The cluster secret (default: read or created in the data dir).
+    /// The cluster secret (default: read or created in the data dir). On the command line
+    /// it shows in `ps`: prefer BAZAAR_CLUSTER_SECRET or --cluster-secret-file.
     #[arg(long, env = "BAZAAR_CLUSTER_SECRET", hide_env_values = true)]
     cluster_secret: Option<String>,
+    /// A file whose first line is the cluster secret (wins over BAZAAR_CLUSTER_SECRET).
+    #[arg(long)]
+    cluster_secret_file: Option<PathBuf>,
     /// File of API tokens this agent accepts (one per line).
     #[arg(long)]
     token_file: Option<PathBuf>,
@@ -280,6 +285,10 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     }
     if a.cluster_secret.is_some() {
         config.cluster_secret = a.cluster_secret;
+    }
+    if a.cluster_secret_file.is_some() {
+        config.cluster_secret = None;
+        config.cluster_secret_file = a.cluster_secret_file;
     }
     if a.token_file.is_some() {
         config.token_file = a.token_file;

@@ -26,8 +26,9 @@ pub enum Error {
         status: u16,
         body: String,
     },
-    /// Transport errors talking to a registry.
-    #[error("registry request {url}: {source}")]
+    /// Transport errors talking to a registry (with their causes: "Connection refused", a
+    /// name that does not resolve, ...).
+    #[error("registry request {url}: {}", causes(.source))]
     Http {
         url: String,
         #[source]
@@ -95,4 +96,19 @@ impl<T> IoContext<T> for rustix::io::Result<T> {
             source: e.into(),
         })
     }
+}
+
+/// An error and its sources, `outer: inner: ...` (reqwest's own message alone says only
+/// "error sending request").
+fn causes(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut next = err.source();
+    while let Some(e) = next {
+        let more = e.to_string();
+        if !text.contains(&more) {
+            text += &format!(": {more}");
+        }
+        next = e.source();
+    }
+    text
 }

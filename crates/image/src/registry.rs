@@ -140,6 +140,14 @@ impl Registry {
         } else {
             host
         };
+        // RFC 6761: names under .invalid never resolve; say so without asking DNS.
+        let name = host.rsplit_once(':').map_or(host, |(name, _)| name);
+        if name == "invalid" || name.ends_with(".invalid") {
+            return Err(Error::Reference(
+                host.into(),
+                "no such registry: .invalid names never resolve",
+            ));
+        }
         let scheme = if plain_http { "http" } else { "https" };
         let base = Url::parse(&format!("{scheme}://{host}/"))
             .map_err(|_| Error::Reference(host.into(), "bad registry host"))?;

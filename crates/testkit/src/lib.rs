@@ -123,8 +123,8 @@ impl TestAgent {
             .arg(self.opts.cpus.to_string())
             .arg("--memory-mb")
             .arg(self.opts.memory_mb.to_string())
-            .arg("--cluster-secret")
-            .arg(TEST_SECRET)
+            // Through the environment: a command line shows in `ps`.
+            .env("BAZAAR_CLUSTER_SECRET", TEST_SECRET)
             .args(&self.opts.extra_args)
             .env(
                 "BAZAAR_LOG",
@@ -274,58 +274,11 @@ impl TestAgent {
 
 impl Drop for TestAgent {
     fn drop(&mut self) {
-        // Take the workloads down with the test: stop the agent, kill any shim left, and
-        // remove the machines' cgroups (thousands of stale ones slow every cgroup change on
-        // the host, and so every later test and benchmark).
+        // Take the workloads down with the test, and everything the agent made on the host
+        // (cgroups, mounts, loop devices, network): thousands of stale cgroups slow every
+        // cgroup change on the host, and so every later test and benchmark.
         self.kill9();
-        kill_shims_under(&self.data_dir);
-        if let Some(host_id) = &self.host_id {
-            remove_cgroups(host_id, &self.data_dir);
-        }
-        remove_machine_network_and_mounts(&self.data_dir);
-    }
-}
-
-/// Removes what image machines leave on the host outside the data dir: their network
-/// namespaces, the agent's bridge and firewall table, and mounts (overlay root
-/// filesystems) below the data dir.
-fn remove_machine_network_and_mounts(data_dir: &Path) {
-    let run = |program: &str, args: &[&str]| {
-        let _ = Command::new(program)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    };
-    let network = std::fs::read_to_string(data_dir.join("network")).unwrap_or_default();
-    if let Some(bridge) = network.lines().nth(1).filter(|b| b.starts_with("bz-")) {
-        // The agent's namespaces are `<bridge>-<index>`.
-        let prefix = format!("{bridge}-");
-        for e in std::fs::read_dir("/run/netns")
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&prefix) {
-                run("ip", &["netns", "delete", &name]);
-                let _ = std::fs::remove_file(Path::new("/run/bazaar/netns-ready").join(&name));
-            }
-        }
-        run("ip", &["link", "delete", bridge]);
-        let table = format!("bazaar_{}", bridge.replace('-', "_"));
-        run("nft", &["delete", "table", "ip", &table]);
-    }
-    let prefix = format!("{}/", data_dir.display());
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    let mut targets: Vec<&str> = mounts
-        .lines()
-        .filter_map(|l| l.split(' ').nth(1))
-        .filter(|t| t.starts_with(&prefix))
-        .collect();
-    targets.sort_by_key(|t| std::cmp::Reverse(t.len()));
-    for t in targets {
-        run("umount", &["-l", t]);
+        bazaar_agent::cleanup::release_host(&self.data_dir, self.host_id.as_deref());
     }
 }
 
@@ -367,19 +320,6 @@ fn fetch_host_id(port: u16) -> Option<String> {
     info["id"].as_str().map(str::to_string)
 }
 
-/// Removes the cgroups of a test agent's machines and of the agent itself
-/// (`bazaar/<host id>/<machine id>` in every hierarchy, as the agent's driver names them).
-fn remove_cgroups(host_id: &str, data_dir: &Path) {
-    let Ok(machines) = std::fs::read_dir(data_dir.join("machines")) else {
-        return;
-    };
-    for m in machines.flatten() {
-        let id = m.file_name().to_string_lossy().into_owned();
-        let _ = bazaar_shim::remove_cgroup(&format!("bazaar/{host_id}/{id}"));
-    }
-    let _ = bazaar_shim::remove_cgroup(&format!("bazaar/{host_id}"));
-}
-
 /// Starts `n` agents that form one cluster: the first alone, the others joining it.
 /// `configure` adjusts each agent's options (by index) before it starts.
 pub fn start_cluster(
@@ -401,26 +341,6 @@ pub fn start_cluster(
         agents.push(TestAgent::start(opts)?);
     }
     Ok(agents)
-}
-
-/// Kills every process whose command line mentions `dir` (the shims of a test agent).
-pub fn kill_shims_under(dir: &Path) {
-    let needle = dir.display().to_string();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for e in entries.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cmdline.contains(" shim ") && cmdline.contains(&needle) {
-            signal(pid, libc::SIGKILL);
-        }
-    }
 }
 
 /// Sends a signal to a process.
