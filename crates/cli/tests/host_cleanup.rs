@@ -355,7 +355,7 @@ async fn a_stopped_or_reset_host_leaves_nothing_on_the_machine() {
     let mut hosts = Vec::new();
     for i in 0..HOSTS {
         let url = format!("http://127.0.0.1:{}", base + i as u16);
-        let info = bazaar_client::HostClient::new(&url, &env["BAZAAR_TOKEN"])
+        let info = bazaar_client::HostClient::new(&url, &env["BAZAAR_CLUSTER_SECRET"])
             .info()
             .await
             .unwrap();

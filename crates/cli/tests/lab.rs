@@ -186,6 +186,23 @@ fn netns_inode(path: &str) -> u64 {
     std::fs::metadata(path).unwrap().ino()
 }
 
+/// The network namespace of the lab host that runs workload `pid`: its shim's (a process
+/// machine of a root agent has a network namespace of its own, made by that host's agent on
+/// that host's bridge; the shim that supervises it stays in the host's namespace).
+fn host_netns_of_workload(pid: u32) -> u64 {
+    let mut p = pid;
+    for _ in 0..6 {
+        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmd).contains("\0shim\0") {
+            return netns_inode(&format!("/proc/{p}/ns/net"));
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap();
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        p = after.split(' ').nth(1).unwrap().parse().unwrap();
+    }
+    panic!("no shim above workload {pid}");
+}
+
 /// The pid of the workload whose environment holds `LAB_MARK=<mark>`.
 fn workload_pid(mark: &str) -> Option<u32> {
     let needle = format!("LAB_MARK={mark}\0");
@@ -329,7 +346,7 @@ async fn a_lab_fleet_places_partitions_heals_survives_kills_and_comes_down_clean
     let id = serve(&apis[0], "web", "ord", "web-1").await;
     let pid = workload_pid("web-1").expect("the workload runs");
     assert_eq!(
-        netns_inode(&format!("/proc/{pid}/ns/net")),
+        host_netns_of_workload(pid),
         netns_inode(&format!("/run/netns/{}", lab.plan().hosts[1].netns))
     );
     for host in ["h1", "h2", "h3"] {
@@ -450,8 +467,7 @@ async fn crash_full_disk_loss_and_oneway_partitions() {
         .iter()
         .find(|h| {
             let pid = workload_pid("db-1").unwrap();
-            netns_inode(&format!("/proc/{pid}/ns/net"))
-                == netns_inode(&format!("/run/netns/{}", h.netns))
+            host_netns_of_workload(pid) == netns_inode(&format!("/run/netns/{}", h.netns))
         })
         .unwrap()
         .clone();
