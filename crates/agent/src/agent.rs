@@ -147,6 +147,14 @@ impl Agent {
             addresses.extend(m.private_ip);
         }
         crate::addresses::restore_machine_network(&driver.oci, &addresses);
+        if let Ok(oci) = &driver.oci {
+            oci.id_ranges.restore(
+                machines
+                    .iter()
+                    .filter(|m| m.state != MachineState::Destroyed)
+                    .filter_map(|m| Some((m.id.as_str(), m.uid_base?))),
+            );
+        }
         for r in store.reservations()? {
             ledger.restore_reservation(r);
         }

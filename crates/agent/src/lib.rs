@@ -41,6 +41,7 @@ pub mod error;
 pub mod exec;
 pub mod fault;
 pub mod http;
+pub mod idranges;
 pub mod images;
 pub mod leases;
 pub mod market;

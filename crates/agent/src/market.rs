@@ -200,6 +200,7 @@ impl Agent {
             cordoned: false,
             host_ports: BTreeMap::new(),
             private_ip: None,
+            uid_base: None,
             run: None,
             next_run_id: 1,
             exit_handled_run: 0,

@@ -5,9 +5,12 @@
 //!
 //! Isolation: every machine's bridge port is `isolated` (the bridge forwards nothing
 //! between two machines), and an nftables rule drops what the host would route from the
-//! bridge back into it, so machines reach the host and, with NAT on, the outside, but never
-//! each other (different apps or not; they talk through the proxy). Outbound NAT is off
-//! unless configured.
+//! bridge back into it, so machines reach, with NAT on, the outside, but never each other
+//! (different apps or not; they talk through the proxy). Outbound NAT is off unless
+//! configured. Nothing from the bridge reaches the host's own listeners (any of its
+//! addresses) but replies to connections the host opened (the proxy, health checks), and
+//! a machine sends only with its own address: a bridge-family table drops IPv4 and ARP
+//! whose source is not the address of the veth it came in on.
 //!
 //! Nothing is created until the host's first image machine ([`LazyNetwork`]). Namespaces
 //! belong to addresses: `/run/netns/<bridge>-<index>` for the index-th address
@@ -202,13 +205,17 @@ impl Network {
         ip_batch(None, &cmds)
     }
 
-    /// nftables: nothing routed from the bridge back into it; masquerade outbound when NAT
-    /// is on. Without `nft` the bridge's port isolation still keeps machines apart.
+    /// nftables: nothing routed from the bridge back into it; nothing from the bridge to
+    /// the host but replies; no spoofed sources ([`Network::allow_source`]); masquerade
+    /// outbound when NAT is on. Without `nft` the bridge's port isolation still keeps
+    /// machines apart (and the host open to them: a warning says so).
     fn firewall(&self) {
-        let table = format!("bazaar_{}", self.bridge.replace('-', "_"));
+        let table = self.table();
         let mut rules = format!(
             "table ip {table}\ndelete table ip {table}\ntable ip {table} {{\n\
-             chain forward {{ type filter hook forward priority 0; iifname \"{br}\" oifname \"{br}\" drop; }}\n",
+             chain forward {{ type filter hook forward priority 0; iifname \"{br}\" oifname \"{br}\" drop; }}\n\
+             chain input {{ type filter hook input priority 0; \
+             iifname \"{br}\" ct state established,related accept; iifname \"{br}\" counter drop; }}\n",
             br = self.bridge
         );
         if self.nat {
@@ -218,14 +225,59 @@ impl Network {
             );
         }
         rules += "}\n";
+        rules += &self.anti_spoofing_rules();
         if let Err(err) = run_stdin("nft", &["-f", "-"], &rules) {
-            tracing::warn!(error = %err, "nftables rules for the machine network not installed (machines stay apart through bridge port isolation)");
+            tracing::warn!(error = %err, "nftables rules for the machine network not installed (machines stay apart through bridge port isolation, but reach the host and may spoof)");
         }
         if self.nat {
             if let Err(err) = std::fs::write("/proc/sys/net/ipv4/ip_forward", "1") {
                 tracing::warn!(error = %err, "enabling ip_forward for outbound NAT");
             }
         }
+    }
+
+    /// The nftables table of this network (in the `ip` and `bridge` families).
+    fn table(&self) -> String {
+        format!("bazaar_{}", self.bridge.replace('-', "_"))
+    }
+
+    /// The bridge-family table: a frame from a machine's veth (`b<bridge hash>*`) passes
+    /// only with the source address of that veth (a set of `veth . address`, filled as
+    /// namespaces are made; those that exist already are in it from the start).
+    fn anti_spoofing_rules(&self) -> String {
+        let table = self.table();
+        let ports = format!("{}*", self.veth_prefix());
+        let existing: Vec<String> = self
+            .subnet
+            .machine_addresses()
+            .filter(|ip| Path::new(NETNS_DIR).join(self.netns_name(*ip)).exists())
+            .map(|ip| format!("\"{}\" . {ip}", self.veth_name(ip)))
+            .collect();
+        let elements = if existing.is_empty() {
+            String::new()
+        } else {
+            format!(" elements = {{ {} }};", existing.join(", "))
+        };
+        format!(
+            "table bridge {table}\ndelete table bridge {table}\ntable bridge {table} {{\n\
+             set sources {{ type ifname . ipv4_addr;{elements} }}\n\
+             chain prerouting {{ type filter hook prerouting priority -200; \
+             iifname \"{ports}\" ether type ip iifname . ip saddr != @sources counter drop; \
+             iifname \"{ports}\" ether type arp iifname . arp saddr ip != @sources counter drop; }}\n}}\n"
+        )
+    }
+
+    /// Lets `ip`'s veth send with source `ip` (and nothing else).
+    fn allow_source(&self, ip: Ipv4Addr) -> Result<(), String> {
+        run_stdin(
+            "nft",
+            &["-f", "-"],
+            &format!(
+                "add element bridge {} sources {{ \"{}\" . {ip} }}\n",
+                self.table(),
+                self.veth_name(ip)
+            ),
+        )
     }
 
     /// The first address of the subnet not in `used`.
@@ -242,7 +294,11 @@ impl Network {
 
     /// The host side of `ip`'s veth pair: `b<bridge hash><index>` (≤ 15 characters).
     fn veth_name(&self, ip: Ipv4Addr) -> String {
-        format!("b{}{}", &self.bridge[3..], self.index(ip))
+        format!("{}{}", self.veth_prefix(), self.index(ip))
+    }
+
+    fn veth_prefix(&self) -> String {
+        format!("b{}", &self.bridge[3..])
     }
 
     fn lock(&self, ip: Ipv4Addr) -> std::sync::MutexGuard<'_, ()> {
@@ -302,6 +358,9 @@ impl Network {
             self.subnet.gateway()
         );
         ip_batch(Some(&ns), &inside)?;
+        if let Err(err) = self.allow_source(ip) {
+            tracing::warn!(%ip, error = %err, "nftables: the machine's source address not allowed (its traffic is dropped)");
+        }
         std::fs::create_dir_all(READY_DIR).map_err(|e| format!("creating {READY_DIR}: {e}"))?;
         std::fs::write(self.ready_marker(ip), b"")
             .map_err(|e| format!("marking {ns} ready: {e}"))?;
@@ -349,8 +408,14 @@ impl Network {
     /// Removes the bridge and its firewall table (tests and dev clusters that go away).
     pub fn teardown(&self) {
         let _ = ip_batch(None, &format!("link delete {}\n", self.bridge));
-        let table = format!("bazaar_{}", self.bridge.replace('-', "_"));
-        let _ = run_stdin("nft", &["-f", "-"], &format!("delete table ip {table}\n"));
+        let table = self.table();
+        for family in ["ip", "bridge"] {
+            let _ = run_stdin(
+                "nft",
+                &["-f", "-"],
+                &format!("delete table {family} {table}\n"),
+            );
+        }
     }
 }
 

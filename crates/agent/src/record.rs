@@ -35,6 +35,10 @@ pub struct MachineRecord {
     /// services are reached at `private_ip:internal_port`.
     #[serde(default)]
     pub private_ip: Option<std::net::Ipv4Addr>,
+    /// The first host id of the machine's user namespace range (image machines; its ids
+    /// `0..65536` are host ids `uid_base..`, [`crate::idranges`]).
+    #[serde(default)]
+    pub uid_base: Option<u32>,
     /// The current (or last) run of the workload.
     #[serde(default)]
     pub run: Option<RunInfo>,
@@ -82,6 +86,9 @@ impl MachineRecord {
         }
         if stored.private_ip != before.private_ip {
             self.private_ip = stored.private_ip;
+        }
+        if stored.uid_base != before.uid_base {
+            self.uid_base = stored.uid_base;
         }
         if stored.cordoned != before.cordoned {
             self.cordoned = stored.cordoned;

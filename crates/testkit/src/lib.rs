@@ -275,6 +275,9 @@ impl Drop for TestAgent {
             remove_cgroups(host_id, &self.data_dir);
         }
         remove_machine_network_and_mounts(&self.data_dir);
+        if let Some(host_id) = &self.host_id {
+            remove_runtime_dir(host_id);
+        }
     }
 }
 
@@ -307,6 +310,7 @@ fn remove_machine_network_and_mounts(data_dir: &Path) {
         run("ip", &["link", "delete", bridge]);
         let table = format!("bazaar_{}", bridge.replace('-', "_"));
         run("nft", &["delete", "table", "ip", &table]);
+        run("nft", &["delete", "table", "bridge", &table]);
     }
     let prefix = format!("{}/", data_dir.display());
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
@@ -318,6 +322,35 @@ fn remove_machine_network_and_mounts(data_dir: &Path) {
     targets.sort_by_key(|t| std::cmp::Reverse(t.len()));
     for t in targets {
         run("umount", &["-l", t]);
+    }
+}
+
+/// Removes an agent's `/run/bazaar/<host id>` (where its image machines' root filesystems
+/// are mounted for runc) and the id ranges its machines claimed.
+fn remove_runtime_dir(host_id: &str) {
+    let dir = Path::new("/run/bazaar").join(host_id);
+    let prefix = format!("{}/", dir.display());
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    for t in mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(1))
+        .filter(|t| t.starts_with(&prefix))
+    {
+        let _ = Command::new("umount")
+            .args(["-l", t])
+            .stderr(Stdio::null())
+            .status();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let holder = format!("{host_id}/");
+    for claim in std::fs::read_dir("/run/bazaar/idranges")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if std::fs::read_to_string(claim.path()).is_ok_and(|h| h.starts_with(&holder)) {
+            let _ = std::fs::remove_file(claim.path());
+        }
     }
 }
 
