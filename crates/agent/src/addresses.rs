@@ -2,7 +2,7 @@
 //! an address of its own on the host's machine network ([`crate::network`]) for an image
 //! machine. Both are handed out when a machine is accepted and given back when it is
 //! destroyed; namespaces for addresses are set up in the background. An image machine's
-//! user namespace id range ([`crate::idranges`]) comes and goes with its address.
+//! user namespace id range is its address's ([`crate::idranges`]).
 
 use crate::agent::{lock, Agent};
 use crate::driver;
@@ -55,9 +55,6 @@ impl Agent {
                 }
             }
             rec.host_ports.clear();
-            if rec.uid_base.is_none() {
-                rec.uid_base = Some(oci.id_ranges.allocate(&rec.id).map_err(AgentError::Internal)?);
-            }
             if rec.private_ip.is_none() {
                 let network = oci.network.get().map_err(|e| {
                     AgentError::Internal(format!("setting up the machine network: {e}"))
@@ -71,6 +68,12 @@ impl Agent {
                 })?;
                 used.insert(ip);
                 rec.private_ip = Some(ip);
+                rec.uid_base = Some(
+                    oci.network
+                        .id_ranges
+                        .range_of(ip)
+                        .map_err(AgentError::Internal)?,
+                );
                 // Its namespace, and the next addresses', are set up meanwhile: the launch
                 // usually finds them ready.
                 let (network, used) = (network.clone(), used.clone());
@@ -110,9 +113,6 @@ impl Agent {
     }
 
     pub(crate) fn release_ports(&self, rec: &MachineRecord) {
-        if let (Some(base), Ok(oci)) = (rec.uid_base, &self.0.driver.oci) {
-            oci.id_ranges.release(base);
-        }
         if let Some(ip) = rec.private_ip {
             lock(&self.0.addresses_in_use).remove(&ip);
             let network = self

@@ -148,11 +148,11 @@ impl Agent {
         }
         crate::addresses::restore_machine_network(&driver.oci, &addresses);
         if let Ok(oci) = &driver.oci {
-            oci.id_ranges.restore(
+            oci.network.id_ranges.restore(
                 machines
                     .iter()
                     .filter(|m| m.state != MachineState::Destroyed)
-                    .filter_map(|m| Some((m.id.as_str(), m.uid_base?))),
+                    .filter_map(|m| Some((m.private_ip?, m.uid_base?))),
             );
         }
         for r in store.reservations()? {

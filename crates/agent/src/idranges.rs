@@ -1,15 +1,17 @@
 //! Subordinate id ranges of image machines: each machine runs in a user namespace whose ids
-//! `0..65536` are host ids `base..base + 65536`, a range of its own. The base is chosen
-//! when the machine is accepted, kept in its record (a re-adopted or restarted machine
-//! keeps its files' owners) and given back when it is destroyed.
+//! `0..65536` are host ids `base..base + 65536`, a range of its own. A range belongs to a
+//! machine address, as its network namespace does ([`crate::network`]): the namespace is
+//! owned by the user namespace, so both are made together, ahead, before the machine that
+//! gets the address is known. The machine's record keeps the base (its files' owners).
 //!
 //! Ranges are unique per host, not only per agent: several agents can share a machine
 //! (tests, dev clusters), so a range is claimed by a file `/run/bazaar/idranges/<base>`
-//! naming its holder (`<host id>/<machine id>`), created exclusively. An agent claims its
-//! machines' ranges again at start (after a reboot `/run` is empty).
+//! naming its holder (`<host id>/<address>`), created exclusively. At start an agent claims
+//! again the ranges its machines hold (after a reboot `/run` is empty).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::io::Write;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -21,12 +23,12 @@ const FIRST_RANGE: u32 = 16;
 /// Where ranges are claimed.
 const CLAIMS_DIR: &str = "/run/bazaar/idranges";
 
-/// The id ranges this agent's machines hold.
+/// The id ranges of this agent's machine addresses.
 #[derive(Debug)]
 pub struct IdRanges {
     host_id: String,
     claims: PathBuf,
-    held: Mutex<HashSet<u32>>,
+    held: Mutex<HashMap<Ipv4Addr, u32>>,
 }
 
 impl IdRanges {
@@ -42,19 +44,19 @@ impl IdRanges {
         }
     }
 
-    fn holder(&self, machine_id: &str) -> String {
-        format!("{}/{machine_id}", self.host_id)
+    fn holder(&self, ip: Ipv4Addr) -> String {
+        format!("{}/{ip}", self.host_id)
     }
 
     fn claim_path(&self, base: u32) -> PathBuf {
         self.claims.join(base.to_string())
     }
 
-    /// Claims `base` for `machine_id` unless someone else holds it; `Ok(true)` if it is now
-    /// (or already was) this machine's.
-    fn claim(&self, base: u32, machine_id: &str) -> std::io::Result<bool> {
+    /// Claims `base` for `ip` unless someone else holds it; `Ok(true)` if it is now (or
+    /// already was) this address's.
+    fn claim(&self, base: u32, ip: Ipv4Addr) -> std::io::Result<bool> {
         let path = self.claim_path(base);
-        let holder = self.holder(machine_id);
+        let holder = self.holder(ip);
         match std::fs::File::create_new(&path) {
             Ok(mut f) => {
                 f.write_all(holder.as_bytes())?;
@@ -67,33 +69,36 @@ impl IdRanges {
         }
     }
 
-    /// At start: the ranges this agent's machines hold (`(machine id, base)`), claimed
-    /// again. A range someone else claimed meanwhile is logged (the machine keeps it).
-    pub fn restore<'a>(&self, machines: impl IntoIterator<Item = (&'a str, u32)>) {
+    /// At start: the ranges this agent's machines hold (`(address, base)`), claimed again.
+    /// A range someone else claimed meanwhile is logged (the machine keeps it).
+    pub fn restore(&self, machines: impl IntoIterator<Item = (Ipv4Addr, u32)>) {
         let _ = std::fs::create_dir_all(&self.claims);
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        for (id, base) in machines {
-            held.insert(base);
-            if !self.claim(base, id).unwrap_or(false) {
-                tracing::warn!(machine.id = id, base, "id range claimed by another holder");
+        for (ip, base) in machines {
+            held.insert(ip, base);
+            if !self.claim(base, ip).unwrap_or(false) {
+                tracing::warn!(%ip, base, "id range claimed by another holder");
             }
         }
     }
 
-    /// A free range for `machine_id`: its base host id.
-    pub fn allocate(&self, machine_id: &str) -> Result<u32, String> {
+    /// The range of address `ip` (its base host id), claimed now if it has none yet.
+    pub fn range_of(&self, ip: Ipv4Addr) -> Result<u32, String> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(base) = held.get(&ip) {
+            return Ok(*base);
+        }
         std::fs::create_dir_all(&self.claims)
             .map_err(|e| format!("creating {}: {e}", self.claims.display()))?;
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         // The last range would end on id u32::MAX, which is no id (-1).
         for range in FIRST_RANGE..u32::MAX / RANGE_SIZE - 1 {
             let base = range * RANGE_SIZE;
-            if held.contains(&base) {
+            if held.values().any(|b| *b == base) {
                 continue;
             }
-            match self.claim(base, machine_id) {
+            match self.claim(base, ip) {
                 Ok(true) => {
-                    held.insert(base);
+                    held.insert(ip, base);
                     return Ok(base);
                 }
                 Ok(false) => continue,
@@ -103,13 +108,12 @@ impl IdRanges {
         Err("no free id range left on this host".into())
     }
 
-    /// Gives back a destroyed machine's range.
-    pub fn release(&self, base: u32) {
-        self.held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&base);
-        let _ = std::fs::remove_file(self.claim_path(base));
+    /// Gives back every range (the machine network is torn down).
+    pub fn release_all(&self) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, base) in held.drain() {
+            let _ = std::fs::remove_file(self.claim_path(base));
+        }
     }
 }
 
@@ -120,19 +124,22 @@ mod tests {
     #[test]
     fn ranges_are_unique_across_agents_of_one_host() {
         let dir = tempfile::tempdir().unwrap();
+        let ip = |n| Ipv4Addr::new(10, 213, 0, n);
         let a = IdRanges::in_dir("host-a", dir.path());
         let b = IdRanges::in_dir("host-b", dir.path());
-        let a1 = a.allocate("m1").unwrap();
-        assert_eq!(a1, 16 * RANGE_SIZE);
-        let b1 = b.allocate("m1").unwrap();
-        assert_eq!(b1, a1 + RANGE_SIZE, "another agent's claim is skipped");
-        let a2 = a.allocate("m2").unwrap();
-        assert_eq!(a2, b1 + RANGE_SIZE);
-        a.release(a1);
-        assert_eq!(b.allocate("m2").unwrap(), a1, "a released range is free again");
+        let a2 = a.range_of(ip(2)).unwrap();
+        assert_eq!(a2, 16 * RANGE_SIZE);
+        assert_eq!(a.range_of(ip(2)).unwrap(), a2, "an address keeps its range");
+        let b2 = b.range_of(ip(2)).unwrap();
+        assert_eq!(b2, a2 + RANGE_SIZE, "another agent's claim is skipped");
+        let a3 = a.range_of(ip(3)).unwrap();
+        assert_eq!(a3, b2 + RANGE_SIZE);
         // After a restart the agent claims its machines' ranges again.
         let a_again = IdRanges::in_dir("host-a", dir.path());
-        a_again.restore([("m2", a2)]);
-        assert_ne!(a_again.allocate("m3").unwrap(), a2);
+        a_again.restore([(ip(3), a3)]);
+        assert_eq!(a_again.range_of(ip(3)).unwrap(), a3);
+        assert_eq!(a_again.range_of(ip(2)).unwrap(), a2, "its own claim");
+        a_again.release_all();
+        assert_eq!(b.range_of(ip(4)).unwrap(), a2, "released ranges are free again");
     }
 }

@@ -14,13 +14,19 @@
 //!
 //! Nothing is created until the host's first image machine ([`LazyNetwork`]). Namespaces
 //! belong to addresses: `/run/netns/<bridge>-<index>` for the index-th address
-//! of the subnet, host side of its veth `b<bridge hash><index>`. The agent sets one up for
+//! of the subnet, host side of its veth `b<bridge hash><index>`. Each is owned by a user
+//! namespace of the address's id range ([`crate::idranges`]), kept at
+//! `/run/bazaar/userns/<bridge>-<index>`: the machine's container runs in it (a process
+//! `runc exec` adds joins the user namespace first, and then may only join a network
+//! namespace it owns). The agent sets one up for
 //! each address it hands out, and four ahead, in the background, so a launch usually
 //! finds its namespace ready; when a machine is destroyed its address gets a fresh one.
 //!
 //! Everything is done with iproute2 (`ip`, in batch mode: two execs per namespace) and
-//! nftables (`nft`, once per host). The bridge is `bz-<8 hex of the host id>`.
+//! nftables (`nft`, once per host and once per namespace); the namespaces themselves are
+//! made by a short-lived child process ([`bazaar_image::IdMap`]). The bridge is `bz-<8 hex of the host id>`.
 
+use crate::idranges::{IdRanges, RANGE_SIZE};
 use std::collections::HashSet;
 use std::io::Write;
 use std::net::Ipv4Addr;
@@ -30,8 +36,10 @@ use std::sync::{Arc, Mutex};
 
 /// Where `ip netns` keeps named namespaces.
 const NETNS_DIR: &str = "/run/netns";
-/// Markers of namespaces that are completely set up.
+/// Markers of namespaces that are completely set up (each holds its id range's base).
 const READY_DIR: &str = "/run/bazaar/netns-ready";
+/// The user namespaces owning them.
+const USERNS_DIR: &str = "/run/bazaar/userns";
 /// Default subnets are /24s picked from here (the first one no route on the host covers).
 const DEFAULT_POOL: (u8, u8) = (10, 213);
 
@@ -102,6 +110,8 @@ pub struct LazyNetwork {
     configured: Option<Subnet>,
     /// Outbound NAT for machines.
     pub nat: bool,
+    /// The id range of each machine address.
+    pub id_ranges: Arc<IdRanges>,
     cell: std::sync::OnceLock<Network>,
     init: Mutex<()>,
 }
@@ -113,12 +123,14 @@ impl LazyNetwork {
         host_id: &str,
         configured: Option<Subnet>,
         nat: bool,
+        id_ranges: Arc<IdRanges>,
     ) -> LazyNetwork {
         LazyNetwork {
             data_dir: data_dir.to_path_buf(),
             host_id: host_id.to_string(),
             configured,
             nat,
+            id_ranges,
             cell: std::sync::OnceLock::new(),
             init: Mutex::new(()),
         }
@@ -134,7 +146,13 @@ impl LazyNetwork {
         if let Some(n) = self.cell.get() {
             return Ok(n);
         }
-        let n = Network::setup(&self.data_dir, &self.host_id, self.configured, self.nat)?;
+        let n = Network::setup(
+            &self.data_dir,
+            &self.host_id,
+            self.configured,
+            self.nat,
+            self.id_ranges.clone(),
+        )?;
         Ok(self.cell.get_or_init(|| n))
     }
 
@@ -154,6 +172,19 @@ pub struct Network {
     /// waits for the namespace being made ahead for its address instead of making it
     /// twice); different addresses go in parallel (locks striped by address).
     setup_locks: Arc<Vec<Mutex<()>>>,
+    /// The id range of each address (its namespaces' owner).
+    id_ranges: Arc<IdRanges>,
+}
+
+/// The namespaces of a machine address, set up.
+#[derive(Debug, Clone)]
+pub struct Attached {
+    /// The network namespace (`/run/netns/...`).
+    pub netns: PathBuf,
+    /// The user namespace that owns it.
+    pub userns: PathBuf,
+    /// The first host id of that user namespace's range.
+    pub uid_base: u32,
 }
 
 impl Network {
@@ -167,6 +198,7 @@ impl Network {
         host_id: &str,
         configured: Option<Subnet>,
         nat: bool,
+        id_ranges: Arc<IdRanges>,
     ) -> Result<Network, String> {
         let bridge = format!("bz-{}", &hex_of(host_id)[..8]);
         let record = data_dir.join("network");
@@ -187,6 +219,7 @@ impl Network {
             subnet,
             nat,
             setup_locks: stripes(),
+            id_ranges,
         };
         network.create_bridge()?;
         network.firewall();
@@ -318,34 +351,45 @@ impl Network {
         Path::new(READY_DIR).join(self.netns_name(ip))
     }
 
-    /// The network namespace of address `ip`: set up now unless it already is (made ahead
-    /// by [`Network::prepare_ahead`], or by an earlier run of the same machine). Returns its
-    /// path. Namespaces belong to addresses, not machines: one exists while its address is
-    /// held or about to be handed out.
-    pub fn attach(&self, ip: Ipv4Addr) -> Result<PathBuf, String> {
+    /// The network namespace of address `ip` and the user namespace owning it: set up now
+    /// unless they already are (made ahead by [`Network::prepare_ahead`], or by an earlier
+    /// run of the same machine). Namespaces belong to addresses, not machines: they exist
+    /// while their address is held or about to be handed out.
+    pub fn attach(&self, ip: Ipv4Addr) -> Result<Attached, String> {
         if !self.subnet.contains(ip) || ip == self.subnet.gateway() {
             return Err(format!(
                 "address {ip} is not a machine address of this host's subnet {}",
                 self.subnet
             ));
         }
+        let uid_base = self.id_ranges.range_of(ip)?;
         let _one_at_a_time = self.lock(ip);
         let ns = self.netns_name(ip);
-        let path = Path::new(NETNS_DIR).join(&ns);
-        if self.ready_marker(ip).exists() && path.exists() {
-            return Ok(path);
+        let attached = Attached {
+            netns: Path::new(NETNS_DIR).join(&ns),
+            userns: Path::new(USERNS_DIR).join(&ns),
+            uid_base,
+        };
+        let ready = std::fs::read_to_string(self.ready_marker(ip))
+            .is_ok_and(|base| base == uid_base.to_string());
+        if ready && attached.netns.exists() && attached.userns.exists() {
+            return Ok(attached);
         }
         let veth = self.veth_name(ip);
-        let mut host = String::new();
-        if path.exists() {
-            host += &format!("netns delete {ns}\n");
+        let mut cleanup = String::new();
+        if attached.netns.exists() {
+            cleanup += &format!("netns delete {ns}\n");
         }
         if Path::new("/sys/class/net").join(&veth).exists() {
-            host += &format!("link delete {veth}\n");
+            cleanup += &format!("link delete {veth}\n");
         }
+        if !cleanup.is_empty() {
+            ip_batch(None, &cleanup)?;
+        }
+        make_namespaces(&attached, uid_base)?;
+        let mut host = String::new();
         host += &format!(
-            "netns add {ns}\n\
-             link add {veth} type veth peer name eth0 netns {ns}\n\
+            "link add {veth} type veth peer name eth0 netns {ns}\n\
              link set {veth} master {br}\n\
              link set dev {veth} type bridge_slave isolated on\n\
              link set {veth} up\n",
@@ -362,9 +406,9 @@ impl Network {
             tracing::warn!(%ip, error = %err, "nftables: the machine's source address not allowed (its traffic is dropped)");
         }
         std::fs::create_dir_all(READY_DIR).map_err(|e| format!("creating {READY_DIR}: {e}"))?;
-        std::fs::write(self.ready_marker(ip), b"")
+        std::fs::write(self.ready_marker(ip), uid_base.to_string())
             .map_err(|e| format!("marking {ns} ready: {e}"))?;
-        Ok(path)
+        Ok(attached)
     }
 
     /// Replaces `ip`'s namespace with a fresh one (a machine that had the address is gone;
@@ -386,7 +430,7 @@ impl Network {
             .take(count)
             .collect();
         for ip in next {
-            if let Err(err) = self.attach(ip) {
+            if let Err(err) = self.attach(ip).map(drop) {
                 tracing::warn!(%ip, error = %err, "setting up a network namespace ahead");
             }
         }
@@ -403,10 +447,13 @@ impl Network {
                 tracing::warn!(%ip, error = %err, "removing a network namespace");
             }
         }
+        unbind_namespace(&Path::new(USERNS_DIR).join(&ns));
     }
 
-    /// Removes the bridge and its firewall table (tests and dev clusters that go away).
+    /// Removes the bridge and its firewall table (tests and dev clusters that go away), and
+    /// gives back the id ranges.
     pub fn teardown(&self) {
+        self.id_ranges.release_all();
         let _ = ip_batch(None, &format!("link delete {}\n", self.bridge));
         let table = self.table();
         for family in ["ip", "bridge"] {
@@ -417,6 +464,36 @@ impl Network {
             );
         }
     }
+}
+
+/// Makes a user namespace mapping `uid_base..` and a network namespace it owns, and binds
+/// them at `attached`'s paths (as `ip netns add` does for the network namespace).
+fn make_namespaces(attached: &Attached, uid_base: u32) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let ids = bazaar_image::IdMap {
+        host_base: uid_base,
+        count: RANGE_SIZE,
+    };
+    let (user, net) = ids
+        .user_and_network_namespaces()
+        .map_err(|e| format!("making the namespaces of {}: {e}", attached.netns.display()))?;
+    unbind_namespace(&attached.userns);
+    for (fd, target) in [(&net, &attached.netns), (&user, &attached.userns)] {
+        let err = |e: &dyn std::fmt::Display| format!("binding {}: {e}", target.display());
+        if let Some(dir) = target.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| err(&e))?;
+        }
+        std::fs::File::create(target).map_err(|e| err(&e))?;
+        rustix::mount::mount_bind(format!("/proc/self/fd/{}", fd.as_raw_fd()).as_str(), target)
+            .map_err(|e| err(&e))?;
+    }
+    Ok(())
+}
+
+/// Unmounts and removes a namespace bound at `path` (if it is). Idempotent.
+fn unbind_namespace(path: &Path) {
+    let _ = rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH);
+    let _ = std::fs::remove_file(path);
 }
 
 fn stripes() -> Arc<Vec<Mutex<()>>> {
@@ -542,6 +619,7 @@ mod tests {
             subnet: s,
             nat: false,
             setup_locks: stripes(),
+            id_ranges: Arc::new(IdRanges::new("test")),
         };
         assert_eq!(
             net.netns_name(Ipv4Addr::new(10, 213, 7, 254)),
@@ -568,6 +646,7 @@ mod tests {
             subnet: "10.0.0.0/16".parse().unwrap(),
             nat: false,
             setup_locks: stripes(),
+            id_ranges: Arc::new(IdRanges::new("test")),
         };
         assert!(net.veth_name(Ipv4Addr::new(10, 0, 255, 254)).len() <= 15);
     }

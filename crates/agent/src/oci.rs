@@ -70,8 +70,6 @@ pub struct OciRuntime {
     pub last_use: Arc<crate::images::LastUse>,
     /// Credentials by registry host (`--registry-auth`); others are pulled anonymously.
     pub credentials: BTreeMap<String, Auth>,
-    /// The user namespace id ranges of this host's machines.
-    pub id_ranges: Arc<IdRanges>,
     /// `/run/bazaar/<host id>`: what runc must reach as a machine's root (its rootfs).
     pub runtime_dir: PathBuf,
     /// `bazaar/<host id>`, the parent of the machines' cgroups (the driver's naming).
@@ -132,7 +130,6 @@ impl OciRuntime {
             network: Arc::new(network),
             last_use: Arc::default(),
             credentials,
-            id_ranges: Arc::new(IdRanges::new(host_id)),
             runtime_dir: Path::new("/run/bazaar").join(host_id),
             cgroup_parent: format!("bazaar/{host_id}"),
         })
@@ -169,8 +166,13 @@ impl OciRuntime {
             .as_deref()
             .map(str::parse::<crate::network::Subnet>)
             .transpose()?;
-        let network =
-            crate::network::LazyNetwork::new(&config.data_dir, host_id, subnet, config.machine_nat);
+        let network = crate::network::LazyNetwork::new(
+            &config.data_dir,
+            host_id,
+            subnet,
+            config.machine_nat,
+            Arc::new(IdRanges::new(host_id)),
+        );
         OciRuntime::detect(
             host_id,
             config.runc.as_deref(),
@@ -210,12 +212,27 @@ impl OciRuntime {
                 image
             }
         };
+        let t_image = t0.elapsed();
+        let ip = rec
+            .private_ip
+            .ok_or("the machine has no private address (recreate it)")?;
+        // The address's namespaces: the network's, and the user namespace that owns it,
+        // whose range the machine's files are given.
+        let namespaces = tokio::task::spawn_blocking({
+            let network = self.network.clone();
+            move || network.get()?.attach(ip)
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        if rec.uid_base.is_some_and(|b| b != namespaces.uid_base) {
+            tracing::warn!(machine.id = %rec.id, recorded = ?rec.uid_base, now = namespaces.uid_base,
+                           "the address's id range changed");
+        }
         let ids = IdMap {
-            host_base: rec
-                .uid_base
-                .ok_or("the machine has no user id range (recreate it)")?,
+            host_base: namespaces.uid_base,
             count: RANGE_SIZE,
         };
+        let t_network = t0.elapsed();
         // Every run starts from the image as it is: what a run wrote to its root
         // filesystem is gone at the next start (volumes are for data that must stay).
         let exposed = self.exposed_rootfs(&rec.id);
@@ -224,7 +241,6 @@ impl OciRuntime {
             .remove_rootfs(machine_dir)
             .await
             .map_err(|e| format!("removing the previous root filesystem: {e}"))?;
-        let t_image = t0.elapsed();
         let rootfs = self
             .images
             .rootfs_mapped(&image, machine_dir, Some(ids))
@@ -239,9 +255,6 @@ impl OciRuntime {
             owner: ids.to_host(0),
         };
         let (uid, gid) = resolve_user(&root.fd, process.user.as_deref())?;
-        let ip = rec
-            .private_ip
-            .ok_or("the machine has no private address (recreate it)")?;
         write_in_root(
             &root,
             "/etc/hosts",
@@ -277,13 +290,6 @@ impl OciRuntime {
                 })?;
             write_in_root(&root, &f.guest_path, &data, f.mode.unwrap_or(0o644))?;
         }
-        let netns = tokio::task::spawn_blocking({
-            let network = self.network.clone();
-            move || network.get()?.attach(ip)
-        })
-        .await
-        .map_err(|e| e.to_string())??;
-        let t_network = t0.elapsed();
         expose_rootfs(&rootfs, &exposed)?;
         if let Some((source, _)) = &volume {
             let source = source.clone();
@@ -303,7 +309,7 @@ impl OciRuntime {
             cwd: &process.cwd,
             uid,
             gid,
-            netns: &netns,
+            namespaces: &namespaces,
             cgroup: &format!("/{cgroup}/ctr"),
             volume: volume.as_ref(),
         });
@@ -314,9 +320,8 @@ impl OciRuntime {
         tracing::debug!(
             machine.id = %rec.id,
             image_ms = t_image.as_secs_f64() * 1e3,
-            rootfs_ms = (t_rootfs - t_image).as_secs_f64() * 1e3,
-            network_ms = (t_network - t_rootfs).as_secs_f64() * 1e3,
-            expose_ms = (t0.elapsed() - t_network).as_secs_f64() * 1e3,
+            network_ms = (t_network - t_image).as_secs_f64() * 1e3,
+            rootfs_ms = (t_rootfs - t_network).as_secs_f64() * 1e3,
             total_ms = t0.elapsed().as_secs_f64() * 1e3,
             "image machine prepared"
         );
@@ -476,7 +481,7 @@ struct BundleInputs<'a> {
     cwd: &'a str,
     uid: u32,
     gid: u32,
-    netns: &'a Path,
+    namespaces: &'a crate::network::Attached,
     cgroup: &'a str,
     volume: Option<&'a (PathBuf, String)>,
 }
@@ -526,9 +531,9 @@ fn bundle_config(i: &BundleInputs<'_>) -> Value {
             "uidMappings": [{"containerID": 0, "hostID": i.ids.host_base, "size": i.ids.count}],
             "gidMappings": [{"containerID": 0, "hostID": i.ids.host_base, "size": i.ids.count}],
             "namespaces": [
-                {"type": "user"},
+                {"type": "user", "path": i.namespaces.userns},
                 {"type": "pid"},
-                {"type": "network", "path": i.netns},
+                {"type": "network", "path": i.namespaces.netns},
                 {"type": "ipc"},
                 {"type": "uts"},
                 {"type": "mount"},

@@ -52,17 +52,29 @@ impl IdMap {
         format!("0 {} {}\n", self.host_base, self.count)
     }
 
-    /// A user namespace with this mapping (for idmapped mounts): a child process enters a
-    /// new user namespace and waits; its maps are written, its namespace opened, and it is
-    /// killed.
+    /// A user namespace with this mapping (for idmapped mounts).
     pub fn user_namespace(&self) -> io::Result<OwnedFd> {
+        self.namespaces(0).map(|(user, _)| user)
+    }
+
+    /// A user namespace with this mapping and a network namespace it owns (a machine's:
+    /// the processes `runc exec` adds join the user namespace first, and then may join
+    /// only a network namespace it owns).
+    pub fn user_and_network_namespaces(&self) -> io::Result<(OwnedFd, OwnedFd)> {
+        let (user, net) = self.namespaces(libc::CLONE_NEWNET)?;
+        Ok((user, net.expect("asked for")))
+    }
+
+    /// A child process is made in a new user namespace (and the namespaces of `also`),
+    /// its maps are written, its namespaces opened, and it is killed.
+    fn namespaces(&self, also: libc::c_int) -> io::Result<(OwnedFd, Option<OwnedFd>)> {
         // SAFETY: a raw clone without CLONE_VM gives the child a copy of this process with
         // only the calling thread; the child makes no call but pause and _exit (no locks,
         // no allocation), so whatever other threads held does not matter.
         let pid = unsafe {
             libc::syscall(
                 libc::SYS_clone,
-                (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong,
+                (libc::CLONE_NEWUSER | also | libc::SIGCHLD) as libc::c_ulong,
                 0usize,
                 0usize,
                 0usize,
@@ -85,8 +97,15 @@ impl IdMap {
         let result = (|| {
             fs::write(format!("/proc/{pid}/uid_map"), self.map_line())?;
             fs::write(format!("/proc/{pid}/gid_map"), self.map_line())?;
-            let ns = fs::File::open(format!("/proc/{pid}/ns/user"))?;
-            Ok(OwnedFd::from(ns))
+            let open = |ns: &str| -> io::Result<OwnedFd> {
+                Ok(OwnedFd::from(fs::File::open(format!("/proc/{pid}/ns/{ns}"))?))
+            };
+            let net = if also & libc::CLONE_NEWNET != 0 {
+                Some(open("net")?)
+            } else {
+                None
+            };
+            Ok((open("user")?, net))
         })();
         // SAFETY: kill and waitpid take plain integers; the child is ours and unreaped.
         unsafe {

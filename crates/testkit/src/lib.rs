@@ -282,8 +282,8 @@ impl Drop for TestAgent {
 }
 
 /// Removes what image machines leave on the host outside the data dir: their network
-/// namespaces, the agent's bridge and firewall table, and mounts (overlay root
-/// filesystems) below the data dir.
+/// namespaces and the user namespaces owning them, the agent's bridge and firewall tables,
+/// and mounts (overlay root filesystems) below the data dir.
 fn remove_machine_network_and_mounts(data_dir: &Path) {
     let run = |program: &str, args: &[&str]| {
         let _ = Command::new(program)
@@ -305,6 +305,17 @@ fn remove_machine_network_and_mounts(data_dir: &Path) {
             if name.starts_with(&prefix) {
                 run("ip", &["netns", "delete", &name]);
                 let _ = std::fs::remove_file(Path::new("/run/bazaar/netns-ready").join(&name));
+            }
+        }
+        // And the user namespaces that own them.
+        for e in std::fs::read_dir("/run/bazaar/userns")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                run("umount", &["-l", &e.path().display().to_string()]);
+                let _ = std::fs::remove_file(e.path());
             }
         }
         run("ip", &["link", "delete", bridge]);
