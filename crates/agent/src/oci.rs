@@ -402,15 +402,12 @@ impl OciRuntime {
         self.runtime_dir.join("rootfs").join(id)
     }
 
-    /// Removes what a destroyed machine had: its container's cgroup (`<cgroup>/ctr`, left
-    /// by `runc run --keep`), its rootfs (unmounted, at both places). Its network namespace
+    /// Removes what a destroyed machine had: its cgroups (runc's `<cgroup>/ctr`, left by
+    /// `runc run --keep`, and the machine's, in every hierarchy), its rootfs (unmounted, at both places). Its network namespace
     /// goes with its address ([`crate::network::Network::renew`]), its id range with its
     /// record.
     pub async fn cleanup(&self, id: &str, machine_dir: &Path) {
-        let container_cgroup = format!("{}/{id}/ctr", self.cgroup_parent);
-        if let Err(err) = bazaar_shim::remove_cgroup(&container_cgroup) {
-            tracing::warn!(machine.id = id, error = %err, "removing the container's cgroup");
-        }
+        remove_runc_cgroups(&format!("{}/{id}", self.cgroup_parent));
         if let Err(err) = unexpose_rootfs(&self.exposed_rootfs(id)) {
             tracing::warn!(machine.id = id, error = %err, "removing the root filesystem");
         }
@@ -418,6 +415,31 @@ impl OciRuntime {
             // A process machine (or one whose rootfs is already gone).
         } else if let Err(err) = self.images.remove_rootfs(machine_dir).await {
             tracing::warn!(machine.id = id, error = %err, "removing the root filesystem");
+        }
+    }
+}
+
+/// Removes machine cgroup `cgroup` and its container's (`ctr`) from every hierarchy:
+/// runc makes them in all of them (on cgroup v1 also in those the shim does not manage,
+/// such as `devices`, `cpuset` or `systemd`). Cgroups still in use stay (and are logged).
+fn remove_runc_cgroups(cgroup: &str) {
+    const ROOT: &str = "/sys/fs/cgroup";
+    let hierarchies = std::iter::once(PathBuf::from(ROOT)).chain(
+        std::fs::read_dir(ROOT)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path()),
+    );
+    for hierarchy in hierarchies {
+        let machine = hierarchy.join(cgroup);
+        for dir in [machine.join("ctr"), machine] {
+            match std::fs::remove_dir(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!(cgroup = %dir.display(), error = %e, "removing a cgroup");
+                }
+                _ => {}
+            }
         }
     }
 }
