@@ -140,6 +140,10 @@ mod tests {
         assert_eq!(a_again.range_of(ip(3)).unwrap(), a3);
         assert_eq!(a_again.range_of(ip(2)).unwrap(), a2, "its own claim");
         a_again.release_all();
-        assert_eq!(b.range_of(ip(4)).unwrap(), a2, "released ranges are free again");
+        assert_eq!(
+            b.range_of(ip(4)).unwrap(),
+            a2,
+            "released ranges are free again"
+        );
     }
 }

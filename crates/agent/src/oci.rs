@@ -30,8 +30,8 @@ use crate::idranges::{IdRanges, RANGE_SIZE};
 use crate::network::LazyNetwork;
 use crate::record::MachineRecord;
 use bazaar_image::{Auth, IdMap, ImageStore, PullPhase, Reference};
-use bazaar_types::seccomp;
 use bazaar_types::event::MachineEvent;
+use bazaar_types::seccomp;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -611,7 +611,8 @@ fn seccomp_profile() -> Value {
 fn expose_rootfs(rootfs: &Path, exposed: &Path) -> Result<(), String> {
     use rustix::mount::{move_mount, open_tree, MoveMountFlags, OpenTreeFlags};
     use std::os::unix::fs::PermissionsExt;
-    let err = |e: &dyn std::fmt::Display| format!("mounting the rootfs at {}: {e}", exposed.display());
+    let err =
+        |e: &dyn std::fmt::Display| format!("mounting the rootfs at {}: {e}", exposed.display());
     std::fs::create_dir_all(exposed).map_err(|e| err(&e))?;
     // /run/bazaar/<host id>/rootfs: traversable, not listable.
     for dir in exposed.ancestors().skip(1).take(3) {
@@ -658,8 +659,8 @@ fn unexpose_rootfs(exposed: &Path) -> Result<(), String> {
 fn give_volume_to_ids(path: &Path, ids: IdMap) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     let root = ids.to_host(0);
-    let meta = std::fs::symlink_metadata(path)
-        .map_err(|e| format!("volume {}: {e}", path.display()))?;
+    let meta =
+        std::fs::symlink_metadata(path).map_err(|e| format!("volume {}: {e}", path.display()))?;
     if meta.uid() == root && meta.gid() == root {
         return Ok(());
     }

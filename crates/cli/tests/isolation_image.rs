@@ -9,8 +9,7 @@
 mod common;
 
 use bazaar_testkit::images::{
-    busybox_rootfs_layer, config_with, docker_save, ensure_packages, push_with_config,
-    TestRegistry,
+    busybox_rootfs_layer, config_with, docker_save, ensure_packages, push_with_config, TestRegistry,
 };
 use bazaar_testkit::start_cluster;
 use common::*;
@@ -57,8 +56,9 @@ async fn started(fly: &Fly, agent: &bazaar_testkit::TestAgent, app: &str, id: &s
         .await;
     if s != StatusCode::OK {
         let (_, ev) = fly.get(&format!("/apps/{app}/machines/{id}/events")).await;
-        let log = std::fs::read_to_string(agent.data_dir.join("machines").join(id).join("output.log"))
-            .unwrap_or_default();
+        let log =
+            std::fs::read_to_string(agent.data_dir.join("machines").join(id).join("output.log"))
+                .unwrap_or_default();
         panic!("machine {id} never started: {w}\nevents: {ev}\nlog: {log}");
     }
 }
@@ -215,11 +215,21 @@ async fn image_machines_are_confined_on_the_host() {
         .flat_map(|r| r["names"].as_array().unwrap())
         .filter_map(Value::as_str)
         .collect();
-    for call in ["io_uring_setup", "unshare", "setns", "mount", "bpf", "keyctl"] {
+    for call in [
+        "io_uring_setup",
+        "unshare",
+        "setns",
+        "mount",
+        "bpf",
+        "keyctl",
+    ] {
         assert!(!allowed.contains(&call), "{call} allowed");
     }
     let caps = spec["process"]["capabilities"]["bounding"].to_string();
-    assert!(!caps.contains("CAP_NET_RAW") && !caps.contains("CAP_MKNOD"), "{caps}");
+    assert!(
+        !caps.contains("CAP_NET_RAW") && !caps.contains("CAP_MKNOD"),
+        "{caps}"
+    );
 
     // No raw sockets: it cannot forge frames (busybox arping needs a packet socket).
     let network = std::fs::read_to_string(agent.data_dir.join("network")).unwrap();
@@ -270,19 +280,40 @@ async fn image_machines_are_confined_on_the_host() {
     let before = dropped_packets("bridge", &table);
     host_cmd(
         "ip",
-        &["-n", &netns, "addr", "add", &format!("{spoofed}/32"), "dev", "eth0"],
+        &[
+            "-n",
+            &netns,
+            "addr",
+            "add",
+            &format!("{spoofed}/32"),
+            "dev",
+            "eth0",
+        ],
     );
     let _ = Command::new("ip")
-        .args(["netns", "exec", &netns, "busybox", "ping", "-c", "2", "-W", "1"])
+        .args([
+            "netns", "exec", &netns, "busybox", "ping", "-c", "2", "-W", "1",
+        ])
         .args(["-I", &spoofed.to_string(), &gateway.to_string()])
         .output()
         .unwrap();
     host_cmd(
         "ip",
-        &["-n", &netns, "addr", "del", &format!("{spoofed}/32"), "dev", "eth0"],
+        &[
+            "-n",
+            &netns,
+            "addr",
+            "del",
+            &format!("{spoofed}/32"),
+            "dev",
+            "eth0",
+        ],
     );
     let after = dropped_packets("bridge", &table);
-    assert!(after > before, "spoofed packets not dropped ({before} → {after})");
+    assert!(
+        after > before,
+        "spoofed packets not dropped ({before} → {after})"
+    );
     // Its own address still works (the proxy reached it above; once more now).
     assert_eq!(sh(&fly, "box", &id, "echo ok").await, "ok\n");
 
@@ -291,13 +322,18 @@ async fn image_machines_are_confined_on_the_host() {
         .delete(&format!("/apps/box/machines/{id}?force=true"))
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    let exposed = Path::new("/run/bazaar").join(&host_id).join("rootfs").join(&id);
+    let exposed = Path::new("/run/bazaar")
+        .join(&host_id)
+        .join("rootfs")
+        .join(&id);
     let leftovers = || {
         let mut left: Vec<String> = std::fs::read_dir("/sys/fs/cgroup")
             .unwrap()
             .flatten()
             .map(|h| h.path().join("bazaar").join(&host_id).join(&id))
-            .chain(std::iter::once(Path::new("/sys/fs/cgroup/bazaar").join(&host_id).join(&id)))
+            .chain(std::iter::once(
+                Path::new("/sys/fs/cgroup/bazaar").join(&host_id).join(&id),
+            ))
             .filter(|p| p.exists())
             .map(|p| p.display().to_string())
             .collect();
@@ -305,7 +341,12 @@ async fn image_machines_are_confined_on_the_host() {
             left.push(exposed.display().to_string());
         }
         let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
-        left.extend(mounts.lines().filter(|l| l.contains(&id)).map(str::to_string));
+        left.extend(
+            mounts
+                .lines()
+                .filter(|l| l.contains(&id))
+                .map(str::to_string),
+        );
         left
     };
     let clean = bazaar_testkit::eventually(Duration::from_secs(15), || async {

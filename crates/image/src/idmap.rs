@@ -98,7 +98,9 @@ impl IdMap {
             fs::write(format!("/proc/{pid}/uid_map"), self.map_line())?;
             fs::write(format!("/proc/{pid}/gid_map"), self.map_line())?;
             let open = |ns: &str| -> io::Result<OwnedFd> {
-                Ok(OwnedFd::from(fs::File::open(format!("/proc/{pid}/ns/{ns}"))?))
+                Ok(OwnedFd::from(fs::File::open(format!(
+                    "/proc/{pid}/ns/{ns}"
+                ))?))
             };
             let net = if also & libc::CLONE_NEWNET != 0 {
                 Some(open("net")?)
@@ -144,7 +146,10 @@ pub(crate) fn idmap_mount(mount: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> io::
 }
 
 /// A detached copy of the mount at `path`, idmapped through `userns`.
-pub(crate) fn idmapped_clone(path: &std::path::Path, userns: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+pub(crate) fn idmapped_clone(
+    path: &std::path::Path,
+    userns: BorrowedFd<'_>,
+) -> io::Result<OwnedFd> {
     use rustix::mount::{open_tree, OpenTreeFlags};
     let fd = open_tree(
         rustix::fs::CWD,

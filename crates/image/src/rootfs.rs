@@ -131,7 +131,11 @@ pub(crate) fn create(
 /// layer (no length limit; Linux ≥ 6.8), else with a classic `lowerdir=a:b` option string.
 /// With `ids`, every layer is an idmapped mount (new API only) and `upper` belongs to the
 /// machine's root, so what it writes is owned by its own host ids.
-fn mount_overlay(layers: &[(Digest, PathBuf)], machine_dir: &Path, ids: Option<IdMap>) -> Result<()> {
+fn mount_overlay(
+    layers: &[(Digest, PathBuf)],
+    machine_dir: &Path,
+    ids: Option<IdMap>,
+) -> Result<()> {
     let rootfs = machine_dir.join("rootfs");
     let upper = machine_dir.join("upper");
     let work = machine_dir.join("work");
