@@ -276,7 +276,9 @@ impl Network {
 
     /// The bridge-family table: a frame from a machine's veth (`b<bridge hash>*`) passes
     /// only with the source address of that veth (a set of `veth . address`, filled as
-    /// namespaces are made; those that exist already are in it from the start).
+    /// namespaces are made; those that exist already are in it from the start). Machines
+    /// have no IPv6 addresses: IPv6 from them (link-local, which would reach the host's
+    /// listeners past the `ip` table) is dropped.
     fn anti_spoofing_rules(&self) -> String {
         let table = self.table();
         let ports = format!("{}*", self.veth_prefix());
@@ -296,7 +298,8 @@ impl Network {
              set sources {{ type ifname . ipv4_addr;{elements} }}\n\
              chain prerouting {{ type filter hook prerouting priority -200; \
              iifname \"{ports}\" ether type ip iifname . ip saddr != @sources counter drop; \
-             iifname \"{ports}\" ether type arp iifname . arp saddr ip != @sources counter drop; }}\n}}\n"
+             iifname \"{ports}\" ether type arp iifname . arp saddr ip != @sources counter drop; \
+             iifname \"{ports}\" ether type ip6 counter drop; }}\n}}\n"
         )
     }
 

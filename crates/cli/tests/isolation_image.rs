@@ -275,6 +275,11 @@ async fn image_machines_are_confined_on_the_host() {
     let index = u32::from(ip) - u32::from(subnet.parse::<Ipv4Addr>().unwrap());
     let netns = format!("{bridge}-{index}");
     let sources = host_cmd("nft", &["list", "set", "bridge", &table, "sources"]);
+    // (Machines have no IPv6 addresses; link-local IPv6 from them is dropped too.)
+    assert!(
+        host_cmd("nft", &["list", "table", "bridge", &table]).contains("ether type ip6"),
+        "IPv6 from machines is not dropped"
+    );
     assert!(sources.contains(&format!(". {ip}")), "{sources}");
     let spoofed = Ipv4Addr::from(u32::from(ip) + 100);
     let before = dropped_packets("bridge", &table);
