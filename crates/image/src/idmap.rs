@@ -82,12 +82,10 @@ impl IdMap {
             )
         };
         if pid == 0 {
-            loop {
-                // SAFETY: pause and _exit touch no memory.
-                unsafe {
-                    libc::pause();
-                    libc::_exit(0);
-                }
+            // SAFETY: pause and _exit touch no memory. The child waits to be killed.
+            unsafe {
+                libc::pause();
+                libc::_exit(0);
             }
         }
         if pid < 0 {
