@@ -1,7 +1,9 @@
 //! Where a machine's services are reached: an address of its own on the host's machine
 //! network ([`crate::network`]) for an image machine and for a process machine of an
 //! isolating (root) agent, host ports on loopback for a process machine otherwise. Both
-//! are handed out when a machine is accepted and given back when it is destroyed; namespaces for addresses are set up in the background.
+//! are handed out when a machine is accepted and given back when it is destroyed;
+//! namespaces for addresses are set up in the background. An image machine's user namespace
+//! id range is its address's ([`crate::idranges`]).
 
 use crate::agent::{lock, Agent};
 use crate::driver;
@@ -109,6 +111,12 @@ impl Agent {
                 })?;
                 used.insert(ip);
                 rec.private_ip = Some(ip);
+                rec.uid_base = Some(
+                    oci.network
+                        .id_ranges
+                        .range_of(ip)
+                        .map_err(AgentError::Internal)?,
+                );
                 // Its namespace, and the next addresses', are set up meanwhile: the launch
                 // usually finds them ready.
                 let (network, used) = (network.clone(), used.clone());

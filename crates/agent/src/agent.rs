@@ -175,6 +175,14 @@ impl Agent {
             uids.extend(m.uid);
         }
         crate::addresses::restore_machine_network(&driver, &addresses);
+        if let Ok(oci) = &driver.oci {
+            oci.network.id_ranges.restore(
+                machines
+                    .iter()
+                    .filter(|m| m.state != MachineState::Destroyed)
+                    .filter_map(|m| Some((m.private_ip?, m.uid_base?))),
+            );
+        }
         for r in store.reservations()? {
             ledger.restore_reservation(r);
         }

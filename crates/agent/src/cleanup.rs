@@ -91,7 +91,10 @@ pub fn release_host(data_dir: &Path, host_id: Option<&str>) -> Released {
             remove_cgroup_dir(&dir);
         }
     }
-    done.mounts = unmount_below(&data_dir);
+    if let Some(id) = host_id {
+        done.mounts += release_runtime_dir(id);
+    }
+    done.mounts += unmount_below(&data_dir);
     done.loop_devices = detach_loops_below(&data_dir);
     let mut bridges: Vec<String> = host_id.map(bridge_name).into_iter().collect();
     let record = std::fs::read_to_string(data_dir.join("network")).unwrap_or_default();
@@ -363,10 +366,44 @@ fn remove_network(bridge: &str, done: &mut Released) {
     for link in links {
         done.links += run("ip", &["link", "delete", &link]) as usize;
     }
-    let table = format!("bazaar_{}", bridge.replace('-', "_"));
-    if run("nft", &["list", "table", "ip", &table]) {
-        done.nft_tables += run("nft", &["delete", "table", "ip", &table]) as usize;
+    // The user namespaces that own the machines' network namespaces (bind-mounted to keep
+    // them alive).
+    for e in std::fs::read_dir(USERNS_DIR).into_iter().flatten().flatten() {
+        if e.file_name().to_string_lossy().starts_with(&format!("{bridge}-")) {
+            let path = e.path().display().to_string();
+            unmount(&path);
+            let _ = std::fs::remove_file(e.path());
+        }
     }
+    let table = format!("bazaar_{}", bridge.replace('-', "_"));
+    for family in ["ip", "bridge"] {
+        if run("nft", &["list", "table", family, &table]) {
+            done.nft_tables += run("nft", &["delete", "table", family, &table]) as usize;
+        }
+    }
+}
+
+/// Where the user namespaces owning machines' network namespaces are kept.
+const USERNS_DIR: &str = "/run/bazaar/userns";
+
+/// Unmounts and removes host `host_id`'s runtime dir (`/run/bazaar/<host id>`, where its
+/// image machines' root filesystems are mounted for runc) and gives back the user
+/// namespace id ranges its machines claimed. Returns how many mounts it removed.
+fn release_runtime_dir(host_id: &str) -> usize {
+    let dir = Path::new("/run/bazaar").join(host_id);
+    let removed = unmount_below(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    let holder = format!("{host_id}/");
+    for claim in std::fs::read_dir("/run/bazaar/idranges")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if std::fs::read_to_string(claim.path()).is_ok_and(|h| h.starts_with(&holder)) {
+            let _ = std::fs::remove_file(claim.path());
+        }
+    }
+    removed
 }
 
 fn namespaces_with_prefix(prefix: &str) -> Vec<String> {

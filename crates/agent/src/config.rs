@@ -83,6 +83,8 @@ pub struct AgentConfig {
     pub runc: Option<PathBuf>,
     /// Credentials for pulling from registries: `host[:port]=user:password` each.
     pub registry_auth: Vec<String>,
+    /// The largest image archive `POST /host/v1/images/import` accepts (bytes).
+    pub max_import_bytes: u64,
 }
 
 impl Default for AgentConfig {
@@ -121,6 +123,7 @@ impl Default for AgentConfig {
             machine_nat: false,
             runc: None,
             registry_auth: Vec::new(),
+            max_import_bytes: 4 << 30,
         }
     }
 }

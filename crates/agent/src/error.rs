@@ -26,6 +26,8 @@ pub enum AgentError {
     MetadataNotFound(String),
     #[error("{0}")]
     NotFound(String),
+    #[error("{0}")]
+    TooLarge(String),
     #[error("aborted: could not reserve resources for machine: {0}")]
     Capacity(String),
     #[error("timeout waiting for machine {id} to be {states}")]
@@ -66,6 +68,7 @@ impl AgentError {
             Self::LeaseNotFound(_) | Self::MetadataNotFound(_) | Self::NotFound(_) => {
                 (StatusCode::NOT_FOUND, None)
             }
+            Self::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, None),
             Self::Capacity(_) => (StatusCode::CONFLICT, Some("insufficient_capacity")),
             Self::WaitTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, None),
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, None),

@@ -146,9 +146,26 @@ fn tokio_stream_of(
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-/// Imports the archive in the request body (streamed to a file first).
-async fn import(State(agent): State<Agent>, body: Body) -> Result<Response, AgentError> {
+/// Imports the archive in the request body (streamed to a file first, up to
+/// `max_import_bytes`: a larger one is refused with 413 before or as it passes the limit).
+async fn import(
+    State(agent): State<Agent>,
+    headers: axum::http::HeaderMap,
+    body: Body,
+) -> Result<Response, AgentError> {
     let store = store(&agent)?;
+    let limit = agent.0.config.max_import_bytes;
+    let too_large = || {
+        AgentError::TooLarge(format!(
+            "the archive is larger than this host accepts ({limit} bytes, --max-import-bytes)"
+        ))
+    };
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
     let tmp = agent
         .0
         .config
@@ -164,6 +181,9 @@ async fn import(State(agent): State<Agent>, body: Body) -> Result<Response, Agen
             let chunk =
                 chunk.map_err(|e| AgentError::Invalid(format!("reading the archive: {e}")))?;
             size += chunk.len() as u64;
+            if size > limit {
+                return Err(too_large());
+            }
             file.write_all(&chunk)
                 .await
                 .map_err(|e| AgentError::Internal(format!("writing the archive: {e}")))?;

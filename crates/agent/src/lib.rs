@@ -47,6 +47,7 @@ pub mod exec;
 pub mod fault;
 pub mod http;
 pub mod identity;
+pub mod idranges;
 pub mod images;
 pub mod leases;
 pub mod market;

@@ -201,6 +201,7 @@ impl Agent {
             host_ports: BTreeMap::new(),
             private_ip: None,
             uid: None,
+            uid_base: None,
             run: None,
             next_run_id: 1,
             exit_handled_run: 0,

@@ -5,19 +5,28 @@
 //!
 //! Isolation: every machine's bridge port is `isolated` (the bridge forwards nothing
 //! between two machines), and an nftables rule drops what the host would route from the
-//! bridge back into it, so machines reach the host and, with NAT on, the outside, but never
-//! each other (different apps or not; they talk through the proxy). Outbound NAT is off
-//! unless configured.
+//! bridge back into it, so machines reach, with NAT on, the outside, but never each other
+//! (different apps or not; they talk through the proxy). Outbound NAT is off unless
+//! configured. Nothing from the bridge reaches the host's own listeners (any of its
+//! addresses) but replies to connections the host opened (the proxy, health checks), and
+//! a machine sends only with its own address: a bridge-family table drops IPv4 and ARP
+//! whose source is not the address of the veth it came in on.
 //!
 //! Nothing is created until the host's first image machine ([`LazyNetwork`]). Namespaces
 //! belong to addresses: `/run/netns/<bridge>-<index>` for the index-th address
-//! of the subnet, host side of its veth `b<bridge hash><index>`. The agent sets one up for
+//! of the subnet, host side of its veth `b<bridge hash><index>`. Each is owned by a user
+//! namespace of the address's id range ([`crate::idranges`]), kept at
+//! `/run/bazaar/userns/<bridge>-<index>`: the machine's container runs in it (a process
+//! `runc exec` adds joins the user namespace first, and then may only join a network
+//! namespace it owns). The agent sets one up for
 //! each address it hands out, and four ahead, in the background, so a launch usually
 //! finds its namespace ready; when a machine is destroyed its address gets a fresh one.
 //!
 //! Everything is done with iproute2 (`ip`, in batch mode: two execs per namespace) and
-//! nftables (`nft`, once per host). The bridge is `bz-<8 hex of the host id>`.
+//! nftables (`nft`, once per host and once per namespace); the namespaces themselves are
+//! made by a short-lived child process ([`bazaar_image::IdMap`]). The bridge is `bz-<8 hex of the host id>`.
 
+use crate::idranges::{IdRanges, RANGE_SIZE};
 use std::collections::HashSet;
 use std::io::Write;
 use std::net::Ipv4Addr;
@@ -27,8 +36,10 @@ use std::sync::{Arc, Mutex};
 
 /// Where `ip netns` keeps named namespaces.
 pub(crate) const NETNS_DIR: &str = "/run/netns";
-/// Markers of namespaces that are completely set up.
+/// Markers of namespaces that are completely set up (each holds its id range's base).
 pub(crate) const READY_DIR: &str = "/run/bazaar/netns-ready";
+/// The user namespaces owning them.
+const USERNS_DIR: &str = "/run/bazaar/userns";
 /// Default subnets are /24s picked from here (the first one no route on the host covers).
 const DEFAULT_POOL: (u8, u8) = (10, 213);
 
@@ -99,6 +110,8 @@ pub struct LazyNetwork {
     configured: Option<Subnet>,
     /// Outbound NAT for machines.
     pub nat: bool,
+    /// The id range of each machine address.
+    pub id_ranges: Arc<IdRanges>,
     cell: std::sync::OnceLock<Network>,
     init: Mutex<()>,
 }
@@ -110,12 +123,14 @@ impl LazyNetwork {
         host_id: &str,
         configured: Option<Subnet>,
         nat: bool,
+        id_ranges: Arc<IdRanges>,
     ) -> LazyNetwork {
         LazyNetwork {
             data_dir: data_dir.to_path_buf(),
             host_id: host_id.to_string(),
             configured,
             nat,
+            id_ranges,
             cell: std::sync::OnceLock::new(),
             init: Mutex::new(()),
         }
@@ -131,7 +146,13 @@ impl LazyNetwork {
         if let Some(n) = self.cell.get() {
             return Ok(n);
         }
-        let n = Network::setup(&self.data_dir, &self.host_id, self.configured, self.nat)?;
+        let n = Network::setup(
+            &self.data_dir,
+            &self.host_id,
+            self.configured,
+            self.nat,
+            self.id_ranges.clone(),
+        )?;
         Ok(self.cell.get_or_init(|| n))
     }
 
@@ -151,6 +172,19 @@ pub struct Network {
     /// waits for the namespace being made ahead for its address instead of making it
     /// twice); different addresses go in parallel (locks striped by address).
     setup_locks: Arc<Vec<Mutex<()>>>,
+    /// The id range of each address (its namespaces' owner).
+    id_ranges: Arc<IdRanges>,
+}
+
+/// The namespaces of a machine address, set up.
+#[derive(Debug, Clone)]
+pub struct Attached {
+    /// The network namespace (`/run/netns/...`).
+    pub netns: PathBuf,
+    /// The user namespace that owns it.
+    pub userns: PathBuf,
+    /// The first host id of that user namespace's range.
+    pub uid_base: u32,
 }
 
 impl Network {
@@ -164,6 +198,7 @@ impl Network {
         host_id: &str,
         configured: Option<Subnet>,
         nat: bool,
+        id_ranges: Arc<IdRanges>,
     ) -> Result<Network, String> {
         let bridge = bridge_name(host_id);
         let record = data_dir.join("network");
@@ -184,6 +219,7 @@ impl Network {
             subnet,
             nat,
             setup_locks: stripes(),
+            id_ranges,
         };
         network.create_bridge()?;
         network.firewall();
@@ -202,13 +238,17 @@ impl Network {
         ip_batch(None, &cmds)
     }
 
-    /// nftables: nothing routed from the bridge back into it; masquerade outbound when NAT
-    /// is on. Without `nft` the bridge's port isolation still keeps machines apart.
+    /// nftables: nothing routed from the bridge back into it; nothing from the bridge to
+    /// the host but replies; no spoofed sources ([`Network::allow_source`]); masquerade
+    /// outbound when NAT is on. Without `nft` the bridge's port isolation still keeps
+    /// machines apart (and the host open to them: a warning says so).
     fn firewall(&self) {
-        let table = format!("bazaar_{}", self.bridge.replace('-', "_"));
+        let table = self.table();
         let mut rules = format!(
             "table ip {table}\ndelete table ip {table}\ntable ip {table} {{\n\
-             chain forward {{ type filter hook forward priority 0; iifname \"{br}\" oifname \"{br}\" drop; }}\n",
+             chain forward {{ type filter hook forward priority 0; iifname \"{br}\" oifname \"{br}\" drop; }}\n\
+             chain input {{ type filter hook input priority 0; \
+             iifname \"{br}\" ct state established,related accept; iifname \"{br}\" counter drop; }}\n",
             br = self.bridge
         );
         if self.nat {
@@ -218,14 +258,62 @@ impl Network {
             );
         }
         rules += "}\n";
+        rules += &self.anti_spoofing_rules();
         if let Err(err) = run_stdin("nft", &["-f", "-"], &rules) {
-            tracing::warn!(error = %err, "nftables rules for the machine network not installed (machines stay apart through bridge port isolation)");
+            tracing::warn!(error = %err, "nftables rules for the machine network not installed (machines stay apart through bridge port isolation, but reach the host and may spoof)");
         }
         if self.nat {
             if let Err(err) = std::fs::write("/proc/sys/net/ipv4/ip_forward", "1") {
                 tracing::warn!(error = %err, "enabling ip_forward for outbound NAT");
             }
         }
+    }
+
+    /// The nftables table of this network (in the `ip` and `bridge` families).
+    fn table(&self) -> String {
+        format!("bazaar_{}", self.bridge.replace('-', "_"))
+    }
+
+    /// The bridge-family table: a frame from a machine's veth (`b<bridge hash>*`) passes
+    /// only with the source address of that veth (a set of `veth . address`, filled as
+    /// namespaces are made; those that exist already are in it from the start). Machines
+    /// have no IPv6 addresses: IPv6 from them (link-local, which would reach the host's
+    /// listeners past the `ip` table) is dropped.
+    fn anti_spoofing_rules(&self) -> String {
+        let table = self.table();
+        let ports = format!("{}*", self.veth_prefix());
+        let existing: Vec<String> = self
+            .subnet
+            .machine_addresses()
+            .filter(|ip| Path::new(NETNS_DIR).join(self.netns_name(*ip)).exists())
+            .map(|ip| format!("\"{}\" . {ip}", self.veth_name(ip)))
+            .collect();
+        let elements = if existing.is_empty() {
+            String::new()
+        } else {
+            format!(" elements = {{ {} }};", existing.join(", "))
+        };
+        format!(
+            "table bridge {table}\ndelete table bridge {table}\ntable bridge {table} {{\n\
+             set sources {{ type ifname . ipv4_addr;{elements} }}\n\
+             chain prerouting {{ type filter hook prerouting priority -200; \
+             iifname \"{ports}\" ether type ip iifname . ip saddr != @sources counter drop; \
+             iifname \"{ports}\" ether type arp iifname . arp saddr ip != @sources counter drop; \
+             iifname \"{ports}\" ether type ip6 counter drop; }}\n}}\n"
+        )
+    }
+
+    /// Lets `ip`'s veth send with source `ip` (and nothing else).
+    fn allow_source(&self, ip: Ipv4Addr) -> Result<(), String> {
+        run_stdin(
+            "nft",
+            &["-f", "-"],
+            &format!(
+                "add element bridge {} sources {{ \"{}\" . {ip} }}\n",
+                self.table(),
+                self.veth_name(ip)
+            ),
+        )
     }
 
     /// The first address of the subnet not in `used`.
@@ -242,7 +330,11 @@ impl Network {
 
     /// The host side of `ip`'s veth pair: `b<bridge hash><index>` (≤ 15 characters).
     fn veth_name(&self, ip: Ipv4Addr) -> String {
-        format!("b{}{}", &self.bridge[3..], self.index(ip))
+        format!("{}{}", self.veth_prefix(), self.index(ip))
+    }
+
+    fn veth_prefix(&self) -> String {
+        format!("b{}", &self.bridge[3..])
     }
 
     fn lock(&self, ip: Ipv4Addr) -> std::sync::MutexGuard<'_, ()> {
@@ -262,36 +354,47 @@ impl Network {
         Path::new(READY_DIR).join(self.netns_name(ip))
     }
 
-    /// The network namespace of address `ip`: set up now unless it already is (made ahead
-    /// by [`Network::prepare_ahead`], or by an earlier run of the same machine). Returns its
-    /// path. Namespaces belong to addresses, not machines: one exists while its address is
-    /// held or about to be handed out.
-    pub fn attach(&self, ip: Ipv4Addr) -> Result<PathBuf, String> {
+    /// The network namespace of address `ip` and the user namespace owning it: set up now
+    /// unless they already are (made ahead by [`Network::prepare_ahead`], or by an earlier
+    /// run of the same machine). Namespaces belong to addresses, not machines: they exist
+    /// while their address is held or about to be handed out.
+    pub fn attach(&self, ip: Ipv4Addr) -> Result<Attached, String> {
         if !self.subnet.contains(ip) || ip == self.subnet.gateway() {
             return Err(format!(
                 "address {ip} is not a machine address of this host's subnet {}",
                 self.subnet
             ));
         }
+        let uid_base = self.id_ranges.range_of(ip)?;
         let _one_at_a_time = self.lock(ip);
         let ns = self.netns_name(ip);
-        let path = Path::new(NETNS_DIR).join(&ns);
-        if self.ready_marker(ip).exists() && path.exists() {
-            return Ok(path);
+        let attached = Attached {
+            netns: Path::new(NETNS_DIR).join(&ns),
+            userns: Path::new(USERNS_DIR).join(&ns),
+            uid_base,
+        };
+        let ready = std::fs::read_to_string(self.ready_marker(ip))
+            .is_ok_and(|base| base == uid_base.to_string());
+        if ready && attached.netns.exists() && attached.userns.exists() {
+            return Ok(attached);
         }
         let veth = self.veth_name(ip);
         // What a cut-short set-up left: the veth pair first (deleting the namespace would
         // take the pair with it, and the host end would then be gone when deleted).
-        let mut host = String::new();
+        let mut cleanup = String::new();
         if Path::new("/sys/class/net").join(&veth).exists() {
-            host += &format!("link delete {veth}\n");
+            cleanup += &format!("link delete {veth}\n");
         }
-        if path.exists() {
-            host += &format!("netns delete {ns}\n");
+        if attached.netns.exists() {
+            cleanup += &format!("netns delete {ns}\n");
         }
+        if !cleanup.is_empty() {
+            ip_batch(None, &cleanup)?;
+        }
+        make_namespaces(&attached, uid_base)?;
+        let mut host = String::new();
         host += &format!(
-            "netns add {ns}\n\
-             link add {veth} type veth peer name eth0 netns {ns}\n\
+            "link add {veth} type veth peer name eth0 netns {ns}\n\
              link set {veth} master {br}\n\
              link set dev {veth} type bridge_slave isolated on\n\
              link set {veth} up\n",
@@ -304,10 +407,13 @@ impl Network {
             self.subnet.gateway()
         );
         ip_batch(Some(&ns), &inside)?;
+        if let Err(err) = self.allow_source(ip) {
+            tracing::warn!(%ip, error = %err, "nftables: the machine's source address not allowed (its traffic is dropped)");
+        }
         std::fs::create_dir_all(READY_DIR).map_err(|e| format!("creating {READY_DIR}: {e}"))?;
-        std::fs::write(self.ready_marker(ip), b"")
+        std::fs::write(self.ready_marker(ip), uid_base.to_string())
             .map_err(|e| format!("marking {ns} ready: {e}"))?;
-        Ok(path)
+        Ok(attached)
     }
 
     /// Replaces `ip`'s namespace with a fresh one (a machine that had the address is gone;
@@ -329,7 +435,7 @@ impl Network {
             .take(count)
             .collect();
         for ip in next {
-            if let Err(err) = self.attach(ip) {
+            if let Err(err) = self.attach(ip).map(drop) {
                 tracing::warn!(%ip, error = %err, "setting up a network namespace ahead");
             }
         }
@@ -346,13 +452,22 @@ impl Network {
                 tracing::warn!(%ip, error = %err, "removing a network namespace");
             }
         }
+        unbind_namespace(&Path::new(USERNS_DIR).join(&ns));
     }
 
-    /// Removes the bridge and its firewall table (tests and dev clusters that go away).
+    /// Removes the bridge and its firewall table (tests and dev clusters that go away), and
+    /// gives back the id ranges.
     pub fn teardown(&self) {
+        self.id_ranges.release_all();
         let _ = ip_batch(None, &format!("link delete {}\n", self.bridge));
-        let table = format!("bazaar_{}", self.bridge.replace('-', "_"));
-        let _ = run_stdin("nft", &["-f", "-"], &format!("delete table ip {table}\n"));
+        let table = self.table();
+        for family in ["ip", "bridge"] {
+            let _ = run_stdin(
+                "nft",
+                &["-f", "-"],
+                &format!("delete table {family} {table}\n"),
+            );
+        }
     }
 }
 
@@ -361,6 +476,36 @@ impl Network {
 /// `b<8 hex><n>`, the nftables table `bazaar_bz_<8 hex>` ([`crate::cleanup`] finds them so).
 pub fn bridge_name(host_id: &str) -> String {
     format!("bz-{}", &hex_of(host_id)[..8])
+}
+
+/// Makes a user namespace mapping `uid_base..` and a network namespace it owns, and binds
+/// them at `attached`'s paths (as `ip netns add` does for the network namespace).
+fn make_namespaces(attached: &Attached, uid_base: u32) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let ids = bazaar_image::IdMap {
+        host_base: uid_base,
+        count: RANGE_SIZE,
+    };
+    let (user, net) = ids
+        .user_and_network_namespaces()
+        .map_err(|e| format!("making the namespaces of {}: {e}", attached.netns.display()))?;
+    unbind_namespace(&attached.userns);
+    for (fd, target) in [(&net, &attached.netns), (&user, &attached.userns)] {
+        let err = |e: &dyn std::fmt::Display| format!("binding {}: {e}", target.display());
+        if let Some(dir) = target.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| err(&e))?;
+        }
+        std::fs::File::create(target).map_err(|e| err(&e))?;
+        rustix::mount::mount_bind(format!("/proc/self/fd/{}", fd.as_raw_fd()).as_str(), target)
+            .map_err(|e| err(&e))?;
+    }
+    Ok(())
+}
+
+/// Unmounts and removes a namespace bound at `path` (if it is). Idempotent.
+fn unbind_namespace(path: &Path) {
+    let _ = rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH);
+    let _ = std::fs::remove_file(path);
 }
 
 fn stripes() -> Arc<Vec<Mutex<()>>> {
@@ -486,6 +631,7 @@ mod tests {
             subnet: s,
             nat: false,
             setup_locks: stripes(),
+            id_ranges: Arc::new(IdRanges::new("test")),
         };
         assert_eq!(
             net.netns_name(Ipv4Addr::new(10, 213, 7, 254)),
@@ -512,6 +658,7 @@ mod tests {
             subnet: "10.0.0.0/16".parse().unwrap(),
             nat: false,
             setup_locks: stripes(),
+            id_ranges: Arc::new(IdRanges::new("test")),
         };
         assert!(net.veth_name(Ipv4Addr::new(10, 0, 255, 254)).len() <= 15);
     }

@@ -3,9 +3,17 @@
 //! events), gives the machine a fresh root filesystem from it (overlayfs), writes
 //! `config.files`, `/etc/hosts` and `/etc/hostname` into it, attaches the machine's network
 //! namespace ([`crate::network`]), and writes an OCI bundle whose `config.json` says what
-//! runs and how: the image's process merged with `config.init`/`env` (Fly's rules), pid,
-//! mount, ipc, uts, cgroup and network namespaces, Docker's default capabilities,
-//! no-new-privileges, a seccomp filter, masked `/proc` paths and the volume's bind mount.
+//! runs and how: the image's process merged with `config.init`/`env` (Fly's rules), user,
+//! pid, mount, ipc, uts, cgroup and network namespaces, Docker's default capabilities less
+//! `NET_RAW` and `MKNOD`, no-new-privileges, the shared seccomp allowlist
+//! ([`bazaar_types::seccomp`]), masked `/proc` paths and the volume's bind mount.
+//!
+//! User namespace: the machine's root is host id `uid_base` ([`crate::idranges`]). Its
+//! rootfs sees the shared layers through idmapped mounts and its writable layer is its own;
+//! the files the agent writes into it and its volume are chowned into the range. runc
+//! enters the rootfs as the mapped root, which may not traverse the data dir (it can sit
+//! in a mode-700 home): the rootfs is also mounted at `/run/bazaar/<host id>/rootfs/<id>`,
+//! and that is what the bundle names.
 //!
 //! The run itself is `runc run --keep` of that bundle, supervised by the machine's shim like
 //! any workload: the shim puts runc in the machine's cgroup (limits from `guest`) and runc
@@ -15,13 +23,16 @@
 //! The run counts as started once runc has created the container (its `--pid-file`).
 //!
 //! Layout of a run: `runs/<run_id>/bundle/config.json`, `runs/<run_id>/runc/` (runc's
-//! state), `runs/<run_id>/container.pid`; the rootfs is `machines/<id>/rootfs`.
+//! state), `runs/<run_id>/container.pid`; the rootfs is `machines/<id>/rootfs`, mounted
+//! again at `/run/bazaar/<host id>/rootfs/<id>`.
 
+use crate::idranges::{IdRanges, RANGE_SIZE};
 use crate::network::LazyNetwork;
 use crate::record::MachineRecord;
-use bazaar_image::{Auth, ImageStore, PullPhase, Reference};
+use bazaar_image::{Auth, IdMap, ImageStore, PullPhase, Reference};
 use bazaar_types::event::MachineEvent;
 use bazaar_types::machine::ImageRef;
+use bazaar_types::seccomp;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -33,14 +44,13 @@ use std::time::{Duration, Instant};
 /// How long runc gets to create the container once the shim is up.
 const CREATE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Docker's default capability set.
+/// Docker's default capability set, less `NET_RAW` (raw and packet sockets: spoofing) and
+/// `MKNOD` (the devices a machine has are given).
 const CAPABILITIES: &[&str] = &[
     "CAP_CHOWN",
     "CAP_DAC_OVERRIDE",
     "CAP_FSETID",
     "CAP_FOWNER",
-    "CAP_MKNOD",
-    "CAP_NET_RAW",
     "CAP_SETGID",
     "CAP_SETUID",
     "CAP_SETFCAP",
@@ -49,67 +59,6 @@ const CAPABILITIES: &[&str] = &[
     "CAP_SYS_CHROOT",
     "CAP_KILL",
     "CAP_AUDIT_WRITE",
-];
-
-/// System calls a machine may not make (EPERM), as in Docker's default profile: kernel
-/// modules, keyrings, tracing other processes, namespaces and mounts, clocks, swap, reboot,
-/// bpf and perf, handles that bypass path checks.
-const DENIED_SYSCALLS: &[&str] = &[
-    "acct",
-    "add_key",
-    "bpf",
-    "clock_adjtime",
-    "clock_settime",
-    "create_module",
-    "delete_module",
-    "finit_module",
-    "fsconfig",
-    "fsmount",
-    "fsopen",
-    "fspick",
-    "get_kernel_syms",
-    "get_mempolicy",
-    "init_module",
-    "ioperm",
-    "iopl",
-    "kcmp",
-    "kexec_file_load",
-    "kexec_load",
-    "keyctl",
-    "lookup_dcookie",
-    "mbind",
-    "mount",
-    "mount_setattr",
-    "move_mount",
-    "move_pages",
-    "name_to_handle_at",
-    "nfsservctl",
-    "open_by_handle_at",
-    "open_tree",
-    "perf_event_open",
-    "personality",
-    "pivot_root",
-    "process_vm_readv",
-    "process_vm_writev",
-    "ptrace",
-    "query_module",
-    "quotactl",
-    "reboot",
-    "request_key",
-    "set_mempolicy",
-    "setns",
-    "settimeofday",
-    "swapoff",
-    "swapon",
-    "sysfs",
-    "umount",
-    "umount2",
-    "unshare",
-    "uselib",
-    "userfaultfd",
-    "ustat",
-    "vm86",
-    "vm86old",
 ];
 
 /// What this host needs to run image machines.
@@ -122,6 +71,10 @@ pub struct OciRuntime {
     pub last_use: Arc<crate::images::LastUse>,
     /// Credentials by registry host (`--registry-auth`); others are pulled anonymously.
     pub credentials: BTreeMap<String, Auth>,
+    /// `/run/bazaar/<host id>`: what runc must reach as a machine's root (its rootfs).
+    pub runtime_dir: PathBuf,
+    /// `bazaar/<host id>`, the parent of the machines' cgroups (the driver's naming).
+    cgroup_parent: String,
 }
 
 /// What [`OciRuntime::prepare`] made for a run.
@@ -161,6 +114,7 @@ impl OciRuntime {
     /// Finds runc (in PATH, or `configured`); the machine network is set up when first
     /// needed. `Err` with the reason when this host cannot run images.
     pub fn detect(
+        host_id: &str,
         configured_runc: Option<&Path>,
         registry_auth: &[String],
         images: ImageStore,
@@ -201,6 +155,8 @@ impl OciRuntime {
             network: Arc::new(network),
             last_use: Arc::default(),
             credentials,
+            runtime_dir: Path::new("/run/bazaar").join(host_id),
+            cgroup_parent: format!("bazaar/{host_id}"),
         })
     }
 
@@ -235,9 +191,15 @@ impl OciRuntime {
             .as_deref()
             .map(str::parse::<crate::network::Subnet>)
             .transpose()?;
-        let network =
-            crate::network::LazyNetwork::new(&config.data_dir, host_id, subnet, config.machine_nat);
+        let network = crate::network::LazyNetwork::new(
+            &config.data_dir,
+            host_id,
+            subnet,
+            config.machine_nat,
+            Arc::new(IdRanges::new(host_id)),
+        );
         OciRuntime::detect(
+            host_id,
             config.runc.as_deref(),
             &config.registry_auth,
             images,
@@ -275,27 +237,49 @@ impl OciRuntime {
                 image
             }
         };
+        let t_image = t0.elapsed();
+        let ip = rec
+            .private_ip
+            .ok_or("the machine has no private address (recreate it)")?;
+        // The address's namespaces: the network's, and the user namespace that owns it,
+        // whose range the machine's files are given.
+        let namespaces = tokio::task::spawn_blocking({
+            let network = self.network.clone();
+            move || network.get()?.attach(ip)
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        if rec.uid_base.is_some_and(|b| b != namespaces.uid_base) {
+            tracing::warn!(machine.id = %rec.id, recorded = ?rec.uid_base, now = namespaces.uid_base,
+                           "the address's id range changed");
+        }
+        let ids = IdMap {
+            host_base: namespaces.uid_base,
+            count: RANGE_SIZE,
+        };
+        let t_network = t0.elapsed();
         // Every run starts from the image as it is: what a run wrote to its root
         // filesystem is gone at the next start (volumes are for data that must stay).
+        let exposed = self.exposed_rootfs(&rec.id);
+        unexpose_rootfs(&exposed)?;
         self.images
             .remove_rootfs(machine_dir)
             .await
             .map_err(|e| format!("removing the previous root filesystem: {e}"))?;
-        let t_image = t0.elapsed();
         let rootfs = self
             .images
-            .rootfs(&image, machine_dir)
+            .rootfs_mapped(&image, machine_dir, Some(ids))
             .await
             .map_err(|e| format!("making the root filesystem: {e}"))?;
         let t_rootfs = t0.elapsed();
         let process = image
             .process(rec.config.init.as_ref(), env)
             .map_err(|e| e.to_string())?;
-        let root = open_root(&rootfs)?;
-        let (uid, gid) = resolve_user(&root, process.user.as_deref())?;
-        let ip = rec
-            .private_ip
-            .ok_or("the machine has no private address (recreate it)")?;
+        let root = InRoot {
+            fd: open_root(&rootfs)?,
+            owner: ids.to_host(0),
+        };
+        let (uid, gid) = resolve_user(&root.fd, process.user.as_deref())?;
         write_in_root(
             &root,
             "/etc/hosts",
@@ -331,25 +315,26 @@ impl OciRuntime {
                 })?;
             write_in_root(&root, &f.guest_path, &data, f.mode.unwrap_or(0o644))?;
         }
-        let netns = tokio::task::spawn_blocking({
-            let network = self.network.clone();
-            move || network.get()?.attach(ip)
-        })
-        .await
-        .map_err(|e| e.to_string())??;
-        let t_network = t0.elapsed();
+        expose_rootfs(&rootfs, &exposed)?;
+        if let Some((source, _)) = &volume {
+            let source = source.clone();
+            tokio::task::spawn_blocking(move || give_volume_to_ids(&source, ids))
+                .await
+                .map_err(|e| e.to_string())??;
+        }
         let bundle = run_dir.join("bundle");
         std::fs::create_dir_all(&bundle)
             .map_err(|e| format!("creating {}: {e}", bundle.display()))?;
         let spec = bundle_config(&BundleInputs {
             hostname: &rec.id,
-            rootfs: &rootfs,
+            rootfs: &exposed,
+            ids,
             args: &process.args,
             env: &process.env,
             cwd: &process.cwd,
             uid,
             gid,
-            netns: &netns,
+            namespaces: &namespaces,
             cgroup: &format!("/{cgroup}/ctr"),
             volume: volume.as_ref(),
         });
@@ -360,8 +345,8 @@ impl OciRuntime {
         tracing::debug!(
             machine.id = %rec.id,
             image_ms = t_image.as_secs_f64() * 1e3,
-            rootfs_ms = (t_rootfs - t_image).as_secs_f64() * 1e3,
-            network_ms = (t_network - t_rootfs).as_secs_f64() * 1e3,
+            network_ms = (t_network - t_image).as_secs_f64() * 1e3,
+            rootfs_ms = (t_rootfs - t_network).as_secs_f64() * 1e3,
             total_ms = t0.elapsed().as_secs_f64() * 1e3,
             "image machine prepared"
         );
@@ -438,13 +423,49 @@ impl OciRuntime {
         v
     }
 
-    /// Removes what a destroyed machine had: its rootfs (unmounted). Its network namespace
-    /// goes with its address ([`crate::network::Network::renew`]).
+    /// Where machine `id`'s rootfs is mounted for runc.
+    fn exposed_rootfs(&self, id: &str) -> PathBuf {
+        self.runtime_dir.join("rootfs").join(id)
+    }
+
+    /// Removes what a destroyed machine had: its cgroups (runc's `<cgroup>/ctr`, left by
+    /// `runc run --keep`, and the machine's, in every hierarchy), its rootfs (unmounted, at both places). Its network namespace
+    /// goes with its address ([`crate::network::Network::renew`]), its id range with its
+    /// record.
     pub async fn cleanup(&self, id: &str, machine_dir: &Path) {
+        remove_runc_cgroups(&format!("{}/{id}", self.cgroup_parent));
+        if let Err(err) = unexpose_rootfs(&self.exposed_rootfs(id)) {
+            tracing::warn!(machine.id = id, error = %err, "removing the root filesystem");
+        }
         if !machine_dir.join("rootfs").exists() {
             // A process machine (or one whose rootfs is already gone).
         } else if let Err(err) = self.images.remove_rootfs(machine_dir).await {
             tracing::warn!(machine.id = id, error = %err, "removing the root filesystem");
+        }
+    }
+}
+
+/// Removes machine cgroup `cgroup` and its container's (`ctr`) from every hierarchy:
+/// runc makes them in all of them (on cgroup v1 also in those the shim does not manage,
+/// such as `devices`, `cpuset` or `systemd`). Cgroups still in use stay (and are logged).
+fn remove_runc_cgroups(cgroup: &str) {
+    const ROOT: &str = "/sys/fs/cgroup";
+    let hierarchies = std::iter::once(PathBuf::from(ROOT)).chain(
+        std::fs::read_dir(ROOT)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path()),
+    );
+    for hierarchy in hierarchies {
+        let machine = hierarchy.join(cgroup);
+        for dir in [machine.join("ctr"), machine] {
+            match std::fs::remove_dir(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!(cgroup = %dir.display(), error = %e, "removing a cgroup");
+                }
+                _ => {}
+            }
         }
     }
 }
@@ -502,12 +523,13 @@ fn log_tail(log: &Path) -> String {
 struct BundleInputs<'a> {
     hostname: &'a str,
     rootfs: &'a Path,
+    ids: IdMap,
     args: &'a [String],
     env: &'a [String],
     cwd: &'a str,
     uid: u32,
     gid: u32,
-    netns: &'a Path,
+    namespaces: &'a crate::network::Attached,
     cgroup: &'a str,
     volume: Option<&'a (PathBuf, String)>,
 }
@@ -554,19 +576,18 @@ fn bundle_config(i: &BundleInputs<'_>) -> Value {
                 "devices": [{"allow": false, "access": "rwm"}],
                 "pids": {"limit": 16384},
             },
+            "uidMappings": [{"containerID": 0, "hostID": i.ids.host_base, "size": i.ids.count}],
+            "gidMappings": [{"containerID": 0, "hostID": i.ids.host_base, "size": i.ids.count}],
             "namespaces": [
+                {"type": "user", "path": i.namespaces.userns},
                 {"type": "pid"},
-                {"type": "network", "path": i.netns},
+                {"type": "network", "path": i.namespaces.netns},
                 {"type": "ipc"},
                 {"type": "uts"},
                 {"type": "mount"},
                 {"type": "cgroup"},
             ],
-            "seccomp": {
-                "defaultAction": "SCMP_ACT_ALLOW",
-                "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
-                "syscalls": [{"names": DENIED_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": 1}],
-            },
+            "seccomp": seccomp_profile(),
             "maskedPaths": [
                 "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
                 "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware",
@@ -577,6 +598,127 @@ fn bundle_config(i: &BundleInputs<'_>) -> Value {
             ],
         },
     })
+}
+
+/// The seccomp section: [`bazaar_types::seccomp`]'s allowlist, everything else `EPERM`.
+fn seccomp_profile() -> Value {
+    let allow_if = |name: &str, value: u64, op: &str| {
+        json!({"names": [name], "action": "SCMP_ACT_ALLOW",
+               "args": [{"index": 0, "value": value, "valueTwo": 0, "op": op}]})
+    };
+    let mut rules = vec![
+        json!({"names": seccomp::ALLOWED, "action": "SCMP_ACT_ALLOW"}),
+        // clone only without namespace flags: (flags & NS) == 0.
+        json!({"names": ["clone"], "action": "SCMP_ACT_ALLOW",
+               "args": [{"index": 0, "value": seccomp::CLONE_NAMESPACE_FLAGS, "valueTwo": 0,
+                         "op": "SCMP_CMP_MASKED_EQ"}]}),
+        json!({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": seccomp::CLONE3_ERRNO}),
+    ];
+    rules.extend(
+        (0..seccomp::SOCKET_FAMILY_LIMIT)
+            .filter(|f| !seccomp::SOCKET_FAMILIES_DENIED.contains(f))
+            .map(|f| allow_if("socket", f, "SCMP_CMP_EQ")),
+    );
+    rules.extend(
+        seccomp::PERSONALITY_ALLOWED
+            .iter()
+            .map(|p| allow_if("personality", *p, "SCMP_CMP_EQ")),
+    );
+    json!({
+        "defaultAction": "SCMP_ACT_ERRNO",
+        "defaultErrnoRet": seccomp::DENIED_ERRNO,
+        // This host's own system call ABI only: a call through another (32-bit x86, x32)
+        // kills the thread. Each ABI listed multiplies the filter runc compiles at every
+        // start (three took 30 ms more than one, measured with runc 1.1 / libseccomp 2.5).
+        "architectures": [native_seccomp_arch()],
+        "syscalls": rules,
+    })
+}
+
+/// libseccomp's name of this host's architecture.
+fn native_seccomp_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "aarch64" => "SCMP_ARCH_AARCH64",
+        "riscv64" => "SCMP_ARCH_RISCV64",
+        "s390x" => "SCMP_ARCH_S390X",
+        "powerpc64" => "SCMP_ARCH_PPC64LE",
+        _ => "SCMP_ARCH_X86_64",
+    }
+}
+
+/// Mounts machine `rootfs` again at `exposed` (under `/run/bazaar`, whose parents anyone
+/// may traverse), for runc to enter as the machine's root.
+fn expose_rootfs(rootfs: &Path, exposed: &Path) -> Result<(), String> {
+    use rustix::mount::{move_mount, open_tree, MoveMountFlags, OpenTreeFlags};
+    use std::os::unix::fs::PermissionsExt;
+    let err =
+        |e: &dyn std::fmt::Display| format!("mounting the rootfs at {}: {e}", exposed.display());
+    std::fs::create_dir_all(exposed).map_err(|e| err(&e))?;
+    // /run/bazaar/<host id>/rootfs: traversable, not listable.
+    for dir in exposed.ancestors().skip(1).take(3) {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
+            .map_err(|e| err(&e))?;
+    }
+    let tree = open_tree(
+        rustix::fs::CWD,
+        rootfs,
+        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )
+    .map_err(|e| err(&e))?;
+    move_mount(
+        &tree,
+        "",
+        rustix::fs::CWD,
+        exposed,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(|e| err(&e))
+}
+
+/// Unmounts and removes the rootfs mounted by [`expose_rootfs`] (if it is). Idempotent.
+fn unexpose_rootfs(exposed: &Path) -> Result<(), String> {
+    use rustix::mount::{unmount, UnmountFlags};
+    loop {
+        match unmount(exposed, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW) {
+            Ok(()) => continue,
+            Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => break,
+            Err(e) => return Err(format!("unmounting {}: {e}", exposed.display())),
+        }
+    }
+    match std::fs::remove_dir(exposed) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(format!("removing {}: {e}", exposed.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Gives the volume at `path` to the machine's ids: a volume whose root is not already its
+/// root's (new, or last used by a machine with another range) has every file's owner
+/// shifted into the range.
+fn give_volume_to_ids(path: &Path, ids: IdMap) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let root = ids.to_host(0);
+    let meta =
+        std::fs::symlink_metadata(path).map_err(|e| format!("volume {}: {e}", path.display()))?;
+    if meta.uid() == root && meta.gid() == root {
+        return Ok(());
+    }
+    fn walk(path: &Path, ids: IdMap) -> std::io::Result<()> {
+        let meta = std::fs::symlink_metadata(path)?;
+        std::os::unix::fs::lchown(
+            path,
+            Some(ids.shift_from_host(meta.uid())),
+            Some(ids.shift_from_host(meta.gid())),
+        )?;
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(path)? {
+                walk(&entry?.path(), ids)?;
+            }
+        }
+        Ok(())
+    }
+    walk(path, ids).map_err(|e| format!("giving volume {} to the machine: {e}", path.display()))
 }
 
 /// Opens a rootfs directory to resolve paths inside it.
@@ -607,8 +749,19 @@ fn open_in_root(
     )
 }
 
-/// Writes a file at `guest_path` inside the rootfs, creating its directories.
-fn write_in_root(root: &OwnedFd, guest_path: &str, data: &[u8], mode: u32) -> Result<(), String> {
+/// A machine's rootfs opened for writing into it: what is written belongs to `owner` (the
+/// host id of the machine's root).
+struct InRoot {
+    fd: OwnedFd,
+    owner: u32,
+}
+
+/// Writes a file at `guest_path` inside the rootfs, creating its directories; the file and
+/// the directories made belong to the machine's root.
+fn write_in_root(root: &InRoot, guest_path: &str, data: &[u8], mode: u32) -> Result<(), String> {
+    let owner = Some(rustix::fs::Uid::from_raw(root.owner));
+    let group = Some(rustix::fs::Gid::from_raw(root.owner));
+    let root_fd = &root.fd;
     let err = |e: &dyn std::fmt::Display| format!("writing {guest_path} into the machine: {e}");
     if !guest_path.starts_with('/') || guest_path.ends_with('/') {
         return Err(format!("{guest_path:?}: a file path must be absolute"));
@@ -622,7 +775,7 @@ fn write_in_root(root: &OwnedFd, guest_path: &str, data: &[u8], mode: u32) -> Re
         dir.push('/');
         dir.push_str(component);
         let parent_fd = open_in_root(
-            root,
+            root_fd,
             dir.rsplit_once('/').map(|(p, _)| p).unwrap_or(""),
             rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
             0,
@@ -633,17 +786,27 @@ fn write_in_root(root: &OwnedFd, guest_path: &str, data: &[u8], mode: u32) -> Re
             component,
             rustix::fs::Mode::from_raw_mode(0o755),
         ) {
-            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Ok(()) => rustix::fs::chownat(
+                &parent_fd,
+                component,
+                owner,
+                group,
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .map_err(|e| err(&e))?,
+            Err(rustix::io::Errno::EXIST) => {}
             Err(e) => return Err(err(&e)),
         }
     }
     let fd = open_in_root(
-        root,
+        root_fd,
         guest_path,
         rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CREATE | rustix::fs::OFlags::TRUNC,
         mode,
     )
     .map_err(|e| err(&e))?;
+    // chown before chmod: chown clears setuid bits.
+    rustix::fs::fchown(&fd, owner, group).map_err(|e| err(&e))?;
     rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(mode & 0o7777)).map_err(|e| err(&e))?;
     let mut f = std::fs::File::from(fd);
     f.write_all(data).map_err(|e| err(&e))
@@ -716,7 +879,10 @@ mod tests {
         std::fs::create_dir(rootfs.path().join("etc")).unwrap();
         // An image's absolute symlink pointing at a host directory.
         std::os::unix::fs::symlink(outside.path(), rootfs.path().join("escape")).unwrap();
-        let root = open_root(rootfs.path()).unwrap();
+        let root = InRoot {
+            fd: open_root(rootfs.path()).unwrap(),
+            owner: rustix::process::geteuid().as_raw(),
+        };
         // The link's target, read inside the rootfs, does not exist: refused.
         assert!(write_in_root(&root, "/escape/x", b"data", 0o600).is_err());
         assert!(

@@ -38,6 +38,10 @@ pub struct MachineRecord {
     /// The uid (and gid) a process machine runs as on a root agent (`identity.rs`).
     #[serde(default)]
     pub uid: Option<u32>,
+    /// The first host id of the machine's user namespace range (image machines; its ids
+    /// `0..65536` are host ids `uid_base..`, [`crate::idranges`]).
+    #[serde(default)]
+    pub uid_base: Option<u32>,
     /// The current (or last) run of the workload.
     #[serde(default)]
     pub run: Option<RunInfo>,
@@ -99,6 +103,9 @@ impl MachineRecord {
         }
         if stored.uid != before.uid {
             self.uid = stored.uid;
+        }
+        if stored.uid_base != before.uid_base {
+            self.uid_base = stored.uid_base;
         }
         if stored.cordoned != before.cordoned {
             self.cordoned = stored.cordoned;

@@ -161,6 +161,9 @@ struct AgentArgs {
     /// The runc executable (default: runc in PATH).
     #[arg(long)]
     runc: Option<PathBuf>,
+    /// The largest image archive `bazaar image import` may send (bytes; default 4 GiB).
+    #[arg(long)]
+    max_import_bytes: Option<u64>,
     /// Credentials for a registry, `host[:port]=user:password` (repeatable).
     #[arg(
         long = "registry-auth",
@@ -319,6 +322,9 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     config.machine_nat |= a.machine_nat;
     if let Some(r) = a.runc {
         config.runc = Some(r);
+    }
+    if let Some(n) = a.max_import_bytes {
+        config.max_import_bytes = n;
     }
     config.registry_auth.extend(a.registry_auth);
     bazaar_agent::run_agent(

@@ -243,6 +243,18 @@ impl Registry {
             url: realm.clone(),
             reason: format!("bad realm: {e}"),
         })?;
+        // Credentials and tokens travel no less protected than the registry's own traffic.
+        if url.scheme() != "https" && self.base.scheme() == "https" {
+            return Err(Error::Auth {
+                url: realm.clone(),
+                reason: format!(
+                    "the registry {} sends its token realm over plain {}; refused (only a \
+                     loopback or insecure-listed registry may use a plain-http realm)",
+                    self.base.host_str().unwrap_or_default(),
+                    url.scheme()
+                ),
+            });
+        }
         {
             let mut query = url.query_pairs_mut();
             if let Some(service) = challenge.params.get("service") {
@@ -458,5 +470,33 @@ mod tests {
         let odd = Challenge::parse(r#"Bearer realm=http://x/t, error="a\"b""#).unwrap();
         assert_eq!(odd.params["realm"], "http://x/t");
         assert_eq!(odd.params["error"], "a\"b");
+    }
+
+    #[tokio::test]
+    async fn an_https_registry_never_sends_credentials_to_a_plain_http_realm() {
+        let auth = Auth::Basic {
+            username: "u".into(),
+            password: "secret".into(),
+        };
+        let registry = Registry::new("registry.example.com", auth.clone(), false).unwrap();
+        let challenge = Challenge::parse(
+            r#"Bearer realm="http://127.0.0.1:9/token",service="registry.example.com""#,
+        )
+        .unwrap();
+        let err = registry
+            .fetch_token(&challenge, "repository:app:pull")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("plain http"), "{err}");
+        // A plain-http registry (loopback or insecure-listed) may: the fetch is tried (and
+        // here fails to connect, not refused).
+        let plain = Registry::new("127.0.0.1:9", auth, true).unwrap();
+        let err = plain
+            .fetch_token(&challenge, "repository:app:pull")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("plain http"), "{err}");
     }
 }

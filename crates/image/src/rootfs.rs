@@ -1,6 +1,8 @@
 //! Per-machine root filesystems: an overlayfs mount of the shared layer directories (lower,
 //! top first) with the machine's own `upper`/`work`, or, where overlayfs is missing, a
-//! flattened copy of the layers with their whiteouts applied.
+//! flattened copy of the layers with their whiteouts applied. A machine in a user namespace
+//! ([`IdMap`]) sees the shared layers through idmapped mounts and owns its `upper` (or its
+//! copy, chowned as it is made).
 //!
 //! ```text
 //! MACHINE/rootfs.json   how it was made (kind, image, layers) — also what GC keeps
@@ -10,6 +12,7 @@
 
 use crate::digest::Digest;
 use crate::error::{Error, IoContext, Result};
+use crate::idmap::{idmapped_clone, IdMap};
 use crate::unpack::{OPAQUE, OPAQUE_XATTR, WHITEOUT};
 use rustix::fs::{FileTypeExt as _, CWD};
 use rustix::mount::{
@@ -75,12 +78,14 @@ fn is_mounted(path: &Path) -> bool {
     a.dev() != b.dev()
 }
 
-/// Builds (or keeps, or remounts) `machine_dir/rootfs` from `layers` (bottom first).
+/// Builds (or keeps, or remounts) `machine_dir/rootfs` from `layers` (bottom first), its
+/// files owned by the host ids `ids` maps the image's to.
 pub(crate) fn create(
     image: &str,
     layers: &[(Digest, PathBuf)],
     machine_dir: &Path,
     overlay: bool,
+    ids: Option<IdMap>,
 ) -> Result<PathBuf> {
     let rootfs = machine_dir.join("rootfs");
     if let Some(record) = read_record(machine_dir)? {
@@ -88,20 +93,24 @@ pub(crate) fn create(
             RootfsKind::Copy => return Ok(rootfs),
             RootfsKind::Overlay if is_mounted(&rootfs) => return Ok(rootfs),
             RootfsKind::Overlay => {
-                mount_overlay(layers, machine_dir)?;
+                mount_overlay(layers, machine_dir, ids)?;
                 return Ok(rootfs);
             }
         }
     }
     fs::create_dir_all(&rootfs).at(&rootfs)?;
-    let kind = match overlay.then(|| mount_overlay(layers, machine_dir)) {
+    let kind = match overlay.then(|| mount_overlay(layers, machine_dir, ids)) {
         Some(Ok(())) => RootfsKind::Overlay,
         other => {
             if let Some(Err(e)) = other {
                 tracing::warn!(error = %e, "overlayfs mount failed; copying the layers instead");
             }
             for (_, dir) in layers {
-                apply_layer(dir, &rootfs)?;
+                apply_layer(dir, &rootfs, ids)?;
+            }
+            if let Some(ids) = ids {
+                let meta = fs::symlink_metadata(&rootfs).at(&rootfs)?;
+                own(&meta, &rootfs, Some(ids))?;
             }
             RootfsKind::Copy
         }
@@ -120,7 +129,13 @@ pub(crate) fn create(
 
 /// Mounts overlayfs at `machine_dir/rootfs`: with the new mount API and one `lowerdir+` per
 /// layer (no length limit; Linux ≥ 6.8), else with a classic `lowerdir=a:b` option string.
-fn mount_overlay(layers: &[(Digest, PathBuf)], machine_dir: &Path) -> Result<()> {
+/// With `ids`, every layer is an idmapped mount (new API only) and `upper` belongs to the
+/// machine's root, so what it writes is owned by its own host ids.
+fn mount_overlay(
+    layers: &[(Digest, PathBuf)],
+    machine_dir: &Path,
+    ids: Option<IdMap>,
+) -> Result<()> {
     let rootfs = machine_dir.join("rootfs");
     let upper = machine_dir.join("upper");
     let work = machine_dir.join("work");
@@ -134,10 +149,32 @@ fn mount_overlay(layers: &[(Digest, PathBuf)], machine_dir: &Path) -> Result<()>
         fs::create_dir_all(&empty).at(&empty)?;
         lowers.push(empty);
     }
+    // Idmapped copies of the layers, detached, named by their descriptors.
+    let mapped: Vec<std::os::fd::OwnedFd> = match ids {
+        None => Vec::new(),
+        Some(ids) => {
+            use std::os::fd::AsFd;
+            let userns = ids.user_namespace().at(&rootfs)?;
+            let fds = lowers
+                .iter()
+                .map(|l| idmapped_clone(l, userns.as_fd()).at(l))
+                .collect::<Result<Vec<_>>>()?;
+            lchown(&upper, Some(ids.host_base), Some(ids.host_base)).at(&upper)?;
+            fds
+        }
+    };
     let new_api = || -> rustix::io::Result<()> {
+        use std::os::fd::AsRawFd;
         let fs_fd = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC)?;
-        for l in &lowers {
-            fsconfig_set_string(&fs_fd, "lowerdir+", l)?;
+        if mapped.is_empty() {
+            for l in &lowers {
+                fsconfig_set_string(&fs_fd, "lowerdir+", l)?;
+            }
+        } else {
+            for fd in &mapped {
+                let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+                fsconfig_set_string(&fs_fd, "lowerdir+", path.as_str())?;
+            }
         }
         fsconfig_set_string(&fs_fd, "upperdir", &upper)?;
         fsconfig_set_string(&fs_fd, "workdir", &work)?;
@@ -155,8 +192,10 @@ fn mount_overlay(layers: &[(Digest, PathBuf)], machine_dir: &Path) -> Result<()>
             MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
         )
     };
-    if new_api().is_ok() {
-        return Ok(());
+    match new_api() {
+        Ok(()) => return Ok(()),
+        Err(e) if ids.is_some() => return Err(e).at(&rootfs),
+        Err(_) => {}
     }
     let joined: Vec<String> = lowers.iter().map(|p| p.display().to_string()).collect();
     let data = format!(
@@ -216,9 +255,11 @@ fn remove_any(path: &Path) -> Result<()> {
     r.at(path)
 }
 
-fn own(meta: &fs::Metadata, path: &Path) -> Result<()> {
+/// Gives `path` the owner of `meta` (shifted by `ids`).
+fn own(meta: &fs::Metadata, path: &Path, ids: Option<IdMap>) -> Result<()> {
     if rustix::process::geteuid().is_root() {
-        lchown(path, Some(meta.uid()), Some(meta.gid())).at(path)?;
+        let shift = |id: u32| ids.map_or(id, |m| m.to_host(id));
+        lchown(path, Some(shift(meta.uid())), Some(shift(meta.gid()))).at(path)?;
     }
     Ok(())
 }
@@ -245,7 +286,7 @@ fn copy_xattrs(src: &Path, dst: &Path) -> Result<()> {
 
 /// Copies the unpacked layer `src` over `dst`, applying its whiteouts (overlay form or
 /// `.wh.` markers) and opaque directories. Symlinks are copied, never followed.
-fn apply_layer(src: &Path, dst: &Path) -> Result<()> {
+fn apply_layer(src: &Path, dst: &Path, ids: Option<IdMap>) -> Result<()> {
     if is_opaque(src) {
         for e in fs::read_dir(dst).at(dst)? {
             remove_any(&e.at(dst)?.path())?;
@@ -277,19 +318,19 @@ fn apply_layer(src: &Path, dst: &Path) -> Result<()> {
                 remove_any(&d)?;
                 fs::create_dir(&d).at(&d)?;
             }
-            own(&meta, &d)?;
+            own(&meta, &d, ids)?;
             fs::set_permissions(&d, fs::Permissions::from_mode(meta.mode() & 0o7777)).at(&d)?;
             copy_xattrs(&s, &d)?;
-            apply_layer(&s, &d)?;
+            apply_layer(&s, &d, ids)?;
         } else if ft.is_symlink() {
             remove_any(&d)?;
             symlink(fs::read_link(&s).at(&s)?, &d).at(&d)?;
-            own(&meta, &d)?;
+            own(&meta, &d, ids)?;
         } else if ft.is_file() {
             remove_any(&d)?;
             fs::copy(&s, &d).at(&d)?;
             // chown before chmod and xattrs: chown clears setuid bits and capabilities.
-            own(&meta, &d)?;
+            own(&meta, &d, ids)?;
             fs::set_permissions(&d, fs::Permissions::from_mode(meta.mode() & 0o7777)).at(&d)?;
             copy_xattrs(&s, &d)?;
         }

@@ -449,6 +449,17 @@ impl ImageStore {
     /// with `upper`/`work` in `machine_dir` where possible, else a flattened copy. Idempotent:
     /// an existing rootfs is kept (and an overlay remounted after a reboot).
     pub async fn rootfs(&self, image: &Image, machine_dir: &Path) -> Result<PathBuf> {
+        self.rootfs_mapped(image, machine_dir, None).await
+    }
+
+    /// [`ImageStore::rootfs`] for a machine in a user namespace: its files are owned by the
+    /// host ids `ids` maps the image's to (the shared layers through idmapped mounts).
+    pub async fn rootfs_mapped(
+        &self,
+        image: &Image,
+        machine_dir: &Path,
+        ids: Option<crate::IdMap>,
+    ) -> Result<PathBuf> {
         let _shared = self.inner.gc_lock.read().await;
         // An existing rootfs keeps the layers it was made of, even if the tag moved since.
         let digests: Vec<Digest> = match rootfs::read_record(machine_dir)? {
@@ -471,7 +482,7 @@ impl ImageStore {
         let overlay = self.inner.whiteouts == Whiteouts::Overlay && !self.inner.options.copy_rootfs;
         let (reference, machine_dir) = (image.reference.clone(), machine_dir.to_path_buf());
         tokio::task::spawn_blocking(move || {
-            rootfs::create(&reference, &layers, &machine_dir, overlay)
+            rootfs::create(&reference, &layers, &machine_dir, overlay, ids)
         })
         .await
         .expect("rootfs task panicked")
