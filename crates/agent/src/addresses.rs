@@ -42,6 +42,7 @@ pub(crate) fn machine_network(
         host_id,
         subnet,
         config.machine_nat,
+        Arc::new(crate::idranges::IdRanges::new(host_id)),
     )))
 }
 
@@ -111,12 +112,7 @@ impl Agent {
                 })?;
                 used.insert(ip);
                 rec.private_ip = Some(ip);
-                rec.uid_base = Some(
-                    oci.network
-                        .id_ranges
-                        .range_of(ip)
-                        .map_err(AgentError::Internal)?,
-                );
+                rec.uid_base = Some(network.id_ranges.range_of(ip).map_err(AgentError::Internal)?);
                 // Its namespace, and the next addresses', are set up meanwhile: the launch
                 // usually finds them ready.
                 let (network, used) = (network.clone(), used.clone());

@@ -175,8 +175,8 @@ impl Agent {
             uids.extend(m.uid);
         }
         crate::addresses::restore_machine_network(&driver, &addresses);
-        if let Ok(oci) = &driver.oci {
-            oci.network.id_ranges.restore(
+        if let Some(network) = &driver.network {
+            network.id_ranges.restore(
                 machines
                     .iter()
                     .filter(|m| m.state != MachineState::Destroyed)

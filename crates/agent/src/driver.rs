@@ -226,7 +226,7 @@ impl Driver {
             .network
             .clone()
             .ok_or_else(|| ShimError::Launch("this host has no machine network".into()))?;
-        tokio::task::spawn_blocking(move || network.get()?.attach(ip))
+        tokio::task::spawn_blocking(move || Ok::<_, String>(network.get()?.attach(ip)?.netns))
             .await
             .map_err(|e| ShimError::Launch(e.to_string()))?
             .map_err(|e| ShimError::Launch(format!("machine network: {e}")))

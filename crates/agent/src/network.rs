@@ -173,7 +173,7 @@ pub struct Network {
     /// twice); different addresses go in parallel (locks striped by address).
     setup_locks: Arc<Vec<Mutex<()>>>,
     /// The id range of each address (its namespaces' owner).
-    id_ranges: Arc<IdRanges>,
+    pub(crate) id_ranges: Arc<IdRanges>,
 }
 
 /// The namespaces of a machine address, set up.
