@@ -227,7 +227,7 @@ impl Network {
     }
 
     fn create_bridge(&self) -> Result<(), String> {
-        let exists = Path::new("/sys/class/net").join(&self.bridge).exists();
+        let exists = link_exists(&self.bridge);
         let gw = format!("{}/{}", self.subnet.gateway(), self.subnet.prefix);
         let mut cmds = String::new();
         if !exists {
@@ -382,7 +382,7 @@ impl Network {
         // What a cut-short set-up left: the veth pair first (deleting the namespace would
         // take the pair with it, and the host end would then be gone when deleted).
         let mut cleanup = String::new();
-        if Path::new("/sys/class/net").join(&veth).exists() {
+        if link_exists(&veth) {
             cleanup += &format!("link delete {veth}\n");
         }
         if attached.netns.exists() {
@@ -506,6 +506,19 @@ fn make_namespaces(attached: &Attached, uid_base: u32) -> Result<(), String> {
 fn unbind_namespace(path: &Path) {
     let _ = rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH);
     let _ = std::fs::remove_file(path);
+}
+
+/// Whether this network namespace has a link named `name`. Asked of the kernel (an
+/// `ip link show`), not read from `/sys/class/net`: an agent that entered a network
+/// namespace without a mount namespace of its own (as `bazaar lab` starts them) sees the
+/// `/sys` of the namespace it came from.
+fn link_exists(name: &str) -> bool {
+    Command::new("ip")
+        .args(["link", "show", "dev", name])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 fn stripes() -> Arc<Vec<Mutex<()>>> {

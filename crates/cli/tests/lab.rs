@@ -186,21 +186,28 @@ fn netns_inode(path: &str) -> u64 {
     std::fs::metadata(path).unwrap().ino()
 }
 
-/// The network namespace of the lab host that runs workload `pid`: its shim's (a process
-/// machine of a root agent has a network namespace of its own, made by that host's agent on
-/// that host's bridge; the shim that supervises it stays in the host's namespace).
-fn host_netns_of_workload(pid: u32) -> u64 {
+/// The lab host whose agent started workload `pid` (its shim is the agent's child; a
+/// process machine of a root agent has a network namespace of its own, made by that host's
+/// agent on that host's bridge, so the workload's own namespace is not the host's).
+fn host_of_workload(lab: &bazaar_lab::Lab, pid: u32) -> bazaar_lab::plan::HostPlan {
+    let parent = |p: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        let after = &stat[stat.rfind(')')? + 2..];
+        after.split(' ').nth(1)?.parse().ok()
+    };
     let mut p = pid;
-    for _ in 0..6 {
-        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmd).contains("\0shim\0") {
-            return netns_inode(&format!("/proc/{p}/ns/net"));
+    for _ in 0..8 {
+        if let Some(h) = lab
+            .plan()
+            .hosts
+            .iter()
+            .find(|h| lab.agent(h).is_some_and(|a| a.pid == p))
+        {
+            return h.clone();
         }
-        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap();
-        let after = &stat[stat.rfind(')').unwrap() + 2..];
-        p = after.split(' ').nth(1).unwrap().parse().unwrap();
+        p = parent(p).unwrap_or_else(|| panic!("no lab agent above workload {pid}"));
     }
-    panic!("no shim above workload {pid}");
+    panic!("no lab agent above workload {pid}");
 }
 
 /// The pid of the workload whose environment holds `LAB_MARK=<mark>`.
@@ -345,10 +352,7 @@ async fn a_lab_fleet_places_partitions_heals_survives_kills_and_comes_down_clean
     create_app(&apis[0], "web").await;
     let id = serve(&apis[0], "web", "ord", "web-1").await;
     let pid = workload_pid("web-1").expect("the workload runs");
-    assert_eq!(
-        host_netns_of_workload(pid),
-        netns_inode(&format!("/run/netns/{}", lab.plan().hosts[1].netns))
-    );
+    assert_eq!(host_of_workload(&lab, pid).netns, lab.plan().hosts[1].netns);
     for host in ["h1", "h2", "h3"] {
         until(20, &format!("web serves through {host}"), || async {
             through_proxy(&lab, host, "web").await == Some(StatusCode::OK)
@@ -461,16 +465,7 @@ async fn crash_full_disk_loss_and_oneway_partitions() {
     let api = Api::of(&lab, "h1");
     create_app(&api, "db").await;
     let id = serve(&api, "db", "local", "db-1").await;
-    let owner = lab
-        .plan()
-        .hosts
-        .iter()
-        .find(|h| {
-            let pid = workload_pid("db-1").unwrap();
-            host_netns_of_workload(pid) == netns_inode(&format!("/run/netns/{}", h.netns))
-        })
-        .unwrap()
-        .clone();
+    let owner = host_of_workload(&lab, workload_pid("db-1").unwrap());
     let data = lab.data_dir(&owner);
 
     // The data dir is a small disk of its own; fill-disk fills it, free-disk empties it.
