@@ -112,7 +112,12 @@ impl Agent {
                 })?;
                 used.insert(ip);
                 rec.private_ip = Some(ip);
-                rec.uid_base = Some(network.id_ranges.range_of(ip).map_err(AgentError::Internal)?);
+                rec.uid_base = Some(
+                    network
+                        .id_ranges
+                        .range_of(ip)
+                        .map_err(AgentError::Internal)?,
+                );
                 // Its namespace, and the next addresses', are set up meanwhile: the launch
                 // usually finds them ready.
                 let (network, used) = (network.clone(), used.clone());

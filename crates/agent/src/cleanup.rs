@@ -368,8 +368,15 @@ fn remove_network(bridge: &str, done: &mut Released) {
     }
     // The user namespaces that own the machines' network namespaces (bind-mounted to keep
     // them alive).
-    for e in std::fs::read_dir(USERNS_DIR).into_iter().flatten().flatten() {
-        if e.file_name().to_string_lossy().starts_with(&format!("{bridge}-")) {
+    for e in std::fs::read_dir(USERNS_DIR)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if e.file_name()
+            .to_string_lossy()
+            .starts_with(&format!("{bridge}-"))
+        {
             let path = e.path().display().to_string();
             unmount(&path);
             let _ = std::fs::remove_file(e.path());

@@ -80,6 +80,40 @@ fn cli(env: &HashMap<String, String>, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// When a test fails midway, stops the dev cluster it left (its `dev` and agents, found by
+/// `agent.pid` and the dev process of the data dir) and removes what they made on the host.
+struct CleanUpOnFailure(PathBuf);
+
+impl Drop for CleanUpOnFailure {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let needle = format!("--data-dir {}", self.0.display());
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmd)
+                .replace('\0', " ")
+                .contains(&needle)
+            {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+        }
+        for i in 0..HOSTS {
+            let host_dir = self.0.join(format!("host-{i}"));
+            if let Ok(pid) = std::fs::read_to_string(host_dir.join("agent.pid")) {
+                let _ = Command::new("kill").args(["-9", pid.trim()]).status();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            let id = bazaar_agent::cleanup::host_id_of(&host_dir).ok().flatten();
+            bazaar_agent::cleanup::release_host(&host_dir, id.as_deref());
+        }
+    }
+}
+
 /// What one host of the cluster is known by on the machine.
 #[derive(Debug)]
 struct Host {
@@ -342,6 +376,7 @@ async fn a_stopped_or_reset_host_leaves_nothing_on_the_machine() {
 
     let tmp = tempfile::tempdir().unwrap();
     let dir = std::fs::canonicalize(tmp.path()).unwrap().join("cluster");
+    let _cleanup = CleanUpOnFailure(dir.clone());
     let base = free_ports();
     let gossip = loop {
         let g = free_ports();
