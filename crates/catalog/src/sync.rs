@@ -11,10 +11,10 @@
 //! their hint pull from the owner at once through the same exchange.
 //!
 //! The answering side guards its few answer slots: a connection must present an
-//! authenticated frame header within [`HEADER_DEADLINE`] before it may take one (at most
-//! [`MAX_HANDSHAKES`] connections wait for that at once), a peer holds at most
-//! [`MAX_ANSWERS_PER_PEER`] slots, a request (the first frame) is at most [`MAX_REQUEST`]
-//! bytes and must arrive at [`MIN_REQUEST_RATE`],
+//! authenticated frame header within `HEADER_DEADLINE` before it may take one (at most
+//! `MAX_HANDSHAKES` connections wait for that at once), a peer holds at most
+//! `MAX_ANSWERS_PER_PEER` slots, a request (the first frame) is at most `MAX_REQUEST`
+//! bytes and must arrive at `MIN_REQUEST_RATE`,
 //! and frames above the configured cap are refused from their header. Every row received
 //! is checked against its owner's key; an owner's complete set (which may drop rows) is
 //! believed only with the owner's signed digest entry ([`crate::trust`]).

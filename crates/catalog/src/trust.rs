@@ -10,7 +10,7 @@
 //!   row's identity and the record's JSON exactly as signed. Relays (gossip forwarding,
 //!   anti-entropy) pass the seal on untouched, so a row verifies on every node whoever
 //!   delivered it.
-//! - Binding a key to a host id is trust on first use ([`KeyRing`]): the first key seen for
+//! - Binding a key to a host id is trust on first use (`KeyRing`): the first key seen for
 //!   a host id is pinned, and a row of that host signed with any other key is refused. A
 //!   host keeps its key across restarts, so the pin holds; a host whose data dir is wiped
 //!   gets a new id too. The weakness is the first contact: a key holder who publishes rows

@@ -361,7 +361,7 @@ impl WireRow {
     }
 
     /// Decodes the record and checks that it is consistent with the row's key and owner.
-    /// The seal is carried over unchecked: see [`crate::trust::verify_row`].
+    /// The seal is carried over unchecked: see `crate::trust::verify_row`.
     pub fn into_row(self) -> anyhow::Result<Row> {
         let record = match self.kind {
             Kind::Host => {
