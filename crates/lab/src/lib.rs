@@ -567,9 +567,14 @@ impl Lab {
                 errors.push(format!("{e:#}"));
             }
             net::remove_machine_namespaces(&data);
-            if let Some(id) = &self.state.hosts[h.index - 1].host_id {
+            let host_id = self.state.hosts[h.index - 1].host_id.clone();
+            if let Some(id) = &host_id {
                 remove_cgroups(id, &data);
             }
+            // What the host's agent made outside its namespace and data dir: the user
+            // namespaces owning its machines' network namespaces, their id range claims,
+            // its runtime dir (`/run/bazaar/<host id>`).
+            bazaar_agent::cleanup::release_host(&data, host_id.as_deref());
         }
         if let Err(e) = disk::unmount_under(&self.dir) {
             errors.push(format!("{e:#}"));
