@@ -10,7 +10,6 @@
 //! again the ranges its machines hold (after a reboot `/run` is empty).
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -57,11 +56,15 @@ impl IdRanges {
     fn claim(&self, base: u32, ip: Ipv4Addr) -> std::io::Result<bool> {
         let path = self.claim_path(base);
         let holder = self.holder(ip);
-        match std::fs::File::create_new(&path) {
-            Ok(mut f) => {
-                f.write_all(holder.as_bytes())?;
-                Ok(true)
-            }
+        // The claim appears whole or not at all (written aside, then linked into place: the
+        // link fails if the range is taken), so an agent killed midway leaves no claim
+        // without a holder, which nobody could ever give back.
+        let aside = self.claims.join(format!(".{base}.{}", std::process::id()));
+        std::fs::write(&aside, holder.as_bytes())?;
+        let linked = std::fs::hard_link(&aside, &path);
+        let _ = std::fs::remove_file(&aside);
+        match linked {
+            Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 Ok(std::fs::read_to_string(&path).is_ok_and(|h| h == holder))
             }
