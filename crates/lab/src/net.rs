@@ -13,9 +13,22 @@ pub const NETNS_DIR: &str = "/run/netns";
 
 /// Runs `program args`, feeding `input`; an error carries its stderr.
 pub(crate) fn run(program: &str, args: &[&str], input: &str) -> anyhow::Result<String> {
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    feed_and_wait(cmd, program, args, input, "")
+}
+
+/// Starts `cmd` (which runs `program args`), writes `input` to its stdin and waits for it;
+/// its stdout, or an error naming the command (`context` added after it) with its stderr.
+pub(crate) fn feed_and_wait(
+    mut cmd: Command,
+    program: &str,
+    args: &[&str],
+    input: &str,
+    context: &str,
+) -> anyhow::Result<String> {
     use std::io::Write;
-    let mut child = Command::new(program)
-        .args(args)
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -29,7 +42,7 @@ pub(crate) fn run(program: &str, args: &[&str], input: &str) -> anyhow::Result<S
     let out = child.wait_with_output()?;
     anyhow::ensure!(
         out.status.success(),
-        "{program} {}: {}",
+        "{program} {}{context}: {}",
         args.join(" "),
         String::from_utf8_lossy(&out.stderr).trim()
     );

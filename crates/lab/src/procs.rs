@@ -178,15 +178,11 @@ pub fn run_in_namespace(
     args: &[&str],
     input: &str,
 ) -> anyhow::Result<()> {
-    use std::io::Write;
     let ns_file =
         std::fs::File::open(ns).with_context(|| format!("opening namespace {}", ns.display()))?;
     let fd = ns_file.as_raw_fd();
     let mut cmd = Command::new(program);
-    cmd.args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    cmd.args(args);
     // SAFETY: as in `spawn_in_netns`: one async-signal-safe system call.
     unsafe {
         cmd.pre_exec(move || {
@@ -196,22 +192,7 @@ pub fn run_in_namespace(
             Ok(())
         });
     }
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("running {program} (is it installed?)"))?;
-    child
-        .stdin
-        .take()
-        .context("stdin")?
-        .write_all(input.as_bytes())?;
-    let out = child.wait_with_output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "{program} {} in {}: {}",
-        args.join(" "),
-        ns.display(),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
+    crate::net::feed_and_wait(cmd, program, args, input, &format!(" in {}", ns.display()))?;
     Ok(())
 }
 
