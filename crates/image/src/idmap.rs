@@ -68,9 +68,11 @@ impl IdMap {
     /// A child process is made in a new user namespace (and the namespaces of `also`),
     /// its maps are written, its namespaces opened, and it is killed.
     fn namespaces(&self, also: libc::c_int) -> io::Result<(OwnedFd, Option<OwnedFd>)> {
+        // SAFETY: getpid takes nothing.
+        let parent = unsafe { libc::getpid() };
         // SAFETY: a raw clone without CLONE_VM gives the child a copy of this process with
-        // only the calling thread; the child makes no call but pause and _exit (no locks,
-        // no allocation), so whatever other threads held does not matter.
+        // only the calling thread; the child makes only raw system calls (no locks, no
+        // allocation), so whatever other threads held does not matter.
         let pid = unsafe {
             libc::syscall(
                 libc::SYS_clone,
@@ -82,8 +84,16 @@ impl IdMap {
             )
         };
         if pid == 0 {
-            // SAFETY: pause and _exit touch no memory. The child waits to be killed.
+            // SAFETY: these calls take plain integers and touch no memory of the process.
+            // The child holds none of its parent's file descriptors (a listening socket
+            // kept open by it would keep a restarted agent from its port) and dies with its
+            // parent; otherwise it waits to be killed.
             unsafe {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
+                if libc::getppid() != parent {
+                    libc::_exit(0);
+                }
                 libc::pause();
                 libc::_exit(0);
             }
