@@ -4,12 +4,13 @@
 //! hyper arms that timeout for every request it reads. With tokio's timer each one is a
 //! timer-wheel entry registered and cancelled under the driver's lock, which measured ~14 %
 //! of the proxy's throughput. Here a sleep that is waited on files its deadline under its
-//! task (the connection's task: one entry per connection, its deadline moved on by each
-//! request, nothing removed per request), and the proxy thread's ticker ([`fire_expired`],
-//! every [`TICK`]) wakes the tasks whose deadline has passed; the woken task polls its
-//! sleep, which then ends if its own deadline has passed. A timeout thus fires up to one
-//! tick late, which is fine for one of seconds. An entry whose connection is gone is
-//! dropped at its deadline.
+//! task (the connection's task: one entry per connection, holding the earliest deadline
+//! any of its sleeps filed, nothing removed per request), and the proxy thread's ticker
+//! ([`fire_expired`], every [`TICK`]) wakes the tasks whose deadline has passed; the woken
+//! task polls its sleeps, which end if their own deadline has passed and otherwise file
+//! theirs again. A timeout thus fires up to one tick late, which is fine for one of
+//! seconds; a task whose earlier sleep was dropped is woken once for nothing. An entry
+//! whose connection is gone is dropped at its deadline.
 
 use rustc_hash::FxHashMap;
 use std::cell::RefCell;
@@ -69,7 +70,9 @@ impl Future for CoarseSleep {
             let mut w = w.borrow_mut();
             match w.get_mut(&key) {
                 Some(entry) => {
-                    entry.0 = entry.0.max(deadline);
+                    // The earliest: a shorter sleep after a longer one (a request head
+                    // begun on an idle keep-alive connection) must not wait for the longer.
+                    entry.0 = entry.0.min(deadline);
                     if !entry.1.will_wake(cx.waker()) {
                         entry.1 = cx.waker().clone();
                     }
@@ -126,23 +129,42 @@ mod tests {
         assert_eq!(WAITING.with(|w| w.borrow().len()), 1, "one entry per task");
         tokio::time::sleep(Duration::from_millis(40)).await;
         fire_expired();
-        assert!(
-            !task.woken(),
-            "the task's deadline moved on with its next request"
-        );
+        // Woken once for the dropped sleep: the next one is not due and files itself again.
+        assert!(task.take());
+        assert!(next.as_mut().poll(&mut cx).is_pending());
         tokio::time::sleep(Duration::from_millis(190)).await;
         fire_expired();
-        assert!(task.woken(), "woken at the first tick after the deadline");
+        assert!(task.take(), "woken at the first tick after the deadline");
         assert!(next.as_mut().poll(&mut cx).is_ready());
         assert_eq!(WAITING.with(|w| w.borrow().len()), 0);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_short_sleep_after_a_long_one_is_not_held_back() {
+        // An idle keep-alive connection (a long sleep) that begins a request head (the
+        // header timeout): the task must be woken at the short deadline, not the long one.
+        let timer = CoarseTimer;
+        let task = std::sync::Arc::new(Flag::default());
+        let waker = Waker::from(task.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut idle = timer.sleep(Duration::from_secs(60));
+        assert!(idle.as_mut().poll(&mut cx).is_pending());
+        drop(idle);
+        let mut head = timer.sleep(Duration::from_millis(30));
+        assert!(head.as_mut().poll(&mut cx).is_pending());
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        fire_expired();
+        assert!(task.take(), "woken at the header deadline");
+        assert!(head.as_mut().poll(&mut cx).is_ready());
     }
 
     #[derive(Default)]
     struct Flag(std::sync::atomic::AtomicBool);
 
     impl Flag {
-        fn woken(&self) -> bool {
-            self.0.load(std::sync::atomic::Ordering::SeqCst)
+        /// Whether the task was woken since the last call.
+        fn take(&self) -> bool {
+            self.0.swap(false, std::sync::atomic::Ordering::SeqCst)
         }
     }
 
