@@ -191,8 +191,7 @@ async fn metadata_get_set_delete_and_bulk_with_version_check() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suspend_freezes_and_start_resumes_the_same_process() {
-    if !is_root() {
-        eprintln!("skipped: the freezer needs cgroups (root)");
+    if !bazaar_testkit::can_run(is_root(), "root (the freezer needs cgroups)") {
         return;
     }
     let agent = agent();

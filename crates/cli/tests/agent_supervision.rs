@@ -104,8 +104,7 @@ async fn killing_a_shim_kills_its_workload_and_the_restart_policy_applies() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_machine_over_its_memory_limit_is_killed_alone_with_an_oom_event() {
-    if !is_root() {
-        eprintln!("skipped: cgroup limits need root");
+    if !bazaar_testkit::can_run(is_root(), "root (cgroup limits)") {
         return;
     }
     let agent = agent();

@@ -122,8 +122,7 @@ async fn proxy_get(proxy: &str, app: &str, path: &str) -> Option<(u16, String)> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn image_machines_run_isolated_on_their_own_address() {
-    if !is_root() {
-        eprintln!("skipped: image machines need root");
+    if !bazaar_testkit::can_run(is_root(), "root (image machines)") {
         return;
     }
     ensure_packages();
@@ -295,8 +294,7 @@ async fn image_machines_run_isolated_on_their_own_address() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_image_fails_the_machine_with_a_clear_error() {
-    if !is_root() {
-        eprintln!("skipped: image machines need root");
+    if !bazaar_testkit::can_run(is_root(), "root (image machines)") {
         return;
     }
     ensure_packages();
@@ -356,8 +354,7 @@ async fn hostile_image_fails_the_machine_with_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn image_commands_pull_import_list_and_prune() {
-    if !is_root() {
-        eprintln!("skipped: image machines need root");
+    if !bazaar_testkit::can_run(is_root(), "root (image machines)") {
         return;
     }
     ensure_packages();

@@ -303,8 +303,7 @@ async fn leftover_background_processes_are_killed() {
 
 #[tokio::test]
 async fn isolated_runs_get_their_own_namespaces_and_user() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !bazaar_testkit::can_run(is_root(), "root") {
         return;
     }
     let dir = scratch();
@@ -333,8 +332,7 @@ async fn isolated_runs_get_their_own_namespaces_and_user() {
 
 #[tokio::test]
 async fn isolated_workloads_get_forwarded_signals() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !bazaar_testkit::can_run(is_root(), "root") {
         return;
     }
     let dir = scratch();
@@ -356,8 +354,10 @@ async fn isolated_workloads_get_forwarded_signals() {
 
 #[tokio::test]
 async fn oom_kills_are_detected_and_contained() {
-    if !bazaar_shim::cgroups_available() || !Path::new("/usr/bin/python3").exists() {
-        eprintln!("skipped: needs root, cgroups and python3");
+    if !bazaar_testkit::can_run(
+        bazaar_shim::cgroups_available() && Path::new("/usr/bin/python3").exists(),
+        "root, cgroups and python3",
+    ) {
         return;
     }
     let dir = scratch();
@@ -406,8 +406,7 @@ async fn oom_kills_are_detected_and_contained() {
 
 #[tokio::test]
 async fn cgroup_limits_are_applied() {
-    if !bazaar_shim::cgroups_available() {
-        eprintln!("skipped: needs root and cgroups");
+    if !bazaar_testkit::can_run(bazaar_shim::cgroups_available(), "root and cgroups") {
         return;
     }
     let dir = scratch();
@@ -490,8 +489,7 @@ async fn adopt_reattaches_to_a_live_shim() {
 
 #[tokio::test]
 async fn freeze_and_thaw() {
-    if !bazaar_shim::cgroups_available() {
-        eprintln!("skipped: needs root and cgroups");
+    if !bazaar_testkit::can_run(bazaar_shim::cgroups_available(), "root and cgroups") {
         return;
     }
     let dir = scratch();

@@ -410,3 +410,23 @@ pub fn create_request(app: &str, argv: &[&str]) -> bazaar_types::host::ClaimRequ
         placement: None,
     }
 }
+
+/// The variable that turns a root-only test's skip into a failure. `.ci/run` sets it: CI
+/// runs as root, and a CI run that is not must fail loudly rather than pass tests it did
+/// not run.
+pub const REQUIRE_ROOT_VAR: &str = "BAZAAR_TESTS_REQUIRE_ROOT";
+
+/// Whether a test that needs `what` (root, cgroups, ...) can run: true when `available`.
+/// Otherwise it says why it skips and returns false, or panics when [`REQUIRE_ROOT_VAR`]
+/// is set.
+pub fn can_run(available: bool, what: &str) -> bool {
+    if available {
+        return true;
+    }
+    assert!(
+        std::env::var_os(REQUIRE_ROOT_VAR).is_none(),
+        "this test needs {what}, and {REQUIRE_ROOT_VAR} is set (CI runs as root)"
+    );
+    eprintln!("skipped: needs {what}");
+    false
+}
