@@ -8,10 +8,14 @@ use crate::token::{public_from_hex, strip};
 use crate::{Error, Op, TokenKey};
 use biscuit_auth::builder::{date, fact, string, Check, Policy};
 use biscuit_auth::error::{FailedCheck, Logic, Token as TokenError};
-use biscuit_auth::{AuthorizerBuilder, Biscuit, PublicKey};
+use biscuit_auth::{AuthorizerBuilder, AuthorizerLimits, Biscuit, PublicKey};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::SystemTime;
+
+/// Longest a token's checks may run (they take microseconds; biscuit's default of 1 ms
+/// refused valid tokens on a loaded host, when the thread was descheduled mid-check).
+const MAX_AUTHORIZE_TIME: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Most tokens kept verified at once (the cache is emptied when full).
 const CACHE_ENTRIES: usize = 4096;
@@ -72,6 +76,10 @@ impl Verified {
         };
         let driver = if access.process { "process" } else { "none" };
         let result = AuthorizerBuilder::new()
+            .set_limits(AuthorizerLimits {
+                max_time: MAX_AUTHORIZE_TIME,
+                ..AuthorizerLimits::default()
+            })
             .fact(fact("operation", &[string(access.op.name())]))
             .and_then(|b| b.fact(subject))
             .and_then(|b| b.fact(fact("driver", &[string(driver)])))
