@@ -125,13 +125,12 @@ pub async fn run_agent(
         .layer(axum::middleware::map_response(
             http::fly_shaped_method_errors,
         ));
-    let server =
-        axum::serve(
-            listener,
-            // The peer's address, for the audit record.
-            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move { stop.cancelled().await });
+    let server = axum::serve(
+        listener,
+        // The peer's address, for the audit record.
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move { stop.cancelled().await });
     let server = tokio::spawn(async move { server.await });
     shutdown_signal.await;
     tracing::info!("shutting down");

@@ -89,11 +89,7 @@ fn machine_op(method: &Method, action: &[&str], has_config: &mut bool) -> Op {
 }
 
 /// The middleware of the Machines API (state: the agent).
-pub async fn require_access(
-    State(agent): State<Agent>,
-    mut req: Request,
-    next: Next,
-) -> Response {
+pub async fn require_access(State(agent): State<Agent>, mut req: Request, next: Next) -> Response {
     let caller = match bearer(&req).map(|t| agent.caller(t)) {
         None => return ApiError::Unauthorized.into_response(),
         Some(Err(denied)) => return refusal(denied, None).into_response(),
@@ -163,8 +159,7 @@ pub async fn require_access(
 /// The answer to a refused request.
 fn refusal(denied: Denied, app: Option<&str>) -> ApiError {
     match denied {
-        Denied::Invalid(why) => ApiError::InvalidToken(why),
-        Denied::Expired => ApiError::InvalidToken("token expired".into()),
+        Denied::Invalid(_) | Denied::Expired => ApiError::InvalidToken(denied.to_string()),
         // The same answer as for an app that does not exist (`apps::get`).
         Denied::OtherApp => ApiError::NotFound(format!("app {} not found", app.unwrap_or(""))),
         Denied::Forbidden(why) => ApiError::Forbidden(why),
@@ -223,30 +218,122 @@ mod tests {
         let cases = [
             (Method::GET, "/v1/apps", (None, None, Op::Read, false)),
             (Method::POST, "/v1/apps", (None, None, Op::Create, false)),
-            (Method::GET, "/v1/platform/regions", (None, None, Op::Read, false)),
-            (Method::POST, "/v1/platform/placements", (None, None, Op::Read, false)),
+            (
+                Method::GET,
+                "/v1/platform/regions",
+                (None, None, Op::Read, false),
+            ),
+            (
+                Method::POST,
+                "/v1/platform/placements",
+                (None, None, Op::Read, false),
+            ),
             (Method::GET, "/v1/apps/web", (web(), None, Op::Read, false)),
-            (Method::DELETE, "/v1/apps/web", (web(), None, Op::Destroy, false)),
-            (Method::GET, "/v1/apps/web/machines", (web(), None, Op::Read, false)),
-            (Method::POST, "/v1/apps/web/machines", (web(), None, Op::Create, true)),
-            (Method::POST, "/v1/apps/web/machines/batch", (web(), None, Op::Create, true)),
-            (Method::POST, "/v1/apps/web/machines/m1", (web(), m(), Op::Update, true)),
-            (Method::DELETE, "/v1/apps/web/machines/m1", (web(), m(), Op::Destroy, false)),
-            (Method::GET, "/v1/apps/web/machines/m1/wait", (web(), None, Op::Read, false)),
-            (Method::POST, "/v1/apps/web/machines/m1/start", (web(), m(), Op::Start, false)),
-            (Method::POST, "/v1/apps/web/machines/m1/stop", (web(), m(), Op::Stop, false)),
-            (Method::POST, "/v1/apps/web/machines/m1/restart", (web(), m(), Op::Restart, false)),
-            (Method::POST, "/v1/apps/web/machines/m1/signal", (web(), m(), Op::Signal, false)),
-            (Method::POST, "/v1/apps/web/machines/m1/suspend", (web(), m(), Op::Suspend, false)),
-            (Method::POST, "/v1/apps/web/machines/m1/exec", (web(), m(), Op::Exec, false)),
-            (Method::POST, "/v1/apps/web/machines/m1/lease", (web(), m(), Op::Lease, false)),
-            (Method::DELETE, "/v1/apps/web/machines/m1/lease", (web(), m(), Op::Lease, false)),
-            (Method::POST, "/v1/apps/web/machines/m1/cordon", (web(), m(), Op::Update, false)),
-            (Method::PUT, "/v1/apps/web/machines/m1/metadata", (web(), m(), Op::Update, false)),
-            (Method::POST, "/v1/apps/web/volumes", (web(), None, Op::Volumes, false)),
-            (Method::PUT, "/v1/apps/web/volumes/v1/extend", (web(), None, Op::Volumes, false)),
-            (Method::DELETE, "/v1/apps/web/volumes/v1", (web(), None, Op::Volumes, false)),
-            (Method::GET, "/v1/apps/web/audit", (web(), None, Op::Read, false)),
+            (
+                Method::DELETE,
+                "/v1/apps/web",
+                (web(), None, Op::Destroy, false),
+            ),
+            (
+                Method::GET,
+                "/v1/apps/web/machines",
+                (web(), None, Op::Read, false),
+            ),
+            (
+                Method::POST,
+                "/v1/apps/web/machines",
+                (web(), None, Op::Create, true),
+            ),
+            (
+                Method::POST,
+                "/v1/apps/web/machines/batch",
+                (web(), None, Op::Create, true),
+            ),
+            (
+                Method::POST,
+                "/v1/apps/web/machines/m1",
+                (web(), m(), Op::Update, true),
+            ),
+            (
+                Method::DELETE,
+                "/v1/apps/web/machines/m1",
+                (web(), m(), Op::Destroy, false),
+            ),
+            (
+                Method::GET,
+                "/v1/apps/web/machines/m1/wait",
+                (web(), None, Op::Read, false),
+            ),
+            (
+                Method::POST,
+                "/v1/apps/web/machines/m1/start",
+                (web(), m(), Op::Start, false),
+            ),
+            (
+                Method::POST,
+                "/v1/apps/web/machines/m1/stop",
+                (web(), m(), Op::Stop, false),
+            ),
+            (
+                Method::POST,
+                "/v1/apps/web/machines/m1/restart",
+                (web(), m(), Op::Restart, false),
+            ),
+            (
+                Method::POST,
+                "/v1/apps/web/machines/m1/signal",
+                (web(), m(), Op::Signal, false),
+            ),
+            (
+                Method::POST,
+                "/v1/apps/web/machines/m1/suspend",
+                (web(), m(), Op::Suspend, false),
+            ),
+            (
+                Method::POST,
+                "/v1/apps/web/machines/m1/exec",
+                (web(), m(), Op::Exec, false),
+            ),
+            (
+                Method::POST,
+                "/v1/apps/web/machines/m1/lease",
+                (web(), m(), Op::Lease, false),
+            ),
+            (
+                Method::DELETE,
+                "/v1/apps/web/machines/m1/lease",
+                (web(), m(), Op::Lease, false),
+            ),
+            (
+                Method::POST,
+                "/v1/apps/web/machines/m1/cordon",
+                (web(), m(), Op::Update, false),
+            ),
+            (
+                Method::PUT,
+                "/v1/apps/web/machines/m1/metadata",
+                (web(), m(), Op::Update, false),
+            ),
+            (
+                Method::POST,
+                "/v1/apps/web/volumes",
+                (web(), None, Op::Volumes, false),
+            ),
+            (
+                Method::PUT,
+                "/v1/apps/web/volumes/v1/extend",
+                (web(), None, Op::Volumes, false),
+            ),
+            (
+                Method::DELETE,
+                "/v1/apps/web/volumes/v1",
+                (web(), None, Op::Volumes, false),
+            ),
+            (
+                Method::GET,
+                "/v1/apps/web/audit",
+                (web(), None, Op::Read, false),
+            ),
         ];
         for (method, path, want) in cases {
             assert_eq!(op(method.clone(), path), want, "{method} {path}");
@@ -258,7 +345,9 @@ mod tests {
         assert!(runs_process_driver(
             br#"{"config": {"driver": "process", "init": {"exec": ["sleep", "1"]}}}"#
         ));
-        assert!(runs_process_driver(br#"{"config": {"init": {"exec": ["sleep", "1"]}}}"#));
+        assert!(runs_process_driver(
+            br#"{"config": {"init": {"exec": ["sleep", "1"]}}}"#
+        ));
         assert!(!runs_process_driver(br#"{"config": {"image": "web:1"}}"#));
         assert!(!runs_process_driver(b"not json"));
     }

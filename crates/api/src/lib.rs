@@ -205,7 +205,10 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/apps/{app}/audit", get(audit::list))
         .route("/v1/platform/regions", get(platform::regions))
         .route("/v1/platform/placements", post(platform::placements))
-        .layer(middleware::from_fn_with_state(agent, access::require_access))
+        .layer(middleware::from_fn_with_state(
+            agent,
+            access::require_access,
+        ))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::map_response(fly_shaped_errors))
         .with_state(api);

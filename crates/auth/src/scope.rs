@@ -188,7 +188,10 @@ mod tests {
             assert_eq!(op.name().parse::<Op>().unwrap(), op);
         }
         let err = "fly".parse::<Op>().unwrap_err().to_string();
-        assert!(err.contains("unknown operation") && err.contains("exec"), "{err}");
+        assert!(
+            err.contains("unknown operation") && err.contains("exec"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -40,7 +40,8 @@ impl TokenKey {
 
 /// A public key from hex.
 pub(crate) fn public_from_hex(text: &str) -> Result<PublicKey, Error> {
-    PublicKey::from_bytes_hex(text.trim(), Algorithm::Ed25519).map_err(|e| Error::Key(e.to_string()))
+    PublicKey::from_bytes_hex(text.trim(), Algorithm::Ed25519)
+        .map_err(|e| Error::Key(e.to_string()))
 }
 
 /// A new token with `scope`, signed by `key`. Its first block holds the scope's checks and,
@@ -51,7 +52,9 @@ pub fn mint(key: &TokenKey, scope: &Scope) -> Result<String, Error> {
         block = block.code("process_driver(true);")?;
     }
     let block = scope.add_checks(block)?;
-    let token = biscuit_auth::Biscuit::builder().merge(block).build(&key.0)?;
+    let token = biscuit_auth::Biscuit::builder()
+        .merge(block)
+        .build(&key.0)?;
     Ok(format!("{PREFIX}{}", token.to_base64()?))
 }
 
@@ -129,7 +132,11 @@ mod tests {
         let (a, b) = (describe(&token).unwrap(), describe(&narrowed).unwrap());
         assert_eq!(a.id, b.id);
         assert_eq!((a.blocks.len(), b.blocks.len()), (1, 2));
-        assert!(b.blocks[1].contains(r#"operation("read")"#), "{:?}", b.blocks);
+        assert!(
+            b.blocks[1].contains(r#"operation("read")"#),
+            "{:?}",
+            b.blocks
+        );
         assert!(matches!(describe("abc"), Err(Error::NotScoped)));
     }
 }

@@ -10,7 +10,7 @@ use biscuit_auth::builder::{date, fact, string, Check, Policy};
 use biscuit_auth::error::{FailedCheck, Logic, Token as TokenError};
 use biscuit_auth::{AuthorizerBuilder, AuthorizerLimits, Biscuit, PublicKey};
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::SystemTime;
 
 /// Longest a token's checks may run (they take microseconds; biscuit's default of 1 ms
@@ -53,7 +53,21 @@ pub enum Denied {
 pub struct Verified {
     biscuit: Biscuit,
     revocation_ids: Vec<String>,
+    /// Decisions of the current second: the checks see time in whole seconds, so a
+    /// decision holds for the rest of its second, and a client repeating a request pays for
+    /// the checks once per second.
+    decisions: Mutex<Decisions>,
 }
+
+/// Decisions made in second `second` (Unix time), by request.
+#[derive(Debug, Default)]
+struct Decisions {
+    second: u64,
+    made: HashMap<(Option<String>, Op, bool), Result<(), Denied>>,
+}
+
+/// Most decisions kept for one token and one second.
+const DECISIONS: usize = 256;
 
 impl Verified {
     /// The token's id: its first block's revocation id, shared by every token narrowed
@@ -67,8 +81,34 @@ impl Verified {
         &self.revocation_ids
     }
 
-    /// Runs the token's checks against `access` at `now`.
+    /// Runs the token's checks against `access` at `now` (or answers as they did earlier
+    /// in the same second).
     pub fn authorize(&self, access: &Access<'_>, now: SystemTime) -> Result<(), Denied> {
+        let second = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let key = (access.app.map(str::to_string), access.op, access.process);
+        {
+            let decisions = self.decisions.lock().unwrap_or_else(|e| e.into_inner());
+            if decisions.second == second {
+                if let Some(decision) = decisions.made.get(&key) {
+                    return decision.clone();
+                }
+            }
+        }
+        let decision = self.run_checks(access, now);
+        let mut decisions = self.decisions.lock().unwrap_or_else(|e| e.into_inner());
+        if decisions.second != second || decisions.made.len() >= DECISIONS {
+            decisions.second = second;
+            decisions.made.clear();
+        }
+        decisions.made.insert(key, decision.clone());
+        decision
+    }
+
+    /// Runs the token's checks (biscuit's authorizer) against `access` at `now`.
+    fn run_checks(&self, access: &Access<'_>, now: SystemTime) -> Result<(), Denied> {
         let (process_rule, allow) = rules();
         let subject = match access.app {
             Some(app) => fact("app", &[string(app)]),
@@ -191,6 +231,7 @@ impl Verifier {
         let verified = Arc::new(Verified {
             biscuit,
             revocation_ids,
+            decisions: Mutex::new(Decisions::default()),
         });
         let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
         if cache.len() >= CACHE_ENTRIES {
@@ -254,7 +295,8 @@ mod tests {
             ..Scope::default()
         };
         let t = v.verify(&mint(&key, &scope).unwrap()).unwrap();
-        t.authorize(&access(Some("web"), Op::Destroy), now()).unwrap();
+        t.authorize(&access(Some("web"), Op::Destroy), now())
+            .unwrap();
         t.authorize(&access(Some("api"), Op::Exec), now()).unwrap();
         assert_eq!(
             t.authorize(&access(Some("db"), Op::Read), now()),
@@ -358,7 +400,9 @@ mod tests {
             t.authorize(&access(Some("db"), Op::Read), now()),
             Err(Denied::OtherApp)
         );
-        assert!(t.authorize(&access(Some("web"), Op::Create), now()).is_err());
+        assert!(t
+            .authorize(&access(Some("web"), Op::Create), now())
+            .is_err());
         let process = Access {
             app: Some("web"),
             op: Op::Read,

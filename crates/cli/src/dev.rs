@@ -75,7 +75,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let org_token = match &state.org_token {
         Some(t) => t.clone(),
         None => {
-            let key = bazaar_auth::TokenKey::from_private_hex(&std::fs::read_to_string(&token_key)?)?;
+            let key =
+                bazaar_auth::TokenKey::from_private_hex(&std::fs::read_to_string(&token_key)?)?;
             let token = bazaar_auth::mint(&key, &bazaar_auth::Scope::default())?;
             state.org_token = Some(token.clone());
             bazaar_agent::secrets::write_private(

@@ -256,14 +256,22 @@ pub struct AuditArgs {
 pub async fn audit(a: AuditArgs) -> anyhow::Result<()> {
     let c = &a.conn;
     let v = c
-        .call(reqwest::Method::GET, &format!("/apps/{}/audit", a.app), None)
+        .call(
+            reqwest::Method::GET,
+            &format!("/apps/{}/audit", a.app),
+            None,
+        )
         .await?;
     out(c, &v, || {
         let mut t = Table::new();
         t.set_header(["time", "token", "method", "path", "status", "from", "host"]);
         for e in v["entries"].as_array().into_iter().flatten() {
             let token = s(&e["token_id"]);
-            let short = if token.len() > 16 { &token[..16] } else { &token };
+            let short = if token.len() > 16 {
+                &token[..16]
+            } else {
+                &token
+            };
             t.add_row([
                 s(&e["time"]),
                 short.to_string(),
