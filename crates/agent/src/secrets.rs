@@ -72,8 +72,8 @@ const REVOKED: &str = "revoked:";
 pub struct TokenFile {
     /// The API tokens accepted.
     pub tokens: Vec<String>,
-    /// Hashes of revoked tokens (`revoked:<hash>` lines, written by `bazaar token
-    /// revoke`): refused on this host, and published in its host record so that every
+    /// Hashes of revoked legacy tokens and ids of revoked scoped tokens (`revoked:<hash>`
+    /// and `revoked:<id>` lines, written by `bazaar token revoke`): refused on this host, and published in its host record so that every
     /// host refuses them.
     pub revoked: BTreeSet<String>,
 }
@@ -190,6 +190,19 @@ mod tests {
         let file = read_tokens(&path).unwrap();
         assert_eq!(file.revoked, BTreeSet::from([hash, token_hash("zzz")]));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_scoped_token_is_revoked_by_its_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        std::fs::write(&path, "kept\n").unwrap();
+        revoke_id(&path, "ABCDEF01").unwrap();
+        revoke_id(&path, "abcdef01").unwrap();
+        assert!(revoke_id(&path, "not hex").is_err());
+        let file = read_tokens(&path).unwrap();
+        assert_eq!(file.tokens, vec!["kept".to_string()]);
+        assert_eq!(file.revoked, BTreeSet::from(["abcdef01".to_string()]));
     }
 
     #[test]

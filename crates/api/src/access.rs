@@ -126,6 +126,16 @@ pub async fn require_access(State(agent): State<Agent>, mut req: Request, next: 
             req = Request::from_parts(parts, axum::body::Body::from(bytes));
         }
     }
+    // An app's creation is recorded under the app it creates (named in the body).
+    let mut audit_app = route.app.clone();
+    if route.app.is_none() && *req.method() == Method::POST && req.uri().path() == "/v1/apps" {
+        let (parts, body) = req.into_parts();
+        let bytes = axum::body::to_bytes(body, crate::MAX_BODY_BYTES)
+            .await
+            .unwrap_or_default();
+        audit_app = created_app_name(&bytes);
+        req = Request::from_parts(parts, axum::body::Body::from(bytes));
+    }
     let peer = req
         .extensions()
         .get::<ConnectInfo<std::net::SocketAddr>>()
@@ -146,7 +156,7 @@ pub async fn require_access(State(agent): State<Agent>, mut req: Request, next: 
             token_id: caller.id(),
             method,
             path,
-            app: route.app,
+            app: audit_app,
             machine_id: route.machine_id,
             peer,
             status: response.status().as_u16(),
@@ -175,6 +185,15 @@ fn runs_process_driver(body: &[u8]) -> bool {
         config: bazaar_types::config::MachineConfig,
     }
     serde_json::from_slice::<WithConfig>(body).is_ok_and(|b| b.config.driver() == "process")
+}
+
+/// The app a `POST /v1/apps` body names (`app_name`, or `name`).
+fn created_app_name(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    v.get("app_name")
+        .or_else(|| v.get("name"))?
+        .as_str()
+        .map(str::to_string)
 }
 
 /// The token of a request: `Authorization: Bearer <token>` or Fly's `FlyV1 <token>`.

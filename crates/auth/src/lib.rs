@@ -10,7 +10,8 @@
 //! A token is `bz1_` followed by the biscuit in URL-safe base64. Its first block (signed by
 //! the cluster key) holds the scope it was created with; every later block, added by any
 //! holder, only adds checks, so a token can be narrowed and never widened. Its id is the
-//! revocation id of its first block (hex): revoking it revokes every token narrowed from it.
+//! revocation id of its last block (hex): tokens narrowed from it carry it too, so revoking
+//! it revokes them all.
 
 pub mod scope;
 pub mod token;

@@ -70,10 +70,13 @@ struct Decisions {
 const DECISIONS: usize = 256;
 
 impl Verified {
-    /// The token's id: its first block's revocation id, shared by every token narrowed
-    /// from it (so revoking it revokes them all).
+    /// The token's id: its last block's revocation id. Every token narrowed from this one
+    /// carries it too, so revoking it revokes them all (and not the token this one was
+    /// narrowed from).
     pub fn id(&self) -> &str {
-        &self.revocation_ids[0]
+        self.revocation_ids
+            .last()
+            .expect("a verified token has blocks")
     }
 
     /// Every block's revocation id: the token is revoked if any of them is.
@@ -483,7 +486,7 @@ mod tests {
     }
 
     #[test]
-    fn ids_are_shared_by_narrowed_tokens() {
+    fn a_narrowed_token_carries_the_id_of_its_parent() {
         let key = TokenKey::generate();
         let v = Verifier::for_key(&key);
         let org = mint(&key, &Scope::default()).unwrap();
@@ -496,8 +499,8 @@ mod tests {
         )
         .unwrap();
         let (a, b) = (v.verify(&org).unwrap(), v.verify(&narrowed).unwrap());
-        assert_eq!(a.id(), b.id());
-        assert_eq!(b.revocation_ids().len(), 2);
+        assert_ne!(a.id(), b.id());
+        assert_eq!(b.revocation_ids(), [a.id().to_string(), b.id().to_string()]);
         assert_eq!(a.id().len(), 128);
     }
 }

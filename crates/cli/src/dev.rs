@@ -88,8 +88,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     };
     // dev.env appears only once the cluster answers.
     let _ = std::fs::remove_file(dir.join("dev.env"));
+    // Kept across runs: it holds the revocations (`bazaar token revoke`).
     let token_file = dir.join("api-tokens");
-    bazaar_agent::secrets::write_private(&token_file, &format!("{}\n", state.token))?;
+    if !token_file.exists() {
+        bazaar_agent::secrets::write_private(&token_file, &format!("{}\n", state.token))?;
+    }
     let exe = std::env::current_exe()?;
     let mut children = Vec::new();
     for i in 0..args.hosts {

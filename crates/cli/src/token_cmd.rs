@@ -186,9 +186,10 @@ pub async fn token(a: TokenArgs) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 println!("id: {}", d.id);
+                println!("  (revoking it revokes this token and every token narrowed from it)");
                 for (i, block) in d.blocks.iter().enumerate() {
                     let what = if i == 0 { "as created" } else { "narrowed" };
-                    println!("block {i} ({what}):");
+                    println!("block {i} ({what}), id {}:", d.revocation_ids[i]);
                     for line in block.lines() {
                         println!("  {line}");
                     }

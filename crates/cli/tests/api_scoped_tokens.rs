@@ -540,9 +540,12 @@ async fn the_audit_record_names_the_token_of_each_change() {
     assert_eq!(by_operator[1]["method"], "DELETE");
     assert_eq!(by_operator[1]["status"], 403);
     // The app's creation and first machine, by the cluster secret, are there too.
-    assert!(entries
+    let by_secret: Vec<&str> = entries
         .iter()
-        .any(|e| e["token_id"] == "cluster-secret" && e["method"] == "POST"));
+        .filter(|e| e["token_id"] == "cluster-secret")
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(by_secret, ["/v1/apps", "/v1/apps/web/machines"], "{audit}");
     // The CLI shows the same.
     let out = std::process::Command::new(EXE)
         .args(["audit", "-a", "web", "--json"])

@@ -303,7 +303,7 @@ pub struct AuditEntry {
     /// When it was answered (RFC 3339).
     time: String,
     time_ms: u64,
-    /// Who: the scoped token's id (its first block's revocation id), `token-file:<hash
+    /// Who: the scoped token's id (its last block's revocation id), `token-file:<hash
     /// prefix>` for a token-file token, or `cluster-secret`.
     token_id: String,
     method: String,
