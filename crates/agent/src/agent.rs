@@ -72,6 +72,10 @@ pub(crate) struct Inner {
     /// Hashes of the tokens revoked anywhere in the cluster: this host's and those every
     /// host record publishes (refreshed by housekeeping).
     pub revoked: std::sync::RwLock<HashSet<String>>,
+    /// Verifies scoped tokens, if this host has the cluster's public token key (`tokens.rs`).
+    pub token_verifier: Option<bazaar_auth::Verifier>,
+    /// The record of changes made through this host's API (`audit.rs`).
+    pub audit: crate::audit::AuditLog,
     pub ports_in_use: Mutex<HashSet<u16>>,
     /// Machine network addresses held by this host's machines (image machines).
     pub addresses_in_use: Mutex<HashSet<std::net::Ipv4Addr>>,
@@ -204,6 +208,8 @@ impl Agent {
             tokens_read: Mutex::new(None),
             revoked_here: Mutex::new(revoked_here),
             revoked: std::sync::RwLock::new(revoked),
+            token_verifier: crate::tokens::verifier(&config)?,
+            audit: crate::audit::AuditLog::new(&config.data_dir),
             ports_in_use: Mutex::new(ports),
             addresses_in_use: Mutex::new(addresses),
             uids_in_use: Mutex::new(uids),
@@ -288,6 +294,11 @@ impl Agent {
         self.0.shutdown.clone()
     }
 
+    /// The record of changes made through this host's API.
+    pub fn audit(&self) -> &crate::audit::AuditLog {
+        &self.0.audit
+    }
+
     /// This host's id.
     pub fn host_id(&self) -> &str {
         &self.0.host_id
@@ -324,7 +335,7 @@ impl Agent {
 
     /// Re-reads the token file if its modification time or length changed. A file that
     /// cannot be read leaves only the cluster secret.
-    fn refresh_tokens(&self) {
+    pub(crate) fn refresh_tokens(&self) {
         let Some(path) = &self.0.config.token_file else {
             return;
         };

@@ -40,6 +40,12 @@ pub struct AgentConfig {
     pub cluster_secret_file: Option<PathBuf>,
     /// A file of API tokens (one per line) also accepted by this agent.
     pub token_file: Option<PathBuf>,
+    /// The cluster's public token key (hex) that scoped tokens are verified with; `None`
+    /// reads `token_public_key_file`, else `data_dir/token-public-key` if it exists (else
+    /// only the cluster secret and the token file's tokens are accepted).
+    pub token_public_key: Option<String>,
+    /// A file holding the public token key (hex).
+    pub token_public_key_file: Option<PathBuf>,
     /// Run workloads in their own namespaces, as an unprivileged user, under cgroup limits
     /// (only possible as root; ignored otherwise).
     pub isolate: bool,
@@ -104,6 +110,8 @@ impl Default for AgentConfig {
             cluster_secret: None,
             cluster_secret_file: None,
             token_file: None,
+            token_public_key: None,
+            token_public_key_file: None,
             isolate: true,
             allow_root_machines: false,
             stop_machines_on_shutdown: false,

@@ -80,6 +80,7 @@ pub fn router(agent: Agent) -> Router {
         )
         .route("/snapshots/{id}", get(snapshot_get))
         .merge(crate::images::routes())
+        .merge(crate::audit::routes())
         .layer(middleware::from_fn_with_state(
             agent.clone(),
             require_cluster_secret,
@@ -153,15 +154,6 @@ fn bearer(req: &Request) -> Option<&str> {
         })
 }
 
-/// The token check of the Machines API: an API token or the cluster secret, checked by
-/// [`Agent::authorized`]; 401 in the Fly shape otherwise.
-pub async fn require_token(State(agent): State<Agent>, req: Request, next: Next) -> Response {
-    match bearer(&req) {
-        Some(t) if agent.authorized(t) => next.run(req).await,
-        _ => AgentError::Unauthorized.into_response(),
-    }
-}
-
 /// The token check of the host interface and the catalog: the cluster secret only. No
 /// token (or a wrong one) is 401; a Machines API token is 403 (it is valid, but not here).
 pub async fn require_cluster_secret(
@@ -171,7 +163,7 @@ pub async fn require_cluster_secret(
 ) -> Response {
     match bearer(&req) {
         Some(t) if agent.is_cluster_secret(t) => next.run(req).await,
-        Some(t) if agent.authorized(t) => AgentError::Forbidden(
+        Some(t) if agent.caller(t).is_ok() => AgentError::Forbidden(
             "the host interface takes the cluster secret, not an API token (operators: set BAZAAR_CLUSTER_SECRET)".into(),
         )
         .into_response(),

@@ -31,13 +31,15 @@
 //! - [`cleanup`]: what a host made on the machine outside its store (mounts, loop devices,
 //!   network, cgroups, shims), found from its data dir and removed (`bazaar host reset`,
 //!   `bazaar dev` on Ctrl-C, leftovers of a killed agent at start).
-//! - [`config`], [`secrets`], [`fault`], [`error`].
+//! - [`config`], [`secrets`], [`tokens`] (who calls the API), [`audit`] (what they changed),
+//!   [`fault`], [`error`].
 //!
 //! Entry point: [`run_agent`].
 
 pub mod actor;
 pub mod addresses;
 pub mod agent;
+pub mod audit;
 pub mod checks;
 pub mod cleanup;
 pub mod config;
@@ -62,6 +64,7 @@ pub mod secrets;
 pub mod snapshots;
 pub mod standby;
 pub mod store;
+pub mod tokens;
 pub mod views;
 pub mod volume_fs;
 pub mod volumes;
@@ -122,8 +125,12 @@ pub async fn run_agent(
         .layer(axum::middleware::map_response(
             http::fly_shaped_method_errors,
         ));
-    let server =
-        axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await });
+    let server = axum::serve(
+        listener,
+        // The peer's address, for the audit record.
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move { stop.cancelled().await });
     let server = tokio::spawn(async move { server.await });
     shutdown_signal.await;
     tracing::info!("shutting down");

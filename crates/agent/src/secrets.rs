@@ -72,8 +72,8 @@ const REVOKED: &str = "revoked:";
 pub struct TokenFile {
     /// The API tokens accepted.
     pub tokens: Vec<String>,
-    /// Hashes of revoked tokens (`revoked:<hash>` lines, written by `bazaar token
-    /// revoke`): refused on this host, and published in its host record so that every
+    /// Hashes of revoked legacy tokens and ids of revoked scoped tokens (`revoked:<hash>`
+    /// and `revoked:<id>` lines, written by `bazaar token revoke`): refused on this host, and published in its host record so that every
     /// host refuses them.
     pub revoked: BTreeSet<String>,
 }
@@ -108,24 +108,39 @@ pub fn token_hash(token: &str) -> String {
 /// Revokes `token` in a token file: removes it and records its hash (also when the file
 /// never held it: another host's file may). Returns the hash.
 pub fn revoke_token(path: &Path, token: &str) -> anyhow::Result<String> {
+    let hash = token_hash(token);
+    record_revoked(path, Some(token), &hash)?;
+    Ok(hash)
+}
+
+/// Revokes a scoped token by its id (`bazaar_auth::Verified::id`, or any of its revocation
+/// ids) in a token file: a `revoked:<id>` line, published and refused as a hash is.
+pub fn revoke_id(path: &Path, id: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "a token id is hex (bazaar token inspect shows it)"
+    );
+    record_revoked(path, None, &id.to_ascii_lowercase())
+}
+
+/// Rewrites a token file without `token` and with a `revoked:<name>` line.
+fn record_revoked(path: &Path, token: Option<&str>, name: &str) -> anyhow::Result<()> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => anyhow::bail!("reading token file {}: {e}", path.display()),
     };
-    let hash = token_hash(token);
-    let revoked_line = format!("{REVOKED}{hash}");
+    let revoked_line = format!("{REVOKED}{name}");
     let mut out: String = text
         .lines()
-        .filter(|l| l.trim() != token)
+        .filter(|l| Some(l.trim()) != token)
         .flat_map(|l| [l, "\n"])
         .collect();
     if !text.lines().any(|l| l.trim() == revoked_line) {
         out.push_str(&revoked_line);
         out.push('\n');
     }
-    write_private(path, &out)?;
-    Ok(hash)
+    write_private(path, &out)
 }
 
 /// Writes a file readable by its owner only.
@@ -175,6 +190,19 @@ mod tests {
         let file = read_tokens(&path).unwrap();
         assert_eq!(file.revoked, BTreeSet::from([hash, token_hash("zzz")]));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_scoped_token_is_revoked_by_its_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        std::fs::write(&path, "kept\n").unwrap();
+        revoke_id(&path, "ABCDEF01").unwrap();
+        revoke_id(&path, "abcdef01").unwrap();
+        assert!(revoke_id(&path, "not hex").is_err());
+        let file = read_tokens(&path).unwrap();
+        assert_eq!(file.tokens, vec!["kept".to_string()]);
+        assert_eq!(file.revoked, BTreeSet::from(["abcdef01".to_string()]));
     }
 
     #[test]

@@ -75,15 +75,19 @@ pub struct ListQuery {
 }
 
 /// `GET /v1/apps?org_slug=`.
+/// A token scoped to some apps sees only those.
 pub async fn list(
     State(api): State<Api>,
+    caller: Option<axum::Extension<bazaar_agent::tokens::Caller>>,
     Query(q): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
+    let caller = caller.as_ref().map(|c| &c.0);
     let mut apps: Vec<_> = api
         .catalog()?
         .apps()
         .into_iter()
         .filter(|a| q.org_slug.as_ref().is_none_or(|o| *o == a.org_slug))
+        .filter(|a| crate::access::may_read(caller, &a.name))
         .collect();
     apps.sort_by(|a, b| a.name.cmp(&b.name));
     let list: Vec<_> = apps.iter().map(|a| app_json(&api, a)).collect();

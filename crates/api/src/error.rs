@@ -13,6 +13,12 @@ pub enum ApiError {
     BadRequest(String),
     #[error("unauthorized: a valid token is required (Authorization: Bearer <token>)")]
     Unauthorized,
+    /// A token that is not (or no longer) valid: 401 saying why.
+    #[error("unauthorized: {0}")]
+    InvalidToken(String),
+    /// A valid token that does not allow this: 403.
+    #[error("forbidden: {0}")]
+    Forbidden(String),
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
@@ -37,7 +43,8 @@ impl ApiError {
     fn status(&self) -> (StatusCode, Option<&'static str>) {
         match self {
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, None),
-            Self::Unauthorized => (StatusCode::UNAUTHORIZED, None),
+            Self::Unauthorized | Self::InvalidToken(_) => (StatusCode::UNAUTHORIZED, None),
+            Self::Forbidden(_) => (StatusCode::FORBIDDEN, None),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, None),
             Self::Conflict(_) => (StatusCode::CONFLICT, None),
             Self::Precondition(_) => (StatusCode::PRECONDITION_FAILED, None),

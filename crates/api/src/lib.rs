@@ -3,16 +3,20 @@
 //! forwards them over the host interface); lists come from the local catalog; creates go
 //! through the market ([`exchange`]).
 //!
+//! - [`access`]: who may do what (tokens and their scopes), and the audit record of changes.
 //! - [`apps`]: apps (records spread through the catalog).
 //! - [`machines`]: create (market), list (catalog), everything else forwarded to the owner.
 //! - [`volumes`]: the same for volumes (created through the market for disk).
 //! - [`exchange`]: asking hosts for bids, claiming the best, releasing the rest.
+//! - [`audit`]: an app's changes, gathered from every host.
 //! - [`platform`]: regions and placement dry runs.
 //! - [`error`]: errors in the Fly shape.
 //!
 //! Entry point: [`router`].
 
+pub mod access;
 pub mod apps;
+pub mod audit;
 pub mod error;
 pub mod exchange;
 pub mod machines;
@@ -162,7 +166,8 @@ impl Api {
     }
 }
 
-/// The Machines API routes (`/v1/apps/...`, `/v1/platform/...`), behind the token check.
+/// The Machines API routes (`/v1/apps/...`, `/v1/platform/...`), behind the token and
+/// scope check ([`access`]).
 pub fn router(agent: Agent) -> Router {
     let api = Api::new(agent.clone());
     let machines_api = Router::new()
@@ -197,11 +202,12 @@ pub fn router(agent: Agent) -> Router {
             "/v1/apps/{app}/volumes/{id}/snapshots",
             get(volumes::snapshots).post(volumes::snapshot),
         )
+        .route("/v1/apps/{app}/audit", get(audit::list))
         .route("/v1/platform/regions", get(platform::regions))
         .route("/v1/platform/placements", post(platform::placements))
         .layer(middleware::from_fn_with_state(
             agent,
-            bazaar_agent::http::require_token,
+            access::require_access,
         ))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::map_response(fly_shaped_errors))

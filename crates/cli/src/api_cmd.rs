@@ -1,5 +1,5 @@
-//! User commands over the Machines API (`/v1`): `bazaar apps ...`, `bazaar machine ...`,
-//! and `bazaar token create`. They read `BAZAAR_API_URL` and `BAZAAR_TOKEN`; tables by
+//! User commands over the Machines API (`/v1`): `bazaar apps ...`, `bazaar machine ...`
+//! (tokens: `token_cmd.rs`). They read `BAZAAR_API_URL` and `BAZAAR_TOKEN`; tables by
 //! default, `--json` for scripts.
 
 use anyhow::{bail, Context};
@@ -623,67 +623,6 @@ async fn act_and_wait(
     out(c, &machine, || {
         println!("machine {id} {done}: {}", s(&machine["state"]))
     })
-}
-
-/// `bazaar token create` and `bazaar token revoke`.
-#[derive(Debug, clap::Args)]
-pub struct TokenArgs {
-    #[command(subcommand)]
-    command: TokenCommand,
-}
-
-#[derive(Debug, clap::Subcommand)]
-enum TokenCommand {
-    /// Make a new API token and add it to the token file the agents read.
-    Create {
-        /// The agents' token file (`bazaar dev` uses .bazaar-dev/api-tokens).
-        #[arg(
-            long,
-            env = "BAZAAR_TOKEN_FILE",
-            default_value = ".bazaar-dev/api-tokens"
-        )]
-        token_file: std::path::PathBuf,
-    },
-    /// Revoke an API token: remove it from the token file and record its hash there. The
-    /// agent reading the file refuses it at once, and every other agent within moments
-    /// (the hash travels in the catalog; the token never does).
-    Revoke {
-        /// The token to revoke.
-        token: String,
-        /// The agents' token file (`bazaar dev` uses .bazaar-dev/api-tokens).
-        #[arg(
-            long,
-            env = "BAZAAR_TOKEN_FILE",
-            default_value = ".bazaar-dev/api-tokens"
-        )]
-        token_file: std::path::PathBuf,
-    },
-}
-
-/// Runs `bazaar token`.
-pub async fn token(a: TokenArgs) -> anyhow::Result<()> {
-    match a.command {
-        TokenCommand::Create { token_file } => {
-            use std::io::Write;
-            use std::os::unix::fs::OpenOptionsExt;
-            let token = bazaar_types::ids::new_secret(20);
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .mode(0o600)
-                .open(&token_file)
-                .with_context(|| format!("opening {}", token_file.display()))?;
-            writeln!(f, "{token}")?;
-            f.sync_all()?;
-            println!("{token}");
-            Ok(())
-        }
-        TokenCommand::Revoke { token, token_file } => {
-            let hash = bazaar_agent::secrets::revoke_token(&token_file, token.trim())?;
-            println!("revoked {hash}");
-            Ok(())
-        }
-    }
 }
 
 pub(crate) fn s(v: &Value) -> String {

@@ -44,8 +44,13 @@ pub struct DevArgs {
 /// What `dev` remembers between runs.
 #[derive(Debug, Serialize, Deserialize)]
 struct DevState {
+    /// The legacy token in `api-tokens` (still accepted).
     token: String,
     cluster_secret: String,
+    /// The org token signed by `cluster-token-key`, written to dev.env (dev dirs made
+    /// before scoped tokens get one on their next start).
+    #[serde(default)]
+    org_token: Option<String>,
 }
 
 /// Runs the dev cluster until Ctrl-C / SIGTERM.
@@ -63,11 +68,31 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
     let dir = std::fs::canonicalize(&args.data_dir)?;
-    let state = load_or_create_state(&dir)?;
+    let mut state = load_or_create_state(&dir)?;
+    // The cluster token key: its private half stays here, the agents get the public half.
+    let token_key = dir.join("cluster-token-key");
+    crate::token_cmd::init_key(&token_key)?;
+    let org_token = match &state.org_token {
+        Some(t) => t.clone(),
+        None => {
+            let key =
+                bazaar_auth::TokenKey::from_private_hex(&std::fs::read_to_string(&token_key)?)?;
+            let token = bazaar_auth::mint(&key, &bazaar_auth::Scope::default())?;
+            state.org_token = Some(token.clone());
+            bazaar_agent::secrets::write_private(
+                &dir.join("dev.json"),
+                &serde_json::to_string_pretty(&state)?,
+            )?;
+            token
+        }
+    };
     // dev.env appears only once the cluster answers.
     let _ = std::fs::remove_file(dir.join("dev.env"));
+    // Kept across runs: it holds the revocations (`bazaar token revoke`).
     let token_file = dir.join("api-tokens");
-    bazaar_agent::secrets::write_private(&token_file, &format!("{}\n", state.token))?;
+    if !token_file.exists() {
+        bazaar_agent::secrets::write_private(&token_file, &format!("{}\n", state.token))?;
+    }
     let exe = std::env::current_exe()?;
     let mut children = Vec::new();
     for i in 0..args.hosts {
@@ -99,6 +124,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             .arg(format!("127.0.0.1:{}", args.proxy_port as usize + i))
             .arg("--token-file")
             .arg(&token_file)
+            .arg("--token-public-key-file")
+            .arg(crate::token_cmd::public_key_path(&token_key))
             .arg("--stop-machines-on-shutdown")
             .env("BAZAAR_CLUSTER_SECRET", &state.cluster_secret)
             .stdin(Stdio::null())
@@ -128,7 +155,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     let env = format!(
         "BAZAAR_API_URL={api_url}\nBAZAAR_PROXY_URL={proxy_url}\nBAZAAR_TOKEN={}\nBAZAAR_CLUSTER_SECRET={}\n",
-        state.token, state.cluster_secret
+        org_token, state.cluster_secret
     );
     bazaar_agent::secrets::write_private(&dir.join("dev.env"), &env)?;
     println!(
@@ -144,7 +171,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         "BAZAAR_PROXY_URL={proxy_url}  (apps at http://<app>.localhost:{})",
         args.proxy_port
     );
-    println!("BAZAAR_TOKEN={}", state.token);
+    println!("BAZAAR_TOKEN={org_token}");
     println!(
         "written to {}; load it with: set -a; . {}; set +a",
         dir.join("dev.env").display(),
@@ -239,6 +266,7 @@ fn load_or_create_state(dir: &Path) -> anyhow::Result<DevState> {
     let state = DevState {
         token: bazaar_types::ids::new_secret(20),
         cluster_secret: bazaar_types::ids::new_secret(24),
+        org_token: None,
     };
     bazaar_agent::secrets::write_private(&path, &serde_json::to_string_pretty(&state)?)?;
     Ok(state)

@@ -7,8 +7,8 @@
 //!   ([`lab_cmd`], over [`bazaar_lab`]).
 //! - `bazaar host ...`: talk to one agent's host interface ([`host_cmd`]).
 //! - `bazaar hosts`, `bazaar status`: the catalog as this node sees it.
-//! - `bazaar apps ...`, `bazaar machine ...`, `bazaar token create`: the Machines API
-//!   ([`api_cmd`]).
+//! - `bazaar apps ...`, `bazaar machine ...`: the Machines API ([`api_cmd`]).
+//! - `bazaar token ...`, `bazaar audit`: scoped tokens and the audit record ([`token_cmd`]).
 //! - `bazaar deploy`, `releases`, `rollback`, `scale`, `app-status`, `logs`: apps as code
 //!   ([`deploy_cmd`], over [`bazaar_deploy`]).
 //! - `bazaar sim`: the fleet simulator ([`bazaar_sim`]).
@@ -23,6 +23,7 @@ mod host_cmd;
 mod image_cmd;
 mod lab_cmd;
 mod machine_wait;
+mod token_cmd;
 mod volumes_cmd;
 
 use clap::{Parser, Subcommand};
@@ -43,7 +44,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the agent of one host.
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// Start (or resume) a local cluster of agents on loopback.
     Dev(dev::DevArgs),
     /// A fleet of hosts in network namespaces on this machine, and faults to inject (root).
@@ -62,8 +63,10 @@ enum Command {
     Volumes(volumes_cmd::VolumesArgs),
     /// List, pull, import (docker save / OCI archives) and prune one host's images.
     Image(image_cmd::ImageArgs),
-    /// Manage API tokens.
-    Token(api_cmd::TokenArgs),
+    /// Manage API tokens: the cluster token key, scoped tokens, revocation.
+    Token(token_cmd::TokenArgs),
+    /// Every change made to an app: who (token id), what, when, from where, the answer.
+    Audit(token_cmd::AuditArgs),
     /// Deploy the app config file (bazaar.toml or fly.toml) as a new release.
     Deploy(deploy_cmd::DeployArgs),
     /// List an app's releases.
@@ -125,6 +128,13 @@ struct AgentArgs {
     /// File of API tokens this agent accepts (one per line).
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// The cluster's public token key (hex): scoped tokens signed by its private half are
+    /// accepted (`bazaar token init` makes the pair).
+    #[arg(long, env = "BAZAAR_TOKEN_PUBLIC_KEY")]
+    token_public_key: Option<String>,
+    /// A file holding the public token key.
+    #[arg(long)]
+    token_public_key_file: Option<PathBuf>,
     /// Run workloads without namespaces, user switch or cgroups.
     #[arg(long)]
     no_isolate: bool,
@@ -196,7 +206,7 @@ fn main() {
     let result = match cli.command {
         Command::Agent(a) => {
             init_logging(&a.log_format);
-            run_async(run_agent(a))
+            run_async(run_agent(*a))
         }
         Command::Dev(d) => {
             init_logging("text");
@@ -210,7 +220,8 @@ fn main() {
         Command::Machine(a) => run_async(api_cmd::machine(a)),
         Command::Volumes(a) => run_async(volumes_cmd::volumes(a)),
         Command::Image(a) => run_async(image_cmd::image(a)),
-        Command::Token(a) => run_async(api_cmd::token(a)),
+        Command::Token(a) => run_async(token_cmd::token(a)),
+        Command::Audit(a) => run_async(token_cmd::audit(a)),
         Command::Deploy(a) => run_async(deploy_cmd::deploy(a)),
         Command::Releases(a) => run_async(deploy_cmd::releases(a)),
         Command::Rollback(a) => run_async(deploy_cmd::rollback(a)),
@@ -295,6 +306,13 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     }
     if a.token_file.is_some() {
         config.token_file = a.token_file;
+    }
+    if a.token_public_key.is_some() {
+        config.token_public_key = a.token_public_key;
+    }
+    if a.token_public_key_file.is_some() {
+        config.token_public_key = None;
+        config.token_public_key_file = a.token_public_key_file;
     }
     if a.no_isolate {
         config.isolate = false;

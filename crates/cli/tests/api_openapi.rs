@@ -43,6 +43,7 @@ const EXPECTED: &[(&str, &str)] = &[
     ("post", "/v1/apps/{app}/machines/{id}/exec"),
     ("get", "/v1/apps/{app}/machines/{id}/logs"),
     ("get", "/v1/apps/{app}/machines/{id}/placement"),
+    ("get", "/v1/apps/{app}/audit"),
     ("get", "/v1/platform/regions"),
     ("post", "/v1/platform/placements"),
     ("get", "/v1/catalog/hosts"),

@@ -4,6 +4,7 @@
 
 mod fly;
 pub mod images;
+pub mod tokens;
 
 pub use fly::Fly;
 
@@ -125,6 +126,7 @@ impl TestAgent {
             .arg(self.opts.memory_mb.to_string())
             // Through the environment: a command line shows in `ps`.
             .env("BAZAAR_CLUSTER_SECRET", TEST_SECRET)
+            .env("BAZAAR_TOKEN_PUBLIC_KEY", tokens::public_key_hex())
             .args(&self.opts.extra_args)
             .env(
                 "BAZAAR_LOG",

@@ -563,6 +563,18 @@ pub(super) fn operations() -> Vec<Op> {
             &[(200, "The deleted volume.", Json(schema::<Volume>))],
             &[401, 404, 409, 412, 503],
         ),
+        // Audit.
+        Op::new(
+            "GET",
+            "/v1/apps/{app}/audit",
+            "AppsAudit",
+            "apps",
+            "bazaar extension: every change made to the app through the Machines API (who: \
+             the token's id; what; when; from where; the answer's status), gathered from the \
+             audit record of every host. Org tokens and tokens of this app.",
+            &[(200, "The record.", Json(schema::<wire::AuditList>))],
+            &[400, 401, 404, 503],
+        ),
         // Platform.
         Op::new(
             "GET",

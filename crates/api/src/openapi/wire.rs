@@ -286,3 +286,34 @@ pub struct MachineTraffic {
     /// When the machine last started or finished serving one (RFC 3339), if ever.
     last_request_at: Option<String>,
 }
+
+/// bazaar extension: an app's audit record, gathered from every host.
+#[derive(JsonSchema)]
+pub struct AuditList {
+    app: String,
+    /// Every change, oldest first.
+    entries: Vec<AuditEntry>,
+    /// Hosts that did not answer: the changes they handled are missing.
+    unreachable_hosts: Vec<String>,
+}
+
+/// One change made through the Machines API.
+#[derive(JsonSchema)]
+pub struct AuditEntry {
+    /// When it was answered (RFC 3339).
+    time: String,
+    time_ms: u64,
+    /// Who: the scoped token's id (its last block's revocation id), `token-file:<hash
+    /// prefix>` for a token-file token, or `cluster-secret`.
+    token_id: String,
+    method: String,
+    path: String,
+    app: Option<String>,
+    machine_id: Option<String>,
+    /// The client's address as the handling host saw it.
+    peer: String,
+    /// The answer's HTTP status (refusals are recorded too).
+    status: u16,
+    /// The host that handled it.
+    host_id: String,
+}

@@ -1,0 +1,52 @@
+//! `GET /v1/apps/{app}/audit`: the changes made to an app, from every host's audit record
+//! (each host keeps the changes it handled: `bazaar_agent::audit`), merged oldest first.
+//! Hosts that cannot be reached are named in `unreachable_hosts`, so a partial answer says so.
+
+use crate::error::ApiError;
+use crate::Api;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bazaar_agent::audit::AuditEntry;
+use std::time::Duration;
+
+/// How long one host may take to answer.
+const HOST_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// `GET /v1/apps/{app}/audit`.
+pub async fn list(State(api): State<Api>, Path(app): Path<String>) -> Result<Response, ApiError> {
+    bazaar_types::ids::validate_name("app", &app).map_err(ApiError::BadRequest)?;
+    let hosts = api.catalog()?.hosts();
+    let asks = hosts.iter().map(|h| {
+        let req = api
+            .to_node(
+                reqwest::Method::GET,
+                &h.record.api_addr,
+                &format!("/host/v1/audit/{app}"),
+            )
+            .timeout(HOST_TIMEOUT);
+        async move {
+            let entries = async {
+                let resp = req.send().await.ok()?.error_for_status().ok()?;
+                resp.json::<Vec<AuditEntry>>().await.ok()
+            }
+            .await;
+            (h.record.id.clone(), entries)
+        }
+    });
+    let mut entries = Vec::new();
+    let mut unreachable = Vec::new();
+    for (host, answer) in futures_util::future::join_all(asks).await {
+        match answer {
+            Some(e) => entries.extend(e),
+            None => unreachable.push(host),
+        }
+    }
+    entries.sort_by_key(|e| e.time_ms);
+    Ok(Json(serde_json::json!({
+        "app": app,
+        "entries": entries,
+        "unreachable_hosts": unreachable,
+    }))
+    .into_response())
+}

@@ -1,0 +1,29 @@
+//! The cluster token key of test agents (as [`crate::TEST_SECRET`] is their cluster secret):
+//! every agent the kit starts verifies scoped tokens with its public half, and tests mint
+//! tokens with [`mint`] (or `bazaar token create --key-file` on [`write_key_file`]).
+
+use bazaar_auth::{Scope, TokenKey};
+use std::path::Path;
+
+/// The private half, in hex (a test key: never use it for a real cluster).
+pub const TEST_TOKEN_KEY: &str = "7465737420636c757374657220746f6b656e206b657920303132333435363738";
+
+/// The test token key.
+pub fn key() -> TokenKey {
+    TokenKey::from_private_hex(TEST_TOKEN_KEY).expect("the test token key is valid")
+}
+
+/// Its public half, in hex (what test agents get as `BAZAAR_TOKEN_PUBLIC_KEY`).
+pub fn public_key_hex() -> String {
+    key().public_hex()
+}
+
+/// A token with `scope`, signed by the test key.
+pub fn mint(scope: &Scope) -> String {
+    bazaar_auth::mint(&key(), scope).expect("minting a test token")
+}
+
+/// Writes the test key where `bazaar token create --key-file` reads it.
+pub fn write_key_file(path: &Path) -> std::io::Result<()> {
+    std::fs::write(path, format!("{TEST_TOKEN_KEY}\n"))
+}
