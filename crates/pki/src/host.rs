@@ -1,6 +1,6 @@
 //! A host's identity: its own key (made on the host, never sent), the certificate the CA
-//! issued for it and the CA certificate it trusts, kept in `DATA/tls/` (`host.key` 0600,
-//! `host.crt`, `ca.crt`).
+//! issued for it and the CA certificate it trusts, kept in `DATA/tls/`: `host.pem` (the
+//! certificate and the key, one file replaced atomically, 0600) and `ca.crt`.
 
 use crate::{host_dns_name, write_private};
 use anyhow::Context;
@@ -9,6 +9,21 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The file of a host's certificate and key in its `DATA/tls`.
+pub const HOST_FILE: &str = "host.pem";
+
+fn pem_encode(label: &str, der: &[u8]) -> String {
+    use base64::Engine;
+    let text = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in text.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
+}
 
 /// The certificates in a PEM text, DER.
 pub(crate) fn pem_certs(pem: &str) -> anyhow::Result<Vec<Vec<u8>>> {
@@ -121,21 +136,26 @@ impl HostIdentity {
     /// Reads the identity kept in `dir` (`DATA/tls`), if there is one.
     pub fn load(dir: &Path, host_id: &str) -> anyhow::Result<Option<Self>> {
         let read = |name: &str| std::fs::read_to_string(dir.join(name));
-        match (read("host.key"), read("host.crt"), read("ca.crt")) {
-            (Ok(key), Ok(cert), Ok(ca)) => Ok(Some(
-                Self::new(host_id, key, cert, ca)
-                    .with_context(|| format!("the host certificate in {}", dir.display()))?,
-            )),
-            (Err(e), _, _) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
-                Err(anyhow::anyhow!("reading {}: {e}", dir.display()))
+        match (read(HOST_FILE), read("ca.crt")) {
+            (Ok(host), Ok(ca)) => {
+                let cert = pem_certs(&host)?
+                    .into_iter()
+                    .map(|der| pem_encode("CERTIFICATE", &der))
+                    .collect::<String>();
+                let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(host.as_bytes())
+                    .map_err(|e| anyhow::anyhow!("{HOST_FILE}: {e:?}"))?;
+                let key = pem_encode("PRIVATE KEY", key.secret_der());
+                Ok(Some(Self::new(host_id, key, cert, ca).with_context(
+                    || format!("the host certificate in {}", dir.display()),
+                )?))
             }
+            (Err(e), _) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            (Err(e), _) | (_, Err(e)) => Err(anyhow::anyhow!("reading {}: {e}", dir.display())),
         }
     }
 
-    /// Keeps the identity in `dir` (created 0700): the key 0600. The certificate is written
-    /// last, so a crash midway leaves the old pair or a key the old certificate does not
-    /// match (refused at load: the host joins or renews again).
+    /// Keeps the identity in `dir` (created 0700): certificate and key in one file,
+    /// replaced atomically (0600), so a crash leaves the old pair or the new one.
     pub fn save(&self, dir: &Path) -> anyhow::Result<()> {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
@@ -143,8 +163,8 @@ impl HostIdentity {
             .mode(0o700)
             .create(dir)?;
         write_private(&dir.join("ca.crt"), self.ca_pem.as_bytes())?;
-        write_private(&dir.join("host.key"), self.key_pem.as_bytes())?;
-        write_private(&dir.join("host.crt"), self.cert_pem.as_bytes())?;
+        let both = format!("{}{}", self.cert_pem, self.key_pem);
+        write_private(&dir.join(HOST_FILE), both.as_bytes())?;
         Ok(())
     }
 
@@ -172,7 +192,7 @@ impl HostIdentity {
     pub fn certified_key(&self) -> anyhow::Result<rustls::sign::CertifiedKey> {
         use rustls::pki_types::PrivateKeyDer;
         let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
-            .map_err(|e| anyhow::anyhow!("host.key: {e:?}"))?;
+            .map_err(|e| anyhow::anyhow!("the host key: {e:?}"))?;
         let chain = pem_certs(&self.cert_pem)?
             .into_iter()
             .chain(pem_certs(&self.ca_pem)?)

@@ -11,7 +11,7 @@ mod tls;
 mod token;
 
 pub use ca::{ClusterCa, DEFAULT_CERT_VALIDITY};
-pub use host::{HostIdentity, HostRequest};
+pub use host::{HostIdentity, HostRequest, HOST_FILE};
 pub use tls::{client_config, join_client_config, peer_host_id, server_config, IdentityHandle};
 pub use token::JoinToken;
 
@@ -40,6 +40,15 @@ pub fn valid_host_id(host_id: &str) -> bool {
 pub fn fingerprint(der: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(der))
+}
+
+/// The fingerprint of the (first) certificate of a PEM text.
+pub fn ca_fingerprint(ca_pem: &str) -> anyhow::Result<String> {
+    let der = host::pem_certs(ca_pem)?;
+    Ok(fingerprint(
+        der.first()
+            .ok_or_else(|| anyhow::anyhow!("no certificate"))?,
+    ))
 }
 
 /// Writes `contents` to `path` readable by its owner only (0600), replacing it atomically.

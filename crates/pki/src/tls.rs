@@ -135,19 +135,26 @@ pub fn client_config(identity: &IdentityHandle, ca_pem: &str) -> anyhow::Result<
     Ok(Arc::new(config))
 }
 
-/// The client side of a join: no certificate to present; the server's chain must hold the
-/// CA whose fingerprint the join token carries, and its certificate must be signed by it.
-pub fn join_client_config(ca_fingerprint: &str) -> anyhow::Result<Arc<ClientConfig>> {
+/// The client side of a join (`identity` `None`: nothing to present) or a renewal (the
+/// current certificate): the server's chain must hold the CA whose fingerprint the join
+/// token carries, and its certificate must be signed by it, whichever host it names.
+pub fn join_client_config(
+    ca_fingerprint: &str,
+    identity: Option<&IdentityHandle>,
+) -> anyhow::Result<Arc<ClientConfig>> {
     let provider = Arc::new(provider());
     let verifier = PinnedCa {
         fingerprint: ca_fingerprint.to_string(),
         provider: provider.clone(),
     };
-    let mut config = ClientConfig::builder_with_provider(provider)
+    let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_no_client_auth();
+        .with_custom_certificate_verifier(Arc::new(verifier));
+    let mut config = match identity {
+        Some(identity) => builder.with_client_cert_resolver(Arc::new(identity.clone())),
+        None => builder.with_no_client_auth(),
+    };
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }

@@ -102,7 +102,7 @@ fn a_client_without_a_certificate_connects_but_names_no_host() {
     let ca = ClusterCa::init(dir.path()).unwrap();
     let a = joined(&ca, "ha");
     let (_, a_server) = configs(&a);
-    let anonymous = join_client_config(&ca.fingerprint()).unwrap();
+    let anonymous = join_client_config(&ca.fingerprint(), None).unwrap();
     let seen = handshake(anonymous, a_server, "anything").unwrap();
     assert!(seen.is_none());
 }
@@ -115,7 +115,7 @@ fn a_joining_host_refuses_a_server_of_another_ca() {
     let other = ClusterCa::init(theirs.path()).unwrap();
     let (_, impostor) = configs(&joined(&other, "ha"));
     let err = handshake(
-        join_client_config(&ca.fingerprint()).unwrap(),
+        join_client_config(&ca.fingerprint(), None).unwrap(),
         impostor,
         "x",
     )
@@ -208,7 +208,7 @@ fn the_identity_is_kept_private_and_renewal_swaps_it_for_new_connections() {
     let a = joined(&ca, "ha");
     let tls = data.path().join("tls");
     a.save(&tls).unwrap();
-    for name in ["host.key", "host.crt", "ca.crt"] {
+    for name in ["host.pem", "ca.crt"] {
         let mode = std::fs::metadata(tls.join(name))
             .unwrap()
             .permissions()
