@@ -154,8 +154,16 @@ fn bearer(req: &Request) -> Option<&str> {
 }
 
 /// The token check of the Machines API: an API token or the cluster secret, checked by
-/// [`Agent::authorized`]; 401 in the Fly shape otherwise.
+/// [`Agent::authorized`], or a host's verified certificate; 401 in the Fly shape otherwise.
 pub async fn require_token(State(agent): State<Agent>, req: Request, next: Next) -> Response {
+    // Another host, by its verified cluster certificate (the host listener).
+    if req
+        .extensions()
+        .get::<crate::host_tls::PeerHost>()
+        .is_some()
+    {
+        return next.run(req).await;
+    }
     match bearer(&req) {
         Some(t) if agent.authorized(t) => next.run(req).await,
         _ => AgentError::Unauthorized.into_response(),

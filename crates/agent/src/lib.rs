@@ -120,28 +120,27 @@ pub async fn run_agent(
     // Services beside the API (the edge proxy) start here, before `api.addr` announces
     // that the agent is up.
     let extra = extra_routes(agent.clone())?;
-    secrets::write_private(&config.data_dir.join("api.addr"), &addr.to_string())?;
-    tracing::info!(api.addr = %addr, host.id = agent.host_id(), region = %config.region, "listening");
-    if let Some(tls) = &host_tls {
-        let listener = tokio::net::TcpListener::bind(config.host_listen)
-            .await
-            .with_context(|| format!("binding the host listener on {}", config.host_listen))?;
-        secrets::write_private(
-            &config.data_dir.join("host.addr"),
-            &listener.local_addr()?.to_string(),
-        )?;
-        let routes = http::router(agent.clone()).layer(axum::middleware::map_response(
-            http::fly_shaped_method_errors,
-        ));
-        tls.serve(&agent, listener, tls.router(routes))?;
-        tls.spawn_renewal(&agent, config.data_dir.clone());
-    }
     let stop = agent.0.shutdown.clone();
     let app = http::router(agent.clone())
         .merge(extra)
         .layer(axum::middleware::map_response(
             http::fly_shaped_method_errors,
         ));
+    if let Some(tls) = &host_tls {
+        // The same interfaces, to other hosts, over mTLS.
+        let listener = tokio::net::TcpListener::bind(config.host_listen)
+            .await
+            .with_context(|| format!("binding the host listener on {}", config.host_listen))?;
+        let host_addr = listener.local_addr()?;
+        tls.serve(&agent, listener, tls.router(app.clone()))?;
+        tls.spawn_renewal(&agent, config.data_dir.clone());
+        agent
+            .set_host_link(tls.link(host_addr, catalog.clone())?)
+            .await;
+        secrets::write_private(&config.data_dir.join("host.addr"), &host_addr.to_string())?;
+    }
+    secrets::write_private(&config.data_dir.join("api.addr"), &addr.to_string())?;
+    tracing::info!(api.addr = %addr, host.id = agent.host_id(), region = %config.region, "listening");
     let server =
         axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await });
     let server = tokio::spawn(async move { server.await });

@@ -262,3 +262,65 @@ async fn certificates_are_renewed_before_expiry_while_machines_keep_running() {
         bazaar_types::state::MachineState::Started
     );
 }
+
+/// Established TCP connections (IPv4) whose remote port is `port`: /proc/net/tcp.
+fn connections_to(port: u16) -> usize {
+    let text = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    text.lines()
+        .skip(1)
+        .filter(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let remote_port = cols[2].rsplit(':').next().unwrap();
+            cols[3] == "01" && u16::from_str_radix(remote_port, 16).unwrap() == port
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_reaches_other_hosts_over_mtls() {
+    let ca_dir = tempfile::tempdir().unwrap();
+    init_ca(ca_dir.path());
+    let a = ca_agent(ca_dir.path(), 30 * 24 * 3600 * 1000);
+    let token = join_token(ca_dir.path(), "1h");
+    let mut o = options(
+        &[
+            "--join-addr".into(),
+            host_addr(&a),
+            "--join".into(),
+            a.gossip_addr(),
+        ],
+        &[("BAZAAR_JOIN_TOKEN", &token)],
+    );
+    o.region = "far".into();
+    let b = TestAgent::start(o).expect("b joins");
+    let b_id = host_id(&b).await;
+    let b_port: u16 = host_addr(&b).rsplit(':').next().unwrap().parse().unwrap();
+    // a knows b's host listener from the catalog.
+    let fly = bazaar_testkit::Fly::new(&a);
+    bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let (_, hosts) = fly.get("/platform/regions").await;
+        (hosts.to_string().contains("far")).then_some(())
+    })
+    .await
+    .expect("a sees b");
+    fly.create_app("tls").await;
+    let before = connections_to(b_port);
+    let (status, machine) = fly
+        .post(
+            "/apps/tls/machines",
+            serde_json::json!({"region": "far", "config": {"image": "process", "driver": "process", "init": {"exec": ["sleep", "1000"]}}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{machine}");
+    let id = machine["id"].as_str().unwrap();
+    let (status, got) = fly.get(&format!("/apps/tls/machines/{id}")).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["id"], id);
+    // The bids, the claim and the read went to b's host listener (pooled connections to it).
+    assert!(
+        connections_to(b_port) > before,
+        "no connection from a to b's host listener"
+    );
+    // b's own view agrees: the machine is b's.
+    assert!(b.client().machine(id).await.is_ok(), "machine on {b_id}");
+}
