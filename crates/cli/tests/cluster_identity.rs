@@ -132,15 +132,13 @@ async fn a_host_joins_with_a_token_and_the_host_listener_takes_only_cluster_cert
     let b = joining_agent(&token, &a_addr).expect("b joins");
     let b_id = host_id(&b).await;
 
-    // b's key and certificate: 0600, the certificate naming b, signed by the CA.
+    // b's key and certificate (one file): 0600, the certificate naming b, signed by the CA.
     use std::os::unix::fs::PermissionsExt;
-    for name in ["host.pem"] {
-        let mode = std::fs::metadata(b.data_dir.join("tls").join(name))
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o600, "{name}");
-    }
+    let mode = std::fs::metadata(b.data_dir.join("tls").join(bazaar_pki::HOST_FILE))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
     let b_identity = identity(&b, &b_id);
     let ca_pem = std::fs::read_to_string(ca_dir.path().join("ca.crt")).unwrap();
     assert_eq!(b_identity.ca_pem(), ca_pem);
