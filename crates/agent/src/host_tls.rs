@@ -241,17 +241,27 @@ impl HostTls {
 async fn join(addr: SocketAddr, token: &JoinToken, host_id: &str) -> anyhow::Result<HostIdentity> {
     let request = HostRequest::new(host_id)?;
     let config = bazaar_pki::join_client_config(&token.ca_fingerprint, None)?;
-    let issued: Issued = post_json(
-        config,
-        addr,
-        "/cluster/v1/join",
-        &JoinRequest {
-            token: token.to_string(),
-            host_id: host_id.to_string(),
-            csr: request.csr_pem.clone(),
-        },
-    )
-    .await?;
+    let body = JoinRequest {
+        token: token.to_string(),
+        host_id: host_id.to_string(),
+        csr: request.csr_pem.clone(),
+    };
+    // The CA's host may be starting too (`bazaar dev` starts every host at once): a refused
+    // connection is retried for a while; an answer, even a refusal, is final.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let issued: Issued = loop {
+        match post_json(config.clone(), addr, "/cluster/v1/join", &body).await {
+            Err(err)
+                if tokio::time::Instant::now() < deadline
+                    && err
+                        .downcast_ref::<reqwest::Error>()
+                        .is_some_and(reqwest::Error::is_connect) =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => break other?,
+        }
+    };
     anyhow::ensure!(
         bazaar_pki::ca_fingerprint(&issued.ca)? == token.ca_fingerprint,
         "the CA certificate sent is not the one the join token names"
