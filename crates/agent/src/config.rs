@@ -91,6 +91,21 @@ pub struct AgentConfig {
     pub registry_auth: Vec<String>,
     /// The largest image archive `POST /host/v1/images/import` accepts (bytes).
     pub max_import_bytes: u64,
+    /// The cluster CA's directory (`bazaar cluster init`) when this host holds it: the host
+    /// issues its own certificate and serves joins and renewals (`host_tls.rs`).
+    pub cluster_ca: Option<PathBuf>,
+    /// A one-time join token (`bazaar cluster join-token`) for a host that has no
+    /// certificate yet. Prefer `BAZAAR_JOIN_TOKEN`: a command line shows in `ps`.
+    pub join_token: Option<String>,
+    /// The host listener of a host holding the CA: where to join and renew.
+    pub join_addr: Option<SocketAddr>,
+    /// Address of the host listener (mTLS between hosts); served once the host has a
+    /// cluster certificate.
+    pub host_listen: SocketAddr,
+    /// How long the host certificates this host's CA issues are valid (renewed after two
+    /// thirds of that).
+    #[serde(with = "millis")]
+    pub cert_validity: Duration,
 }
 
 impl Default for AgentConfig {
@@ -132,6 +147,11 @@ impl Default for AgentConfig {
             runc: None,
             registry_auth: Vec::new(),
             max_import_bytes: 4 << 30,
+            cluster_ca: None,
+            join_token: None,
+            join_addr: None,
+            host_listen: SocketAddr::from(([127, 0, 0, 1], 4480)),
+            cert_validity: bazaar_pki::DEFAULT_CERT_VALIDITY,
         }
     }
 }

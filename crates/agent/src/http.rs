@@ -154,13 +154,22 @@ fn bearer(req: &Request) -> Option<&str> {
         })
 }
 
-/// The token check of the host interface and the catalog: the cluster secret only. No
+/// The token check of the host interface and the catalog: a verified cluster certificate
+/// (on the host listener, `host_tls.rs`) or the cluster secret, never an API token. No
 /// token (or a wrong one) is 401; a Machines API token is 403 (it is valid, but not here).
 pub async fn require_cluster_secret(
     State(agent): State<Agent>,
     req: Request,
     next: Next,
 ) -> Response {
+    // A peer whose cluster certificate the host listener verified.
+    if req
+        .extensions()
+        .get::<crate::host_tls::PeerHost>()
+        .is_some()
+    {
+        return next.run(req).await;
+    }
     match bearer(&req) {
         Some(t) if agent.is_cluster_secret(t) => next.run(req).await,
         Some(t) if agent.caller(t).is_ok() => AgentError::Forbidden(

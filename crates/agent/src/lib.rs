@@ -20,6 +20,8 @@
 //!   [`network`] gives each one a network namespace on the host's bridge.
 //! - [`restart`]: the restart policy.
 //! - [`http`]: the host interface (`/host/v1`).
+//! - [`host_tls`]: this host's cluster certificate (join, renewal) and the host listener
+//!   (the host interface over mTLS).
 //! - [`exec`]: running a command inside a machine; [`ps`]: its processes.
 //! - [`images`]: this host's images over the host interface (list, pull with progress,
 //!   import, prune) and their background pruning.
@@ -47,6 +49,7 @@ pub mod driver;
 pub mod error;
 pub mod exec;
 pub mod fault;
+pub mod host_tls;
 pub mod http;
 pub mod identity;
 pub mod idranges;
@@ -93,6 +96,9 @@ pub async fn run_agent(
     let mut config = config;
     config.api_listen = addr;
     let agent = Agent::start(config.clone()).await?;
+    let host_tls = host_tls::HostTls::establish(&config, agent.host_id())
+        .await
+        .context("the host's cluster certificate")?;
     let mut catalog_config = bazaar_catalog::CatalogConfig::new(
         agent.host_id(),
         &config.region,
@@ -117,14 +123,27 @@ pub async fn run_agent(
     // Services beside the API (the edge proxy) start here, before `api.addr` announces
     // that the agent is up.
     let extra = extra_routes(agent.clone())?;
-    secrets::write_private(&config.data_dir.join("api.addr"), &addr.to_string())?;
-    tracing::info!(api.addr = %addr, host.id = agent.host_id(), region = %config.region, "listening");
     let stop = agent.0.shutdown.clone();
     let app = http::router(agent.clone())
         .merge(extra)
         .layer(axum::middleware::map_response(
             http::fly_shaped_method_errors,
         ));
+    if let Some(tls) = &host_tls {
+        // The same interfaces, to other hosts, over mTLS.
+        let listener = tokio::net::TcpListener::bind(config.host_listen)
+            .await
+            .with_context(|| format!("binding the host listener on {}", config.host_listen))?;
+        let host_addr = listener.local_addr()?;
+        tls.serve(&agent, listener, tls.router(app.clone()))?;
+        tls.spawn_renewal(&agent, config.data_dir.clone());
+        agent
+            .set_host_link(tls.link(host_addr, catalog.clone())?)
+            .await;
+        secrets::write_private(&config.data_dir.join("host.addr"), &host_addr.to_string())?;
+    }
+    secrets::write_private(&config.data_dir.join("api.addr"), &addr.to_string())?;
+    tracing::info!(api.addr = %addr, host.id = agent.host_id(), region = %config.region, "listening");
     let server = axum::serve(
         listener,
         // The peer's address, for the audit record.

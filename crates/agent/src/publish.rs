@@ -62,8 +62,15 @@ impl Agent {
                 .0
                 .proxy_addr
                 .get()
-                .map(|a| BTreeMap::from([("proxy_addr".to_string(), a.to_string())]))
-                .unwrap_or_default(),
+                .map(|a| ("proxy_addr".to_string(), a.to_string()))
+                .into_iter()
+                .chain(self.0.host_link.get().map(|link| {
+                    (
+                        crate::host_tls::HOST_ADDR_LABEL.to_string(),
+                        link.addr.to_string(),
+                    )
+                }))
+                .collect::<BTreeMap<_, _>>(),
             draining: self.0.shutdown.is_cancelled(),
             disk_gb,
             disk_free_gb: disk_gb.saturating_sub(self.disk_used_gb()),

@@ -29,6 +29,9 @@ pub(crate) fn verifier(config: &AgentConfig) -> anyhow::Result<Option<Verifier>>
 pub enum Caller {
     /// The cluster secret (other nodes, operators): may do everything.
     ClusterSecret,
+    /// Another host, by the cluster certificate the host listener verified (the API's
+    /// calls between hosts): may do everything, like the cluster secret.
+    Host(String),
     /// A token of the token file, named by its hash: may do everything.
     Legacy(String),
     /// A scoped token: may do what its checks allow.
@@ -36,11 +39,12 @@ pub enum Caller {
 }
 
 impl Caller {
-    /// Who, in the audit record: the scoped token's id, `token-file:<hash prefix>` or
-    /// `cluster-secret`.
+    /// Who, in the audit record: the scoped token's id, `token-file:<hash prefix>`,
+    /// `cluster-secret` or `host:<id>`.
     pub fn id(&self) -> String {
         match self {
             Caller::ClusterSecret => "cluster-secret".into(),
+            Caller::Host(id) => format!("host:{id}"),
             Caller::Legacy(hash) => format!("token-file:{}", &hash[..16]),
             Caller::Scoped(token) => token.id().to_string(),
         }
@@ -49,7 +53,7 @@ impl Caller {
     /// Whether this caller may do `access` now.
     pub fn authorize(&self, access: &Access<'_>) -> Result<(), Denied> {
         match self {
-            Caller::ClusterSecret | Caller::Legacy(_) => Ok(()),
+            Caller::ClusterSecret | Caller::Host(_) | Caller::Legacy(_) => Ok(()),
             Caller::Scoped(token) => token.authorize(access, SystemTime::now()),
         }
     }

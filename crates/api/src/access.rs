@@ -90,10 +90,16 @@ fn machine_op(method: &Method, action: &[&str], has_config: &mut bool) -> Op {
 
 /// The middleware of the Machines API (state: the agent).
 pub async fn require_access(State(agent): State<Agent>, mut req: Request, next: Next) -> Response {
-    let caller = match bearer(&req).map(|t| agent.caller(t)) {
-        None => return ApiError::Unauthorized.into_response(),
-        Some(Err(denied)) => return refusal(denied, None).into_response(),
-        Some(Ok(caller)) => caller,
+    let peer_host = req
+        .extensions()
+        .get::<bazaar_agent::host_tls::PeerHost>()
+        .map(|p| p.0.clone());
+    let caller = match (peer_host, bearer(&req).map(|t| agent.caller(t))) {
+        // Another host over the host listener (mTLS): it checked its own caller's token.
+        (Some(host), _) => Caller::Host(host),
+        (None, None) => return ApiError::Unauthorized.into_response(),
+        (None, Some(Err(denied))) => return refusal(denied, None).into_response(),
+        (None, Some(Ok(caller))) => caller,
     };
     let route = route_access(req.method(), req.uri().path());
     let is_change = !(req.method() == Method::GET || req.method() == Method::HEAD);

@@ -71,14 +71,21 @@ impl Api {
             .ok_or_else(|| ApiError::Unavailable("the catalog is not running yet".into()))
     }
 
-    /// A request to another node (its host interface or its API), authenticated with the
-    /// cluster secret. `addr` is the node's API address, `path` starts with `/`.
+    /// A request to another node (its host interface or its API): to its host listener over
+    /// mTLS when both hosts have cluster certificates (`bazaar_agent::host_tls`), else
+    /// authenticated with the cluster secret. `addr` is the node's API address, `path`
+    /// starts with `/`.
     pub(crate) fn to_node(
         &self,
         method: reqwest::Method,
         addr: &str,
         path: &str,
     ) -> reqwest::RequestBuilder {
+        if let Some(link) = self.0.agent.host_link() {
+            if let Some(url) = link.url_for(addr, path) {
+                return link.client.request(method, url);
+            }
+        }
         self.0
             .http
             .request(method, format!("http://{addr}{path}"))

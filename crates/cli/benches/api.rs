@@ -4,7 +4,8 @@
 //! records).
 //!
 //! Run: `cargo bench -p bazaar --bench api` (prints a Markdown table for BENCHMARKS.md).
-//! `BAZAAR_BENCH_MACHINES` changes the create count (default 1000).
+//! `BAZAAR_BENCH_MACHINES` changes the create count (default 1000). `BAZAAR_BENCH_MTLS=1`
+//! gives the hosts a cluster CA and certificates: calls between hosts go over mTLS.
 
 use bazaar_testkit::{start_cluster, TEST_SECRET};
 use serde_json::{json, Value};
@@ -31,11 +32,46 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let agents = start_cluster(std::path::Path::new(EXE), 3, |_, o| {
+    let mtls = std::env::var("BAZAAR_BENCH_MTLS").is_ok_and(|v| v == "1");
+    let ca_dir = tempfile::tempdir().unwrap();
+    let ca_host = format!(
+        "127.0.0.1:{}",
+        bazaar_testkit::free_port(std::net::Ipv4Addr::LOCALHOST)
+    );
+    let ca = mtls.then(|| bazaar_pki::ClusterCa::init(ca_dir.path()).unwrap());
+    let agents = start_cluster(std::path::Path::new(EXE), 3, |i, o| {
         o.memory_mb = (total as u64 + 10) * 256;
         o.cpus = total as u32 + 10;
+        match (&ca, i) {
+            (Some(_), 0) => o.extra_args.extend([
+                "--cluster-ca".to_string(),
+                ca_dir.path().display().to_string(),
+                "--host-listen".into(),
+                ca_host.clone(),
+            ]),
+            (Some(ca), _) => {
+                let token = ca.new_join_token(Duration::from_secs(600)).unwrap();
+                o.extra_args.extend([
+                    "--join-token".to_string(),
+                    token.to_string(),
+                    "--join-addr".into(),
+                    ca_host.clone(),
+                    "--host-listen".into(),
+                    "127.0.0.1:0".into(),
+                ]);
+            }
+            (None, _) => {}
+        }
     })
     .expect("cluster");
+    println!(
+        "hosts talk over {}",
+        if mtls {
+            "mTLS"
+        } else {
+            "plain HTTP with the cluster secret"
+        }
+    );
     let base = agents[0].url();
     let http = reqwest::Client::new();
     let body = json!({"config": {"image": "process", "driver": "process", "init": {"exec": ["sleep", "1000"]}, "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256}}, "region": "local"});

@@ -33,6 +33,9 @@ pub struct DevArgs {
     /// Proxy port of the first host; host i's proxy listens on base + i.
     #[arg(long, default_value_t = 8080)]
     proxy_port: u16,
+    /// Host listener (mTLS between hosts) of the first host; host i listens on base + i.
+    #[arg(long, default_value_t = 4480)]
+    host_port: u16,
     /// Memory (MB) each host offers; default: what this machine has.
     #[arg(long)]
     memory_mb: Option<u64>,
@@ -94,6 +97,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         bazaar_agent::secrets::write_private(&token_file, &format!("{}\n", state.token))?;
     }
     let exe = std::env::current_exe()?;
+    // The cluster's CA, held by host 0; the others join with one-time tokens (once: a
+    // host keeps its certificate in its data dir and renews it).
+    let ca_dir = dir.join("ca");
+    let ca = match bazaar_pki::ClusterCa::open(&ca_dir) {
+        Ok(ca) => ca,
+        Err(_) => bazaar_pki::ClusterCa::init(&ca_dir)?,
+    };
+    let host_listen = |j: usize| format!("127.0.0.1:{}", args.host_port as usize + j);
     let mut children = Vec::new();
     for i in 0..args.hosts {
         let region = &args.regions[i % args.regions.len()];
@@ -134,6 +145,16 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             // Ctrl-C in the terminal must reach only `dev`, which stops agents in order.
             .process_group(0)
             .kill_on_drop(true);
+        cmd.arg("--host-listen").arg(host_listen(i));
+        if i == 0 {
+            cmd.arg("--cluster-ca").arg(&ca_dir);
+        } else {
+            cmd.arg("--join-addr").arg(host_listen(0));
+            if !host_dir.join("tls").join(bazaar_pki::HOST_FILE).exists() {
+                let token = ca.new_join_token(std::time::Duration::from_secs(600))?;
+                cmd.env("BAZAAR_JOIN_TOKEN", token.to_string());
+            }
+        }
         if let Some(m) = args.memory_mb {
             cmd.arg("--memory-mb").arg(m.to_string());
         }

@@ -5,6 +5,7 @@
 //! - `bazaar dev`: a local cluster of N agents on loopback ([`dev`]).
 //! - `bazaar lab ...`: a fleet of agents in network namespaces, with faults to inject
 //!   ([`lab_cmd`], over [`bazaar_lab`]).
+//! - `bazaar cluster init|join-token`: the cluster CA and join tokens ([`cluster_cmd`]).
 //! - `bazaar host ...`: talk to one agent's host interface ([`host_cmd`]).
 //! - `bazaar hosts`, `bazaar status`: the catalog as this node sees it.
 //! - `bazaar apps ...`, `bazaar machine ...`: the Machines API ([`api_cmd`]).
@@ -17,6 +18,7 @@
 //!   ([`bazaar_shim::exec_main`]).
 
 mod api_cmd;
+mod cluster_cmd;
 mod deploy_cmd;
 mod dev;
 mod host_cmd;
@@ -49,6 +51,8 @@ enum Command {
     Dev(dev::DevArgs),
     /// A fleet of hosts in network namespaces on this machine, and faults to inject (root).
     Lab(lab_cmd::LabArgs),
+    /// The cluster's identity: its CA and join tokens for new hosts.
+    Cluster(cluster_cmd::ClusterArgs),
     /// Talk to one host's agent (host interface).
     Host(host_cmd::HostArgs),
     /// List the hosts this node's catalog knows, with their liveness and free capacity.
@@ -182,6 +186,22 @@ struct AgentArgs {
         hide_env_values = true
     )]
     registry_auth: Vec<String>,
+    /// The cluster CA's directory (`bazaar cluster init`), when this host holds it: it
+    /// issues its own certificate and serves joins and renewals.
+    #[arg(long)]
+    cluster_ca: Option<PathBuf>,
+    /// A one-time join token (`bazaar cluster join-token`) for a host without a certificate.
+    #[arg(long, env = "BAZAAR_JOIN_TOKEN", hide_env_values = true)]
+    join_token: Option<String>,
+    /// The host listener of the agent holding the CA (to join and renew through).
+    #[arg(long)]
+    join_addr: Option<SocketAddr>,
+    /// Address of the host listener, the host interface over mTLS (default 127.0.0.1:4480).
+    #[arg(long)]
+    host_listen: Option<SocketAddr>,
+    /// How long host certificates issued by this host's CA are valid (ms; default 30 days).
+    #[arg(long)]
+    cert_validity_ms: Option<u64>,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: String,
@@ -213,6 +233,7 @@ fn main() {
             run_async(dev::run(d))
         }
         Command::Lab(l) => lab_cmd::run(l),
+        Command::Cluster(c) => cluster_cmd::run(c),
         Command::Host(h) => run_async(host_cmd::run(h)),
         Command::Hosts(a) => run_async(host_cmd::hosts(a)),
         Command::Status(a) => run_async(host_cmd::status(a)),
@@ -345,6 +366,21 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
         config.max_import_bytes = n;
     }
     config.registry_auth.extend(a.registry_auth);
+    if a.cluster_ca.is_some() {
+        config.cluster_ca = a.cluster_ca;
+    }
+    if a.join_token.is_some() {
+        config.join_token = a.join_token;
+    }
+    if a.join_addr.is_some() {
+        config.join_addr = a.join_addr;
+    }
+    if let Some(l) = a.host_listen {
+        config.host_listen = l;
+    }
+    if let Some(ms) = a.cert_validity_ms {
+        config.cert_validity = std::time::Duration::from_millis(ms.max(1000));
+    }
     bazaar_agent::run_agent(
         config,
         |agent| {

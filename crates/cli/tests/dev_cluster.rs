@@ -12,8 +12,9 @@ use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Finds a base port such that `base..base + n` and `base + 10..base + 10 + n` (the API
-/// and proxy ports `start_dev` uses) are free for TCP and UDP on loopback. Bases are picked
+/// Finds a base port such that `base..base + n`, `base + 10..base + 10 + n` and
+/// `base + 20..base + 20 + n` (the API, proxy and host listener ports `start_dev` uses) are
+/// free for TCP and UDP on loopback. Bases are picked
 /// below the kernel's ephemeral range, where outgoing connections of tests running
 /// alongside cannot take them in the meantime.
 fn free_ports(n: u16) -> u16 {
@@ -23,11 +24,23 @@ fn free_ports(n: u16) -> u16 {
     };
     for _ in 0..1000 {
         let base = bazaar_testkit::free_port(std::net::Ipv4Addr::LOCALHOST);
-        if base < 31_900 && (0..n).all(|i| free(base + i) && free(base + 10 + i)) {
+        if base < 31_900
+            && (0..n).all(|i| free(base + i) && free(base + 10 + i) && free(base + 20 + i))
+        {
             return base;
         }
     }
     panic!("no free ports");
+}
+
+/// The host ids of hosts 0, 1, 2.
+async fn host_ids_in_order(base: u16, secret: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let c = HostClient::new(&format!("http://127.0.0.1:{}", base + i), secret);
+        ids.push(c.info().await.unwrap().id);
+    }
+    ids
 }
 
 fn start_dev(dir: &std::path::Path, base: u16, gossip: u16) -> Child {
@@ -50,6 +63,8 @@ fn start_dev(dir: &std::path::Path, base: u16, gossip: u16) -> Child {
             &base.to_string(),
             "--proxy-port",
             &(base + 10).to_string(),
+            "--host-port",
+            &(base + 20).to_string(),
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -130,6 +145,16 @@ async fn dev_starts_three_hosts_stops_cleanly_and_resumes() {
     host_ids.dedup();
     assert_eq!(host_ids.len(), 3, "three distinct hosts");
     assert_eq!(regions, vec!["ams", "ord", "ams"]);
+    // dev made the cluster's CA; every host has a certificate of it (host 0 issued its own,
+    // the others joined with tokens).
+    assert!(dir.join("ca").join("ca.crt").exists());
+    for (i, id) in host_ids_in_order(base, &secret).await.iter().enumerate() {
+        let tls = dir.join(format!("host-{i}")).join("tls");
+        assert!(
+            bazaar_pki::HostIdentity::load(&tls, id).unwrap().is_some(),
+            "host {i} has a certificate"
+        );
+    }
 
     let c = HostClient::new(&env["BAZAAR_API_URL"], &secret);
     let m = c

@@ -1,0 +1,479 @@
+//! This host's cluster identity at run time and the host listener. At start the host takes
+//! its certificate from `DATA/tls/`, or, having none, issues one from the CA it holds
+//! (`--cluster-ca`) or joins with a one-time token (`--join-token`, `--join-addr`: a CSR
+//! is sent, the key stays here, the CA is checked against the token's fingerprint). A task
+//! renews the certificate after two thirds of its life (over mTLS with the current one);
+//! new connections then use the new one, machines are not touched. The host listener
+//! serves the host interface and the catalog view over mTLS: a request is let through
+//! only with a certificate the CA signed (its host id goes to the handlers as
+//! [`PeerHost`]), but for `/cluster/v1/join` on the CA's host.
+
+use crate::agent::Agent;
+use crate::config::AgentConfig;
+use crate::error::AgentError;
+use anyhow::Context;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use bazaar_pki::{ClusterCa, HostIdentity, HostRequest, IdentityHandle, JoinToken};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// The verified host id of the peer of a request on the host listener.
+#[derive(Debug, Clone)]
+pub struct PeerHost(pub String);
+
+/// This host's identity in use.
+#[derive(Clone)]
+pub struct HostTls {
+    host_id: String,
+    /// The current key and certificate, shared by every TLS config of the host.
+    pub identity: IdentityHandle,
+    /// The CA certificate, PEM.
+    pub ca_pem: String,
+    ca: Option<Arc<ClusterCa>>,
+    validity: Duration,
+    dir: PathBuf,
+}
+
+impl std::fmt::Debug for HostTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostTls")
+            .field("host_id", &self.host_id)
+            .field("holds_ca", &self.ca.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a joining host sends.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JoinRequest {
+    token: String,
+    host_id: String,
+    csr: String,
+}
+
+/// What a renewing host sends: its host id is the one its certificate names.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RenewRequest {
+    csr: String,
+}
+
+/// A certificate issued, and the CA's.
+#[derive(Debug, Serialize, Deserialize)]
+struct Issued {
+    cert: String,
+    ca: String,
+}
+
+/// Where the address of the CA's host listener is kept for renewals.
+const CA_ADDR_FILE: &str = "ca.addr";
+
+impl HostTls {
+    /// The identity of `host_id` from `DATA/tls`, issued or joined for when missing.
+    /// `None` when the host has no certificate and nothing to get one with.
+    pub async fn establish(config: &AgentConfig, host_id: &str) -> anyhow::Result<Option<Self>> {
+        let dir = config.data_dir.join("tls");
+        let ca = match &config.cluster_ca {
+            Some(path) => Some(Arc::new(ClusterCa::open(path)?)),
+            None => None,
+        };
+        let identity = match HostIdentity::load(&dir, host_id)? {
+            Some(identity) if identity.not_after() > SystemTime::now() => identity,
+            _ => match (&ca, &config.join_token, config.join_addr) {
+                (Some(ca), _, _) => {
+                    let request = HostRequest::new(host_id)?;
+                    let cert = ca.issue_own(host_id, &request.csr_pem, config.cert_validity)?;
+                    request.into_identity(&cert, ca.cert_pem())?
+                }
+                (None, Some(token), Some(addr)) => {
+                    let token: JoinToken = token.parse()?;
+                    let identity = join(addr, &token, host_id)
+                        .await
+                        .with_context(|| format!("joining the cluster through {addr}"))?;
+                    bazaar_pki::write_private(
+                        &config.data_dir.join(CA_ADDR_FILE),
+                        addr.to_string().as_bytes(),
+                    )?;
+                    identity
+                }
+                (None, Some(_), None) => anyhow::bail!("--join-token needs --join-addr"),
+                (None, None, _) if dir.join(bazaar_pki::HOST_FILE).exists() => {
+                    anyhow::bail!(
+                        "the host certificate in {} has expired: join again with a new token",
+                        dir.display()
+                    )
+                }
+                (None, None, _) => return Ok(None),
+            },
+        };
+        identity.save(&dir)?;
+        Ok(Some(Self {
+            host_id: host_id.to_string(),
+            identity: IdentityHandle::new(&identity)?,
+            ca_pem: identity.ca_pem().to_string(),
+            ca,
+            validity: config.cert_validity,
+            dir,
+        }))
+    }
+
+    /// The host listener's router: `routes` (the host interface) plus, on the CA's host,
+    /// joins and renewals; every request but a join needs a verified peer.
+    pub fn router(&self, routes: Router) -> Router {
+        let cluster = Router::new()
+            .route("/cluster/v1/join", post(join_handler))
+            .route("/cluster/v1/renew", post(renew_handler))
+            .with_state(self.clone());
+        routes
+            .merge(cluster)
+            .layer(axum::middleware::from_fn(require_peer))
+    }
+
+    /// Serves `router` on `listener` over TLS until the agent shuts down.
+    pub fn serve(
+        &self,
+        agent: &Agent,
+        listener: tokio::net::TcpListener,
+        router: Router,
+    ) -> anyhow::Result<()> {
+        let acceptor = tokio_rustls::TlsAcceptor::from(bazaar_pki::server_config(
+            &self.identity,
+            &self.ca_pem,
+        )?);
+        let stop = agent.0.shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    accepted = listener.accept() => match accepted {
+                        Ok(a) => a,
+                        Err(err) => {
+                            tracing::warn!(error = %err, "host listener accept");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    },
+                };
+                let acceptor = acceptor.clone();
+                let router = router.clone();
+                tokio::spawn(serve_connection(acceptor, stream, router));
+            }
+        });
+        Ok(())
+    }
+
+    /// Renews the certificate after two thirds of its life, for as long as the agent runs.
+    pub fn spawn_renewal(&self, agent: &Agent, data_dir: PathBuf) {
+        let tls = self.clone();
+        let stop = agent.0.shutdown.clone();
+        tokio::spawn(async move {
+            let mut due = tls.current()?.renew_at();
+            loop {
+                let wait = due.duration_since(SystemTime::now()).unwrap_or_default();
+                tokio::select! {
+                    _ = stop.cancelled() => return Some(()),
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                match tls.renew(&data_dir).await {
+                    Ok(identity) => {
+                        tracing::info!(not_after = ?identity.not_after(), "host certificate renewed");
+                        due = identity.renew_at();
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %format!("{err:#}"), "renewing the host certificate");
+                        due = SystemTime::now() + Duration::from_secs(1).max(tls.validity / 100);
+                    }
+                }
+            }
+        });
+    }
+
+    fn current(&self) -> Option<HostIdentity> {
+        HostIdentity::load(&self.dir, &self.host_id).ok().flatten()
+    }
+
+    async fn renew(&self, data_dir: &std::path::Path) -> anyhow::Result<HostIdentity> {
+        let request = HostRequest::new(&self.host_id)?;
+        let issued = match &self.ca {
+            Some(ca) => Issued {
+                cert: ca.renew(&self.host_id, &request.csr_pem, self.validity)?,
+                ca: ca.cert_pem().to_string(),
+            },
+            None => {
+                let addr: SocketAddr = std::fs::read_to_string(data_dir.join(CA_ADDR_FILE))
+                    .context("where the CA is (ca.addr)")?
+                    .trim()
+                    .parse()?;
+                let fingerprint = bazaar_pki::ca_fingerprint(&self.ca_pem)?;
+                let config = bazaar_pki::join_client_config(&fingerprint, Some(&self.identity))?;
+                post_json(
+                    config,
+                    addr,
+                    "/cluster/v1/renew",
+                    &RenewRequest {
+                        csr: request.csr_pem.clone(),
+                    },
+                )
+                .await?
+            }
+        };
+        anyhow::ensure!(
+            issued.ca == self.ca_pem,
+            "the CA answered with another CA certificate"
+        );
+        let identity = request.into_identity(&issued.cert, &issued.ca)?;
+        identity.save(&self.dir)?;
+        self.identity.replace(&identity)?;
+        Ok(identity)
+    }
+}
+
+/// Joins through the CA's host at `addr`: sends a request for a key made here, trusting
+/// the server only if its chain holds the CA the token pins.
+async fn join(addr: SocketAddr, token: &JoinToken, host_id: &str) -> anyhow::Result<HostIdentity> {
+    let request = HostRequest::new(host_id)?;
+    let config = bazaar_pki::join_client_config(&token.ca_fingerprint, None)?;
+    let body = JoinRequest {
+        token: token.to_string(),
+        host_id: host_id.to_string(),
+        csr: request.csr_pem.clone(),
+    };
+    // The CA's host may be starting too (`bazaar dev` starts every host at once): a refused
+    // connection is retried for a while; an answer, even a refusal, is final.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let issued: Issued = loop {
+        match post_json(config.clone(), addr, "/cluster/v1/join", &body).await {
+            Err(err)
+                if tokio::time::Instant::now() < deadline
+                    && err
+                        .downcast_ref::<reqwest::Error>()
+                        .is_some_and(reqwest::Error::is_connect) =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => break other?,
+        }
+    };
+    anyhow::ensure!(
+        bazaar_pki::ca_fingerprint(&issued.ca)? == token.ca_fingerprint,
+        "the CA certificate sent is not the one the join token names"
+    );
+    request.into_identity(&issued.cert, &issued.ca)
+}
+
+async fn post_json<T: Serialize, R: serde::de::DeserializeOwned>(
+    config: Arc<rustls::ClientConfig>,
+    addr: SocketAddr,
+    path: &str,
+    body: &T,
+) -> anyhow::Result<R> {
+    let client = reqwest::Client::builder()
+        .use_preconfigured_tls((*config).clone())
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let resp = client
+        .post(format!("https://{addr}{path}"))
+        .json(body)
+        .send()
+        .await?;
+    let status = resp.status();
+    let text = resp.text().await?;
+    anyhow::ensure!(status.is_success(), "{status}: {text}");
+    Ok(serde_json::from_str(&text)?)
+}
+
+async fn serve_connection(
+    acceptor: tokio_rustls::TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    router: Router,
+) {
+    let _ = stream.set_nodelay(true);
+    let tls = match tokio::time::timeout(Duration::from_secs(5), acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(err)) => {
+            tracing::debug!(error = %err, "host listener handshake refused");
+            return;
+        }
+        Err(_) => return,
+    };
+    let peer = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(bazaar_pki::peer_host_id)
+        .map(PeerHost);
+    let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+        if let Some(peer) = &peer {
+            req.extensions_mut().insert(peer.clone());
+        }
+        let mut router = router.clone();
+        async move {
+            use tower::Service;
+            router.call(req.map(axum::body::Body::new)).await
+        }
+    });
+    let io = hyper_util::rt::TokioIo::new(tls);
+    if let Err(err) = hyper::server::conn::http1::Builder::new()
+        .serve_connection(io, service)
+        .with_upgrades()
+        .await
+    {
+        tracing::debug!(error = %err, "host listener connection");
+    }
+}
+
+/// Only a verified peer gets through, but for a join (which carries its token).
+async fn require_peer(req: Request, next: Next) -> Response {
+    if req.extensions().get::<PeerHost>().is_some() || req.uri().path() == "/cluster/v1/join" {
+        return next.run(req).await;
+    }
+    AgentError::Unauthorized.into_response()
+}
+
+async fn join_handler(
+    State(tls): State<HostTls>,
+    body: axum::body::Bytes,
+) -> Result<Json<Issued>, AgentError> {
+    let ca = tls.ca.clone().ok_or_else(not_the_ca)?;
+    let req: JoinRequest = serde_json::from_slice(&body)
+        .map_err(|e| AgentError::Invalid(format!("invalid join request: {e}")))?;
+    let token: JoinToken = req
+        .token
+        .parse()
+        .map_err(|e: anyhow::Error| AgentError::Invalid(e.to_string()))?;
+    let cert = tokio::task::spawn_blocking(move || {
+        ca.join(&token, &req.host_id, &req.csr, tls.validity)
+            .map(|cert| Issued {
+                cert,
+                ca: ca.cert_pem().to_string(),
+            })
+    })
+    .await
+    .map_err(|e| AgentError::Internal(e.to_string()))?
+    .map_err(|e| AgentError::Forbidden(format!("{e:#}")))?;
+    Ok(Json(cert))
+}
+
+async fn renew_handler(
+    State(tls): State<HostTls>,
+    axum::Extension(peer): axum::Extension<PeerHost>,
+    body: axum::body::Bytes,
+) -> Result<Json<Issued>, AgentError> {
+    let ca = tls.ca.clone().ok_or_else(not_the_ca)?;
+    let req: RenewRequest = serde_json::from_slice(&body)
+        .map_err(|e| AgentError::Invalid(format!("invalid renewal request: {e}")))?;
+    let cert = ca
+        .renew(&peer.0, &req.csr, tls.validity)
+        .map_err(|e| AgentError::Forbidden(format!("{e:#}")))?;
+    Ok(Json(Issued {
+        cert,
+        ca: ca.cert_pem().to_string(),
+    }))
+}
+
+fn not_the_ca() -> AgentError {
+    AgentError::NotFound("this host does not hold the cluster CA".into())
+}
+
+/// The host label under which a host publishes its host listener's address.
+pub const HOST_ADDR_LABEL: &str = "host_addr";
+
+/// How this host reaches other hosts' host listeners: its address (published) and an mTLS
+/// client that presents this host's certificate and resolves `<host id>.hosts.bazaar.internal`
+/// from the catalog, so the server's certificate is checked against the host meant.
+#[derive(Debug, Clone)]
+pub struct HostLink {
+    /// This host's host listener.
+    pub addr: SocketAddr,
+    /// The client to other hosts (no bearer token: the certificate is the credential).
+    pub client: reqwest::Client,
+    catalog: bazaar_catalog::Catalog,
+}
+
+impl HostLink {
+    /// The URL of `path` on the host whose API address is `api_addr`, if that host serves a
+    /// host listener.
+    pub fn url_for(&self, api_addr: &str, path: &str) -> Option<String> {
+        let host = self
+            .catalog
+            .hosts()
+            .into_iter()
+            .find(|h| h.record.api_addr == api_addr)?;
+        let addr: SocketAddr = host.record.labels.get(HOST_ADDR_LABEL)?.parse().ok()?;
+        Some(format!(
+            "https://{}:{}{path}",
+            bazaar_pki::host_dns_name(&host.record.id),
+            addr.port()
+        ))
+    }
+}
+
+/// Resolves host names of host certificates to the host listeners the catalog knows.
+struct CatalogResolver(bazaar_catalog::Catalog);
+
+impl reqwest::dns::Resolve for CatalogResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let addr = name
+            .as_str()
+            .strip_suffix(bazaar_pki::HOST_NAME_SUFFIX)
+            .and_then(|id| id.strip_suffix('.'))
+            .and_then(|id| self.0.host(id))
+            .and_then(|h| {
+                h.record
+                    .labels
+                    .get(HOST_ADDR_LABEL)?
+                    .parse::<SocketAddr>()
+                    .ok()
+            });
+        let name = name.as_str().to_string();
+        Box::pin(async move {
+            match addr {
+                Some(addr) => Ok(Box::new(std::iter::once(addr)) as reqwest::dns::Addrs),
+                None => Err(format!("no host listener known for {name}").into()),
+            }
+        })
+    }
+}
+
+impl HostTls {
+    /// The link of this host, serving at `addr`, to the others the catalog knows.
+    pub fn link(
+        &self,
+        addr: SocketAddr,
+        catalog: bazaar_catalog::Catalog,
+    ) -> anyhow::Result<HostLink> {
+        let config = bazaar_pki::client_config(&self.identity, &self.ca_pem)?;
+        let client = reqwest::Client::builder()
+            .use_preconfigured_tls((*config).clone())
+            .dns_resolver(Arc::new(CatalogResolver(catalog.clone())))
+            .pool_max_idle_per_host(32)
+            .connect_timeout(Duration::from_millis(500))
+            .build()?;
+        Ok(HostLink {
+            addr,
+            client,
+            catalog,
+        })
+    }
+}
+
+impl Agent {
+    /// This host's link to other hosts' host listeners, once it has a cluster certificate.
+    pub fn host_link(&self) -> Option<&HostLink> {
+        self.0.host_link.get()
+    }
+
+    /// Records the host link and republishes the host record (with `host_addr`).
+    pub async fn set_host_link(&self, link: HostLink) {
+        let _ = self.0.host_link.set(link);
+        self.publish_host().await;
+    }
+}
