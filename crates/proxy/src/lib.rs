@@ -271,9 +271,9 @@ impl Proxy {
         self.0.metrics.encode()
     }
 
-    /// Routes to merge into the agent's API: `GET /metrics` (with a bearer token, the
-    /// cluster secret or an API token, as a Prometheus scrape config's `authorization`
-    /// gives it: the metrics name apps and their traffic), and the host-interface
+    /// Routes to merge into the agent's API: `GET /metrics` (with the cluster secret as a
+    /// bearer token, as a Prometheus scrape config's `authorization` gives it: the metrics
+    /// name every app and its traffic), and the host-interface
     /// extension `GET /host/v1/machines/{id}/traffic` (what this host's proxy is serving on
     /// one of its machines right now; the Machines API forwards
     /// `GET /v1/apps/{app}/machines/{id}/traffic` here, and deploys wait on it to drain).
