@@ -204,6 +204,26 @@ struct Pool {
     filling: Mutex<()>,
 }
 
+impl Pool {
+    /// Counts an address handed out now.
+    fn count(&self, now: std::time::Instant) {
+        let mut times = locked(&self.handed_out);
+        while times.front().is_some_and(|t| now - *t > DEMAND_WINDOW) {
+            times.pop_front();
+        }
+        if times.len() < POOL_MAX {
+            times.push_back(now);
+        }
+    }
+
+    /// How many namespaces to keep ahead at `now`.
+    fn wanted(&self, now: std::time::Instant) -> usize {
+        let times = locked(&self.handed_out);
+        let recent = times.iter().filter(|t| now - **t <= DEMAND_WINDOW).count();
+        recent.clamp(POOL_MIN, POOL_MAX)
+    }
+}
+
 fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -468,14 +488,7 @@ impl Network {
 
     /// Counts an address handed out (the demand that sizes the pool made ahead).
     pub fn handed_out(&self) {
-        let now = std::time::Instant::now();
-        let mut times = locked(&self.pool.handed_out);
-        while times.front().is_some_and(|t| now - *t > DEMAND_WINDOW) {
-            times.pop_front();
-        }
-        if times.len() < POOL_MAX {
-            times.push_back(now);
-        }
+        self.pool.count(std::time::Instant::now());
     }
 
     /// Sets up the namespaces of the next addresses not `used()` (as many as recent demand
@@ -487,7 +500,7 @@ impl Network {
             return;
         };
         loop {
-            let wanted = locked(&self.pool.handed_out).len().clamp(POOL_MIN, POOL_MAX);
+            let wanted = self.pool.wanted(std::time::Instant::now());
             let used = used();
             let next = {
                 let ready = locked(&self.pool.ready);
@@ -723,6 +736,25 @@ mod tests {
         let other: Subnet = "10.213.0.0/16".parse().unwrap();
         assert!(s.overlaps(&other) && other.overlaps(&s));
         assert!(!s.overlaps(&"10.213.8.0/24".parse().unwrap()));
+    }
+
+    #[test]
+    fn the_pool_follows_recent_demand_within_its_bounds() {
+        let pool = Pool::default();
+        let start = std::time::Instant::now();
+        assert_eq!(pool.wanted(start), POOL_MIN);
+        for _ in 0..20 {
+            pool.count(start);
+        }
+        assert_eq!(pool.wanted(start), 20);
+        for _ in 0..100 {
+            pool.count(start);
+        }
+        assert_eq!(pool.wanted(start), POOL_MAX);
+        let later = start + DEMAND_WINDOW + std::time::Duration::from_secs(1);
+        assert_eq!(pool.wanted(later), POOL_MIN);
+        pool.count(later);
+        assert_eq!(locked(&pool.handed_out).len(), 1, "old hand-outs are forgotten");
     }
 
     #[test]
