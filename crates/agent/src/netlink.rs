@@ -154,7 +154,8 @@ impl Rtnl {
             }
             let mut at = 0usize;
             while at + 16 <= n as usize {
-                let field = |o: usize| u32::from_ne_bytes(buf[at + o..at + o + 4].try_into().unwrap());
+                let field =
+                    |o: usize| u32::from_ne_bytes(buf[at + o..at + o + 4].try_into().unwrap());
                 let (len, kind, seq) = (field(0) as usize, field(4) as u16, field(8));
                 if kind == NLMSG_ERROR && seq == self.seq && at + 20 <= n as usize {
                     let errno = field(16) as i32;
@@ -189,10 +190,9 @@ impl Rtnl {
         msg.name(IFLA_INFO_KIND, "veth");
         let data = msg.nest(IFLA_INFO_DATA);
         let peer_at = msg.nest(VETH_INFO_PEER);
-        msg.link(0, 0).name(IFLA_IFNAME, peer).attr(
-            IFLA_NET_NS_FD,
-            &(netns.as_raw_fd() as u32).to_ne_bytes(),
-        );
+        msg.link(0, 0)
+            .name(IFLA_IFNAME, peer)
+            .attr(IFLA_NET_NS_FD, &(netns.as_raw_fd() as u32).to_ne_bytes());
         msg.end(peer_at).end(data).end(info);
         self.request(&mut msg)
     }

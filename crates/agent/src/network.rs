@@ -33,8 +33,8 @@ use crate::idranges::{IdRanges, RANGE_SIZE};
 use crate::netlink::{self, Rtnl};
 use std::collections::HashSet;
 use std::io::Write;
-use std::os::fd::{AsFd, OwnedFd};
 use std::net::Ipv4Addr;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -754,7 +754,11 @@ mod tests {
         let later = start + DEMAND_WINDOW + std::time::Duration::from_secs(1);
         assert_eq!(pool.wanted(later), POOL_MIN);
         pool.count(later);
-        assert_eq!(locked(&pool.handed_out).len(), 1, "old hand-outs are forgotten");
+        assert_eq!(
+            locked(&pool.handed_out).len(),
+            1,
+            "old hand-outs are forgotten"
+        );
     }
 
     #[test]
