@@ -59,7 +59,7 @@ impl Message {
 
     fn put(&mut self, bytes: &[u8]) -> &mut Message {
         self.0.extend_from_slice(bytes);
-        while self.0.len() % 4 != 0 {
+        while !self.0.len().is_multiple_of(4) {
             self.0.push(0);
         }
         self
