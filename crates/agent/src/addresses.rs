@@ -14,9 +14,6 @@ use std::collections::HashSet;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
-/// How many network namespaces are kept set up ahead for the next machines.
-const NETNS_AHEAD: usize = 4;
-
 /// The machine network of this host: the image machines' one when it can run images, else
 /// its own when it isolates process machines (root), else none.
 pub(crate) fn machine_network(
@@ -66,11 +63,11 @@ pub(crate) fn restore_machine_network(driver: &crate::driver::Driver, used: &Has
             // (deleting and making one again at once races with the kernel's asynchronous
             // removal of its veth).
             let mut keep = used.clone();
-            for _ in 0..NETNS_AHEAD {
+            for _ in 0..crate::network::POOL_MIN {
                 keep.extend(n.allocate(&keep));
             }
             crate::cleanup::remove_unused_namespaces(n, &keep);
-            n.prepare_ahead(&used, NETNS_AHEAD);
+            n.prepare_ahead(|| used.clone());
         }
         Err(err) => tracing::warn!(error = %err, "setting up the machine network"),
     });
@@ -118,14 +115,15 @@ impl Agent {
                         .range_of(ip)
                         .map_err(AgentError::Internal)?,
                 );
+                network.handed_out();
                 // Its namespace, and the next addresses', are set up meanwhile: the launch
                 // usually finds them ready.
-                let (network, used) = (network.clone(), used.clone());
+                let (network, agent) = (network.clone(), self.clone());
                 tokio::task::spawn_blocking(move || {
                     if let Err(err) = network.attach(ip) {
                         tracing::warn!(%ip, error = %err, "setting up a network namespace");
                     }
-                    network.prepare_ahead(&used, NETNS_AHEAD);
+                    network.prepare_ahead(|| lock(&agent.0.addresses_in_use).clone());
                 });
             }
             return Ok(());

@@ -17,7 +17,8 @@
 //! - [`store`]: the redb store.
 //! - [`driver`]: the driver (command, environment, ports, shims) of process and image
 //!   machines; [`oci`] prepares image machines (image, rootfs, bundle, `runc`) and
-//!   [`network`] gives each one a network namespace on the host's bridge.
+//!   [`network`] gives each one a network namespace on the host's bridge (wired by
+//!   [`netlink`] requests).
 //! - [`restart`]: the restart policy.
 //! - [`http`]: the host interface (`/host/v1`).
 //! - [`host_tls`]: this host's cluster certificate (join, renewal) and the host listener
@@ -56,6 +57,7 @@ pub mod idranges;
 pub mod images;
 pub mod leases;
 pub mod market;
+pub mod netlink;
 pub mod network;
 pub mod oci;
 pub mod ps;

@@ -18,18 +18,23 @@
 //! namespace of the address's id range ([`crate::idranges`]), kept at
 //! `/run/bazaar/userns/<bridge>-<index>`: the machine's container runs in it (a process
 //! `runc exec` adds joins the user namespace first, and then may only join a network
-//! namespace it owns). The agent sets one up for
-//! each address it hands out, and four ahead, in the background, so a launch usually
-//! finds its namespace ready; when a machine is destroyed its address gets a fresh one.
+//! namespace it owns). The agent sets one up for each address it hands out, and a pool
+//! ahead in the background (as many as addresses were handed out in the last 10 s, 4 to
+//! 64), so a launch usually finds its namespace ready; when a machine is destroyed its
+//! address gets a fresh one.
 //!
-//! Everything is done with iproute2 (`ip`, in batch mode: two execs per namespace) and
-//! nftables (`nft`, once per host and once per namespace); the namespaces themselves are
-//! made by a short-lived child process ([`bazaar_image::IdMap`]). The bridge is `bz-<8 hex of the host id>`.
+//! A namespace is wired by [`crate::netlink`] requests from the agent itself (veth pair,
+//! bridge port, address, route: no execs); the namespaces themselves are made by a
+//! short-lived child process ([`bazaar_image::IdMap`]). The bridge (`bz-<8 hex of the host
+//! id>`, once per host) is made with iproute2 and the firewall with nftables (`nft`, once
+//! per host, and once per namespace only in subnets larger than a /20).
 
 use crate::idranges::{IdRanges, RANGE_SIZE};
+use crate::netlink::{self, Rtnl};
 use std::collections::HashSet;
 use std::io::Write;
 use std::net::Ipv4Addr;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -40,6 +45,9 @@ pub(crate) const NETNS_DIR: &str = "/run/netns";
 pub(crate) const READY_DIR: &str = "/run/bazaar/netns-ready";
 /// The user namespaces owning them.
 const USERNS_DIR: &str = "/run/bazaar/userns";
+/// Subnets with at most this many machine addresses have all of them in the anti-spoofing
+/// set from the start ([`Network::anti_spoofing_rules`]).
+const PREFILLED_SOURCES: usize = 4094;
 /// Default subnets are /24s picked from here (the first one no route on the host covers).
 const DEFAULT_POOL: (u8, u8) = (10, 213);
 
@@ -174,6 +182,50 @@ pub struct Network {
     setup_locks: Arc<Vec<Mutex<()>>>,
     /// The id range of each address (its namespaces' owner).
     pub(crate) id_ranges: Arc<IdRanges>,
+    /// Namespaces made ahead for the next addresses.
+    pool: Arc<Pool>,
+}
+
+/// How many namespaces are kept made ahead: as many as addresses were handed out in the
+/// last [`DEMAND_WINDOW`], at least [`POOL_MIN`] and at most [`POOL_MAX`].
+pub(crate) const POOL_MIN: usize = 4;
+const POOL_MAX: usize = 64;
+const DEMAND_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The namespaces made ahead, and the demand that sizes them.
+#[derive(Debug, Default)]
+struct Pool {
+    /// Addresses whose namespaces this process set up or found set up (and has not
+    /// removed since).
+    ready: Mutex<HashSet<Ipv4Addr>>,
+    /// When addresses were handed out, within the last [`DEMAND_WINDOW`].
+    handed_out: Mutex<std::collections::VecDeque<std::time::Instant>>,
+    /// Held by the one thread filling the pool.
+    filling: Mutex<()>,
+}
+
+impl Pool {
+    /// Counts an address handed out now.
+    fn count(&self, now: std::time::Instant) {
+        let mut times = locked(&self.handed_out);
+        while times.front().is_some_and(|t| now - *t > DEMAND_WINDOW) {
+            times.pop_front();
+        }
+        if times.len() < POOL_MAX {
+            times.push_back(now);
+        }
+    }
+
+    /// How many namespaces to keep ahead at `now`.
+    fn wanted(&self, now: std::time::Instant) -> usize {
+        let times = locked(&self.handed_out);
+        let recent = times.iter().filter(|t| now - **t <= DEMAND_WINDOW).count();
+        recent.clamp(POOL_MIN, POOL_MAX)
+    }
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The namespaces of a machine address, set up.
@@ -220,6 +272,7 @@ impl Network {
             nat,
             setup_locks: stripes(),
             id_ranges,
+            pool: Arc::default(),
         };
         network.create_bridge()?;
         network.firewall();
@@ -275,17 +328,20 @@ impl Network {
     }
 
     /// The bridge-family table: a frame from a machine's veth (`b<bridge hash>*`) passes
-    /// only with the source address of that veth (a set of `veth . address`, filled as
-    /// namespaces are made; those that exist already are in it from the start). Machines
-    /// have no IPv6 addresses: IPv6 from them (link-local, which would reach the host's
-    /// listeners past the `ip` table) is dropped.
+    /// only with the source address of that veth (a set of `veth . address`). Veth names
+    /// follow from addresses, so the set holds every pair of the subnet from the start
+    /// when it has at most [`PREFILLED_SOURCES`] addresses (no `nft` run per namespace);
+    /// a larger subnet's set is filled as namespaces are made (those that exist already
+    /// are in it from the start). Machines have no IPv6 addresses: IPv6 from them
+    /// (link-local, which would reach the host's listeners past the `ip` table) is dropped.
     fn anti_spoofing_rules(&self) -> String {
         let table = self.table();
         let ports = format!("{}*", self.veth_prefix());
+        let prefilled = self.sources_prefilled();
         let existing: Vec<String> = self
             .subnet
             .machine_addresses()
-            .filter(|ip| Path::new(NETNS_DIR).join(self.netns_name(*ip)).exists())
+            .filter(|ip| prefilled || Path::new(NETNS_DIR).join(self.netns_name(*ip)).exists())
             .map(|ip| format!("\"{}\" . {ip}", self.veth_name(ip)))
             .collect();
         let elements = if existing.is_empty() {
@@ -301,6 +357,11 @@ impl Network {
              iifname \"{ports}\" ether type arp iifname . arp saddr ip != @sources counter drop; \
              iifname \"{ports}\" ether type ip6 counter drop; }}\n}}\n"
         )
+    }
+
+    /// Whether the anti-spoofing set holds every address of the subnet from the start.
+    fn sources_prefilled(&self) -> bool {
+        (1usize << (32 - self.subnet.prefix)) - 3 <= PREFILLED_SOURCES
     }
 
     /// Lets `ip`'s veth send with source `ip` (and nothing else).
@@ -376,43 +437,43 @@ impl Network {
         let ready = std::fs::read_to_string(self.ready_marker(ip))
             .is_ok_and(|base| base == uid_base.to_string());
         if ready && attached.netns.exists() && attached.userns.exists() {
+            locked(&self.pool.ready).insert(ip);
             return Ok(attached);
         }
         let veth = self.veth_name(ip);
         // What a cut-short set-up left: the veth pair first (deleting the namespace would
         // take the pair with it, and the host end would then be gone when deleted).
-        let mut cleanup = String::new();
+        let mut rtnl = Rtnl::open().map_err(|e| format!("opening a netlink socket: {e}"))?;
         if link_exists(&veth) {
-            cleanup += &format!("link delete {veth}\n");
+            rtnl.delete_link(&veth)
+                .map_err(|e| format!("removing the veth {veth} left behind: {e}"))?;
         }
-        if attached.netns.exists() {
-            cleanup += &format!("netns delete {ns}\n");
-        }
-        if !cleanup.is_empty() {
-            ip_batch(None, &cleanup)?;
-        }
-        make_namespaces(&attached, uid_base)?;
-        let mut host = String::new();
-        host += &format!(
-            "link add {veth} type veth peer name eth0 netns {ns}\n\
-             link set {veth} master {br}\n\
-             link set dev {veth} type bridge_slave isolated on\n\
-             link set {veth} up\n",
-            br = self.bridge
-        );
-        ip_batch(None, &host)?;
-        let inside = format!(
-            "link set lo up\naddr add {ip}/{} dev eth0\nlink set eth0 up\nroute add default via {}\n",
-            self.subnet.prefix,
-            self.subnet.gateway()
-        );
-        ip_batch(Some(&ns), &inside)?;
-        if let Err(err) = self.allow_source(ip) {
-            tracing::warn!(%ip, error = %err, "nftables: the machine's source address not allowed (its traffic is dropped)");
+        unbind_namespace(&attached.netns);
+        let netns = make_namespaces(&attached, uid_base)?;
+        let bridge = netlink::link_index(&self.bridge)
+            .ok_or_else(|| format!("the bridge {} is gone", self.bridge))?;
+        rtnl.add_veth(&veth, bridge, "eth0", netns.as_fd())
+            .and_then(|()| {
+                let index = netlink::link_index(&veth).ok_or_else(|| {
+                    std::io::Error::other("the veth is gone right after it was made")
+                })?;
+                rtnl.isolate_bridge_port(index)
+            })
+            .map_err(|e| format!("making the veth {veth} of {ns}: {e}"))?;
+        let (prefix, gateway) = (self.subnet.prefix, self.subnet.gateway());
+        netlink::in_namespace(netns.as_fd(), || {
+            netlink::configure_machine_side("eth0", ip, prefix, gateway)
+        })
+        .map_err(|e| format!("setting up eth0 in {ns}: {e}"))?;
+        if !self.sources_prefilled() {
+            if let Err(err) = self.allow_source(ip) {
+                tracing::warn!(%ip, error = %err, "nftables: the machine's source address not allowed (its traffic is dropped)");
+            }
         }
         std::fs::create_dir_all(READY_DIR).map_err(|e| format!("creating {READY_DIR}: {e}"))?;
         std::fs::write(self.ready_marker(ip), uid_base.to_string())
             .map_err(|e| format!("marking {ns} ready: {e}"))?;
+        locked(&self.pool.ready).insert(ip);
         Ok(attached)
     }
 
@@ -425,18 +486,36 @@ impl Network {
         }
     }
 
-    /// Sets up the namespaces of the next `count` addresses not in `used`, so the machines
-    /// that get them start without waiting for it. Errors are logged.
-    pub fn prepare_ahead(&self, used: &HashSet<Ipv4Addr>, count: usize) {
-        let next: Vec<Ipv4Addr> = self
-            .subnet
-            .machine_addresses()
-            .filter(|ip| !used.contains(ip))
-            .take(count)
-            .collect();
-        for ip in next {
-            if let Err(err) = self.attach(ip).map(drop) {
+    /// Counts an address handed out (the demand that sizes the pool made ahead).
+    pub fn handed_out(&self) {
+        self.pool.count(std::time::Instant::now());
+    }
+
+    /// Sets up the namespaces of the next addresses not `used()` (as many as recent demand
+    /// asks for, see [`POOL_MIN`]), so the machines that get them start without waiting.
+    /// One thread fills at a time, asking `used()` again after each namespace; a call while
+    /// another fills returns at once. Errors are logged.
+    pub fn prepare_ahead(&self, used: impl Fn() -> HashSet<Ipv4Addr>) {
+        let Ok(_filler) = self.pool.filling.try_lock() else {
+            return;
+        };
+        loop {
+            let wanted = self.pool.wanted(std::time::Instant::now());
+            let used = used();
+            let next = {
+                let ready = locked(&self.pool.ready);
+                self.subnet
+                    .machine_addresses()
+                    .filter(|ip| !used.contains(ip))
+                    .take(wanted)
+                    .find(|ip| !ready.contains(ip))
+            };
+            let Some(ip) = next else {
+                return;
+            };
+            if let Err(err) = self.attach(ip) {
                 tracing::warn!(%ip, error = %err, "setting up a network namespace ahead");
+                return;
             }
         }
     }
@@ -445,13 +524,12 @@ impl Network {
     /// makes a fresh one ([`Network::renew`]) for the next machine to get the address.
     pub fn release(&self, ip: Ipv4Addr) {
         let _one_at_a_time = self.lock(ip);
+        locked(&self.pool.ready).remove(&ip);
         let _ = std::fs::remove_file(self.ready_marker(ip));
+        // As `ip netns delete` does: the kernel removes the namespace, and its veth pair,
+        // once nothing holds it.
         let ns = self.netns_name(ip);
-        if Path::new(NETNS_DIR).join(&ns).exists() {
-            if let Err(err) = ip_batch(None, &format!("netns delete {ns}\n")) {
-                tracing::warn!(%ip, error = %err, "removing a network namespace");
-            }
-        }
+        unbind_namespace(&Path::new(NETNS_DIR).join(&ns));
         unbind_namespace(&Path::new(USERNS_DIR).join(&ns));
     }
 
@@ -479,8 +557,9 @@ pub fn bridge_name(host_id: &str) -> String {
 }
 
 /// Makes a user namespace mapping `uid_base..` and a network namespace it owns, and binds
-/// them at `attached`'s paths (as `ip netns add` does for the network namespace).
-fn make_namespaces(attached: &Attached, uid_base: u32) -> Result<(), String> {
+/// them at `attached`'s paths (as `ip netns add` does for the network namespace). Returns
+/// the network namespace.
+fn make_namespaces(attached: &Attached, uid_base: u32) -> Result<OwnedFd, String> {
     use std::os::fd::AsRawFd;
     let ids = bazaar_image::IdMap {
         host_base: uid_base,
@@ -499,7 +578,7 @@ fn make_namespaces(attached: &Attached, uid_base: u32) -> Result<(), String> {
         rustix::mount::mount_bind(format!("/proc/self/fd/{}", fd.as_raw_fd()).as_str(), target)
             .map_err(|e| err(&e))?;
     }
-    Ok(())
+    Ok(net)
 }
 
 /// Unmounts and removes a namespace bound at `path` (if it is). Idempotent.
@@ -508,17 +587,12 @@ fn unbind_namespace(path: &Path) {
     let _ = std::fs::remove_file(path);
 }
 
-/// Whether this network namespace has a link named `name`. Asked of the kernel (an
-/// `ip link show`), not read from `/sys/class/net`: an agent that entered a network
-/// namespace without a mount namespace of its own (as `bazaar lab` starts them) sees the
-/// `/sys` of the namespace it came from.
+/// Whether this network namespace has a link named `name`. Asked of the kernel, not read
+/// from `/sys/class/net`: an agent that entered a network namespace without a mount
+/// namespace of its own (as `bazaar lab` starts them) sees the `/sys` of the namespace it
+/// came from.
 fn link_exists(name: &str) -> bool {
-    Command::new("ip")
-        .args(["link", "show", "dev", name])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    netlink::link_index(name).is_some()
 }
 
 fn stripes() -> Arc<Vec<Mutex<()>>> {
@@ -645,6 +719,7 @@ mod tests {
             nat: false,
             setup_locks: stripes(),
             id_ranges: Arc::new(IdRanges::new("test")),
+            pool: Arc::default(),
         };
         assert_eq!(
             net.netns_name(Ipv4Addr::new(10, 213, 7, 254)),
@@ -664,6 +739,29 @@ mod tests {
     }
 
     #[test]
+    fn the_pool_follows_recent_demand_within_its_bounds() {
+        let pool = Pool::default();
+        let start = std::time::Instant::now();
+        assert_eq!(pool.wanted(start), POOL_MIN);
+        for _ in 0..20 {
+            pool.count(start);
+        }
+        assert_eq!(pool.wanted(start), 20);
+        for _ in 0..100 {
+            pool.count(start);
+        }
+        assert_eq!(pool.wanted(start), POOL_MAX);
+        let later = start + DEMAND_WINDOW + std::time::Duration::from_secs(1);
+        assert_eq!(pool.wanted(later), POOL_MIN);
+        pool.count(later);
+        assert_eq!(
+            locked(&pool.handed_out).len(),
+            1,
+            "old hand-outs are forgotten"
+        );
+    }
+
+    #[test]
     fn names_fit_the_kernel_limits() {
         assert_eq!(format!("bz-{}", &hex_of("host")[..8]).len(), 11);
         let net = Network {
@@ -672,6 +770,7 @@ mod tests {
             nat: false,
             setup_locks: stripes(),
             id_ranges: Arc::new(IdRanges::new("test")),
+            pool: Arc::default(),
         };
         assert!(net.veth_name(Ipv4Addr::new(10, 0, 255, 254)).len() <= 15);
     }

@@ -39,12 +39,17 @@ impl Filters {
             .and_then(|c| SeccompRule::new(vec![c]))
             .map_err(fail)?;
         rules.insert(Sysno::clone.id() as i64, vec![clone]);
-        let families = (0..allow::SOCKET_FAMILY_LIMIT)
-            .filter(|f| !allow::SOCKET_FAMILIES_DENIED.contains(f))
-            .map(|f| arg0(SeccompCmpOp::Eq, f).and_then(|c| SeccompRule::new(vec![c])))
+        // One rule (its conditions all hold): below the limit and none of the denied.
+        let families = std::iter::once(arg0(SeccompCmpOp::Lt, allow::SOCKET_FAMILY_LIMIT))
+            .chain(
+                allow::SOCKET_FAMILIES_DENIED
+                    .iter()
+                    .map(|&f| arg0(SeccompCmpOp::Ne, f)),
+            )
             .collect::<Result<Vec<_>, _>>()
+            .and_then(SeccompRule::new)
             .map_err(fail)?;
-        rules.insert(Sysno::socket.id() as i64, families);
+        rules.insert(Sysno::socket.id() as i64, vec![families]);
         let personalities = allow::PERSONALITY_ALLOWED
             .iter()
             .map(|&p| {
