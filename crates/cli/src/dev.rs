@@ -145,6 +145,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         args.proxy_port
     );
     println!("BAZAAR_TOKEN={}", state.token);
+    println!("dashboard: {api_url}/ui/#token={}", state.token);
     println!(
         "written to {}; load it with: set -a; . {}; set +a",
         dir.join("dev.env").display(),
