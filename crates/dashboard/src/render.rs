@@ -241,6 +241,28 @@ pub struct MachineDetail<'a> {
     pub placement: Option<Value>,
 }
 
+/// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS.mmm` (UTC).
+pub fn utc(ms: u64) -> String {
+    let (days, rem) = (ms / 86_400_000, ms % 86_400_000);
+    // Civil date from a day count (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, s, milli) = (
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000,
+    );
+    format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02}:{s:02}.{milli:03}")
+}
+
 fn text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
@@ -271,7 +293,7 @@ pub fn machine(d: &MachineDetail<'_>, viewer: Viewer) -> String {
                     h2 { "Events" }
                     ol.timeline {
                         @for e in &events {
-                            li { span.when { (text(&e["timestamp"])) } " " b { (text(&e["type"])) } " " (text(&e["status"])) " " span.source { (text(&e["source"])) } }
+                            li { span.when { (e["timestamp"].as_u64().map_or_else(|| text(&e["timestamp"]), utc)) } " " b { (text(&e["type"])) } " " (text(&e["status"])) " " span.source { (text(&e["source"])) } }
                         }
                     }
                 }
@@ -356,4 +378,43 @@ pub fn failure(title: &str, message: &str) -> String {
         "none",
         html! { h1 { (title) } p.error { (message) } },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_dates() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00.000");
+        assert_eq!(utc(951_782_400_123), "2000-02-29 00:00:00.123");
+        assert_eq!(utc(1_795_616_989_665), "2026-11-25 14:29:49.665");
+    }
+
+    #[test]
+    fn text_is_escaped() {
+        let html = failure("<b>", "<script>alert(1)</script>");
+        assert!(!html.contains("<script>alert"));
+        assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    }
+
+    #[test]
+    fn read_only_viewer_gets_no_actions() {
+        let m = MachineView {
+            record: bazaar_catalog::MachineRecord {
+                id: "m1".into(),
+                app: "web".into(),
+                state: "started".into(),
+                ..Default::default()
+            },
+            host_status: "ok",
+            deleted: false,
+            version: 1,
+        };
+        let full = app("web", std::slice::from_ref(&m), Viewer { may_act: true });
+        assert!(full.contains("data-action=\"stop\""));
+        let read_only = app("web", &[m], Viewer { may_act: false });
+        assert!(!read_only.contains("data-action"));
+        assert!(read_only.contains("data-state=\"started\""));
+    }
 }

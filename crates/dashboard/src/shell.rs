@@ -222,13 +222,16 @@ async fn apps(State(ui): State<Ui>, headers: HeaderMap) -> Response {
             Ok(c) => c,
             Err(r) => return r,
         };
-        let mut counts: BTreeMap<String, (usize, usize)> = BTreeMap::new();
-        for m in catalog.machines(&MachineFilter::default()) {
-            let c = counts.entry(m.record.app).or_default();
+        // Counted in place: no machine row is copied out of the catalog.
+        let counts: std::cell::RefCell<BTreeMap<String, (usize, usize)>> = Default::default();
+        catalog.machines_where(&MachineFilter::default(), |m| {
+            let mut counts = counts.borrow_mut();
+            let c = counts.entry(m.app.clone()).or_default();
             c.0 += 1;
-            c.1 += usize::from(m.record.state == "started");
-        }
-        Html(render::apps(&catalog.apps(), &counts)).into_response()
+            c.1 += usize::from(m.state == "started");
+            false
+        });
+        Html(render::apps(&catalog.apps(), &counts.into_inner())).into_response()
     })
     .await
 }
