@@ -85,17 +85,16 @@ where
     }
 }
 
-fn catalog(ui: &Ui) -> Result<&bazaar_catalog::Catalog, Response> {
-    ui.agent.catalog().ok_or_else(|| {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Html(render::failure(
-                "Starting",
-                "the catalog is not running yet; reload in a moment",
-            )),
-        )
-            .into_response()
-    })
+/// The page shown while the catalog is not attached yet (the agent is starting).
+fn starting() -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Html(render::failure(
+            "Starting",
+            "the catalog is not running yet; reload in a moment",
+        )),
+    )
+        .into_response()
 }
 
 /// Calls the Machines API in-process as the viewer.
@@ -202,9 +201,8 @@ async fn session(State(ui): State<Ui>, body: Bytes) -> Response {
 
 async fn fleet(State(ui): State<Ui>, headers: HeaderMap) -> Response {
     with_viewer(ui, &headers, |ui, _, _| async move {
-        let catalog = match catalog(&ui) {
-            Ok(c) => c,
-            Err(r) => return r,
+        let Some(catalog) = ui.agent.catalog() else {
+            return starting();
         };
         let hosts = catalog.hosts();
         let per_host: BTreeMap<String, usize> = hosts
@@ -218,9 +216,8 @@ async fn fleet(State(ui): State<Ui>, headers: HeaderMap) -> Response {
 
 async fn apps(State(ui): State<Ui>, headers: HeaderMap) -> Response {
     with_viewer(ui, &headers, |ui, _, _| async move {
-        let catalog = match catalog(&ui) {
-            Ok(c) => c,
-            Err(r) => return r,
+        let Some(catalog) = ui.agent.catalog() else {
+            return starting();
         };
         // Counted in place: no machine row is copied out of the catalog.
         let counts: std::cell::RefCell<BTreeMap<String, (usize, usize)>> = Default::default();
@@ -238,9 +235,8 @@ async fn apps(State(ui): State<Ui>, headers: HeaderMap) -> Response {
 
 async fn app(State(ui): State<Ui>, Path(name): Path<String>, headers: HeaderMap) -> Response {
     with_viewer(ui, &headers, |ui, _, viewer| async move {
-        let catalog = match catalog(&ui) {
-            Ok(c) => c,
-            Err(r) => return r,
+        let Some(catalog) = ui.agent.catalog() else {
+            return starting();
         };
         if catalog.app(&name).is_none() {
             let page = render::failure("Not found", &format!("app {name} not found"));
@@ -369,10 +365,10 @@ async fn events(State(ui): State<Ui>, headers: HeaderMap) -> Response {
     if signed_in(&ui, &headers).is_none() {
         return error(StatusCode::UNAUTHORIZED, "sign in first");
     }
-    let changes = match catalog(&ui) {
-        Ok(c) => c.subscribe(),
-        Err(r) => return r,
+    let Some(catalog) = ui.agent.catalog() else {
+        return starting();
     };
+    let changes = catalog.subscribe();
     let stream = futures_util::stream::unfold(changes, |mut changes| async move {
         use tokio::sync::broadcast::error::RecvError;
         let data = match changes.recv().await {
