@@ -193,6 +193,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         args.proxy_port
     );
     println!("BAZAAR_TOKEN={org_token}");
+    println!("dashboard: {api_url}/ui/#token={org_token}");
     println!(
         "written to {}; load it with: set -a; . {}; set +a",
         dir.join("dev.env").display(),

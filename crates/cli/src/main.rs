@@ -385,7 +385,9 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
         config,
         |agent| {
             let proxy = bazaar_proxy::Proxy::start(agent.clone())?;
-            Ok(bazaar_api::router(agent).merge(proxy.router()))
+            let api = bazaar_api::router(agent.clone());
+            let ui = bazaar_dashboard::router(agent, api.clone());
+            Ok(api.merge(proxy.router()).merge(ui))
         },
         shutdown_signal(),
     )
