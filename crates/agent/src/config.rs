@@ -85,6 +85,10 @@ pub struct AgentConfig {
     pub registry_auth: Vec<String>,
     /// The largest image archive `POST /host/v1/images/import` accepts (bytes).
     pub max_import_bytes: u64,
+    /// How long a host must have been dead before the guardian re-places its machines
+    /// that opted in (`bazaar_api::guardian`).
+    #[serde(with = "millis")]
+    pub replace_after: Duration,
 }
 
 impl Default for AgentConfig {
@@ -124,6 +128,7 @@ impl Default for AgentConfig {
             runc: None,
             registry_auth: Vec::new(),
             max_import_bytes: 4 << 30,
+            replace_after: Duration::from_secs(60),
         }
     }
 }

@@ -15,6 +15,7 @@
 pub mod apps;
 pub mod error;
 pub mod exchange;
+pub mod guardian;
 pub mod machines;
 pub mod openapi;
 pub mod platform;

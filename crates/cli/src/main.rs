@@ -103,6 +103,10 @@ struct AgentArgs {
     /// A killed host is declared dead everywhere within about this long (ms).
     #[arg(long)]
     dead_after_ms: Option<u64>,
+    /// Re-place the machines of a host dead this long that opted in
+    /// (`metadata.bazaar_replace_on_host_failure = "true"`), e.g. `60s` (the default).
+    #[arg(long, value_parser = bazaar_types::duration::parse_go_duration)]
+    replace_after: Option<std::time::Duration>,
     /// How long an hour of `config.schedule` lasts (ms; for tests).
     #[arg(long, hide = true)]
     schedule_hour_ms: Option<u64>,
@@ -271,6 +275,9 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     if !a.join.is_empty() {
         config.join = a.join;
     }
+    if let Some(d) = a.replace_after {
+        config.replace_after = d;
+    }
     if let Some(ms) = a.dead_after_ms {
         config.dead_after = std::time::Duration::from_millis(ms);
     }
@@ -331,6 +338,7 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
         config,
         |agent| {
             let proxy = bazaar_proxy::Proxy::start(agent.clone())?;
+            bazaar_api::guardian::spawn(bazaar_api::Api::new(agent.clone()));
             Ok(bazaar_api::router(agent).merge(proxy.router()))
         },
         shutdown_signal(),
