@@ -169,7 +169,7 @@ fn config(mark: &str, opted_in: Option<&str>) -> Value {
         "image": "process", "driver": "process",
         "init": {"exec": ["sh", "-c", "cd / && exec python3 -m http.server $PORT"]},
         "env": {"LAB_MARK": mark},
-        "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 128},
+        "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256},
         "services": [{"internal_port": 8080, "protocol": "tcp"}],
     });
     if let Some(v) = opted_in {
