@@ -33,10 +33,12 @@ impl TestLab {
             .tempdir()
             .unwrap();
         let lab = TestLab { dir };
-        lab.cli(&["up", "--memory-mb", "2048", "--wait-converged"]
-            .into_iter()
-            .chain(args.iter().copied())
-            .collect::<Vec<_>>());
+        lab.cli(
+            &["up", "--memory-mb", "2048", "--wait-converged"]
+                .into_iter()
+                .chain(args.iter().copied())
+                .collect::<Vec<_>>(),
+        );
         lab
     }
 
@@ -79,7 +81,11 @@ impl Drop for TestLab {
                     .lines()
                     .filter(|l| l.contains("guardian") || l.contains("fence"))
                     .collect();
-                eprintln!("--- {} (guardian and fence)\n{}", e.path().display(), lines.join("\n"));
+                eprintln!(
+                    "--- {} (guardian and fence)\n{}",
+                    e.path().display(),
+                    lines.join("\n")
+                );
             }
         }
         if self.path().join("lab.json").exists() {
@@ -327,7 +333,15 @@ async fn a_dead_hosts_opted_in_machines_run_elsewhere_once_and_its_copies_stop_w
     let on_doomed = Node::of(&lab, &doomed);
     let mut kept = Vec::new();
     for i in 1..=3 {
-        kept.push(create_on(&on_doomed, "keep", config(&format!("keep-{i}"), Some("true")), false).await);
+        kept.push(
+            create_on(
+                &on_doomed,
+                "keep",
+                config(&format!("keep-{i}"), Some("true")),
+                false,
+            )
+            .await,
+        );
     }
     kept.sort();
     let plain = create_on(&on_doomed, "plain", config("plain-1", None), false).await;
@@ -361,7 +375,9 @@ async fn a_dead_hosts_opted_in_machines_run_elsewhere_once_and_its_copies_stop_w
         let moved = rows
             .iter()
             .filter(|r| {
-                r["host_status"] == "ok" && r["state"] == "started" && r["host_id"] != doomed_id.as_str()
+                r["host_status"] == "ok"
+                    && r["state"] == "started"
+                    && r["host_id"] != doomed_id.as_str()
             })
             .count();
         moved == 3 && (1..=3).all(|i| workload_pids(&format!("keep-{i}")).len() == 1)
@@ -431,27 +447,29 @@ async fn a_dead_hosts_opted_in_machines_run_elsewhere_once_and_its_copies_stop_w
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    until(30, "every node lists each machine once, none of the old copies", || async {
-        for node in &all {
-            if node.listed("keep").await.as_ref() != Some(&all_kept) {
-                return false;
+    until(
+        30,
+        "every node lists each machine once, none of the old copies",
+        || async {
+            for node in &all {
+                if node.listed("keep").await.as_ref() != Some(&all_kept) {
+                    return false;
+                }
+                let Some(rows) = node.rows("keep").await else {
+                    return false;
+                };
+                let stale = rows
+                    .iter()
+                    .any(|r| r["id"] != resting.as_str() && r["host_id"] == doomed_id.as_str());
+                if stale {
+                    return false;
+                }
             }
-            let Some(rows) = node.rows("keep").await else {
-                return false;
-            };
-            let stale = rows.iter().any(|r| {
-                r["id"] != resting.as_str() && r["host_id"] == doomed_id.as_str()
-            });
-            if stale {
-                return false;
-            }
-        }
-        true
-    })
+            true
+        },
+    )
     .await;
-    let (s, v) = all[2]
-        .get("/host/v1/machines")
-        .await;
+    let (s, v) = all[2].get("/host/v1/machines").await;
     assert_eq!(s, StatusCode::OK, "{v}");
     let local: Vec<&str> = v
         .as_array()
@@ -461,14 +479,19 @@ async fn a_dead_hosts_opted_in_machines_run_elsewhere_once_and_its_copies_stop_w
         .map(|m| m["id"].as_str().unwrap())
         .collect();
     for id in &kept {
-        assert!(!local.contains(&id.as_str()), "{id} still on the old host: {v}");
+        assert!(
+            !local.contains(&id.as_str()),
+            "{id} still on the old host: {v}"
+        );
     }
     for i in 1..=3 {
         assert_eq!(workload_pids(&format!("keep-{i}")).len(), 1, "keep-{i}");
     }
-    until(30, "the machines that stayed run again on their host", || async {
-        workload_pids("plain-1").len() == 1 && workload_pids("vol-1").len() == 1
-    })
+    until(
+        30,
+        "the machines that stayed run again on their host",
+        || async { workload_pids("plain-1").len() == 1 && workload_pids("vol-1").len() == 1 },
+    )
     .await;
     until(20, "keep serves through the returned host", || async {
         through_proxy(&lab, &doomed, "keep").await == Some(StatusCode::OK)

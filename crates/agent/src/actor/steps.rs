@@ -75,8 +75,7 @@ impl Actor {
                 // A copy re-placed on another host while this one was dead never runs
                 // again here (`fence.rs`).
                 if let Some(host) =
-                    crate::fence::superseded_by(&self.agent, &self.id, &rec.config.metadata)
-                        .await
+                    crate::fence::superseded_by(&self.agent, &self.id, &rec.config.metadata).await
                 {
                     let exit = ExitRecord {
                         run_id,
