@@ -164,7 +164,7 @@ impl Agent {
             updated_at_ms: rec.updated_at_ms,
             epoch: rec.epoch,
             config: bazaar_types::replacement::opted_in(&rec.config.metadata)
-                .then(|| rec.config.clone()),
+                .then(|| Box::new(rec.config.clone())),
         }
     }
 }

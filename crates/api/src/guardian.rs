@@ -103,7 +103,7 @@ pub fn to_replace(
                 region: m.record.region.clone(),
                 from_host: m.record.host_id.clone(),
                 epoch: m.record.epoch + 1,
-                config: m.record.config.clone()?,
+                config: m.record.config.as_deref()?.clone(),
                 cordoned: m.record.cordoned,
             })
         })
@@ -254,7 +254,7 @@ mod tests {
                 state: state.into(),
                 metadata,
                 epoch: 2,
-                config: opted_in.then_some(config),
+                config: opted_in.then(|| Box::new(config)),
                 ..Default::default()
             },
             host_status: "unreachable",

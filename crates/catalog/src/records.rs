@@ -72,7 +72,7 @@ pub struct MachineRecord {
     /// (`bazaar_types::replacement`): the guardian re-creates the machine from it when its
     /// host is dead and cannot be asked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub config: Option<bazaar_types::config::MachineConfig>,
+    pub config: Option<Box<bazaar_types::config::MachineConfig>>,
 }
 
 fn is_zero(n: &u64) -> bool {

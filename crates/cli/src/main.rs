@@ -43,7 +43,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the agent of one host.
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// Start (or resume) a local cluster of agents on loopback.
     Dev(dev::DevArgs),
     /// A fleet of hosts in network namespaces on this machine, and faults to inject (root).
@@ -200,7 +200,7 @@ fn main() {
     let result = match cli.command {
         Command::Agent(a) => {
             init_logging(&a.log_format);
-            run_async(run_agent(a))
+            run_async(run_agent(*a))
         }
         Command::Dev(d) => {
             init_logging("text");
