@@ -16,7 +16,8 @@ use bazaar_types::state::MachineState;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-/// Looks at least this often, whatever the change stream says.
+/// How often the watcher looks (a copy that must not run is already kept from launching by
+/// `superseded_by`; destroying it can wait this long).
 const PERIOD: Duration = Duration::from_millis(500);
 /// Longest a launch waits for the catalog to be attached and caught up.
 const CATCH_UP_WAIT: Duration = Duration::from_secs(5);
@@ -53,14 +54,12 @@ pub fn spawn(agent: &Agent) {
         let Some(catalog) = agent.catalog().cloned() else {
             return;
         };
-        let mut changes = catalog.subscribe();
         let shutdown = agent.shutdown_token();
         // Copies whose destroy was accepted: not asked again.
         let mut fenced: HashSet<String> = HashSet::new();
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                _ = changes.recv() => {}
                 () = tokio::time::sleep(PERIOD) => {}
             }
             fence(&agent, &catalog, &mut fenced).await;

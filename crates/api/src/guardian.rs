@@ -31,7 +31,8 @@ use bazaar_types::host::ClaimRequest;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// Looks at least this often, whatever the change stream says.
+/// How often the guardian looks (deaths count in seconds: the change stream is not needed,
+/// and a burst of changes costs nothing here).
 const PERIOD: Duration = Duration::from_millis(250);
 /// After a placement (or a failed one), the machine is not tried again for this long
 /// unless the catalog shows the new copy meanwhile.
@@ -117,7 +118,6 @@ pub fn spawn(api: Api) {
             return;
         };
         let replace_after = api.0.agent.config().replace_after;
-        let mut changes = catalog.subscribe();
         let shutdown = api.0.agent.shutdown_token();
         let mut dead_since: HashMap<String, Instant> = HashMap::new();
         // Machine id → (epoch tried, when): not tried again before `RETRY_AFTER`.
@@ -125,7 +125,6 @@ pub fn spawn(api: Api) {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                _ = changes.recv() => {}
                 () = tokio::time::sleep(PERIOD) => {}
             }
             let now = Instant::now();
