@@ -886,6 +886,7 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
     };
     let size = guest.validate().map_err(AgentError::Invalid)?;
     refuse_unsupported(config, &guest)?;
+    bazaar_types::replacement::validate(config).map_err(AgentError::Invalid)?;
     match config.driver() {
         "process" => {
             let argv = config.init.as_ref().map(|i| i.argv()).unwrap_or_default();

@@ -106,6 +106,10 @@ pub struct AgentConfig {
     /// thirds of that).
     #[serde(with = "millis")]
     pub cert_validity: Duration,
+    /// How long a host must have been dead before the guardian re-places its machines
+    /// that opted in (`bazaar_api::guardian`).
+    #[serde(with = "millis")]
+    pub replace_after: Duration,
 }
 
 impl Default for AgentConfig {
@@ -152,6 +156,7 @@ impl Default for AgentConfig {
             join_addr: None,
             host_listen: SocketAddr::from(([127, 0, 0, 1], 4480)),
             cert_validity: bazaar_pki::DEFAULT_CERT_VALIDITY,
+            replace_after: Duration::from_secs(60),
         }
     }
 }

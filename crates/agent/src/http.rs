@@ -821,6 +821,7 @@ pub fn machine_json(m: &bazaar_catalog::MachineView) -> serde_json::Value {
         "updated_at": bazaar_types::rfc3339(r.updated_at_ms),
         "deleted": m.deleted,
         "version": m.version,
+        "epoch": r.epoch,
     })
 }
 

@@ -124,6 +124,7 @@ impl Agent {
                 None => rec.config.metadata.remove(&k),
             };
         }
+        bazaar_types::replacement::validate(&rec.config).map_err(AgentError::Invalid)?;
         rec.updated_at_ms = now_ms();
         let mut b = Batch::default();
         b.machine(&rec);

@@ -51,6 +51,7 @@ pub mod error;
 pub mod exec;
 pub mod fault;
 pub mod host_tls;
+pub mod fence;
 pub mod http;
 pub mod identity;
 pub mod idranges;
@@ -121,6 +122,7 @@ pub async fn run_agent(
     )?;
     agent.attach_catalog(catalog.clone()).await;
     standby::spawn(&agent);
+    fence::spawn(&agent);
     images::spawn_pruning(&agent);
     // Services beside the API (the edge proxy) start here, before `api.addr` announces
     // that the agent is up.

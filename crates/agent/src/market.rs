@@ -214,6 +214,7 @@ impl Agent {
             destroyed_at_ms: None,
             lease: None,
             image_ref: None,
+            epoch: req.epoch,
         };
         rec.cordoned = req.skip_service_registration;
         if let Some(ttl) = req.lease_ttl {

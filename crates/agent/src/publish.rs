@@ -169,6 +169,9 @@ impl Agent {
             cordoned: rec.cordoned,
             metadata: rec.config.metadata.clone(),
             updated_at_ms: rec.updated_at_ms,
+            epoch: rec.epoch,
+            config: bazaar_types::replacement::opted_in(&rec.config.metadata)
+                .then(|| Box::new(rec.config.clone())),
         }
     }
 }

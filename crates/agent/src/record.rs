@@ -75,6 +75,9 @@ pub struct MachineRecord {
     /// The image an image machine's last launch resolved.
     #[serde(default)]
     pub image_ref: Option<bazaar_types::machine::ImageRef>,
+    /// The ownership epoch (0, or above the copy this one re-placed; `fence.rs`).
+    #[serde(default)]
+    pub epoch: u64,
     // How the exchange placed the machine is stored apart (`Store::placement`).
 }
 

@@ -171,7 +171,14 @@ impl Api {
                         .unwrap_or(0);
                     let claims = std::mem::take(&mut queue).into_iter().map(|offer| {
                         let mut claim = order.template.clone();
-                        claim.machine_id = Some(bazaar_types::ids::new_machine_id());
+                        // One machine that has an id already (the guardian re-placing it)
+                        // keeps it; every other gets a new one.
+                        claim.machine_id = order
+                            .template
+                            .machine_id
+                            .clone()
+                            .filter(|_| order.count == 1)
+                            .or_else(|| Some(bazaar_types::ids::new_machine_id()));
                         let mut rec_now = record.clone();
                         rec_now.winners = vec![offer.host_id.clone()];
                         rec_now.reason = format!(

@@ -19,6 +19,7 @@ pub mod apps;
 pub mod audit;
 pub mod error;
 pub mod exchange;
+pub mod guardian;
 pub mod machines;
 pub mod openapi;
 pub mod platform;

@@ -97,6 +97,7 @@ fn order_for(
             lease_ttl: req.lease_ttl,
             skip_service_registration: req.skip_service_registration,
             placement: None,
+            epoch: 0,
         },
         size,
         count,

@@ -401,6 +401,8 @@ fn machine_record(id: &str, host: &str, state: &str) -> MachineRecord {
         cordoned: false,
         metadata: BTreeMap::from([("fly_process_group".into(), "app".into())]),
         updated_at_ms: 1_700_000_000_000,
+        epoch: 0,
+        config: None,
     }
 }
 

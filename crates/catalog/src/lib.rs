@@ -332,7 +332,8 @@ impl Catalog {
         self.machines_where(filter, |_| true)
     }
 
-    /// Machines matching the filter and `keep`, ordered by (app, id). Only those kept are
+    /// Machines matching the filter and `keep`, ordered by (app, id); a machine held by
+    /// two hosts (re-placed) once, as its current row. Only those kept are
     /// copied out, so a reader that needs few of them (the proxy: machines with services)
     /// does not pay for the rest.
     pub fn machines_where(
@@ -350,7 +351,10 @@ impl Catalog {
                 let Record::Machine(m) = &row.record else {
                     return None;
                 };
-                (filter.matches(m, row.deleted) && keep(m)).then(|| self.machine_view(&st, row, m))
+                (filter.matches(m, row.deleted)
+                    && keep(m)
+                    && st.replica.is_current_machine_row(row))
+                .then(|| self.machine_view(&st, row, m))
             })
             .collect();
         out.sort_by(|a, b| (&a.record.app, &a.record.id).cmp(&(&b.record.app, &b.record.id)));

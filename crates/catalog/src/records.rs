@@ -63,6 +63,34 @@ pub struct MachineRecord {
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
     pub updated_at_ms: u64,
+    /// The ownership epoch: 0 when created, one more each time the guardian re-places
+    /// the machine on another host after its host died. Of two hosts' rows for one machine
+    /// id, [`MachineRecord::precedence`] says which is the machine.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub epoch: u64,
+    /// The machine's config, carried only by machines that opted in to re-placement
+    /// (`bazaar_types::replacement`): the guardian re-creates the machine from it when its
+    /// host is dead and cannot be asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<Box<bazaar_types::config::MachineConfig>>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl MachineRecord {
+    /// The order between rows of one machine id held by different hosts (the greatest is
+    /// the machine, on every node alike): the higher epoch, then a live row before a
+    /// tombstone, then the lower host id (two re-placements that raced). A host whose row
+    /// is not the greatest stops its copy (the agent's `fence`).
+    pub fn precedence<'a>(
+        &self,
+        deleted: bool,
+        owner: &'a str,
+    ) -> (u64, bool, std::cmp::Reverse<&'a str>) {
+        (self.epoch, !deleted, std::cmp::Reverse(owner))
+    }
 }
 
 /// One volume, published by the host that owns it (its storage lives there).

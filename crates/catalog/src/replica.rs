@@ -453,14 +453,28 @@ impl Replica {
         hex::encode(&h.finalize()[..16])
     }
 
-    /// The best row for a machine id: a live one before a tombstone, then the most
-    /// recently written (a machine held by two owners is moving between hosts).
+    /// The row that is the machine: of the rows held by several owners (a machine
+    /// re-placed after its host died), the greatest by [`MachineRecord::precedence`].
     pub fn machine(&self, id: &str) -> Option<&Row> {
         self.machine_owners
             .get(id)?
             .iter()
             .filter_map(|owner| self.get(owner, Kind::Machine, id))
-            .max_by_key(|r| (!r.deleted, r.updated_at_ms, r.version))
+            .max_by_key(|r| match &r.record {
+                Record::Machine(m) => Some(m.precedence(r.deleted, &r.owner)),
+                _ => None,
+            })
+    }
+
+    /// Whether a machine row is the machine (not a copy superseded by another host's row
+    /// of the same id); lists show only those.
+    pub fn is_current_machine_row(&self, row: &Row) -> bool {
+        match self.machine_owners.get(row.key()) {
+            Some(owners) if owners.len() > 1 => self
+                .machine(row.key())
+                .is_some_and(|best| best.owner == row.owner),
+            _ => true,
+        }
     }
 
     /// The machine rows of an app (tombstones included).
@@ -666,6 +680,41 @@ mod tests {
         assert_eq!(r.apps().len(), 1);
         r.apply(row("b", Kind::App, "web", 8, true));
         assert_eq!(r.app("web").unwrap().created_by_host, "a");
+    }
+
+    /// A machine re-placed after its host died: the row with the higher epoch is the
+    /// machine whatever was written last (the old host's row, republished when it comes
+    /// back, and its tombstone never win); two re-placements of one epoch that raced are
+    /// ordered by host id, the same on every node.
+    #[test]
+    fn the_row_of_the_highest_epoch_is_the_machine() {
+        let with_epoch = |owner: &str, version: u64, deleted: bool, epoch: u64| {
+            let mut r = row(owner, Kind::Machine, "m1", version, deleted);
+            if let Record::Machine(m) = &mut r.record {
+                m.epoch = epoch;
+            }
+            r
+        };
+        let mut r = Replica::new();
+        r.apply(with_epoch("old", 10, false, 0));
+        r.apply(with_epoch("new", 5, false, 1));
+        let old_row = r.get("old", Kind::Machine, "m1").unwrap().clone();
+        assert_eq!(r.machine("m1").unwrap().owner, "new");
+        assert!(!r.is_current_machine_row(&old_row));
+        // The old host returns and republishes, then stops its copy: still "new".
+        r.apply(with_epoch("old", 20, false, 0));
+        assert_eq!(r.machine("m1").unwrap().owner, "new");
+        r.apply(with_epoch("old", 21, true, 0));
+        assert_eq!(r.machine("m1").unwrap().owner, "new");
+        let new_row = r.get("new", Kind::Machine, "m1").unwrap().clone();
+        assert!(r.is_current_machine_row(&new_row));
+        // A destroy by the new owner is not undone by the old row.
+        r.apply(with_epoch("new", 30, true, 1));
+        assert!(r.machine("m1").unwrap().deleted);
+        // Two hosts of one epoch: the lower id, whatever the versions.
+        r.apply(with_epoch("c", 50, false, 2));
+        r.apply(with_epoch("b", 40, false, 2));
+        assert_eq!(r.machine("m1").unwrap().owner, "b");
     }
 
     fn arb_row() -> impl Strategy<Value = Row> {

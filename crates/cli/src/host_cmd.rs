@@ -257,6 +257,7 @@ pub async fn run(args: HostArgs) -> anyhow::Result<()> {
                     lease_ttl: None,
                     skip_service_registration: false,
                     placement: None,
+                    epoch: 0,
                 })
                 .await?;
             if !skip_launch {

@@ -82,6 +82,10 @@ struct UpArgs {
     /// A dead host is noticed within about this long (ms; the agent's default otherwise).
     #[arg(long)]
     dead_after_ms: Option<u64>,
+    /// A dead host's machines that opted in are re-placed after this long (ms; the agent's
+    /// default otherwise).
+    #[arg(long)]
+    replace_after_ms: Option<u64>,
     /// Also wait until every host sees every other alive in its catalog.
     #[arg(long)]
     wait_converged: bool,
@@ -180,6 +184,7 @@ fn run_up(dir: PathBuf, up: UpArgs) -> anyhow::Result<()> {
             memory_mb: up.memory_mb,
             cpus: up.cpus,
             dead_after_ms: up.dead_after_ms,
+            replace_after_ms: up.replace_after_ms,
         },
     })?;
     let plan = lab.plan();

@@ -110,6 +110,10 @@ struct AgentArgs {
     /// A killed host is declared dead everywhere within about this long (ms).
     #[arg(long)]
     dead_after_ms: Option<u64>,
+    /// Re-place the machines of a host dead this long that opted in
+    /// (`metadata.bazaar_replace_on_host_failure = "true"`), e.g. `60s` (the default).
+    #[arg(long, value_parser = bazaar_types::duration::parse_go_duration)]
+    replace_after: Option<std::time::Duration>,
     /// How long an hour of `config.schedule` lasts (ms; for tests).
     #[arg(long, hide = true)]
     schedule_hour_ms: Option<u64>,
@@ -303,6 +307,9 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     if !a.join.is_empty() {
         config.join = a.join;
     }
+    if let Some(d) = a.replace_after {
+        config.replace_after = d;
+    }
     if let Some(ms) = a.dead_after_ms {
         config.dead_after = std::time::Duration::from_millis(ms);
     }
@@ -385,6 +392,7 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
         config,
         |agent| {
             let proxy = bazaar_proxy::Proxy::start(agent.clone())?;
+            bazaar_api::guardian::spawn(bazaar_api::Api::new(agent.clone()));
             let api = bazaar_api::router(agent.clone());
             let ui = bazaar_dashboard::router(agent, api.clone());
             Ok(api.merge(proxy.router()).merge(ui))

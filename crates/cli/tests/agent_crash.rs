@@ -36,6 +36,7 @@ fn request(id: &str, version: &str) -> ClaimRequest {
         lease_ttl: None,
         skip_service_registration: false,
         placement: None,
+        epoch: 0,
     }
 }
 

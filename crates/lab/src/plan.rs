@@ -297,6 +297,9 @@ impl LabPlan {
         if let Some(ms) = settings.dead_after_ms {
             args.extend(["--dead-after-ms".into(), ms.to_string()]);
         }
+        if let Some(ms) = settings.replace_after_ms {
+            args.extend(["--replace-after".into(), format!("{ms}ms")]);
+        }
         args
     }
 
@@ -388,6 +391,10 @@ pub struct AgentSettings {
     pub cpus: Option<u32>,
     /// Failure detection (ms); the agent's default when `None`.
     pub dead_after_ms: Option<u64>,
+    /// How long a host is dead before its opted-in machines are re-placed (ms); the
+    /// agent's default when `None`.
+    #[serde(default)]
+    pub replace_after_ms: Option<u64>,
 }
 
 /// The network faults in force: directed blocks between hosts and packet loss per host.
@@ -579,6 +586,7 @@ mod tests {
             memory_mb: Some(512),
             cpus: None,
             dead_after_ms: Some(2000),
+            replace_after_ms: Some(5000),
         };
         let args = plan.agent_args(
             &plan.hosts[0],
@@ -594,6 +602,7 @@ mod tests {
         assert!(joined.contains("--join 10.250.3.3:4380,10.250.3.4:4380,10.250.3.5:4380"));
         assert!(joined.contains("--memory-mb 512"));
         assert!(joined.contains("--dead-after-ms 2000"));
+        assert!(joined.contains("--replace-after 5000ms"));
         assert!(!joined.contains("--cpus"));
         // Workloads must outlive their agent (kill, restart, upgrade).
         assert!(!joined.contains("stop-machines-on-shutdown"));

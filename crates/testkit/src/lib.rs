@@ -410,6 +410,7 @@ pub fn create_request(app: &str, argv: &[&str]) -> bazaar_types::host::ClaimRequ
         lease_ttl: None,
         skip_service_registration: false,
         placement: None,
+        epoch: 0,
     }
 }
 

@@ -83,6 +83,15 @@ pub struct ClaimRequest {
     /// `explain`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<serde_json::Value>,
+    /// The ownership epoch of the machine (0 for a new one): a re-placement of machine
+    /// `machine_id` after its host died claims it with the epoch above the last one, and
+    /// the copy with the highest epoch is the machine (see `replacement`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub epoch: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A direct create on this host (reserve + claim in one call).

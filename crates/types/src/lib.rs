@@ -24,6 +24,7 @@ pub mod guest;
 pub mod host;
 pub mod ids;
 pub mod machine;
+pub mod replacement;
 pub mod seccomp;
 pub mod signal;
 pub mod state;

@@ -72,6 +72,23 @@ impl Actor {
                 return StepOutcome::Continue;
             }
             RunFound::None => {
+                // A copy re-placed on another host while this one was dead never runs
+                // again here (`fence.rs`).
+                if let Some(host) =
+                    crate::fence::superseded_by(&self.agent, &self.id, &rec.config.metadata).await
+                {
+                    let exit = ExitRecord {
+                        run_id,
+                        exit_code: None,
+                        signal: None,
+                        oom_killed: false,
+                        exited_at_ms: now_ms(),
+                        error: Some(format!(
+                            "not launched: the machine was re-placed on host {host} while this host was dead"
+                        )),
+                    };
+                    return self.launch_failed(rec, run_id, exit, b);
+                }
                 let mut events = Vec::new();
                 let mut image = None;
                 let launched = driver.launch(rec, run_id, &mut events, &mut image).await;

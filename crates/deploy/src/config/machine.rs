@@ -226,6 +226,12 @@ impl AppConfig {
             .insert(crate::META_GROUP.into(), group.to_string());
         cfg.metadata
             .insert(crate::META_PLATFORM.into(), "v2".into());
+        if self.deploy.replace_on_host_failure {
+            cfg.metadata.insert(
+                bazaar_types::replacement::METADATA_KEY.into(),
+                "true".into(),
+            );
+        }
         Ok(cfg)
     }
 }

@@ -242,6 +242,10 @@ pub struct DeploySection {
     pub max_unavailable: Option<MaxUnavailable>,
     #[serde(default)]
     pub wait_timeout: Option<Millis>,
+    /// bazaar extension: re-place the app's machines on another host of their region when
+    /// their host dies (the guardian); sets `metadata.bazaar_replace_on_host_failure`.
+    #[serde(default)]
+    pub replace_on_host_failure: bool,
 }
 
 /// How a deploy replaces machines.
@@ -547,6 +551,10 @@ console_command = "/code/manage.py shell"
         assert_eq!(c.strategy(), Strategy::Canary);
         assert_eq!(c.wait_timeout(), Duration::from_secs(120));
         assert_eq!(c.deploy.max_unavailable.unwrap().of(10), 5);
+        assert!(!c.deploy.replace_on_host_failure);
+        assert!(!bazaar_types::replacement::opted_in(
+            &c.machine_config("web").unwrap().metadata
+        ));
         for key in ["console_command", "deploy.release_command", "mounts"] {
             assert!(
                 l.warnings.iter().any(|w| w.contains(&format!("`{key}`"))),
@@ -649,5 +657,21 @@ console_command = "/code/manage.py shell"
             vec!["sh", "-c", "echo \"hi there\"", "a b"]
         );
         assert!(split_command("sh 'open").is_err());
+    }
+
+    #[test]
+    fn replace_on_host_failure_opts_every_machine_in() {
+        let l = parse(
+            "fly.toml",
+            "app = \"x\"\n[build]\nimage = \"i\"\n[deploy]\nreplace_on_host_failure = true\n",
+        )
+        .unwrap();
+        assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+        let cfg = l.config.machine_config("app").unwrap();
+        assert_eq!(
+            cfg.metadata[bazaar_types::replacement::METADATA_KEY],
+            "true"
+        );
+        assert!(bazaar_types::replacement::validate(&cfg).is_ok());
     }
 }

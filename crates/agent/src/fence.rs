@@ -1,0 +1,100 @@
+//! Fencing: the old host's side of re-placement on host death (the deciding side is
+//! `bazaar_api::guardian`). A machine that opted in (`bazaar_types::replacement`) and that
+//! the guardian re-placed while this host was dead belongs to its new host: the new copy
+//! carries a higher ownership epoch, and of two hosts' rows for one machine id the
+//! catalog's [`bazaar_catalog::MachineRecord::precedence`] picks the machine on every node
+//! alike. When this host comes back and sees one of its machines superseded:
+//! - it never launches its copy again: the `Launch` step asks [`superseded_by`] first and
+//!   fails the launch instead (after a crash, that check waits until the catalog has caught
+//!   up with a peer, ≤ 3 s, so the host learns of the re-placement before it would relaunch);
+//! - it destroys its copy ([`spawn`] watches the catalog), whose rows, published with the
+//!   old epoch, never win over the new host's: every list shows the machine once.
+
+use crate::agent::Agent;
+use bazaar_types::replacement::opted_in;
+use bazaar_types::state::MachineState;
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+/// How often the watcher looks (a copy that must not run is already kept from launching by
+/// `superseded_by`; destroying it can wait this long).
+const PERIOD: Duration = Duration::from_millis(500);
+/// Longest a launch waits for the catalog to be attached and caught up.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(5);
+
+/// The host that holds machine `id` now, if it is not this one: another host's row
+/// supersedes this host's (only for machines that opted in to re-placement, the only ones
+/// that can move).
+pub(crate) async fn superseded_by(
+    agent: &Agent,
+    id: &str,
+    metadata: &BTreeMap<String, String>,
+) -> Option<String> {
+    if !opted_in(metadata) {
+        return None;
+    }
+    let deadline = tokio::time::Instant::now() + CATCH_UP_WAIT;
+    let catalog = loop {
+        match agent.catalog() {
+            Some(c) if !c.catching_up() => break c,
+            Some(c) if tokio::time::Instant::now() >= deadline => break c,
+            None if tokio::time::Instant::now() >= deadline => return None,
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let current = catalog.machine(id)?;
+    (current.record.host_id != agent.host_id()).then_some(current.record.host_id)
+}
+
+/// Starts the watcher that destroys this host's copies of machines re-placed elsewhere
+/// (call once the catalog is attached).
+pub fn spawn(agent: &Agent) {
+    let agent = agent.clone();
+    tokio::spawn(async move {
+        let Some(catalog) = agent.catalog().cloned() else {
+            return;
+        };
+        let shutdown = agent.shutdown_token();
+        // Copies whose destroy was accepted: not asked again.
+        let mut fenced: HashSet<String> = HashSet::new();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(PERIOD) => {}
+            }
+            fence(&agent, &catalog, &mut fenced).await;
+        }
+    });
+}
+
+async fn fence(agent: &Agent, catalog: &bazaar_catalog::Catalog, fenced: &mut HashSet<String>) {
+    let mine: Vec<(String, u64)> = agent.0.store.select(|m| {
+        (m.state != MachineState::Destroyed && opted_in(&m.config.metadata))
+            .then(|| (m.id.clone(), m.epoch))
+    });
+    fenced.retain(|id| mine.iter().any(|(m, _)| m == id));
+    for (id, epoch) in mine {
+        if fenced.contains(&id) {
+            continue;
+        }
+        let Some(current) = catalog.machine(&id) else {
+            continue;
+        };
+        if current.record.host_id == agent.host_id() {
+            continue;
+        }
+        match agent.destroy_machine(&id, true, None).await {
+            Ok(_) => {
+                tracing::info!(
+                    machine.id = %id, epoch, host = %current.record.host_id,
+                    new_epoch = current.record.epoch,
+                    "fence: machine re-placed on another host while this one was dead, destroying this copy"
+                );
+                fenced.insert(id);
+            }
+            Err(err) => {
+                tracing::warn!(machine.id = %id, error = %err, "fence: could not destroy the superseded copy")
+            }
+        }
+    }
+}
