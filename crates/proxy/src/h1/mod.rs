@@ -20,7 +20,9 @@ pub(crate) mod server;
 
 use crate::pool::SendError;
 pub(crate) use answer::FastBody;
-use answer::{parse_head, Framing, Streaming};
+pub use answer::{decode_chunked_body, parse_head, Chunk, Framing, Head as AnswerHead};
+pub use server::{read_request_head, RequestHead};
+use answer::Streaming;
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH};
 use http::{HeaderMap, Method, Response, StatusCode};
