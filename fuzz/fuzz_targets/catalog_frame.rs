@@ -136,7 +136,10 @@ fn run(input: Input) {
         Input::Stream { cap, bytes } => {
             let cap = cap as usize;
             let (read, held) = measured(|| read_frame(&auth, &bytes, cap));
-            assert!(held <= cap + FRAME_SLACK, "held {held} bytes for a cap of {cap}");
+            assert!(
+                held <= cap + FRAME_SLACK,
+                "held {held} bytes for a cap of {cap}"
+            );
             if let Ok(Some((_, payload))) = read {
                 messages(&payload);
             }
@@ -165,7 +168,10 @@ fn run(input: Input) {
             }
             let changed = frame.len() != whole || flip.is_some() && !frame.is_empty();
             let (read, held) = measured(|| read_frame(&auth, &frame, cap));
-            assert!(held <= cap + FRAME_SLACK, "held {held} bytes for a cap of {cap}");
+            assert!(
+                held <= cap + FRAME_SLACK,
+                "held {held} bytes for a cap of {cap}"
+            );
             match read {
                 Ok(Some((header, got))) => {
                     assert!(!changed, "a changed frame was accepted");
@@ -217,7 +223,10 @@ fn run(input: Input) {
 /// Every message type a payload may carry: those that decode survive a round trip.
 fn messages(payload: &[u8]) {
     if let Ok(msg) = wire::decode::<SyncMsg>(payload) {
-        assert_eq!(wire::decode::<SyncMsg>(&wire::encode(&msg)).ok(), Some(msg.clone()));
+        assert_eq!(
+            wire::decode::<SyncMsg>(&wire::encode(&msg)).ok(),
+            Some(msg.clone())
+        );
         let rows = match msg {
             SyncMsg::Request { .. } => Vec::new(),
             SyncMsg::Response { rows, .. } | SyncMsg::Push { rows, .. } => rows,
@@ -227,7 +236,10 @@ fn messages(payload: &[u8]) {
         }
     }
     if let Ok(item) = wire::decode::<BroadcastItem>(payload) {
-        assert_eq!(wire::decode::<BroadcastItem>(&wire::encode(&item)).ok(), Some(item.clone()));
+        assert_eq!(
+            wire::decode::<BroadcastItem>(&wire::encode(&item)).ok(),
+            Some(item.clone())
+        );
         if let BroadcastItem::Row(row) = item {
             let _ = row.into_row();
         }

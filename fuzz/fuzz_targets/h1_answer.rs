@@ -52,12 +52,22 @@ fn head(raw: &[u8], head_request: bool) {
         (head.len, head.status, head.framing, head.keep_alive)
     );
     assert_eq!(alone.headers, head.headers);
-    assert!(matches!(parse_head(&raw[..head.len - 1], head_request), Ok(None)));
+    assert!(matches!(
+        parse_head(&raw[..head.len - 1], head_request),
+        Ok(None)
+    ));
     // What the machine said, as httparse reads it.
     let mut slots = [httparse_empty(); 128];
     let mut parsed = httparse::Response::new(&mut slots);
-    parsed.parse(raw).expect("httparse agrees the head is whole");
-    let has = |name: &str| parsed.headers.iter().any(|h| h.name.eq_ignore_ascii_case(name));
+    parsed
+        .parse(raw)
+        .expect("httparse agrees the head is whole");
+    let has = |name: &str| {
+        parsed
+            .headers
+            .iter()
+            .any(|h| h.name.eq_ignore_ascii_case(name))
+    };
     let chunked = has("transfer-encoding");
     let bodiless = head_request
         || head.status.is_informational()
@@ -74,13 +84,23 @@ fn head(raw: &[u8], head_request: bool) {
         }
         Framing::Close => {
             assert!(!chunked && !has("content-length"));
-            assert!(!head.keep_alive, "a body up to close leaves a connection to keep");
+            assert!(
+                !head.keep_alive,
+                "a body up to close leaves a connection to keep"
+            );
         }
     }
     if chunked && has("content-length") && !bodiless {
         assert!(!head.keep_alive, "an answer with both framings is not kept");
     }
-    for hop in ["connection", "transfer-encoding", "keep-alive", "upgrade", "te", "trailer"] {
+    for hop in [
+        "connection",
+        "transfer-encoding",
+        "keep-alive",
+        "upgrade",
+        "te",
+        "trailer",
+    ] {
         assert!(!head.headers.contains_key(hop), "{hop} passed on");
     }
 }
@@ -92,7 +112,11 @@ fn httparse_empty() -> httparse::Header<'static> {
 fn chunked_arbitrary(raw: &[u8], step: usize) {
     let whole = decode_chunked_body(raw, raw.len().max(1));
     for step in [1, step.max(1)] {
-        assert_eq!(decode_chunked_body(raw, step), whole, "split every {step} bytes");
+        assert_eq!(
+            decode_chunked_body(raw, step),
+            whole,
+            "split every {step} bytes"
+        );
     }
     if let Ok((data, used)) = whole {
         assert!(used <= raw.len() && data.len() <= used);
@@ -125,5 +149,9 @@ fn chunked_round_trip(input: &Input) {
     let len = wire.len();
     wire.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
     let decoded = decode_chunked_body(&wire, input.step as usize + 1);
-    assert_eq!(decoded, Ok((body, len)), "a body sent chunked decodes to itself");
+    assert_eq!(
+        decoded,
+        Ok((body, len)),
+        "a body sent chunked decodes to itself"
+    );
 }

@@ -186,8 +186,7 @@ fn run(layer: Layer) {
         } => {
             let tar = build(entries, &ground);
             let blob = if *gzip {
-                let mut gz =
-                    flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
                 gz.write_all(&tar).expect("gzip");
                 gz.finish().expect("gzip")
             } else {
@@ -218,9 +217,20 @@ fn names(dir: &Path) -> Vec<String> {
 }
 
 fn check(ground: &Ground) {
-    assert_eq!(names(&ground.root), ["blob", "dest", "outside"], "beside the layer");
-    assert_eq!(names(&ground.outside()), ["dir", "sentinel"], "outside the layer");
-    assert!(names(&ground.outside().join("dir")).is_empty(), "outside the layer");
+    assert_eq!(
+        names(&ground.root),
+        ["blob", "dest", "outside"],
+        "beside the layer"
+    );
+    assert_eq!(
+        names(&ground.outside()),
+        ["dir", "sentinel"],
+        "outside the layer"
+    );
+    assert!(
+        names(&ground.outside().join("dir")).is_empty(),
+        "outside the layer"
+    );
     let sentinel = ground.outside().join("sentinel");
     assert_eq!(std::fs::read(&sentinel).expect("sentinel"), b"sentinel");
     let meta = std::fs::symlink_metadata(&sentinel).expect("sentinel");
@@ -235,7 +245,10 @@ fn walk(dir: &Path) {
         let path = entry.expect("entry").path();
         let m = std::fs::symlink_metadata(&path).expect("metadata");
         let t = m.file_type();
-        assert!(!t.is_fifo() && !t.is_block_device() && !t.is_socket(), "{path:?}");
+        assert!(
+            !t.is_fifo() && !t.is_block_device() && !t.is_socket(),
+            "{path:?}"
+        );
         if t.is_char_device() {
             assert_eq!(m.rdev(), 0, "a device that is not a whiteout: {path:?}");
         }

@@ -76,9 +76,15 @@ fn tricky_heads_are_read_as_hyper_reads_them_or_refused() {
         h + "\r\n"
     };
     let cases: Vec<(String, Decision)> = vec![
-        ("GET / HTTP/1.1\r\nHost: a\r\n\r\n".into(), Served { content_length: 0 }),
+        (
+            "GET / HTTP/1.1\r\nHost: a\r\n\r\n".into(),
+            Served { content_length: 0 },
+        ),
         // Bare LF line ends (accepted by both).
-        ("GET / HTTP/1.1\nHost: a\n\n".into(), Served { content_length: 0 }),
+        (
+            "GET / HTTP/1.1\nHost: a\n\n".into(),
+            Served { content_length: 0 },
+        ),
         (
             "POST / HTTP/1.1\nContent-Length: 3\n\nabc".into(),
             Served { content_length: 3 },
@@ -95,10 +101,22 @@ fn tricky_heads_are_read_as_hyper_reads_them_or_refused() {
             "POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd".into(),
             Refused,
         ),
-        ("POST / HTTP/1.1\r\nContent-Length: 3, 3\r\n\r\nabc".into(), Refused),
-        ("POST / HTTP/1.1\r\nContent-Length: 3 3\r\n\r\nabc".into(), Refused),
-        ("POST / HTTP/1.1\r\nContent-Length: +3\r\n\r\nabc".into(), Refused),
-        ("POST / HTTP/1.1\r\nContent-Length: 0x3\r\n\r\nabc".into(), Refused),
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 3, 3\r\n\r\nabc".into(),
+            Refused,
+        ),
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 3 3\r\n\r\nabc".into(),
+            Refused,
+        ),
+        (
+            "POST / HTTP/1.1\r\nContent-Length: +3\r\n\r\nabc".into(),
+            Refused,
+        ),
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 0x3\r\n\r\nabc".into(),
+            Refused,
+        ),
         (
             "POST / HTTP/1.1\r\nContent-Length: 18446744073709551616\r\n\r\n".into(),
             Refused,
@@ -121,12 +139,24 @@ fn tricky_heads_are_read_as_hyper_reads_them_or_refused() {
             "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n".into(),
             HandOff,
         ),
-        ("POST / HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n".into(), HandOff),
+        (
+            "POST / HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n".into(),
+            HandOff,
+        ),
         // Whitespace between a field name and the colon (RFC 9112 §5.1: must be refused),
         // and names that only look like the framing headers.
-        ("POST / HTTP/1.1\r\nContent-Length : 3\r\n\r\nabc".into(), Refused),
-        ("POST / HTTP/1.1\r\nTransfer-Encoding : chunked\r\n\r\n".into(), Refused),
-        ("POST / HTTP/1.1\r\n Content-Length: 3\r\n\r\nabc".into(), Refused),
+        (
+            "POST / HTTP/1.1\r\nContent-Length : 3\r\n\r\nabc".into(),
+            Refused,
+        ),
+        (
+            "POST / HTTP/1.1\r\nTransfer-Encoding : chunked\r\n\r\n".into(),
+            Refused,
+        ),
+        (
+            "POST / HTTP/1.1\r\n Content-Length: 3\r\n\r\nabc".into(),
+            Refused,
+        ),
         (
             "POST / HTTP/1.1\r\nContent-Length-X: 3\r\n\r\nabc".into(),
             Served { content_length: 0 },
@@ -198,8 +228,23 @@ fn header() -> impl Strategy<Value = String> {
         "",
     ]);
     let value = piece(&[
-        "0", "3", "03", " 3 ", "3,3", "-3", "+3", "3 3", "chunked", "close", "keep-alive",
-        "upgrade", "a\tb", "caf\u{e9}", "", "\u{1}", "99999999999999999999",
+        "0",
+        "3",
+        "03",
+        " 3 ",
+        "3,3",
+        "-3",
+        "+3",
+        "3 3",
+        "chunked",
+        "close",
+        "keep-alive",
+        "upgrade",
+        "a\tb",
+        "caf\u{e9}",
+        "",
+        "\u{1}",
+        "99999999999999999999",
     ]);
     let colon = piece(&[":", ": ", " :", ":\t"]);
     (name, colon, value).prop_map(|(n, c, v)| format!("{n}{c}{v}"))

@@ -307,7 +307,7 @@ pub enum RequestHead {
     HandOff,
     /// Served here: the request as it is passed on, the length of its head, and of its body.
     Served {
-        parts: http::request::Parts,
+        parts: Box<http::request::Parts>,
         head_len: usize,
         content_length: u64,
         keep_alive: bool,
@@ -332,7 +332,7 @@ pub fn read_request_head(buf: &[u8]) -> Result<RequestHead, String> {
     };
     let parts = build_parts(&head, &spans, &Bytes::copy_from_slice(&buf[..head.len]))?;
     Ok(RequestHead::Served {
-        parts,
+        parts: Box::new(parts),
         head_len: head.len,
         content_length: head.content_length,
         keep_alive: head.keep_alive,
