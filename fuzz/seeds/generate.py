@@ -2,16 +2,19 @@
 """Writes the seed corpora (fuzz/seeds/TARGET/*) from the inputs the tests use: request
 and answer heads of the proxy's tests, create bodies of the API tests, catalog messages
 (postcard, hand-encoded), and layers like those of crates/image/tests/hostile.rs. Run it
-again after changing it; the files it writes are committed."""
-import gzip, io, os, shutil, tarfile
+again after changing it; the files it writes (seed-*) are committed, beside the inputs
+that fuzzing found (found-*, kept as regression seeds)."""
+import gzip, io, os, tarfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def write(target, items):
     d = os.path.join(HERE, target)
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
+    os.makedirs(d, exist_ok=True)
+    for old in os.listdir(d):
+        if old.startswith("seed-"):
+            os.remove(os.path.join(d, old))
     for i, data in enumerate(items):
         with open(os.path.join(d, f"seed-{i:02}"), "wb") as f:
             f.write(data)
