@@ -370,7 +370,10 @@ mod tests {
     /// field changed by one unit in the last place each time the config went through JSON.
     #[test]
     fn unknown_numbers_survive_round_trips_exactly() {
-        let json = format!(r#"{{"image":"x","guest":{{"cpus":1,"x":{}56}}}}"#, "2".repeat(110));
+        let json = format!(
+            r#"{{"image":"x","guest":{{"cpus":1,"x":{}56}}}}"#,
+            "2".repeat(110)
+        );
         let first: MachineConfig = serde_json::from_str(&json).unwrap();
         let again: MachineConfig =
             serde_json::from_str(&serde_json::to_string(&first).unwrap()).unwrap();
