@@ -95,10 +95,12 @@ pub fn format_go_duration(d: Duration) -> String {
         return "0s".into();
     }
     if ns < 1_000_000_000 {
-        let (unit, per) = match ns {
-            ..1_000 => ("ns", 1),
-            ..1_000_000 => ("µs", 1_000),
-            _ => ("ms", 1_000_000),
+        let (unit, per) = if ns < 1_000 {
+            ("ns", 1)
+        } else if ns < 1_000_000 {
+            ("µs", 1_000)
+        } else {
+            ("ms", 1_000_000)
         };
         return format!("{}{unit}", decimal(ns, per));
     }
