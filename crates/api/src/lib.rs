@@ -247,7 +247,7 @@ async fn fly_shaped_errors(resp: Response) -> Response {
 
 /// Parses a JSON object body (empty = `{}`), or a 400 saying what is wrong. Unknown
 /// fields are ignored, as Fly does.
-pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
         b"{}"
     } else {

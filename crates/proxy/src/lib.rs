@@ -39,6 +39,11 @@ mod tcp;
 mod timer;
 mod upgrade;
 
+/// The HTTP/1.1 decoders of the fast path, for fuzzing and differential tests.
+pub use h1::{
+    decode_chunked_body, parse_head, read_request_head, AnswerHead, Chunk, Framing, RequestHead,
+};
+
 use bazaar_agent::Agent;
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -366,6 +366,20 @@ mod tests {
         assert_eq!(cfg.driver(), "oci");
     }
 
+    /// Found by fuzzing: without serde_json's exact float parsing, a number in an unknown
+    /// field changed by one unit in the last place each time the config went through JSON.
+    #[test]
+    fn unknown_numbers_survive_round_trips_exactly() {
+        let json = format!(
+            r#"{{"image":"x","guest":{{"cpus":1,"x":{}56}}}}"#,
+            "2".repeat(110)
+        );
+        let first: MachineConfig = serde_json::from_str(&json).unwrap();
+        let again: MachineConfig =
+            serde_json::from_str(&serde_json::to_string(&first).unwrap()).unwrap();
+        assert_eq!(again, first);
+    }
+
     #[test]
     fn autostop_reads_bools_and_strings_and_writes_fly_style() {
         let s: MachineService =

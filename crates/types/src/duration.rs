@@ -28,7 +28,9 @@ pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
         }
         return Ok(Duration::from_secs_f64(secs));
     }
-    let mut total = 0f64;
+    // Each number is read as an exact count of nanoseconds (no float rounding), so that
+    // what `format_go_duration` writes reads back to the same duration.
+    let mut total_ns: u128 = 0;
     let mut rest = text;
     while !rest.is_empty() {
         let num_len = rest
@@ -37,42 +39,70 @@ pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
         if num_len == 0 {
             return Err(format!("invalid duration {text:?}"));
         }
-        let value: f64 = rest[..num_len]
-            .parse()
-            .map_err(|_| format!("invalid duration {text:?}"))?;
+        let number = &rest[..num_len];
         rest = &rest[num_len..];
         let unit_len = rest
             .find(|c: char| c.is_ascii_digit() || c == '.')
             .unwrap_or(rest.len());
-        let scale = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
+        let unit_ns: u128 = match &rest[..unit_len] {
+            "ns" => 1,
+            "us" | "µs" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
             unit => return Err(format!("unknown unit {unit:?} in duration {text:?}")),
         };
         rest = &rest[unit_len..];
-        total += value * scale;
+        total_ns = nanos_of(number, unit_ns)
+            .and_then(|n| total_ns.checked_add(n))
+            .filter(|n| *n <= MAX_NANOS)
+            .ok_or_else(|| format!("duration {text:?} out of range or invalid"))?;
     }
-    if total > 1e9 {
-        return Err(format!("duration {text:?} out of range"));
-    }
-    Ok(Duration::from_secs_f64(total))
+    Ok(Duration::from_nanos(total_ns as u64))
 }
 
-/// Formats a duration the way Go's `time.Duration.String` does for common values.
+/// Longest duration read from a string (1e9 s, as for bare numbers).
+const MAX_NANOS: u128 = 1_000_000_000 * 1_000_000_000;
+
+/// `number` (digits with at most one `.`) of a unit of `unit_ns` nanoseconds, in whole
+/// nanoseconds (digits below a nanosecond dropped).
+fn nanos_of(number: &str, unit_ns: u128) -> Option<u128> {
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if (whole.is_empty() && fraction.is_empty()) || fraction.contains('.') {
+        return None;
+    }
+    let whole: u128 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().ok()?
+    };
+    // 19 digits are below a nanosecond of an hour; 10^19 × an hour fits in a u128.
+    let fraction = &fraction[..fraction.len().min(19)];
+    let fraction_ns = if fraction.is_empty() {
+        0
+    } else {
+        fraction.parse::<u128>().ok()? * unit_ns / 10u128.pow(fraction.len() as u32)
+    };
+    whole.checked_mul(unit_ns)?.checked_add(fraction_ns)
+}
+
+/// Formats a duration the way Go's `time.Duration.String` does (`"0s"`, `"1.5ms"`,
+/// `"500µs"`, `"2m0s"`, `"1h0m0.25s"`), to the nanosecond.
 pub fn format_go_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms == 0 {
+    let ns = d.as_nanos();
+    if ns == 0 {
         return "0s".into();
     }
-    if !ms.is_multiple_of(1000) {
-        if ms < 1000 {
-            return format!("{ms}ms");
-        }
-        return format!("{}s", d.as_secs_f64());
+    if ns < 1_000_000_000 {
+        let (unit, per) = if ns < 1_000 {
+            ("ns", 1)
+        } else if ns < 1_000_000 {
+            ("µs", 1_000)
+        } else {
+            ("ms", 1_000_000)
+        };
+        return format!("{}{unit}", decimal(ns, per));
     }
     let secs = d.as_secs();
     let (h, m, s) = (secs / 3600, (secs % 3600) / 60, secs % 60);
@@ -83,8 +113,20 @@ pub fn format_go_duration(d: Duration) -> String {
     if h > 0 || m > 0 {
         out.push_str(&format!("{m}m"));
     }
-    out.push_str(&format!("{s}s"));
+    let s_ns = u128::from(s) * 1_000_000_000 + u128::from(d.subsec_nanos());
+    out.push_str(&format!("{}s", decimal(s_ns, 1_000_000_000)));
     out
+}
+
+/// `n / per` in decimal, without trailing zeros (`per` a power of ten).
+fn decimal(n: u128, per: u128) -> String {
+    let (whole, fraction) = (n / per, n % per);
+    if fraction == 0 {
+        return whole.to_string();
+    }
+    let width = per.ilog10() as usize;
+    let fraction = format!("{fraction:0width$}");
+    format!("{whole}.{}", fraction.trim_end_matches('0'))
 }
 
 impl Serialize for GoDuration {
@@ -157,5 +199,28 @@ mod tests {
         assert_eq!(d.get(), Duration::from_secs(120));
         assert_eq!(serde_json::to_string(&d).unwrap(), "\"2m0s\"");
         assert!(serde_json::from_str::<GoDuration>("-5").is_err());
+    }
+
+    /// Found by fuzzing: sub-millisecond parts were dropped when written (a check timeout
+    /// of `.5ms` became `0s` once the config went through JSON).
+    #[test]
+    fn durations_are_written_as_go_does_and_read_back_exactly() {
+        for (text, written) in [
+            ("500us", "500µs"),
+            (".500ms", "500µs"),
+            ("1.5ms", "1.5ms"),
+            ("1ns", "1ns"),
+            ("90s", "1m30s"),
+            ("1h0.000000001s", "1h0m0.000000001s"),
+            ("1.25s", "1.25s"),
+            ("0s", "0s"),
+        ] {
+            let d = parse_go_duration(text).unwrap();
+            assert_eq!(format_go_duration(d), written, "{text}");
+            assert_eq!(parse_go_duration(written).unwrap(), d, "{written}");
+        }
+        assert!(parse_go_duration("1.2.3s").is_err());
+        assert!(parse_go_duration(".s").is_err());
+        assert!(parse_go_duration("99999999999999999999999999h").is_err());
     }
 }

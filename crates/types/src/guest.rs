@@ -108,11 +108,9 @@ impl Guest {
             .strip_suffix('x')
             .and_then(|n| n.parse().ok())
             .ok_or_else(|| format!("unknown size {name:?}"))?;
-        let memory_mb = if kind == "shared" {
-            256 * cpus
-        } else {
-            2048 * cpus
-        };
+        // Saturating: any count the name may carry is refused by `validate` below, not
+        // by an overflow (found by fuzzing: `shared-cpu-<2^62>x`).
+        let memory_mb = cpus.saturating_mul(if kind == "shared" { 256 } else { 2048 });
         let guest = Guest {
             cpu_kind: kind.into(),
             cpus,
@@ -129,6 +127,17 @@ impl Guest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn presets_with_huge_counts_are_refused() {
+        for name in [
+            "shared-cpu-36028797018963968x",
+            "performance-9223372036854775807x",
+            "shared-cpu--9223372036854775808x",
+        ] {
+            assert!(Guest::preset(name).is_err(), "{name}");
+        }
+    }
 
     #[test]
     fn presets_match_fly() {

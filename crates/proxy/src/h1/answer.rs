@@ -21,7 +21,7 @@ const MAX_LINE_BYTES: usize = 4096;
 
 /// How a response's body is delimited (RFC 9112 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) enum Framing {
+pub enum Framing {
     /// This many bytes are left.
     Length(u64),
     Chunked(Chunk),
@@ -31,7 +31,7 @@ pub(super) enum Framing {
 
 /// Where a chunked body's decoder is.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) enum Chunk {
+pub enum Chunk {
     /// At a chunk-size line.
     Size,
     /// In a chunk's data, with this many bytes left.
@@ -42,7 +42,9 @@ pub(super) enum Chunk {
     Trailers,
 }
 
-pub(super) struct Head {
+/// A machine's answer head as the fast path reads it.
+#[derive(Debug)]
+pub struct Head {
     /// Bytes of the head.
     pub len: usize,
     pub status: StatusCode,
@@ -52,7 +54,7 @@ pub(super) struct Head {
 }
 
 /// The response head at the start of `buf`: `None` while incomplete.
-pub(super) fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<Head>, String> {
+pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<Head>, String> {
     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Response::new(&mut slots);
     let len = match parsed.parse(buf) {
@@ -306,6 +308,33 @@ fn decode_chunked(buf: &mut BytesMut, state: Chunk) -> Result<Decoded, BodyError
     })
 }
 
+/// Decodes the chunked body at the start of `raw` as the fast path does when it arrives
+/// `step` bytes at a time (`step` ≥ 1): the body's data and how many bytes of `raw` it took.
+/// For fuzzing and tests; the proxy itself decodes as the client reads.
+pub fn decode_chunked_body(raw: &[u8], step: usize) -> Result<(Vec<u8>, usize), String> {
+    let step = step.max(1);
+    let mut buf = BytesMut::new();
+    let mut state = Chunk::Size;
+    let mut out = Vec::new();
+    let mut fed = 0;
+    loop {
+        match decode_chunked(&mut buf, state).map_err(|e| e.0)? {
+            Decoded::Data(d, next) => {
+                out.extend_from_slice(&d);
+                state = next;
+            }
+            Decoded::Moved(next) => state = next,
+            Decoded::End => return Ok((out, fed - buf.len())),
+            Decoded::NeedMore if fed >= raw.len() => return Err("chunked body: cut short".into()),
+            Decoded::NeedMore => {
+                let end = (fed + step).min(raw.len());
+                buf.extend_from_slice(&raw[fed..end]);
+                fed = end;
+            }
+        }
+    }
+}
+
 /// A body that could not be read to its end.
 #[derive(Debug)]
 pub(crate) struct BodyError(String);
@@ -429,28 +458,8 @@ mod tests {
         }
     }
 
-    /// Decodes a chunked body fed `step` bytes at a time.
-    fn dechunk(raw: &[u8], step: usize) -> Result<Vec<u8>, BodyError> {
-        let mut buf = BytesMut::new();
-        let mut state = Chunk::Size;
-        let mut out = Vec::new();
-        let mut fed = 0;
-        loop {
-            match decode_chunked(&mut buf, state)? {
-                Decoded::Data(d, next) => {
-                    out.extend_from_slice(&d);
-                    state = next;
-                }
-                Decoded::Moved(next) => state = next,
-                Decoded::End => return Ok(out),
-                Decoded::NeedMore if fed >= raw.len() => return Err(BodyError("truncated".into())),
-                Decoded::NeedMore => {
-                    let end = (fed + step).min(raw.len());
-                    buf.extend_from_slice(&raw[fed..end]);
-                    fed = end;
-                }
-            }
-        }
+    fn dechunk(raw: &[u8], step: usize) -> Result<Vec<u8>, String> {
+        decode_chunked_body(raw, step).map(|(data, _)| data)
     }
 
     #[test]

@@ -20,11 +20,13 @@ pub(crate) mod server;
 
 use crate::pool::SendError;
 pub(crate) use answer::FastBody;
-use answer::{parse_head, Framing, Streaming};
+use answer::Streaming;
+pub use answer::{decode_chunked_body, parse_head, Chunk, Framing, Head as AnswerHead};
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH};
 use http::{HeaderMap, Method, Response, StatusCode};
 use rustc_hash::FxHashMap;
+pub use server::{read_request_head, RequestHead};
 use std::cell::RefCell;
 use std::io;
 use std::net::SocketAddr;

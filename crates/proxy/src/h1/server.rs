@@ -297,6 +297,48 @@ fn build_parts(
     Ok(parts)
 }
 
+/// What this server makes of the first bytes of a connection (the decision `serve`
+/// takes on a request head), for fuzzing and the differential tests against hyper's parser.
+#[derive(Debug)]
+pub enum RequestHead {
+    /// The head is not whole yet.
+    Partial,
+    /// The connection goes to hyper's server.
+    HandOff,
+    /// Served here: the request as it is passed on, the length of its head, and of its body.
+    Served {
+        parts: Box<http::request::Parts>,
+        head_len: usize,
+        content_length: u64,
+        keep_alive: bool,
+    },
+}
+
+/// Reads the request head at the start of `buf` as `serve` does; `Err`: the client gets
+/// a 400 (or a 431 for a head over 64 KiB) and the connection is closed.
+pub fn read_request_head(buf: &[u8]) -> Result<RequestHead, String> {
+    if buf.starts_with(b"PRI") {
+        return Ok(RequestHead::HandOff);
+    }
+    let mut spans = HeaderSpans::new();
+    let head = match inspect(buf, &mut spans)? {
+        None if buf.len() > MAX_HEAD_BYTES => return Err("the request head is too large".into()),
+        None => return Ok(RequestHead::Partial),
+        Some(None) => return Ok(RequestHead::HandOff),
+        Some(Some(head)) if head.len > MAX_HEAD_BYTES => {
+            return Err("the request head is too large".into())
+        }
+        Some(Some(head)) => head,
+    };
+    let parts = build_parts(&head, &spans, &Bytes::copy_from_slice(&buf[..head.len]))?;
+    Ok(RequestHead::Served {
+        parts: Box::new(parts),
+        head_len: head.len,
+        content_length: head.content_length,
+        keep_alive: head.keep_alive,
+    })
+}
+
 /// Writes `resp` to the client; `Ok(false)` when the connection must close after it.
 async fn write_response(
     stream: &mut TcpStream,

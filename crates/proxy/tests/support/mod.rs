@@ -1,0 +1,3 @@
+//! Helpers of the proxy's tests.
+
+pub mod hyper_reference;

@@ -1,0 +1,28 @@
+//! The machine config decoder, as the Machines API reads a create request
+//! (`bazaar_api::parse_body` into `CreateMachineRequest`) and the agent checks it
+//! (`validate_config`). Properties: a config that decodes re-encodes to JSON that decodes to
+//! the same value, and is judged the same (valid or not) both times; nothing panics.
+#![no_main]
+
+use bazaar_agent::agent::validate_config;
+use bazaar_api::machines::CreateMachineRequest;
+use bazaar_api::parse_body;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|body: &[u8]| {
+    let Ok(req) = parse_body::<CreateMachineRequest>(body) else {
+        return;
+    };
+    let Some(config) = req.config else {
+        return;
+    };
+    let verdict = validate_config(&config).map_err(|e| e.to_string());
+    let json = serde_json::to_vec(&serde_json::json!({ "config": config }))
+        .expect("a decoded config encodes");
+    let again = parse_body::<CreateMachineRequest>(&json)
+        .unwrap_or_else(|e| panic!("the re-encoded config does not decode: {e:?}"))
+        .config
+        .expect("the config is still there");
+    assert_eq!(again, config, "the config changed through JSON");
+    assert_eq!(validate_config(&again).map_err(|e| e.to_string()), verdict);
+});
