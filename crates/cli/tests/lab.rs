@@ -407,17 +407,24 @@ async fn a_lab_fleet_places_partitions_heals_survives_kills_and_comes_down_clean
     t.cli(&["thaw", "h3"]);
     // Every catalog: a suspicion left over from the partition (its timer lost when its
     // prober rejoined under a new identity) used to keep hosts suspect for a minute.
-    until(20, "every host sees every host alive after thaw", || async {
-        for api in &apis {
-            let Some(c) = api.catalog().await else {
-                return false;
-            };
-            if addrs.iter().any(|a| c.get(a).map(String::as_str) != Some("alive")) {
-                return false;
+    until(
+        20,
+        "every host sees every host alive after thaw",
+        || async {
+            for api in &apis {
+                let Some(c) = api.catalog().await else {
+                    return false;
+                };
+                if addrs
+                    .iter()
+                    .any(|a| c.get(a).map(String::as_str) != Some("alive"))
+                {
+                    return false;
+                }
             }
-        }
-        true
-    })
+            true
+        },
+    )
     .await;
 
     // Kill h2's agent: its workload keeps running (same pid); restart: the machine is
