@@ -10,11 +10,12 @@
 //!   time from the end of `heal` until every host's catalog digest is the same and every
 //!   host lists all hosts alive (digests and host lists polled every 100 ms);
 //! - creates/s: process machines (`sleep`) created through 5 API nodes at once, placed
-//!   anywhere by the market (`region: any`; a create answers once the owner stored it);
+//!   anywhere by the market (`region: any`; a create answers once the owner stored it),
+//!   first on fresh hosts, then again on hosts that already run machines;
 //! - agent memory (RSS) per host, idle and with the machines.
 //!
 //! Run as root: `cargo bench -p bazaar --bench lab`. Environment: `BAZAAR_LAB_HOSTS` (50),
-//! `BAZAAR_LAB_CHANGES` (60), `BAZAAR_LAB_PARTITION_SECS` (30), `BAZAAR_LAB_CREATES` (250).
+//! `BAZAAR_LAB_CHANGES` (60), `BAZAAR_LAB_PARTITION_SECS` (30), `BAZAAR_LAB_CREATES` (250, twice).
 //! The lab is taken down at the end, also when the bench fails.
 
 use bazaar_lab::{AgentSettings, Lab, UpOptions};
@@ -156,6 +157,41 @@ async fn propagate(origin: &Host, others: &[Host], app: &str) -> Vec<Option<Dura
         out.push(p.await.unwrap());
     }
     out
+}
+
+/// Creates `total` machines through `apis`, `IN_FLIGHT` at a time through each; answers
+/// (acknowledged, failed, creates/s).
+async fn create_many(apis: &[Host], body: &Value, total: usize) -> (usize, usize, f64) {
+    let per_client = total.div_ceil(apis.len() * IN_FLIGHT);
+    let started = Instant::now();
+    let clients: Vec<_> = (0..apis.len() * IN_FLIGHT)
+        .map(|c| {
+            let host = apis[c % apis.len()].clone();
+            let body = body.clone();
+            tokio::spawn(async move {
+                let (mut ok, mut failed) = (0usize, 0usize);
+                for _ in 0..per_client {
+                    match host.post("/v1/apps/load/machines", body.clone()).await {
+                        Some((s, _)) if s.is_success() => ok += 1,
+                        other => {
+                            failed += 1;
+                            if failed <= 3 {
+                                eprintln!("create failed: {other:?}");
+                            }
+                        }
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+    let (mut ok, mut failed) = (0, 0);
+    for c in clients {
+        let (o, f) = c.await.expect("client task");
+        ok += o;
+        failed += f;
+    }
+    (ok, failed, ok as f64 / started.elapsed().as_secs_f64())
 }
 
 /// Runs `f` on every host at once; answers the results in order.
@@ -323,37 +359,12 @@ fn main() {
         },
         "region": "any",
     });
-    let per_client = creates.div_ceil(API_NODES * IN_FLIGHT);
-    let started = Instant::now();
-    let (ok, failed) = rt.block_on(async {
-        let clients = (0..API_NODES * IN_FLIGHT).map(|c| {
-            let host = hosts[c % API_NODES].clone();
-            let body = body.clone();
-            tokio::spawn(async move {
-                let (mut ok, mut failed) = (0usize, 0usize);
-                for _ in 0..per_client {
-                    match host.post("/v1/apps/load/machines", body.clone()).await {
-                        Some((s, _)) if s.is_success() => ok += 1,
-                        other => {
-                            failed += 1;
-                            if failed <= 3 {
-                                eprintln!("create failed: {other:?}");
-                            }
-                        }
-                    }
-                }
-                (ok, failed)
-            })
-        });
-        let mut total = (0, 0);
-        for c in clients.collect::<Vec<_>>() {
-            let (o, f) = c.await.unwrap();
-            total.0 += o;
-            total.1 += f;
-        }
-        total
-    });
-    let create_secs = started.elapsed().as_secs_f64();
+    // Twice: on fresh hosts (a host's first machine also sets up its machine network:
+    // bridge, nftables), then on hosts that already run machines.
+    let cold = rt.block_on(create_many(&hosts[..API_NODES], &body, creates));
+    std::thread::sleep(Duration::from_secs(5));
+    let warm = rt.block_on(create_many(&hosts[..API_NODES], &body, creates));
+    let ok = cold.0 + warm.0;
     std::thread::sleep(Duration::from_secs(3));
     let busy = rss_mib(&lab);
 
@@ -396,11 +407,12 @@ fn main() {
             d.as_secs_f64()
         ))
     );
-    println!(
-        "| creates/s through {API_NODES} API nodes ({ok} ok, {failed} failed, {} in flight) | {:.0} |",
-        API_NODES * IN_FLIGHT,
-        ok as f64 / create_secs
-    );
+    for (what, (ok, failed, rate)) in [("fresh hosts", cold), ("hosts with machines", warm)] {
+        println!(
+            "| creates/s through {API_NODES} API nodes, {what} ({ok} ok, {failed} failed, {} in flight) | {rate:.1} |",
+            API_NODES * IN_FLIGHT
+        );
+    }
     println!(
         "| agent RSS per host, idle: mean / max | {:.0} / {:.0} MiB |",
         idle.0, idle.1
