@@ -209,27 +209,45 @@ where
     out
 }
 
-/// Polls every host until all have the same digest and list `n` hosts alive; answers how
-/// long it took (`None`: not within `within`).
-async fn until_agreed(hosts: &[Host], n: usize, within: Duration) -> Option<Duration> {
+/// When the catalogs agreed after a heal, from the start of polling.
+#[derive(Debug, Default)]
+struct Agreement {
+    /// Every host's digest (its rows) the same.
+    rows: Option<Duration>,
+    /// Every host lists `n` hosts alive.
+    alive: Option<Duration>,
+    /// Both at once.
+    both: Option<Duration>,
+}
+
+/// Polls every host until all have the same digest and list `n` hosts alive (at most
+/// `within`).
+async fn until_agreed(hosts: &[Host], n: usize, within: Duration) -> Agreement {
     let start = Instant::now();
+    let mut seen = Agreement::default();
     while start.elapsed() < within {
         let views = all(
             hosts,
             |h| async move { (h.digest().await, h.alive().await) },
         )
         .await;
+        let now = start.elapsed();
         let first = &views[0].0;
-        if first.is_some()
-            && views
-                .iter()
-                .all(|(d, alive)| d == first && *alive == Some(n))
-        {
-            return Some(start.elapsed());
+        let rows = first.is_some() && views.iter().all(|(d, _)| d == first);
+        let alive = views.iter().all(|(_, a)| *a == Some(n));
+        if rows {
+            seen.rows.get_or_insert(now);
+        }
+        if alive {
+            seen.alive.get_or_insert(now);
+        }
+        if rows && alive {
+            seen.both = Some(now);
+            return seen;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    None
+    seen
 }
 
 fn rss_mib(lab: &Lab) -> (f64, f64) {
@@ -400,12 +418,16 @@ fn main() {
         "| {partition_secs} s partition of 10 hosts: heal applied (nftables, {n} hosts) | {:.1} s |",
         heal_took.as_secs_f64()
     );
+    let secs = |d: Option<Duration>| {
+        d.map_or("not within 120 s".to_string(), |d| {
+            format!("{:.1} s", d.as_secs_f64())
+        })
+    };
     println!(
-        "| then until every catalog agrees and lists all {n} alive | {} |",
-        agreed.map_or("not within 120 s".to_string(), |d| format!(
-            "{:.1} s",
-            d.as_secs_f64()
-        ))
+        "| then until every catalog agrees and lists all {n} alive | {} (rows first agreed {}, all alive first {}) |",
+        secs(agreed.both),
+        secs(agreed.rows),
+        secs(agreed.alive)
     );
     for (what, (ok, failed, rate)) in [("fresh hosts", cold), ("hosts with machines", warm)] {
         println!(
