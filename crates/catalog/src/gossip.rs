@@ -4,7 +4,7 @@
 //! clock and a sequence number inside their tag; stale and replayed ones are refused
 //! ([`ReplayGuard`]), and every row a broadcast carries is checked against its owner's key.
 
-use crate::membership::NodeIdentity;
+use crate::membership::{NodeIdentity, SuspicionTimeouts};
 use crate::node::{Command, Counters, Shared};
 use crate::replica::Kind;
 use crate::wire::{self, BroadcastItem, Goodbye, Refusal, ReplayGuard, DGRAM_GOODBYE, DGRAM_SWIM};
@@ -152,6 +152,7 @@ pub(crate) struct Gossip {
     /// The sequence number of the last datagram sent.
     sent: u64,
     replays: ReplayGuard,
+    suspicions: SuspicionTimeouts,
 }
 
 impl Gossip {
@@ -174,6 +175,10 @@ impl Gossip {
             fresh: fresh.clone(),
         };
         let swim_config = shared.config.foca();
+        let suspicions = SuspicionTimeouts::new(
+            swim_config.suspect_to_down_after,
+            shared.config.probe_period * 2,
+        );
         let swim = Foca::with_custom_broadcast(
             identity,
             swim_config.clone(),
@@ -194,6 +199,7 @@ impl Gossip {
             commands,
             sent: 0,
             replays: ReplayGuard::default(),
+            suspicions,
         }
     }
 
@@ -325,6 +331,19 @@ impl Gossip {
         for d in due {
             if let Err(e) = self.swim.handle_timer(d.timer, &mut self.runtime) {
                 tracing::debug!(error = %e, "foca timer failed");
+            }
+        }
+        let overdue = self
+            .suspicions
+            .overdue(self.swim.iter_membership_state(), now);
+        if !overdue.is_empty() {
+            tracing::info!(
+                ?overdue,
+                "suspicions outlived their timeout: declaring down"
+            );
+            let downs = overdue.into_iter().map(foca::Member::down);
+            if let Err(e) = self.swim.apply_many(downs, true, &mut self.runtime) {
+                tracing::debug!(error = %e, "declaring suspects down failed");
             }
         }
         self.refresh_members();
