@@ -287,6 +287,7 @@ fn main() {
             memory_mb: Some(8192),
             cpus: Some(64),
             dead_after_ms: None,
+            replace_after_ms: None,
         },
     })
     .expect("lab up");
