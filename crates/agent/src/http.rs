@@ -80,6 +80,7 @@ pub fn router(agent: Agent) -> Router {
         )
         .route("/snapshots/{id}", get(snapshot_get))
         .merge(crate::images::routes())
+        .merge(crate::ledger_dump::routes())
         .layer(middleware::from_fn_with_state(
             agent.clone(),
             require_cluster_secret,
