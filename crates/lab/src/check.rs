@@ -256,16 +256,10 @@ fn check_ledgers(h: &History, v: &mut Vec<Violation>) -> usize {
         }
     }
     for s in &h.end.ledgers {
-        let Some(host_id) = h.host_ids.get(&s.host) else {
+        let Some(held) = h.end.held.get(&s.host) else {
             continue;
         };
-        let held: BTreeSet<&str> = h
-            .end
-            .truth
-            .iter()
-            .filter(|m| &m.host_id == host_id)
-            .map(|m| m.id.as_str())
-            .collect();
+        let held: BTreeSet<&str> = held.iter().map(String::as_str).collect();
         let counted: BTreeSet<&str> = s.committed.keys().map(String::as_str).collect();
         if held != counted {
             let extra: Vec<&&str> = counted.difference(&held).collect();
@@ -297,9 +291,11 @@ fn check_convergence(h: &History, bounds: &Bounds, v: &mut Vec<Violation>) {
                 let seen: BTreeSet<&MachineView> = rows.iter().collect();
                 for m in truth.difference(&seen).take(3) {
                     diffs.push(format!("{node} lacks or differs on {m:?}"));
+                    diffs.extend(excerpt(h, Some(&m.id), Some(&m.name)));
                 }
                 for m in seen.difference(&truth).take(3) {
                     diffs.push(format!("{node} shows {m:?}, which no owner holds so"));
+                    diffs.extend(excerpt(h, Some(&m.id), Some(&m.name)));
                 }
             }
             v.push(Violation {
@@ -556,6 +552,11 @@ mod tests {
                     ledger("h1", 2000, &[("m1", 512)]),
                     ledger("h2", 2000, &[("m3", 512)]),
                 ],
+                held: [
+                    ("h1".into(), vec!["m1".into()]),
+                    ("h2".into(), vec!["m3".into()]),
+                ]
+                .into(),
             },
         }
     }
@@ -580,6 +581,7 @@ mod tests {
         let mut h = clean();
         h.end.truth.retain(|m| m.id != "m1");
         h.end.ledgers[0].committed.clear();
+        h.end.held.insert("h1".into(), vec![]);
         h.end.catalogs.values_mut().for_each(|c| c.retain(|m| m.id != "m1"));
         let (row, v) = check(&h, &BOUNDS);
         assert_eq!(row.lost, 1);
@@ -669,6 +671,7 @@ mod tests {
         h.end.truth.retain(|m| m.id != "m1" && m.id != "m3");
         h.end.catalogs.values_mut().for_each(|c| c.clear());
         h.end.ledgers.iter_mut().for_each(|l| l.committed.clear());
+        h.end.held.values_mut().for_each(Vec::clear);
         h.ledgers.clear();
         assert_eq!(broken(&h), ["minority-refused"]);
         // Refusals for capacity are not a refused minority.

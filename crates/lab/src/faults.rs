@@ -90,8 +90,9 @@ const BOUNDS: Bounds = Bounds {
 };
 /// Failure detection in the lab (ms).
 const DEAD_AFTER_MS: u64 = 2000;
-/// Memory each host offers (MB): a workload machine takes 128, a web machine 64.
-const HOST_MEMORY_MB: u64 = 1024;
+/// Memory each host offers (MB): a workload or web machine takes 256 (the least for a
+/// shared CPU).
+const HOST_MEMORY_MB: u64 = 2048;
 /// How long the runner waits for the catalogs to agree after a heal.
 const CONVERGE_WAIT: Duration = Duration::from_secs(30);
 /// Deadline of one Machines API call.
@@ -106,9 +107,17 @@ pub struct FaultRun {
     pub history: History,
 }
 
+/// What a whole run answers: every fault run, and the plan of the lab it used (to check
+/// that nothing of it is left).
+#[derive(Debug, Clone)]
+pub struct FaultReport {
+    pub runs: Vec<FaultRun>,
+    pub plan: crate::LabPlan,
+}
+
 /// Brings up a lab, runs every fault of `opts` and takes the lab down (also on error or
 /// panic); `each` sees every run as it ends.
-pub fn run(opts: &FaultOptions, mut each: impl FnMut(&FaultRun)) -> anyhow::Result<Vec<FaultRun>> {
+pub fn run(opts: &FaultOptions, mut each: impl FnMut(&FaultRun)) -> anyhow::Result<FaultReport> {
     for f in &opts.faults {
         anyhow::ensure!(
             ALL.contains(&f.as_str()),
@@ -145,8 +154,9 @@ pub fn run(opts: &FaultOptions, mut each: impl FnMut(&FaultRun)) -> anyhow::Resu
         }
     }
     let lab = guard.0.take().expect("the lab is up");
+    let plan = lab.plan().clone();
     lab.down()?;
-    Ok(runs)
+    Ok(FaultReport { runs, plan })
 }
 
 /// Takes the lab down when dropped (a failed or panicking run included).
@@ -205,7 +215,7 @@ fn start_web(lab: &Lab) -> anyhow::Result<BTreeMap<String, String>> {
             "config": {
                 "image": "process", "driver": "process",
                 "init": {"exec": ["sh", "-c", "cd / && exec python3 -m http.server $PORT"]},
-                "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 64},
+                "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256},
                 "services": [{"internal_port": 8080, "protocol": "tcp"}],
             },
         });
@@ -429,10 +439,20 @@ fn run_one(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    end.ledgers = nodes
-        .iter()
-        .filter_map(|n| ledger(n, &secret, shared.now_ms()))
-        .collect();
+    for n in &nodes {
+        let held = get_json(n.api, "/host/v1/machines", &secret).and_then(|v| {
+            v.as_array()?
+                .iter()
+                .filter(|m| m["state"] != "destroyed")
+                .map(|m| m["id"].as_str().map(str::to_string))
+                .collect::<Option<Vec<String>>>()
+        });
+        let sample = ledger(n, &secret, shared.now_ms());
+        if let (Some(held), Some(sample)) = (held, sample) {
+            end.held.insert(n.name.clone(), held);
+            end.ledgers.push(sample);
+        }
+    }
     let pids = watched
         .iter()
         .zip(before)
@@ -691,13 +711,13 @@ fn workload(client: usize, n: &Node, sh: &Shared, secret: &str, app: &str, live:
     }
 }
 
-/// A workload machine: a process that sleeps, 128 MB; `version` makes each update differ.
+/// A workload machine: a process that sleeps, 256 MB; `version` makes each update differ.
 fn load_config(version: u64) -> Value {
     json!({
         "image": "process", "driver": "process",
         "init": {"exec": ["sleep", "100000"]},
         "env": {"LOAD_VERSION": version.to_string()},
-        "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 128},
+        "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256},
     })
 }
 

@@ -189,6 +189,9 @@ pub struct EndState {
     pub converged_after_ms: Option<u64>,
     /// The last ledger of every host, taken with the truth.
     pub ledgers: Vec<LedgerSample>,
+    /// Lab host name → the ids of every machine it holds (of any app, not destroyed),
+    /// taken with the ledgers.
+    pub held: BTreeMap<String, Vec<String>>,
 }
 
 /// Everything one fault run recorded.
