@@ -6,7 +6,8 @@
 //!   acknowledged destroy stays destroyed; no id is held by two owners;
 //! - no host's committed plus reserved resources exceed its capacity in any sample, and at
 //!   the end every host's ledger counts exactly the machines it holds;
-//! - after the heal every node's catalog equals the owners' truth within a bound;
+//! - after the heal every node's catalog equals the owners' truth within a bound, and
+//!   every machine settles (no operation left under way);
 //! - during a partition each side places on its own hosts and is not refused;
 //! - the proxies of unimpaired hosts keep serving (error rate within a bound);
 //! - workloads that must outlive the fault keep their pids.
@@ -16,6 +17,9 @@
 
 use crate::history::{Call, History, MachineView, Op, Outcome};
 use std::collections::{BTreeMap, BTreeSet};
+
+/// States in which a machine waits for nothing (no operation of it is under way).
+pub const SETTLED: [&str; 4] = ["started", "stopped", "suspended", "failed"];
 
 /// Limits a run is held to.
 #[derive(Debug, Clone, Copy)]
@@ -56,7 +60,7 @@ impl Row {
 /// A broken invariant.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Violation {
-    /// Short name: `lost`, `duplicated`, `phantom`, `refused-exists`, `resurrected`,
+    /// Short name: `lost`, `duplicated`, `phantom`, `refused-exists`, `unsettled`, `resurrected`,
     /// `overcommit`, `ledger`, `converge`, `partition-side`, `minority-refused`, `proxy`,
     /// `pids`.
     pub invariant: &'static str,
@@ -219,6 +223,18 @@ fn check_machines(h: &History, v: &mut Vec<Violation>) -> (usize, usize) {
                     m.id, m.name, m.host_id
                 ),
                 excerpt: excerpt(h, Some(&m.id), None),
+            });
+        }
+    }
+    for m in &h.end.truth {
+        if !SETTLED.contains(&m.state.as_str()) {
+            v.push(Violation {
+                invariant: "unsettled",
+                detail: format!(
+                    "machine {} ({}) on {} is still {} at the end",
+                    m.id, m.name, m.host_id, m.state
+                ),
+                excerpt: excerpt(h, Some(&m.id), Some(&m.name)),
             });
         }
     }
@@ -606,6 +622,14 @@ mod tests {
         h.end.truth.push(view("m7", "c4", "id2"));
         let (row, _) = check(&h, &BOUNDS);
         assert_eq!(row.duplicated, 1);
+    }
+
+    #[test]
+    fn a_machine_left_mid_operation_is_unsettled() {
+        let mut h = clean();
+        h.end.truth[0].state = "created".into();
+        h.end.catalogs.values_mut().for_each(|c| c[0].state = "created".into());
+        assert_eq!(broken(&h), ["unsettled"]);
     }
 
     #[test]

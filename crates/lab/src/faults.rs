@@ -421,7 +421,7 @@ fn run_one(
         let _ = t.join();
     }
 
-    // The catalogs against the owners, until they agree.
+    // The catalogs against the owners, until they agree and every machine has settled.
     let apps = [app.clone(), "web".to_string()];
     let mut end = EndState::default();
     let wait_from = Instant::now();
@@ -430,8 +430,12 @@ fn run_one(
         end.catalogs = catalogs(&nodes, &secret, &apps);
         let agree = end.catalogs.len() == nodes.len()
             && end.catalogs.values().all(|c| *c == end.truth);
-        if agree {
+        if agree && end.converged_after_ms.is_none() {
             end.converged_after_ms = Some(shared.now_ms() - healed_ms);
+        }
+        // The checks look at the end once the operations still queued have run (an
+        // acknowledged destroy may be waiting behind a start).
+        if agree && end.truth.iter().all(|m| check::SETTLED.contains(&m.state.as_str())) {
             break;
         }
         if wait_from.elapsed() > CONVERGE_WAIT {
