@@ -276,7 +276,11 @@ fn run_faults(dir: PathBuf, f: FaultsArgs) -> anyhow::Result<()> {
     })?
     .runs;
     let matrix = bazaar_lab::faults::matrix(&runs);
-    println!("\n{matrix}\n{} run(s) in {} s", runs.len(), started.elapsed().as_secs());
+    println!(
+        "\n{matrix}\n{} run(s) in {} s",
+        runs.len(),
+        started.elapsed().as_secs()
+    );
     if let Some(out) = f.out {
         std::fs::write(&out, &matrix)?;
     }

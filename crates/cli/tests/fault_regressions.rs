@@ -101,5 +101,8 @@ async fn a_destroy_finished_across_a_crash_leaves_no_live_row_in_any_catalog() {
         get(&agents[0], "/v1/catalog/machines?app=gone").await,
         get(&agents[1], "/v1/catalog/machines?app=gone").await,
     ];
-    assert!(gone.is_ok(), "catalogs still list the destroyed machine: {rows:?}");
+    assert!(
+        gone.is_ok(),
+        "catalogs still list the destroyed machine: {rows:?}"
+    );
 }

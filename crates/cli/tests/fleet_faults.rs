@@ -44,15 +44,30 @@ fn every_fault_keeps_every_invariant() {
     assert_eq!(runs.len(), bazaar_lab::faults::ALL.len());
     let broken: Vec<String> = runs
         .iter()
-        .flat_map(|r| r.violations.iter().map(move |v| format!("{}: {v}", r.row.fault)))
+        .flat_map(|r| {
+            r.violations
+                .iter()
+                .map(move |v| format!("{}: {v}", r.row.fault))
+        })
         .collect();
-    assert!(broken.is_empty(), "broken invariants:\n{}", broken.join("\n"));
+    assert!(
+        broken.is_empty(),
+        "broken invariants:\n{}",
+        broken.join("\n")
+    );
     for r in runs {
-        assert!(r.row.acknowledged > 0, "{}: nothing acknowledged", r.row.fault);
+        assert!(
+            r.row.acknowledged > 0,
+            "{}: nothing acknowledged",
+            r.row.fault
+        );
     }
     // Nothing of the lab is left: no namespace, link or mount of it.
     let ip = |args: &[&str]| {
-        let out = std::process::Command::new("ip").args(args).output().unwrap();
+        let out = std::process::Command::new("ip")
+            .args(args)
+            .output()
+            .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let plan = &report.plan;

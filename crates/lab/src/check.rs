@@ -136,7 +136,10 @@ fn check_machines(h: &History, v: &mut Vec<Violation>) -> (usize, usize) {
     }
     let mut owners: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for m in &h.end.truth {
-        owners.entry(m.id.as_str()).or_default().push(m.host_id.as_str());
+        owners
+            .entry(m.id.as_str())
+            .or_default()
+            .push(m.host_id.as_str());
     }
     // A destroy that was tried and may have happened (acknowledged or unknown).
     let destroy_tried: BTreeSet<&str> = h
@@ -190,9 +193,7 @@ fn check_machines(h: &History, v: &mut Vec<Violation>) -> (usize, usize) {
                     duplicated += 1;
                     v.push(Violation {
                         invariant: "duplicated",
-                        detail: format!(
-                            "create {tag} was acknowledged as {id} but made {other}"
-                        ),
+                        detail: format!("create {tag} was acknowledged as {id} but made {other}"),
                         excerpt: excerpt(h, Some(id), Some(tag)),
                     });
                 } else if ids.is_empty() && !destroy_tried.contains(id.as_str()) {
@@ -258,7 +259,8 @@ fn check_ledgers(h: &History, v: &mut Vec<Violation>) -> usize {
     let mut overcommits = 0;
     for s in h.ledgers.iter().chain(&h.end.ledgers) {
         let cpus: u32 = s.committed.values().map(|r| r.cpus).sum::<u32>() + s.reserved.cpus;
-        let mem: u64 = s.committed.values().map(|r| r.memory_mb).sum::<u64>() + s.reserved.memory_mb;
+        let mem: u64 =
+            s.committed.values().map(|r| r.memory_mb).sum::<u64>() + s.reserved.memory_mb;
         if cpus > s.capacity.cpus || mem > s.capacity.memory_mb {
             overcommits += 1;
             v.push(Violation {
@@ -363,7 +365,10 @@ fn check_sides(h: &History, v: &mut Vec<Violation>) {
                 if side_of_host_id(host) != Some(i) {
                     v.push(Violation {
                         invariant: "partition-side",
-                        detail: format!("a create through {} was placed across the partition", c.node),
+                        detail: format!(
+                            "a create through {} was placed across the partition",
+                            c.node
+                        ),
                         excerpt: vec![c.to_string()],
                     });
                 }
@@ -598,12 +603,19 @@ mod tests {
         h.end.truth.retain(|m| m.id != "m1");
         h.end.ledgers[0].committed.clear();
         h.end.held.insert("h1".into(), vec![]);
-        h.end.catalogs.values_mut().for_each(|c| c.retain(|m| m.id != "m1"));
+        h.end
+            .catalogs
+            .values_mut()
+            .for_each(|c| c.retain(|m| m.id != "m1"));
         let (row, v) = check(&h, &BOUNDS);
         assert_eq!(row.lost, 1);
         assert_eq!(v.len(), 1, "{v:#?}");
         assert_eq!(v[0].invariant, "lost");
-        assert!(v[0].excerpt[0].contains("create load/c1"), "{:?}", v[0].excerpt);
+        assert!(
+            v[0].excerpt[0].contains("create load/c1"),
+            "{:?}",
+            v[0].excerpt
+        );
     }
 
     #[test]
@@ -628,7 +640,10 @@ mod tests {
     fn a_machine_left_mid_operation_is_unsettled() {
         let mut h = clean();
         h.end.truth[0].state = "created".into();
-        h.end.catalogs.values_mut().for_each(|c| c[0].state = "created".into());
+        h.end
+            .catalogs
+            .values_mut()
+            .for_each(|c| c[0].state = "created".into());
         assert_eq!(broken(&h), ["unsettled"]);
     }
 

@@ -13,11 +13,26 @@ use std::collections::BTreeMap;
 pub enum Op {
     /// A create; `tag` is the machine's name, unique per call, so a machine found later
     /// tells which call made it (also when that call's answer was lost).
-    Create { app: String, tag: String },
-    Update { app: String, id: String },
-    Stop { app: String, id: String },
-    Start { app: String, id: String },
-    Destroy { app: String, id: String },
+    Create {
+        app: String,
+        tag: String,
+    },
+    Update {
+        app: String,
+        id: String,
+    },
+    Stop {
+        app: String,
+        id: String,
+    },
+    Start {
+        app: String,
+        id: String,
+    },
+    Destroy {
+        app: String,
+        id: String,
+    },
 }
 
 impl Op {

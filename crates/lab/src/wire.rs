@@ -38,8 +38,7 @@ pub fn request(
     let _ = s.set_nodelay(true);
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
-        host.map(str::to_string)
-            .unwrap_or_else(|| addr.to_string())
+        host.map(str::to_string).unwrap_or_else(|| addr.to_string())
     );
     if !bearer.is_empty() {
         head.push_str(&format!("Authorization: Bearer {bearer}\r\n"));
@@ -90,7 +89,9 @@ fn parse(answer: &[u8]) -> Option<Reply> {
     let header = |name: &str| {
         head.lines().skip(1).find_map(|l| {
             let (k, v) = l.split_once(':')?;
-            k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
         })
     };
     let body = if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
@@ -120,7 +121,10 @@ mod tests {
             parse(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"),
             Some(Reply::Answer(200, "{}".into()))
         );
-        assert_eq!(parse(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}"), None);
+        assert_eq!(
+            parse(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}"),
+            None
+        );
         assert_eq!(parse(b"HTTP/1.1 200 OK\r\n"), None);
     }
 
