@@ -754,10 +754,12 @@ impl Agent {
     }
 
     /// Refreshes the revoked tokens, expires unclaimed reservations, collects old
-    /// tombstones, republishes the host record, starts scheduled machines that are due.
+    /// tombstones, republishes the host record, puts this host's catalog rows back in line
+    /// with its store, starts scheduled machines that are due.
     async fn housekeeping(&self) {
         self.refresh_revocations();
         self.publish_host().await;
+        self.reconcile_catalog();
         let now = now_ms();
         crate::schedule::start_due(self, now).await;
         {

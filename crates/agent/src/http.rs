@@ -81,6 +81,8 @@ pub fn router(agent: Agent) -> Router {
         .route("/snapshots/{id}", get(snapshot_get))
         .merge(crate::images::routes())
         .merge(crate::audit::routes())
+        .merge(crate::ledger_dump::routes())
+        .layer(middleware::from_fn(detached))
         .layer(middleware::from_fn_with_state(
             agent.clone(),
             require_cluster_secret,
@@ -104,6 +106,17 @@ pub fn router(agent: Agent) -> Router {
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(agent)
+}
+
+/// Runs a host-interface handler in a task of its own, so that a caller going away (an
+/// API node that crashed, a client that timed out) cannot cancel it between its durable
+/// write and what must follow (publishing the row, handing the operation to the
+/// machine's actor). Found by the fault suite (`crash`): a claim cut there left a machine
+/// recorded, never launched and in no catalog until the agent restarted.
+async fn detached(req: Request, next: Next) -> Response {
+    tokio::spawn(next.run(req)).await.unwrap_or_else(|e| {
+        AgentError::Internal(format!("the request's handler failed: {e}")).into_response()
+    })
 }
 
 /// A wrong method (the router's bare 405) answered in the Fly shape, `{"error": "method not

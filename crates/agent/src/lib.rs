@@ -57,6 +57,7 @@ pub mod identity;
 pub mod idranges;
 pub mod images;
 pub mod leases;
+pub mod ledger_dump;
 pub mod market;
 pub mod netlink;
 pub mod network;

@@ -25,6 +25,37 @@ impl Agent {
         }
     }
 
+    /// Puts this host's machine rows in the catalog back in line with its store: a live
+    /// row of a machine the store holds destroyed (or not at all) is tombstoned, a row
+    /// whose state is not the machine's is published again. A restart loses publishes: a
+    /// destroy that finishes while the catalog is not yet attached, or a tombstone for a
+    /// row this node has not yet learned back from its peers (`delete_machine` needs the
+    /// row), would leave the peers' last row live for good (found by the fault suite:
+    /// `crash`). Housekeeping calls it; it copies only this host's rows.
+    pub(crate) fn reconcile_catalog(&self) {
+        let Some(catalog) = self.0.catalog.get() else {
+            return;
+        };
+        let me = self.0.host_id.as_str();
+        let rows = catalog.machines_where(&bazaar_catalog::MachineFilter::default(), |m| {
+            m.host_id == me
+        });
+        for row in rows.into_iter().filter(|r| !r.deleted) {
+            match self.0.store.machine(&row.record.id) {
+                Ok(Some(rec)) if rec.state != MachineState::Destroyed => {
+                    if row.record.state != self.current_state(&rec).as_str() {
+                        self.publish(&rec);
+                    }
+                }
+                Ok(_) => {
+                    tracing::info!(machine.id = %row.record.id, "tombstoning a stale catalog row");
+                    catalog.delete_machine(&row.record.id);
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
     /// The catalog, once attached.
     pub fn catalog(&self) -> Option<&bazaar_catalog::Catalog> {
         self.0.catalog.get()

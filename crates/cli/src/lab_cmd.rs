@@ -2,6 +2,7 @@
 //! faults to inject into it. A thin front over [`bazaar_lab::Lab`]; each subcommand opens
 //! the lab from its directory's state file, acts and returns.
 
+use bazaar_lab::faults::FaultOptions;
 use bazaar_lab::{AgentSettings, Lab, UpOptions};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -57,6 +58,25 @@ enum LabCommand {
     FreeDisk { host: String },
     /// Remove the lab: processes, namespaces, links, rules, mounts (logs stay).
     Down,
+    /// The fault suite: a lab of its own in DIR, each fault injected under a workload,
+    /// healed and checked (docs/RELIABILITY.md); prints the matrix, fails on a violation.
+    Faults(FaultsArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct FaultsArgs {
+    /// Every fault several times on 4 hosts with more clients (the soak run).
+    #[arg(long)]
+    long: bool,
+    /// Only these faults (default: all).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Rounds (default: 1, or 3 with --long).
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Also write the matrix (markdown) to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -106,6 +126,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
             println!("lab down: {} removed", dir.display());
             return Ok(());
         }
+        LabCommand::Faults(f) => return run_faults(dir, f),
         _ => {}
     }
     let mut lab = Lab::open(&dir)?;
@@ -157,7 +178,9 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
             lab.free_disk(&host)?;
             println!("{host}: disk freed");
         }
-        LabCommand::Up(_) | LabCommand::Status | LabCommand::Down => unreachable!("handled above"),
+        LabCommand::Up(_) | LabCommand::Status | LabCommand::Down | LabCommand::Faults(_) => {
+            unreachable!("handled above")
+        }
     }
     Ok(())
 }
@@ -226,6 +249,48 @@ fn run_up(dir: PathBuf, up: UpArgs) -> anyhow::Result<()> {
         lab.env_file().display(),
         lab.env_file().display()
     );
+    Ok(())
+}
+
+fn run_faults(dir: PathBuf, f: FaultsArgs) -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?;
+    let mut opts = if f.long {
+        FaultOptions::long(dir, exe)
+    } else {
+        FaultOptions::ci(dir, exe)
+    };
+    if !f.only.is_empty() {
+        opts.faults = f.only;
+    }
+    if let Some(r) = f.rounds {
+        opts.rounds = r;
+    }
+    let started = std::time::Instant::now();
+    let runs = bazaar_lab::faults::run(&opts, |run| {
+        println!(
+            "{} (round {}): {} ops, {} acknowledged, {} violation(s)",
+            run.row.fault,
+            run.round,
+            run.row.tried,
+            run.row.acknowledged,
+            run.violations.len()
+        );
+        for v in &run.violations {
+            println!("  {v}");
+        }
+    })?
+    .runs;
+    let matrix = bazaar_lab::faults::matrix(&runs);
+    println!(
+        "\n{matrix}\n{} run(s) in {} s",
+        runs.len(),
+        started.elapsed().as_secs()
+    );
+    if let Some(out) = f.out {
+        std::fs::write(&out, &matrix)?;
+    }
+    let broken = runs.iter().filter(|r| !r.violations.is_empty()).count();
+    anyhow::ensure!(broken == 0, "{broken} fault run(s) broke an invariant");
     Ok(())
 }
 

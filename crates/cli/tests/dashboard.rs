@@ -357,6 +357,36 @@ async fn dashboard_in_a_browser() {
         .contains("web"));
     screenshot(&browser, "apps").await;
 
+    // A read-only token sees everything and has no working action.
+    let read_only = bazaar_testkit::tokens::mint(&bazaar_auth::Scope {
+        read_only: true,
+        ..Default::default()
+    });
+    browser
+        .goto(&format!("{ui}/apps/web#token={read_only}"))
+        .await
+        .unwrap();
+    until_text(&browser, &state, "stopped", Duration::from_secs(5)).await;
+    let actions = browser
+        .find_all(Locator::Css("button[data-action]"))
+        .await
+        .unwrap();
+    assert!(actions.is_empty(), "{} action buttons", actions.len());
+    screenshot(&browser, "app-read-only").await;
+    // A token limited to some apps cannot see the whole fleet: it is not signed in.
+    let app_only = bazaar_testkit::tokens::mint(&bazaar_auth::Scope {
+        apps: ["web".to_string()].into(),
+        ..Default::default()
+    });
+    let status = reqwest::Client::new()
+        .get(format!("{ui}/apps"))
+        .header("cookie", format!("bazaar_ui={app_only}"))
+        .send()
+        .await
+        .unwrap();
+    let body = status.text().await.unwrap();
+    assert!(!body.contains(&id), "an app-scoped token sees no machine");
+
     let errors = console_errors(&browser).await;
     assert!(errors.is_empty(), "console errors: {errors:#?}");
     browser.close().await.unwrap();

@@ -9,11 +9,18 @@
 //! lines and rulesets; `net`, `procs` and `disk` carry them out. [`Lab`] is the library
 //! API the CLI (`bazaar lab ...`) and fault suites drive; its state lives in
 //! `DIR/lab.json`, so every call may come from a different process.
+//!
+//! The fault suite: [`faults`] (the runner) records a [`history::History`] of every call
+//! under each fault, and [`check`] (pure) judges it against the invariants.
 
+pub mod check;
 mod disk;
+pub mod faults;
+pub mod history;
 mod net;
 pub mod plan;
 mod procs;
+mod wire;
 
 pub use plan::{AgentSettings, Faults, HostPlan, LabPlan, Subnet};
 pub use procs::{AgentState, ProcId};

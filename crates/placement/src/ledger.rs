@@ -251,6 +251,11 @@ impl Ledger {
     pub fn committed_to(&self, machine_id: &str) -> Option<Resources> {
         self.committed.get(machine_id).copied()
     }
+
+    /// Every machine's committed resources, by machine id.
+    pub fn commitments(&self) -> &BTreeMap<String, Resources> {
+        &self.committed
+    }
 }
 
 fn add(a: Resources, b: Resources) -> Resources {
