@@ -136,6 +136,7 @@ pub fn run(opts: &FaultOptions, mut each: impl FnMut(&FaultRun)) -> anyhow::Resu
             memory_mb: Some(HOST_MEMORY_MB),
             cpus: None,
             dead_after_ms: Some(DEAD_AFTER_MS),
+            replace_after_ms: None,
         },
     })?;
     let mut guard = Guard(Some(lab));
