@@ -4,7 +4,7 @@
 //! carries a higher ownership epoch, and of two hosts' rows for one machine id the
 //! catalog's [`bazaar_catalog::MachineRecord::precedence`] picks the machine on every node
 //! alike. When this host comes back and sees one of its machines superseded:
-//! - it never launches its copy again: the `Launch` step asks [`superseded_by`] first and
+//! - it never launches its copy again: the `Launch` step asks `superseded_by` first and
 //!   fails the launch instead (after a crash, that check waits until the catalog has caught
 //!   up with a peer, ≤ 3 s, so the host learns of the re-placement before it would relaunch);
 //! - it destroys its copy ([`spawn`] watches the catalog), whose rows, published with the

@@ -4,7 +4,7 @@
 //! asks for an acknowledgement and fails with the kernel's errno.
 //!
 //! Requests that act inside a namespace run on a short-lived thread that joins it
-//! ([`in_namespace`]): a network namespace is per thread, and the caller's thread stays
+//! (`in_namespace`): a network namespace is per thread, and the caller's thread stays
 //! where it was.
 
 use std::io;

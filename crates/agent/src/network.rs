@@ -492,7 +492,7 @@ impl Network {
     }
 
     /// Sets up the namespaces of the next addresses not `used()` (as many as recent demand
-    /// asks for, see [`POOL_MIN`]), so the machines that get them start without waiting.
+    /// asks for, see `POOL_MIN`), so the machines that get them start without waiting.
     /// One thread fills at a time, asking `used()` again after each namespace; a call while
     /// another fills returns at once. Errors are logged.
     pub fn prepare_ahead(&self, used: impl Fn() -> HashSet<Ipv4Addr>) {
