@@ -119,15 +119,18 @@ impl CatalogConfig {
         c.remove_down_after = Some(Duration::from_secs(24 * 3600));
         c.max_packet_size = NonZeroUsize::new(self.foca_packet_size()).expect("non-zero");
         // Tell members we consider down that we do, so they rejoin with a new identity
-        // (partitions heal by themselves), and keep announcing to them.
+        // (partitions heal by themselves), and keep announcing to them: every probe
+        // period, so that after a partition every host learns within about a period that
+        // it must rejoin (every third period left a 50-host heal at ~6 s; a few datagrams a
+        // second while some member is down).
         c.notify_down_members = true;
         c.periodic_announce = Some(foca::PeriodicParams {
             frequency: (period * 10).max(Duration::from_secs(1)),
             num_members: NonZeroUsize::new(1).expect("non-zero"),
         });
         c.periodic_announce_to_down_members = Some(foca::PeriodicParams {
-            frequency: period * 3,
-            num_members: NonZeroUsize::new(2).expect("non-zero"),
+            frequency: period,
+            num_members: NonZeroUsize::new(3).expect("non-zero"),
         });
         c.periodic_gossip = Some(foca::PeriodicParams {
             frequency: (period / 5).clamp(Duration::from_millis(50), Duration::from_millis(200)),
