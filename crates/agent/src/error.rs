@@ -36,6 +36,9 @@ pub enum AgentError {
     Unauthorized,
     #[error("forbidden: {0}")]
     Forbidden(String),
+    /// The disk under the data dir is full: the change was not made.
+    #[error("insufficient storage: {0}")]
+    DiskFull(String),
     #[error("the agent is shutting down")]
     ShuttingDown,
     #[error("internal error: {0}")]
@@ -44,7 +47,10 @@ pub enum AgentError {
 
 impl From<crate::store::StoreError> for AgentError {
     fn from(e: crate::store::StoreError) -> Self {
-        AgentError::Internal(e.to_string())
+        match e {
+            crate::store::StoreError::DiskFull(_) => AgentError::DiskFull(e.to_string()),
+            _ => AgentError::Internal(e.to_string()),
+        }
     }
 }
 
@@ -73,6 +79,10 @@ impl AgentError {
             Self::WaitTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, None),
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, None),
             Self::Forbidden(_) => (StatusCode::FORBIDDEN, None),
+            Self::DiskFull(_) => (
+                StatusCode::INSUFFICIENT_STORAGE,
+                Some("insufficient_storage"),
+            ),
             Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, None),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, Some("unknown")),
         }

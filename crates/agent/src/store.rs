@@ -6,6 +6,11 @@
 //! writer), so reading one costs a clone rather than a decode. A machine's placement record
 //! (`explain`) is kept in a table of its own: it is written once, at create, and read only by
 //! `GET .../placement`.
+//!
+//! Once a write fails for want of space (or any other I/O error), redb refuses everything
+//! until the database is closed and opened again, so the store does that itself, at once:
+//! a full disk fails the writes made while it is full (with [`StoreError::DiskFull`]) and
+//! no more, without restarting the agent.
 
 use crate::record::{MachineRecord, Operation};
 use crate::volumes::VolumeRecord;
@@ -16,8 +21,8 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::collections::HashMap;
-use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 const MACHINES: TableDefinition<&str, &[u8]> = TableDefinition::new("machines");
@@ -36,18 +41,45 @@ const PLACEMENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("placement
 pub enum StoreError {
     #[error("database: {0}")]
     Db(String),
+    /// Nothing was written: the file system under the data dir is full.
+    #[error("the disk holding the agent's data dir is full, nothing was written ({0})")]
+    DiskFull(String),
+    /// Reading or writing the database file failed (it is reopened before the next use).
+    #[error("database I/O: {0}")]
+    Io(String),
     #[error("corrupt record: {0}")]
     Decode(#[from] serde_json::Error),
 }
 
+impl StoreError {
+    /// Whether redb refuses every later call until the database is reopened.
+    fn needs_reopen(&self) -> bool {
+        matches!(self, StoreError::DiskFull(_) | StoreError::Io(_))
+    }
+}
+
+impl From<redb::Error> for StoreError {
+    fn from(e: redb::Error) -> Self {
+        match e {
+            redb::Error::Io(io) if io.kind() == std::io::ErrorKind::StorageFull => {
+                StoreError::DiskFull(io.to_string())
+            }
+            redb::Error::Io(_) | redb::Error::PreviousIo | redb::Error::DatabaseClosed => {
+                StoreError::Io(e.to_string())
+            }
+            other => StoreError::Db(other.to_string()),
+        }
+    }
+}
+
 fn io_err(err: std::io::Error) -> StoreError {
-    StoreError::Db(err.to_string())
+    StoreError::from(redb::Error::Io(err))
 }
 
 macro_rules! db_err {
     ($($t:ty),*) => {$(
         impl From<$t> for StoreError {
-            fn from(e: $t) -> Self { StoreError::Db(e.to_string()) }
+            fn from(e: $t) -> Self { StoreError::from(redb::Error::from(e)) }
         }
     )*};
 }
@@ -62,12 +94,22 @@ db_err!(
 /// The store, cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Store {
-    db: Arc<Database>,
+    path: Arc<PathBuf>,
+    /// Held for reading while a transaction runs, for writing to reopen the database.
+    db: Arc<RwLock<OpenDb>>,
     /// Every machine record, as last committed.
     machines: Arc<Mutex<HashMap<String, Arc<MachineRecord>>>>,
     /// Held from the start of a write until the in-memory records show it, so they are
     /// updated in commit order.
     writing: Arc<Mutex<()>>,
+}
+
+/// The open database, and how many times it was opened.
+#[derive(Debug)]
+struct OpenDb {
+    /// `None` after an I/O error until a reopen succeeds (the disk may still be full).
+    db: Option<Database>,
+    generation: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -82,7 +124,7 @@ struct LegacyPlacement {
 }
 
 /// Writes gathered into one transaction by [`Store::write`].
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Batch {
     machines: Vec<Arc<MachineRecord>>,
     placements: Vec<(String, Vec<u8>)>,
@@ -232,7 +274,11 @@ impl Store {
             }
         }
         let store = Store {
-            db: Arc::new(db),
+            path: Arc::new(path.to_path_buf()),
+            db: Arc::new(RwLock::new(OpenDb {
+                db: Some(db),
+                generation: 0,
+            })),
             machines: Arc::new(Mutex::new(HashMap::new())),
             writing: Arc::new(Mutex::new(())),
         };
@@ -251,10 +297,67 @@ impl Store {
         Ok(store)
     }
 
+    /// Runs `f` on the database. If it fails with an I/O error (after which redb refuses
+    /// everything), the database is reopened and `f` run once more: every transaction of
+    /// the store is made of puts and deletes, so running one again is harmless.
+    fn on_db<T>(&self, f: impl Fn(&Database) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let (generation, first) = self.try_on_db(&f);
+        match first {
+            Err(err) if err.needs_reopen() => {
+                if let Err(reopen) = self.reopen(generation) {
+                    tracing::warn!(error = %reopen, "reopening the store after an I/O error");
+                    return Err(err);
+                }
+                self.try_on_db(&f).1
+            }
+            other => other,
+        }
+    }
+
+    fn try_on_db<T>(
+        &self,
+        f: &impl Fn(&Database) -> Result<T, StoreError>,
+    ) -> (u64, Result<T, StoreError>) {
+        let open = self.db.read().unwrap_or_else(|p| p.into_inner());
+        let result = match &open.db {
+            Some(db) => f(db),
+            None => Err(StoreError::Io(
+                "the database is closed after an I/O error".into(),
+            )),
+        };
+        (open.generation, result)
+    }
+
+    /// Closes and opens the database again, unless someone did since `generation`.
+    fn reopen(&self, generation: u64) -> Result<(), StoreError> {
+        let mut open = self.db.write().unwrap_or_else(|p| p.into_inner());
+        if open.generation != generation {
+            return Ok(());
+        }
+        // The old one first: it holds the file's lock.
+        open.db = None;
+        open.generation += 1;
+        open.db = Some(Database::create(self.path.as_path())?);
+        tracing::warn!("reopened the store after an I/O error");
+        Ok(())
+    }
+
     /// Applies a batch in one durable transaction.
     pub fn write(&self, batch: &Batch) -> Result<(), StoreError> {
         let _writing = lock(&self.writing);
-        let tx = self.db.begin_write()?;
+        self.on_db(|db| Self::write_tx(db, batch))?;
+        let mut mirror = lock(&self.machines);
+        for id in &batch.delete_machines {
+            mirror.remove(id);
+        }
+        for m in &batch.machines {
+            mirror.insert(m.id.clone(), m.clone());
+        }
+        Ok(())
+    }
+
+    fn write_tx(db: &Database, batch: &Batch) -> Result<(), StoreError> {
+        let tx = db.begin_write()?;
         {
             let mut machines = tx.open_table(MACHINES)?;
             let mut versions = tx.open_table(VERSIONS)?;
@@ -319,21 +422,16 @@ impl Store {
             }
         }
         tx.commit()?;
-        let mut mirror = lock(&self.machines);
-        for id in &batch.delete_machines {
-            mirror.remove(id);
-        }
-        for m in &batch.machines {
-            mirror.insert(m.id.clone(), m.clone());
-        }
         Ok(())
     }
 
     /// Reads a meta key.
     pub fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
-        let tx = self.db.begin_read()?;
-        let t = tx.open_table(META)?;
-        Ok(t.get(key)?.map(|v| v.value().to_string()))
+        self.on_db(|db| {
+            let tx = db.begin_read()?;
+            let t = tx.open_table(META)?;
+            Ok(t.get(key)?.map(|v| v.value().to_string()))
+        })
     }
 
     /// Reads one machine.
@@ -359,79 +457,93 @@ impl Store {
 
     /// How machine `id` was placed, if it went through the market.
     pub fn placement(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
-        let tx = self.db.begin_read()?;
-        let t = tx.open_table(PLACEMENTS)?;
-        t.get(id)?.map(|v| dec(v.value())).transpose()
+        self.on_db(|db| {
+            let tx = db.begin_read()?;
+            let t = tx.open_table(PLACEMENTS)?;
+            t.get(id)?.map(|v| dec(v.value())).transpose()
+        })
     }
 
     /// Reads one volume.
     pub fn volume(&self, id: &str) -> Result<Option<VolumeRecord>, StoreError> {
-        let tx = self.db.begin_read()?;
-        let t = tx.open_table(VOLUMES)?;
-        t.get(id)?.map(|v| dec(v.value())).transpose()
+        self.on_db(|db| {
+            let tx = db.begin_read()?;
+            let t = tx.open_table(VOLUMES)?;
+            t.get(id)?.map(|v| dec(v.value())).transpose()
+        })
     }
 
     /// Reads every volume.
     pub fn volumes(&self) -> Result<Vec<VolumeRecord>, StoreError> {
-        let tx = self.db.begin_read()?;
-        let t = tx.open_table(VOLUMES)?;
-        let mut out = Vec::new();
-        for row in t.iter()? {
-            let (_, v) = row?;
-            out.push(dec(v.value())?);
-        }
-        Ok(out)
+        self.on_db(|db| {
+            let tx = db.begin_read()?;
+            let t = tx.open_table(VOLUMES)?;
+            let mut out = Vec::new();
+            for row in t.iter()? {
+                let (_, v) = row?;
+                out.push(dec(v.value())?);
+            }
+            Ok(out)
+        })
     }
 
     /// Every unfinished operation, in order.
     pub fn operations(&self) -> Result<Vec<Operation>, StoreError> {
-        let tx = self.db.begin_read()?;
-        let t = tx.open_table(OPERATIONS)?;
-        let mut out = Vec::new();
-        for row in t.iter()? {
-            let (_, v) = row?;
-            out.push(dec(v.value())?);
-        }
-        Ok(out)
+        self.on_db(|db| {
+            let tx = db.begin_read()?;
+            let t = tx.open_table(OPERATIONS)?;
+            let mut out = Vec::new();
+            for row in t.iter()? {
+                let (_, v) = row?;
+                out.push(dec(v.value())?);
+            }
+            Ok(out)
+        })
     }
 
     /// Every stored reservation.
     pub fn reservations(&self) -> Result<Vec<Reservation>, StoreError> {
-        let tx = self.db.begin_read()?;
-        let t = tx.open_table(RESERVATIONS)?;
-        let mut out = Vec::new();
-        for row in t.iter()? {
-            let (_, v) = row?;
-            out.push(dec(v.value())?);
-        }
-        Ok(out)
+        self.on_db(|db| {
+            let tx = db.begin_read()?;
+            let t = tx.open_table(RESERVATIONS)?;
+            let mut out = Vec::new();
+            for row in t.iter()? {
+                let (_, v) = row?;
+                out.push(dec(v.value())?);
+            }
+            Ok(out)
+        })
     }
 
     /// A machine's events, newest first, at most `limit`.
     pub fn events(&self, machine_id: &str, limit: usize) -> Result<Vec<MachineEvent>, StoreError> {
-        let tx = self.db.begin_read()?;
-        let t = tx.open_table(EVENTS)?;
-        let (start, end) = (format!("{machine_id}/"), format!("{machine_id}0"));
-        let mut out = Vec::new();
-        for row in t.range(start.as_str()..end.as_str())?.rev().take(limit) {
-            let (_, v) = row?;
-            out.push(dec(v.value())?);
-        }
-        Ok(out)
+        self.on_db(|db| {
+            let tx = db.begin_read()?;
+            let t = tx.open_table(EVENTS)?;
+            let (start, end) = (format!("{machine_id}/"), format!("{machine_id}0"));
+            let mut out = Vec::new();
+            for row in t.range(start.as_str()..end.as_str())?.rev().take(limit) {
+                let (_, v) = row?;
+                out.push(dec(v.value())?);
+            }
+            Ok(out)
+        })
     }
 
     /// A machine's config versions, oldest first.
     pub fn versions(&self, machine_id: &str) -> Result<Vec<(String, MachineConfig)>, StoreError> {
-        let tx = self.db.begin_read()?;
-        let t = tx.open_table(VERSIONS)?;
-        let (start, end) = (format!("{machine_id}/"), format!("{machine_id}0"));
-        let mut out = Vec::new();
-        for row in t.range(start.as_str()..end.as_str())? {
-            let (k, v) = row?;
-            let iid = k.value().rsplit('/').next().unwrap_or_default().to_string();
-            out.push((iid, dec(v.value())?));
-        }
-        Ok(out)
+        self.on_db(|db| {
+            let tx = db.begin_read()?;
+            let t = tx.open_table(VERSIONS)?;
+            let (start, end) = (format!("{machine_id}/"), format!("{machine_id}0"));
+            let mut out = Vec::new();
+            for row in t.range(start.as_str()..end.as_str())? {
+                let (k, v) = row?;
+                let iid = k.value().rsplit('/').next().unwrap_or_default().to_string();
+                out.push((iid, dec(v.value())?));
+            }
+            Ok(out)
+        })
     }
 }
 
@@ -484,7 +596,8 @@ mod tests {
         // The record itself no longer carries it, and what was moved survives a reopen.
         let store = Store::open(&path).unwrap();
         assert_eq!(store.placement("m1").unwrap(), Some(placement));
-        let tx = store.db.begin_read().unwrap();
+        let open = store.db.read().unwrap();
+        let tx = open.db.as_ref().unwrap().begin_read().unwrap();
         let t = tx.open_table(MACHINES).unwrap();
         let raw: serde_json::Value = dec(t.get("m1").unwrap().unwrap().value()).unwrap();
         assert!(raw.get("placement").is_none());

@@ -73,11 +73,25 @@ impl TestAgent {
             Some(sub) => tmp.path().join(sub),
             None => tmp.path().to_path_buf(),
         };
+        Self::start_at(opts, data_dir, Some(tmp))
+    }
+
+    /// Starts an agent on `data_dir`, made by the caller (a small file system, say), which
+    /// it leaves in place when dropped.
+    pub fn start_in(opts: AgentOptions, data_dir: PathBuf) -> anyhow::Result<TestAgent> {
+        Self::start_at(opts, data_dir, None)
+    }
+
+    fn start_at(
+        opts: AgentOptions,
+        data_dir: PathBuf,
+        tmp: Option<tempfile::TempDir>,
+    ) -> anyhow::Result<TestAgent> {
         std::fs::create_dir_all(&data_dir)?;
         let mut agent = TestAgent {
             opts,
             data_dir,
-            _tmp: Some(tmp),
+            _tmp: tmp,
             child: None,
             port: free_port(std::net::Ipv4Addr::LOCALHOST),
             gossip_port: free_port(std::net::Ipv4Addr::LOCALHOST),

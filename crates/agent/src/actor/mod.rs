@@ -311,13 +311,43 @@ impl Actor {
             b.op(op);
         }
         b.machine(&rec);
-        if let Err(err) = self.agent.commit_from_actor(&before, &mut rec, b).await {
-            tracing::error!(machine.id = %self.id, error = %err, "recording exit");
-            return;
-        }
+        self.record(&before, &mut rec, b, "recording exit").await;
         self.agent.publish(&rec);
         if let Some(op) = new_op {
             self.queue.push_back(op);
+        }
+    }
+
+    /// Records `batch`, what a step or an exit did to `rec` (loaded as `before`), retrying
+    /// with backoff until it is written: a write fails while the disk is full, and the
+    /// store reopens itself, so the operation goes on once space is freed. Until then
+    /// the machine stays in its transient state and later operations wait behind it.
+    async fn record(
+        &self,
+        before: &MachineRecord,
+        rec: &mut MachineRecord,
+        batch: Batch,
+        what: &str,
+    ) {
+        let mut pause = Duration::from_millis(20);
+        let mut attempt = rec.clone();
+        loop {
+            match self
+                .agent
+                .commit_from_actor(before, &mut attempt, batch.clone())
+                .await
+            {
+                Ok(()) => {
+                    *rec = attempt;
+                    return;
+                }
+                Err(err) => {
+                    tracing::error!(machine.id = %self.id, what, error = %err, retry_in_ms = pause.as_millis() as u64, "recording a step failed");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                    attempt = rec.clone();
+                }
+            }
         }
     }
 
@@ -389,11 +419,7 @@ impl Actor {
             }
             rec.updated_at_ms = now_ms();
             b.machine(&rec);
-            if let Err(err) = self.agent.commit_from_actor(&before, &mut rec, b).await {
-                // The step will be redone when the agent restarts; stop here.
-                tracing::error!(machine.id = %self.id, step = step.name(), error = %err, "recording step");
-                return None;
-            }
+            self.record(&before, &mut rec, b, step.name()).await;
             self.agent.0.crash.at(op.kind.name(), op.steps_done);
             if last {
                 self.set_transient(None);
