@@ -159,6 +159,7 @@ impl Agent {
             volumes: crate::volume_fs::VolumeFs::new(&config.data_dir),
             oci: crate::oci::OciRuntime::for_agent(&config, &host_id, cgroups),
             network: None,
+            seccomp: crate::driver::seccomp_filters(&config.data_dir, is_root && config.isolate),
         };
         let driver = Driver {
             network: crate::addresses::machine_network(&config, &host_id, &driver),

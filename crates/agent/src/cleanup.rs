@@ -1,7 +1,8 @@
 //! What a host leaves on the machine outside its store, found from its data dir and host id
 //! alone (so it works after the agent was killed), and how it is taken away:
 //!
-//! - processes: shims (`bazaar shim DATA/machines/<id>/runs/<n>`) and, in the cgroup
+//! - processes: shims (`bazaar shim DATA/machines/<id>/runs/<n>`, and children of a killed
+//!   agent not yet exec'd into one: [`processes_of_host`]) and, in the cgroup
 //!   `bazaar/<host id>` of every hierarchy, their workloads and containers;
 //! - mounts below the data dir (overlay roots of image machines, ext4 volumes) and the loop
 //!   devices whose backing file is below it;
@@ -191,14 +192,40 @@ pub fn remove_unused_namespaces(network: &Network, keep: &HashSet<Ipv4Addr>) -> 
     n
 }
 
-/// Kills every `bazaar shim` whose run dir is below `dir`. Returns how many.
+/// Kills every `bazaar shim` whose run dir is below `dir`, and every shim the agent of
+/// `dir` was starting when it died: the agent spawns a shim with `posix_spawn`, whose child
+/// shows the agent's own command line until it has exec'd `bazaar shim`, which may come
+/// after a first look at `/proc`. Looks again until a pass finds none. Returns how many.
 fn kill_shims_under(dir: &Path) -> usize {
+    let mut killed = HashSet::new();
+    for _ in 0..20 {
+        let mut new = 0;
+        for pid in processes_of_host(dir) {
+            // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+            new += killed.insert(pid) as usize;
+        }
+        if new == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    killed.len()
+}
+
+/// The processes a host of data dir `dir` leaves once its agent is gone: its shims (and the
+/// inits they forked), and children of the agent not yet exec'd into shims (an agent of
+/// `dir` that still runs, too).
+pub fn processes_of_host(dir: &Path) -> Vec<i32> {
     let needle = format!("{}/", dir.display());
+    let data_dir = dir.display().to_string();
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0;
+        return Vec::new();
     };
     let me = std::process::id() as i32;
-    let mut n = 0;
+    let mut pids = Vec::new();
     for e in entries.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
@@ -211,15 +238,15 @@ fn kill_shims_under(dir: &Path) -> usize {
             && args
                 .get(2)
                 .is_some_and(|a| a.starts_with(needle.as_bytes()));
-        if is_shim && pid != me {
-            // SAFETY: kill(2) takes plain integers and touches no memory of ours.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-            }
-            n += 1;
+        let is_agent = args.get(1) == Some(&&b"agent"[..])
+            && args
+                .windows(2)
+                .any(|w| w[0] == b"--data-dir" && w[1] == data_dir.as_bytes());
+        if (is_shim || is_agent) && pid != me {
+            pids.push(pid);
         }
     }
-    n
+    pids
 }
 
 /// The directories of cgroup `rel` in every cgroup hierarchy mounted here.

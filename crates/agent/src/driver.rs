@@ -40,6 +40,25 @@ pub struct Driver {
     /// process machines get an address and a network namespace on it too. `None` when the
     /// agent does not isolate (not root): process machines then listen on host ports.
     pub network: Option<Arc<LazyNetwork>>,
+    /// The seccomp filters of sandboxed runs, compiled once at start ([`seccomp_filters`]).
+    pub seccomp: Option<PathBuf>,
+}
+
+/// Compiles the seccomp filters of sandboxed process machines into `DATA/seccomp.bpf`, for
+/// their shims to read rather than compile each (`None` when the agent does not sandbox,
+/// or the file could not be written: each shim then compiles them).
+pub fn seccomp_filters(data_dir: &Path, sandboxes: bool) -> Option<PathBuf> {
+    if !sandboxes {
+        return None;
+    }
+    let path = data_dir.join("seccomp.bpf");
+    match bazaar_shim::write_seccomp_filters(&path) {
+        Ok(()) => Some(path),
+        Err(err) => {
+            tracing::warn!(error = %err, "compiling the seccomp filters once");
+            None
+        }
+    }
 }
 
 impl Driver {
@@ -169,6 +188,7 @@ impl Driver {
             binds,
             netns: None,
             user_name: user_name.to_owned(),
+            seccomp: self.seccomp.clone(),
         })
     }
 

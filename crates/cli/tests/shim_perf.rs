@@ -17,7 +17,17 @@ const RUNS: usize = 25;
 const MAX_P50: Duration = Duration::from_millis(50);
 const MAX_RSS_KIB: u64 = 4 * 1024;
 
-fn spec(dir: &Path, isolate: bool, cgroup: Option<String>, sandbox: bool) -> ShimSpec {
+/// A sandboxed run's seccomp filters: compiled by the shim (`None`), or read from a file
+/// the agent wrote once.
+type Filters<'a> = Option<&'a Path>;
+
+fn spec(
+    dir: &Path,
+    isolate: bool,
+    cgroup: Option<String>,
+    sandbox: bool,
+    filters: Filters,
+) -> ShimSpec {
     ShimSpec {
         machine_id: "m-perf".into(),
         run_id: 1,
@@ -39,6 +49,7 @@ fn spec(dir: &Path, isolate: bool, cgroup: Option<String>, sandbox: bool) -> Shi
         sandbox: sandbox.then(|| bazaar_shim::Sandbox {
             workdir: "/work".into(),
             user_name: "machine".into(),
+            seccomp: filters.map(Path::to_path_buf),
             ..Default::default()
         }),
     }
@@ -51,7 +62,13 @@ fn rss_kib(pid: i32) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-async fn measure(label: &str, isolate: bool, cgroup: bool, sandbox: bool) -> (Duration, u64) {
+async fn measure(
+    label: &str,
+    isolate: bool,
+    cgroup: bool,
+    sandbox: bool,
+    filters: Filters<'_>,
+) -> (Duration, u64) {
     let dir = tempfile::tempdir().unwrap();
     let exe = std::env::var_os("BAZAAR_SHIM_PERF_EXE")
         .map_or_else(|| env!("CARGO_BIN_EXE_bazaar").into(), PathBuf::from);
@@ -59,7 +76,7 @@ async fn measure(label: &str, isolate: bool, cgroup: bool, sandbox: bool) -> (Du
     let mut rss = Vec::with_capacity(RUNS);
     for i in 0..RUNS {
         let cg = cgroup.then(|| format!("bazaar-test-{}-perf-{i}", std::process::id()));
-        let spec = spec(dir.path(), isolate, cg, sandbox);
+        let spec = spec(dir.path(), isolate, cg, sandbox, filters);
         let run_dir = dir.path().join(format!("run-{i}"));
         let started = Instant::now();
         let handle = ShimHandle::spawn(&exe, &run_dir, &spec).await.unwrap();
@@ -87,19 +104,37 @@ async fn measure(label: &str, isolate: bool, cgroup: bool, sandbox: bool) -> (Du
 
 #[tokio::test]
 async fn spawn_latency_and_shim_memory() {
-    let mut configs = vec![("plain", false, false, false)];
+    let scratch = tempfile::tempdir().unwrap();
+    let file = scratch.path().join("seccomp.bpf");
+    bazaar_shim::write_seccomp_filters(&file).unwrap();
+    let from_file = Some(file.as_path());
+    let mut configs = vec![("plain", false, false, false, None)];
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } == 0 {
-        configs.push(("isolated", true, false, false));
-        configs.push(("sandboxed", true, false, true));
+        configs.push(("isolated", true, false, false, None));
+        configs.push(("sandboxed", true, false, true, None));
+        configs.push((
+            "sandboxed, filters from a file",
+            true,
+            false,
+            true,
+            from_file,
+        ));
     }
     if bazaar_shim::cgroups_available() {
-        configs.push(("cgroup", false, true, false));
-        configs.push(("isolated+cgroup", true, true, false));
-        configs.push(("sandboxed+cgroup", true, true, true));
+        configs.push(("cgroup", false, true, false, None));
+        configs.push(("isolated+cgroup", true, true, false, None));
+        configs.push(("sandboxed+cgroup", true, true, true, None));
+        configs.push((
+            "sandboxed+cgroup, filters from a file",
+            true,
+            true,
+            true,
+            from_file,
+        ));
     }
-    for (label, isolate, cgroup, sandbox) in configs {
-        let (p50, rss) = measure(label, isolate, cgroup, sandbox).await;
+    for (label, isolate, cgroup, sandbox, filters) in configs {
+        let (p50, rss) = measure(label, isolate, cgroup, sandbox, filters).await;
         assert!(p50 < MAX_P50, "{label}: spawn p50 {p50:?}");
         assert!(rss < MAX_RSS_KIB, "{label}: shim rss {rss} KiB");
     }

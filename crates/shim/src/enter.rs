@@ -54,7 +54,7 @@ fn run(run_dir: &Path, argv: &[String]) -> Result<i32, String> {
     let filters = spec
         .sandbox
         .as_ref()
-        .map(|_| Filters::compile())
+        .map(Filters::for_sandbox)
         .transpose()?;
     if let Some(rel) = &spec.cgroup {
         Cgroup::open(rel)?

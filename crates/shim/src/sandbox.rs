@@ -43,6 +43,10 @@ pub struct Sandbox {
     pub netns: Option<PathBuf>,
     /// The name `/etc/passwd` gives the workload's uid.
     pub user_name: String,
+    /// The seccomp filters, compiled by [`crate::write_seccomp_filters`] (the agent does it
+    /// once); `None` compiles them for this run.
+    #[serde(default)]
+    pub seccomp: Option<PathBuf>,
 }
 
 /// Host directories shared read-only (those that exist; a symlink is recreated as is).

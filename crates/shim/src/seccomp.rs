@@ -6,14 +6,17 @@
 //! libc falls back to `clone`, whose flags the first filter can check.
 //!
 //! Compiled before `fork` (it allocates); installed right before `execve`, after
-//! `no_new_privs`.
+//! `no_new_privs`. The agent compiles them once at start into a file
+//! ([`write_seccomp_filters`]) that a sandbox names ([`crate::Sandbox::seccomp`]): a shim
+//! then reads a few KiB instead of compiling for every machine.
 
 use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
 
 use bazaar_types::seccomp as allow;
 use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
+    sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
+    SeccompFilter, SeccompRule, TargetArch,
 };
 use syscalls::Sysno;
 
@@ -80,6 +83,64 @@ impl Filters {
         Ok(Filters { programs })
     }
 
+    /// The filters a sandbox names, or compiled here when it names none.
+    pub(crate) fn for_sandbox(sandbox: &crate::Sandbox) -> Result<Filters, String> {
+        match &sandbox.seccomp {
+            Some(path) => Filters::read(path),
+            None => Filters::compile(),
+        }
+    }
+
+    /// Each program as its length (u32) then its instructions (code u16, jt u8, jf u8,
+    /// k u32), little-endian.
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for program in &self.programs {
+            out.extend_from_slice(&(program.len() as u32).to_le_bytes());
+            for ins in program {
+                out.extend_from_slice(&ins.code.to_le_bytes());
+                out.extend_from_slice(&[ins.jt, ins.jf]);
+                out.extend_from_slice(&ins.k.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    fn from_bytes(mut bytes: &[u8]) -> Option<Filters> {
+        let mut take = |n: usize| -> Option<&[u8]> {
+            let (head, rest) = bytes.split_at_checked(n)?;
+            bytes = rest;
+            Some(head)
+        };
+        let mut program = || -> Option<BpfProgram> {
+            let len = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+            // The kernel's limit on one program (BPF_MAXINSNS).
+            if len == 0 || len > 4096 {
+                return None;
+            }
+            (0..len)
+                .map(|_| {
+                    let ins = take(8)?;
+                    Some(sock_filter {
+                        code: u16::from_le_bytes([ins[0], ins[1]]),
+                        jt: ins[2],
+                        jf: ins[3],
+                        k: u32::from_le_bytes([ins[4], ins[5], ins[6], ins[7]]),
+                    })
+                })
+                .collect()
+        };
+        let programs = [program()?, program()?];
+        bytes.is_empty().then_some(Filters { programs })
+    }
+
+    fn read(path: &Path) -> Result<Filters, String> {
+        let bytes = std::fs::read(path)
+            .map_err(|err| format!("reading the seccomp filters {}: {err}", path.display()))?;
+        Filters::from_bytes(&bytes)
+            .ok_or_else(|| format!("{} holds no valid seccomp filters", path.display()))
+    }
+
     /// Installs the filters on the calling thread (`no_new_privs` must be set, or the
     /// caller have `CAP_SYS_ADMIN`).
     pub(crate) fn install(&self) -> Result<(), String> {
@@ -91,9 +152,31 @@ impl Filters {
     }
 }
 
+/// Compiles the filters of a sandboxed run and writes them to `path` (replacing it
+/// atomically), for sandboxes to name in [`crate::Sandbox::seccomp`].
+pub fn write_seccomp_filters(path: &Path) -> Result<(), String> {
+    let filters = Filters::compile()?;
+    crate::files::write_atomic(path, &filters.to_bytes(), false)
+        .map_err(|err| format!("writing {}: {err}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn filters_written_by_the_agent_read_back_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("seccomp.bpf");
+        write_seccomp_filters(&path).unwrap();
+        let compiled = Filters::compile().unwrap();
+        let read = Filters::read(&path).unwrap();
+        assert_eq!(read.programs, compiled.programs);
+        // A truncated or padded file is refused, not installed.
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(Filters::from_bytes(&bytes[..bytes.len() - 1]).is_none());
+        assert!(Filters::from_bytes(&[bytes.as_slice(), &[0]].concat()).is_none());
+    }
 
     #[test]
     fn the_shared_allowlist_compiles() {

@@ -228,7 +228,7 @@ impl Run {
             Some(_) if !spec.isolate || euid != 0 => {
                 return Err("a sandboxed run needs root and isolation".into())
             }
-            Some(_) => {
+            Some(sandbox) => {
                 let staging = run_dir.join(SANDBOX_ROOT);
                 match fs::create_dir(&staging) {
                     Ok(()) => {}
@@ -241,7 +241,7 @@ impl Run {
                         ))
                     }
                 }
-                Some((staging, Filters::compile()?))
+                Some((staging, Filters::for_sandbox(sandbox)?))
             }
         };
         let creds = user::resolve(spec.user.as_deref(), euid, egid)?;

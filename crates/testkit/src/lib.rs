@@ -295,6 +295,50 @@ impl Drop for TestAgent {
         // cgroup change on the host, and so every later test and benchmark.
         self.kill9();
         bazaar_agent::cleanup::release_host(&self.data_dir, self.host_id.as_deref());
+        // Nothing of it may be left running (a leaked shim keeps its workload alive for good).
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let mut left = self.leftover_processes();
+        while !left.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            left = self.leftover_processes();
+        }
+        if !left.is_empty() && !std::thread::panicking() {
+            panic!(
+                "processes of the agent on {} still run after it was released: {left:?}",
+                self.data_dir.display()
+            );
+        }
+    }
+}
+
+impl TestAgent {
+    /// Live processes of this agent's host once it is gone: its shims (and their inits),
+    /// and whatever is in its cgroups (workloads, containers). Pids with their command line.
+    fn leftover_processes(&self) -> Vec<(i32, String)> {
+        let mut pids = bazaar_agent::cleanup::processes_of_host(&self.data_dir);
+        if let Some(id) = &self.host_id {
+            let cgroup = format!("/bazaar/{id}");
+            let in_cgroup = |pid: i32| {
+                std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                    .unwrap_or_default()
+                    .lines()
+                    .any(|l| l.ends_with(&cgroup) || l.contains(&format!("{cgroup}/")))
+            };
+            let all = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+            pids.extend(
+                all.filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                    .filter(|&pid| in_cgroup(pid)),
+            );
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids.into_iter()
+            .filter(|&pid| pid_alive(pid))
+            .map(|pid| {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                (pid, String::from_utf8_lossy(&cmdline).replace('\0', " "))
+            })
+            .collect()
     }
 }
 
