@@ -17,8 +17,11 @@ pub struct CatalogConfig {
     pub advertise: Option<SocketAddr>,
     /// Addresses of nodes to join through; retried in the background until one answers.
     pub seeds: Vec<SocketAddr>,
-    /// Shared by the whole cluster; every datagram and frame is signed with it.
+    /// Shared by the whole cluster; every anti-entropy frame is signed with it.
     pub cluster_secret: String,
+    /// The gossip keyring (see [`crate::keyring`]): the first key encrypts datagrams, every
+    /// key decrypts them. Empty: one key derived from `cluster_secret`.
+    pub gossip_keys: Vec<[u8; crate::keyring::KEY_LEN]>,
     /// This host's own key: every row it publishes is signed with it, and other nodes
     /// refuse rows of this host id signed with any other key (see [`crate::trust`]). Keep
     /// it across restarts; [`CatalogConfig::new`] makes a fresh one.
@@ -55,6 +58,7 @@ impl CatalogConfig {
             advertise: None,
             seeds: Vec::new(),
             cluster_secret: cluster_secret.into(),
+            gossip_keys: Vec::new(),
             signing_key: crate::trust::SigningKey::from_bytes(&rand::random()),
             max_frame: crate::wire::MAX_FRAME,
             probe_period: Duration::from_secs(1),
@@ -139,9 +143,9 @@ impl CatalogConfig {
         c
     }
 
-    /// The largest foca packet: a datagram less our header and tag.
+    /// The largest foca packet: a datagram less our header, nonce and tag.
     pub(crate) fn foca_packet_size(&self) -> usize {
-        self.max_packet_size - crate::wire::datagram_overhead(&self.node_id)
+        self.max_packet_size - crate::keyring::datagram_overhead(&self.node_id)
     }
 
     /// The largest broadcast item carried in full; larger rows travel as hints. Leaves

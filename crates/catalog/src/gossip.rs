@@ -253,7 +253,8 @@ impl Gossip {
             Counters::add(&self.shared.counters.dropped_partitioned, 1);
             return;
         }
-        let Some(datagram) = self.shared.auth.open_datagram(data) else {
+        let opened = self.shared.keyring().open_datagram(data);
+        let Some(datagram) = opened else {
             Counters::add(&self.shared.counters.rejected, 1);
             tracing::trace!(%from, "dropped unauthenticated datagram");
             return;
@@ -271,7 +272,7 @@ impl Gossip {
                 return;
             }
         }
-        let payload = datagram.payload;
+        let payload = &datagram.payload[..];
         match datagram.kind {
             DGRAM_SWIM => {
                 if let Err(e) = self.swim.handle_data(payload, &mut self.runtime) {
@@ -431,7 +432,7 @@ impl Gossip {
         self.sent += 1;
         let now = bazaar_types::now_ms();
         self.shared
-            .auth
+            .keyring()
             .seal_datagram(kind, self.shared.node_id(), now, self.sent, payload)
     }
 

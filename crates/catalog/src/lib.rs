@@ -9,8 +9,9 @@
 //! - Fresh rows spread as foca custom broadcasts, forwarded as soon as they arrive; a
 //!   periodic anti-entropy exchange of per-owner digests over TCP repairs whatever was
 //!   missed ([`sync`]).
-//! - Every datagram and frame is signed with the cluster secret ([`wire`]), with its
-//!   sender and clock inside the tag; datagrams are refused when stale or replayed.
+//! - Every datagram is encrypted with the gossip keyring ([`keyring`]) and every frame
+//!   signed with the cluster secret ([`wire`]), with the sender and clock inside the tag;
+//!   datagrams are refused when stale or replayed.
 //! - Every row is signed by its owner's own key and kept only if it verifies against the
 //!   key trusted for that host ([`trust`]), wherever it came from.
 //!
@@ -21,6 +22,7 @@
 
 pub mod config;
 pub mod gossip;
+pub mod keyring;
 pub mod membership;
 mod node;
 pub mod records;
@@ -445,6 +447,31 @@ impl Catalog {
             members: members.len() as u64,
             alive_members: members.iter().filter(|s| **s == HostStatus::Alive).count() as u64,
         }
+    }
+
+    /// The gossip keys (hex), the one that encrypts first.
+    pub fn gossip_keys(&self) -> Vec<String> {
+        self.shared().keyring().keys()
+    }
+
+    /// Adds a gossip key that decrypts; the first step of a rotation, done on every host
+    /// before any host uses the key.
+    pub fn install_gossip_key(&self, key: &str) -> anyhow::Result<()> {
+        let key = keyring::parse_key(key)?;
+        self.shared().keyring_mut().install(key);
+        Ok(())
+    }
+
+    /// Encrypts with an installed key from now on.
+    pub fn use_gossip_key(&self, key: &str) -> anyhow::Result<()> {
+        let key = keyring::parse_key(key)?;
+        self.shared().keyring_mut().use_key(key)
+    }
+
+    /// Removes a gossip key (not the one in use): datagrams sealed with it are dropped.
+    pub fn remove_gossip_key(&self, key: &str) -> anyhow::Result<()> {
+        let key = keyring::parse_key(key)?;
+        self.shared().keyring_mut().remove(key)
     }
 
     /// Leaves the cluster cleanly: every known member is told at once (it sees this host

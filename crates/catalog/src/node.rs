@@ -3,6 +3,7 @@
 //! every incoming row takes.
 
 use crate::config::CatalogConfig;
+use crate::keyring::Keyring;
 use crate::membership::MemberView;
 use crate::records::{Change, HostStatus};
 use crate::replica::DigestEntry;
@@ -79,6 +80,8 @@ pub(crate) struct Shared {
     /// The address other nodes reach this one at (UDP and TCP).
     pub addr: SocketAddr,
     pub auth: Authenticator,
+    /// The gossip keys (see [`crate::keyring`]), changed at run time by key rotation.
+    keyring: RwLock<Keyring>,
     /// The key trusted for each host id (see [`crate::trust`]).
     keys: RwLock<KeyRing>,
     state: RwLock<State>,
@@ -98,11 +101,18 @@ impl Shared {
         pulls: mpsc::UnboundedSender<String>,
     ) -> Self {
         let auth = Authenticator::new(&config.cluster_secret);
+        let keyring = if config.gossip_keys.is_empty() {
+            Keyring::new(&[crate::keyring::derived_key(&config.cluster_secret)])
+        } else {
+            Keyring::new(&config.gossip_keys)
+        }
+        .expect("at least one key");
         let keys = RwLock::new(KeyRing::new(&config.node_id, &config.signing_key));
         Shared {
             config,
             addr,
             auth,
+            keyring: RwLock::new(keyring),
             keys,
             state: RwLock::new(State::default()),
             changes: broadcast::channel(4096).0,
@@ -115,6 +125,16 @@ impl Shared {
 
     pub fn node_id(&self) -> &str {
         &self.config.node_id
+    }
+
+    /// The gossip keyring, to seal or open datagrams.
+    pub fn keyring(&self) -> RwLockReadGuard<'_, Keyring> {
+        self.keyring.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The gossip keyring, to change it.
+    pub fn keyring_mut(&self) -> RwLockWriteGuard<'_, Keyring> {
+        self.keyring.write().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn read(&self) -> RwLockReadGuard<'_, State> {
