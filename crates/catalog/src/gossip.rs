@@ -94,6 +94,7 @@ impl BroadcastHandler<NodeIdentity> for RowBroadcasts {
                 }
             }
             BroadcastItem::Row(_) => false,
+            BroadcastItem::Hint { .. } if self.shared.is_revoked(&bkey.owner) => false,
             BroadcastItem::Hint { .. } => {
                 let news = self.shared.is_newer(&bkey.owner, kind, &bkey.key, version);
                 if news && bkey.owner != self.shared.node_id() {
@@ -101,6 +102,10 @@ impl BroadcastHandler<NodeIdentity> for RowBroadcasts {
                 }
                 news
             }
+            BroadcastItem::Revocation(r) => match self.shared.revoke(&r) {
+                Ok(news) => news,
+                Err(e) => return Err(BadBroadcast(e.to_string())),
+            },
         };
         if news && !self.shared.broadcasts_saturated() {
             self.fresh.store(true, Ordering::Relaxed);
@@ -259,6 +264,11 @@ impl Gossip {
             tracing::trace!(%from, "dropped unauthenticated datagram");
             return;
         };
+        if self.shared.is_revoked(datagram.sender) {
+            Counters::add(&self.shared.counters.rejected, 1);
+            tracing::debug!(%from, sender = datagram.sender, "dropped a revoked host's datagram");
+            return;
+        }
         match self.replays.admit(&datagram, bazaar_types::now_ms()) {
             Ok(()) => {}
             Err(Refusal::Replayed) => {

@@ -31,7 +31,7 @@ pub mod sync;
 pub mod trust;
 pub mod wire;
 
-pub use config::CatalogConfig;
+pub use config::{CatalogConfig, ClusterIdentity};
 pub use records::{
     AppRecord, Change, CheckRecord, HostRecord, HostStatus, HostView, MachineFilter, MachineRecord,
     MachineView, ServiceRecord, VolumeRecord, VolumeView,
@@ -123,7 +123,7 @@ impl Catalog {
         }
         let (commands_tx, commands_rx) = mpsc::unbounded_channel();
         let (pulls_tx, pulls_rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared::new(config, addr, commands_tx, pulls_tx));
+        let shared = Arc::new(Shared::new(config, addr, commands_tx, pulls_tx)?);
         let gossip = gossip::Gossip::new(shared.clone(), socket, commands_rx);
         let tasks = vec![
             tokio::spawn(gossip.run()),
@@ -173,6 +173,9 @@ impl Catalog {
     pub fn publish_host(&self, mut record: HostRecord) {
         record.id = self.node_id().to_owned();
         record.public_key = trust::public_key_hex(&self.shared().config.signing_key);
+        if let Some(cluster) = &self.shared().config.cluster {
+            record.key_endorsement = cluster.key_endorsement.clone();
+        }
         if record.updated_at_ms == 0 {
             record.updated_at_ms = bazaar_types::now_ms();
         }
@@ -447,6 +450,33 @@ impl Catalog {
             members: members.len() as u64,
             alive_members: members.iter().filter(|s| **s == HostStatus::Alive).count() as u64,
         }
+    }
+
+    /// Whether the cluster CA revoked `host_id`: every node refuses its rows, datagrams,
+    /// syncs and host-listener calls. The one place to ask (never true without a CA).
+    pub fn is_revoked(&self, host_id: &str) -> bool {
+        self.shared().is_revoked(host_id)
+    }
+
+    /// Takes a revocation signed by the cluster CA (`bazaar cluster revoke`): drops the
+    /// host's rows, refuses the host from now on, and spreads the revocation to every node.
+    /// Refused without a CA or when the CA did not sign it.
+    pub fn revoke(&self, revocation: &bazaar_pki::Revocation) -> anyhow::Result<()> {
+        if self.shared().revoke(revocation)? {
+            let item = wire::encode(&wire::BroadcastItem::Revocation(revocation.clone()));
+            let _ = self.shared().commands.send(Command::Broadcast(item));
+        }
+        Ok(())
+    }
+
+    /// Every revocation this node knows, to keep across restarts
+    /// ([`ClusterIdentity::revocations`]).
+    pub fn revocations(&self) -> Vec<bazaar_pki::Revocation> {
+        self.shared()
+            .ca
+            .as_ref()
+            .map(|ca| ca.revocations())
+            .unwrap_or_default()
     }
 
     /// The gossip keys (hex), the one that encrypts first.

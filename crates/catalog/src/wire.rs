@@ -371,7 +371,7 @@ impl WireRow {
 }
 
 /// A custom foca broadcast: a fresh row, or, when the row does not fit in a packet, a hint
-/// that makes receivers pull the owner's rows over TCP.
+/// that makes receivers pull the owner's rows over TCP, or a host revoked by the CA.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum BroadcastItem {
     Row(WireRow),
@@ -381,10 +381,12 @@ pub enum BroadcastItem {
         key: String,
         version: u64,
     },
+    Revocation(bazaar_pki::Revocation),
 }
 
 impl BroadcastItem {
-    /// The (owner, kind, key, version) the item is about.
+    /// The (owner, kind, key, version) the item is about; a revocation is about its host,
+    /// under a key no row has (empty) and the highest version.
     pub fn ident(&self) -> (&str, Kind, &str, u64) {
         match self {
             BroadcastItem::Row(r) => (&r.owner, r.kind, &r.key, r.version),
@@ -394,6 +396,7 @@ impl BroadcastItem {
                 key,
                 version,
             } => (owner, *kind, key, *version),
+            BroadcastItem::Revocation(r) => (&r.host_id, Kind::Host, "", u64::MAX),
         }
     }
 }
@@ -416,6 +419,8 @@ pub enum SyncMsg {
         from: String,
         from_addr: SocketAddr,
         digest: Vec<DigestEntry>,
+        /// The hosts the CA revoked that the initiator knows of (few; empty without a CA).
+        revocations: Vec<bazaar_pki::Revocation>,
     },
     Response {
         from: String,
@@ -426,6 +431,8 @@ pub enum SyncMsg {
         /// rows: its signed digest entry, saying those rows are its complete set (see
         /// [`crate::replica::Replica::apply_authoritative`]).
         complete: Option<SignedEntry>,
+        /// The responder's revocations.
+        revocations: Vec<bazaar_pki::Revocation>,
     },
     Push {
         rows: Vec<WireRow>,
