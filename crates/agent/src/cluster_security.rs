@@ -48,8 +48,16 @@ pub fn load_revocations(data_dir: &Path) -> anyhow::Result<Vec<Revocation>> {
     }
 }
 
+/// Writes of this module's files one at a time (they go through the same temporary name).
+static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn write(path: &Path, contents: &str) -> anyhow::Result<()> {
+    let _one = WRITING.lock().unwrap_or_else(|e| e.into_inner());
+    crate::secrets::write_private(path, contents)
+}
+
 fn save_revocations(data_dir: &Path, revocations: &[Revocation]) -> anyhow::Result<()> {
-    crate::secrets::write_private(
+    write(
         &data_dir.join(REVOCATIONS_FILE),
         &serde_json::to_string(revocations)?,
     )
@@ -133,7 +141,7 @@ async fn change_key(
     };
     done.map_err(|e| AgentError::Invalid(format!("{e:#}")))?;
     let keys = catalog.gossip_keys();
-    crate::secrets::write_private(
+    write(
         &agent.config().data_dir.join(GOSSIP_KEYS_FILE),
         &(keys.join("\n") + "\n"),
     )

@@ -323,7 +323,10 @@ async fn serve_connection(
         }
     }
     let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
-        if let Some(peer) = &peer {
+        // Checked per request too: a connection opened before the host was revoked
+        // carries its requests unauthenticated from then on.
+        let revoked = |p: &PeerHost| catalog.as_ref().is_some_and(|c| c.is_revoked(&p.0));
+        if let Some(peer) = peer.as_ref().filter(|p| !revoked(p)) {
             req.extensions_mut().insert(peer.clone());
         }
         let mut router = router.clone();
