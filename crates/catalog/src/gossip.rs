@@ -102,10 +102,12 @@ impl BroadcastHandler<NodeIdentity> for RowBroadcasts {
                 }
                 news
             }
-            BroadcastItem::Revocation(r) => match self.shared.revoke(&r) {
-                Ok(news) => news,
-                Err(e) => return Err(BadBroadcast(e.to_string())),
-            },
+            BroadcastItem::Revocation(r) => self.shared.revoke(&r).unwrap_or_else(|e| {
+                // Not the CA's (or this node has none): dropped, and not forwarded.
+                Counters::add(&self.shared.counters.rejected, 1);
+                tracing::debug!(error = %e, "refused a revocation");
+                false
+            }),
         };
         if news && !self.shared.broadcasts_saturated() {
             self.fresh.store(true, Ordering::Relaxed);
