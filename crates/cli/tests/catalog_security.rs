@@ -145,8 +145,8 @@ async fn a_revoked_host_is_refused_everywhere_and_the_gossip_key_rotates() {
     ok(bazaar(&["cluster", "init", "--dir", ca_path]));
     let a = TestAgent::start(options(vec!["--cluster-ca".into(), ca_path.into()], &[]))
         .expect("the CA's agent starts");
-    let b = join(ca_dir.path(), &a);
-    let c = join(ca_dir.path(), &a);
+    let mut b = join(ca_dir.path(), &a);
+    let mut c = join(ca_dir.path(), &a);
     let id = |t: &TestAgent| {
         let t = t.client();
         async move { t.info().await.unwrap().id }
@@ -201,6 +201,17 @@ async fn a_revoked_host_is_refused_everywhere_and_the_gossip_key_rotates() {
         let kept = std::fs::read_to_string(agent.data_dir.join("revocations.json")).unwrap();
         assert!(kept.contains(&c_id), "{kept}");
     }
+    // Neither side forgets across restarts: c comes back with its old certificate, b
+    // restarts from its data dir; c is still refused.
+    c.restart().expect("c restarts");
+    b.restart().expect("b restarts");
+    until("b is back", async || {
+        sees_alive(&a, &all[..2]).await && sees_alive(&b, &all[..2]).await
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(sees_alive(&a, &all[..2]).await);
+    assert!(sees_alive(&b, &all[..2]).await);
     // Revoking is for this CA's hosts only.
     let out = bazaar(&[
         "cluster",
