@@ -1,5 +1,5 @@
 //! The catalog's wire decoders (`bazaar_catalog::wire`): anti-entropy frames read from a
-//! TCP stream (`Authenticator::read_frame`), datagrams (`open_datagram`), and the postcard
+//! TCP stream (`Authenticator::read_frame`), datagrams (`Keyring::open_datagram`), and the postcard
 //! messages inside them (`SyncMsg`, `BroadcastItem`, `Goodbye`, rows through
 //! `WireRow::into_row`). Properties: reading a frame never holds more memory than its cap
 //! allows (a lying or hostile header allocates nothing); a sealed frame reads back exactly,
@@ -9,6 +9,7 @@
 #![no_main]
 
 use arbitrary::{Arbitrary, Unstructured};
+use bazaar_catalog::keyring::{derived_key, Keyring};
 use bazaar_catalog::wire::{self, Authenticator, BroadcastItem, Goodbye, SyncMsg};
 use libfuzzer_sys::fuzz_target;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -132,6 +133,7 @@ fuzz_target!(|data: &[u8]| {
 
 fn run(input: Input) {
     let auth = Authenticator::new("fuzz-cluster-secret");
+    let keys = Keyring::new(&[derived_key("fuzz-cluster-secret")]).expect("one key");
     match input {
         Input::Stream { cap, bytes } => {
             let cap = cap as usize;
@@ -195,26 +197,26 @@ fn run(input: Input) {
             if sender.len() > 255 {
                 return;
             }
-            let mut d = auth.seal_datagram(kind, &sender, 1_000, seq, &payload);
+            let mut d = keys.seal_datagram(kind, &sender, 1_000, seq, &payload);
             match flip {
                 None => {
-                    let open = auth.open_datagram(&d).expect("a sealed datagram opens");
+                    let open = keys.open_datagram(&d).expect("a sealed datagram opens");
                     assert_eq!(
-                        (open.kind, open.sender, open.sent_at_ms, open.payload),
-                        (kind, sender.as_str(), 1_000, payload.as_slice())
+                        (open.kind, open.sender, open.sent_at_ms, &open.payload),
+                        (kind, sender.as_str(), 1_000, &payload)
                     );
-                    messages(open.payload);
+                    messages(&open.payload);
                 }
                 Some(at) => {
                     let at = at as usize % d.len();
                     d[at] ^= 0x01;
-                    assert_eq!(auth.open_datagram(&d), None, "a changed datagram opened");
+                    assert_eq!(keys.open_datagram(&d), None, "a changed datagram opened");
                 }
             }
         }
         Input::RawDatagram(bytes) => {
-            if let Some(open) = auth.open_datagram(&bytes) {
-                messages(open.payload);
+            if let Some(open) = keys.open_datagram(&bytes) {
+                messages(&open.payload);
             }
         }
     }

@@ -6,7 +6,10 @@
 //! new connections then use the new one, machines are not touched. The host listener
 //! serves the host interface and the catalog view over mTLS: a request is let through
 //! only with a certificate the CA signed (its host id goes to the handlers as
-//! [`PeerHost`]), but for `/cluster/v1/join` on the CA's host.
+//! [`PeerHost`]), but for `/cluster/v1/join` on the CA's host, and never from a host the
+//! CA revoked (the catalog knows which: `Catalog::is_revoked`). The CA also endorses each
+//! host's catalog key (`/cluster/v1/endorse`, as the host its certificate names), kept in
+//! `DATA/tls/row-key.endorsement`.
 
 use crate::agent::Agent;
 use crate::config::AgentConfig;
@@ -131,6 +134,7 @@ impl HostTls {
         let cluster = Router::new()
             .route("/cluster/v1/join", post(join_handler))
             .route("/cluster/v1/renew", post(renew_handler))
+            .route("/cluster/v1/endorse", post(endorse_handler))
             .with_state(self.clone());
         routes
             .merge(cluster)
@@ -149,6 +153,7 @@ impl HostTls {
             &self.ca_pem,
         )?);
         let stop = agent.0.shutdown.clone();
+        let catalog = agent.catalog().cloned();
         tokio::spawn(async move {
             loop {
                 let (stream, _) = tokio::select! {
@@ -164,7 +169,7 @@ impl HostTls {
                 };
                 let acceptor = acceptor.clone();
                 let router = router.clone();
-                tokio::spawn(serve_connection(acceptor, stream, router));
+                tokio::spawn(serve_connection(acceptor, stream, router, catalog.clone()));
             }
         });
         Ok(())
@@ -294,6 +299,7 @@ async fn serve_connection(
     acceptor: tokio_rustls::TlsAcceptor,
     stream: tokio::net::TcpStream,
     router: Router,
+    catalog: Option<bazaar_catalog::Catalog>,
 ) {
     let _ = stream.set_nodelay(true);
     let tls = match tokio::time::timeout(Duration::from_secs(5), acceptor.accept(stream)).await {
@@ -310,8 +316,17 @@ async fn serve_connection(
         .peer_certificates()
         .and_then(bazaar_pki::peer_host_id)
         .map(PeerHost);
+    if let (Some(peer), Some(catalog)) = (&peer, &catalog) {
+        if catalog.is_revoked(&peer.0) {
+            tracing::debug!(host = peer.0, "host listener: refused a revoked host");
+            return;
+        }
+    }
     let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
-        if let Some(peer) = &peer {
+        // Checked per request too: a connection opened before the host was revoked
+        // carries its requests unauthenticated from then on.
+        let revoked = |p: &PeerHost| catalog.as_ref().is_some_and(|c| c.is_revoked(&p.0));
+        if let Some(peer) = peer.as_ref().filter(|p| !revoked(p)) {
             req.extensions_mut().insert(peer.clone());
         }
         let mut router = router.clone();
@@ -377,6 +392,89 @@ async fn renew_handler(
         cert,
         ca: ca.cert_pem().to_string(),
     }))
+}
+
+/// What a host sends to have its catalog key endorsed: the ed25519 public key, hex.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EndorseRequest {
+    row_key: String,
+}
+
+/// The CA's endorsement, base64.
+#[derive(Debug, Serialize, Deserialize)]
+struct Endorsed {
+    endorsement: String,
+}
+
+/// Where this host keeps the CA's endorsement of its catalog key.
+const ENDORSEMENT_FILE: &str = "row-key.endorsement";
+
+impl HostTls {
+    /// The revocations of the CA this host holds (none elsewhere).
+    pub fn ca_revocations(&self) -> Vec<bazaar_pki::Revocation> {
+        self.ca
+            .as_ref()
+            .map(|ca| ca.revocations())
+            .unwrap_or_default()
+    }
+
+    /// The CA's endorsement of `row_key` (this host's catalog key): kept from an earlier
+    /// start if it still verifies, else asked of the CA (held here, or over mTLS).
+    pub async fn row_key_endorsement(
+        &self,
+        data_dir: &std::path::Path,
+        row_key: [u8; 32],
+    ) -> anyhow::Result<String> {
+        let verifier = bazaar_pki::CaVerifier::new(&self.ca_pem)?;
+        let path = self.dir.join(ENDORSEMENT_FILE);
+        if let Ok(kept) = std::fs::read_to_string(&path) {
+            if verifier.check_row_key(&self.host_id, &row_key, kept.trim()) {
+                return Ok(kept.trim().to_string());
+            }
+        }
+        let endorsement = match &self.ca {
+            Some(ca) => ca.endorse_row_key(&self.host_id, &row_key)?,
+            None => {
+                let addr: SocketAddr = std::fs::read_to_string(data_dir.join(CA_ADDR_FILE))
+                    .context("where the CA is (ca.addr)")?
+                    .trim()
+                    .parse()?;
+                let fingerprint = bazaar_pki::ca_fingerprint(&self.ca_pem)?;
+                let config = bazaar_pki::join_client_config(&fingerprint, Some(&self.identity))?;
+                let body = EndorseRequest {
+                    row_key: hex::encode(row_key),
+                };
+                let endorsed: Endorsed =
+                    post_json(config, addr, "/cluster/v1/endorse", &body).await?;
+                endorsed.endorsement
+            }
+        };
+        anyhow::ensure!(
+            verifier.check_row_key(&self.host_id, &row_key, &endorsement),
+            "the CA's endorsement of this host's catalog key does not verify"
+        );
+        bazaar_pki::write_private(&path, endorsement.as_bytes())?;
+        Ok(endorsement)
+    }
+}
+
+async fn endorse_handler(
+    State(tls): State<HostTls>,
+    axum::Extension(peer): axum::Extension<PeerHost>,
+    body: axum::body::Bytes,
+) -> Result<Json<Endorsed>, AgentError> {
+    let ca = tls.ca.clone().ok_or_else(not_the_ca)?;
+    let req: EndorseRequest = serde_json::from_slice(&body)
+        .map_err(|e| AgentError::Invalid(format!("invalid endorsement request: {e}")))?;
+    let row_key: [u8; 32] = hex::decode(&req.row_key)
+        .ok()
+        .and_then(|k| k.try_into().ok())
+        .ok_or_else(|| AgentError::Invalid("row_key must be 64 hex characters".into()))?;
+    let endorsement = ca
+        .endorse_row_key(&peer.0, &row_key)
+        .map_err(|e| AgentError::Forbidden(format!("{e:#}")))?;
+    Ok(Json(Endorsed { endorsement }))
 }
 
 fn not_the_ca() -> AgentError {

@@ -82,6 +82,7 @@ pub fn router(agent: Agent) -> Router {
         .merge(crate::images::routes())
         .merge(crate::audit::routes())
         .merge(crate::ledger_dump::routes())
+        .merge(crate::cluster_security::routes())
         .layer(middleware::from_fn(detached))
         .layer(middleware::from_fn_with_state(
             agent.clone(),

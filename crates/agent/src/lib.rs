@@ -21,6 +21,7 @@
 //!   [`netlink`] requests).
 //! - [`restart`]: the restart policy.
 //! - [`http`]: the host interface (`/host/v1`).
+//! - [`cluster_security`]: the gossip keyring and the CA's revocations on this host.
 //! - [`host_tls`]: this host's cluster certificate (join, renewal) and the host listener
 //!   (the host interface over mTLS).
 //! - [`exec`]: running a command inside a machine; [`ps`]: its processes.
@@ -45,6 +46,7 @@ pub mod agent;
 pub mod audit;
 pub mod checks;
 pub mod cleanup;
+pub mod cluster_security;
 pub mod config;
 pub mod driver;
 pub mod error;
@@ -110,6 +112,22 @@ pub async fn run_agent(
         agent.cluster_secret(),
     );
     catalog_config.signing_key = secrets::host_signing_key(&config.data_dir)?;
+    catalog_config.gossip_keys = cluster_security::load_gossip_keys(&config.data_dir)?;
+    if let Some(tls) = &host_tls {
+        let row_key = catalog_config.signing_key.verifying_key().to_bytes();
+        catalog_config.cluster = Some(bazaar_catalog::ClusterIdentity {
+            identity: tls.identity.clone(),
+            ca_pem: tls.ca_pem.clone(),
+            key_endorsement: tls
+                .row_key_endorsement(&config.data_dir, row_key)
+                .await
+                .context("the CA's endorsement of this host's catalog key")?,
+            revocations: cluster_security::load_revocations(&config.data_dir)?
+                .into_iter()
+                .chain(tls.ca_revocations())
+                .collect(),
+        });
+    }
     catalog_config.seeds = config.join.clone();
     catalog_config.dead_after = config.dead_after;
     catalog_config.probe_period =
@@ -122,6 +140,7 @@ pub async fn run_agent(
         &catalog.local_addr().to_string(),
     )?;
     agent.attach_catalog(catalog.clone()).await;
+    cluster_security::spawn_keeper(&agent, catalog.clone());
     standby::spawn(&agent);
     fence::spawn(&agent);
     images::spawn_pruning(&agent);

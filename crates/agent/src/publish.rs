@@ -108,6 +108,7 @@ impl Agent {
             revoked_tokens: lock(&self.0.revoked_here).iter().cloned().collect(),
             // Set by the catalog.
             public_key: String::new(),
+            key_endorsement: String::new(),
             updated_at_ms: 0,
         };
         let mut last = lock(&self.0.last_host_record);

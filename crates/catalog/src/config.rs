@@ -17,8 +17,16 @@ pub struct CatalogConfig {
     pub advertise: Option<SocketAddr>,
     /// Addresses of nodes to join through; retried in the background until one answers.
     pub seeds: Vec<SocketAddr>,
-    /// Shared by the whole cluster; every datagram and frame is signed with it.
+    /// Shared by the whole cluster; every anti-entropy frame is signed with it.
     pub cluster_secret: String,
+    /// The gossip keyring (see [`crate::keyring`]): the first key encrypts datagrams, every
+    /// key decrypts them. Empty: one key derived from `cluster_secret`.
+    pub gossip_keys: Vec<[u8; crate::keyring::KEY_LEN]>,
+    /// This host's certificate of the cluster CA, when the cluster has one: anti-entropy
+    /// runs over mTLS, rows are taken only with keys the CA endorsed, and the CA's
+    /// revocations are honoured (see [`crate::trust`]). `None`: the cluster secret and
+    /// trust on first use, as before certificates.
+    pub cluster: Option<ClusterIdentity>,
     /// This host's own key: every row it publishes is signed with it, and other nodes
     /// refuse rows of this host id signed with any other key (see [`crate::trust`]). Keep
     /// it across restarts; [`CatalogConfig::new`] makes a fresh one.
@@ -39,6 +47,20 @@ pub struct CatalogConfig {
     pub max_packet_size: usize,
 }
 
+/// A host's identity in a cluster with a CA, as the catalog uses it.
+#[derive(Clone, Debug)]
+pub struct ClusterIdentity {
+    /// The host's key and certificate (renewals swap it in place).
+    pub identity: bazaar_pki::IdentityHandle,
+    /// The CA certificate, PEM.
+    pub ca_pem: String,
+    /// The CA's endorsement of [`CatalogConfig::signing_key`] for this host id
+    /// ([`bazaar_pki::ClusterCa::endorse_row_key`]), published in the host row.
+    pub key_endorsement: String,
+    /// Revocations known at start (the agent keeps those it learnt across restarts).
+    pub revocations: Vec<bazaar_pki::Revocation>,
+}
+
 impl CatalogConfig {
     /// A configuration with LAN defaults: probe every 1 s, dead within 8 s, anti-entropy
     /// every 2 s with 2 peers, tombstones kept 10 min, 1400-byte datagrams, no seeds.
@@ -55,6 +77,8 @@ impl CatalogConfig {
             advertise: None,
             seeds: Vec::new(),
             cluster_secret: cluster_secret.into(),
+            gossip_keys: Vec::new(),
+            cluster: None,
             signing_key: crate::trust::SigningKey::from_bytes(&rand::random()),
             max_frame: crate::wire::MAX_FRAME,
             probe_period: Duration::from_secs(1),
@@ -139,9 +163,9 @@ impl CatalogConfig {
         c
     }
 
-    /// The largest foca packet: a datagram less our header and tag.
+    /// The largest foca packet: a datagram less our header, nonce and tag.
     pub(crate) fn foca_packet_size(&self) -> usize {
-        self.max_packet_size - crate::wire::datagram_overhead(&self.node_id)
+        self.max_packet_size - crate::keyring::datagram_overhead(&self.node_id)
     }
 
     /// The largest broadcast item carried in full; larger rows travel as hints. Leaves

@@ -94,6 +94,7 @@ impl BroadcastHandler<NodeIdentity> for RowBroadcasts {
                 }
             }
             BroadcastItem::Row(_) => false,
+            BroadcastItem::Hint { .. } if self.shared.is_revoked(&bkey.owner) => false,
             BroadcastItem::Hint { .. } => {
                 let news = self.shared.is_newer(&bkey.owner, kind, &bkey.key, version);
                 if news && bkey.owner != self.shared.node_id() {
@@ -101,6 +102,12 @@ impl BroadcastHandler<NodeIdentity> for RowBroadcasts {
                 }
                 news
             }
+            BroadcastItem::Revocation(r) => self.shared.revoke(&r).unwrap_or_else(|e| {
+                // Not the CA's (or this node has none): dropped, and not forwarded.
+                Counters::add(&self.shared.counters.rejected, 1);
+                tracing::debug!(error = %e, "refused a revocation");
+                false
+            }),
         };
         if news && !self.shared.broadcasts_saturated() {
             self.fresh.store(true, Ordering::Relaxed);
@@ -253,11 +260,17 @@ impl Gossip {
             Counters::add(&self.shared.counters.dropped_partitioned, 1);
             return;
         }
-        let Some(datagram) = self.shared.auth.open_datagram(data) else {
+        let opened = self.shared.keyring().open_datagram(data);
+        let Some(datagram) = opened else {
             Counters::add(&self.shared.counters.rejected, 1);
             tracing::trace!(%from, "dropped unauthenticated datagram");
             return;
         };
+        if self.shared.is_revoked(datagram.sender) {
+            Counters::add(&self.shared.counters.rejected, 1);
+            tracing::debug!(%from, sender = datagram.sender, "dropped a revoked host's datagram");
+            return;
+        }
         match self.replays.admit(&datagram, bazaar_types::now_ms()) {
             Ok(()) => {}
             Err(Refusal::Replayed) => {
@@ -271,7 +284,7 @@ impl Gossip {
                 return;
             }
         }
-        let payload = datagram.payload;
+        let payload = &datagram.payload[..];
         match datagram.kind {
             DGRAM_SWIM => {
                 if let Err(e) = self.swim.handle_data(payload, &mut self.runtime) {
@@ -431,7 +444,7 @@ impl Gossip {
         self.sent += 1;
         let now = bazaar_types::now_ms();
         self.shared
-            .auth
+            .keyring()
             .seal_datagram(kind, self.shared.node_id(), now, self.sent, payload)
     }
 

@@ -9,8 +9,9 @@
 //! - Fresh rows spread as foca custom broadcasts, forwarded as soon as they arrive; a
 //!   periodic anti-entropy exchange of per-owner digests over TCP repairs whatever was
 //!   missed ([`sync`]).
-//! - Every datagram and frame is signed with the cluster secret ([`wire`]), with its
-//!   sender and clock inside the tag; datagrams are refused when stale or replayed.
+//! - Every datagram is encrypted with the gossip keyring ([`keyring`]) and every frame
+//!   signed with the cluster secret ([`wire`]), with the sender and clock inside the tag;
+//!   datagrams are refused when stale or replayed.
 //! - Every row is signed by its owner's own key and kept only if it verifies against the
 //!   key trusted for that host ([`trust`]), wherever it came from.
 //!
@@ -21,6 +22,7 @@
 
 pub mod config;
 pub mod gossip;
+pub mod keyring;
 pub mod membership;
 mod node;
 pub mod records;
@@ -29,7 +31,7 @@ pub mod sync;
 pub mod trust;
 pub mod wire;
 
-pub use config::CatalogConfig;
+pub use config::{CatalogConfig, ClusterIdentity};
 pub use records::{
     AppRecord, Change, CheckRecord, HostRecord, HostStatus, HostView, MachineFilter, MachineRecord,
     MachineView, ServiceRecord, VolumeRecord, VolumeView,
@@ -121,7 +123,7 @@ impl Catalog {
         }
         let (commands_tx, commands_rx) = mpsc::unbounded_channel();
         let (pulls_tx, pulls_rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared::new(config, addr, commands_tx, pulls_tx));
+        let shared = Arc::new(Shared::new(config, addr, commands_tx, pulls_tx)?);
         let gossip = gossip::Gossip::new(shared.clone(), socket, commands_rx);
         let tasks = vec![
             tokio::spawn(gossip.run()),
@@ -171,6 +173,9 @@ impl Catalog {
     pub fn publish_host(&self, mut record: HostRecord) {
         record.id = self.node_id().to_owned();
         record.public_key = trust::public_key_hex(&self.shared().config.signing_key);
+        if let Some(cluster) = &self.shared().config.cluster {
+            record.key_endorsement = cluster.key_endorsement.clone();
+        }
         if record.updated_at_ms == 0 {
             record.updated_at_ms = bazaar_types::now_ms();
         }
@@ -445,6 +450,58 @@ impl Catalog {
             members: members.len() as u64,
             alive_members: members.iter().filter(|s| **s == HostStatus::Alive).count() as u64,
         }
+    }
+
+    /// Whether the cluster CA revoked `host_id`: every node refuses its rows, datagrams,
+    /// syncs and host-listener calls. The one place to ask (never true without a CA).
+    pub fn is_revoked(&self, host_id: &str) -> bool {
+        self.shared().is_revoked(host_id)
+    }
+
+    /// Takes a revocation signed by the cluster CA (`bazaar cluster revoke`): drops the
+    /// host's rows, refuses the host from now on, and spreads the revocation to every node.
+    /// Refused without a CA or when the CA did not sign it.
+    pub fn revoke(&self, revocation: &bazaar_pki::Revocation) -> anyhow::Result<()> {
+        if self.shared().revoke(revocation)? {
+            let item = wire::encode(&wire::BroadcastItem::Revocation(revocation.clone()));
+            let _ = self.shared().commands.send(Command::Broadcast(item));
+        }
+        Ok(())
+    }
+
+    /// Every revocation this node knows, to keep across restarts
+    /// ([`ClusterIdentity::revocations`]).
+    pub fn revocations(&self) -> Vec<bazaar_pki::Revocation> {
+        self.shared()
+            .ca
+            .as_ref()
+            .map(|ca| ca.revocations())
+            .unwrap_or_default()
+    }
+
+    /// The gossip keys (hex), the one that encrypts first.
+    pub fn gossip_keys(&self) -> Vec<String> {
+        self.shared().keyring().keys()
+    }
+
+    /// Adds a gossip key that decrypts; the first step of a rotation, done on every host
+    /// before any host uses the key.
+    pub fn install_gossip_key(&self, key: &str) -> anyhow::Result<()> {
+        let key = keyring::parse_key(key)?;
+        self.shared().keyring_mut().install(key);
+        Ok(())
+    }
+
+    /// Encrypts with an installed key from now on.
+    pub fn use_gossip_key(&self, key: &str) -> anyhow::Result<()> {
+        let key = keyring::parse_key(key)?;
+        self.shared().keyring_mut().use_key(key)
+    }
+
+    /// Removes a gossip key (not the one in use): datagrams sealed with it are dropped.
+    pub fn remove_gossip_key(&self, key: &str) -> anyhow::Result<()> {
+        let key = keyring::parse_key(key)?;
+        self.shared().keyring_mut().remove(key)
     }
 
     /// Leaves the cluster cleanly: every known member is told at once (it sees this host

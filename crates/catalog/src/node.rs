@@ -3,11 +3,12 @@
 //! every incoming row takes.
 
 use crate::config::CatalogConfig;
+use crate::keyring::Keyring;
 use crate::membership::MemberView;
 use crate::records::{Change, HostStatus};
 use crate::replica::DigestEntry;
 use crate::replica::{Kind, Record, Replica, Row};
-use crate::trust::{self, KeyRing, SignedEntry};
+use crate::trust::{self, CaTrust, KeyRing, SignedEntry};
 use crate::wire::{self, Authenticator, BroadcastItem, WireRow};
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -79,8 +80,14 @@ pub(crate) struct Shared {
     /// The address other nodes reach this one at (UDP and TCP).
     pub addr: SocketAddr,
     pub auth: Authenticator,
+    /// The gossip keys (see [`crate::keyring`]), changed at run time by key rotation.
+    keyring: RwLock<Keyring>,
     /// The key trusted for each host id (see [`crate::trust`]).
     keys: RwLock<KeyRing>,
+    /// In a cluster with a CA: endorsed keys and revocations (see [`crate::trust`]).
+    pub ca: Option<CaTrust>,
+    /// In a cluster with a CA: anti-entropy over mTLS.
+    pub tls: Option<SyncTls>,
     state: RwLock<State>,
     pub changes: broadcast::Sender<Change>,
     pub counters: Counters,
@@ -90,31 +97,78 @@ pub(crate) struct Shared {
     pub pulls: mpsc::UnboundedSender<String>,
 }
 
+/// Both sides of anti-entropy over mTLS.
+#[derive(Clone)]
+pub(crate) struct SyncTls {
+    pub acceptor: tokio_rustls::TlsAcceptor,
+    pub connector: tokio_rustls::TlsConnector,
+}
+
+impl std::fmt::Debug for SyncTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SyncTls")
+    }
+}
+
 impl Shared {
     pub fn new(
         config: CatalogConfig,
         addr: SocketAddr,
         commands: mpsc::UnboundedSender<Command>,
         pulls: mpsc::UnboundedSender<String>,
-    ) -> Self {
+    ) -> anyhow::Result<Self> {
+        let (ca, tls) =
+            match &config.cluster {
+                Some(c) => (
+                    Some(CaTrust::new(&c.ca_pem, &c.revocations)?),
+                    Some(SyncTls {
+                        acceptor: tokio_rustls::TlsAcceptor::from(
+                            bazaar_pki::catalog_server_config(&c.identity, &c.ca_pem)?,
+                        ),
+                        connector: tokio_rustls::TlsConnector::from(
+                            bazaar_pki::catalog_client_config(&c.identity, &c.ca_pem)?,
+                        ),
+                    }),
+                ),
+                None => (None, None),
+            };
         let auth = Authenticator::new(&config.cluster_secret);
+        let keyring = if config.gossip_keys.is_empty() {
+            Keyring::new(&[crate::keyring::derived_key(&config.cluster_secret)])
+        } else {
+            Keyring::new(&config.gossip_keys)
+        }
+        .expect("at least one key");
         let keys = RwLock::new(KeyRing::new(&config.node_id, &config.signing_key));
-        Shared {
+        Ok(Shared {
             config,
             addr,
             auth,
+            keyring: RwLock::new(keyring),
             keys,
+            ca,
+            tls,
             state: RwLock::new(State::default()),
             changes: broadcast::channel(4096).0,
             counters: Counters::default(),
             blocked: RwLock::new(HashSet::new()),
             commands,
             pulls,
-        }
+        })
     }
 
     pub fn node_id(&self) -> &str {
         &self.config.node_id
+    }
+
+    /// The gossip keyring, to seal or open datagrams.
+    pub fn keyring(&self) -> RwLockReadGuard<'_, Keyring> {
+        self.keyring.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The gossip keyring, to change it.
+    pub fn keyring_mut(&self) -> RwLockWriteGuard<'_, Keyring> {
+        self.keyring.write().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn read(&self) -> RwLockReadGuard<'_, State> {
@@ -176,32 +230,91 @@ impl Shared {
     }
 
     /// Decodes a row from a peer and checks its owner's signature (pinning the key of an
-    /// owner seen for the first time); `None`, counted in `rows_refused`, if it fails.
+    /// owner seen for the first time, or, with a CA, the key the CA endorsed for it);
+    /// `None`, counted in `rows_refused`, if it fails.
     pub fn open_row(&self, wire: WireRow) -> Option<Row> {
-        let checked = wire.into_row().and_then(|mut row| {
-            let pinned = self
-                .keys
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .pinned(&row.owner);
-            let key = trust::verify_row(pinned, &row.identity(), &row.seal, &row.record)?;
-            let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
-            anyhow::ensure!(
-                pinned.is_some() || keys.pin(&row.owner, key),
-                "another key was pinned for {} meanwhile",
-                row.owner
-            );
-            row.seal.compact(&row.record);
-            Ok(row)
+        let checked = wire.into_row().and_then(|row| match &self.ca {
+            Some(ca) => self.check_endorsed(ca, row),
+            None => self.check_first_use(row),
         });
         match checked {
-            Ok(row) => Some(row),
+            Ok(mut row) => {
+                row.seal.compact(&row.record);
+                Some(row)
+            }
             Err(e) => {
                 Counters::add(&self.counters.rows_refused, 1);
                 tracing::debug!(error = %e, "refused a row");
                 None
             }
         }
+    }
+
+    /// Without a CA: the key first seen for the owner (TOFU).
+    fn check_first_use(&self, row: Row) -> anyhow::Result<Row> {
+        let pinned = self
+            .keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .pinned(&row.owner);
+        let key = trust::verify_row(pinned, &row.identity(), &row.seal, &row.record)?;
+        let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        anyhow::ensure!(
+            pinned.is_some() || keys.pin(&row.owner, key),
+            "another key was pinned for {} meanwhile",
+            row.owner
+        );
+        Ok(row)
+    }
+
+    /// With a CA: a host row pins its key if the CA endorsed it; any other row needs the
+    /// endorsed key of its owner. A revoked owner's rows are refused.
+    fn check_endorsed(&self, ca: &CaTrust, row: Row) -> anyhow::Result<Row> {
+        anyhow::ensure!(!ca.is_revoked(&row.owner), "{} is revoked", row.owner);
+        if let Record::Host(host) = &row.record {
+            anyhow::ensure!(
+                ca.endorses(&row.owner, &row.seal, host),
+                "the key of {}'s host row is not endorsed by the cluster CA",
+                row.owner
+            );
+            let key = trust::verify_row(None, &row.identity(), &row.seal, &row.record)?;
+            if row.owner != self.node_id() {
+                self.keys
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pin_endorsed(&row.owner, key);
+            }
+            return Ok(row);
+        }
+        let pinned = self
+            .keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .pinned(&row.owner)
+            .ok_or_else(|| anyhow::anyhow!("no endorsed key known for {} yet", row.owner))?;
+        trust::verify_row(Some(pinned), &row.identity(), &row.seal, &row.record)?;
+        Ok(row)
+    }
+
+    /// Whether the CA revoked `host_id` (never, without a CA).
+    pub fn is_revoked(&self, host_id: &str) -> bool {
+        self.ca.as_ref().is_some_and(|ca| ca.is_revoked(host_id))
+    }
+
+    /// Takes a revocation signed by the CA: drops the host's rows and refuses it from now
+    /// on. `Ok(true)` if it was news.
+    pub fn revoke(&self, revocation: &bazaar_pki::Revocation) -> anyhow::Result<bool> {
+        let ca = self
+            .ca
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("this catalog has no cluster CA"))?;
+        if !ca.add_revocation(revocation)? {
+            return Ok(false);
+        }
+        tracing::warn!(host = revocation.host_id, "host revoked by the cluster CA");
+        let removed = self.write().replica.remove_owner(&revocation.host_id);
+        self.notify(&removed);
+        Ok(true)
     }
 
     /// This node's digest entry signed with its key: its own rows in the same message are

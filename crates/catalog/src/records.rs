@@ -35,6 +35,10 @@ pub struct HostRecord {
     /// [`crate::trust`]); set by the catalog when the host publishes its record.
     #[serde(default)]
     pub public_key: String,
+    /// In a cluster with a CA: the CA's signature binding `public_key` to this host id
+    /// (base64); nodes take a host's key only with it (see [`crate::trust`]).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub key_endorsement: String,
     /// Hashes (hex SHA-256) of the API tokens this host's token file revokes; every host
     /// refuses a token any host revokes.
     #[serde(default)]

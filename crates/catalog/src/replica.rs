@@ -380,6 +380,19 @@ impl Replica {
         Some(row)
     }
 
+    /// Removes every row of `owner` (a revoked host), without markers: its rows are refused
+    /// by their owner from then on. Returns them.
+    pub fn remove_owner(&mut self, owner: &str) -> Vec<Row> {
+        let keys: Vec<RowKey> = self
+            .owners
+            .get(owner)
+            .map(|o| o.rows.keys().cloned().collect())
+            .unwrap_or_default();
+        keys.iter()
+            .filter_map(|key| self.remove_row(owner, key))
+            .collect()
+    }
+
     /// The row held for a key, if any.
     pub fn get(&self, owner: &str, kind: Kind, key: &str) -> Option<&Row> {
         self.owners.get(owner)?.rows.get(&(kind, key.to_owned()))

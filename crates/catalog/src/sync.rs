@@ -29,6 +29,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -87,11 +88,41 @@ pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener) {
     }
 }
 
-/// Reads the first frame header (within [`HEADER_DEADLINE`]), takes an answer slot if one
-/// is free and the peer holds none, and answers. Refusals are errors.
+/// With a CA, first the TLS handshake (a client certificate of the CA is required, so a
+/// peer without one is refused before it can send a byte of a frame), then as without:
+/// see [`admit_and_answer_on`].
 async fn admit_and_answer(
     shared: &Shared,
-    mut stream: TcpStream,
+    stream: TcpStream,
+    handshake: tokio::sync::OwnedSemaphorePermit,
+    slots: &Arc<tokio::sync::Semaphore>,
+    answering: &Mutex<HashMap<String, usize>>,
+) -> anyhow::Result<()> {
+    stream.set_nodelay(true)?;
+    let Some(tls) = &shared.tls else {
+        return admit_and_answer_on(shared, stream, None, handshake, slots, answering).await;
+    };
+    let stream = timeout(HEADER_DEADLINE, tls.acceptor.accept(stream))
+        .await
+        .context("no TLS handshake in time")?
+        .context("TLS handshake refused")?;
+    let peer = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(bazaar_pki::peer_host_id)
+        .context("no host certificate")?;
+    anyhow::ensure!(!shared.is_revoked(&peer), "{peer} is revoked");
+    admit_and_answer_on(shared, stream, Some(peer), handshake, slots, answering).await
+}
+
+/// Reads the first frame header (within [`HEADER_DEADLINE`]), takes an answer slot if one
+/// is free and the peer holds none, and answers. Refusals are errors. `tls_peer` is the
+/// host the peer's certificate names, which its frames must name too.
+async fn admit_and_answer_on<S: AsyncRead + AsyncWrite + Unpin>(
+    shared: &Shared,
+    mut stream: S,
+    tls_peer: Option<String>,
     handshake: tokio::sync::OwnedSemaphorePermit,
     slots: &Arc<tokio::sync::Semaphore>,
     answering: &Mutex<HashMap<String, usize>>,
@@ -106,6 +137,18 @@ async fn admit_and_answer(
     .context("no frame header in time")??
     .context("closed before a frame")?;
     drop(handshake);
+    if let Some(peer) = &tls_peer {
+        anyhow::ensure!(
+            header.sender == *peer,
+            "frames from {} over {peer}'s certificate",
+            header.sender
+        );
+    }
+    anyhow::ensure!(
+        !shared.is_revoked(&header.sender),
+        "{} is revoked",
+        header.sender
+    );
     if header.len > MAX_REQUEST {
         bail!("a request of {} bytes is too large", header.len);
     }
@@ -231,29 +274,63 @@ async fn sync_logged(shared: Arc<Shared>, peer: SocketAddr) {
     }
 }
 
-/// One exchange with `peer`, as the initiator.
+/// One exchange with `peer`, as the initiator: over mTLS with a CA (the peer must be a
+/// host of the CA, not revoked, and its frames must name the host its certificate names).
 pub(crate) async fn sync_with(shared: &Shared, peer: SocketAddr) -> anyhow::Result<()> {
     if shared.is_blocked(&peer) {
         bail!("peer is partitioned away");
     }
-    let mut stream = timeout(CONNECT_TIMEOUT, TcpStream::connect(peer))
+    let stream = timeout(CONNECT_TIMEOUT, TcpStream::connect(peer))
         .await
         .context("connect timed out")??;
     stream.set_nodelay(true)?;
+    let Some(tls) = &shared.tls else {
+        return exchange(shared, stream, None).await;
+    };
+    // The verifier takes any host of the CA; the name only has to be valid.
+    let name = rustls::pki_types::ServerName::try_from(bazaar_pki::HOST_NAME_SUFFIX)?;
+    let stream = timeout(CONNECT_TIMEOUT, tls.connector.connect(name, stream))
+        .await
+        .context("TLS handshake timed out")?
+        .context("TLS handshake")?;
+    let peer_id = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(bazaar_pki::peer_host_id)
+        .context("the peer presented no host certificate")?;
+    anyhow::ensure!(!shared.is_revoked(&peer_id), "{peer_id} is revoked");
+    exchange(shared, stream, Some(peer_id)).await
+}
+
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    shared: &Shared,
+    mut stream: S,
+    tls_peer: Option<String>,
+) -> anyhow::Result<()> {
     let request = SyncMsg::Request {
         from: shared.node_id().to_owned(),
         from_addr: shared.addr,
         digest: shared.read().replica.digest_entries(),
+        revocations: revocations(shared),
     };
     send(shared, &mut stream, &request).await?;
     let Some((header, frame)) = receive(shared, &mut stream).await? else {
         bail!("closed before a response");
     };
+    if let Some(peer) = &tls_peer {
+        anyhow::ensure!(
+            header.sender == *peer,
+            "frames from {} over {peer}'s certificate",
+            header.sender
+        );
+    }
     let SyncMsg::Response {
         from,
         rows,
         want,
         complete,
+        revocations,
     } = wire::decode(&frame)?
     else {
         bail!("expected a sync response");
@@ -263,6 +340,7 @@ pub(crate) async fn sync_with(shared: &Shared, peer: SocketAddr) -> anyhow::Resu
         "response from {from} sent by {}",
         header.sender
     );
+    merge_revocations(shared, &revocations);
     merge_rows(shared, &from, rows, complete);
     shared.write().synced = true;
     if !want.is_empty() {
@@ -315,8 +393,11 @@ fn merge_rows(
 }
 
 /// One exchange, as the peer asked; `header` is the first frame's, already checked.
-async fn answer(shared: &Shared, mut stream: TcpStream, header: FrameHeader) -> anyhow::Result<()> {
-    stream.set_nodelay(true)?;
+async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
+    shared: &Shared,
+    mut stream: S,
+    header: FrameHeader,
+) -> anyhow::Result<()> {
     let deadline = HEADER_DEADLINE + Duration::from_secs((header.len / MIN_REQUEST_RATE) as u64);
     let frame = timeout(deadline, shared.auth.read_body(&mut stream, &header))
         .await
@@ -326,6 +407,7 @@ async fn answer(shared: &Shared, mut stream: TcpStream, header: FrameHeader) -> 
         from,
         from_addr,
         digest,
+        revocations: theirs,
     } = wire::decode(&frame)?
     else {
         bail!("expected a sync request");
@@ -339,6 +421,7 @@ async fn answer(shared: &Shared, mut stream: TcpStream, header: FrameHeader) -> 
         Counters::add(&shared.counters.dropped_partitioned, 1);
         return Ok(());
     }
+    merge_revocations(shared, &theirs);
     // Copy under the lock, encode outside it.
     let (rows, want, complete) = {
         let st = shared.read();
@@ -355,6 +438,7 @@ async fn answer(shared: &Shared, mut stream: TcpStream, header: FrameHeader) -> 
         rows: rows.iter().map(WireRow::from_row).collect(),
         want,
         complete: complete.map(|e| shared.sign_complete_set(e)),
+        revocations: revocations(shared),
     };
     let wants = matches!(&response, SyncMsg::Response { want, .. } if !want.is_empty());
     send(shared, &mut stream, &response).await?;
@@ -456,7 +540,30 @@ fn decode_rows(shared: &Shared, rows: Vec<WireRow>, authority: Option<&str>) -> 
         .collect()
 }
 
-async fn send(shared: &Shared, stream: &mut TcpStream, msg: &SyncMsg) -> anyhow::Result<()> {
+/// The revocations this node knows (none without a CA).
+fn revocations(shared: &Shared) -> Vec<bazaar_pki::Revocation> {
+    shared
+        .ca
+        .as_ref()
+        .map(|ca| ca.revocations())
+        .unwrap_or_default()
+}
+
+/// Takes a peer's revocations (each checked against the CA).
+fn merge_revocations(shared: &Shared, revocations: &[bazaar_pki::Revocation]) {
+    for r in revocations {
+        if let Err(e) = shared.revoke(r) {
+            Counters::add(&shared.counters.rejected, 1);
+            tracing::debug!(error = %e, "refused a revocation");
+        }
+    }
+}
+
+async fn send<S: AsyncWrite + Unpin>(
+    shared: &Shared,
+    stream: &mut S,
+    msg: &SyncMsg,
+) -> anyhow::Result<()> {
     let n = shared
         .auth
         .write_frame(stream, shared.node_id(), &wire::encode(msg))
@@ -465,9 +572,9 @@ async fn send(shared: &Shared, stream: &mut TcpStream, msg: &SyncMsg) -> anyhow:
     Ok(())
 }
 
-async fn receive(
+async fn receive<S: AsyncRead + Unpin>(
     shared: &Shared,
-    stream: &mut TcpStream,
+    stream: &mut S,
 ) -> anyhow::Result<Option<(FrameHeader, Vec<u8>)>> {
     let frame = shared
         .auth

@@ -10,12 +10,20 @@
 //!   row's identity and the record's JSON exactly as signed. Relays (gossip forwarding,
 //!   anti-entropy) pass the seal on untouched, so a row verifies on every node whoever
 //!   delivered it.
-//! - Binding a key to a host id is trust on first use (`KeyRing`): the first key seen for
-//!   a host id is pinned, and a row of that host signed with any other key is refused. A
-//!   host keeps its key across restarts, so the pin holds; a host whose data dir is wiped
-//!   gets a new id too. The weakness is the first contact: a key holder who publishes rows
-//!   for a host id before the real host ever did claims that id on the nodes that saw it
-//!   first. A cluster CA issuing host certificates (a later issue) replaces TOFU.
+//! - In a cluster with a CA ([`CaTrust`]), a host's key is bound to its host id by the CA:
+//!   the CA signs (host id, key) for a host it issued a certificate to
+//!   ([`bazaar_pki::ClusterCa::endorse_row_key`]), the host row carries that endorsement,
+//!   and a node pins a host's key only from a host row whose endorsement verifies against
+//!   the CA certificate. Rows of an owner whose endorsed key is not known yet are refused
+//!   (anti-entropy sends an owner's host row before its other rows, so they follow).
+//!   A host the CA revoked ([`bazaar_pki::Revocation`], spread by the catalog) has its
+//!   rows dropped and refused, its datagrams and syncs refused.
+//! - Without a CA, binding a key to a host id is trust on first use (`KeyRing`): the
+//!   first key seen for a host id is pinned, and a row of that host signed with any other
+//!   key is refused. A host keeps its key across restarts, so the pin holds; a host whose
+//!   data dir is wiped gets a new id too. The weakness is the first contact: a key holder
+//!   who publishes rows for a host id before the real host ever did claims that id on the
+//!   nodes that saw it first.
 //! - Anti-entropy may drop an owner's rows that its complete set lacks; "this is my
 //!   complete set" is a [`SignedEntry`], the owner's digest entry signed by the owner, which
 //!   the rows received must match.
@@ -203,6 +211,11 @@ impl KeyRing {
         self.pinned.get(owner).copied()
     }
 
+    /// Pins `key` for `owner`, whatever was pinned before: the CA endorsed it.
+    pub fn pin_endorsed(&mut self, owner: &str, key: VerifyingKey) {
+        self.pinned.insert(owner.to_owned(), key);
+    }
+
     /// Pins `key` for `owner` unless another key is pinned already; returns whether `key`
     /// is now the owner's key.
     pub fn pin(&mut self, owner: &str, key: VerifyingKey) -> bool {
@@ -220,6 +233,54 @@ impl KeyRing {
         };
         key.verify_strict(&entry_message(&signed.entry), &signature)
             .is_ok()
+    }
+}
+
+/// What a node of a cluster with a CA checks with the CA certificate: endorsed row keys
+/// and revocations.
+#[derive(Debug)]
+pub(crate) struct CaTrust {
+    verifier: bazaar_pki::CaVerifier,
+    revoked: std::sync::RwLock<std::collections::BTreeMap<String, bazaar_pki::Revocation>>,
+}
+
+impl CaTrust {
+    pub fn new(ca_pem: &str, revocations: &[bazaar_pki::Revocation]) -> anyhow::Result<Self> {
+        let trust = CaTrust {
+            verifier: bazaar_pki::CaVerifier::new(ca_pem)?,
+            revoked: Default::default(),
+        };
+        for r in revocations {
+            trust.add_revocation(r)?;
+        }
+        Ok(trust)
+    }
+
+    /// Whether the CA endorsed the key that sealed a host row for its owner.
+    pub fn endorses(&self, owner: &str, seal: &Seal, host: &crate::records::HostRecord) -> bool {
+        self.verifier
+            .check_row_key(owner, &seal.public_key, &host.key_endorsement)
+    }
+
+    pub fn is_revoked(&self, host_id: &str) -> bool {
+        let revoked = self.revoked.read().unwrap_or_else(|e| e.into_inner());
+        !revoked.is_empty() && revoked.contains_key(host_id)
+    }
+
+    /// Records a revocation signed by the CA; `Ok(true)` if it is new.
+    pub fn add_revocation(&self, r: &bazaar_pki::Revocation) -> anyhow::Result<bool> {
+        anyhow::ensure!(
+            self.verifier.check_revocation(r),
+            "a revocation of {} not signed by the cluster CA",
+            r.host_id
+        );
+        let mut revoked = self.revoked.write().unwrap_or_else(|e| e.into_inner());
+        Ok(revoked.insert(r.host_id.clone(), r.clone()).is_none())
+    }
+
+    pub fn revocations(&self) -> Vec<bazaar_pki::Revocation> {
+        let revoked = self.revoked.read().unwrap_or_else(|e| e.into_inner());
+        revoked.values().cloned().collect()
     }
 }
 

@@ -1,13 +1,13 @@
-//! What goes on the wire: the datagram and frame layouts, their authentication with the
-//! cluster secret (HMAC-SHA256, truncated tag), and the messages they carry. Rows inside
+//! What goes on the wire: the frame layout, its authentication with the cluster secret
+//! (HMAC-SHA256, truncated tag), the replay guard of datagrams, and the messages frames and
+//! datagrams carry. Rows inside
 //! them carry their owner's signature besides (see [`crate::trust`]).
 //!
-//! Datagram (UDP): `kind: u8 | sender_len: u8 | sender | sent_at_ms: u64 | seq: u64 |
-//! payload | tag[16]`, tag = HMAC(secret, "bazaar-catalog/udp/v2" | everything before it).
-//! `kind` is [`DGRAM_SWIM`] (a foca packet) or [`DGRAM_GOODBYE`] (a [`Goodbye`]). The
-//! sender's id and clock are inside the tag, and `seq` (per sender, increasing) makes every
-//! datagram unique: a receiver refuses datagrams outside [`FRESHNESS`] of its clock and
-//! those it has already seen ([`ReplayGuard`]).
+//! Datagram (UDP): encrypted with the gossip keyring, see [`crate::keyring`]: the sender's
+//! id and clock and a sequence number (per sender, increasing) are authenticated with it, and
+//! its tag makes every datagram unique: a receiver refuses datagrams outside [`FRESHNESS`] of
+//! its clock and those it has already seen ([`ReplayGuard`]). `kind` is [`DGRAM_SWIM`] (a
+//! foca packet) or [`DGRAM_GOODBYE`] (a [`Goodbye`]).
 //!
 //! Frame (TCP, anti-entropy): a small header `len: u32 | sent_at_ms: u64 | sender_len: u8 |
 //! sender | header_tag[16]` with header_tag = HMAC(secret, "bazaar-catalog/tcp/v2/header" |
@@ -49,16 +49,10 @@ const MAX_REMEMBERED: usize = 1 << 18;
 /// The payload buffer of a frame starts this small and grows as the bytes arrive.
 const FIRST_READ: usize = 64 * 1024;
 
-const UDP_CONTEXT: &[u8] = b"bazaar-catalog/udp/v2";
 const TCP_HEADER_CONTEXT: &[u8] = b"bazaar-catalog/tcp/v2/header";
 const TCP_BODY_CONTEXT: &[u8] = b"bazaar-catalog/tcp/v2/body";
 
-/// Bytes a datagram of `sender` adds around its payload.
-pub fn datagram_overhead(sender: &str) -> usize {
-    1 + 1 + sender.len() + 8 + 8 + TAG_LEN
-}
-
-/// Signs and checks datagrams and frames with the cluster secret.
+/// Signs and checks anti-entropy frames with the cluster secret.
 #[derive(Clone)]
 pub struct Authenticator {
     mac: Hmac<Sha256>,
@@ -70,15 +64,17 @@ impl std::fmt::Debug for Authenticator {
     }
 }
 
-/// A datagram that passed its tag.
+/// A datagram that one of the gossip keys opened ([`crate::keyring`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Datagram<'a> {
     pub kind: u8,
     pub sender: &'a str,
     pub sent_at_ms: u64,
-    /// Unique per datagram (it covers `seq`): what the replay guard remembers.
+    /// Unique per datagram (it covers `seq` and a random nonce): what the replay guard
+    /// remembers.
     pub tag: [u8; TAG_LEN],
-    pub payload: &'a [u8],
+    /// The decrypted payload.
+    pub payload: Vec<u8>,
 }
 
 /// A frame header that passed its tag, its cap and its clock check.
@@ -121,52 +117,6 @@ impl Authenticator {
             mac.update(p);
         }
         mac.verify_truncated_left(tag).is_ok()
-    }
-
-    /// Builds a signed datagram from `sender` (at most 255 bytes, see
-    /// [`crate::CatalogConfig::validate`]), its clock and its sequence number.
-    pub fn seal_datagram(
-        &self,
-        kind: u8,
-        sender: &str,
-        sent_at_ms: u64,
-        seq: u64,
-        payload: &[u8],
-    ) -> Vec<u8> {
-        let mut out = Vec::with_capacity(payload.len() + datagram_overhead(sender));
-        out.push(kind);
-        out.push(sender.len() as u8);
-        out.extend_from_slice(sender.as_bytes());
-        out.extend_from_slice(&sent_at_ms.to_be_bytes());
-        out.extend_from_slice(&seq.to_be_bytes());
-        out.extend_from_slice(payload);
-        let tag = self.tag(UDP_CONTEXT, &[&out]);
-        out.extend_from_slice(&tag);
-        out
-    }
-
-    /// Checks a datagram's tag and layout; `None` if it is not ours. Freshness and replays
-    /// are the [`ReplayGuard`]'s business.
-    pub fn open_datagram<'a>(&self, data: &'a [u8]) -> Option<Datagram<'a>> {
-        if data.len() < datagram_overhead("") {
-            return None;
-        }
-        let (body, tag) = data.split_at(data.len() - TAG_LEN);
-        if !self.verify(UDP_CONTEXT, &[body], tag) {
-            return None;
-        }
-        let sender_len = body[1] as usize;
-        let rest = body.get(2..)?;
-        let (sender, rest) = (rest.get(..sender_len)?, rest.get(sender_len..)?);
-        let sent_at_ms = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
-        let payload = rest.get(16..)?;
-        Some(Datagram {
-            kind: body[0],
-            sender: std::str::from_utf8(sender).ok()?,
-            sent_at_ms,
-            tag: tag.try_into().ok()?,
-            payload,
-        })
     }
 
     /// Writes one signed frame from `sender`.
@@ -421,7 +371,7 @@ impl WireRow {
 }
 
 /// A custom foca broadcast: a fresh row, or, when the row does not fit in a packet, a hint
-/// that makes receivers pull the owner's rows over TCP.
+/// that makes receivers pull the owner's rows over TCP, or a host revoked by the CA.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum BroadcastItem {
     Row(WireRow),
@@ -431,10 +381,12 @@ pub enum BroadcastItem {
         key: String,
         version: u64,
     },
+    Revocation(bazaar_pki::Revocation),
 }
 
 impl BroadcastItem {
-    /// The (owner, kind, key, version) the item is about.
+    /// The (owner, kind, key, version) the item is about; a revocation is about its host,
+    /// under a key no row has (empty) and the highest version.
     pub fn ident(&self) -> (&str, Kind, &str, u64) {
         match self {
             BroadcastItem::Row(r) => (&r.owner, r.kind, &r.key, r.version),
@@ -444,6 +396,7 @@ impl BroadcastItem {
                 key,
                 version,
             } => (owner, *kind, key, *version),
+            BroadcastItem::Revocation(r) => (&r.host_id, Kind::Host, "", u64::MAX),
         }
     }
 }
@@ -466,6 +419,8 @@ pub enum SyncMsg {
         from: String,
         from_addr: SocketAddr,
         digest: Vec<DigestEntry>,
+        /// The hosts the CA revoked that the initiator knows of (few; empty without a CA).
+        revocations: Vec<bazaar_pki::Revocation>,
     },
     Response {
         from: String,
@@ -476,6 +431,8 @@ pub enum SyncMsg {
         /// rows: its signed digest entry, saying those rows are its complete set (see
         /// [`crate::replica::Replica::apply_authoritative`]).
         complete: Option<SignedEntry>,
+        /// The responder's revocations.
+        revocations: Vec<bazaar_pki::Revocation>,
     },
     Push {
         rows: Vec<WireRow>,
@@ -495,30 +452,59 @@ pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> anyhow::Result<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keyring::{datagram_overhead, derived_key, Keyring};
 
     #[test]
     fn datagrams_round_trip_and_reject_tampering() {
-        let a = Authenticator::new("secret");
-        let d = a.seal_datagram(DGRAM_SWIM, "h1", 1_000, 7, b"hello");
+        let ring = Keyring::new(&[[1; 32]]).unwrap();
+        let d = ring.seal_datagram(DGRAM_SWIM, "h1", 1_000, 7, b"hello");
         assert_eq!(d.len(), 5 + datagram_overhead("h1"));
-        let open = a.open_datagram(&d).unwrap();
+        assert!(
+            !d.windows(5).any(|w| w == b"hello"),
+            "the payload is encrypted"
+        );
+        let open = ring.open_datagram(&d).unwrap();
         assert_eq!(
-            (open.kind, open.sender, open.sent_at_ms, open.payload),
+            (open.kind, open.sender, open.sent_at_ms, &open.payload[..]),
             (DGRAM_SWIM, "h1", 1_000, &b"hello"[..])
         );
         for i in 0..d.len() {
             let mut bad = d.clone();
             bad[i] ^= 1;
-            assert_eq!(a.open_datagram(&bad), None, "flipped byte {i}");
+            assert_eq!(ring.open_datagram(&bad), None, "flipped byte {i}");
         }
-        assert_eq!(Authenticator::new("other").open_datagram(&d), None);
-        assert_eq!(a.open_datagram(&[1, 2, 3]), None);
-        assert_eq!(a.open_datagram(&[]), None);
+        assert_eq!(Keyring::new(&[[2; 32]]).unwrap().open_datagram(&d), None);
+        assert_eq!(ring.open_datagram(&[1, 2, 3]), None);
+        assert_eq!(ring.open_datagram(&[]), None);
+    }
+
+    #[test]
+    fn the_first_key_encrypts_and_every_key_decrypts() {
+        let (old, new) = ([1; 32], [2; 32]);
+        let mut ring = Keyring::new(&[old]).unwrap();
+        let only_old = Keyring::new(&[old]).unwrap();
+        let only_new = Keyring::new(&[new]).unwrap();
+        ring.install(new);
+        let d = ring.seal_datagram(DGRAM_SWIM, "h1", 1, 1, b"x");
+        assert!(only_old.open_datagram(&d).is_some());
+        assert!(ring
+            .open_datagram(&only_new.seal_datagram(DGRAM_SWIM, "h2", 1, 1, b"x"))
+            .is_some());
+        assert!(ring.remove(old).is_err(), "the key in use stays");
+        ring.use_key(new).unwrap();
+        let d = ring.seal_datagram(DGRAM_SWIM, "h1", 1, 2, b"x");
+        assert!(only_new.open_datagram(&d).is_some());
+        assert!(only_old.open_datagram(&d).is_none());
+        ring.remove(old).unwrap();
+        assert_eq!(ring.keys(), vec![hex::encode(new)]);
+        assert!(ring.use_key(old).is_err(), "not installed");
+        assert_eq!(derived_key("s"), derived_key("s"));
+        assert_ne!(derived_key("s"), derived_key("t"));
     }
 
     #[test]
     fn the_replay_guard_admits_each_fresh_datagram_once() {
-        let a = Authenticator::new("secret");
+        let a = Keyring::new(&[[1; 32]]).unwrap();
         let now = 1_000_000;
         let mut guard = ReplayGuard::default();
         let d1 = a.seal_datagram(DGRAM_SWIM, "h1", now, 1, b"x");

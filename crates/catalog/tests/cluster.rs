@@ -1,6 +1,7 @@
 //! Multi-node tests of the catalog: several nodes in one process on 127.0.0.1, with short
 //! timings, checked by polling until a deadline (never by fixed long sleeps).
 
+use bazaar_catalog::keyring::{derived_key, Keyring};
 use bazaar_catalog::trust::SigningKey;
 use bazaar_catalog::wire::{Authenticator, DGRAM_SWIM};
 use bazaar_catalog::{
@@ -351,8 +352,9 @@ async fn garbage_and_unauthenticated_traffic_is_ignored() {
         udp.send_to(&junk, target).unwrap();
     }
     let wrong = bazaar_catalog::wire::Authenticator::new("not-the-secret");
+    let wrong_keys = Keyring::new(&[derived_key("not-the-secret")]).unwrap();
     udp.send_to(
-        &wrong.seal_datagram(DGRAM_SWIM, "n1", bazaar_types::now_ms(), 1, b"hello"),
+        &wrong_keys.seal_datagram(DGRAM_SWIM, "n1", bazaar_types::now_ms(), 1, b"hello"),
         target,
     )
     .unwrap();
@@ -533,7 +535,7 @@ async fn replayed_and_stale_datagrams_are_refused() {
     })
     .await;
     // A datagram signed with the secret but stamped a minute ago is refused too.
-    let old = Authenticator::new(SECRET).seal_datagram(
+    let old = Keyring::new(&[derived_key(SECRET)]).unwrap().seal_datagram(
         DGRAM_SWIM,
         "n1",
         bazaar_types::now_ms() - 60_000,

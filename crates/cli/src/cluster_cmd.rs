@@ -1,7 +1,24 @@
 //! `bazaar cluster ...`: the cluster CA (`init`) and one-time join tokens (`join-token`),
-//! over [`bazaar_pki`]. Both run where the CA's directory is; nothing is sent anywhere.
+//! over [`bazaar_pki`], which run where the CA's directory is and send nothing; host
+//! revocation (`revoke`: signed where the CA is, handed to one agent, spread by the
+//! catalog) and the gossip keyring (`gossip-key`: applied to every host the catalog knows,
+//! through their host interfaces).
 
+use anyhow::Context;
+use bazaar_client::HostClient;
 use std::path::PathBuf;
+
+/// How to reach an agent's host interface.
+#[derive(Debug, clap::Args)]
+struct AgentConn {
+    /// The agent's URL.
+    #[arg(long, env = "BAZAAR_API_URL", default_value = "http://127.0.0.1:4280")]
+    api_url: String,
+    /// The cluster secret (`bazaar dev` writes it to .bazaar-dev/dev.env; an agent keeps
+    /// it in DATA_DIR/cluster-secret).
+    #[arg(long, env = "BAZAAR_CLUSTER_SECRET", hide_env_values = true)]
+    cluster_secret: Option<String>,
+}
 
 #[derive(Debug, clap::Args)]
 pub struct ClusterArgs {
@@ -28,6 +45,30 @@ enum ClusterCommand {
         #[arg(long, default_value = "1h")]
         ttl: String,
     },
+    /// Revoke a host: the CA signs the revocation (kept in DIR/revoked/) and the agent at
+    /// --api-url spreads it through the catalog; every host then refuses HOST (its rows,
+    /// gossip, catalog syncs, host-listener calls), and the CA no longer renews its
+    /// certificate. To bring the machine back, reset it and join with a new token.
+    Revoke {
+        /// The host id to revoke.
+        host: String,
+        /// The CA's directory.
+        #[arg(long)]
+        dir: PathBuf,
+        #[command(flatten)]
+        conn: AgentConn,
+    },
+    /// The gossip keyring: `generate` prints a new key; `list` shows the agent's keys (the
+    /// one in use first); `install`, `use` and `remove` change every host the catalog knows.
+    /// Rotate with install NEW, then use NEW, then remove OLD.
+    GossipKey {
+        /// generate, list, install, use or remove.
+        action: String,
+        /// The key (64 hex characters), for install, use and remove.
+        key: Option<String>,
+        #[command(flatten)]
+        conn: AgentConn,
+    },
 }
 
 pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
@@ -44,6 +85,89 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
             let ca = bazaar_pki::ClusterCa::open(&dir)?;
             println!("{}", ca.new_join_token(ttl)?);
         }
+        ClusterCommand::Revoke { host, dir, conn } => {
+            let ca = bazaar_pki::ClusterCa::open(&dir)?;
+            let revocation = ca.revoke(&host)?;
+            println!("host {host} revoked by the CA in {}", dir.display());
+            crate::run_async(async move {
+                let client = client(&conn)?;
+                let url = format!("{}/host/v1/revocations", client.base());
+                let _: serde_json::Value = client
+                    .send(reqwest::Client::new().post(&url).json(&revocation), url)
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "handing the revocation to the agent at {} (the CA's own agent also \
+                             spreads it when it restarts)",
+                            conn.api_url
+                        )
+                    })?;
+                println!("spreading through the catalog from {}", conn.api_url);
+                Ok(())
+            })?;
+        }
+        ClusterCommand::GossipKey { action, key, conn } => {
+            crate::run_async(gossip_key(action, key, conn))?;
+        }
     }
+    Ok(())
+}
+
+fn client(conn: &AgentConn) -> anyhow::Result<HostClient> {
+    Ok(HostClient::new(
+        &conn.api_url,
+        &crate::host_cmd::require_secret(conn.cluster_secret.clone())?,
+    ))
+}
+
+/// `bazaar cluster gossip-key ACTION [KEY]`.
+async fn gossip_key(action: String, key: Option<String>, conn: AgentConn) -> anyhow::Result<()> {
+    if action == "generate" {
+        println!("{}", bazaar_catalog::keyring::generate_key());
+        return Ok(());
+    }
+    let client = client(&conn)?;
+    let http = reqwest::Client::new();
+    if action == "list" {
+        let url = format!("{}/host/v1/gossip-keys", client.base());
+        let keys: serde_json::Value = client.send(http.get(&url), url).await?;
+        for key in keys["keys"].as_array().into_iter().flatten() {
+            println!("{}", key.as_str().unwrap_or_default());
+        }
+        return Ok(());
+    }
+    anyhow::ensure!(
+        ["install", "use", "remove"].contains(&action.as_str()),
+        "unknown action {action:?}: generate, list, install, use or remove"
+    );
+    let key = key.context("install, use and remove take a KEY")?;
+    bazaar_catalog::keyring::parse_key(&key)?;
+    let url = format!("{}/v1/catalog/hosts", client.base());
+    let hosts: Vec<serde_json::Value> = client.send(http.get(&url), url).await?;
+    let body = serde_json::json!({ "action": action, "key": key });
+    let mut failed = Vec::new();
+    for host in &hosts {
+        let id = host["id"].as_str().unwrap_or_default();
+        let url = format!(
+            "http://{}/host/v1/gossip-keys",
+            host["api_addr"].as_str().unwrap_or_default()
+        );
+        match client
+            .send::<serde_json::Value>(http.post(&url).json(&body), url)
+            .await
+        {
+            Ok(_) => println!("{id}: {action} done"),
+            Err(e) => {
+                println!("{id}: {e}");
+                failed.push(id.to_string());
+            }
+        }
+    }
+    anyhow::ensure!(
+        failed.is_empty(),
+        "not done on {} (run it again once they are up): {}",
+        failed.len(),
+        failed.join(", ")
+    );
     Ok(())
 }

@@ -51,7 +51,7 @@ enum Command {
     Dev(dev::DevArgs),
     /// A fleet of hosts in network namespaces on this machine, and faults to inject (root).
     Lab(lab_cmd::LabArgs),
-    /// The cluster's identity: its CA and join tokens for new hosts.
+    /// The cluster's identity: its CA, join tokens for new hosts, host revocation, the gossip keyring.
     Cluster(cluster_cmd::ClusterArgs),
     /// Talk to one host's agent (host interface).
     Host(host_cmd::HostArgs),

@@ -2,7 +2,8 @@
 //! (`ca.crt`), its key (`ca.key`, 0600, never sent anywhere), the join tokens it has made
 //! (`join-tokens/<hash of secret>.json`, renamed to `.used` when redeemed) and the host ids it
 //! has issued certificates to (`hosts/<host id>`), so a joining host cannot take the id of
-//! one that is already in the cluster.
+//! one that is already in the cluster, and the hosts it revoked (`revoked/<host id>.json`,
+//! see [`crate::authority`]), which it no longer renews.
 
 use crate::{host_dns_name, valid_host_id, write_private, JoinToken};
 use anyhow::Context;
@@ -24,7 +25,7 @@ const BACKDATE: Duration = Duration::from_secs(300);
 
 /// An opened cluster CA.
 pub struct ClusterCa {
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
     cert_pem: String,
     cert_der: Vec<u8>,
     issuer: Issuer<'static, KeyPair>,
@@ -187,6 +188,7 @@ impl ClusterCa {
             self.host_marker(host_id).exists(),
             "host {host_id} never joined this cluster"
         );
+        self.ensure_not_revoked(host_id)?;
         self.issue(request, host_id, validity)
     }
 
@@ -205,7 +207,7 @@ impl ClusterCa {
         self.issue(request, host_id, validity)
     }
 
-    fn host_marker(&self, host_id: &str) -> PathBuf {
+    pub(crate) fn host_marker(&self, host_id: &str) -> PathBuf {
         self.dir.join("hosts").join(host_id)
     }
 

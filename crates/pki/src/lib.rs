@@ -3,16 +3,24 @@
 //! fingerprint (`token.rs`, as kubeadm's discovery hash), a host's own key and certificate
 //! naming its host id (`host.rs`), and the rustls configs hosts use between themselves
 //! (`tls.rs`: a peer must present a certificate the CA signed, and is known by the host id
-//! it names). Pure but for the files of the CA's directory and of a host's `DATA/tls/`.
+//! it names; the catalog's sync takes any host of the CA and binds it to the rows it sends),
+//! and what the CA signs besides certificates (`authority.rs`: the catalog key of each host,
+//! revocations of hosts). Pure but for the files of the CA's directory and of a host's
+//! `DATA/tls/`.
 
+mod authority;
 mod ca;
 mod host;
 mod tls;
 mod token;
 
+pub use authority::{CaVerifier, Revocation};
 pub use ca::{ClusterCa, DEFAULT_CERT_VALIDITY};
 pub use host::{HostIdentity, HostRequest, HOST_FILE};
-pub use tls::{client_config, join_client_config, peer_host_id, server_config, IdentityHandle};
+pub use tls::{
+    catalog_client_config, catalog_server_config, client_config, join_client_config, peer_host_id,
+    server_config, IdentityHandle,
+};
 pub use token::JoinToken;
 
 /// The DNS name a host certificate carries for `host_id`; the only subject name the CA

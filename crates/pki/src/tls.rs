@@ -135,6 +135,114 @@ pub fn client_config(identity: &IdentityHandle, ca_pem: &str) -> anyhow::Result<
     Ok(Arc::new(config))
 }
 
+/// ALPN of the catalog's anti-entropy over mTLS.
+const CATALOG_ALPN: &[u8] = b"bazaar-catalog/1";
+
+/// The server side of the catalog's anti-entropy: a client must present a certificate the
+/// CA signed (the handshake fails otherwise); its host id is then [`peer_host_id`].
+pub fn catalog_server_config(
+    identity: &IdentityHandle,
+    ca_pem: &str,
+) -> anyhow::Result<Arc<ServerConfig>> {
+    let provider = Arc::new(provider());
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(roots(ca_pem)?, provider.clone()).build()?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(Arc::new(identity.clone()));
+    config.alpn_protocols = vec![CATALOG_ALPN.to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The client side of the catalog's anti-entropy: presents this host's certificate and
+/// accepts any server whose certificate the CA signed for some host (a sync peer is known
+/// by its gossip address only; the caller binds the host id the certificate names,
+/// [`peer_host_id`], to the rows the peer sends).
+pub fn catalog_client_config(
+    identity: &IdentityHandle,
+    ca_pem: &str,
+) -> anyhow::Result<Arc<ClientConfig>> {
+    let provider = Arc::new(provider());
+    let verifier = AnyHostOfCa {
+        roots: roots(ca_pem)?,
+        provider: provider.clone(),
+    };
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_client_cert_resolver(Arc::new(identity.clone()));
+    config.alpn_protocols = vec![CATALOG_ALPN.to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Trusts a server certificate the CA signed that names a host, whichever.
+#[derive(Debug)]
+struct AnyHostOfCa {
+    roots: Arc<RootCertStore>,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for AnyHostOfCa {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        rustls::client::verify_server_cert_signed_by_trust_anchor(
+            &ParsedCertificate::try_from(end_entity)?,
+            &self.roots,
+            intermediates,
+            now,
+            self.provider.signature_verification_algorithms.all,
+        )?;
+        if peer_host_id(std::slice::from_ref(end_entity)).is_none() {
+            return Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForName,
+            ));
+        }
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
 /// The client side of a join (`identity` `None`: nothing to present) or a renewal (the
 /// current certificate): the server's chain must hold the CA whose fingerprint the join
 /// token carries, and its certificate must be signed by it, whichever host it names.
