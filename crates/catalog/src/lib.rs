@@ -32,7 +32,7 @@ pub mod wire;
 pub use config::CatalogConfig;
 pub use records::{
     AppRecord, Change, CheckRecord, HostRecord, HostStatus, HostView, MachineFilter, MachineRecord,
-    MachineView, ServiceRecord, VolumeRecord, VolumeView,
+    MachineView, SecretRecord, ServiceRecord, VolumeRecord, VolumeView,
 };
 
 use anyhow::Context;
@@ -399,6 +399,24 @@ impl Catalog {
 
     pub fn app(&self, name: &str) -> Option<AppRecord> {
         self.shared().read().replica.app(name).cloned()
+    }
+
+    /// Publishes a secret of an app written through this host's API (`sealed: None` to
+    /// unset it); `record.set_by_host` must be this host.
+    pub fn publish_secret(&self, record: SecretRecord) {
+        self.shared().publish(Record::Secret(record), false);
+    }
+
+    /// The secrets of an app as every node resolves them (the latest write per name, unset
+    /// ones included, sealed), ordered by name. See [`SecretRecord`].
+    pub fn app_secrets(&self, app: &str) -> Vec<SecretRecord> {
+        self.shared()
+            .read()
+            .replica
+            .app_secrets(app)
+            .into_iter()
+            .cloned()
+            .collect()
     }
 
     /// A stream of changes to the local replica and to hosts' liveness. A receiver that
