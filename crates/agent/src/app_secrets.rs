@@ -8,9 +8,22 @@
 //! value or a keyed digest.
 
 use crate::agent::Agent;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
 use bazaar_catalog::SecretRecord;
 use bazaar_seal::SealKey;
 use sha2::{Digest as _, Sha256};
+use std::time::Duration;
+
+/// Header of a call that an API node forwards to a machine's owner (start, restart, update,
+/// claim): `<version> <app>`, the app's secrets version as the API node sees it. The owner
+/// waits (at most [`SECRETS_WAIT`]) until its catalog has caught up, so a machine restarted
+/// right after `secrets set` on another node starts with the new values (Fly's
+/// `min_secrets_version`, implicit).
+pub const SECRETS_VERSION_HEADER: &str = "x-bazaar-secrets-version";
+/// Longest an owner waits for the secrets a forwarded call saw.
+const SECRETS_WAIT: Duration = Duration::from_secs(3);
 
 /// The purpose the sealing key is derived for.
 const SEAL_PURPOSE: &str = "app-secrets";
@@ -189,6 +202,26 @@ impl Agent {
         Ok(self.app_secrets(app))
     }
 
+    /// The version of an app's secrets: the time of the latest set or unset (0: none).
+    pub fn app_secrets_version(&self, app: &str) -> u64 {
+        self.catalog()
+            .map(|c| c.app_secrets(app))
+            .unwrap_or_default()
+            .iter()
+            .map(|s| s.updated_at_ms)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The [`SECRETS_VERSION_HEADER`] value for a call about `app` forwarded to another
+    /// host, if the app has secrets.
+    pub fn secrets_version_header(&self, app: &str) -> Option<String> {
+        match self.app_secrets_version(app) {
+            0 => None,
+            version => Some(format!("{version} {app}")),
+        }
+    }
+
     /// The secrets of `app` that are set, ordered by name (sealed; never opened here).
     pub fn app_secrets(&self, app: &str) -> Vec<SecretRecord> {
         self.catalog()
@@ -223,6 +256,25 @@ impl Agent {
             })
             .collect()
     }
+}
+
+/// Host interface middleware: a call carrying [`SECRETS_VERSION_HEADER`] waits until this
+/// host's catalog holds that version of the app's secrets (or [`SECRETS_WAIT`] passed).
+pub async fn await_secrets(State(agent): State<Agent>, req: Request, next: Next) -> Response {
+    let wanted = req
+        .headers()
+        .get(SECRETS_VERSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .and_then(|(version, app)| Some((version.parse::<u64>().ok()?, app.to_string())));
+    if let Some((version, app)) = wanted {
+        let deadline = tokio::time::Instant::now() + SECRETS_WAIT;
+        while agent.app_secrets_version(&app) < version && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    next.run(req).await
 }
 
 #[cfg(test)]

@@ -82,6 +82,10 @@ pub fn router(agent: Agent) -> Router {
         .merge(crate::images::routes())
         .merge(crate::audit::routes())
         .merge(crate::ledger_dump::routes())
+        .layer(middleware::from_fn_with_state(
+            agent.clone(),
+            crate::app_secrets::await_secrets,
+        ))
         .layer(middleware::from_fn(detached))
         .layer(middleware::from_fn_with_state(
             agent.clone(),
