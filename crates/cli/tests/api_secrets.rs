@@ -1,0 +1,353 @@
+//! App secrets (issue 15) on a real two-host cluster: set through one host, a process
+//! machine on the other host gets them in its environment (a secret wins over
+//! `config.env`); `bazaar secrets set` restarts started machines so the new value is seen
+//! without a manual restart; `unset --stage` applies at the next start; lists show names and
+//! digests only; wrong-app, read-only and secrets-less tokens are refused; bad names and
+//! values get 400s that never quote a value; and no value appears on any read path: machine
+//! GET and list, events, the log endpoint and `bazaar logs`, the catalog views, `/metrics`,
+//! every file of both hosts' data dirs (the store, run specs, logs), error messages.
+
+use bazaar_auth::{Op, Scope};
+use bazaar_testkit::{eventually, start_cluster, tokens, TestAgent, TEST_SECRET};
+use reqwest::{Client, Method, StatusCode};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::path::Path;
+use std::time::Duration;
+
+const EXE: &str = env!("CARGO_BIN_EXE_bazaar");
+const FIRST: &str = "pg://user:f1rst-v4lue-9d8c7b6a@db/prod";
+const SECOND: &str = "pg://user:s3cond-v4lue-1a2b3c4d@db/prod";
+const THIRD: &str = "th1rd-v4lue-never-stored-5e6f";
+
+async fn call(
+    agent: &TestAgent,
+    token: &str,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, String) {
+    let mut req = Client::new()
+        .request(method, format!("{}{path}", agent.url()))
+        .bearer_auth(token);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().await.unwrap();
+    (resp.status(), resp.text().await.unwrap())
+}
+
+async fn call_json(
+    agent: &TestAgent,
+    token: &str,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let (s, text) = call(agent, token, method, path, body).await;
+    (s, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+/// Runs `bazaar ARGS` against `agent` with the cluster secret as token; must succeed.
+fn bazaar(agent: &TestAgent, args: &[&str]) -> String {
+    let out = std::process::Command::new(EXE)
+        .args(args)
+        .env("BAZAAR_API_URL", agent.url())
+        .env("BAZAAR_TOKEN", TEST_SECRET)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "bazaar {args:?}: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn sha_line(value: &str) -> String {
+    hex::encode(Sha256::digest(format!("{value}\n")))
+}
+
+/// What the machine last wrote at start: the sha256 of `$DB_URL` and `$GREETING`.
+fn seen_by_machine(host: &TestAgent, id: &str) -> Option<(String, String)> {
+    let work = host.data_dir.join("machines").join(id).join("work");
+    let sha = std::fs::read_to_string(work.join("db.sha")).ok()?;
+    let greeting = std::fs::read_to_string(work.join("greeting")).ok()?;
+    Some((
+        sha.split_whitespace().next()?.to_string(),
+        greeting.trim_end().to_string(),
+    ))
+}
+
+/// Every file under `dir` that contains `needle`.
+fn files_containing(dir: &Path, needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if meta.is_dir() {
+                stack.push(path);
+            } else if meta.is_file() {
+                let bytes = std::fs::read(&path).unwrap_or_default();
+                if bytes
+                    .windows(needle.len())
+                    .any(|w| w == needle.as_bytes())
+                {
+                    found.push(path.display().to_string());
+                }
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
+    let hosts = start_cluster(Path::new(EXE), 2, |i, o| {
+        o.region = ["ams", "ord"][i].into();
+    })
+    .expect("agents start");
+    let (a, b) = (&hosts[0], &hosts[1]);
+    eventually(Duration::from_secs(10), || async {
+        let (_, v) = call_json(a, TEST_SECRET, Method::GET, "/v1/platform/regions", None).await;
+        (v["regions"].as_array().map_or(0, |r| r.len()) == 2).then_some(())
+    })
+    .await
+    .expect("both hosts in the catalog");
+    let (s, v) = call_json(
+        a,
+        TEST_SECRET,
+        Method::POST,
+        "/v1/apps",
+        Some(json!({"app_name": "web", "org_slug": "personal"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+
+    // Set through host A.
+    let (s, v) = call_json(
+        a,
+        TEST_SECRET,
+        Method::POST,
+        "/v1/apps/web/secrets",
+        Some(json!({"values": {"DB_URL": FIRST, "GREETING": "from-secret"}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert!(!v.to_string().contains(FIRST), "{v}");
+
+    // A process machine placed in ord (host B) sees both; the secret wins over config.env.
+    let script = "echo \"$DB_URL\" | sha256sum > $HOME/db.sha; \
+                  echo \"$GREETING\" > $HOME/greeting; echo started; exec sleep 1000";
+    let (s, m) = call_json(
+        a,
+        TEST_SECRET,
+        Method::POST,
+        "/v1/apps/web/machines",
+        Some(json!({"region": "ord", "config": {
+            "driver": "process", "image": "process",
+            "init": {"exec": ["sh", "-c", script]},
+            "env": {"GREETING": "from-config"},
+            "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 128}}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    let id = m["id"].as_str().unwrap().to_string();
+    let machine = format!("/v1/apps/web/machines/{id}");
+    // It runs on B: it writes into B's data dir.
+    let seen = eventually(Duration::from_secs(10), || async {
+        seen_by_machine(b, &id).filter(|(sha, _)| *sha == sha_line(FIRST))
+    })
+    .await
+    .expect("the machine on host B sees the secret set through host A");
+    assert_eq!(seen.1, "from-secret");
+
+    // Lists: names and digests (16 hex), never values; through either host.
+    let (s, list) = call_json(b, TEST_SECRET, Method::GET, "/v1/apps/web/secrets", None).await;
+    assert_eq!(s, StatusCode::OK);
+    let names: Vec<&str> = list["secrets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["DB_URL", "GREETING"]);
+    let digest_before = list["secrets"][0]["digest"].as_str().unwrap().to_string();
+    assert_eq!(digest_before.len(), 16);
+    assert!(!list.to_string().contains(FIRST));
+    let listed = bazaar(a, &["secrets", "list", "-a", "web"]);
+    assert!(listed.contains("DB_URL") && listed.contains(&digest_before), "{listed}");
+    assert!(!listed.contains(FIRST), "{listed}");
+
+    // `secrets set` (the CLI, the value from stdin) restarts the started machine: the new
+    // value is seen with no manual restart; the digest changed.
+    let mut child = std::process::Command::new(EXE)
+        .args(["secrets", "set", "-a", "web", "DB_URL=-"])
+        .env("BAZAAR_API_URL", a.url())
+        .env("BAZAAR_TOKEN", TEST_SECRET)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "{SECOND}").unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(printed.contains("restarted (1/1)"), "{printed}");
+    assert!(!printed.contains(SECOND));
+    eventually(Duration::from_secs(5), || async {
+        seen_by_machine(b, &id).filter(|(sha, _)| *sha == sha_line(SECOND))
+    })
+    .await
+    .expect("the rolled machine sees the new value");
+    let (_, list) = call_json(a, TEST_SECRET, Method::GET, "/v1/apps/web/secrets", None).await;
+    assert_ne!(list["secrets"][0]["digest"], digest_before);
+
+    // `unset --stage` leaves the machine; its next start no longer has the secret (config.env
+    // is back).
+    bazaar(b, &["secrets", "unset", "-a", "web", "GREETING", "--stage"]);
+    assert_eq!(seen_by_machine(b, &id).unwrap().1, "from-secret");
+    let (s, v) = call_json(
+        a,
+        TEST_SECRET,
+        Method::POST,
+        &format!("{machine}/restart"),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    eventually(Duration::from_secs(10), || async {
+        seen_by_machine(b, &id).filter(|(_, g)| g == "from-config")
+    })
+    .await
+    .expect("after an unset, the next start has config.env's value");
+    let (s, _) = call(a, TEST_SECRET, Method::DELETE, "/v1/apps/web/secrets/GREETING", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "unsetting what is not set");
+
+    // Tokens: another app's (404), read-only (403), without the secrets operation (403).
+    let other = tokens::mint(&Scope {
+        apps: ["api".to_string()].into(),
+        ..Scope::default()
+    });
+    let read_only = tokens::mint(&Scope {
+        read_only: true,
+        ..Scope::default()
+    });
+    let starter = tokens::mint(&Scope {
+        ops: [Op::Start, Op::Stop].into(),
+        ..Scope::default()
+    });
+    let web_secrets = tokens::mint(&Scope {
+        apps: ["web".to_string()].into(),
+        ops: [Op::Secrets].into(),
+        ..Scope::default()
+    });
+    let set = || Some(json!({"values": {"DB_URL": THIRD}}));
+    for (token, want) in [
+        (&other, StatusCode::NOT_FOUND),
+        (&read_only, StatusCode::FORBIDDEN),
+        (&starter, StatusCode::FORBIDDEN),
+    ] {
+        let (s, body) = call(a, token, Method::POST, "/v1/apps/web/secrets", set()).await;
+        assert_eq!(s, want, "{body}");
+        assert!(!body.contains(THIRD), "{body}");
+        let (s, body) = call(a, token, Method::DELETE, "/v1/apps/web/secrets/DB_URL", None).await;
+        assert_eq!(s, want, "{body}");
+    }
+    let (s, _) = call(a, &other, Method::GET, "/v1/apps/web/secrets", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = call(a, &read_only, Method::GET, "/v1/apps/web/secrets", None).await;
+    assert_eq!(s, StatusCode::OK, "reading names and digests is a read");
+    let (s, body) = call(
+        b,
+        &web_secrets,
+        Method::POST,
+        "/v1/apps/web/secrets/EXTRA",
+        Some(json!({"value": "x"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+
+    // Bad input: 400, nothing changed, no value quoted.
+    let bad_bodies = [
+        json!({"values": {"1BAD": THIRD}}),
+        json!({"values": {"A-B": THIRD}}),
+        json!({"values": {"FLY_APP_NAME": THIRD}}),
+        json!({"values": {"OK": THIRD, "bad name": "x"}}),
+        json!({"values": {"NUL": format!("{THIRD}\u{0}")}}),
+        json!({"values": {"BIG": THIRD.repeat(3000)}}),
+        json!({"values": {"NUM": 5}}),
+        json!({"values": THIRD}),
+        json!({"nothing": THIRD}),
+    ];
+    for body in bad_bodies {
+        let (s, answer) = call(a, TEST_SECRET, Method::POST, "/v1/apps/web/secrets", Some(body.clone())).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert!(serde_json::from_str::<Value>(&answer).unwrap()["error"].is_string());
+        assert!(!answer.contains(THIRD), "{answer}");
+    }
+    let truncated = format!("{{\"values\": {{\"A\": \"{THIRD}");
+    let resp = Client::new()
+        .post(format!("{}/v1/apps/web/secrets", a.url()))
+        .bearer_auth(TEST_SECRET)
+        .header("content-type", "application/json")
+        .body(truncated)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    assert!(!resp.text().await.unwrap().contains(THIRD));
+    let (_, list) = call_json(a, TEST_SECRET, Method::GET, "/v1/apps/web/secrets", None).await;
+    let names: Vec<&str> = list["secrets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["DB_URL", "EXTRA"], "refused calls changed nothing");
+    let (s, _) = call(a, TEST_SECRET, Method::POST, "/v1/apps/nope/secrets", set()).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+
+    // No value on any read path.
+    let mut answers = Vec::new();
+    for host in [a, b] {
+        for path in [
+            machine.clone(),
+            "/v1/apps/web/machines".to_string(),
+            format!("{machine}/events"),
+            format!("{machine}/logs"),
+            "/v1/apps/web".to_string(),
+            "/v1/apps/web/secrets".to_string(),
+            "/v1/apps/web/secrets/DB_URL".to_string(),
+            "/v1/apps/web/audit".to_string(),
+            "/v1/catalog/machines?include_deleted=true".to_string(),
+            "/v1/catalog/hosts".to_string(),
+            "/metrics".to_string(),
+        ] {
+            let (s, body) = call(host, TEST_SECRET, Method::GET, &path, None).await;
+            assert!(s.is_success(), "{path}: {s} {body}");
+            answers.push((path, body));
+        }
+    }
+    answers.push(("bazaar logs".into(), bazaar(a, &["logs", "-a", "web"])));
+    assert!(
+        answers.iter().any(|(_, body)| body.contains("started")),
+        "the log endpoints answered the machine's output"
+    );
+    for secret in [FIRST, SECOND, THIRD] {
+        for (path, body) in &answers {
+            assert!(!body.contains(secret), "{path} shows a secret: {body}");
+        }
+        for host in [a, b] {
+            let found = files_containing(&host.data_dir, secret);
+            assert!(found.is_empty(), "a value in plain text on disk: {found:?}");
+        }
+    }
+}
