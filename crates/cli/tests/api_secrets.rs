@@ -151,7 +151,7 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
             "driver": "process", "image": "process",
             "init": {"exec": ["sh", "-c", script]},
             "env": {"GREETING": "from-config"},
-            "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 128}}})),
+            "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256}}})),
     )
     .await;
     assert_eq!(s, StatusCode::OK, "{m}");
@@ -340,6 +340,10 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
     assert!(
         answers.iter().any(|(_, body)| body.contains("started")),
         "the log endpoints answered the machine's output"
+    );
+    assert!(
+        !files_containing(&b.data_dir, "from-config").is_empty(),
+        "the scan reads the machine's files"
     );
     for secret in [FIRST, SECOND, THIRD] {
         for (path, body) in &answers {
