@@ -145,11 +145,7 @@ impl Agent {
             }
         }
         let current = catalog.app_secrets(app);
-        let is_set = |name: &str| {
-            current
-                .iter()
-                .any(|s| s.name == name && s.sealed.is_some())
-        };
+        let is_set = |name: &str| current.iter().any(|s| s.name == name && s.sealed.is_some());
         if let [(name, None)] = changes {
             if !is_set(name) {
                 return Err(SecretError::NotFound(name.clone()));
@@ -269,8 +265,7 @@ pub async fn await_secrets(State(agent): State<Agent>, req: Request, next: Next)
         .and_then(|(version, app)| Some((version.parse::<u64>().ok()?, app.to_string())));
     if let Some((version, app)) = wanted {
         let deadline = tokio::time::Instant::now() + SECRETS_WAIT;
-        while agent.app_secrets_version(&app) < version && tokio::time::Instant::now() < deadline
-        {
+        while agent.app_secrets_version(&app) < version && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -286,7 +281,16 @@ mod tests {
         for ok in ["DATABASE_URL", "_X", "a1", "Key_2"] {
             assert_eq!(validate_name(ok), Ok(()), "{ok}");
         }
-        for bad in ["", "1A", "A-B", "A B", "A=B", "É", "FLY_APP_NAME", "BAZAAR_X"] {
+        for bad in [
+            "",
+            "1A",
+            "A-B",
+            "A B",
+            "A=B",
+            "É",
+            "FLY_APP_NAME",
+            "BAZAAR_X",
+        ] {
             assert!(validate_name(bad).is_err(), "{bad}");
         }
         assert!(validate_name(&"A".repeat(MAX_NAME_LEN + 1)).is_err());

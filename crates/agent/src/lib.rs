@@ -43,8 +43,8 @@
 
 pub mod actor;
 pub mod addresses;
-pub mod app_secrets;
 pub mod agent;
+pub mod app_secrets;
 pub mod audit;
 pub mod checks;
 pub mod cleanup;

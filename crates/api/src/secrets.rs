@@ -127,7 +127,10 @@ pub async fn set(
             ))
         }
     };
-    let secrets = api.0.agent.set_app_secrets(&app, &[(name.clone(), Some(value))])?;
+    let secrets = api
+        .0
+        .agent
+        .set_app_secrets(&app, &[(name.clone(), Some(value))])?;
     let secret = secrets
         .iter()
         .find(|s| s.name == name)

@@ -759,7 +759,10 @@ mod tests {
         r.apply(row("a", Kind::Secret, "KEY", 2, false));
         let secrets = r.app_secrets("web");
         assert_eq!(secrets.len(), 2);
-        assert_eq!((secrets[0].name.as_str(), secrets[0].set_by_host.as_str()), ("DB", "b"));
+        assert_eq!(
+            (secrets[0].name.as_str(), secrets[0].set_by_host.as_str()),
+            ("DB", "b")
+        );
         assert_eq!(secrets[0].sealed, None);
         assert_eq!(secrets[1].sealed.as_deref(), Some("sealed-2"));
         // Set again on a: the newest write.
@@ -812,7 +815,13 @@ mod tests {
     fn arb_row() -> impl Strategy<Value = Row> {
         (
             prop::sample::select(vec!["a", "b", "c"]),
-            prop::sample::select(vec![Kind::Host, Kind::Machine, Kind::App, Kind::Volume, Kind::Secret]),
+            prop::sample::select(vec![
+                Kind::Host,
+                Kind::Machine,
+                Kind::App,
+                Kind::Volume,
+                Kind::Secret,
+            ]),
             prop::sample::select(vec!["k1", "k22", "k333"]),
             1u64..20,
         )

@@ -399,7 +399,11 @@ impl WireRow {
             Kind::Secret => {
                 let x: SecretRecord = serde_json::from_slice(&self.body)?;
                 if x.set_by_host != self.owner {
-                    bail!("secret of host {} published by {}", x.set_by_host, self.owner);
+                    bail!(
+                        "secret of host {} published by {}",
+                        x.set_by_host,
+                        self.owner
+                    );
                 }
                 if x.id != SecretRecord::key_of(&x.app, &x.name) {
                     bail!("secret row {} does not name its app and secret", x.id);

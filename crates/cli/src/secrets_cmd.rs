@@ -68,8 +68,7 @@ pub async fn secrets(a: SecretsArgs) -> anyhow::Result<()> {
         }
         SecretsCommand::Set { pairs, stage } => (parse_pairs(&pairs)?, stage),
         SecretsCommand::Unset { names, stage } => {
-            let values: Map<String, Value> =
-                names.into_iter().map(|n| (n, Value::Null)).collect();
+            let values: Map<String, Value> = names.into_iter().map(|n| (n, Value::Null)).collect();
             (values, stage)
         }
     };
@@ -116,18 +115,26 @@ fn parse_pairs(pairs: &[String]) -> anyhow::Result<Map<String, Value>> {
 }
 
 /// Restarts the app's started machines one at a time, each waited for until it runs again
-/// (as `fly secrets set` updates machines).
+/// (as `fly secrets set` updates machines). A machine whose host is unreachable is left:
+/// it gets the change when it next starts.
 async fn roll(c: &Conn, app: &str) -> anyhow::Result<()> {
     let machines = c
         .call(Method::GET, &format!("/apps/{app}/machines"), None)
         .await?;
-    let started: Vec<String> = machines
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| m["state"] == "started")
-        .map(|m| s(&m["id"]))
-        .collect();
+    let mut started = Vec::new();
+    for m in machines.as_array().into_iter().flatten() {
+        if m["state"] != "started" {
+            continue;
+        }
+        if m["host_status"] == "unreachable" {
+            eprintln!(
+                "machine {}: its host is unreachable; it gets the change at its next start",
+                s(&m["id"])
+            );
+            continue;
+        }
+        started.push(s(&m["id"]));
+    }
     for (i, id) in started.iter().enumerate() {
         let seen = crate::machine_wait::seen_events(c, app, id).await?;
         c.call(

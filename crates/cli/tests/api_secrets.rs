@@ -5,7 +5,10 @@
 //! digests only; wrong-app, read-only and secrets-less tokens are refused; bad names and
 //! values get 400s that never quote a value; and no value appears on any read path: machine
 //! GET and list, events, the log endpoint and `bazaar logs`, the catalog views, `/metrics`,
-//! every file of both hosts' data dirs (the store, run specs, logs), error messages.
+//! every file of both hosts' data dirs (the store, run specs, logs), error messages. Image
+//! machines (root, runc) get them too, through their bundle's `config.json`, kept 0600.
+
+mod common;
 
 use bazaar_auth::{Op, Scope};
 use bazaar_testkit::{eventually, start_cluster, tokens, TestAgent, TEST_SECRET};
@@ -15,7 +18,7 @@ use sha2::{Digest, Sha256};
 use std::path::Path;
 use std::time::Duration;
 
-const EXE: &str = env!("CARGO_BIN_EXE_bazaar");
+use common::EXE;
 const FIRST: &str = "pg://user:f1rst-v4lue-9d8c7b6a@db/prod";
 const SECOND: &str = "pg://user:s3cond-v4lue-1a2b3c4d@db/prod";
 const THIRD: &str = "th1rd-v4lue-never-stored-5e6f";
@@ -45,7 +48,10 @@ async fn call_json(
     body: Option<Value>,
 ) -> (StatusCode, Value) {
     let (s, text) = call(agent, token, method, path, body).await;
-    (s, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    (
+        s,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 /// Runs `bazaar ARGS` against `agent` with the cluster secret as token; must succeed.
@@ -92,10 +98,7 @@ fn files_containing(dir: &Path, needle: &str) -> Vec<String> {
                 stack.push(path);
             } else if meta.is_file() {
                 let bytes = std::fs::read(&path).unwrap_or_default();
-                if bytes
-                    .windows(needle.len())
-                    .any(|w| w == needle.as_bytes())
-                {
+                if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
                     found.push(path.display().to_string());
                 }
             }
@@ -179,7 +182,10 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
     assert_eq!(digest_before.len(), 16);
     assert!(!list.to_string().contains(FIRST));
     let listed = bazaar(a, &["secrets", "list", "-a", "web"]);
-    assert!(listed.contains("DB_URL") && listed.contains(&digest_before), "{listed}");
+    assert!(
+        listed.contains("DB_URL") && listed.contains(&digest_before),
+        "{listed}"
+    );
     assert!(!listed.contains(FIRST), "{listed}");
 
     // `secrets set` (the CLI, the value from stdin) restarts the started machine: the new
@@ -228,7 +234,14 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
     })
     .await
     .expect("after an unset, the next start has config.env's value");
-    let (s, _) = call(a, TEST_SECRET, Method::DELETE, "/v1/apps/web/secrets/GREETING", None).await;
+    let (s, _) = call(
+        a,
+        TEST_SECRET,
+        Method::DELETE,
+        "/v1/apps/web/secrets/GREETING",
+        None,
+    )
+    .await;
     assert_eq!(s, StatusCode::NOT_FOUND, "unsetting what is not set");
 
     // Tokens: another app's (404), read-only (403), without the secrets operation (403).
@@ -258,7 +271,14 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
         let (s, body) = call(a, token, Method::POST, "/v1/apps/web/secrets", set()).await;
         assert_eq!(s, want, "{body}");
         assert!(!body.contains(THIRD), "{body}");
-        let (s, body) = call(a, token, Method::DELETE, "/v1/apps/web/secrets/DB_URL", None).await;
+        let (s, body) = call(
+            a,
+            token,
+            Method::DELETE,
+            "/v1/apps/web/secrets/DB_URL",
+            None,
+        )
+        .await;
         assert_eq!(s, want, "{body}");
     }
     let (s, _) = call(a, &other, Method::GET, "/v1/apps/web/secrets", None).await;
@@ -288,7 +308,14 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
         json!({"nothing": THIRD}),
     ];
     for body in bad_bodies {
-        let (s, answer) = call(a, TEST_SECRET, Method::POST, "/v1/apps/web/secrets", Some(body.clone())).await;
+        let (s, answer) = call(
+            a,
+            TEST_SECRET,
+            Method::POST,
+            "/v1/apps/web/secrets",
+            Some(body.clone()),
+        )
+        .await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{body}: {answer}");
         assert!(serde_json::from_str::<Value>(&answer).unwrap()["error"].is_string());
         assert!(!answer.contains(THIRD), "{answer}");
@@ -354,4 +381,104 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
             assert!(found.is_empty(), "a value in plain text on disk: {found:?}");
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_machines_get_app_secrets_in_their_environment() {
+    use bazaar_testkit::images::{busybox_rootfs_layer, config_with, push_with_config};
+    if !bazaar_testkit::can_run(common::is_root(), "root (image machines)") {
+        return;
+    }
+    bazaar_testkit::images::ensure_packages();
+    let registry = bazaar_testkit::images::TestRegistry::start(None);
+    let reg =
+        bazaar_image::Registry::new(&registry.host, bazaar_image::Auth::Anonymous, true).unwrap();
+    let layer = busybox_rootfs_layer(&["sh", "sleep", "sha256sum", "echo"], ("etc/motd", b"x\n"));
+    let arch = bazaar_image::manifest::Platform::current().architecture;
+    let config = config_with(
+        &[&layer],
+        arch.as_str(),
+        json!({
+            "Entrypoint": ["/bin/sh", "-c",
+                "echo \"$DB_URL\" | sha256sum; echo \"greeting=$GREETING\"; exec sleep 1000"],
+            "Env": ["PATH=/bin", "GREETING=from-image"],
+        }),
+    );
+    push_with_config(&reg, "env", "1", &[&layer], &config).await;
+    let image = format!("{}/env:1", registry.host);
+    let agent = start_cluster(Path::new(EXE), 1, |_, _| {})
+        .expect("agent starts")
+        .remove(0);
+    let (s, v) = call_json(
+        &agent,
+        TEST_SECRET,
+        Method::POST,
+        "/v1/apps",
+        Some(json!({"app_name": "img", "org_slug": "personal"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (s, v) = call_json(
+        &agent,
+        TEST_SECRET,
+        Method::POST,
+        "/v1/apps/img/secrets",
+        Some(json!({"values": {"DB_URL": FIRST, "GREETING": "from-secret"}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (s, m) = call_json(
+        &agent,
+        TEST_SECRET,
+        Method::POST,
+        "/v1/apps/img/machines",
+        Some(
+            json!({"config": {"image": image, "env": {"GREETING": "from-config"},
+            "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256}}}),
+        ),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    let id = m["id"].as_str().unwrap().to_string();
+    let log = agent.data_dir.join("machines").join(&id).join("output.log");
+    let want = sha_line(FIRST);
+    eventually(Duration::from_secs(30), || async {
+        let out = std::fs::read_to_string(&log).unwrap_or_default();
+        (out.contains(&want) && out.contains("greeting=")).then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the image machine never printed the secret's digest: {:?}",
+            std::fs::read_to_string(&log)
+        )
+    });
+    let out = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        out.contains("greeting=from-secret"),
+        "the secret wins: {out}"
+    );
+    // runc reads the environment from the bundle: readable by the agent's user only.
+    let runs = agent.data_dir.join("machines").join(&id).join("runs");
+    let bundles: Vec<_> = std::fs::read_dir(&runs)
+        .unwrap()
+        .flatten()
+        .map(|run| run.path().join("bundle/config.json"))
+        .filter(|p| p.exists())
+        .collect();
+    assert!(!bundles.is_empty());
+    for bundle in bundles {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&bundle).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{} is mode {mode:o}", bundle.display());
+    }
+    let (_, body) = call(
+        &agent,
+        TEST_SECRET,
+        Method::GET,
+        &format!("/v1/apps/img/machines/{id}"),
+        None,
+    )
+    .await;
+    assert!(!body.contains(FIRST), "{body}");
 }
