@@ -630,7 +630,9 @@ mod tests {
                 app: "web".into(),
                 name: key.into(),
                 set_by_host: owner.into(),
-                sealed: (version % 2 == 0).then(|| format!("sealed-{version}")),
+                sealed: version
+                    .is_multiple_of(2)
+                    .then(|| format!("sealed-{version}")),
                 digest: format!("{version:016x}"),
                 app_created_at_ms: 1,
                 created_at_ms: version,

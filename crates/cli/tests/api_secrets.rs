@@ -167,6 +167,19 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
     .await
     .expect("the machine on host B sees the secret set through host A");
     assert_eq!(seen.1, "from-secret");
+    // `machine exec` runs with the environment the workload started with.
+    let (s, v) = call_json(
+        a,
+        TEST_SECRET,
+        Method::POST,
+        &format!("{machine}/exec"),
+        Some(json!({"command": ["sh", "-c", "echo \"$DB_URL\" | sha256sum; echo $GREETING"]})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let stdout = v["stdout"].as_str().unwrap_or_default();
+    assert!(stdout.starts_with(&sha_line(FIRST)), "{v}");
+    assert!(stdout.ends_with("from-secret\n"), "{v}");
 
     // Lists: names and digests (16 hex), never values; through either host.
     let (s, list) = call_json(b, TEST_SECRET, Method::GET, "/v1/apps/web/secrets", None).await;
