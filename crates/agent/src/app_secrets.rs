@@ -200,13 +200,7 @@ impl Agent {
 
     /// The version of an app's secrets: the time of the latest set or unset (0: none).
     pub fn app_secrets_version(&self, app: &str) -> u64 {
-        self.catalog()
-            .map(|c| c.app_secrets(app))
-            .unwrap_or_default()
-            .iter()
-            .map(|s| s.updated_at_ms)
-            .max()
-            .unwrap_or(0)
+        self.catalog().map_or(0, |c| c.app_secrets_version(app))
     }
 
     /// The [`SECRETS_VERSION_HEADER`] value for a call about `app` forwarded to another

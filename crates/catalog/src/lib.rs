@@ -407,6 +407,19 @@ impl Catalog {
         self.shared().publish(Record::Secret(record), false);
     }
 
+    /// The version of an app's secrets: the time of their latest set or unset (0: none).
+    /// Reads without copying (it is asked on every forwarded machine call).
+    pub fn app_secrets_version(&self, app: &str) -> u64 {
+        self.shared()
+            .read()
+            .replica
+            .app_secrets(app)
+            .iter()
+            .map(|s| s.updated_at_ms)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The secrets of an app as every node resolves them (the latest write per name, unset
     /// ones included, sealed), ordered by name. See [`SecretRecord`].
     pub fn app_secrets(&self, app: &str) -> Vec<SecretRecord> {

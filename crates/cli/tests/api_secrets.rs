@@ -495,3 +495,61 @@ async fn image_machines_get_app_secrets_in_their_environment() {
     .await;
     assert!(!body.contains(FIRST), "{body}");
 }
+
+/// A host that set a secret restarts: its row comes back to it from its peers (the catalog
+/// is soft state, as for apps), and every host still lists it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_survive_a_restart_of_the_host_that_set_them() {
+    let mut hosts = start_cluster(Path::new(EXE), 2, |_, _| {}).expect("agents start");
+    let (s, v) = call_json(
+        &hosts[0],
+        TEST_SECRET,
+        Method::POST,
+        "/v1/apps",
+        Some(json!({"app_name": "kept", "org_slug": "personal"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (s, v) = call_json(
+        &hosts[1],
+        TEST_SECRET,
+        Method::POST,
+        "/v1/apps/kept/secrets",
+        Some(json!({"values": {"TOKEN": FIRST}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    eventually(Duration::from_secs(10), || lists_only_token(&hosts[0]))
+        .await
+        .expect("host A lists the secret set through B");
+    hosts[1].restart().unwrap();
+    for host in [1, 0, 1] {
+        eventually(Duration::from_secs(15), || lists_only_token(&hosts[host]))
+            .await
+            .unwrap_or_else(|_| panic!("host {host} lost the secret after B restarted"));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for host in [0, 1] {
+        eventually(Duration::from_secs(1), || lists_only_token(&hosts[host]))
+            .await
+            .unwrap_or_else(|_| panic!("host {host} dropped the secret after anti-entropy"));
+    }
+}
+
+/// `Some` when `agent` lists exactly the secret `TOKEN` of app `kept`.
+async fn lists_only_token(agent: &TestAgent) -> Option<()> {
+    let (s, v) = call_json(
+        agent,
+        TEST_SECRET,
+        Method::GET,
+        "/v1/apps/kept/secrets",
+        None,
+    )
+    .await;
+    let names: Vec<&str> = v["secrets"]
+        .as_array()?
+        .iter()
+        .filter_map(|x| x["name"].as_str())
+        .collect();
+    (s == StatusCode::OK && names == ["TOKEN"]).then_some(())
+}
