@@ -540,11 +540,13 @@ impl Replica {
     /// greatest by [`SecretRecord::precedence`]; unset ones (no value) included. Only
     /// secrets of the app as it is now (`app_created_at_ms`) count.
     pub fn app_secrets(&self, app: &str) -> Vec<&SecretRecord> {
+        let Some(rows) = self.app_secrets.get(app) else {
+            return Vec::new();
+        };
         let Some(created) = self.app(app).map(|a| a.created_at_ms) else {
             return Vec::new();
         };
         let mut by_name: BTreeMap<&str, &SecretRecord> = BTreeMap::new();
-        let rows = self.app_secrets.get(app).into_iter().flatten();
         for (owner, key) in rows {
             let Some(Record::Secret(x)) = self
                 .get(owner, Kind::Secret, key)
