@@ -202,12 +202,15 @@ impl Driver {
             .is_some_and(crate::identity::is_root_user)
     }
 
-    /// Starts run `run_id` of `rec`; what happened on the way (an image pull) is added to
-    /// `events`.
+    /// Starts run `run_id` of `rec` with its app's secrets (`secret_env`, which win over
+    /// `config.env`); what happened on the way (an image pull) is added to `events`. A
+    /// process machine's secrets reach its shim through a pipe, never `spec.json`; an image
+    /// machine's must be in its bundle's `config.json` (0600) for runc.
     pub async fn launch(
         &self,
         rec: &MachineRecord,
         run_id: u64,
+        secret_env: &[(String, String)],
         events: &mut Vec<MachineEvent>,
         image: &mut Option<ImageRef>,
     ) -> Result<ShimHandle, ShimError> {
@@ -216,7 +219,7 @@ impl Driver {
             .map_err(|e| ShimError::Io(format!("creating {}", run_dir.display()), e))?;
         if rec.config.driver() == "oci" {
             return self
-                .launch_image(rec, run_id, &run_dir, events, image)
+                .launch_image(rec, run_id, &run_dir, secret_env, events, image)
                 .await;
         }
         let mut spec = self.spec(rec, run_id);
@@ -237,7 +240,7 @@ impl Driver {
             .map_err(|e| ShimError::Launch(e.to_string()))?
             .map_err(ShimError::Launch)?;
         }
-        ShimHandle::spawn(&self.exe, &run_dir, &spec).await
+        ShimHandle::spawn_with_env(&self.exe, &run_dir, &spec, secret_env).await
     }
 
     /// The network namespace of address `ip` (set up now unless it was ahead of time).
@@ -259,6 +262,7 @@ impl Driver {
         rec: &MachineRecord,
         run_id: u64,
         run_dir: &Path,
+        secret_env: &[(String, String)],
         events: &mut Vec<MachineEvent>,
         image: &mut Option<ImageRef>,
     ) -> Result<ShimHandle, ShimError> {
@@ -271,6 +275,8 @@ impl Driver {
             _ => None,
         };
         let cgroup = self.image_cgroup(&rec.id);
+        let mut env = self.machine_env(rec);
+        env.extend(secret_env.iter().cloned());
         let prepared = oci
             .prepare(
                 rec,
@@ -278,7 +284,7 @@ impl Driver {
                 run_dir,
                 &cgroup,
                 volume,
-                &self.machine_env(rec),
+                &env,
             )
             .await
             .map_err(ShimError::Launch)?;

@@ -83,6 +83,10 @@ pub fn router(agent: Agent) -> Router {
         .merge(crate::audit::routes())
         .merge(crate::ledger_dump::routes())
         .merge(crate::cluster_security::routes())
+        .layer(middleware::from_fn_with_state(
+            agent.clone(),
+            crate::app_secrets::await_secrets,
+        ))
         .layer(middleware::from_fn(detached))
         .layer(middleware::from_fn_with_state(
             agent.clone(),

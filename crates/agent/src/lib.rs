@@ -37,12 +37,15 @@
 //!   `bazaar dev` on Ctrl-C, leftovers of a killed agent at start).
 //! - [`config`], [`secrets`], [`tokens`] (who calls the API), [`audit`] (what they changed),
 //!   [`fault`], [`error`].
+//! - [`app_secrets`]: apps' secrets, sealed in the catalog, opened into a workload's env at
+//!   each start.
 //!
 //! Entry point: [`run_agent`].
 
 pub mod actor;
 pub mod addresses;
 pub mod agent;
+pub mod app_secrets;
 pub mod audit;
 pub mod checks;
 pub mod cleanup;

@@ -857,8 +857,18 @@ fn resolve_user(root: &OwnedFd, user: Option<&str>) -> Result<(u32, u32), String
     Ok((uid, gid))
 }
 
+/// Writes a file readable by the agent's user only: a bundle's `config.json` holds the
+/// machine's environment, its app secrets included.
 fn write_file(path: &Path, data: &[u8]) -> Result<(), String> {
-    std::fs::write(path, data).map_err(|e| format!("writing {}: {e}", path.display()))
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(data))
+        .map_err(|e| format!("writing {}: {e}", path.display()))
 }
 
 fn find_in_path(program: &str) -> Option<PathBuf> {

@@ -53,6 +53,7 @@ pub fn route_access(method: &Method, path: &str) -> RouteAccess {
                     Op::Create
                 }
                 ["volumes", ..] => Op::Volumes,
+                ["secrets", ..] => Op::Secrets,
                 ["machines", id, action @ ..] => {
                     access.machine_id = Some(id.to_string());
                     machine_op(method, action, &mut access.has_config)
@@ -357,6 +358,21 @@ mod tests {
             (
                 Method::GET,
                 "/v1/apps/web/audit",
+                (web(), None, Op::Read, false),
+            ),
+            (
+                Method::POST,
+                "/v1/apps/web/secrets",
+                (web(), None, Op::Secrets, false),
+            ),
+            (
+                Method::DELETE,
+                "/v1/apps/web/secrets/DB",
+                (web(), None, Op::Secrets, false),
+            ),
+            (
+                Method::GET,
+                "/v1/apps/web/secrets",
                 (web(), None, Op::Read, false),
             ),
         ];

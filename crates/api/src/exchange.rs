@@ -406,12 +406,14 @@ impl Api {
         reservation_id: &str,
         claim: &ClaimRequest,
     ) -> Result<Machine, HostCallError> {
-        self.post_host(
-            host,
-            &format!("/host/v1/reservations/{reservation_id}/claim"),
-            claim,
-        )
-        .await
+        let path = format!("/host/v1/reservations/{reservation_id}/claim");
+        let mut req = self
+            .to_node(reqwest::Method::POST, &host.api_addr, &path)
+            .json(claim);
+        if let Some(v) = self.0.agent.secrets_version_header(&claim.app) {
+            req = req.header(bazaar_agent::app_secrets::SECRETS_VERSION_HEADER, v);
+        }
+        Self::call_host(req, host).await
     }
 
     async fn release_one(&self, host: &HostAddr, reservation_id: &str) {

@@ -9,6 +9,7 @@
 //! - [`volumes`]: the same for volumes (created through the market for disk).
 //! - [`exchange`]: asking hosts for bids, claiming the best, releasing the rest.
 //! - [`audit`]: an app's changes, gathered from every host.
+//! - [`secrets`]: an app's secrets (sealed catalog rows; values never answered).
 //! - [`platform`]: regions and placement dry runs.
 //! - [`error`]: errors in the Fly shape.
 //!
@@ -23,6 +24,7 @@ pub mod guardian;
 pub mod machines;
 pub mod openapi;
 pub mod platform;
+pub mod secrets;
 pub mod volumes;
 
 use axum::middleware;
@@ -211,6 +213,14 @@ pub fn router(agent: Agent) -> Router {
             get(volumes::snapshots).post(volumes::snapshot),
         )
         .route("/v1/apps/{app}/audit", get(audit::list))
+        .route(
+            "/v1/apps/{app}/secrets",
+            get(secrets::list).post(secrets::update),
+        )
+        .route(
+            "/v1/apps/{app}/secrets/{name}",
+            get(secrets::get).post(secrets::set).delete(secrets::unset),
+        )
         .route("/v1/platform/regions", get(platform::regions))
         .route("/v1/platform/placements", post(platform::placements))
         .layer(middleware::from_fn_with_state(

@@ -477,6 +477,11 @@ async fn forward(
     if let Some(n) = headers.get("fly-machine-lease-nonce") {
         req = req.header("fly-machine-lease-nonce", n);
     }
+    if method != Method::GET {
+        if let Some(v) = api.0.agent.secrets_version_header(&app) {
+            req = req.header(bazaar_agent::app_secrets::SECRETS_VERSION_HEADER, v);
+        }
+    }
     if !body.is_empty() {
         req = req.header("content-type", "application/json").body(body);
     }

@@ -30,11 +30,13 @@ pub enum Op {
     Lease,
     /// Create, change, extend, snapshot or delete a volume.
     Volumes,
+    /// Set or unset an app's secrets (listing names and digests is a read).
+    Secrets,
 }
 
 impl Op {
     /// Every operation.
-    pub const ALL: [Op; 12] = [
+    pub const ALL: [Op; 13] = [
         Op::Read,
         Op::Create,
         Op::Update,
@@ -47,6 +49,7 @@ impl Op {
         Op::Exec,
         Op::Lease,
         Op::Volumes,
+        Op::Secrets,
     ];
 
     /// Its name in tokens and on the command line.
@@ -64,6 +67,7 @@ impl Op {
             Op::Exec => "exec",
             Op::Lease => "lease",
             Op::Volumes => "volumes",
+            Op::Secrets => "secrets",
         }
     }
 }

@@ -34,7 +34,7 @@ pub mod wire;
 pub use config::{CatalogConfig, ClusterIdentity};
 pub use records::{
     AppRecord, Change, CheckRecord, HostRecord, HostStatus, HostView, MachineFilter, MachineRecord,
-    MachineView, ServiceRecord, VolumeRecord, VolumeView,
+    MachineView, SecretRecord, ServiceRecord, VolumeRecord, VolumeView,
 };
 
 use anyhow::Context;
@@ -404,6 +404,37 @@ impl Catalog {
 
     pub fn app(&self, name: &str) -> Option<AppRecord> {
         self.shared().read().replica.app(name).cloned()
+    }
+
+    /// Publishes a secret of an app written through this host's API (`sealed: None` to
+    /// unset it); `record.set_by_host` must be this host.
+    pub fn publish_secret(&self, record: SecretRecord) {
+        self.shared().publish(Record::Secret(record), false);
+    }
+
+    /// The version of an app's secrets: the time of their latest set or unset (0: none).
+    /// Reads without copying (it is asked on every forwarded machine call).
+    pub fn app_secrets_version(&self, app: &str) -> u64 {
+        self.shared()
+            .read()
+            .replica
+            .app_secrets(app)
+            .iter()
+            .map(|s| s.updated_at_ms)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The secrets of an app as every node resolves them (the latest write per name, unset
+    /// ones included, sealed), ordered by name. See [`SecretRecord`].
+    pub fn app_secrets(&self, app: &str) -> Vec<SecretRecord> {
+        self.shared()
+            .read()
+            .replica
+            .app_secrets(app)
+            .into_iter()
+            .cloned()
+            .collect()
     }
 
     /// A stream of changes to the local replica and to hosts' liveness. A receiver that

@@ -444,5 +444,7 @@ fn change_of(row: &Row) -> Change {
             id: v.id.clone(),
             app: v.app.clone(),
         },
+        // An app's secrets changed: subscribers re-read the app.
+        Record::Secret(x) => Change::App(x.app.clone()),
     }
 }

@@ -159,6 +159,46 @@ pub struct AppRecord {
     pub created_by_host: String,
 }
 
+/// One app secret as one host last wrote it: its value sealed with the cluster's
+/// `app-secrets` key (`bazaar-seal`), never in plain text. Any host may write a secret of
+/// any app (a row of its own, keyed `<app>/<NAME>`); of the rows for one name, the latest
+/// `updated_at_ms` wins on every node alike ([`SecretRecord::precedence`]). Unsetting
+/// writes a row without a value, a tombstone that stays (a collected one would let an
+/// older value come back).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SecretRecord {
+    /// `<app>/<name>`: the row's key.
+    pub id: String,
+    pub app: String,
+    pub name: String,
+    /// The host that wrote it; always equal to the publishing node's id.
+    pub set_by_host: String,
+    /// The sealed value; `None` once unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<String>,
+    /// A keyed digest of the value (16 hex digits): shows that a value changed, not what it is.
+    #[serde(default)]
+    pub digest: String,
+    /// The creation time of the app this secret belongs to: a secret of an app that was
+    /// deleted and made again under the same name is not the new app's.
+    pub app_created_at_ms: u64,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+}
+
+impl SecretRecord {
+    /// The row key of secret `name` of `app`.
+    pub fn key_of(app: &str, name: &str) -> String {
+        format!("{app}/{name}")
+    }
+
+    /// The order between rows of one secret written by different hosts (the greatest is
+    /// the secret): the later write, then the greater host id.
+    pub fn precedence(&self) -> (u64, &str) {
+        (self.updated_at_ms, &self.set_by_host)
+    }
+}
+
 /// Liveness of a host as this node's failure detector (SWIM) sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -15,7 +15,7 @@
 //!   drops what the owner no longer has (rows that were deleted and collected while this
 //!   node was away for longer than the markers last).
 
-use crate::records::{AppRecord, HostRecord, MachineRecord, VolumeRecord};
+use crate::records::{AppRecord, HostRecord, MachineRecord, SecretRecord, VolumeRecord};
 use crate::trust::{RowIdentity, Seal};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
@@ -28,6 +28,7 @@ pub enum Kind {
     Machine,
     App,
     Volume,
+    Secret,
 }
 
 impl Kind {
@@ -37,6 +38,7 @@ impl Kind {
             Kind::Machine => 2,
             Kind::App => 3,
             Kind::Volume => 4,
+            Kind::Secret => 5,
         }
     }
 }
@@ -48,6 +50,7 @@ pub enum Record {
     Machine(MachineRecord),
     App(AppRecord),
     Volume(VolumeRecord),
+    Secret(SecretRecord),
 }
 
 impl Record {
@@ -57,17 +60,19 @@ impl Record {
             Record::Machine(_) => Kind::Machine,
             Record::App(_) => Kind::App,
             Record::Volume(_) => Kind::Volume,
+            Record::Secret(_) => Kind::Secret,
         }
     }
 
-    /// The key of the row within its owner and kind: host id, machine id, app name or
-    /// volume id.
+    /// The key of the row within its owner and kind: host id, machine id, app name,
+    /// volume id or `<app>/<secret name>`.
     pub fn key(&self) -> &str {
         match self {
             Record::Host(h) => &h.id,
             Record::Machine(m) => &m.id,
             Record::App(a) => &a.name,
             Record::Volume(v) => &v.id,
+            Record::Secret(x) => &x.id,
         }
     }
 }
@@ -208,6 +213,8 @@ pub struct Replica {
     app_machines: HashMap<String, BTreeSet<(String, String)>>,
     /// app name -> owners holding an App row of that name.
     app_owners: HashMap<String, BTreeSet<String>>,
+    /// app name -> (owner, row key) of its secrets' rows.
+    app_secrets: HashMap<String, BTreeSet<(String, String)>>,
     /// (updated_at_ms, owner, kind, key) of every tombstone, oldest first.
     tombstones: BTreeSet<(u64, String, Kind, String)>,
     markers: HashMap<(String, Kind, String), Marker>,
@@ -334,6 +341,12 @@ impl Replica {
                     .or_default()
                     .insert(owner.clone());
             }
+            Record::Secret(x) => {
+                self.app_secrets
+                    .entry(x.app.clone())
+                    .or_default()
+                    .insert((owner.clone(), x.id.clone()));
+            }
             Record::Host(_) | Record::Volume(_) => {}
         }
         if row.deleted {
@@ -371,6 +384,11 @@ impl Replica {
                 );
             }
             Record::App(a) => remove_from_index(&mut self.app_owners, &a.name, &owner.to_owned()),
+            Record::Secret(x) => remove_from_index(
+                &mut self.app_secrets,
+                &x.app,
+                &(owner.to_owned(), x.id.clone()),
+            ),
             Record::Host(_) | Record::Volume(_) => {}
         }
         if row.deleted {
@@ -531,6 +549,38 @@ impl Replica {
             })
     }
 
+    /// The secrets of an app, one per name: of the rows several hosts wrote for a name, the
+    /// greatest by [`SecretRecord::precedence`]; unset ones (no value) included. Only
+    /// secrets of the app as it is now (`app_created_at_ms`) count.
+    pub fn app_secrets(&self, app: &str) -> Vec<&SecretRecord> {
+        let Some(rows) = self.app_secrets.get(app) else {
+            return Vec::new();
+        };
+        let Some(created) = self.app(app).map(|a| a.created_at_ms) else {
+            return Vec::new();
+        };
+        let mut by_name: BTreeMap<&str, &SecretRecord> = BTreeMap::new();
+        for (owner, key) in rows {
+            let Some(Record::Secret(x)) = self
+                .get(owner, Kind::Secret, key)
+                .filter(|r| !r.deleted)
+                .map(|r| &r.record)
+            else {
+                continue;
+            };
+            if x.app_created_at_ms != created {
+                continue;
+            }
+            match by_name.get(x.name.as_str()) {
+                Some(best) if best.precedence() >= x.precedence() => {}
+                _ => {
+                    by_name.insert(&x.name, x);
+                }
+            }
+        }
+        by_name.into_values().collect()
+    }
+
     /// Every app (resolved as [`Replica::app`] does), ordered by name.
     pub fn apps(&self) -> Vec<&AppRecord> {
         let mut names: Vec<&String> = self.app_owners.keys().collect();
@@ -589,6 +639,19 @@ mod tests {
                 size_gb: version,
                 updated_at_ms: version,
                 ..Default::default()
+            }),
+            Kind::Secret => Record::Secret(SecretRecord {
+                id: SecretRecord::key_of("web", key),
+                app: "web".into(),
+                name: key.into(),
+                set_by_host: owner.into(),
+                sealed: version
+                    .is_multiple_of(2)
+                    .then(|| format!("sealed-{version}")),
+                digest: format!("{version:016x}"),
+                app_created_at_ms: 1,
+                created_at_ms: version,
+                updated_at_ms: version,
             }),
         };
         Row {
@@ -695,6 +758,42 @@ mod tests {
         assert_eq!(r.app("web").unwrap().created_by_host, "a");
     }
 
+    /// Secrets: any host writes its own row for a name; the latest write wins on every
+    /// node, an unset (no value) included; a secret of an earlier app of the same name
+    /// does not count.
+    #[test]
+    fn the_latest_write_of_a_secret_wins_across_hosts() {
+        let mut r = Replica::new();
+        r.apply(row("a", Kind::Secret, "DB", 4, false));
+        assert!(r.app_secrets("web").is_empty(), "no app, no secrets");
+        let mut app = row("a", Kind::App, "web", 1, false);
+        if let Record::App(a) = &mut app.record {
+            a.created_at_ms = 1;
+        }
+        r.apply(app);
+        r.apply(row("b", Kind::Secret, "DB", 7, false)); // unset later, on b
+        r.apply(row("c", Kind::Secret, "DB", 6, false));
+        r.apply(row("a", Kind::Secret, "KEY", 2, false));
+        let secrets = r.app_secrets("web");
+        assert_eq!(secrets.len(), 2);
+        assert_eq!(
+            (secrets[0].name.as_str(), secrets[0].set_by_host.as_str()),
+            ("DB", "b")
+        );
+        assert_eq!(secrets[0].sealed, None);
+        assert_eq!(secrets[1].sealed.as_deref(), Some("sealed-2"));
+        // Set again on a: the newest write.
+        r.apply(row("a", Kind::Secret, "DB", 8, false));
+        assert_eq!(r.app_secrets("web")[0].sealed.as_deref(), Some("sealed-8"));
+        // The app made again: the old secrets are not the new app's.
+        let mut again = row("a", Kind::App, "web", 9, false);
+        if let Record::App(a) = &mut again.record {
+            a.created_at_ms = 9;
+        }
+        r.apply(again);
+        assert!(r.app_secrets("web").is_empty());
+    }
+
     /// A machine re-placed after its host died: the row with the higher epoch is the
     /// machine whatever was written last (the old host's row, republished when it comes
     /// back, and its tombstone never win); two re-placements of one epoch that raced are
@@ -733,7 +832,13 @@ mod tests {
     fn arb_row() -> impl Strategy<Value = Row> {
         (
             prop::sample::select(vec!["a", "b", "c"]),
-            prop::sample::select(vec![Kind::Host, Kind::Machine, Kind::App, Kind::Volume]),
+            prop::sample::select(vec![
+                Kind::Host,
+                Kind::Machine,
+                Kind::App,
+                Kind::Volume,
+                Kind::Secret,
+            ]),
             prop::sample::select(vec!["k1", "k22", "k333"]),
             1u64..20,
         )

@@ -91,6 +91,7 @@ pub fn record_json(record: &Record) -> Vec<u8> {
         Record::Machine(m) => serde_json::to_vec(m),
         Record::App(a) => serde_json::to_vec(a),
         Record::Volume(v) => serde_json::to_vec(v),
+        Record::Secret(x) => serde_json::to_vec(x),
     }
     .expect("records serialize to JSON")
 }

@@ -22,7 +22,7 @@
 //!
 //! Anything that fails the tag or does not decode is dropped by the caller, never trusted.
 
-use crate::records::{AppRecord, HostRecord, MachineRecord, VolumeRecord};
+use crate::records::{AppRecord, HostRecord, MachineRecord, SecretRecord, VolumeRecord};
 use crate::replica::{DigestEntry, Kind, Record, Row};
 use crate::trust::{Seal, SignedEntry};
 use anyhow::{bail, Context};
@@ -345,6 +345,20 @@ impl WireRow {
                     bail!("volume of host {} published by {}", v.host_id, self.owner);
                 }
                 Record::Volume(v)
+            }
+            Kind::Secret => {
+                let x: SecretRecord = serde_json::from_slice(&self.body)?;
+                if x.set_by_host != self.owner {
+                    bail!(
+                        "secret of host {} published by {}",
+                        x.set_by_host,
+                        self.owner
+                    );
+                }
+                if x.id != SecretRecord::key_of(&x.app, &x.name) {
+                    bail!("secret row {} does not name its app and secret", x.id);
+                }
+                Record::Secret(x)
             }
         };
         if record.key() != self.key {

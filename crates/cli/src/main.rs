@@ -25,6 +25,7 @@ mod host_cmd;
 mod image_cmd;
 mod lab_cmd;
 mod machine_wait;
+mod secrets_cmd;
 mod token_cmd;
 mod volumes_cmd;
 
@@ -71,6 +72,8 @@ enum Command {
     Token(token_cmd::TokenArgs),
     /// Every change made to an app: who (token id), what, when, from where, the answer.
     Audit(token_cmd::AuditArgs),
+    /// Set, list and unset an app's secrets (environment variables of its machines).
+    Secrets(secrets_cmd::SecretsArgs),
     /// Deploy the app config file (bazaar.toml or fly.toml) as a new release.
     Deploy(deploy_cmd::DeployArgs),
     /// List an app's releases.
@@ -247,6 +250,7 @@ fn main() {
         Command::Image(a) => run_async(image_cmd::image(a)),
         Command::Token(a) => run_async(token_cmd::token(a)),
         Command::Audit(a) => run_async(token_cmd::audit(a)),
+        Command::Secrets(a) => run_async(secrets_cmd::secrets(a)),
         Command::Deploy(a) => run_async(deploy_cmd::deploy(a)),
         Command::Releases(a) => run_async(deploy_cmd::releases(a)),
         Command::Rollback(a) => run_async(deploy_cmd::rollback(a)),

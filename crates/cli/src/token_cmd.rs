@@ -26,7 +26,7 @@ struct ScopeArgs {
     #[arg(long)]
     read_only: bool,
     /// Only these operations (reads are always allowed): create, update, start, stop,
-    /// restart, signal, suspend, destroy, exec, lease, volumes.
+    /// restart, signal, suspend, destroy, exec, lease, volumes, secrets.
     #[arg(long, value_delimiter = ',')]
     ops: Vec<String>,
     /// Refused after this long (`10m`, `1h`, `24h`).

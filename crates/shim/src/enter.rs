@@ -1,6 +1,6 @@
 //! `bazaar shim-exec RUN_DIR ARGV...`: runs a command inside a live run, as its workload
 //! runs: in the run's cgroup, in its namespaces (mount, pid, network, uts, ipc: those of the
-//! run's init), as its user, with its environment and working directory, and for a
+//! run's init), as its user, with its environment (as the workload started with it) and working directory, and for a
 //! sandboxed run without capabilities and under the same seccomp filter. The agent's
 //! `machine exec` runs it with pipes for stdio; it exits with the command's status (or
 //! dies of the command's signal).
@@ -39,15 +39,43 @@ pub fn exec_main(run_dir: &Path, argv: &[String]) -> ! {
     }
 }
 
+/// The command runs with the environment the workload started with: `spec.json`'s, and what
+/// the agent passed on a pipe and never wrote down (app secrets), read from the workload's
+/// `/proc/PID/environ` (checked to be the recorded process). Its values win.
+fn add_workload_env(spec: &mut ShimSpec, pids: &PidRecord) {
+    let (Some(pid), Some(start)) = (pids.workload_pid, pids.workload_start) else {
+        return;
+    };
+    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return;
+    };
+    if sys::start_time(pid).ok() != Some(start) {
+        return;
+    }
+    for entry in environ.split(|b| *b == 0) {
+        let Ok(entry) = std::str::from_utf8(entry) else {
+            continue;
+        };
+        let Some((name, value)) = entry.split_once('=') else {
+            continue;
+        };
+        match spec.env.iter_mut().find(|(n, _)| n == name) {
+            Some(pair) => pair.1 = value.to_string(),
+            None => spec.env.push((name.to_string(), value.to_string())),
+        }
+    }
+}
+
 fn run(run_dir: &Path, argv: &[String]) -> Result<i32, String> {
     let path = run_dir.join(SPEC_FILE);
     let bytes = std::fs::read(&path)
         .map_err(|err| format!("reading {}: {}", path.display(), describe(&err)))?;
-    let spec: ShimSpec = serde_json::from_slice(&bytes)
+    let mut spec: ShimSpec = serde_json::from_slice(&bytes)
         .map_err(|err| format!("parsing {}: {err}", path.display()))?;
     let pids = PidRecord::read(run_dir)
         .filter(|p| p.running && p.run_id == spec.run_id)
         .ok_or("the machine's process is gone")?;
+    add_workload_env(&mut spec, &pids);
     let (euid, egid) = sys::effective_ids();
     let creds = user::resolve(spec.user.as_deref(), euid, egid)?;
     let command = Command::with_argv(&spec, argv)?;

@@ -82,6 +82,19 @@ fn tmp_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
+/// Checks environment variables: a name without `=` or NUL, a value without NUL. The
+/// message names the variable, never its value (it may be a secret).
+pub(crate) fn validate_env(env: &[(String, String)]) -> Result<(), ShimError> {
+    for (key, value) in env {
+        if key.is_empty() || key.contains(['=', '\0']) || value.contains('\0') {
+            return Err(ShimError::Spec(format!(
+                "invalid environment variable {key:?} (a name without '=' or NUL, a value without NUL)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Checks what the shim could otherwise only report as an obscure launch failure.
 pub(crate) fn validate(spec: &ShimSpec) -> Result<(), ShimError> {
     let bad = |msg: String| Err(ShimError::Spec(msg));
@@ -92,11 +105,7 @@ pub(crate) fn validate(spec: &ShimSpec) -> Result<(), ShimError> {
     if spec.argv.iter().any(|a| has_nul(a)) {
         return bad("argv contains a NUL byte".into());
     }
-    for (key, value) in &spec.env {
-        if key.is_empty() || key.contains('=') || has_nul(key) || has_nul(value) {
-            return bad(format!("invalid environment variable name {key:?}"));
-        }
-    }
+    validate_env(&spec.env)?;
     if !spec.workdir.is_absolute() {
         return bad(format!(
             "workdir {} is not absolute",

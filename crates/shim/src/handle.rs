@@ -88,7 +88,25 @@ impl ShimHandle {
         run_dir: &Path,
         spec: &ShimSpec,
     ) -> Result<ShimHandle, ShimError> {
+        Self::spawn_with_env(exe, run_dir, spec, &[]).await
+    }
+
+    /// [`ShimHandle::spawn`], with `secret_env` added to the workload's environment (replacing
+    /// variables of the same name) without being written to `spec.json`: the shim reads it
+    /// from a pipe on its stdin (app secrets; they reach no file).
+    ///
+    /// # Errors
+    ///
+    /// As [`ShimHandle::spawn`]; [`ShimError::Spec`] for an invalid name or a NUL byte
+    /// (the message names the variable, never its value).
+    pub async fn spawn_with_env(
+        exe: &Path,
+        run_dir: &Path,
+        spec: &ShimSpec,
+        secret_env: &[(String, String)],
+    ) -> Result<ShimHandle, ShimError> {
         files::validate(spec)?;
+        files::validate_env(secret_env)?;
         let run_dir =
             std::path::absolute(run_dir).map_err(ShimError::io("resolving the run directory"))?;
         fs::create_dir_all(&run_dir)
@@ -105,11 +123,17 @@ impl ShimHandle {
         // Plain std spawn (posix_spawn, cheap even from a large agent). The shim is our
         // child, but nothing ties its life to ours: it calls setsid and we set no
         // parent-death signal. It is reaped through its pidfd.
+        let (stdin, env_pipe) = if secret_env.is_empty() {
+            (Stdio::null(), None)
+        } else {
+            let (r, w) = sys::pipe().map_err(ShimError::io("creating the environment pipe"))?;
+            (Stdio::from(r), Some(w))
+        };
         let child = std::process::Command::new(exe)
             .arg("shim")
             .arg(&run_dir)
             .env_clear()
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::from(ready_w))
             .stderr(Stdio::null())
             .spawn()
@@ -117,6 +141,15 @@ impl ShimHandle {
         let shim_pid =
             Pid::from_raw(child.id() as i32).ok_or(ShimError::Spec("shim pid 0".into()))?;
         drop(child);
+        if let Some(mut pipe) = env_pipe {
+            // Written from a thread: more than a pipe's buffer would block until the shim
+            // reads it, which it does first thing. A shim that died early closes the pipe.
+            let json = serde_json::to_vec(secret_env).expect("pairs of strings are JSON");
+            std::thread::spawn(move || {
+                use std::io::Write as _;
+                let _ = pipe.write_all(&json);
+            });
+        }
         // Our unreaped child: its pid cannot be reused, so no start-time check is needed.
         let shim = rustix::process::pidfd_open(shim_pid, PidfdFlags::empty())
             .map_err(|err| ShimError::Io("opening the shim's pidfd".into(), err.into()))?;

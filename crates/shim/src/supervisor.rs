@@ -139,7 +139,35 @@ fn read_spec(run_dir: &Path) -> Result<ShimSpec, String> {
     let path = run_dir.join(SPEC_FILE);
     let bytes =
         fs::read(&path).map_err(|err| format!("reading {}: {}", path.display(), describe(&err)))?;
-    serde_json::from_slice(&bytes).map_err(|err| format!("parsing {}: {err}", path.display()))
+    let mut spec: ShimSpec = serde_json::from_slice(&bytes)
+        .map_err(|err| format!("parsing {}: {err}", path.display()))?;
+    add_piped_env(&mut spec)?;
+    Ok(spec)
+}
+
+/// Adds the variables the agent passed on a pipe as stdin (`ShimHandle::spawn_with_env`: app
+/// secrets, kept out of `spec.json`) to the workload's environment, replacing those of the
+/// same name. Stdin that is not a pipe (`/dev/null`) carries none.
+fn add_piped_env(spec: &mut ShimSpec) -> Result<(), String> {
+    let stdin = io::stdin();
+    let is_pipe = rustix::fs::fstat(&stdin).is_ok_and(|st| {
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo
+    });
+    if !is_pipe {
+        return Ok(());
+    }
+    let mut bytes = Vec::new();
+    stdin
+        .lock()
+        .read_to_end(&mut bytes)
+        .map_err(|err| format!("reading the environment pipe: {}", describe(&err)))?;
+    // Never echo the bytes: they hold secrets.
+    let extra: Vec<(String, String)> = serde_json::from_slice(&bytes)
+        .map_err(|_| "the environment pipe does not hold a list of name/value pairs".to_string())?;
+    spec.env
+        .retain(|(name, _)| !extra.iter().any(|(secret, _)| secret == name));
+    spec.env.extend(extra);
+    Ok(())
 }
 
 /// Takes the exclusive lock on RUN_DIR/shim.lock, retrying briefly (see [`LOCK_TIMEOUT`]).

@@ -91,7 +91,14 @@ impl Actor {
                 }
                 let mut events = Vec::new();
                 let mut image = None;
-                let launched = driver.launch(rec, run_id, &mut events, &mut image).await;
+                let launched = match self.agent.app_secret_env(&rec.app) {
+                    Ok(secret_env) => {
+                        driver
+                            .launch(rec, run_id, &secret_env, &mut events, &mut image)
+                            .await
+                    }
+                    Err(err) => Err(ShimError::Launch(err.to_string())),
+                };
                 for e in events {
                     b.event(rec, e);
                 }

@@ -575,6 +575,58 @@ pub(super) fn operations() -> Vec<Op> {
             &[(200, "The record.", Json(schema::<wire::AuditList>))],
             &[400, 401, 404, 503],
         ),
+        // Secrets.
+        Op::new(
+            "GET",
+            "/v1/apps/{app}/secrets",
+            "AppSecretsList",
+            "secrets",
+            "The app's secrets: names, digests and times, never values.",
+            &[(200, "The secrets.", Json(schema::<wire::AppSecrets>))],
+            &[401, 404, 503],
+        ),
+        Op::new(
+            "POST",
+            "/v1/apps/{app}/secrets",
+            "AppSecretsUpdate",
+            "secrets",
+            "Set (a string) and unset (null) secrets, all or nothing. Sealed with the cluster's \
+             key and given to the app's machines as environment variables at their next start \
+             (a secret wins over `config.env`); `bazaar secrets set` restarts them. Names: \
+             environment variable syntax, not FLY_* or BAZAAR_*; values: at most 64 KiB. \
+             Needs the `secrets` operation on the app.",
+            &[(200, "The app's secrets.", Json(schema::<wire::AppSecrets>))],
+            &[400, 401, 403, 404, 503],
+        )
+        .body(schema::<wire::UpdateAppSecretsRequest>),
+        Op::new(
+            "GET",
+            "/v1/apps/{app}/secrets/{name}",
+            "AppSecretShow",
+            "secrets",
+            "One secret: its name, digest and times, never its value.",
+            &[(200, "The secret.", Json(schema::<wire::AppSecret>))],
+            &[401, 404, 503],
+        ),
+        Op::new(
+            "POST",
+            "/v1/apps/{app}/secrets/{name}",
+            "AppSecretSet",
+            "secrets",
+            "Set one secret.",
+            &[(201, "The secret.", Json(schema::<wire::AppSecret>))],
+            &[400, 401, 403, 404, 503],
+        )
+        .body(schema::<wire::SetAppSecretRequest>),
+        Op::new(
+            "DELETE",
+            "/v1/apps/{app}/secrets/{name}",
+            "AppSecretDelete",
+            "secrets",
+            "Unset a secret (machines lose it at their next start).",
+            &[(200, "Done.", Json(schema::<wire::EmptyResponse>))],
+            &[400, 401, 403, 404, 503],
+        ),
         // Platform.
         Op::new(
             "GET",

@@ -317,3 +317,37 @@ pub struct AuditEntry {
     /// The host that handled it.
     host_id: String,
 }
+
+/// One app secret as the API shows it: never its value.
+#[derive(JsonSchema)]
+pub struct AppSecret {
+    name: String,
+    /// A keyed digest of the value (16 hex digits): changes when the value changes.
+    digest: String,
+    created_at: String,
+    updated_at: String,
+}
+
+/// An app's secrets.
+#[derive(JsonSchema)]
+pub struct AppSecrets {
+    secrets: Vec<AppSecret>,
+}
+
+/// Body of `POST /v1/apps/{app}/secrets`.
+#[derive(JsonSchema)]
+pub struct UpdateAppSecretsRequest {
+    /// NAME → value to set it, or `null` to unset it. All or nothing.
+    values: BTreeMap<String, Option<String>>,
+}
+
+/// Body of `POST /v1/apps/{app}/secrets/{name}`.
+#[derive(JsonSchema)]
+pub struct SetAppSecretRequest {
+    /// At most 64 KiB, no NUL byte.
+    value: String,
+}
+
+/// An empty object.
+#[derive(JsonSchema)]
+pub struct EmptyResponse {}
