@@ -331,5 +331,7 @@ fn change_of(row: &Row) -> Change {
             id: v.id.clone(),
             app: v.app.clone(),
         },
+        Record::Certificate(c) => Change::Certificate(c.hostname.clone()),
+        Record::Challenge(c) => Change::Challenge(c.token.clone()),
     }
 }

@@ -15,7 +15,9 @@
 //!   drops what the owner no longer has (rows that were deleted and collected while this
 //!   node was away for longer than the markers last).
 
-use crate::records::{AppRecord, HostRecord, MachineRecord, VolumeRecord};
+use crate::records::{
+    AppRecord, CertificateRecord, ChallengeRecord, HostRecord, MachineRecord, VolumeRecord,
+};
 use crate::trust::{RowIdentity, Seal};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
@@ -28,6 +30,8 @@ pub enum Kind {
     Machine,
     App,
     Volume,
+    Certificate,
+    Challenge,
 }
 
 impl Kind {
@@ -37,6 +41,8 @@ impl Kind {
             Kind::Machine => 2,
             Kind::App => 3,
             Kind::Volume => 4,
+            Kind::Certificate => 6,
+            Kind::Challenge => 7,
         }
     }
 }
@@ -48,6 +54,8 @@ pub enum Record {
     Machine(MachineRecord),
     App(AppRecord),
     Volume(VolumeRecord),
+    Certificate(CertificateRecord),
+    Challenge(ChallengeRecord),
 }
 
 impl Record {
@@ -57,17 +65,21 @@ impl Record {
             Record::Machine(_) => Kind::Machine,
             Record::App(_) => Kind::App,
             Record::Volume(_) => Kind::Volume,
+            Record::Certificate(_) => Kind::Certificate,
+            Record::Challenge(_) => Kind::Challenge,
         }
     }
 
-    /// The key of the row within its owner and kind: host id, machine id, app name or
-    /// volume id.
+    /// The key of the row within its owner and kind: host id, machine id, app name,
+    /// volume id, hostname or challenge token.
     pub fn key(&self) -> &str {
         match self {
             Record::Host(h) => &h.id,
             Record::Machine(m) => &m.id,
             Record::App(a) => &a.name,
             Record::Volume(v) => &v.id,
+            Record::Certificate(c) => &c.hostname,
+            Record::Challenge(c) => &c.token,
         }
     }
 }
@@ -334,7 +346,10 @@ impl Replica {
                     .or_default()
                     .insert(owner.clone());
             }
-            Record::Host(_) | Record::Volume(_) => {}
+            Record::Host(_)
+            | Record::Volume(_)
+            | Record::Certificate(_)
+            | Record::Challenge(_) => {}
         }
         if row.deleted {
             self.tombstones
@@ -371,7 +386,10 @@ impl Replica {
                 );
             }
             Record::App(a) => remove_from_index(&mut self.app_owners, &a.name, &owner.to_owned()),
-            Record::Host(_) | Record::Volume(_) => {}
+            Record::Host(_)
+            | Record::Volume(_)
+            | Record::Certificate(_)
+            | Record::Challenge(_) => {}
         }
         if row.deleted {
             self.tombstones
@@ -496,6 +514,17 @@ impl Replica {
         self.rows().filter(|r| r.kind() == Kind::Volume)
     }
 
+    /// Every certificate row (tombstones included). Few; no index.
+    pub fn certificates(&self) -> impl Iterator<Item = &Row> + '_ {
+        self.rows().filter(|r| r.kind() == Kind::Certificate)
+    }
+
+    /// Every live challenge row.
+    pub fn challenges(&self) -> impl Iterator<Item = &Row> + '_ {
+        self.rows()
+            .filter(|r| r.kind() == Kind::Challenge && !r.deleted)
+    }
+
     /// The live host row of a host.
     pub fn host(&self, id: &str) -> Option<&Row> {
         self.get(id, Kind::Host, id).filter(|r| !r.deleted)
@@ -575,6 +604,18 @@ mod tests {
                 host_id: owner.into(),
                 size_gb: version,
                 updated_at_ms: version,
+                ..Default::default()
+            }),
+            Kind::Certificate => Record::Certificate(CertificateRecord {
+                hostname: key.into(),
+                host_id: owner.into(),
+                updated_at_ms: version,
+                ..Default::default()
+            }),
+            Kind::Challenge => Record::Challenge(ChallengeRecord {
+                token: key.into(),
+                host_id: owner.into(),
+                created_at_ms: version,
                 ..Default::default()
             }),
         };

@@ -83,6 +83,8 @@ pub fn record_json(record: &Record) -> Vec<u8> {
         Record::Machine(m) => serde_json::to_vec(m),
         Record::App(a) => serde_json::to_vec(a),
         Record::Volume(v) => serde_json::to_vec(v),
+        Record::Certificate(c) => serde_json::to_vec(c),
+        Record::Challenge(c) => serde_json::to_vec(c),
     }
     .expect("records serialize to JSON")
 }
