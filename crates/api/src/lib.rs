@@ -17,6 +17,7 @@
 pub mod access;
 pub mod apps;
 pub mod audit;
+pub mod certificates;
 pub mod error;
 pub mod exchange;
 pub mod guardian;
@@ -211,6 +212,14 @@ pub fn router(agent: Agent) -> Router {
             get(volumes::snapshots).post(volumes::snapshot),
         )
         .route("/v1/apps/{app}/audit", get(audit::list))
+        .route(
+            "/v1/apps/{app}/certificates",
+            get(certificates::list).post(certificates::add),
+        )
+        .route(
+            "/v1/apps/{app}/certificates/{hostname}",
+            get(certificates::show).delete(certificates::remove),
+        )
         .route("/v1/platform/regions", get(platform::regions))
         .route("/v1/platform/placements", post(platform::placements))
         .layer(middleware::from_fn_with_state(

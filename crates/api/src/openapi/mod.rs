@@ -74,6 +74,7 @@ pub fn document() -> Value {
             {"name": "leases", "description": "Exclusive, time-bound write locks on machines."},
             {"name": "metadata", "description": "Machine metadata."},
             {"name": "volumes", "description": "Volumes: host-local storage; a machine that mounts one lives on its host."},
+            {"name": "certificates", "description": "bazaar extension: TLS certificates of app hostnames, served by every proxy."},
             {"name": "platform", "description": "Regions and placement dry runs."},
             {"name": "catalog", "description": "bazaar extension: the cluster catalog as this node sees it."},
             {"name": "meta", "description": "This document."},
@@ -216,6 +217,7 @@ fn operation_json(op: &Op, g: &mut SchemaGenerator, error_ref: &Value) -> Value 
             "app" => "The app's name.",
             "id" => "The machine's id.",
             "key" => "The metadata key.",
+            "hostname" => "The hostname, e.g. `www.example.com`.",
             _ => "",
         };
         params.push(json!({
