@@ -550,5 +550,31 @@ async fn certificates_from_pebble_are_served_by_every_proxy() {
     assert!(gone.is_ok(), "api.example.com still served after removal");
     let (s, _) = certs_call(&c, Method::GET, "/apps/api/certificates/api.example.com", None).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
+
+    // The issuing host dies: the live host with the lowest id (host 1, the only one left)
+    // renews in its place, and its row becomes the certificate.
+    let owner = now["owner_host"].as_str().unwrap().to_string();
+    let before = https(tls[1], "web.example.com", &roots, &[b"http/1.1"], "/")
+        .await
+        .unwrap()
+        .3
+         .0;
+    let mut c = c;
+    c.agents[0].kill9();
+    let fly1 = bazaar_testkit::Fly::new(&c.agents[1]);
+    let taken = bazaar_testkit::eventually(Duration::from_secs(CERT_LIFETIME_S + 15), || async {
+        let (_, v) = fly1
+            .call(Method::GET, "/apps/web/certificates/web.example.com", None)
+            .await;
+        let leaf = https(tls[1], "web.example.com", &roots, &[b"http/1.1"], "/")
+            .await
+            .ok()?
+            .3
+             .0;
+        (v["owner_host"] != owner.as_str() && v["status"] == "issued" && leaf != before)
+            .then_some(v)
+    })
+    .await;
+    assert!(taken.is_ok(), "host 1 did not take the renewal over");
     drop(pebble);
 }
