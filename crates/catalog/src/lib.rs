@@ -31,7 +31,7 @@ pub mod wire;
 
 pub use config::CatalogConfig;
 pub use records::{
-    AppRecord, CertificateRecord, CertificateView, Change, ChallengeRecord, CheckRecord,
+    AppRecord, CertificateRecord, CertificateView, ChallengeRecord, Change, CheckRecord,
     HostRecord, HostStatus, HostView, MachineFilter, MachineRecord, MachineView, ServiceRecord,
     VolumeRecord, VolumeView,
 };

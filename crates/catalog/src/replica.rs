@@ -346,10 +346,8 @@ impl Replica {
                     .or_default()
                     .insert(owner.clone());
             }
-            Record::Host(_)
-            | Record::Volume(_)
-            | Record::Certificate(_)
-            | Record::Challenge(_) => {}
+            Record::Host(_) | Record::Volume(_) | Record::Certificate(_) | Record::Challenge(_) => {
+            }
         }
         if row.deleted {
             self.tombstones
@@ -386,10 +384,8 @@ impl Replica {
                 );
             }
             Record::App(a) => remove_from_index(&mut self.app_owners, &a.name, &owner.to_owned()),
-            Record::Host(_)
-            | Record::Volume(_)
-            | Record::Certificate(_)
-            | Record::Challenge(_) => {}
+            Record::Host(_) | Record::Volume(_) | Record::Certificate(_) | Record::Challenge(_) => {
+            }
         }
         if row.deleted {
             self.tombstones
@@ -761,7 +757,14 @@ mod tests {
     fn arb_row() -> impl Strategy<Value = Row> {
         (
             prop::sample::select(vec!["a", "b", "c"]),
-            prop::sample::select(vec![Kind::Host, Kind::Machine, Kind::App, Kind::Volume]),
+            prop::sample::select(vec![
+                Kind::Host,
+                Kind::Machine,
+                Kind::App,
+                Kind::Volume,
+                Kind::Certificate,
+                Kind::Challenge,
+            ]),
             prop::sample::select(vec!["k1", "k22", "k333"]),
             1u64..20,
         )

@@ -401,14 +401,22 @@ impl WireRow {
             Kind::Certificate => {
                 let c: CertificateRecord = serde_json::from_slice(&self.body)?;
                 if c.host_id != self.owner {
-                    bail!("certificate of host {} published by {}", c.host_id, self.owner);
+                    bail!(
+                        "certificate of host {} published by {}",
+                        c.host_id,
+                        self.owner
+                    );
                 }
                 Record::Certificate(c)
             }
             Kind::Challenge => {
                 let c: ChallengeRecord = serde_json::from_slice(&self.body)?;
                 if c.host_id != self.owner {
-                    bail!("challenge of host {} published by {}", c.host_id, self.owner);
+                    bail!(
+                        "challenge of host {} published by {}",
+                        c.host_id,
+                        self.owner
+                    );
                 }
                 Record::Challenge(c)
             }

@@ -178,7 +178,10 @@ mod tests {
         let cur = current(&rows);
         assert_eq!(cur["x.example.com"].record.host_id, "b");
         assert!(!cur.contains_key("y.example.com"), "removed");
-        assert_eq!(cur["z.example.com"].record.host_id, "b", "ties: higher host id");
+        assert_eq!(
+            cur["z.example.com"].record.host_id, "b",
+            "ties: higher host id"
+        );
     }
 
     #[test]

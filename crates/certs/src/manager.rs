@@ -187,9 +187,7 @@ impl Certs {
             source: "custom".into(),
             status: "issued".into(),
             chain_pem: chain_pem.to_string(),
-            sealed_key: self
-                .seal
-                .seal(&key_aad(app, &hostname), key_pem.as_bytes()),
+            sealed_key: self.seal.seal(&key_aad(app, &hostname), key_pem.as_bytes()),
             not_before_ms,
             not_after_ms,
             created_at_ms: now,
@@ -242,7 +240,11 @@ impl Certs {
     /// Publishes an issuance's outcome as this host's row, unless the hostname was
     /// removed or attached elsewhere meanwhile. A failed renewal keeps the certificate
     /// being served and says why.
-    fn publish_outcome(&self, mut record: CertificateRecord, outcome: anyhow::Result<acme::Issued>) {
+    fn publish_outcome(
+        &self,
+        mut record: CertificateRecord,
+        outcome: anyhow::Result<acme::Issued>,
+    ) {
         let rows = self.catalog.certificates();
         let still = current(&rows)
             .get(record.hostname.as_str())
@@ -290,7 +292,9 @@ impl Certs {
         for v in &rows {
             let r = &v.record;
             if r.host_id == self.host_id && !v.deleted {
-                let mine = cur.get(r.hostname.as_str()).is_some_and(|c| c.record.host_id == self.host_id);
+                let mine = cur
+                    .get(r.hostname.as_str())
+                    .is_some_and(|c| c.record.host_id == self.host_id);
                 if !mine {
                     self.catalog.retire_certificate(&r.hostname);
                 }

@@ -97,7 +97,14 @@ pub async fn certs(a: CertsArgs) -> anyhow::Result<()> {
 
 fn print_certs(certs: &[Value]) {
     let mut t = Table::new();
-    t.set_header(["hostname", "status", "source", "not after", "owner", "error"]);
+    t.set_header([
+        "hostname",
+        "status",
+        "source",
+        "not after",
+        "owner",
+        "error",
+    ]);
     for c in certs {
         t.add_row([
             s(&c["hostname"]),

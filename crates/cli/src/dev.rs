@@ -198,9 +198,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         "BAZAAR_PROXY_URL={proxy_url}  (apps at http://<app>.localhost:{})",
         args.proxy_port
     );
-    println!(
-        "BAZAAR_PROXY_TLS_URL={proxy_tls_url}  (hostnames attached with `bazaar certs add`)"
-    );
+    println!("BAZAAR_PROXY_TLS_URL={proxy_tls_url}  (hostnames attached with `bazaar certs add`)");
     println!("BAZAAR_TOKEN={org_token}");
     println!("dashboard: {api_url}/ui/#token={org_token}");
     println!(

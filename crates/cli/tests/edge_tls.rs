@@ -288,7 +288,12 @@ async fn https(
     ))
 }
 
-async fn certs_call(c: &Cluster, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+async fn certs_call(
+    c: &Cluster,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
     c.api(method, path, body).await
 }
 
@@ -336,12 +341,15 @@ async fn certificates_from_pebble_are_served_by_every_proxy() {
     let mut pebble = Pebble::prepare();
     let directory = pebble.directory();
     let ca = pebble.ca_file();
-    let c = Cluster::start(2, &[
-        "--acme-directory",
-        &directory,
-        "--acme-ca",
-        ca.to_str().unwrap(),
-    ]);
+    let c = Cluster::start(
+        2,
+        &[
+            "--acme-directory",
+            &directory,
+            "--acme-ca",
+            ca.to_str().unwrap(),
+        ],
+    );
     // Validation reaches the second host's proxy; the first host issues.
     pebble.start(c.agents[1].proxy_addr().port());
     let tls: Vec<SocketAddr> = c
@@ -376,9 +384,15 @@ async fn certificates_from_pebble_are_served_by_every_proxy() {
     .await;
     assert_eq!(s, StatusCode::CREATED, "{api_cert}");
     assert_eq!(api_cert["hostname"], "api.example.com");
-    assert_eq!(settled(&c, "api", "api.example.com").await["status"], "issued");
+    assert_eq!(
+        settled(&c, "api", "api.example.com").await["status"],
+        "issued"
+    );
     let (ok, out) = cli(&c, &["show", "-a", "web", "web.example.com"]);
-    assert!(ok && out.contains("issued") && out.contains("not_after"), "{out}");
+    assert!(
+        ok && out.contains("issued") && out.contains("not_after"),
+        "{out}"
+    );
     let (ok, out) = cli(&c, &["list", "-a", "api"]);
     assert!(ok && out.contains("api.example.com"), "{out}");
 
@@ -389,10 +403,15 @@ async fn certificates_from_pebble_are_served_by_every_proxy() {
     roots.add(root).unwrap();
     let mut web_leaf = None;
     for addr in &tls {
-        let (s, _, body, (leaf, proto)) =
-            https(*addr, "web.example.com", &roots, &[b"http/1.1"], "/hello?x=1")
-                .await
-                .unwrap();
+        let (s, _, body, (leaf, proto)) = https(
+            *addr,
+            "web.example.com",
+            &roots,
+            &[b"http/1.1"],
+            "/hello?x=1",
+        )
+        .await
+        .unwrap();
         assert_eq!(s, 200, "{body}");
         assert_eq!(proto, b"http/1.1");
         let v: Value = serde_json::from_str(&body).unwrap();
@@ -403,10 +422,9 @@ async fn certificates_from_pebble_are_served_by_every_proxy() {
     let web_leaf = web_leaf.unwrap();
 
     // SNI picks the certificate, and the hostname the app.
-    let (s, _, body, (api_leaf, _)) =
-        https(tls[1], "api.example.com", &roots, &[b"http/1.1"], "/")
-            .await
-            .unwrap();
+    let (s, _, body, (api_leaf, _)) = https(tls[1], "api.example.com", &roots, &[b"http/1.1"], "/")
+        .await
+        .unwrap();
     assert_eq!(s, 200, "{body}");
     assert_ne!(api_leaf, web_leaf);
     let api_machine = machine_of(&body);
@@ -451,7 +469,10 @@ async fn certificates_from_pebble_are_served_by_every_proxy() {
         .await
         .unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(2), "{err}");
-    assert!(err.contains("AccessDenied") || err.contains("alert"), "{err}");
+    assert!(
+        err.contains("AccessDenied") || err.contains("alert"),
+        "{err}"
+    );
 
     // A certificate given as PEM, served at once; bad ones refused with Fly's error shape.
     let key = rcgen::KeyPair::generate().unwrap();
@@ -459,16 +480,27 @@ async fn certificates_from_pebble_are_served_by_every_proxy() {
         .unwrap()
         .self_signed(&key)
         .unwrap();
-    let pem = |cert: &str, key: &str, host: &str| {
-        json!({"hostname": host, "cert": cert, "key": key})
-    };
+    let pem =
+        |cert: &str, key: &str, host: &str| json!({"hostname": host, "cert": cert, "key": key});
     let other_key = rcgen::KeyPair::generate().unwrap().serialize_pem();
     for (body, why) in [
-        (pem(&own.pem(), &other_key, "own.example.com"), "does not match"),
-        (pem(&own.pem(), &key.serialize_pem(), "else.example.com"), "does not name"),
-        (pem("junk", &key.serialize_pem(), "own.example.com"), "certificate"),
+        (
+            pem(&own.pem(), &other_key, "own.example.com"),
+            "does not match",
+        ),
+        (
+            pem(&own.pem(), &key.serialize_pem(), "else.example.com"),
+            "does not name",
+        ),
+        (
+            pem("junk", &key.serialize_pem(), "own.example.com"),
+            "certificate",
+        ),
         (json!({"hostname": "not a name"}), "not a valid hostname"),
-        (json!({"hostname": "own.example.com", "cert": own.pem()}), "both"),
+        (
+            json!({"hostname": "own.example.com", "cert": own.pem()}),
+            "both",
+        ),
     ] {
         let (s, v) = certs_call(&c, Method::POST, "/apps/api/certificates", Some(body)).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
@@ -516,7 +548,10 @@ async fn certificates_from_pebble_are_served_by_every_proxy() {
     let why = failed["error"].as_str().unwrap();
     assert!(why.contains("ACME") && why.contains("127.0.0.2"), "{why}");
     let (ok, out) = cli(&c, &["show", "-a", "web", "down.example.com"]);
-    assert!(ok && out.contains("failed") && out.contains("127.0.0.2"), "{out}");
+    assert!(
+        ok && out.contains("failed") && out.contains("127.0.0.2"),
+        "{out}"
+    );
 
     // Renewal at 2/3 of the life: both proxies serve a new certificate before the old
     // one expires.
@@ -532,7 +567,10 @@ async fn certificates_from_pebble_are_served_by_every_proxy() {
     assert!(renewed.is_ok(), "the certificate was not renewed");
     let now = settled(&c, "web", "web.example.com").await;
     assert_eq!(now["status"], "issued");
-    assert!(now["not_after"].as_str() > web["not_after"].as_str(), "{now} vs {web}");
+    assert!(
+        now["not_after"].as_str() > web["not_after"].as_str(),
+        "{now} vs {web}"
+    );
 
     // Removed: no proxy serves the name any more.
     let (ok, out) = cli(&c, &["remove", "-a", "api", "api.example.com"]);
@@ -548,7 +586,13 @@ async fn certificates_from_pebble_are_served_by_every_proxy() {
     })
     .await;
     assert!(gone.is_ok(), "api.example.com still served after removal");
-    let (s, _) = certs_call(&c, Method::GET, "/apps/api/certificates/api.example.com", None).await;
+    let (s, _) = certs_call(
+        &c,
+        Method::GET,
+        "/apps/api/certificates/api.example.com",
+        None,
+    )
+    .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
 
     // The issuing host dies: the live host with the lowest id (host 1, the only one left)

@@ -13,7 +13,10 @@ use http::{Response, StatusCode};
 const ACME_PREFIX: &str = "/.well-known/acme-challenge/";
 
 /// The answer to an ACME HTTP-01 validation request this cluster is expecting.
-pub(crate) fn acme_answer(shared: &Shared, req: &http::request::Parts) -> Option<Response<RespBody>> {
+pub(crate) fn acme_answer(
+    shared: &Shared,
+    req: &http::request::Parts,
+) -> Option<Response<RespBody>> {
     let token = req.uri.path().strip_prefix(ACME_PREFIX)?;
     let key_authorization = shared.certs.challenge(token)?;
     let mut r = Response::new(RespBody::full(Bytes::from(key_authorization)));
@@ -49,11 +52,7 @@ pub(crate) fn redirect_to_https(
     } else {
         format!("{name}:{port}")
     };
-    let target = req
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
+    let target = req.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     let location = format!("https://{authority}{target}");
     let mut r = crate::http::reply(
         StatusCode::MOVED_PERMANENTLY,

@@ -143,17 +143,18 @@ async fn serve(
                     h1::server::Outcome::HandOff(read) => read,
                 }
             };
-            let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                let local = local.clone();
-                let peer_ip = peer_ip.clone();
-                async move {
-                    let (mut parts, body) = req.into_parts();
-                    parts.extensions.insert(Https);
-                    Ok::<_, Infallible>(
-                        handle_parts(local, &peer_ip, parts, ClientBody::Hyper(body)).await,
-                    )
-                }
-            });
+            let svc =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let local = local.clone();
+                    let peer_ip = peer_ip.clone();
+                    async move {
+                        let (mut parts, body) = req.into_parts();
+                        parts.extensions.insert(Https);
+                        Ok::<_, Infallible>(
+                            handle_parts(local, &peer_ip, parts, ClientBody::Hyper(body)).await,
+                        )
+                    }
+                });
             let io = h1::server::Rewind::new(read, stream);
             if let Err(err) = builder
                 .serve_connection_with_upgrades(TokioIo::new(io), svc)
