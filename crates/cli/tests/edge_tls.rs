@@ -288,6 +288,43 @@ async fn https(
     ))
 }
 
+/// Two connections of one client (one request each), and how each handshake went.
+async fn handshake_kinds(
+    addr: SocketAddr,
+    name: &str,
+    roots: &rustls::RootCertStore,
+) -> Vec<rustls::HandshakeKind> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let config = Arc::new(
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots.clone())
+        .with_no_client_auth(),
+    );
+    let mut kinds = Vec::new();
+    for _ in 0..2 {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(config.clone())
+            .connect(ServerName::try_from(name.to_string()).unwrap(), tcp)
+            .await
+            .unwrap();
+        let req = format!("GET / HTTP/1.1\r\nhost: {name}\r\nconnection: close\r\n\r\n");
+        tls.write_all(req.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        let _ = tls.read_to_end(&mut answer).await;
+        assert!(
+            answer.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+        kinds.push(tls.get_ref().1.handshake_kind().unwrap());
+    }
+    kinds
+}
+
 async fn certs_call(
     c: &Cluster,
     method: Method,
@@ -431,6 +468,12 @@ async fn certificates_from_pebble_are_served_by_every_proxy() {
     let (_, machines) = c.api(Method::GET, "/apps/api/machines", None).await;
     assert_eq!(machines[0]["id"], api_machine.as_str());
 
+    // Session resumption: a second connection of the same client resumes (ticket).
+    assert_eq!(
+        handshake_kinds(tls[0], "web.example.com", &roots).await,
+        [rustls::HandshakeKind::Full, rustls::HandshakeKind::Resumed]
+    );
+
     // HTTP/2 over TLS.
     let (s, _, body, (_, proto)) = https(tls[0], "web.example.com", &roots, &[b"h2"], "/h2")
         .await
@@ -483,6 +526,12 @@ async fn certificates_from_pebble_are_served_by_every_proxy() {
     let pem =
         |cert: &str, key: &str, host: &str| json!({"hostname": host, "cert": cert, "key": key});
     let other_key = rcgen::KeyPair::generate().unwrap().serialize_pem();
+    let expired = {
+        let mut p = rcgen::CertificateParams::new(vec!["own.example.com".to_string()]).unwrap();
+        p.not_before = rcgen::date_time_ymd(2019, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2020, 1, 1);
+        p.self_signed(&key).unwrap()
+    };
     for (body, why) in [
         (
             pem(&own.pem(), &other_key, "own.example.com"),
