@@ -550,6 +550,10 @@ async fn certificates_from_pebble_are_served_by_every_proxy() {
             json!({"hostname": "own.example.com", "cert": own.pem()}),
             "both",
         ),
+        (
+            pem(&expired.pem(), &key.serialize_pem(), "own.example.com"),
+            "expired",
+        ),
     ] {
         let (s, v) = certs_call(&c, Method::POST, "/apps/api/certificates", Some(body)).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");

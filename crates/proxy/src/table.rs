@@ -303,3 +303,42 @@ pub fn build(
             .collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(ports: serde_json::Value) -> MachineService {
+        serde_json::from_value(serde_json::json!({
+            "internal_port": 8080, "protocol": "tcp", "ports": ports,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn which_services_force_https() {
+        let forced = [
+            serde_json::json!([{"port": 80, "handlers": ["http"], "force_https": true}]),
+            serde_json::json!([{"port": 443, "handlers": ["tls", "http"]}]),
+            serde_json::json!([
+                {"port": 80, "handlers": ["http"], "force_https": true},
+                {"port": 443, "handlers": ["tls", "http"]},
+            ]),
+        ];
+        for ports in forced {
+            assert!(forces_https(&service(ports.clone())), "{ports}");
+        }
+        let plain = [
+            serde_json::json!([]),
+            serde_json::json!([{"port": 80, "handlers": ["http"]}]),
+            serde_json::json!([
+                {"port": 80, "handlers": ["http"], "force_https": false},
+                {"port": 443, "handlers": ["tls", "http"]},
+            ]),
+            serde_json::json!([{"port": 5432, "handlers": ["tls"]}]),
+        ];
+        for ports in plain {
+            assert!(!forces_https(&service(ports.clone())), "{ports}");
+        }
+    }
+}
