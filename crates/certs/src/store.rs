@@ -17,6 +17,8 @@ struct Served {
     /// Issued (or given) and opened; `None` while pending or failed.
     key: Option<Arc<CertifiedKey>>,
     not_after_ms: u64,
+    /// Which row it was read from (a key is reopened only when the row changed).
+    row: (String, u64),
 }
 
 /// The certificates every proxy thread reads; cheap to clone.
@@ -78,9 +80,10 @@ impl CertStore {
         let mut served = HashMap::new();
         for (hostname, row) in current(&rows) {
             let r = &row.record;
+            let row_id = (r.host_id.clone(), r.updated_at_ms);
             let reuse = before
                 .get(hostname)
-                .filter(|s| s.not_after_ms == r.not_after_ms && s.app == r.app)
+                .filter(|s| s.row == row_id)
                 .and_then(|s| s.key.clone());
             let key = match reuse {
                 Some(k) => Some(k),
@@ -99,6 +102,7 @@ impl CertStore {
                     app: r.app.clone(),
                     key,
                     not_after_ms: r.not_after_ms,
+                    row: row_id,
                 },
             );
         }
