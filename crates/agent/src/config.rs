@@ -72,6 +72,14 @@ pub struct AgentConfig {
     pub proxy_listen: SocketAddr,
     /// Apps are served at `<app>.<proxy_domain>`.
     pub proxy_domain: String,
+    /// Address of the edge proxy's HTTPS listener (certificates per app hostname).
+    pub proxy_tls_listen: SocketAddr,
+    /// The ACME directory URL certificates are issued from (`bazaar certs add`); `None`:
+    /// only certificates given as PEM.
+    pub acme_directory: Option<String>,
+    /// A PEM file of the root(s) the ACME directory's HTTPS is checked against (a test CA
+    /// such as Pebble's); `None`: the system's roots.
+    pub acme_ca: Option<PathBuf>,
     /// A machine of a service with `autostop` is stopped after this long without requests.
     #[serde(with = "millis")]
     pub autostop_idle: Duration,
@@ -143,6 +151,9 @@ impl Default for AgentConfig {
             shim_exe: None,
             proxy_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             proxy_domain: "localhost".into(),
+            proxy_tls_listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
+            acme_directory: None,
+            acme_ca: None,
             autostop_idle: Duration::from_secs(30),
             proxy_queue_timeout: Duration::from_secs(5),
             insecure_registries: Vec::new(),

@@ -18,6 +18,7 @@
 pub mod access;
 pub mod apps;
 pub mod audit;
+pub mod certificates;
 pub mod error;
 pub mod exchange;
 pub mod guardian;
@@ -220,6 +221,14 @@ pub fn router(agent: Agent) -> Router {
         .route(
             "/v1/apps/{app}/secrets/{name}",
             get(secrets::get).post(secrets::set).delete(secrets::unset),
+        )
+        .route(
+            "/v1/apps/{app}/certificates",
+            get(certificates::list).post(certificates::add),
+        )
+        .route(
+            "/v1/apps/{app}/certificates/{hostname}",
+            get(certificates::show).delete(certificates::remove),
         )
         .route("/v1/platform/regions", get(platform::regions))
         .route("/v1/platform/placements", post(platform::placements))

@@ -33,8 +33,9 @@ pub mod wire;
 
 pub use config::{CatalogConfig, ClusterIdentity};
 pub use records::{
-    AppRecord, Change, CheckRecord, HostRecord, HostStatus, HostView, MachineFilter, MachineRecord,
-    MachineView, SecretRecord, ServiceRecord, VolumeRecord, VolumeView,
+    AppRecord, CertificateRecord, CertificateView, ChallengeRecord, Change, CheckRecord,
+    HostRecord, HostStatus, HostView, MachineFilter, MachineRecord, MachineView, SecretRecord,
+    ServiceRecord, VolumeRecord, VolumeView,
 };
 
 use anyhow::Context;
@@ -281,6 +282,116 @@ impl Catalog {
             },
             deleted: row.deleted,
         }
+    }
+
+    /// Publishes this host's row of an edge certificate (its `host_id` is set to this
+    /// node's id).
+    pub fn publish_certificate(&self, mut record: CertificateRecord) {
+        record.host_id = self.node_id().to_owned();
+        record.updated_at_ms = record.updated_at_ms.max(bazaar_types::now_ms());
+        self.shared().publish(Record::Certificate(record), false);
+    }
+
+    /// Replaces this host's row of a hostname's certificate by a tombstone written now.
+    /// Publishes one (a removal) when this host held none: its tombstone, newer than every
+    /// other host's row, is what every proxy then reads.
+    pub fn delete_certificate(&self, hostname: &str, app: &str) {
+        let current = self
+            .shared()
+            .read()
+            .replica
+            .get(self.node_id(), Kind::Certificate, hostname)
+            .map(|r| r.record.clone());
+        let mut record = match current {
+            Some(Record::Certificate(c)) => c,
+            _ => CertificateRecord {
+                hostname: hostname.to_owned(),
+                app: app.to_owned(),
+                created_at_ms: bazaar_types::now_ms(),
+                ..Default::default()
+            },
+        };
+        record.host_id = self.node_id().to_owned();
+        record.status = "removed".into();
+        record.chain_pem.clear();
+        record.sealed_key.clear();
+        record.updated_at_ms = bazaar_types::now_ms().max(record.updated_at_ms + 1);
+        self.shared().publish(Record::Certificate(record), true);
+    }
+
+    /// Tombstones this host's row of a hostname's certificate as it was written (not newer):
+    /// for a row another host's newer row superseded (a takeover, a removal).
+    pub fn retire_certificate(&self, hostname: &str) {
+        let current = self
+            .shared()
+            .read()
+            .replica
+            .get(self.node_id(), Kind::Certificate, hostname)
+            .filter(|r| !r.deleted)
+            .map(|r| r.record.clone());
+        if let Some(record) = current {
+            self.shared().publish(record, true);
+        }
+    }
+
+    /// Every host's certificate rows (tombstones included, until collected), by
+    /// (hostname, host).
+    pub fn certificates(&self) -> Vec<CertificateView> {
+        let st = self.shared().read();
+        let mut out: Vec<CertificateView> = st
+            .replica
+            .certificates()
+            .filter_map(|row| match &row.record {
+                Record::Certificate(c) => Some(CertificateView {
+                    record: c.clone(),
+                    host_status: self
+                        .shared()
+                        .status_of(&st, &row.owner)
+                        .unwrap_or(HostStatus::Suspect),
+                    deleted: row.deleted,
+                }),
+                _ => None,
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            (&a.record.hostname, &a.record.host_id).cmp(&(&b.record.hostname, &b.record.host_id))
+        });
+        out
+    }
+
+    /// Publishes an ACME challenge this host is answering (its `host_id` is set).
+    pub fn publish_challenge(&self, mut record: ChallengeRecord) {
+        record.host_id = self.node_id().to_owned();
+        self.shared().publish(Record::Challenge(record), false);
+    }
+
+    /// Removes this host's challenge row for `token`, if any.
+    pub fn delete_challenge(&self, token: &str) {
+        let current = self
+            .shared()
+            .read()
+            .replica
+            .get(self.node_id(), Kind::Challenge, token)
+            .filter(|r| !r.deleted)
+            .map(|r| r.record.clone());
+        if let Some(record) = current {
+            self.shared().publish(record, true);
+        }
+    }
+
+    /// The key authorization to answer for an ACME challenge token, whichever host
+    /// published it.
+    pub fn challenge(&self, token: &str) -> Option<String> {
+        let st = self.shared().read();
+        let answer = st
+            .replica
+            .challenges()
+            .find(|r| r.key() == token)
+            .and_then(|r| match &r.record {
+                Record::Challenge(c) => Some(c.key_authorization.clone()),
+                _ => None,
+            });
+        answer
     }
 
     /// Publishes an app created through this host's API.

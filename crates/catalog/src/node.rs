@@ -446,5 +446,7 @@ fn change_of(row: &Row) -> Change {
         },
         // An app's secrets changed: subscribers re-read the app.
         Record::Secret(x) => Change::App(x.app.clone()),
+        Record::Certificate(c) => Change::Certificate(c.hostname.clone()),
+        Record::Challenge(c) => Change::Challenge(c.token.clone()),
     }
 }

@@ -1,4 +1,5 @@
-//! The records the catalog replicates (hosts, machines, volumes, apps) and the views and filters
+//! The records the catalog replicates (hosts, machines, volumes, apps, edge certificates
+//! and ACME challenges) and the views and filters
 //! that queries return. These are plain data: no I/O, no locking.
 
 use bazaar_types::config::MachineService;
@@ -186,6 +187,39 @@ pub struct SecretRecord {
     pub updated_at_ms: u64,
 }
 
+/// The edge certificate of one app hostname, published by the host that issued it (or
+/// took it over, or removed it). Several hosts may hold a row for one hostname: the one
+/// written last (`updated_at_ms`, then host id) is the hostname's certificate, a tombstone
+/// included (a removed hostname). The private key travels sealed with the cluster's
+/// `certificate-keys` key, bound to `app/<app>/certificate/<hostname>`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CertificateRecord {
+    /// The hostname (lowercase), the row's key.
+    pub hostname: String,
+    pub app: String,
+    /// The owning host: it renews the certificate. Always the publishing node's id.
+    pub host_id: String,
+    /// `acme` or `custom` (given by the user as PEM).
+    pub source: String,
+    /// `pending`, `issued` or `failed`.
+    pub status: String,
+    /// Why the last issuance failed (the ACME server's words), when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The certificate chain, PEM, leaf first (empty until issued).
+    #[serde(default)]
+    pub chain_pem: String,
+    /// The private key (PKCS#8 PEM), sealed (`bazaar-seal`); empty until issued.
+    #[serde(default)]
+    pub sealed_key: String,
+    #[serde(default)]
+    pub not_before_ms: u64,
+    #[serde(default)]
+    pub not_after_ms: u64,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+}
+
 impl SecretRecord {
     /// The row key of secret `name` of `app`.
     pub fn key_of(app: &str, name: &str) -> String {
@@ -197,6 +231,30 @@ impl SecretRecord {
     pub fn precedence(&self) -> (u64, &str) {
         (self.updated_at_ms, &self.set_by_host)
     }
+}
+
+/// An ACME HTTP-01 challenge being answered: every proxy answers
+/// `GET /.well-known/acme-challenge/<token>` with `key_authorization`, so validation
+/// succeeds whichever host it reaches. Published by the issuing host, deleted when done.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ChallengeRecord {
+    /// The token, the row's key.
+    pub token: String,
+    pub key_authorization: String,
+    pub hostname: String,
+    /// The issuing host; always the publishing node's id.
+    pub host_id: String,
+    pub created_at_ms: u64,
+}
+
+/// A certificate row as a query returns it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CertificateView {
+    pub record: CertificateRecord,
+    /// Liveness of the owning host.
+    pub host_status: HostStatus,
+    /// True for a tombstone (the hostname was removed by its owner).
+    pub deleted: bool,
 }
 
 /// Liveness of a host as this node's failure detector (SWIM) sees it.
@@ -263,6 +321,8 @@ pub enum Change {
     Machine { id: String, app: String },
     Volume { id: String, app: String },
     App(String),
+    Certificate(String),
+    Challenge(String),
 }
 
 /// Which machines [`crate::Catalog::machines`] returns. The default matches every live

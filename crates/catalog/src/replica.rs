@@ -15,7 +15,10 @@
 //!   drops what the owner no longer has (rows that were deleted and collected while this
 //!   node was away for longer than the markers last).
 
-use crate::records::{AppRecord, HostRecord, MachineRecord, SecretRecord, VolumeRecord};
+use crate::records::{
+    AppRecord, CertificateRecord, ChallengeRecord, HostRecord, MachineRecord, SecretRecord,
+    VolumeRecord,
+};
 use crate::trust::{RowIdentity, Seal};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
@@ -29,6 +32,8 @@ pub enum Kind {
     App,
     Volume,
     Secret,
+    Certificate,
+    Challenge,
 }
 
 impl Kind {
@@ -39,6 +44,8 @@ impl Kind {
             Kind::App => 3,
             Kind::Volume => 4,
             Kind::Secret => 5,
+            Kind::Certificate => 6,
+            Kind::Challenge => 7,
         }
     }
 }
@@ -51,6 +58,8 @@ pub enum Record {
     App(AppRecord),
     Volume(VolumeRecord),
     Secret(SecretRecord),
+    Certificate(CertificateRecord),
+    Challenge(ChallengeRecord),
 }
 
 impl Record {
@@ -61,11 +70,13 @@ impl Record {
             Record::App(_) => Kind::App,
             Record::Volume(_) => Kind::Volume,
             Record::Secret(_) => Kind::Secret,
+            Record::Certificate(_) => Kind::Certificate,
+            Record::Challenge(_) => Kind::Challenge,
         }
     }
 
     /// The key of the row within its owner and kind: host id, machine id, app name,
-    /// volume id or `<app>/<secret name>`.
+    /// volume id, `<app>/<secret name>`, hostname or challenge token.
     pub fn key(&self) -> &str {
         match self {
             Record::Host(h) => &h.id,
@@ -73,6 +84,8 @@ impl Record {
             Record::App(a) => &a.name,
             Record::Volume(v) => &v.id,
             Record::Secret(x) => &x.id,
+            Record::Certificate(c) => &c.hostname,
+            Record::Challenge(c) => &c.token,
         }
     }
 }
@@ -347,7 +360,8 @@ impl Replica {
                     .or_default()
                     .insert((owner.clone(), x.id.clone()));
             }
-            Record::Host(_) | Record::Volume(_) => {}
+            Record::Host(_) | Record::Volume(_) | Record::Certificate(_) | Record::Challenge(_) => {
+            }
         }
         if row.deleted {
             self.tombstones
@@ -389,7 +403,8 @@ impl Replica {
                 &x.app,
                 &(owner.to_owned(), x.id.clone()),
             ),
-            Record::Host(_) | Record::Volume(_) => {}
+            Record::Host(_) | Record::Volume(_) | Record::Certificate(_) | Record::Challenge(_) => {
+            }
         }
         if row.deleted {
             self.tombstones
@@ -527,6 +542,17 @@ impl Replica {
         self.rows().filter(|r| r.kind() == Kind::Volume)
     }
 
+    /// Every certificate row (tombstones included). Few; no index.
+    pub fn certificates(&self) -> impl Iterator<Item = &Row> + '_ {
+        self.rows().filter(|r| r.kind() == Kind::Certificate)
+    }
+
+    /// Every live challenge row.
+    pub fn challenges(&self) -> impl Iterator<Item = &Row> + '_ {
+        self.rows()
+            .filter(|r| r.kind() == Kind::Challenge && !r.deleted)
+    }
+
     /// The live host row of a host.
     pub fn host(&self, id: &str) -> Option<&Row> {
         self.get(id, Kind::Host, id).filter(|r| !r.deleted)
@@ -652,6 +678,18 @@ mod tests {
                 app_created_at_ms: 1,
                 created_at_ms: version,
                 updated_at_ms: version,
+            }),
+            Kind::Certificate => Record::Certificate(CertificateRecord {
+                hostname: key.into(),
+                host_id: owner.into(),
+                updated_at_ms: version,
+                ..Default::default()
+            }),
+            Kind::Challenge => Record::Challenge(ChallengeRecord {
+                token: key.into(),
+                host_id: owner.into(),
+                created_at_ms: version,
+                ..Default::default()
             }),
         };
         Row {
@@ -838,6 +876,8 @@ mod tests {
                 Kind::App,
                 Kind::Volume,
                 Kind::Secret,
+                Kind::Certificate,
+                Kind::Challenge,
             ]),
             prop::sample::select(vec!["k1", "k22", "k333"]),
             1u64..20,

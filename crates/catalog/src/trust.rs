@@ -92,6 +92,8 @@ pub fn record_json(record: &Record) -> Vec<u8> {
         Record::App(a) => serde_json::to_vec(a),
         Record::Volume(v) => serde_json::to_vec(v),
         Record::Secret(x) => serde_json::to_vec(x),
+        Record::Certificate(c) => serde_json::to_vec(c),
+        Record::Challenge(c) => serde_json::to_vec(c),
     }
     .expect("records serialize to JSON")
 }

@@ -22,7 +22,10 @@
 //!
 //! Anything that fails the tag or does not decode is dropped by the caller, never trusted.
 
-use crate::records::{AppRecord, HostRecord, MachineRecord, SecretRecord, VolumeRecord};
+use crate::records::{
+    AppRecord, CertificateRecord, ChallengeRecord, HostRecord, MachineRecord, SecretRecord,
+    VolumeRecord,
+};
 use crate::replica::{DigestEntry, Kind, Record, Row};
 use crate::trust::{Seal, SignedEntry};
 use anyhow::{bail, Context};
@@ -359,6 +362,28 @@ impl WireRow {
                     bail!("secret row {} does not name its app and secret", x.id);
                 }
                 Record::Secret(x)
+            }
+            Kind::Certificate => {
+                let c: CertificateRecord = serde_json::from_slice(&self.body)?;
+                if c.host_id != self.owner {
+                    bail!(
+                        "certificate of host {} published by {}",
+                        c.host_id,
+                        self.owner
+                    );
+                }
+                Record::Certificate(c)
+            }
+            Kind::Challenge => {
+                let c: ChallengeRecord = serde_json::from_slice(&self.body)?;
+                if c.host_id != self.owner {
+                    bail!(
+                        "challenge of host {} published by {}",
+                        c.host_id,
+                        self.owner
+                    );
+                }
+                Record::Challenge(c)
             }
         };
         if record.key() != self.key {

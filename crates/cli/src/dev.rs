@@ -33,6 +33,9 @@ pub struct DevArgs {
     /// Proxy port of the first host; host i's proxy listens on base + i.
     #[arg(long, default_value_t = 8080)]
     proxy_port: u16,
+    /// HTTPS port of the first host's proxy; host i's listens on base + i.
+    #[arg(long, default_value_t = 8443)]
+    proxy_tls_port: u16,
     /// Host listener (mTLS between hosts) of the first host; host i listens on base + i.
     #[arg(long, default_value_t = 4480)]
     host_port: u16,
@@ -133,6 +136,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             .arg(format!("127.0.0.1:{port}"))
             .arg("--proxy-listen")
             .arg(format!("127.0.0.1:{}", args.proxy_port as usize + i))
+            .arg("--proxy-tls-listen")
+            .arg(format!("127.0.0.1:{}", args.proxy_tls_port as usize + i))
             .arg("--token-file")
             .arg(&token_file)
             .arg("--token-public-key-file")
@@ -166,6 +171,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     let api_url = format!("http://127.0.0.1:{}", args.base_port);
     let proxy_url = format!("http://127.0.0.1:{}", args.proxy_port);
+    let proxy_tls_url = format!("https://127.0.0.1:{}", args.proxy_tls_port);
     for (i, port, _, child) in children.iter_mut() {
         wait_healthy(*port, child).await.with_context(|| {
             format!(
@@ -175,7 +181,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         })?;
     }
     let env = format!(
-        "BAZAAR_API_URL={api_url}\nBAZAAR_PROXY_URL={proxy_url}\nBAZAAR_TOKEN={}\nBAZAAR_CLUSTER_SECRET={}\n",
+        "BAZAAR_API_URL={api_url}\nBAZAAR_PROXY_URL={proxy_url}\nBAZAAR_PROXY_TLS_URL={proxy_tls_url}\nBAZAAR_TOKEN={}\nBAZAAR_CLUSTER_SECRET={}\n",
         org_token, state.cluster_secret
     );
     bazaar_agent::secrets::write_private(&dir.join("dev.env"), &env)?;
@@ -192,6 +198,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         "BAZAAR_PROXY_URL={proxy_url}  (apps at http://<app>.localhost:{})",
         args.proxy_port
     );
+    println!("BAZAAR_PROXY_TLS_URL={proxy_tls_url}  (hostnames attached with `bazaar certs add`)");
     println!("BAZAAR_TOKEN={org_token}");
     println!("dashboard: {api_url}/ui/#token={org_token}");
     println!(

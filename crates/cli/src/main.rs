@@ -18,6 +18,7 @@
 //!   ([`bazaar_shim::exec_main`]).
 
 mod api_cmd;
+mod certs_cmd;
 mod cluster_cmd;
 mod deploy_cmd;
 mod dev;
@@ -66,6 +67,8 @@ enum Command {
     Machine(api_cmd::MachineArgs),
     /// Create, list, extend and destroy volumes (host-local storage for machines).
     Volumes(volumes_cmd::VolumesArgs),
+    /// TLS certificates of an app's hostnames (add by ACME or PEM, list, show, remove).
+    Certs(certs_cmd::CertsArgs),
     /// List, pull, import (docker save / OCI archives) and prune one host's images.
     Image(image_cmd::ImageArgs),
     /// Manage API tokens: the cluster token key, scoped tokens, revocation.
@@ -161,6 +164,17 @@ struct AgentArgs {
     /// The proxy serves app `a` at `a.<domain>` (default localhost).
     #[arg(long)]
     proxy_domain: Option<String>,
+    /// Address of the proxy's HTTPS listener (default 127.0.0.1:8443).
+    #[arg(long)]
+    proxy_tls_listen: Option<SocketAddr>,
+    /// The ACME directory certificates are issued from (`bazaar certs add`), e.g.
+    /// https://acme-v02.api.letsencrypt.org/directory.
+    #[arg(long)]
+    acme_directory: Option<String>,
+    /// A PEM file of the root CA the ACME directory's HTTPS is checked against (a test
+    /// CA such as Pebble's; default: the system's roots).
+    #[arg(long)]
+    acme_ca: Option<PathBuf>,
     /// Stop machines of services with autostop after this long without requests (ms;
     /// default 30000).
     #[arg(long)]
@@ -247,6 +261,7 @@ fn main() {
         Command::Apps(a) => run_async(api_cmd::apps(a)),
         Command::Machine(a) => run_async(api_cmd::machine(a)),
         Command::Volumes(a) => run_async(volumes_cmd::volumes(a)),
+        Command::Certs(a) => run_async(certs_cmd::certs(a)),
         Command::Image(a) => run_async(image_cmd::image(a)),
         Command::Token(a) => run_async(token_cmd::token(a)),
         Command::Audit(a) => run_async(token_cmd::audit(a)),
@@ -359,6 +374,15 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     if let Some(d) = a.proxy_domain {
         config.proxy_domain = d;
     }
+    if let Some(l) = a.proxy_tls_listen {
+        config.proxy_tls_listen = l;
+    }
+    if a.acme_directory.is_some() {
+        config.acme_directory = a.acme_directory;
+    }
+    if a.acme_ca.is_some() {
+        config.acme_ca = a.acme_ca;
+    }
     if let Some(ms) = a.autostop_idle_ms {
         config.autostop_idle = std::time::Duration::from_millis(ms);
     }
@@ -397,6 +421,7 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
         |agent| {
             let proxy = bazaar_proxy::Proxy::start(agent.clone())?;
             bazaar_api::guardian::spawn(bazaar_api::Api::new(agent.clone()));
+            bazaar_certs::spawn_renewal(&agent)?;
             let api = bazaar_api::router(agent.clone());
             let ui = bazaar_dashboard::router(agent, api.clone());
             Ok(api.merge(proxy.router()).merge(ui))

@@ -25,7 +25,9 @@ fn free_ports(n: u16) -> u16 {
     for _ in 0..1000 {
         let base = bazaar_testkit::free_port(std::net::Ipv4Addr::LOCALHOST);
         if base < 31_900
-            && (0..n).all(|i| free(base + i) && free(base + 10 + i) && free(base + 20 + i))
+            && (0..n).all(|i| {
+                free(base + i) && free(base + 10 + i) && free(base + 20 + i) && free(base + 30 + i)
+            })
         {
             return base;
         }
@@ -65,6 +67,8 @@ fn start_dev(dir: &std::path::Path, base: u16, gossip: u16) -> Child {
             &(base + 10).to_string(),
             "--host-port",
             &(base + 20).to_string(),
+            "--proxy-tls-port",
+            &(base + 30).to_string(),
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -124,6 +128,10 @@ async fn dev_starts_three_hosts_stops_cleanly_and_resumes() {
     let env = read_env(&dir);
     assert_eq!(env["BAZAAR_API_URL"], format!("http://127.0.0.1:{base}"));
     assert!(env.contains_key("BAZAAR_PROXY_URL"));
+    assert_eq!(
+        env["BAZAAR_PROXY_TLS_URL"],
+        format!("https://127.0.0.1:{}", base + 30)
+    );
     let token = env["BAZAAR_TOKEN"].clone();
     assert!(token.len() >= 32);
 

@@ -31,9 +31,9 @@ fn the_readme_tour_runs_top_to_bottom() {
     );
     let tmp = tempfile::tempdir().unwrap();
     let dir = std::fs::canonicalize(tmp.path()).unwrap();
-    let (api, proxy, gossip) = loop {
-        let ports = (free_ports(), free_ports(), free_ports());
-        let distinct = [ports.0, ports.1, ports.2];
+    let (api, proxy, gossip, tls) = loop {
+        let ports = (free_ports(), free_ports(), free_ports(), free_ports());
+        let distinct = [ports.0, ports.1, ports.2, ports.3];
         if distinct
             .iter()
             .enumerate()
@@ -50,6 +50,7 @@ fn the_readme_tour_runs_top_to_bottom() {
         .env("TOUR_BASE_PORT", api.to_string())
         .env("TOUR_PROXY_PORT", proxy.to_string())
         .env("TOUR_GOSSIP_PORT", gossip.to_string())
+        .env("TOUR_PROXY_TLS_PORT", tls.to_string())
         .env_remove("BAZAAR_API_URL")
         .env_remove("BAZAAR_TOKEN")
         .output()

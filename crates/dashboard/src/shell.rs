@@ -371,13 +371,17 @@ async fn events(State(ui): State<Ui>, headers: HeaderMap) -> Response {
     let changes = catalog.subscribe();
     let stream = futures_util::stream::unfold(changes, |mut changes| async move {
         use tokio::sync::broadcast::error::RecvError;
-        let data = match changes.recv().await {
-            Ok(Change::Machine { id, app }) => json!({"kind": "machine", "id": id, "app": app}),
-            Ok(Change::Volume { id, app }) => json!({"kind": "volume", "id": id, "app": app}),
-            Ok(Change::Host(id)) => json!({"kind": "host", "id": id}),
-            Ok(Change::App(id)) => json!({"kind": "app", "id": id}),
-            Err(RecvError::Lagged(_)) => json!({"kind": "all"}),
-            Err(RecvError::Closed) => return None,
+        let data = loop {
+            break match changes.recv().await {
+                Ok(Change::Machine { id, app }) => json!({"kind": "machine", "id": id, "app": app}),
+                Ok(Change::Volume { id, app }) => json!({"kind": "volume", "id": id, "app": app}),
+                Ok(Change::Host(id)) => json!({"kind": "host", "id": id}),
+                Ok(Change::App(id)) => json!({"kind": "app", "id": id}),
+                // Not shown by the dashboard.
+                Ok(Change::Certificate(_) | Change::Challenge(_)) => continue,
+                Err(RecvError::Lagged(_)) => json!({"kind": "all"}),
+                Err(RecvError::Closed) => return None,
+            };
         };
         let event = Event::default().event("change").data(data.to_string());
         Some((Ok::<_, std::convert::Infallible>(event), changes))

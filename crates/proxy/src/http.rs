@@ -205,6 +205,9 @@ pub(crate) async fn handle_parts(
         }
         return reply(StatusCode::FORBIDDEN, "bazaar proxy: bad hop token");
     }
+    if let Some(answer) = crate::certs::acme_answer(&shared, &req) {
+        return answer;
+    }
     let started = Instant::now();
     let Some(host) = host_of(&req).filter(|h| h.to_str().is_ok()) else {
         return reply(
@@ -220,16 +223,26 @@ pub(crate) async fn handle_parts(
         }
         h => h,
     };
-    let Some(app) = app_of_host(host, &shared.domain_suffix) else {
-        return reply(
-            StatusCode::NOT_FOUND,
-            format!(
-                "bazaar proxy: no app is served at {host:?} (apps are served at <app>{})",
-                shared.domain_suffix
-            ),
-        );
+    let attached;
+    let app = match app_of_host(host, &shared.domain_suffix) {
+        Some(app) => app,
+        None => match crate::certs::app_of_hostname(&shared, host) {
+            Some(app) => {
+                attached = app;
+                attached.as_str()
+            }
+            None => {
+                return reply(
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "bazaar proxy: no app is served at {host:?} (apps are served at <app>{})",
+                        shared.domain_suffix
+                    ),
+                )
+            }
+        },
     };
-    let resp = route(&shared, app, peer_ip, req, body, started).await;
+    let resp = route(&shared, app, host, peer_ip, req, body, started).await;
     shared
         .metrics
         .record_request(app, resp.status().as_u16(), started.elapsed().as_secs_f64());
@@ -263,16 +276,22 @@ enum Attempt {
 async fn route(
     shared: &Arc<Local>,
     app: &str,
+    host: &str,
     peer_ip: &HeaderValue,
     req: http::request::Parts,
     body: ClientBody,
     started: Instant,
 ) -> Response<RespBody> {
-    if !shared.with_table(|t| t.apps.contains_key(app)) {
-        return reply(
-            StatusCode::NOT_FOUND,
-            format!("bazaar proxy: no app named {app:?}"),
-        );
+    let https = req.extensions.get::<crate::tls::Https>().is_some();
+    match shared.with_table(|t| t.apps.get(app).map(|r| r.force_https)) {
+        None => {
+            return reply(
+                StatusCode::NOT_FOUND,
+                format!("bazaar proxy: no app named {app:?}"),
+            )
+        }
+        Some(true) if !https => return crate::certs::redirect_to_https(shared, host, &req),
+        Some(_) => {}
     }
     let force = req
         .headers
@@ -289,7 +308,10 @@ async fn route(
     };
     let extra = vec![
         (X_FORWARDED_FOR, xff),
-        (X_FORWARDED_PROTO, HeaderValue::from_static("http")),
+        (
+            X_FORWARDED_PROTO,
+            HeaderValue::from_static(if https { "https" } else { "http" }),
+        ),
         (REQUEST_ID, rid.clone()),
     ];
     let mut prepared = match prepare(req, body, extra).await {

@@ -23,11 +23,16 @@
 //! - WebSockets and other upgraded connections (`upgrade.rs`), spliced once the machine
 //!   switches protocols.
 //! - Raw TCP services (`tcp.rs`) and Prometheus metrics ([`metrics`], `/metrics`).
+//! - HTTPS (`tls.rs`): TLS terminated with the certificate of the SNI name, from the
+//!   cluster's certificates per app hostname (`bazaar_certs`); requests to an app's own
+//!   hostname route to the app; ACME HTTP-01 challenges are answered by every proxy
+//!   (`certs.rs`); `force_https` redirects plain HTTP.
 //!
 //! Entry point: [`Proxy::start`].
 
 pub mod balance;
 mod body;
+mod certs;
 mod h1;
 mod http;
 pub mod metrics;
@@ -37,6 +42,7 @@ mod scale;
 pub mod table;
 mod tcp;
 mod timer;
+mod tls;
 mod upgrade;
 
 /// The HTTP/1.1 decoders of the fast path, for fuzzing and differential tests.
@@ -89,6 +95,10 @@ pub(crate) struct Shared {
     pub wakes: Mutex<HashMap<String, watch::Receiver<WakeResult>>>,
     pub metrics: metrics::Metrics,
     pub local_addr: SocketAddr,
+    /// The cluster's certificates per app hostname (HTTPS, and routing by hostname).
+    pub certs: bazaar_certs::CertStore,
+    /// Where the HTTPS listener is.
+    pub tls_addr: SocketAddr,
 }
 
 impl std::fmt::Debug for Shared {
@@ -225,6 +235,23 @@ impl Proxy {
         for _ in 1..threads {
             listeners.push(bind_reuseport(local_addr)?);
         }
+        let tls_first = bind_reuseport(config.proxy_tls_listen).with_context(|| {
+            format!(
+                "binding the proxy's HTTPS listener on {}",
+                config.proxy_tls_listen
+            )
+        })?;
+        let tls_addr = tls_first.local_addr()?;
+        let mut tls_listeners = vec![tls_first];
+        for _ in 1..threads {
+            tls_listeners.push(bind_reuseport(tls_addr)?);
+        }
+        let certs = bazaar_certs::CertStore::start(
+            catalog.clone(),
+            agent.cluster_secret(),
+            agent.shutdown_token(),
+        );
+        let tls_config = tls::server_config(certs.clone())?;
         let domain = config.proxy_domain.trim_matches('.').to_ascii_lowercase();
         let shared = Arc::new(Shared {
             host_id: agent.host_id().to_string(),
@@ -245,16 +272,29 @@ impl Proxy {
             wakes: Mutex::new(HashMap::new()),
             metrics: metrics::Metrics::new(),
             local_addr,
+            certs,
+            tls_addr,
             catalog,
             agent: agent.clone(),
         });
         shared.rebuild();
         std::fs::write(config.data_dir.join("proxy.addr"), local_addr.to_string())
             .context("writing proxy.addr")?;
+        std::fs::write(config.data_dir.join("proxy-tls.addr"), tls_addr.to_string())
+            .context("writing proxy-tls.addr")?;
         let shutdown = agent.shutdown_token();
         spawn_table_refresh(shared.clone(), shutdown.clone());
         for (i, listener) in listeners.into_iter().enumerate() {
             http::spawn_server_thread(i, shared.clone(), listener, shutdown.clone())?;
+        }
+        for (i, listener) in tls_listeners.into_iter().enumerate() {
+            tls::spawn_server_thread(
+                i,
+                shared.clone(),
+                listener,
+                tls_config.clone(),
+                shutdown.clone(),
+            )?;
         }
         scale::spawn_autostop(shared.clone(), shutdown.clone());
         tcp::spawn(shared.clone(), config.proxy_listen.ip(), shutdown);
@@ -262,13 +302,18 @@ impl Proxy {
             let agent = agent.clone();
             tokio::spawn(async move { agent.set_proxy_addr(local_addr).await });
         }
-        tracing::info!(proxy.addr = %local_addr, domain = %domain, "proxy listening");
+        tracing::info!(proxy.addr = %local_addr, proxy.tls_addr = %tls_addr, domain = %domain, "proxy listening");
         Ok(Proxy(shared))
     }
 
     /// Where the proxy listens.
     pub fn local_addr(&self) -> SocketAddr {
         self.0.local_addr
+    }
+
+    /// Where the proxy's HTTPS listener is.
+    pub fn tls_addr(&self) -> SocketAddr {
+        self.0.tls_addr
     }
 
     /// The metrics, as Prometheus text.

@@ -105,6 +105,21 @@ pub struct Backend {
 pub struct AppRoute {
     /// Sorted by machine id.
     pub backends: Vec<Arc<Backend>>,
+    /// Plain HTTP is redirected to HTTPS (301), as on Fly: a machine's HTTP service sets
+    /// `force_https`, or serves HTTP only behind TLS (`handlers = ["tls", "http"]`).
+    pub force_https: bool,
+}
+
+/// Whether an HTTP service sends plain HTTP to HTTPS.
+pub fn forces_https(svc: &MachineService) -> bool {
+    let http_ports = || {
+        svc.ports
+            .iter()
+            .filter(|p| p.handlers.iter().any(|h| h == "http"))
+    };
+    http_ports().any(|p| p.force_https == Some(true))
+        || (http_ports().next().is_some()
+            && http_ports().all(|p| p.handlers.iter().any(|h| h == "tls")))
 }
 
 /// Every app. Looked up on every request, so with a fast hasher (the keys are app names
@@ -246,7 +261,9 @@ pub fn build(
         for (svc, is_http, ports) in &routed {
             if *is_http {
                 if let Some(b) = backend(svc, load.clone()) {
-                    apps.entry(m.app.clone()).or_default().backends.push(b);
+                    let route = apps.entry(m.app.clone()).or_default();
+                    route.force_https |= forces_https(&svc.service);
+                    route.backends.push(b);
                 }
             }
             for port in ports {
@@ -284,5 +301,44 @@ pub fn build(
             .into_iter()
             .map(|(port, (app, route))| (port, (app, sorted(route))))
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(ports: serde_json::Value) -> MachineService {
+        serde_json::from_value(serde_json::json!({
+            "internal_port": 8080, "protocol": "tcp", "ports": ports,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn which_services_force_https() {
+        let forced = [
+            serde_json::json!([{"port": 80, "handlers": ["http"], "force_https": true}]),
+            serde_json::json!([{"port": 443, "handlers": ["tls", "http"]}]),
+            serde_json::json!([
+                {"port": 80, "handlers": ["http"], "force_https": true},
+                {"port": 443, "handlers": ["tls", "http"]},
+            ]),
+        ];
+        for ports in forced {
+            assert!(forces_https(&service(ports.clone())), "{ports}");
+        }
+        let plain = [
+            serde_json::json!([]),
+            serde_json::json!([{"port": 80, "handlers": ["http"]}]),
+            serde_json::json!([
+                {"port": 80, "handlers": ["http"], "force_https": false},
+                {"port": 443, "handlers": ["tls", "http"]},
+            ]),
+            serde_json::json!([{"port": 5432, "handlers": ["tls"]}]),
+        ];
+        for ports in plain {
+            assert!(!forces_https(&service(ports.clone())), "{ports}");
+        }
     }
 }

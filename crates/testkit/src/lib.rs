@@ -134,6 +134,8 @@ impl TestAgent {
             .arg(format!("127.0.0.1:{}", self.gossip_port))
             .arg("--proxy-listen")
             .arg(format!("{}:{}", self.opts.proxy_ip, self.proxy_port))
+            .arg("--proxy-tls-listen")
+            .arg(format!("{}:0", self.opts.proxy_ip))
             .arg("--cpus")
             .arg(self.opts.cpus.to_string())
             .arg("--memory-mb")
@@ -208,6 +210,13 @@ impl TestAgent {
     /// The agent's proxy as a base URL (send `Host: <app>.localhost` with requests).
     pub fn proxy_url(&self) -> String {
         format!("http://{}", self.proxy_addr())
+    }
+
+    /// The address of the agent's HTTPS proxy listener (a port of its own choosing, read
+    /// from `proxy-tls.addr`).
+    pub fn proxy_tls_addr(&self) -> anyhow::Result<std::net::SocketAddr> {
+        let text = std::fs::read_to_string(self.data_dir.join("proxy-tls.addr"))?;
+        Ok(text.trim().parse()?)
     }
 
     /// The agent's URL.

@@ -75,6 +75,7 @@ pub fn document() -> Value {
             {"name": "metadata", "description": "Machine metadata."},
             {"name": "volumes", "description": "Volumes: host-local storage; a machine that mounts one lives on its host."},
             {"name": "secrets", "description": "App secrets: sealed with the cluster's key, given to machines as environment variables; values are never answered."},
+            {"name": "certificates", "description": "bazaar extension: TLS certificates of app hostnames, served by every proxy."},
             {"name": "platform", "description": "Regions and placement dry runs."},
             {"name": "catalog", "description": "bazaar extension: the cluster catalog as this node sees it."},
             {"name": "meta", "description": "This document."},
@@ -218,6 +219,7 @@ fn operation_json(op: &Op, g: &mut SchemaGenerator, error_ref: &Value) -> Value 
             "id" => "The machine's id.",
             "key" => "The metadata key.",
             "name" => "The secret's name (an environment variable name).",
+            "hostname" => "The hostname, e.g. `www.example.com`.",
             _ => "",
         };
         params.push(json!({

@@ -627,6 +627,49 @@ pub(super) fn operations() -> Vec<Op> {
             &[(200, "Done.", Json(schema::<wire::EmptyResponse>))],
             &[400, 401, 403, 404, 503],
         ),
+        // Certificates.
+        Op::new(
+            "GET",
+            "/v1/apps/{app}/certificates",
+            "CertificatesList",
+            "certificates",
+            "bazaar extension: the TLS certificates of the app's hostnames, served by every \
+             host's proxy (SNI) and routed to the app.",
+            &[(200, "The certificates.", Json(schema::<Vec<wire::Certificate>>))],
+            &[400, 401, 404, 503],
+        ),
+        Op::new(
+            "POST",
+            "/v1/apps/{app}/certificates",
+            "CertificatesAdd",
+            "certificates",
+            "bazaar extension: attach a hostname to the app. Without `cert`/`key` its \
+             certificate is issued by ACME (HTTP-01, answered by every proxy) in the \
+             background: `pending`, then `issued` or `failed` with the ACME error. With them \
+             (PEM) it is checked (the key matches, the certificate names the hostname) and \
+             served at once. The host that handles the call owns and renews it.",
+            &[(201, "Attached.", Json(schema::<wire::Certificate>))],
+            &[400, 401, 404, 409, 503],
+        )
+        .body(schema::<wire::AddCertificateRequest>),
+        Op::new(
+            "GET",
+            "/v1/apps/{app}/certificates/{hostname}",
+            "CertificatesShow",
+            "certificates",
+            "bazaar extension: one hostname's certificate and its status.",
+            &[(200, "The certificate.", Json(schema::<wire::Certificate>))],
+            &[400, 401, 404, 503],
+        ),
+        Op::new(
+            "DELETE",
+            "/v1/apps/{app}/certificates/{hostname}",
+            "CertificatesRemove",
+            "certificates",
+            "bazaar extension: detach a hostname; every proxy stops serving it.",
+            OK,
+            &[400, 401, 404, 503],
+        ),
         // Platform.
         Op::new(
             "GET",

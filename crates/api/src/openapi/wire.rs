@@ -351,3 +351,33 @@ pub struct SetAppSecretRequest {
 /// An empty object.
 #[derive(JsonSchema)]
 pub struct EmptyResponse {}
+
+/// bazaar extension: body of `POST /v1/apps/{app}/certificates`.
+#[derive(JsonSchema)]
+pub struct AddCertificateRequest {
+    /// The hostname, e.g. `www.example.com`.
+    hostname: String,
+    /// The certificate chain (PEM, leaf first); with `key`, no ACME.
+    cert: Option<String>,
+    /// The certificate's private key (PEM).
+    key: Option<String>,
+}
+
+/// bazaar extension: the TLS certificate of an app hostname.
+#[derive(JsonSchema)]
+pub struct Certificate {
+    hostname: String,
+    app: String,
+    /// `acme` or `custom`.
+    source: String,
+    /// `pending`, `issued` or `failed`.
+    status: String,
+    /// Why issuance (or the last renewal) failed: the ACME server's words.
+    error: Option<String>,
+    /// The host that owns and renews it.
+    owner_host: String,
+    not_before: Option<String>,
+    not_after: Option<String>,
+    created_at: String,
+    updated_at: String,
+}

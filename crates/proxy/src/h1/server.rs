@@ -67,8 +67,8 @@ type HeaderSpans = Vec<(Span, Span)>;
 
 /// Serves plain HTTP/1.1 requests on `stream` until it closes or asks for more than this
 /// server does.
-pub(crate) async fn serve(
-    stream: &mut TcpStream,
+pub(crate) async fn serve<S: ClientStream>(
+    stream: &mut S,
     local: &Arc<Local>,
     peer_ip: &HeaderValue,
 ) -> Outcome {
@@ -127,7 +127,7 @@ pub(crate) async fn serve(
             }
         };
         let head_bytes = buf.split_to(head.len).freeze();
-        let parts = match build_parts(&head, &spans, &head_bytes) {
+        let mut parts = match build_parts(&head, &spans, &head_bytes) {
             Ok(p) => p,
             Err(why) => {
                 let _ = stream
@@ -146,6 +146,9 @@ pub(crate) async fn serve(
         }
         let body = buf.split_to(body_len).freeze();
         let is_head = head.method == Method::HEAD;
+        if S::TLS {
+            parts.extensions.insert(crate::tls::Https);
+        }
         let resp = handle_parts(local.clone(), peer_ip, parts, ClientBody::Buffered(body)).await;
         match write_response(
             stream,
@@ -157,15 +160,35 @@ pub(crate) async fn serve(
         )
         .await
         {
-            Ok(true) => {}
-            Ok(false) | Err(_) => return Outcome::Closed,
+            // TLS keeps what the socket did not take yet: sent now.
+            Ok(true) if !S::TLS || stream.flush().await.is_ok() => {}
+            Ok(_) | Err(_) => {
+                if S::TLS {
+                    let _ = stream.flush().await;
+                }
+                return Outcome::Closed;
+            }
         }
     }
 }
 
+/// A client connection requests are read from: plain TCP, or TLS (whose requests are
+/// marked [`crate::tls::Https`]).
+pub(crate) trait ClientStream: AsyncRead + AsyncWrite + Unpin {
+    const TLS: bool;
+}
+
+impl ClientStream for TcpStream {
+    const TLS: bool = false;
+}
+
 /// Reads more of the connection into `buf`; `false` when it closed, failed, or `sleep`
 /// ran out first.
-async fn read_more(stream: &mut TcpStream, buf: &mut BytesMut, sleep: &mut CoarseSleep) -> bool {
+async fn read_more<S: ClientStream>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    sleep: &mut CoarseSleep,
+) -> bool {
     if buf.capacity() - buf.len() < 1024 {
         buf.reserve(READ_CHUNK);
     }
@@ -340,8 +363,8 @@ pub fn read_request_head(buf: &[u8]) -> Result<RequestHead, String> {
 }
 
 /// Writes `resp` to the client; `Ok(false)` when the connection must close after it.
-async fn write_response(
-    stream: &mut TcpStream,
+async fn write_response<S: ClientStream>(
+    stream: &mut S,
     out: &mut Vec<u8>,
     resp: Response<RespBody>,
     is_head: bool,
@@ -497,18 +520,18 @@ impl CachedDate {
 
 /// A connection whose first bytes were already read: they are read again first (how a
 /// connection is handed to hyper's server after [`serve`] looked at it).
-pub(crate) struct Rewind {
+pub(crate) struct Rewind<S = TcpStream> {
     pre: Bytes,
-    stream: TcpStream,
+    stream: S,
 }
 
-impl Rewind {
-    pub(crate) fn new(pre: Bytes, stream: TcpStream) -> Rewind {
+impl<S> Rewind<S> {
+    pub(crate) fn new(pre: Bytes, stream: S) -> Rewind<S> {
         Rewind { pre, stream }
     }
 }
 
-impl AsyncRead for Rewind {
+impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -524,7 +547,7 @@ impl AsyncRead for Rewind {
     }
 }
 
-impl AsyncWrite for Rewind {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
