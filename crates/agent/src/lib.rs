@@ -46,6 +46,7 @@ pub mod audit;
 pub mod checks;
 pub mod cleanup;
 pub mod config;
+pub mod dns;
 pub mod driver;
 pub mod error;
 pub mod exec;
@@ -122,6 +123,7 @@ pub async fn run_agent(
         &catalog.local_addr().to_string(),
     )?;
     agent.attach_catalog(catalog.clone()).await;
+    dns::spawn(&agent).await?;
     standby::spawn(&agent);
     fence::spawn(&agent);
     images::spawn_pruning(&agent);

@@ -1,0 +1,70 @@
+//! This host's internal DNS ([`bazaar_dns`], issue 16): started once the catalog is
+//! attached, it answers `.internal` names from the local catalog and forwards the rest to
+//! the host's resolvers. The host asks it on `config.dns_listen` (loopback); machines on
+//! the machine network's gateway, port 53, as soon as the network is set up, through the
+//! `resolv.conf` of [`resolv_conf`] (image machines' `/etc`, process machines' sandbox).
+
+use crate::agent::Agent;
+use anyhow::Context;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+/// The `resolv.conf` of a machine whose network's gateway is `gateway`.
+pub fn resolv_conf(gateway: Ipv4Addr) -> String {
+    format!("nameserver {gateway}\n")
+}
+
+/// Starts the DNS server of this host; returns where the host listener is bound, if one
+/// is configured. Fails only when that listener cannot be bound.
+pub(crate) async fn spawn(agent: &Agent) -> anyhow::Result<Option<SocketAddr>> {
+    let Some(catalog) = agent.catalog().cloned() else {
+        return Ok(None);
+    };
+    let config = &agent.0.config;
+    let network = agent.0.driver.network.clone();
+    let upstreams = if config.dns_upstreams.is_empty() {
+        // Never forward to ourselves: the machines' gateway or the host listener.
+        let mut skip: Vec<IpAddr> = config.dns_listen.iter().map(|a| a.ip()).collect();
+        skip.extend(
+            network
+                .as_ref()
+                .and_then(|n| n.ready())
+                .map(|n| IpAddr::V4(n.subnet.gateway())),
+        );
+        let text = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        bazaar_dns::resolv_conf_nameservers(&text, &skip)
+    } else {
+        config.dns_upstreams.clone()
+    };
+    let dns = bazaar_dns::Dns::start(
+        catalog,
+        agent.host_id().to_string(),
+        config.region.clone(),
+        upstreams,
+        agent.0.shutdown.clone(),
+    );
+    let host = match config.dns_listen {
+        Some(addr) => Some(
+            dns.serve(addr)
+                .await
+                .with_context(|| format!("binding the DNS listener on {addr}"))?,
+        ),
+        None => None,
+    };
+    if let Some(network) = network {
+        let mut ready = network.watch_ready();
+        let stop = agent.0.shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                res = ready.wait_for(|up| *up) => if res.is_err() { return },
+            }
+            let Some(gateway) = network.ready().map(|n| n.subnet.gateway()) else {
+                return;
+            };
+            if let Err(err) = dns.serve(SocketAddr::new(gateway.into(), 53)).await {
+                tracing::warn!(%gateway, error = %err, "internal DNS not served to machines");
+            }
+        });
+    }
+    Ok(host)
+}
