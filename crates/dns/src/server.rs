@@ -221,7 +221,7 @@ impl RequestHandler for Handler {
             Answer::Txt(strings) => vec![Record::from_rdata(
                 owner.clone(),
                 TTL,
-                RData::TXT(TXT::new(strings)),
+                RData::TXT(TXT::new(strings.iter().flat_map(|s| chunks(s)).collect())),
             )],
         };
         let msg = builder.build(meta, records.iter(), [], [], []);
@@ -230,6 +230,23 @@ impl RequestHandler for Handler {
             .await
             .unwrap_or_else(|_| failed())
     }
+}
+
+/// `text` cut in the 255-byte character-strings a TXT record is made of (readers join
+/// them again).
+fn chunks(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while rest.len() > 255 {
+        let mut cut = 255;
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.push(rest[..cut].to_string());
+        rest = &rest[cut..];
+    }
+    out.push(rest.to_string());
+    out
 }
 
 /// Sends the raw question to each upstream in turn over UDP and returns the first answer
@@ -281,6 +298,15 @@ pub fn resolv_conf_nameservers(text: &str, skip: &[IpAddr]) -> Vec<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_txt_is_cut_in_character_strings() {
+        let long = "é".repeat(200);
+        let parts = chunks(&long);
+        assert!(parts.iter().all(|p| p.len() <= 255), "{parts:?}");
+        assert_eq!(parts.concat(), long);
+        assert_eq!(chunks(""), vec![String::new()]);
+    }
 
     #[test]
     fn nameservers_come_from_resolv_conf() {
