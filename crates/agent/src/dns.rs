@@ -5,7 +5,6 @@
 //! `resolv.conf` of [`resolv_conf`] (image machines' `/etc`, process machines' sandbox).
 
 use crate::agent::Agent;
-use anyhow::Context;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 /// The `resolv.conf` of a machine whose network's gateway is `gateway`.
@@ -13,11 +12,11 @@ pub fn resolv_conf(gateway: Ipv4Addr) -> String {
     format!("nameserver {gateway}\n")
 }
 
-/// Starts the DNS server of this host; returns where the host listener is bound, if one
-/// is configured. Fails only when that listener cannot be bound.
-pub(crate) async fn spawn(agent: &Agent) -> anyhow::Result<Option<SocketAddr>> {
+/// Starts the DNS server of this host. A listener that cannot be bound (the port taken)
+/// is logged and left out: the agent runs on without it.
+pub(crate) async fn spawn(agent: &Agent) {
     let Some(catalog) = agent.catalog().cloned() else {
-        return Ok(None);
+        return;
     };
     let config = &agent.0.config;
     let network = agent.0.driver.network.clone();
@@ -42,14 +41,11 @@ pub(crate) async fn spawn(agent: &Agent) -> anyhow::Result<Option<SocketAddr>> {
         upstreams,
         agent.0.shutdown.clone(),
     );
-    let host = match config.dns_listen {
-        Some(addr) => Some(
-            dns.serve(addr)
-                .await
-                .with_context(|| format!("binding the DNS listener on {addr}"))?,
-        ),
-        None => None,
-    };
+    if let Some(addr) = config.dns_listen {
+        if let Err(err) = dns.serve(addr).await {
+            tracing::warn!(%addr, error = %err, "internal DNS not served to the host");
+        }
+    }
     if let Some(network) = network {
         let mut ready = network.watch_ready();
         let stop = agent.0.shutdown.clone();
@@ -66,5 +62,4 @@ pub(crate) async fn spawn(agent: &Agent) -> anyhow::Result<Option<SocketAddr>> {
             }
         });
     }
-    Ok(host)
 }

@@ -123,7 +123,7 @@ pub async fn run_agent(
         &catalog.local_addr().to_string(),
     )?;
     agent.attach_catalog(catalog.clone()).await;
-    dns::spawn(&agent).await?;
+    dns::spawn(&agent).await;
     standby::spawn(&agent);
     fence::spawn(&agent);
     images::spawn_pruning(&agent);

@@ -246,6 +246,19 @@ async fn every_host_answers_internal_names_from_its_catalog() {
     assert_eq!(code, 0, "forwarded from a machine: {out}");
     assert!(out.starts_with("192.0.2.7"), "{out}");
 
+    // That went through the firewall's exception for DNS to the gateway, in the chain that
+    // drops every other machine packet to the host.
+    let bridge = bazaar_agent::network::bridge_name(&agents[0].client().info().await.unwrap().id);
+    let rules = std::process::Command::new("nft")
+        .args(["list", "table", "ip", &format!("bazaar_{}", bridge.replace('-', "_"))])
+        .output()
+        .unwrap();
+    let rules = String::from_utf8_lossy(&rules.stdout);
+    assert!(
+        rules.contains("th dport 53 accept") && rules.contains("counter packets"),
+        "{rules}"
+    );
+
     // Stopped on host B: gone from host A's answers within a few seconds.
     let (s, v) = b
         .post(&format!("/apps/web/machines/{b1}/stop"), json!({}))
