@@ -250,7 +250,12 @@ async fn every_host_answers_internal_names_from_its_catalog() {
     // drops every other machine packet to the host.
     let bridge = bazaar_agent::network::bridge_name(&agents[0].client().info().await.unwrap().id);
     let rules = std::process::Command::new("nft")
-        .args(["list", "table", "ip", &format!("bazaar_{}", bridge.replace('-', "_"))])
+        .args([
+            "list",
+            "table",
+            "ip",
+            &format!("bazaar_{}", bridge.replace('-', "_")),
+        ])
         .output()
         .unwrap();
     let rules = String::from_utf8_lossy(&rules.stdout);
