@@ -127,7 +127,8 @@ fn main() {
         let tasks: Vec<_> = (0..concurrency)
             .map(|i| {
                 let mut names = names.clone();
-                names.rotate_left(i % names.len());
+                let shift = i % names.len();
+                names.rotate_left(shift);
                 tokio::spawn(asker(dns, names, until))
             })
             .collect();

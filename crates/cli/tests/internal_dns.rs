@@ -97,7 +97,7 @@ async fn sh(fly: &Fly, app: &str, id: &str, script: &str) -> (i64, String) {
     let (s, v): (StatusCode, Value) = fly
         .post(
             &format!("/apps/{app}/machines/{id}/exec"),
-            json!({"command": ["sh", "-c", script], "timeout": 20}),
+            json!({"command": ["/bin/sh", "-c", script], "timeout": 20}),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "exec {script}: {v}");
@@ -282,4 +282,73 @@ async fn every_host_answers_internal_names_from_its_catalog() {
     );
     let r = query(dns[0], &format!("{b1}.vm.web.internal"), RecordType::A).await;
     assert_eq!(r.code, "NXDomain");
+}
+
+/// An image machine (busybox) resolves its app with `nslookup` through the `resolv.conf`
+/// written into its root: the gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_machine_resolves_its_app_by_name() {
+    use bazaar_testkit::images::{
+        busybox_rootfs_layer, config_with, push_with_config, TestRegistry,
+    };
+    assert!(is_root(), "image machines need root (runc, namespaces)");
+    let registry = TestRegistry::start(None);
+    let reg =
+        bazaar_image::Registry::new(&registry.host, bazaar_image::Auth::Anonymous, true).unwrap();
+    let layer = busybox_rootfs_layer(&["sh", "nslookup", "sleep", "cat"], ("etc/motd", b"dns\n"));
+    let arch = bazaar_image::manifest::Platform::current().architecture;
+    let config = config_with(
+        &[&layer],
+        arch.as_str(),
+        json!({"Cmd": ["/bin/sleep", "600"], "Env": ["PATH=/bin"]}),
+    );
+    push_with_config(&reg, "dnsbox", "1", &[&layer], &config).await;
+    let (upstream, _) = upstream_resolver().await;
+    let agents = start_cluster(Path::new(EXE), 1, |_, o| {
+        o.extra_args
+            .extend(["--dns-upstream".into(), upstream.to_string()]);
+    })
+    .unwrap();
+    let fly = Fly::new(&agents[0]);
+    fly.create_app("box").await;
+    let mut ips = BTreeSet::new();
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (s, m) = fly
+            .post(
+                "/apps/box/machines",
+                json!({"config": {"image": format!("{}/dnsbox:1", registry.host)}}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{m}");
+        let id = m["id"].as_str().unwrap().to_string();
+        fly.wait_state("box", &id, "started").await;
+        ips.insert(m["private_ip"].as_str().unwrap().to_string());
+        ids.push(id);
+    }
+    let (code, out) = sh(
+        &fly,
+        "box",
+        &ids[0],
+        "cat /etc/resolv.conf; nslookup box.internal",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let (resolv, answer) = out.split_once("Server:").expect("nslookup answered");
+    let gateway = resolv
+        .trim()
+        .strip_prefix("nameserver ")
+        .unwrap_or_default();
+    assert!(
+        gateway.ends_with(".1"),
+        "the gateway is the resolver: {out}"
+    );
+    for ip in &ips {
+        assert!(
+            answer.contains(&format!("Address: {ip}")),
+            "{ip} missing: {out}"
+        );
+    }
+    let (code, out) = sh(&fly, "box", &ids[0], "nslookup nothing.internal").await;
+    assert_ne!(code, 0, "{out}");
 }
