@@ -118,6 +118,12 @@ pub struct AgentConfig {
     /// that opted in (`bazaar_api::guardian`).
     #[serde(with = "millis")]
     pub replace_after: Duration,
+    /// Where the host itself asks the internal DNS (loopback; `None`: only machines, on
+    /// the network's gateway, are served).
+    pub dns_listen: Option<SocketAddr>,
+    /// Resolvers that names outside `.internal` are forwarded to; empty reads the
+    /// host's `/etc/resolv.conf`.
+    pub dns_upstreams: Vec<SocketAddr>,
 }
 
 impl Default for AgentConfig {
@@ -168,6 +174,8 @@ impl Default for AgentConfig {
             host_listen: SocketAddr::from(([127, 0, 0, 1], 4480)),
             cert_validity: bazaar_pki::DEFAULT_CERT_VALIDITY,
             replace_after: Duration::from_secs(60),
+            dns_listen: None,
+            dns_upstreams: Vec::new(),
         }
     }
 }

@@ -187,6 +187,7 @@ impl Driver {
             workdir: PathBuf::from(SANDBOX_WORKDIR),
             binds,
             netns: None,
+            resolv_conf: None,
             user_name: user_name.to_owned(),
             seccomp: self.seccomp.clone(),
         })
@@ -225,6 +226,11 @@ impl Driver {
         let mut spec = self.spec(rec, run_id);
         if let (Some(sandbox), Some(ip)) = (spec.sandbox.as_mut(), rec.private_ip) {
             sandbox.netns = Some(self.attach_network(ip).await?);
+            sandbox.resolv_conf = self
+                .network
+                .as_ref()
+                .and_then(|n| n.ready())
+                .map(|n| crate::dns::resolv_conf(n.subnet.gateway()));
         }
         match rec.uid.filter(|_| spec.sandbox.is_some()) {
             Some(uid) => self.give_to_machine_user(rec, uid)?,

@@ -51,6 +51,7 @@ pub mod checks;
 pub mod cleanup;
 pub mod cluster_security;
 pub mod config;
+pub mod dns;
 pub mod driver;
 pub mod error;
 pub mod exec;
@@ -144,6 +145,7 @@ pub async fn run_agent(
     )?;
     agent.attach_catalog(catalog.clone()).await;
     cluster_security::spawn_keeper(&agent, catalog.clone());
+    dns::spawn(&agent).await;
     standby::spawn(&agent);
     fence::spawn(&agent);
     images::spawn_pruning(&agent);

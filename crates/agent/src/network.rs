@@ -8,7 +8,8 @@
 //! bridge back into it, so machines reach, with NAT on, the outside, but never each other
 //! (different apps or not; they talk through the proxy). Outbound NAT is off unless
 //! configured. Nothing from the bridge reaches the host's own listeners (any of its
-//! addresses) but replies to connections the host opened (the proxy, health checks), and
+//! addresses) but replies to connections the host opened (the proxy, health checks) and
+//! DNS (UDP/TCP 53) to the gateway, where the internal DNS listens (`crate::dns`), and
 //! a machine sends only with its own address: a bridge-family table drops IPv4 and ARP
 //! whose source is not the address of the veth it came in on.
 //!
@@ -122,6 +123,8 @@ pub struct LazyNetwork {
     pub id_ranges: Arc<IdRanges>,
     cell: std::sync::OnceLock<Network>,
     init: Mutex<()>,
+    /// Turns true once the network is set up (the internal DNS then listens on its gateway).
+    ready_tx: tokio::sync::watch::Sender<bool>,
 }
 
 impl LazyNetwork {
@@ -141,6 +144,7 @@ impl LazyNetwork {
             id_ranges,
             cell: std::sync::OnceLock::new(),
             init: Mutex::new(()),
+            ready_tx: tokio::sync::watch::Sender::new(false),
         }
     }
 
@@ -161,7 +165,14 @@ impl LazyNetwork {
             self.nat,
             self.id_ranges.clone(),
         )?;
-        Ok(self.cell.get_or_init(|| n))
+        let n = self.cell.get_or_init(|| n);
+        self.ready_tx.send_replace(true);
+        Ok(n)
+    }
+
+    /// Watches for the network being set up (true once it is).
+    pub fn watch_ready(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.ready_tx.subscribe()
     }
 
     /// The network if it is set up.
@@ -301,8 +312,11 @@ impl Network {
             "table ip {table}\ndelete table ip {table}\ntable ip {table} {{\n\
              chain forward {{ type filter hook forward priority 0; iifname \"{br}\" oifname \"{br}\" drop; }}\n\
              chain input {{ type filter hook input priority 0; \
-             iifname \"{br}\" ct state established,related accept; iifname \"{br}\" counter drop; }}\n",
-            br = self.bridge
+             iifname \"{br}\" ct state established,related accept; \
+             iifname \"{br}\" ip daddr {gw} meta l4proto {{ udp, tcp }} th dport 53 accept; \
+             iifname \"{br}\" counter drop; }}\n",
+            br = self.bridge,
+            gw = self.subnet.gateway(),
         );
         if self.nat {
             rules += &format!(

@@ -1,7 +1,8 @@
 //! Image machines (`config.image`): the OCI runtime path of the driver. For each run it
 //! makes sure the image is in the store (pulling it, with progress in the machine's
 //! events), gives the machine a fresh root filesystem from it (overlayfs), writes
-//! `config.files`, `/etc/hosts` and `/etc/hostname` into it, attaches the machine's network
+//! `config.files`, `/etc/hosts`, `/etc/hostname` and `/etc/resolv.conf` (the internal
+//! DNS on the gateway: [`crate::dns`]) into it, attaches the machine's network
 //! namespace ([`crate::network`]), and writes an OCI bundle whose `config.json` says what
 //! runs and how: the image's process merged with `config.init`/`env` (Fly's rules), user,
 //! pid, mount, ipc, uts, cgroup and network namespaces, Docker's default capabilities less
@@ -258,6 +259,7 @@ impl OciRuntime {
             count: RANGE_SIZE,
         };
         let t_network = t0.elapsed();
+        let gateway = self.network.get()?.subnet.gateway();
         // Every run starts from the image as it is: what a run wrote to its root
         // filesystem is gone at the next start (volumes are for data that must stay).
         let exposed = self.exposed_rootfs(&rec.id);
@@ -292,11 +294,13 @@ impl OciRuntime {
             format!("{}\n", rec.id).as_bytes(),
             0o644,
         )?;
-        if self.network.nat {
-            if let Ok(resolv) = std::fs::read("/etc/resolv.conf") {
-                write_in_root(&root, "/etc/resolv.conf", &resolv, 0o644)?;
-            }
-        }
+        // The internal DNS on the gateway answers `.internal` and forwards the rest.
+        write_in_root(
+            &root,
+            "/etc/resolv.conf",
+            crate::dns::resolv_conf(gateway).as_bytes(),
+            0o644,
+        )?;
         for f in &rec.config.files {
             let Some(raw) = &f.raw_value else {
                 return Err(format!(

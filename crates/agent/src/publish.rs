@@ -189,6 +189,7 @@ impl Agent {
             host_id: self.0.host_id.clone(),
             state: self.current_state(rec).to_string(),
             instance_id: rec.instance_id.clone(),
+            private_ip: rec.private_ip.map(|ip| ip.to_string()),
             services,
             checks: if self.current_state(rec) == MachineState::Started {
                 lock(&self.0.checks)

@@ -39,6 +39,9 @@ pub struct DevArgs {
     /// Host listener (mTLS between hosts) of the first host; host i listens on base + i.
     #[arg(long, default_value_t = 4480)]
     host_port: u16,
+    /// Internal DNS of the first host (UDP and TCP); host i answers on base + i.
+    #[arg(long, default_value_t = 4580)]
+    dns_port: u16,
     /// Memory (MB) each host offers; default: what this machine has.
     #[arg(long)]
     memory_mb: Option<u64>,
@@ -138,6 +141,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             .arg(format!("127.0.0.1:{}", args.proxy_port as usize + i))
             .arg("--proxy-tls-listen")
             .arg(format!("127.0.0.1:{}", args.proxy_tls_port as usize + i))
+            .arg("--dns-listen")
+            .arg(format!("127.0.0.1:{}", args.dns_port as usize + i))
             .arg("--token-file")
             .arg(&token_file)
             .arg("--token-public-key-file")
@@ -200,6 +205,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     );
     println!("BAZAAR_PROXY_TLS_URL={proxy_tls_url}  (hostnames attached with `bazaar certs add`)");
     println!("BAZAAR_TOKEN={org_token}");
+    println!(
+        "internal DNS: dig @127.0.0.1 -p {} <app>.internal",
+        args.dns_port
+    );
     println!("dashboard: {api_url}/ui/#token={org_token}");
     println!(
         "written to {}; load it with: set -a; . {}; set +a",

@@ -223,6 +223,14 @@ struct AgentArgs {
     /// How long host certificates issued by this host's CA are valid (ms; default 30 days).
     #[arg(long)]
     cert_validity_ms: Option<u64>,
+    /// Where the host asks the internal DNS (`dig @127.0.0.1 -p PORT web.internal`);
+    /// machines always get it on their network's gateway, port 53.
+    #[arg(long)]
+    dns_listen: Option<SocketAddr>,
+    /// A resolver that names outside `.internal` are forwarded to (repeatable; default
+    /// the name servers of /etc/resolv.conf).
+    #[arg(long = "dns-upstream")]
+    dns_upstreams: Vec<SocketAddr>,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: String,
@@ -412,6 +420,12 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     }
     if let Some(l) = a.host_listen {
         config.host_listen = l;
+    }
+    if a.dns_listen.is_some() {
+        config.dns_listen = a.dns_listen;
+    }
+    if !a.dns_upstreams.is_empty() {
+        config.dns_upstreams = a.dns_upstreams;
     }
     if let Some(ms) = a.cert_validity_ms {
         config.cert_validity = std::time::Duration::from_millis(ms.max(1000));

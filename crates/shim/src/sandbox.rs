@@ -8,7 +8,7 @@
 //! | path | what |
 //! |---|---|
 //! | `/usr`, `/bin`, `/sbin`, `/lib*` | the host's, bind-mounted read-only (symlinks copied) |
-//! | `/etc` | `passwd`/`group` naming the workload's user, `hosts`, `hostname`, `nsswitch.conf`; `resolv.conf`, `ld.so.cache`, `localtime` copied; `ssl`, `ca-certificates`, `alternatives` read-only |
+//! | `/etc` | `passwd`/`group` naming the workload's user, `hosts`, `hostname`, `nsswitch.conf`; `resolv.conf` ([`Sandbox::resolv_conf`] or the host's), `ld.so.cache`, `localtime` copied; `ssl`, `ca-certificates`, `alternatives` read-only |
 //! | `/proc` | a fresh proc of the run's pid namespace |
 //! | `/dev` | `null`, `zero`, `full`, `random`, `urandom`, `tty`, a private `pts` and `shm` |
 //! | `/tmp` | a tmpfs |
@@ -41,6 +41,10 @@ pub struct Sandbox {
     /// A network namespace to run in (e.g. `/run/netns/x`); `None` keeps the host's.
     #[serde(default)]
     pub netns: Option<PathBuf>,
+    /// The private `/etc/resolv.conf` (the internal DNS of the run's network); `None`
+    /// copies the host's.
+    #[serde(default)]
+    pub resolv_conf: Option<String>,
     /// The name `/etc/passwd` gives the workload's uid.
     pub user_name: String,
     /// The seccomp filters, compiled by [`crate::write_seccomp_filters`] (the agent does it
@@ -83,14 +87,7 @@ pub(crate) fn enter(
         share_system_path(&Path::new("/").join(dir), &root.join(dir))
             .map_err(fail(&format!("/{dir}")))?;
     }
-    write_etc(
-        &root.join("etc"),
-        creds,
-        &sandbox.user_name,
-        hostname,
-        &sandbox.workdir,
-    )
-    .map_err(fail("/etc"))?;
+    write_etc(&root.join("etc"), creds, sandbox, hostname).map_err(fail("/etc"))?;
     mkdir(&root.join("proc"), 0o555).map_err(fail("/proc"))?;
     let proc_flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
     rustix::mount::mount("proc", root.join("proc"), "proc", proc_flags, None)
@@ -193,10 +190,10 @@ fn bind_inside(source: &Path, root: &Path, inside: &Path) -> io::Result<()> {
 fn write_etc(
     etc: &Path,
     creds: Option<&Credentials>,
-    user_name: &str,
+    sandbox: &Sandbox,
     hostname: &str,
-    home: &Path,
 ) -> io::Result<()> {
+    let (user_name, home) = (sandbox.user_name.as_str(), &sandbox.workdir);
     mkdir(etc, 0o755)?;
     let (uid, gid) = creds.map_or((0, 0), |c| (c.uid, c.gid));
     let mut passwd = String::from("root:x:0:0:root:/root:/usr/sbin/nologin\n");
@@ -224,7 +221,13 @@ fn write_etc(
         "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\n\
          protocols: files\nservices: files\n",
     )?;
+    if let Some(resolv) = &sandbox.resolv_conf {
+        fs::write(etc.join("resolv.conf"), resolv)?;
+    }
     for name in ETC_COPIED {
+        if *name == "resolv.conf" && sandbox.resolv_conf.is_some() {
+            continue;
+        }
         match fs::copy(Path::new("/etc").join(name), etc.join(name)) {
             Ok(_) => {}
             Err(err) if err.kind() == io::ErrorKind::NotFound => {}
