@@ -59,6 +59,7 @@ pub mod images;
 pub mod leases;
 pub mod ledger_dump;
 pub mod market;
+pub mod mesh;
 pub mod netlink;
 pub mod network;
 pub mod oci;
@@ -122,6 +123,7 @@ pub async fn run_agent(
         &catalog.local_addr().to_string(),
     )?;
     agent.attach_catalog(catalog.clone()).await;
+    mesh::spawn(&agent).await;
     standby::spawn(&agent);
     fence::spawn(&agent);
     images::spawn_pruning(&agent);

@@ -101,6 +101,7 @@ impl Agent {
                         link.addr.to_string(),
                     )
                 }))
+                .chain(self.0.mesh_labels.get().into_iter().flatten().map(|(k, v)| (k.clone(), v.clone())))
                 .collect::<BTreeMap<_, _>>(),
             draining: self.0.shutdown.is_cancelled(),
             disk_gb,
@@ -188,6 +189,7 @@ impl Agent {
             host_id: self.0.host_id.clone(),
             state: self.current_state(rec).to_string(),
             instance_id: rec.instance_id.clone(),
+            private_ip: rec.private_ip.map(|ip| ip.to_string()),
             services,
             checks: if self.current_state(rec) == MachineState::Started {
                 lock(&self.0.checks)

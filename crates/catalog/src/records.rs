@@ -54,6 +54,9 @@ pub struct MachineRecord {
     /// The machine state as the Fly API spells it (`started`, `stopped`, `destroyed`, ...).
     pub state: String,
     pub instance_id: String,
+    /// The machine's address on its organization's private network (issue 16), if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_ip: Option<String>,
     #[serde(default)]
     pub services: Vec<ServiceRecord>,
     #[serde(default)]
