@@ -94,7 +94,7 @@ pub(crate) struct Inner {
     pub host_link: std::sync::OnceLock<crate::host_tls::HostLink>,
     /// The host labels announcing this host's mesh (key, endpoint, prefix), once it runs
     /// ([`crate::mesh`]).
-    pub mesh_labels: std::sync::OnceLock<std::collections::BTreeMap<String, String>>,
+    pub mesh_labels: Mutex<std::collections::BTreeMap<String, String>>,
     /// The latest health-check results of this host's machines ([`crate::checks`]).
     pub checks: Mutex<HashMap<String, Vec<bazaar_catalog::CheckRecord>>>,
     /// Disk offered to volumes, in GB.
@@ -226,7 +226,7 @@ impl Agent {
             last_host_record: Mutex::new(None),
             proxy_addr: std::sync::OnceLock::new(),
             host_link: std::sync::OnceLock::new(),
-            mesh_labels: std::sync::OnceLock::new(),
+            mesh_labels: Mutex::default(),
             checks: Mutex::new(HashMap::new()),
             disk_gb,
             volume_steps: tokio::sync::Mutex::new(()),

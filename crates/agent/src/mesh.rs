@@ -16,8 +16,7 @@ use std::time::Duration;
 
 /// With a mesh, sets `config.machine_subnet` to this host's prefix: the one remembered in
 /// `DATA/mesh/prefix`, else the one its id claims (and remembers). The claim is made
-/// before the catalog is known: a prefix another host holds too is found by the mesh task
-/// (the lower host id keeps it) and logged.
+/// before the catalog is known; [`spawn`] confirms it against the fleet's claims.
 pub(crate) fn with_host_prefix(
     mut config: AgentConfig,
     host_id: &str,
@@ -54,7 +53,7 @@ pub(crate) async fn spawn(agent: &Agent) {
     let Some(listen) = config.mesh_listen else {
         return;
     };
-    let Some(prefix) = config
+    let Some(mut prefix) = config
         .machine_subnet
         .as_deref()
         .and_then(|s| s.parse::<Prefix>().ok())
@@ -64,6 +63,11 @@ pub(crate) async fn spawn(agent: &Agent) {
     let Some(catalog) = agent.catalog().cloned() else {
         return;
     };
+    // Confirm the claim against the fleet's before any machine gets an address.
+    while catalog.catching_up() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    confirm_claim(agent, &catalog, &mut prefix);
     let hash = &crate::network::bridge_name(agent.host_id())[3..];
     let tun_name = format!("wg-{hash}");
     let table = format!("bazaar_mesh_{hash}");
@@ -74,6 +78,7 @@ pub(crate) async fn spawn(agent: &Agent) {
             tun_name,
             listen,
             private_key: key,
+            range: plan::PRIVATE_RANGE,
         })?;
         // Machines' packets are routed between the bridge and the mesh device.
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")?;
@@ -91,15 +96,17 @@ pub(crate) async fn spawn(agent: &Agent) {
             return;
         }
     };
-    let labels: BTreeMap<String, String> = [
-        (plan::LABEL_KEY, hex::encode(public)),
-        (plan::LABEL_ENDPOINT, mesh.local_addr().to_string()),
-        (plan::LABEL_PREFIX, prefix.to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let _ = agent.0.mesh_labels.set(labels);
+    let announce = |prefix: Prefix| {
+        *crate::agent::lock(&agent.0.mesh_labels) = [
+            (plan::LABEL_KEY, hex::encode(public)),
+            (plan::LABEL_ENDPOINT, mesh.local_addr().to_string()),
+            (plan::LABEL_PREFIX, prefix.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    };
+    announce(prefix);
     agent.publish_host().await;
     tracing::info!(%prefix, endpoint = %mesh.local_addr(), device = mesh.tun_name(), "mesh up");
     let (agent, stop) = (agent.clone(), agent.0.shutdown.clone());
@@ -107,13 +114,14 @@ pub(crate) async fn spawn(agent: &Agent) {
     agent.0.tracker.clone().spawn(async move {
         let mut changes = catalog.subscribe();
         let mut applied: Option<(Vec<Peer>, BTreeMap<Ipv4Addr, String>)> = None;
-        let mut warned_claim = false;
         loop {
-            let (peers, members) = wanted(&agent, &catalog, prefix);
-            if !warned_claim && lost_claim(&agent, &catalog, prefix) {
-                warned_claim = true;
-                tracing::error!(%prefix, "another host with a lower id claims this host's mesh prefix: its peers ignore this host (reset the host to claim another)");
+            if confirm_claim(&agent, &catalog, &mut prefix) {
+                let mut labels = crate::agent::lock(&agent.0.mesh_labels).clone();
+                labels.insert(plan::LABEL_PREFIX.into(), prefix.to_string());
+                *crate::agent::lock(&agent.0.mesh_labels) = labels;
+                agent.publish_host().await;
             }
+            let (peers, members) = wanted(&agent, &catalog, prefix);
             if applied.as_ref() != Some(&(peers.clone(), members.clone())) {
                 let (mesh, table) = (mesh.clone(), table.clone());
                 let (p, m) = (peers.clone(), members.clone());
@@ -147,6 +155,46 @@ pub(crate) async fn spawn(agent: &Agent) {
     });
 }
 
+/// Claim-then-confirm: while a host with a lower id announces this host's prefix, this
+/// host moves to the first prefix nobody announces (from its own preferred slot on),
+/// remembered in `DATA/mesh/prefix`, as long as its machine network is not set up yet.
+/// Answers whether it moved. A host that lost its claim after its machines got addresses
+/// stays out of the mesh (its peers ignore it) and says so in its log.
+fn confirm_claim(agent: &Agent, catalog: &bazaar_catalog::Catalog, prefix: &mut Prefix) -> bool {
+    let claims: Vec<(String, Prefix)> = catalog
+        .hosts()
+        .into_iter()
+        .filter(|h| h.record.id != agent.host_id())
+        .filter_map(|h| {
+            let p = h.record.labels.get(plan::LABEL_PREFIX)?.parse().ok()?;
+            Some((h.record.id, p))
+        })
+        .collect();
+    if !plan::loses_claim(agent.host_id(), *prefix, &claims) {
+        return false;
+    }
+    let taken: Vec<Prefix> = claims.iter().map(|(_, p)| *p).collect();
+    let Some(next) = plan::claim(agent.host_id(), &taken) else {
+        tracing::error!(%prefix, "this host's mesh prefix is another's and no other is free");
+        return false;
+    };
+    let moved = match (agent.0.driver.network.as_ref(), next.to_string().parse()) {
+        (Some(network), Ok(subnet)) => network.reconfigure(subnet),
+        _ => true,
+    };
+    if !moved {
+        tracing::error!(%prefix, "a host with a lower id claims this host's mesh prefix, which its machines already use: its peers ignore this host (reset the host to claim another)");
+        return false;
+    }
+    let path = agent.0.config.data_dir.join("mesh").join("prefix");
+    if let Err(err) = std::fs::write(&path, format!("{next}\n")) {
+        tracing::warn!(error = %err, "remembering the mesh prefix");
+    }
+    tracing::info!(from = %prefix, to = %next, "mesh prefix claimed by a host with a lower id: moved");
+    *prefix = next;
+    true
+}
+
 /// The peers (other hosts that are up and announce a mesh) and every machine address of
 /// the fleet with its organization, as the local catalog has them.
 fn wanted(
@@ -178,17 +226,4 @@ fn wanted(
         })
         .collect();
     (peers, members)
-}
-
-/// Whether a host with a lower id announces this host's prefix.
-fn lost_claim(agent: &Agent, catalog: &bazaar_catalog::Catalog, prefix: Prefix) -> bool {
-    let claims: Vec<(String, Prefix)> = catalog
-        .hosts()
-        .into_iter()
-        .filter_map(|h| {
-            let p = h.record.labels.get(plan::LABEL_PREFIX)?.parse().ok()?;
-            Some((h.record.id, p))
-        })
-        .collect();
-    plan::loses_claim(agent.host_id(), prefix, &claims)
 }

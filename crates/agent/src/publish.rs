@@ -101,7 +101,7 @@ impl Agent {
                         link.addr.to_string(),
                     )
                 }))
-                .chain(self.0.mesh_labels.get().into_iter().flatten().map(|(k, v)| (k.clone(), v.clone())))
+                .chain(lock(&self.0.mesh_labels).clone())
                 .collect::<BTreeMap<_, _>>(),
             draining: self.0.shutdown.is_cancelled(),
             disk_gb,

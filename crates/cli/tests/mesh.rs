@@ -202,20 +202,15 @@ async fn until_answered(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machines_reach_each_other_across_hosts_within_their_organization_and_after_a_partition() {
-    let t = TestLab::up(&[
-        "--hosts",
-        "2",
-        "--regions",
-        "ams,ord",
-        "--wait-converged",
-    ]);
+    let t = TestLab::up(&["--hosts", "2", "--regions", "ams,ord", "--wait-converged"]);
     let mut lab = t.lab();
-    let (a, b) = (Api::of(&lab, "h1"), Api::of(&lab, "h2"));
+    // Every call through h1's API: the market places by region (ams is h1, ord is h2).
+    let a = Api::of(&lab, "h1");
     a.create_app("db", "personal").await;
     a.create_app("intruder", "other").await;
 
     // On B: a server. On A: a client of the same app, and a machine of another organization.
-    let (server, server_ip) = b
+    let (server, server_ip) = a
         .machine(
             "db",
             "ord",
@@ -254,7 +249,28 @@ async fn machines_reach_each_other_across_hosts_within_their_organization_and_af
     lab.partition(&["h1".to_string()], &["h2".to_string()], false)
         .unwrap();
     assert_eq!(a.fetch("db", &client, &url, 2).await, None);
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    let h2_addr = lab.host("h2").unwrap().addr.to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, hosts) = a.call(Method::GET, "/v1/catalog/hosts", None).await;
+        let dead = hosts.as_array().into_iter().flatten().any(|h| {
+            h["api_addr"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with(&format!("{h2_addr}:"))
+                && h["status"] == "dead"
+        });
+        if dead {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "h1 never declared h2 dead: {hosts}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // h1 dropped its peer h2 (and the route to h2's prefix) meanwhile.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     lab.heal().unwrap();
     let (body, took) = until_answered(&a, "db", &client, &url, Duration::from_secs(30)).await;
     assert_eq!(body.trim(), format!("served-by-{server}"));

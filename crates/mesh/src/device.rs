@@ -42,6 +42,10 @@ pub struct MeshConfig {
     pub listen: SocketAddr,
     /// This host's WireGuard private key.
     pub private_key: [u8; 32],
+    /// The private range: routed as unreachable while the device runs, so that an address
+    /// of it no peer holds (a peer that is down) is refused at once, never sent out in the
+    /// clear by another route.
+    pub range: Prefix,
 }
 
 /// A running mesh device; stops its threads and removes the TUN device (and its routes)
@@ -56,6 +60,7 @@ pub struct Mesh {
 struct Shared {
     tun: File,
     tun_name: String,
+    range: Prefix,
     udp: UdpSocket,
     secret: StaticSecret,
     peers: RwLock<Peers>,
@@ -87,8 +92,8 @@ impl Mesh {
     pub fn start(config: MeshConfig) -> std::io::Result<Mesh> {
         let tun = open_tun(&config.tun_name)?;
         ip(&format!(
-            "link set {} mtu {MTU} up\n",
-            config.tun_name
+            "link set {} mtu {MTU} up\nroute replace unreachable {}\n",
+            config.tun_name, config.range
         ))?;
         let udp = UdpSocket::bind(config.listen)?;
         udp.set_read_timeout(Some(Duration::from_millis(200)))?;
@@ -96,6 +101,7 @@ impl Mesh {
         let shared = Arc::new(Shared {
             tun,
             tun_name: config.tun_name,
+            range: config.range,
             udp,
             secret: StaticSecret::from(config.private_key),
             peers: RwLock::default(),
@@ -148,7 +154,10 @@ impl Mesh {
         for id in gone {
             if let Some(st) = table.by_host.remove(&id) {
                 table.by_endpoint.remove(&st.peer.endpoint);
-                routes += &format!("route del {} dev {}\n", st.peer.prefix, self.shared.tun_name);
+                routes += &format!(
+                    "route del {} dev {}\n",
+                    st.peer.prefix, self.shared.tun_name
+                );
                 tracing::info!(peer = %id, prefix = %st.peer.prefix, "mesh: peer removed");
             }
         }
@@ -162,7 +171,10 @@ impl Mesh {
             });
             table.by_endpoint.insert(peer.endpoint, st.clone());
             table.by_host.insert(peer.host_id.clone(), st);
-            routes += &format!("route replace {} dev {}\n", peer.prefix, self.shared.tun_name);
+            routes += &format!(
+                "route replace {} dev {}\n",
+                peer.prefix, self.shared.tun_name
+            );
             tracing::info!(peer = %peer.host_id, prefix = %peer.prefix, endpoint = %peer.endpoint, "mesh: peer added");
         }
         drop(table);
@@ -188,6 +200,7 @@ impl Drop for Mesh {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        let _ = ip_force(&format!("route del unreachable {}\n", self.shared.range));
     }
 }
 
@@ -297,7 +310,9 @@ impl Shared {
                 let mut tunn = peer.tunn.lock().unwrap_or_else(|e| e.into_inner());
                 match tunn.update_timers(&mut out) {
                     TunnResult::WriteToNetwork(d) => self.send(peer.peer.endpoint, d),
-                    TunnResult::Err(boringtun::noise::errors::WireGuardError::ConnectionExpired) => {
+                    TunnResult::Err(
+                        boringtun::noise::errors::WireGuardError::ConnectionExpired,
+                    ) => {
                         *tunn = self.tunnel(&peer.peer.public_key);
                     }
                     _ => {}

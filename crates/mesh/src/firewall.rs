@@ -13,5 +13,9 @@ pub fn apply(table: &str, tun: &str, members: &BTreeMap<Ipv4Addr, String>) -> st
 
 /// Removes `table`. Idempotent.
 pub fn remove(table: &str) {
-    let _ = crate::run_stdin("nft", &["-f", "-"], &format!("table ip {table}\ndelete table ip {table}\n"));
+    let _ = crate::run_stdin(
+        "nft",
+        &["-f", "-"],
+        &format!("table ip {table}\ndelete table ip {table}\n"),
+    );
 }
