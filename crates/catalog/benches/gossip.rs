@@ -387,6 +387,7 @@ fn machine_record(id: &str, host: &str, state: &str) -> MachineRecord {
         host_id: host.into(),
         state: state.into(),
         instance_id: "01J9ZZZZZZZZZZZZZZZZZZZZZZ".into(),
+        private_ip: None,
         services: vec![ServiceRecord {
             service,
             address: "10.0.0.12".into(),

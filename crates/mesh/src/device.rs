@@ -110,8 +110,8 @@ impl Mesh {
         });
         let mut threads = Vec::new();
         for (name, body) in [
-            ("mesh-tun", Shared::from_tun as fn(&Shared)),
-            ("mesh-udp", Shared::from_udp),
+            ("mesh-tun", Shared::tun_to_peers as fn(&Shared)),
+            ("mesh-udp", Shared::peers_to_tun),
             ("mesh-timer", Shared::timers),
         ] {
             let shared = shared.clone();
@@ -227,7 +227,7 @@ impl Shared {
     }
 
     /// TUN → peers.
-    fn from_tun(&self) {
+    fn tun_to_peers(&self) {
         let mut packet = [0u8; BUF];
         let mut out = [0u8; BUF + 64];
         let mut tun = &self.tun;
@@ -264,7 +264,7 @@ impl Shared {
     }
 
     /// Peers → TUN.
-    fn from_udp(&self) {
+    fn peers_to_tun(&self) {
         let mut datagram = [0u8; BUF + 64];
         let mut out = [0u8; BUF + 64];
         let mut tun = &self.tun;
