@@ -92,6 +92,9 @@ pub(crate) struct Inner {
     /// This host's host listener and its mTLS client to other hosts, once it has a cluster
     /// certificate ([`crate::host_tls`]; published as the host label `host_addr`).
     pub host_link: std::sync::OnceLock<crate::host_tls::HostLink>,
+    /// The host labels announcing this host's mesh (key, endpoint, prefix), once it runs
+    /// ([`crate::mesh`]).
+    pub mesh_labels: Mutex<std::collections::BTreeMap<String, String>>,
     /// The latest health-check results of this host's machines ([`crate::checks`]).
     pub checks: Mutex<HashMap<String, Vec<bazaar_catalog::CheckRecord>>>,
     /// Disk offered to volumes, in GB.
@@ -134,6 +137,8 @@ impl Agent {
                 id
             }
         };
+        // With a mesh, the machine network is this host's prefix of the private range.
+        let config = crate::mesh::with_host_prefix(config, &host_id)?;
         let secret = crate::secrets::cluster_secret(&config)?;
         let mut tokens = vec![secret.clone()];
         let mut revoked_here = std::collections::BTreeSet::new();
@@ -222,6 +227,7 @@ impl Agent {
             last_host_record: Mutex::new(None),
             proxy_addr: std::sync::OnceLock::new(),
             host_link: std::sync::OnceLock::new(),
+            mesh_labels: Mutex::default(),
             checks: Mutex::new(HashMap::new()),
             disk_gb,
             volume_steps: tokio::sync::Mutex::new(()),

@@ -93,6 +93,10 @@ pub struct AgentConfig {
     pub machine_subnet: Option<String>,
     /// Let image machines reach beyond this host (masquerade their traffic).
     pub machine_nat: bool,
+    /// Where this host's WireGuard mesh listens (UDP); `None` runs no mesh. With a mesh the
+    /// machine network is this host's claimed /22 of 10.208.0.0/12 (`crate::mesh`,
+    /// docs/NETWORK.md).
+    pub mesh_listen: Option<SocketAddr>,
     /// The runc executable; `None` looks it up in PATH.
     pub runc: Option<PathBuf>,
     /// Credentials for pulling from registries: `host[:port]=user:password` each.
@@ -165,6 +169,7 @@ impl Default for AgentConfig {
             insecure_registries: Vec::new(),
             machine_subnet: None,
             machine_nat: false,
+            mesh_listen: None,
             runc: None,
             registry_auth: Vec::new(),
             max_import_bytes: 4 << 30,

@@ -65,6 +65,7 @@ pub mod images;
 pub mod leases;
 pub mod ledger_dump;
 pub mod market;
+pub mod mesh;
 pub mod netlink;
 pub mod network;
 pub mod oci;
@@ -146,6 +147,7 @@ pub async fn run_agent(
     agent.attach_catalog(catalog.clone()).await;
     cluster_security::spawn_keeper(&agent, catalog.clone());
     dns::spawn(&agent).await;
+    mesh::spawn(&agent).await;
     standby::spawn(&agent);
     fence::spawn(&agent);
     images::spawn_pruning(&agent);

@@ -116,7 +116,9 @@ impl Subnet {
 pub struct LazyNetwork {
     data_dir: PathBuf,
     host_id: String,
-    configured: Option<Subnet>,
+    /// The subnet asked for; a mesh may move it to another prefix until the network is
+    /// set up ([`LazyNetwork::reconfigure`]).
+    configured: Mutex<Option<Subnet>>,
     /// Outbound NAT for machines.
     pub nat: bool,
     /// The id range of each machine address.
@@ -139,7 +141,7 @@ impl LazyNetwork {
         LazyNetwork {
             data_dir: data_dir.to_path_buf(),
             host_id: host_id.to_string(),
-            configured,
+            configured: Mutex::new(configured),
             nat,
             id_ranges,
             cell: std::sync::OnceLock::new(),
@@ -161,7 +163,7 @@ impl LazyNetwork {
         let n = Network::setup(
             &self.data_dir,
             &self.host_id,
-            self.configured,
+            *locked(&self.configured),
             self.nat,
             self.id_ranges.clone(),
         )?;
@@ -178,6 +180,17 @@ impl LazyNetwork {
     /// The network if it is set up.
     pub fn ready(&self) -> Option<&Network> {
         self.cell.get()
+    }
+
+    /// Makes `subnet` the one to set up, unless the network is set up already (then it
+    /// answers false: its machines have addresses of the old one).
+    pub fn reconfigure(&self, subnet: Subnet) -> bool {
+        let _one = self.init.lock().unwrap_or_else(|e| e.into_inner());
+        if self.cell.get().is_some() {
+            return false;
+        }
+        *locked(&self.configured) = Some(subnet);
+        true
     }
 }
 

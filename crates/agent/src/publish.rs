@@ -101,6 +101,7 @@ impl Agent {
                         link.addr.to_string(),
                     )
                 }))
+                .chain(lock(&self.0.mesh_labels).clone())
                 .collect::<BTreeMap<_, _>>(),
             draining: self.0.shutdown.is_cancelled(),
             disk_gb,

@@ -193,6 +193,11 @@ struct AgentArgs {
     /// Let image machines reach beyond this host (outbound NAT).
     #[arg(long)]
     machine_nat: bool,
+    /// Join the private network between hosts: its WireGuard mesh listens on this UDP
+    /// address (this host's address, never picked for you), and machines get addresses
+    /// from this host's /22 of 10.208.0.0/12 (docs/NETWORK.md).
+    #[arg(long)]
+    mesh_listen: Option<std::net::SocketAddr>,
     /// The runc executable (default: runc in PATH).
     #[arg(long)]
     runc: Option<PathBuf>,
@@ -402,6 +407,9 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
         config.machine_subnet = Some(s);
     }
     config.machine_nat |= a.machine_nat;
+    if let Some(m) = a.mesh_listen {
+        config.mesh_listen = Some(m);
+    }
     if let Some(r) = a.runc {
         config.runc = Some(r);
     }
