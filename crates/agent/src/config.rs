@@ -70,6 +70,9 @@ pub struct AgentConfig {
     pub shim_exe: Option<PathBuf>,
     /// Address of the edge proxy's HTTP listener.
     pub proxy_listen: SocketAddr,
+    /// Address of the proxy's hop listener (mTLS, for other hosts' proxies; only with a
+    /// cluster certificate). Default: the proxy's IP, a port the kernel picks.
+    pub proxy_hop_listen: Option<SocketAddr>,
     /// Apps are served at `<app>.<proxy_domain>`.
     pub proxy_domain: String,
     /// A machine of a service with `autostop` is stopped after this long without requests.
@@ -142,6 +145,7 @@ impl Default for AgentConfig {
             schedule_hour: Duration::from_secs(3600),
             shim_exe: None,
             proxy_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            proxy_hop_listen: None,
             proxy_domain: "localhost".into(),
             autostop_idle: Duration::from_secs(30),
             proxy_queue_timeout: Duration::from_secs(5),

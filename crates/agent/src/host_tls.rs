@@ -395,6 +395,8 @@ pub struct HostLink {
     pub addr: SocketAddr,
     /// The client to other hosts (no bearer token: the certificate is the credential).
     pub client: reqwest::Client,
+    /// This host's identity, for the other links between hosts (the proxy's hops).
+    pub tls: HostTls,
     catalog: bazaar_catalog::Catalog,
 }
 
@@ -460,6 +462,7 @@ impl HostTls {
         Ok(HostLink {
             addr,
             client,
+            tls: self.clone(),
             catalog,
         })
     }

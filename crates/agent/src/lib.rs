@@ -125,6 +125,21 @@ pub async fn run_agent(
     standby::spawn(&agent);
     fence::spawn(&agent);
     images::spawn_pruning(&agent);
+    // The host listener is bound and the link to other hosts known before the services
+    // beside the API start (the proxy hops over it); it serves once the router is built.
+    let host_listener = match &host_tls {
+        Some(tls) => {
+            let listener = tokio::net::TcpListener::bind(config.host_listen)
+                .await
+                .with_context(|| format!("binding the host listener on {}", config.host_listen))?;
+            let host_addr = listener.local_addr()?;
+            agent
+                .set_host_link(tls.link(host_addr, catalog.clone())?)
+                .await;
+            Some((tls, listener, host_addr))
+        }
+        None => None,
+    };
     // Services beside the API (the edge proxy) start here, before `api.addr` announces
     // that the agent is up.
     let extra = extra_routes(agent.clone())?;
@@ -134,17 +149,10 @@ pub async fn run_agent(
         .layer(axum::middleware::map_response(
             http::fly_shaped_method_errors,
         ));
-    if let Some(tls) = &host_tls {
+    if let Some((tls, listener, host_addr)) = host_listener {
         // The same interfaces, to other hosts, over mTLS.
-        let listener = tokio::net::TcpListener::bind(config.host_listen)
-            .await
-            .with_context(|| format!("binding the host listener on {}", config.host_listen))?;
-        let host_addr = listener.local_addr()?;
         tls.serve(&agent, listener, tls.router(app.clone()))?;
         tls.spawn_renewal(&agent, config.data_dir.clone());
-        agent
-            .set_host_link(tls.link(host_addr, catalog.clone())?)
-            .await;
         secrets::write_private(&config.data_dir.join("host.addr"), &host_addr.to_string())?;
     }
     secrets::write_private(&config.data_dir.join("api.addr"), &addr.to_string())?;

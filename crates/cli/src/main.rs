@@ -155,6 +155,10 @@ struct AgentArgs {
     /// Address of the edge proxy (default 127.0.0.1:8080).
     #[arg(long)]
     proxy_listen: Option<SocketAddr>,
+    /// Address of the proxy's hop listener, where other hosts' proxies hand it requests
+    /// over mTLS (hosts with a cluster certificate only; default: the proxy's IP, any port).
+    #[arg(long)]
+    proxy_hop_listen: Option<SocketAddr>,
     /// The proxy serves app `a` at `a.<domain>` (default localhost).
     #[arg(long)]
     proxy_domain: Option<String>,
@@ -351,6 +355,9 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     }
     if let Some(l) = a.proxy_listen {
         config.proxy_listen = l;
+    }
+    if a.proxy_hop_listen.is_some() {
+        config.proxy_hop_listen = a.proxy_hop_listen;
     }
     if let Some(d) = a.proxy_domain {
         config.proxy_domain = d;

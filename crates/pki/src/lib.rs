@@ -12,7 +12,10 @@ mod token;
 
 pub use ca::{ClusterCa, DEFAULT_CERT_VALIDITY};
 pub use host::{HostIdentity, HostRequest, HOST_FILE};
-pub use tls::{client_config, join_client_config, peer_host_id, server_config, IdentityHandle};
+pub use tls::{
+    client_config, join_client_config, peer_host_id, peer_server_config, server_config,
+    IdentityHandle,
+};
 pub use token::JoinToken;
 
 /// The DNS name a host certificate carries for `host_id`; the only subject name the CA

@@ -6,7 +6,8 @@
 //!   least loaded by in-flight requests, above the soft limit only when all are, never above
 //!   the hard limit; a request nothing can take waits (bounded), then gets a 503.
 //! - Two hops, as on Fly: a machine of this host is reached directly; a machine of another
-//!   host through that host's proxy (`proxy_addr` label of its host record), which counts
+//!   host through that host's proxy (`proxy_addr` label of its host record; over mTLS to
+//!   its hop listener, `proxy_hop_addr`, when both hosts have certificates: `hop_tls.rs`), which counts
 //!   every request its machines serve, so hard limits and drains hold cluster-wide. A hop
 //!   that could not deliver answers with `bazaar-proxy-retry`, and the first proxy tries
 //!   another machine.
@@ -29,6 +30,7 @@
 pub mod balance;
 mod body;
 mod h1;
+mod hop_tls;
 mod http;
 pub mod metrics;
 mod pool;
@@ -89,6 +91,8 @@ pub(crate) struct Shared {
     pub wakes: Mutex<HashMap<String, watch::Receiver<WakeResult>>>,
     pub metrics: metrics::Metrics,
     pub local_addr: SocketAddr,
+    /// Hops over mTLS (`hop_tls.rs`), when this host has a cluster certificate.
+    pub hop_tls: Option<hop_tls::HopTls>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -225,6 +229,25 @@ impl Proxy {
         for _ in 1..threads {
             listeners.push(bind_reuseport(local_addr)?);
         }
+        // The hop listener, when this host has a certificate: one socket per thread too.
+        let hop_tls = match agent.host_link() {
+            Some(link) => Some(hop_tls::HopTls::new(&link.tls)?),
+            None => None,
+        };
+        let mut hop_listeners = Vec::new();
+        if hop_tls.is_some() {
+            let hop_addr = config
+                .proxy_hop_listen
+                .unwrap_or(SocketAddr::new(config.proxy_listen.ip(), 0));
+            let first = bind_reuseport(hop_addr)
+                .with_context(|| format!("binding the proxy hop listener on {hop_addr}"))?;
+            let hop_addr = first.local_addr()?;
+            hop_listeners.push(first);
+            for _ in 1..threads {
+                hop_listeners.push(bind_reuseport(hop_addr)?);
+            }
+        }
+        let hop_addr = hop_listeners.first().map(|l| l.local_addr()).transpose()?;
         let domain = config.proxy_domain.trim_matches('.').to_ascii_lowercase();
         let shared = Arc::new(Shared {
             host_id: agent.host_id().to_string(),
@@ -245,6 +268,7 @@ impl Proxy {
             wakes: Mutex::new(HashMap::new()),
             metrics: metrics::Metrics::new(),
             local_addr,
+            hop_tls,
             catalog,
             agent: agent.clone(),
         });
@@ -253,14 +277,21 @@ impl Proxy {
             .context("writing proxy.addr")?;
         let shutdown = agent.shutdown_token();
         spawn_table_refresh(shared.clone(), shutdown.clone());
+        let mut hop_listeners = hop_listeners.into_iter();
         for (i, listener) in listeners.into_iter().enumerate() {
-            http::spawn_server_thread(i, shared.clone(), listener, shutdown.clone())?;
+            let hop = hop_listeners.next();
+            http::spawn_server_thread(i, shared.clone(), listener, hop, shutdown.clone())?;
         }
         scale::spawn_autostop(shared.clone(), shutdown.clone());
         tcp::spawn(shared.clone(), config.proxy_listen.ip(), shutdown);
         {
             let agent = agent.clone();
-            tokio::spawn(async move { agent.set_proxy_addr(local_addr).await });
+            tokio::spawn(async move {
+                if let Some(hop_addr) = hop_addr {
+                    agent.set_proxy_hop_addr(hop_addr).await;
+                }
+                agent.set_proxy_addr(local_addr).await
+            });
         }
         tracing::info!(proxy.addr = %local_addr, domain = %domain, "proxy listening");
         Ok(Proxy(shared))
