@@ -206,7 +206,8 @@ impl Shared {
 }
 
 impl Proxy {
-    /// Binds the agent's `proxy_listen` address, writes `data_dir/proxy.addr`, publishes
+    /// Binds the agent's `proxy_listen` address (and, with a cluster certificate, the hop
+    /// listener: `data_dir/proxy-hop.addr`), writes `data_dir/proxy.addr`, publishes
     /// the address in the host record and serves until the agent shuts down. Needs the
     /// agent's catalog attached. Must be called inside the tokio runtime.
     pub fn start(agent: Agent) -> anyhow::Result<Proxy> {
@@ -275,6 +276,10 @@ impl Proxy {
         shared.rebuild();
         std::fs::write(config.data_dir.join("proxy.addr"), local_addr.to_string())
             .context("writing proxy.addr")?;
+        if let Some(hop_addr) = hop_addr {
+            std::fs::write(config.data_dir.join("proxy-hop.addr"), hop_addr.to_string())
+                .context("writing proxy-hop.addr")?;
+        }
         let shutdown = agent.shutdown_token();
         spawn_table_refresh(shared.clone(), shutdown.clone());
         let mut hop_listeners = hop_listeners.into_iter();

@@ -202,6 +202,15 @@ impl TestAgent {
             .ok()
     }
 
+    /// The address of the proxy's hop listener (mTLS), when the agent has a certificate.
+    pub fn proxy_hop_addr(&self) -> Option<std::net::SocketAddr> {
+        std::fs::read_to_string(self.data_dir.join("proxy-hop.addr"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
     /// The agent's gossip address (to join through).
     pub fn gossip_addr(&self) -> String {
         format!("127.0.0.1:{}", self.gossip_port)
