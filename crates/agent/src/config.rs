@@ -109,6 +109,13 @@ pub struct AgentConfig {
     /// thirds of that).
     #[serde(with = "millis")]
     pub cert_validity: Duration,
+    /// Serve the Machines API port over HTTPS (`api_tls.rs`): with `api_tls_cert` and
+    /// `api_tls_key` when given, else with a certificate of the cluster CA.
+    pub api_tls: bool,
+    /// The API's certificate chain (PEM) instead of one from the cluster CA.
+    pub api_tls_cert: Option<PathBuf>,
+    /// The key of `api_tls_cert` (PEM).
+    pub api_tls_key: Option<PathBuf>,
     /// How long a host must have been dead before the guardian re-places its machines
     /// that opted in (`bazaar_api::guardian`).
     #[serde(with = "millis")]
@@ -160,6 +167,9 @@ impl Default for AgentConfig {
             join_addr: None,
             host_listen: SocketAddr::from(([127, 0, 0, 1], 4480)),
             cert_validity: bazaar_pki::DEFAULT_CERT_VALIDITY,
+            api_tls: false,
+            api_tls_cert: None,
+            api_tls_key: None,
             replace_after: Duration::from_secs(60),
         }
     }

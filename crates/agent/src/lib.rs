@@ -23,6 +23,8 @@
 //! - [`http`]: the host interface (`/host/v1`).
 //! - [`host_tls`]: this host's cluster certificate (join, renewal) and the host listener
 //!   (the host interface over mTLS).
+//! - [`api_tls`]: HTTPS on the API port (`--api-tls`), with a certificate of the cluster CA
+//!   or one given.
 //! - [`exec`]: running a command inside a machine; [`ps`]: its processes.
 //! - [`images`]: this host's images over the host interface (list, pull with progress,
 //!   import, prune) and their background pruning.
@@ -52,6 +54,7 @@ pub mod exec;
 pub mod fault;
 pub mod fence;
 pub mod host_tls;
+pub mod api_tls;
 pub mod http;
 pub mod identity;
 pub mod idranges;
@@ -155,15 +158,23 @@ pub async fn run_agent(
         tls.spawn_renewal(&agent, config.data_dir.clone());
         secrets::write_private(&config.data_dir.join("host.addr"), &host_addr.to_string())?;
     }
+    let api_tls = api_tls::ApiTls::establish(&config, &agent, host_tls.as_ref())
+        .await
+        .context("the API's certificate (--api-tls)")?;
     secrets::write_private(&config.data_dir.join("api.addr"), &addr.to_string())?;
-    tracing::info!(api.addr = %addr, host.id = agent.host_id(), region = %config.region, "listening");
-    let server = axum::serve(
-        listener,
-        // The peer's address, for the audit record.
-        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move { stop.cancelled().await });
-    let server = tokio::spawn(async move { server.await });
+    tracing::info!(api.addr = %addr, api.tls = api_tls.is_some(), host.id = agent.host_id(), region = %config.region, "listening");
+    let server = match &api_tls {
+        Some(tls) => tls.serve(&agent, listener, app),
+        None => {
+            let server = axum::serve(
+                listener,
+                // The peer's address, for the audit record.
+                app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+            )
+            .with_graceful_shutdown(async move { stop.cancelled().await });
+            tokio::spawn(async move { server.await })
+        }
+    };
     shutdown_signal.await;
     tracing::info!("shutting down");
     // Leave first, so other hosts stop routing here at once.

@@ -210,6 +210,16 @@ struct AgentArgs {
     /// How long host certificates issued by this host's CA are valid (ms; default 30 days).
     #[arg(long)]
     cert_validity_ms: Option<u64>,
+    /// Serve the Machines API over HTTPS, with a certificate of the cluster CA (its SANs:
+    /// the host's name, `localhost` and the listen address) unless one is given.
+    #[arg(long)]
+    api_tls: bool,
+    /// The API's certificate chain (PEM), with --api-tls-key: instead of the cluster CA's.
+    #[arg(long, requires = "api_tls_key")]
+    api_tls_cert: Option<PathBuf>,
+    /// The key of --api-tls-cert (PEM).
+    #[arg(long, requires = "api_tls_cert")]
+    api_tls_key: Option<PathBuf>,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: String,
@@ -392,6 +402,9 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     if let Some(l) = a.host_listen {
         config.host_listen = l;
     }
+    config.api_tls = a.api_tls || a.api_tls_cert.is_some();
+    config.api_tls_cert = a.api_tls_cert;
+    config.api_tls_key = a.api_tls_key;
     if let Some(ms) = a.cert_validity_ms {
         config.cert_validity = std::time::Duration::from_millis(ms.max(1000));
     }

@@ -2,7 +2,7 @@
 //! has a CA (the test kit's default): a proxy hop and host-interface calls from a process
 //! without a cluster certificate, or with a certificate of another CA, are refused and
 //! change nothing; a server holding another host's certificate cannot take the hops meant
-//! for a machine's owner.
+//! for a machine's owner; `--api-tls` refuses plain HTTP and serves the CLI over HTTPS.
 
 mod proxy;
 
@@ -321,4 +321,77 @@ async fn a_server_with_another_hosts_certificate_cannot_take_the_owners_hops() {
         0,
         "a request was sent to a server that is not the machine's owner"
     );
+}
+
+/// Runs the CLI against `api_url`, trusting `ca_cert` when given.
+fn cli(api_url: &str, ca_cert: Option<&std::path::Path>, args: &[&str]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(EXE);
+    cmd.args(args)
+        .env("BAZAAR_API_URL", api_url)
+        .env("BAZAAR_TOKEN", bazaar_testkit::TEST_SECRET)
+        .env_remove("BAZAAR_CA_CERT");
+    if let Some(ca) = ca_cert {
+        cmd.env("BAZAAR_CA_CERT", ca);
+    }
+    cmd.output().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn api_tls_refuses_plain_http_and_serves_the_cli() {
+    let agents = bazaar_testkit::start_cluster(std::path::Path::new(EXE), 2, |_, o| {
+        o.extra_args.push("--api-tls".into());
+    })
+    .expect("cluster starts");
+    let ca_cert = agents[0].cluster_ca_dir().unwrap().join("ca.crt");
+    // Host 1 joined: its API certificate came from the CA's host over mTLS.
+    let plain_url = agents[1].url();
+    let https_url = plain_url.replacen("http://", "https://", 1);
+
+    // Plain HTTP: a 400 in Fly's error shape, and nothing is done.
+    let plain = reqwest::Client::new();
+    let r = plain
+        .post(format!("{plain_url}/v1/apps"))
+        .bearer_auth(bazaar_testkit::TEST_SECRET)
+        .json(&json!({"app_name": "plaintext", "org_slug": "personal"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"].as_str().unwrap().contains("HTTPS"), "{v}");
+
+    // Without the cluster CA the CLI does not trust the API's certificate.
+    let out = cli(&https_url, None, &["apps", "list"]);
+    assert!(!out.status.success(), "{out:?}");
+
+    // With it, the CLI works end to end: an app, a machine placed on either host (calls
+    // between hosts over mTLS), and the list.
+    let out = cli(&https_url, Some(&ca_cert), &["apps", "create", "secure"]);
+    assert!(out.status.success(), "{out:?}");
+    let out = cli(
+        &https_url,
+        Some(&ca_cert),
+        &["machine", "run", "-a", "secure", "--", "sleep", "1000"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let out = cli(&https_url, Some(&ca_cert), &["apps", "list", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("secure"), "{text}");
+    assert!(!text.contains("plaintext"), "{text}");
+
+    // The certificate names the host and the address it serves at, from this cluster's CA.
+    let ca_pem = std::fs::read(&ca_cert).unwrap();
+    let strict = reqwest::Client::builder()
+        .tls_certs_only(reqwest::Certificate::from_pem_bundle(&ca_pem).unwrap())
+        .build()
+        .unwrap();
+    for agent in &agents {
+        let url = agent.url().replacen("http://", "https://", 1);
+        let r = strict.get(format!("{url}/health")).send().await.unwrap();
+        assert!(r.status().is_success());
+        let localhost = url.replacen("127.0.0.1", "localhost", 1);
+        let r = strict.get(format!("{localhost}/health")).send().await.unwrap();
+        assert!(r.status().is_success());
+    }
 }

@@ -54,6 +54,12 @@ pub fn ca_fingerprint(ca_pem: &str) -> anyhow::Result<String> {
     ))
 }
 
+/// The host id the (first) certificate of a PEM text names, e.g. of `DATA/tls/host.pem`.
+pub fn host_id_of_pem(pem: &str) -> Option<String> {
+    let der = host::pem_certs(pem).ok()?.into_iter().next()?;
+    peer_host_id(&[rustls::pki_types::CertificateDer::from(der)])
+}
+
 /// Writes `contents` to `path` readable by its owner only (0600), replacing it atomically.
 pub fn write_private(path: &std::path::Path, contents: &[u8]) -> anyhow::Result<()> {
     use std::io::Write;

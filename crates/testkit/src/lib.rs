@@ -163,7 +163,14 @@ impl TestAgent {
                         self.proxy_port = p.trim().parse::<std::net::SocketAddr>()?.port();
                     }
                     if self.host_id.is_none() {
-                        self.host_id = fetch_host_id(self.port);
+                        // An API served over HTTPS (`--api-tls`): the certificate names it.
+                        self.host_id = fetch_host_id(self.port).or_else(|| {
+                            let pem = std::fs::read_to_string(
+                                self.data_dir.join("tls").join(bazaar_pki::HOST_FILE),
+                            )
+                            .ok()?;
+                            bazaar_pki::host_id_of_pem(&pem)
+                        });
                     }
                     break;
                 }
