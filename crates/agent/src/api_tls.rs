@@ -98,7 +98,12 @@ impl ApiTls {
                         }
                     },
                 };
-                tokio::spawn(serve_connection(acceptor.clone(), stream, peer, app.clone()));
+                tokio::spawn(serve_connection(
+                    acceptor.clone(),
+                    stream,
+                    peer,
+                    app.clone(),
+                ));
             }
         })
     }

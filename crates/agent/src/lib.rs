@@ -44,6 +44,7 @@
 pub mod actor;
 pub mod addresses;
 pub mod agent;
+pub mod api_tls;
 pub mod audit;
 pub mod checks;
 pub mod cleanup;
@@ -54,7 +55,6 @@ pub mod exec;
 pub mod fault;
 pub mod fence;
 pub mod host_tls;
-pub mod api_tls;
 pub mod http;
 pub mod identity;
 pub mod idranges;

@@ -53,10 +53,7 @@ impl Conn {
             .clone()
             .context("no token: set BAZAAR_TOKEN (bazaar dev writes it to .bazaar-dev/dev.env) or pass --token")?;
         let url = format!("{}{path}", self.api_url.trim_end_matches('/'));
-        Ok(self
-            .http()?
-            .request(method, url)
-            .bearer_auth(token))
+        Ok(self.http()?.request(method, url).bearer_auth(token))
     }
 
     /// The same server, called with `token` instead (the cluster secret, for the host
@@ -502,12 +499,7 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
                 c.api_url.trim_end_matches('/'),
                 m(&id, &format!("/logs?follow={follow}"))
             );
-            let mut resp = c
-                .http()?
-                .get(url)
-                .bearer_auth(token)
-                .send()
-                .await?;
+            let mut resp = c.http()?.get(url).bearer_auth(token).send().await?;
             if !resp.status().is_success() {
                 bail!("{}", resp.text().await?);
             }

@@ -188,12 +188,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         None
     };
     for (i, port, _, child) in children.iter_mut() {
-        wait_healthy(*port, child, https.as_ref()).await.with_context(|| {
-            format!(
-                "host {i} did not start; see {}",
-                dir.join(format!("host-{i}/agent.log")).display()
-            )
-        })?;
+        wait_healthy(*port, child, https.as_ref())
+            .await
+            .with_context(|| {
+                format!(
+                    "host {i} did not start; see {}",
+                    dir.join(format!("host-{i}/agent.log")).display()
+                )
+            })?;
     }
     let mut env = format!(
         "BAZAAR_API_URL={api_url}\nBAZAAR_PROXY_URL={proxy_url}\nBAZAAR_TOKEN={}\nBAZAAR_CLUSTER_SECRET={}\n",

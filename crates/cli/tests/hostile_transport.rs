@@ -185,10 +185,24 @@ async fn a_proxy_hop_without_a_certificate_of_this_cluster_is_refused_and_delive
     let hop_addr = c.agents[owner].proxy_hop_addr().expect("a hop listener");
     let ca_pem = cluster_ca_pem(&c);
     let anonymous = tls_client(&ca_pem, None);
-    let refused = tls_exchange(&anonymous, hop_addr, &owner_id, &hop_request("hop", &id, "")).await;
-    assert!(refused.is_err(), "served without a certificate: {refused:?}");
-    let refused =
-        tls_exchange(&anonymous, hop_addr, &owner_id, &hop_request("hop", &id, &secret)).await;
+    let refused = tls_exchange(
+        &anonymous,
+        hop_addr,
+        &owner_id,
+        &hop_request("hop", &id, ""),
+    )
+    .await;
+    assert!(
+        refused.is_err(),
+        "served without a certificate: {refused:?}"
+    );
+    let refused = tls_exchange(
+        &anonymous,
+        hop_addr,
+        &owner_id,
+        &hop_request("hop", &id, &secret),
+    )
+    .await;
     assert!(
         refused.is_err(),
         "served with the cluster secret and no certificate: {refused:?}"
@@ -199,8 +213,13 @@ async fn a_proxy_hop_without_a_certificate_of_this_cluster_is_refused_and_delive
     let entry_id = c.agents[entry].client().info().await.unwrap().id;
     let foreign = foreign_identity(other_ca.path(), &entry_id);
     let foreign_client = tls_client(&ca_pem, Some(&foreign));
-    let refused =
-        tls_exchange(&foreign_client, hop_addr, &owner_id, &hop_request("hop", &id, "")).await;
+    let refused = tls_exchange(
+        &foreign_client,
+        hop_addr,
+        &owner_id,
+        &hop_request("hop", &id, ""),
+    )
+    .await;
     assert!(
         refused.is_err(),
         "served with another CA's certificate: {refused:?}"
@@ -247,7 +266,10 @@ async fn host_interface_calls_without_a_certificate_of_this_cluster_change_nothi
     // Another CA's certificate, naming a real host of this cluster: the handshake fails.
     let other_ca = tempfile::tempdir().unwrap();
     let agent0_id = c.agents[0].client().info().await.unwrap().id;
-    let foreign = tls_client(&ca_pem, Some(&foreign_identity(other_ca.path(), &agent0_id)));
+    let foreign = tls_client(
+        &ca_pem,
+        Some(&foreign_identity(other_ca.path(), &agent0_id)),
+    );
     let refused = tls_exchange(&foreign, host_addr, &target_id, &post("")).await;
     assert!(refused.is_err(), "served: {refused:?}");
     // Nothing was created.
@@ -263,7 +285,11 @@ async fn host_interface_calls_without_a_certificate_of_this_cluster_change_nothi
 async fn a_server_with_another_hosts_certificate_cannot_take_the_owners_hops() {
     // Slow failure detection: the killed owner stays routable for a while.
     let mut c = Cluster::start_with(3, |_, o| {
-        let at = o.extra_args.iter().position(|a| a == "--dead-after-ms").unwrap();
+        let at = o
+            .extra_args
+            .iter()
+            .position(|a| a == "--dead-after-ms")
+            .unwrap();
         o.extra_args[at + 1] = "60000".into();
     });
     c.create_app("spoof").await;
@@ -391,7 +417,11 @@ async fn api_tls_refuses_plain_http_and_serves_the_cli() {
         let r = strict.get(format!("{url}/health")).send().await.unwrap();
         assert!(r.status().is_success());
         let localhost = url.replacen("127.0.0.1", "localhost", 1);
-        let r = strict.get(format!("{localhost}/health")).send().await.unwrap();
+        let r = strict
+            .get(format!("{localhost}/health"))
+            .send()
+            .await
+            .unwrap();
         assert!(r.status().is_success());
     }
 }

@@ -251,8 +251,7 @@ async fn serve_connection(local: Arc<Local>, stream: TcpStream, peer: SocketAddr
         async move {
             let (parts, body) = req.into_parts();
             Ok::<_, std::convert::Infallible>(
-                crate::http::serve_hop(local, parts, crate::request::ClientBody::Hyper(body))
-                    .await,
+                crate::http::serve_hop(local, parts, crate::request::ClientBody::Hyper(body)).await,
             )
         }
     });

@@ -13,10 +13,10 @@
 
 use crate::balance::{self, Availability, Candidate, Choice};
 use crate::body::{Guard, RespBody};
+use crate::hop_tls::{Stream, Upstream};
 use crate::http::{retry_reply, HOP_MACHINE, HOP_TOKEN, HOP_WAKE};
 use crate::metrics::{AppLabel, KindLabels};
 use crate::table::{Backend, RouteState};
-use crate::hop_tls::{Stream, Upstream};
 use crate::Shared;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONNECTION, UPGRADE};
@@ -211,9 +211,10 @@ async fn hop_connect(
             addr,
             tls: Some((&tls.connector, name)),
         },
-        _ => Upstream::plain(b.hop.ok_or_else(|| {
-            std::io::Error::other("the machine's host has no proxy address")
-        })?),
+        _ => Upstream::plain(
+            b.hop
+                .ok_or_else(|| std::io::Error::other("the machine's host has no proxy address"))?,
+        ),
     };
     let hop = up.addr;
     let mut stream = crate::hop_tls::connect(up)

@@ -4,6 +4,7 @@
 //! or until close), the connection going back to the pool when it ends.
 
 use super::checkin;
+use crate::hop_tls::Stream;
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, StatusCode};
@@ -12,7 +13,6 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
-use crate::hop_tls::Stream;
 
 /// Most response headers accepted.
 const MAX_HEADERS: usize = 128;

@@ -18,6 +18,7 @@
 mod answer;
 pub(crate) mod server;
 
+use crate::hop_tls::{Stream, Upstream};
 use crate::pool::SendError;
 pub(crate) use answer::FastBody;
 use answer::Streaming;
@@ -32,7 +33,6 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use crate::hop_tls::{Stream, Upstream};
 
 /// Idle connections older than this are closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
