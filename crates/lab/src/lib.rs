@@ -29,8 +29,8 @@ pub use procs::{AgentState, ProcId};
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
-use std::os::fd::AsRawFd;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -649,7 +649,12 @@ impl Lab {
             ]);
         } else {
             args.extend(["--join-addr".to_string(), host_listen(first).to_string()]);
-            if !self.data_dir(h).join("tls").join(bazaar_pki::HOST_FILE).exists() {
+            if !self
+                .data_dir(h)
+                .join("tls")
+                .join(bazaar_pki::HOST_FILE)
+                .exists()
+            {
                 let ca = bazaar_pki::ClusterCa::open(&self.ca_dir())?;
                 join_token = Some(ca.new_join_token(Duration::from_secs(600))?.to_string());
             }
