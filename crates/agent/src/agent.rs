@@ -89,6 +89,9 @@ pub(crate) struct Inner {
     /// Where this host's edge proxy listens, once it does (published as the host label
     /// `proxy_addr`, so other proxies can hand requests for this host's machines to it).
     pub proxy_addr: std::sync::OnceLock<std::net::SocketAddr>,
+    /// The proxy's hop listener (mTLS, hosts with certificates only; published as
+    /// `proxy_hop_addr`): other proxies hand requests for this host's machines to it.
+    pub proxy_hop_addr: std::sync::OnceLock<std::net::SocketAddr>,
     /// This host's host listener and its mTLS client to other hosts, once it has a cluster
     /// certificate ([`crate::host_tls`]; published as the host label `host_addr`).
     pub host_link: std::sync::OnceLock<crate::host_tls::HostLink>,
@@ -226,6 +229,7 @@ impl Agent {
             catalog: std::sync::OnceLock::new(),
             last_host_record: Mutex::new(None),
             proxy_addr: std::sync::OnceLock::new(),
+            proxy_hop_addr: std::sync::OnceLock::new(),
             host_link: std::sync::OnceLock::new(),
             mesh_labels: Mutex::default(),
             checks: Mutex::new(HashMap::new()),

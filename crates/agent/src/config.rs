@@ -70,6 +70,9 @@ pub struct AgentConfig {
     pub shim_exe: Option<PathBuf>,
     /// Address of the edge proxy's HTTP listener.
     pub proxy_listen: SocketAddr,
+    /// Address of the proxy's hop listener (mTLS, for other hosts' proxies; only with a
+    /// cluster certificate). Default: the proxy's IP, a port the kernel picks.
+    pub proxy_hop_listen: Option<SocketAddr>,
     /// Apps are served at `<app>.<proxy_domain>`.
     pub proxy_domain: String,
     /// Address of the edge proxy's HTTPS listener (certificates per app hostname).
@@ -118,6 +121,13 @@ pub struct AgentConfig {
     /// thirds of that).
     #[serde(with = "millis")]
     pub cert_validity: Duration,
+    /// Serve the Machines API port over HTTPS (`api_tls.rs`): with `api_tls_cert` and
+    /// `api_tls_key` when given, else with a certificate of the cluster CA.
+    pub api_tls: bool,
+    /// The API's certificate chain (PEM) instead of one from the cluster CA.
+    pub api_tls_cert: Option<PathBuf>,
+    /// The key of `api_tls_cert` (PEM).
+    pub api_tls_key: Option<PathBuf>,
     /// How long a host must have been dead before the guardian re-places its machines
     /// that opted in (`bazaar_api::guardian`).
     #[serde(with = "millis")]
@@ -160,6 +170,7 @@ impl Default for AgentConfig {
             schedule_hour: Duration::from_secs(3600),
             shim_exe: None,
             proxy_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            proxy_hop_listen: None,
             proxy_domain: "localhost".into(),
             proxy_tls_listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
             acme_directory: None,
@@ -178,6 +189,9 @@ impl Default for AgentConfig {
             join_addr: None,
             host_listen: SocketAddr::from(([127, 0, 0, 1], 4480)),
             cert_validity: bazaar_pki::DEFAULT_CERT_VALIDITY,
+            api_tls: false,
+            api_tls_cert: None,
+            api_tls_key: None,
             replace_after: Duration::from_secs(60),
             dns_listen: None,
             dns_upstreams: Vec::new(),

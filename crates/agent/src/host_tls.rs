@@ -135,6 +135,7 @@ impl HostTls {
             .route("/cluster/v1/join", post(join_handler))
             .route("/cluster/v1/renew", post(renew_handler))
             .route("/cluster/v1/endorse", post(endorse_handler))
+            .route("/cluster/v1/api-cert", post(api_cert_handler))
             .with_state(self.clone());
         routes
             .merge(cluster)
@@ -156,7 +157,7 @@ impl HostTls {
         let catalog = agent.catalog().cloned();
         tokio::spawn(async move {
             loop {
-                let (stream, _) = tokio::select! {
+                let (stream, peer_addr) = tokio::select! {
                     _ = stop.cancelled() => return,
                     accepted = listener.accept() => match accepted {
                         Ok(a) => a,
@@ -169,7 +170,13 @@ impl HostTls {
                 };
                 let acceptor = acceptor.clone();
                 let router = router.clone();
-                tokio::spawn(serve_connection(acceptor, stream, router, catalog.clone()));
+                tokio::spawn(serve_connection(
+                    acceptor,
+                    stream,
+                    peer_addr,
+                    router,
+                    catalog.clone(),
+                ));
             }
         });
         Ok(())
@@ -298,6 +305,7 @@ async fn post_json<T: Serialize, R: serde::de::DeserializeOwned>(
 async fn serve_connection(
     acceptor: tokio_rustls::TlsAcceptor,
     stream: tokio::net::TcpStream,
+    peer_addr: SocketAddr,
     router: Router,
     catalog: Option<bazaar_catalog::Catalog>,
 ) {
@@ -329,6 +337,8 @@ async fn serve_connection(
         if let Some(peer) = peer.as_ref().filter(|p| !revoked(p)) {
             req.extensions_mut().insert(peer.clone());
         }
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer_addr));
         let mut router = router.clone();
         async move {
             use tower::Service;
@@ -477,6 +487,67 @@ async fn endorse_handler(
     Ok(Json(Endorsed { endorsement }))
 }
 
+/// A host's certificate for its Machines API (`--api-tls`, `api_tls.rs`): its host name,
+/// `localhost`, and the address it called from (a host cannot name another's address).
+async fn api_cert_handler(
+    State(tls): State<HostTls>,
+    axum::Extension(peer): axum::Extension<PeerHost>,
+    axum::extract::ConnectInfo(from): axum::extract::ConnectInfo<SocketAddr>,
+    body: axum::body::Bytes,
+) -> Result<Json<Issued>, AgentError> {
+    let ca = tls.ca.clone().ok_or_else(not_the_ca)?;
+    let req: RenewRequest = serde_json::from_slice(&body)
+        .map_err(|e| AgentError::Invalid(format!("invalid API certificate request: {e}")))?;
+    let cert = ca
+        .issue_api(&peer.0, &req.csr, &[from.ip()], tls.validity)
+        .map_err(|e| AgentError::Forbidden(format!("{e:#}")))?;
+    Ok(Json(Issued {
+        cert,
+        ca: ca.cert_pem().to_string(),
+    }))
+}
+
+impl HostTls {
+    /// A certificate of the cluster CA for this host's Machines API, for a key made here:
+    /// issued by the CA this host holds (naming `api_ip`), or asked of the CA's host over
+    /// mTLS (naming the address this host calls it from).
+    pub async fn api_identity(
+        &self,
+        data_dir: &std::path::Path,
+        api_ip: std::net::IpAddr,
+    ) -> anyhow::Result<HostIdentity> {
+        let request = HostRequest::new(&self.host_id)?;
+        let issued = match &self.ca {
+            Some(ca) => Issued {
+                cert: ca.issue_api(&self.host_id, &request.csr_pem, &[api_ip], self.validity)?,
+                ca: ca.cert_pem().to_string(),
+            },
+            None => {
+                let addr: SocketAddr = std::fs::read_to_string(data_dir.join(CA_ADDR_FILE))
+                    .context("where the CA is (ca.addr)")?
+                    .trim()
+                    .parse()?;
+                let fingerprint = bazaar_pki::ca_fingerprint(&self.ca_pem)?;
+                let config = bazaar_pki::join_client_config(&fingerprint, Some(&self.identity))?;
+                post_json(
+                    config,
+                    addr,
+                    "/cluster/v1/api-cert",
+                    &RenewRequest {
+                        csr: request.csr_pem.clone(),
+                    },
+                )
+                .await?
+            }
+        };
+        anyhow::ensure!(
+            issued.ca == self.ca_pem,
+            "the CA answered with another CA certificate"
+        );
+        request.into_identity(&issued.cert, &issued.ca)
+    }
+}
+
 fn not_the_ca() -> AgentError {
     AgentError::NotFound("this host does not hold the cluster CA".into())
 }
@@ -493,6 +564,8 @@ pub struct HostLink {
     pub addr: SocketAddr,
     /// The client to other hosts (no bearer token: the certificate is the credential).
     pub client: reqwest::Client,
+    /// This host's identity, for the other links between hosts (the proxy's hops).
+    pub tls: HostTls,
     catalog: bazaar_catalog::Catalog,
 }
 
@@ -558,6 +631,7 @@ impl HostTls {
         Ok(HostLink {
             addr,
             client,
+            tls: self.clone(),
             catalog,
         })
     }

@@ -24,6 +24,8 @@
 //! - [`cluster_security`]: the gossip keyring and the CA's revocations on this host.
 //! - [`host_tls`]: this host's cluster certificate (join, renewal) and the host listener
 //!   (the host interface over mTLS).
+//! - [`api_tls`]: HTTPS on the API port (`--api-tls`), with a certificate of the cluster CA
+//!   or one given.
 //! - [`exec`]: running a command inside a machine; [`ps`]: its processes.
 //! - [`images`]: this host's images over the host interface (list, pull with progress,
 //!   import, prune) and their background pruning.
@@ -46,6 +48,7 @@ pub mod actor;
 pub mod addresses;
 pub mod agent;
 pub mod app_secrets;
+pub mod api_tls;
 pub mod audit;
 pub mod checks;
 pub mod cleanup;
@@ -151,6 +154,21 @@ pub async fn run_agent(
     standby::spawn(&agent);
     fence::spawn(&agent);
     images::spawn_pruning(&agent);
+    // The host listener is bound and the link to other hosts known before the services
+    // beside the API start (the proxy hops over it); it serves once the router is built.
+    let host_listener = match &host_tls {
+        Some(tls) => {
+            let listener = tokio::net::TcpListener::bind(config.host_listen)
+                .await
+                .with_context(|| format!("binding the host listener on {}", config.host_listen))?;
+            let host_addr = listener.local_addr()?;
+            agent
+                .set_host_link(tls.link(host_addr, catalog.clone())?)
+                .await;
+            Some((tls, listener, host_addr))
+        }
+        None => None,
+    };
     // Services beside the API (the edge proxy) start here, before `api.addr` announces
     // that the agent is up.
     let extra = extra_routes(agent.clone())?;
@@ -160,28 +178,29 @@ pub async fn run_agent(
         .layer(axum::middleware::map_response(
             http::fly_shaped_method_errors,
         ));
-    if let Some(tls) = &host_tls {
+    if let Some((tls, listener, host_addr)) = host_listener {
         // The same interfaces, to other hosts, over mTLS.
-        let listener = tokio::net::TcpListener::bind(config.host_listen)
-            .await
-            .with_context(|| format!("binding the host listener on {}", config.host_listen))?;
-        let host_addr = listener.local_addr()?;
         tls.serve(&agent, listener, tls.router(app.clone()))?;
         tls.spawn_renewal(&agent, config.data_dir.clone());
-        agent
-            .set_host_link(tls.link(host_addr, catalog.clone())?)
-            .await;
         secrets::write_private(&config.data_dir.join("host.addr"), &host_addr.to_string())?;
     }
+    let api_tls = api_tls::ApiTls::establish(&config, &agent, host_tls.as_ref())
+        .await
+        .context("the API's certificate (--api-tls)")?;
     secrets::write_private(&config.data_dir.join("api.addr"), &addr.to_string())?;
-    tracing::info!(api.addr = %addr, host.id = agent.host_id(), region = %config.region, "listening");
-    let server = axum::serve(
-        listener,
-        // The peer's address, for the audit record.
-        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move { stop.cancelled().await });
-    let server = tokio::spawn(async move { server.await });
+    tracing::info!(api.addr = %addr, api.tls = api_tls.is_some(), host.id = agent.host_id(), region = %config.region, "listening");
+    let server = match &api_tls {
+        Some(tls) => tls.serve(&agent, listener, app),
+        None => {
+            let server = axum::serve(
+                listener,
+                // The peer's address, for the audit record.
+                app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+            )
+            .with_graceful_shutdown(async move { stop.cancelled().await });
+            tokio::spawn(async move { server.await })
+        }
+    };
     shutdown_signal.await;
     tracing::info!("shutting down");
     // Leave first, so other hosts stop routing here at once.

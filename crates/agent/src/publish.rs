@@ -9,6 +9,9 @@ use bazaar_types::state::MachineState;
 use std::collections::BTreeMap;
 use tokio::sync::watch;
 
+/// The host label naming the proxy's hop listener (mTLS), when the host has a certificate.
+pub const PROXY_HOP_ADDR_LABEL: &str = "proxy_hop_addr";
+
 impl Agent {
     /// Attaches the catalog and publishes this host and all its machines to it (with
     /// versions above anything published before a restart).
@@ -95,6 +98,12 @@ impl Agent {
                 .get()
                 .map(|a| ("proxy_addr".to_string(), a.to_string()))
                 .into_iter()
+                .chain(
+                    self.0
+                        .proxy_hop_addr
+                        .get()
+                        .map(|a| (PROXY_HOP_ADDR_LABEL.to_string(), a.to_string())),
+                )
                 .chain(self.0.host_link.get().map(|link| {
                     (
                         crate::host_tls::HOST_ADDR_LABEL.to_string(),
@@ -123,6 +132,12 @@ impl Agent {
     /// Records where this host's edge proxy listens and republishes the host record.
     pub async fn set_proxy_addr(&self, addr: std::net::SocketAddr) {
         let _ = self.0.proxy_addr.set(addr);
+        self.publish_host().await;
+    }
+
+    /// Records the proxy's hop listener and republishes the host record with it.
+    pub async fn set_proxy_hop_addr(&self, addr: std::net::SocketAddr) {
+        let _ = self.0.proxy_hop_addr.set(addr);
         self.publish_host().await;
     }
 

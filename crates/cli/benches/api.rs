@@ -3,11 +3,14 @@
 //! creates, and the placement round alone (bids asked → winner chosen, from the placement
 //! records).
 //!
-//! Run: `cargo bench -p bazaar --bench api` (prints a Markdown table for BENCHMARKS.md).
-//! `BAZAAR_BENCH_MACHINES` changes the create count (default 1000). `BAZAAR_BENCH_MTLS=1`
-//! gives the hosts a cluster CA and certificates: calls between hosts go over mTLS.
+//! Run: `cargo bench -p bazaar --bench api` (prints Markdown tables for BENCHMARKS.md).
+//! `BAZAAR_BENCH_MACHINES` changes the create count (default 1000). By default the run
+//! alternates clusters whose hosts talk over mTLS (a cluster CA, the test kit's default)
+//! and clusters whose hosts use the cluster secret over plain HTTP, `BAZAAR_BENCH_ROUNDS`
+//! (default 2) rounds of each, and prints the load average per round and the medians;
+//! `BAZAAR_BENCH_MTLS=1` (or `0`) measures only one kind.
 
-use bazaar_testkit::{start_cluster, TEST_SECRET};
+use bazaar_testkit::{start_cluster, start_plain_cluster, TEST_SECRET};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -21,6 +24,10 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
+/// What one cluster measured: create→started latencies (sorted), creates/s, placement
+/// rounds (sorted).
+type Measured = (Vec<Duration>, f64, Vec<Duration>);
+
 fn main() {
     let total: usize = std::env::var("BAZAAR_BENCH_MACHINES")
         .ok()
@@ -32,50 +39,119 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let mtls = std::env::var("BAZAAR_BENCH_MTLS").is_ok_and(|v| v == "1");
-    let ca_dir = tempfile::tempdir().unwrap();
-    let ca_host = format!(
-        "127.0.0.1:{}",
-        bazaar_testkit::free_port(std::net::Ipv4Addr::LOCALHOST)
+    // `1`: mTLS only, `0`: the cluster secret only, unset: both, alternated.
+    let modes: Vec<bool> = match std::env::var("BAZAAR_BENCH_MTLS").as_deref() {
+        Ok("1") => vec![true],
+        Ok("0") => vec![false],
+        _ => {
+            let rounds: usize = std::env::var("BAZAAR_BENCH_ROUNDS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(2);
+            (0..rounds)
+                .flat_map(|r| {
+                    if r % 2 == 0 {
+                        [false, true]
+                    } else {
+                        [true, false]
+                    }
+                })
+                .collect()
+        }
+    };
+    let mut by_mode: [Vec<Measured>; 2] = [Vec::new(), Vec::new()];
+    println!("| round | load average (1 min) | between hosts | create→started p50 | creates/s |");
+    println!("|---|---:|---|---:|---:|");
+    for (round, mtls) in modes.iter().enumerate() {
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        let load = load.split_whitespace().next().unwrap_or("?").to_string();
+        let m = measure(&rt, *mtls, total, sequential);
+        println!(
+            "| {round} | {load} | {} | {} | {:.0} |",
+            if *mtls { "mTLS" } else { "cluster secret" },
+            ms(pct(&m.0, 0.5)),
+            m.1
+        );
+        by_mode[usize::from(*mtls)].push(m);
+    }
+    if by_mode.iter().all(|m| !m.is_empty()) {
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let p50 = |mode: usize| {
+            median(
+                &mut by_mode[mode]
+                    .iter()
+                    .map(|m| pct(&m.0, 0.5).as_secs_f64() * 1e3)
+                    .collect(),
+            )
+        };
+        let rate = |mode: usize| median(&mut by_mode[mode].iter().map(|m| m.1).collect());
+        println!("\n## Machines API with and without mTLS between hosts (issue 15)\n");
+        println!(
+            "`cargo bench -p bazaar --bench api`: {} alternated rounds, medians\n",
+            modes.len() / 2
+        );
+        println!("| between hosts | create→started p50 | creates/s |");
+        println!("|---|---:|---:|");
+        println!(
+            "| cluster secret, plain HTTP | {:.2} ms | {:.0} |",
+            p50(0),
+            rate(0)
+        );
+        println!("| mTLS | {:.2} ms | {:.0} |", p50(1), rate(1));
+        println!(
+            "| mTLS / plain | {:.2} | {:.2} |\n",
+            p50(1) / p50(0),
+            rate(1) / rate(0)
+        );
+    }
+    // The detailed table of the last cluster measured.
+    let (lat, rate, rounds) = by_mode
+        .into_iter()
+        .flatten()
+        .last()
+        .expect("at least one round");
+    println!("## Machines API (issue 4)\n");
+    println!("`cargo bench -p bazaar --bench api`: 3 agents on loopback, one machine (2 cores), release build\n");
+    println!("| measure | result | target |");
+    println!("|---|---|---|");
+    println!(
+        "| create→started p50 (API create + wait, {sequential} sequential) | {} | ≤ 15 ms |",
+        ms(pct(&lat, 0.5))
     );
-    let ca = mtls.then(|| bazaar_pki::ClusterCa::init(ca_dir.path()).unwrap());
-    let agents = start_cluster(std::path::Path::new(EXE), 3, |i, o| {
+    println!("| create→started p99 | {} | ≤ 60 ms |", ms(pct(&lat, 0.99)));
+    println!(
+        "| creates/s sustained ({} creates→started, 32 in flight over 3 nodes) | {:.0} | ≥ 150 |",
+        total - sequential,
+        rate
+    );
+    if !rounds.is_empty() {
+        println!(
+            "| placement round (bids asked → winner chosen) p50 | {} | ≤ 2 ms |",
+            ms(pct(&rounds, 0.5))
+        );
+        println!("| placement round p99 | {} | — |", ms(pct(&rounds, 0.99)));
+    }
+}
+
+fn measure(rt: &tokio::runtime::Runtime, mtls: bool, total: usize, sequential: usize) -> Measured {
+    let configure = |_: usize, o: &mut bazaar_testkit::AgentOptions| {
         o.memory_mb = (total as u64 + 10) * 256;
         o.cpus = total as u32 + 10;
-        match (&ca, i) {
-            (Some(_), 0) => o.extra_args.extend([
-                "--cluster-ca".to_string(),
-                ca_dir.path().display().to_string(),
-                "--host-listen".into(),
-                ca_host.clone(),
-            ]),
-            (Some(ca), _) => {
-                let token = ca.new_join_token(Duration::from_secs(600)).unwrap();
-                o.extra_args.extend([
-                    "--join-token".to_string(),
-                    token.to_string(),
-                    "--join-addr".into(),
-                    ca_host.clone(),
-                    "--host-listen".into(),
-                    "127.0.0.1:0".into(),
-                ]);
-            }
-            (None, _) => {}
-        }
-    })
+    };
+    let exe = std::path::Path::new(EXE);
+    let agents = if mtls {
+        start_cluster(exe, 3, configure)
+    } else {
+        start_plain_cluster(exe, 3, configure)
+    }
     .expect("cluster");
-    println!(
-        "hosts talk over {}",
-        if mtls {
-            "mTLS"
-        } else {
-            "plain HTTP with the cluster secret"
-        }
-    );
     let base = agents[0].url();
     let http = reqwest::Client::new();
     let body = json!({"config": {"image": "process", "driver": "process", "init": {"exec": ["sleep", "1000"]}, "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256}}, "region": "local"});
-    let (lat, rate, rounds) = rt.block_on(async {
+    rt.block_on(async {
         http.post(format!("{base}/v1/apps"))
             .bearer_auth(TEST_SECRET)
             .json(&json!({"app_name": "bench"}))
@@ -166,27 +242,5 @@ fn main() {
         }
         rounds.sort();
         (lat, rate, rounds)
-    });
-    println!("## Machines API (issue 4)\n");
-    println!("`cargo bench -p bazaar --bench api`: 3 agents on loopback, one machine (2 cores), release build\n");
-    println!("| measure | result | target |");
-    println!("|---|---|---|");
-    println!(
-        "| create→started p50 (API create + wait, {sequential} sequential) | {} | ≤ 15 ms |",
-        ms(pct(&lat, 0.5))
-    );
-    println!("| create→started p99 | {} | ≤ 60 ms |", ms(pct(&lat, 0.99)));
-    println!(
-        "| creates/s sustained ({} creates→started, 32 in flight over 3 nodes) | {:.0} | ≥ 150 |",
-        total - sequential,
-        rate
-    );
-    if !rounds.is_empty() {
-        println!(
-            "| placement round (bids asked → winner chosen) p50 | {} | ≤ 2 ms |",
-            ms(pct(&rounds, 0.5))
-        );
-        println!("| placement round p99 | {} | — |", ms(pct(&rounds, 0.99)));
-    }
-    drop(agents);
+    })
 }

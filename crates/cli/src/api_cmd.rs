@@ -18,12 +18,30 @@ pub(crate) struct Conn {
     api_url: String,
     #[arg(long, env = "BAZAAR_TOKEN", hide_env_values = true, global = true)]
     token: Option<String>,
+    /// The cluster CA certificate (PEM) to trust for an API served over HTTPS with a
+    /// certificate of the cluster (`bazaar agent --api-tls`; `bazaar dev` writes its path).
+    #[arg(long, env = "BAZAAR_CA_CERT", global = true)]
+    ca_cert: Option<std::path::PathBuf>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
 }
 
 impl Conn {
+    /// The HTTP client: trusts the cluster CA of `--ca-cert` besides the system's roots.
+    pub(crate) fn http(&self) -> anyhow::Result<reqwest::Client> {
+        let mut builder = reqwest::Client::builder();
+        if let Some(path) = &self.ca_cert {
+            let pem = std::fs::read(path)
+                .with_context(|| format!("reading the CA certificate {}", path.display()))?;
+            builder = builder.tls_certs_merge(
+                reqwest::Certificate::from_pem_bundle(&pem)
+                    .with_context(|| format!("{}: not a PEM certificate", path.display()))?,
+            );
+        }
+        Ok(builder.build()?)
+    }
+
     /// A request to `path` (from the server's root, e.g. `/host/v1/images`) with the token.
     pub(crate) fn request(
         &self,
@@ -35,9 +53,7 @@ impl Conn {
             .clone()
             .context("no token: set BAZAAR_TOKEN (bazaar dev writes it to .bazaar-dev/dev.env) or pass --token")?;
         let url = format!("{}{path}", self.api_url.trim_end_matches('/'));
-        Ok(reqwest::Client::new()
-            .request(method, url)
-            .bearer_auth(token))
+        Ok(self.http()?.request(method, url).bearer_auth(token))
     }
 
     /// The same server, called with `token` instead (the cluster secret, for the host
@@ -46,6 +62,7 @@ impl Conn {
         Conn {
             api_url: self.api_url.clone(),
             token: Some(token),
+            ca_cert: self.ca_cert.clone(),
             json: self.json,
         }
     }
@@ -482,11 +499,7 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
                 c.api_url.trim_end_matches('/'),
                 m(&id, &format!("/logs?follow={follow}"))
             );
-            let mut resp = reqwest::Client::new()
-                .get(url)
-                .bearer_auth(token)
-                .send()
-                .await?;
+            let mut resp = c.http()?.get(url).bearer_auth(token).send().await?;
             if !resp.status().is_success() {
                 bail!("{}", resp.text().await?);
             }
@@ -545,7 +558,8 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
             if let Some(nonce) = release {
                 let token = c.token.clone().context("no token")?;
                 let url = format!("{}/v1{}", c.api_url.trim_end_matches('/'), m(&id, "/lease"));
-                let r = reqwest::Client::new()
+                let r = c
+                    .http()?
                     .delete(url)
                     .bearer_auth(token)
                     .header("fly-machine-lease-nonce", nonce)

@@ -48,6 +48,10 @@ pub struct DevArgs {
     /// CPUs each host offers; default: detected × overcommit.
     #[arg(long)]
     cpus: Option<u32>,
+    /// Serve the Machines API over HTTPS with certificates of the cluster CA (dev.env
+    /// then gives https URLs and `BAZAAR_CA_CERT`).
+    #[arg(long)]
+    api_tls: bool,
 }
 
 /// What `dev` remembers between runs.
@@ -165,6 +169,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
                 cmd.env("BAZAAR_JOIN_TOKEN", token.to_string());
             }
         }
+        if args.api_tls {
+            cmd.arg("--api-tls");
+        }
         if let Some(m) = args.memory_mb {
             cmd.arg("--memory-mb").arg(m.to_string());
         }
@@ -174,21 +181,40 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         let child = cmd.spawn().context("starting an agent")?;
         children.push((i, port, region.clone(), child));
     }
-    let api_url = format!("http://127.0.0.1:{}", args.base_port);
+    let scheme = if args.api_tls { "https" } else { "http" };
+    let api_url = format!("{scheme}://127.0.0.1:{}", args.base_port);
     let proxy_url = format!("http://127.0.0.1:{}", args.proxy_port);
     let proxy_tls_url = format!("https://127.0.0.1:{}", args.proxy_tls_port);
+    let ca_cert = ca_dir.join("ca.crt");
+    // With --api-tls, health is asked over HTTPS, trusting the cluster CA only.
+    let https = if args.api_tls {
+        let pem = std::fs::read(&ca_cert)?;
+        Some(
+            reqwest::Client::builder()
+                .tls_certs_only(reqwest::Certificate::from_pem_bundle(&pem)?)
+                .timeout(Duration::from_secs(2))
+                .build()?,
+        )
+    } else {
+        None
+    };
     for (i, port, _, child) in children.iter_mut() {
-        wait_healthy(*port, child).await.with_context(|| {
-            format!(
-                "host {i} did not start; see {}",
-                dir.join(format!("host-{i}/agent.log")).display()
-            )
-        })?;
+        wait_healthy(*port, child, https.as_ref())
+            .await
+            .with_context(|| {
+                format!(
+                    "host {i} did not start; see {}",
+                    dir.join(format!("host-{i}/agent.log")).display()
+                )
+            })?;
     }
-    let env = format!(
+    let mut env = format!(
         "BAZAAR_API_URL={api_url}\nBAZAAR_PROXY_URL={proxy_url}\nBAZAAR_PROXY_TLS_URL={proxy_tls_url}\nBAZAAR_TOKEN={}\nBAZAAR_CLUSTER_SECRET={}\n",
         org_token, state.cluster_secret
     );
+    if args.api_tls {
+        env.push_str(&format!("BAZAAR_CA_CERT={}\n", ca_cert.display()));
+    }
     bazaar_agent::secrets::write_private(&dir.join("dev.env"), &env)?;
     println!(
         "bazaar dev cluster: {} host(s) in {}",
@@ -196,7 +222,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         dir.display()
     );
     for (i, port, region, _) in &children {
-        println!("  host-{i}  region {region:<8} http://127.0.0.1:{port}");
+        println!("  host-{i}  region {region:<8} {scheme}://127.0.0.1:{port}");
     }
     println!("BAZAAR_API_URL={api_url}");
     println!(
@@ -310,13 +336,25 @@ fn load_or_create_state(dir: &Path) -> anyhow::Result<DevState> {
     Ok(state)
 }
 
-async fn wait_healthy(port: u16, child: &mut tokio::process::Child) -> anyhow::Result<()> {
+async fn wait_healthy(
+    port: u16,
+    child: &mut tokio::process::Child,
+    https: Option<&reqwest::Client>,
+) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(Some(status)) = child.try_wait() {
             anyhow::bail!("agent exited with {status}");
         }
-        if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+        if let Some(https) = https {
+            let health = https
+                .get(format!("https://127.0.0.1:{port}/health"))
+                .send()
+                .await;
+            if health.is_ok_and(|r| r.status().is_success()) {
+                return Ok(());
+            }
+        } else if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let _ = s
                 .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")

@@ -161,6 +161,10 @@ struct AgentArgs {
     /// Address of the edge proxy (default 127.0.0.1:8080).
     #[arg(long)]
     proxy_listen: Option<SocketAddr>,
+    /// Address of the proxy's hop listener, where other hosts' proxies hand it requests
+    /// over mTLS (hosts with a cluster certificate only; default: the proxy's IP, any port).
+    #[arg(long)]
+    proxy_hop_listen: Option<SocketAddr>,
     /// The proxy serves app `a` at `a.<domain>` (default localhost).
     #[arg(long)]
     proxy_domain: Option<String>,
@@ -236,6 +240,16 @@ struct AgentArgs {
     /// the name servers of /etc/resolv.conf).
     #[arg(long = "dns-upstream")]
     dns_upstreams: Vec<SocketAddr>,
+    /// Serve the Machines API over HTTPS, with a certificate of the cluster CA (its SANs:
+    /// the host's name, `localhost` and the listen address) unless one is given.
+    #[arg(long)]
+    api_tls: bool,
+    /// The API's certificate chain (PEM), with --api-tls-key: instead of the cluster CA's.
+    #[arg(long, requires = "api_tls_key")]
+    api_tls_cert: Option<PathBuf>,
+    /// The key of --api-tls-cert (PEM).
+    #[arg(long, requires = "api_tls_cert")]
+    api_tls_key: Option<PathBuf>,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: String,
@@ -384,6 +398,9 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     if let Some(l) = a.proxy_listen {
         config.proxy_listen = l;
     }
+    if a.proxy_hop_listen.is_some() {
+        config.proxy_hop_listen = a.proxy_hop_listen;
+    }
     if let Some(d) = a.proxy_domain {
         config.proxy_domain = d;
     }
@@ -435,6 +452,9 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     if !a.dns_upstreams.is_empty() {
         config.dns_upstreams = a.dns_upstreams;
     }
+    config.api_tls = a.api_tls || a.api_tls_cert.is_some();
+    config.api_tls_cert = a.api_tls_cert;
+    config.api_tls_key = a.api_tls_key;
     if let Some(ms) = a.cert_validity_ms {
         config.cert_validity = std::time::Duration::from_millis(ms.max(1000));
     }

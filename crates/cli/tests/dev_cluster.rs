@@ -46,6 +46,10 @@ async fn host_ids_in_order(base: u16, secret: &str) -> Vec<String> {
 }
 
 fn start_dev(dir: &std::path::Path, base: u16, gossip: u16) -> Child {
+    start_dev_with(dir, base, gossip, &[])
+}
+
+fn start_dev_with(dir: &std::path::Path, base: u16, gossip: u16, extra: &[&str]) -> Child {
     Command::new(EXE)
         .args([
             "dev",
@@ -70,6 +74,7 @@ fn start_dev(dir: &std::path::Path, base: u16, gossip: u16) -> Child {
             "--proxy-tls-port",
             &(base + 30).to_string(),
         ])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -191,4 +196,34 @@ async fn dev_starts_three_hosts_stops_cleanly_and_resumes() {
     let new_pid = back.pid.unwrap();
     stop_dev(dev);
     assert!(!pid_alive(new_pid));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_with_api_tls_serves_https_and_dev_env_points_the_cli_at_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = free_ports(3);
+    let gossip = free_ports(3);
+    let dev = start_dev_with(dir.path(), base, gossip, &["--api-tls"]);
+    let env = read_env(dir.path());
+    let api_url = &env["BAZAAR_API_URL"];
+    assert_eq!(api_url, &format!("https://127.0.0.1:{base}"));
+    let ca_cert = &env["BAZAAR_CA_CERT"];
+    assert!(std::path::Path::new(ca_cert).exists(), "{ca_cert}");
+    // The CLI with dev.env as it is: every host's API, over HTTPS.
+    for i in 0..3 {
+        let out = Command::new(EXE)
+            .args(["apps", "create", &format!("tls{i}")])
+            .env("BAZAAR_API_URL", format!("https://127.0.0.1:{}", base + i))
+            .env("BAZAAR_TOKEN", &env["BAZAAR_TOKEN"])
+            .env("BAZAAR_CA_CERT", ca_cert)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "host {i}: {out:?}");
+    }
+    // Plain HTTP is refused.
+    let r = reqwest::get(format!("http://127.0.0.1:{base}/v1/apps"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::BAD_REQUEST);
+    stop_dev(dev);
 }

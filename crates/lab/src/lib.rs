@@ -1,6 +1,8 @@
 //! `bazaar lab`: a fleet of N hosts on one Linux machine. Each host is a network namespace
 //! with one address on a lab bridge (a private subnet the lab creates and removes) and one
-//! `bazaar agent` inside it; its shims and workloads run in that namespace too. Faults are
+//! `bazaar agent` inside it; its shims and workloads run in that namespace too. The hosts
+//! talk over mTLS: h1 holds the cluster CA (`DIR/ca`), the others join it with one-time
+//! tokens, as `bazaar dev`'s hosts do. Faults are
 //! injected per host: partitions and packet loss (nftables in the host's namespace),
 //! freeze/thaw (SIGSTOP/SIGCONT of the agent), kill (agent only), crash (power loss:
 //! everything of the host), restart, upgrade (another binary), a full disk.
@@ -27,6 +29,7 @@ pub use procs::{AgentState, ProcId};
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -40,6 +43,8 @@ pub const ENV_FILE: &str = "lab.env";
 const MACHINE_LOCK: &str = "/run";
 /// How long an agent has to answer `/health` after it starts.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Each host's host listener (mTLS between hosts), on its address.
+const HOST_LISTEN_PORT: u16 = 4480;
 
 /// What `lab up` is asked for.
 #[derive(Debug, Clone)]
@@ -213,6 +218,8 @@ impl Lab {
             &format!("{}\n", self.state.token),
         )?;
         std::fs::create_dir_all(self.dir.join("logs"))?;
+        // The cluster's CA, held by h1; the others join with one-time tokens.
+        bazaar_pki::ClusterCa::init(&self.ca_dir())?;
         for h in self.state.plan.hosts.clone() {
             let data = self.data_dir(&h);
             std::fs::create_dir_all(&data)?;
@@ -617,13 +624,41 @@ impl Lab {
         left
     }
 
+    /// The cluster CA's directory (h1 holds it).
+    fn ca_dir(&self) -> PathBuf {
+        self.dir.join("ca")
+    }
+
     fn spawn_agent(&mut self, h: &HostPlan) -> anyhow::Result<()> {
-        let args = self.state.plan.agent_args(
+        let mut args = self.state.plan.agent_args(
             h,
             &self.state.agent,
             &self.data_dir(h),
             &self.dir.join("api-tokens"),
         );
+        // Hosts talk over mTLS, as `bazaar dev`'s do: h1 holds the CA, the others join it
+        // (once: a host keeps its certificate in its data dir).
+        let first = &self.state.plan.hosts[0];
+        let host_listen = |h: &HostPlan| SocketAddr::from((h.addr, HOST_LISTEN_PORT));
+        args.extend(["--host-listen".to_string(), host_listen(h).to_string()]);
+        let mut join_token = None;
+        if h.index == first.index {
+            args.extend([
+                "--cluster-ca".to_string(),
+                self.ca_dir().display().to_string(),
+            ]);
+        } else {
+            args.extend(["--join-addr".to_string(), host_listen(first).to_string()]);
+            if !self
+                .data_dir(h)
+                .join("tls")
+                .join(bazaar_pki::HOST_FILE)
+                .exists()
+            {
+                let ca = bazaar_pki::ClusterCa::open(&self.ca_dir())?;
+                join_token = Some(ca.new_join_token(Duration::from_secs(600))?.to_string());
+            }
+        }
         let exe = self.state.hosts[h.index - 1].exe.clone();
         let log_level = std::env::var("BAZAAR_LOG").unwrap_or_else(|_| "info".into());
         let agent = procs::spawn_in_netns(
@@ -633,7 +668,10 @@ impl Lab {
             &[
                 ("BAZAAR_CLUSTER_SECRET", self.state.cluster_secret.as_str()),
                 ("BAZAAR_LOG", log_level.as_str()),
-            ],
+            ]
+            .into_iter()
+            .chain(join_token.as_deref().map(|t| ("BAZAAR_JOIN_TOKEN", t)))
+            .collect::<Vec<_>>(),
             &self.log_file(h),
         )?;
         self.state.hosts[h.index - 1].agent = Some(agent);

@@ -207,6 +207,36 @@ impl ClusterCa {
         self.issue(request, host_id, validity)
     }
 
+    /// A server certificate for the Machines API of `host_id` (`--api-tls`): its host name,
+    /// `localhost` and the addresses `ips`; server auth only, so it cannot pass for a host
+    /// between hosts. The caller checked that the request comes from `host_id` and that the
+    /// addresses are its own.
+    pub fn issue_api(
+        &self,
+        host_id: &str,
+        csr_pem: &str,
+        ips: &[std::net::IpAddr],
+        validity: Duration,
+    ) -> anyhow::Result<String> {
+        let request = self.check_request(host_id, csr_pem)?;
+        anyhow::ensure!(
+            self.host_marker(host_id).exists(),
+            "host {host_id} never joined this cluster"
+        );
+        let mut names = vec![
+            SanType::DnsName(host_dns_name(host_id).try_into()?),
+            SanType::DnsName("localhost".try_into()?),
+        ];
+        names.extend(ips.iter().map(|ip| SanType::IpAddress(*ip)));
+        let mut params = CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, host_id);
+        params.subject_alt_names = names;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        self.sign_certificate(request, params, validity)
+    }
+
     pub(crate) fn host_marker(&self, host_id: &str) -> PathBuf {
         self.dir.join("hosts").join(host_id)
     }
@@ -238,6 +268,15 @@ impl ClusterCa {
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
+        self.sign_certificate(request, params, validity)
+    }
+
+    fn sign_certificate(
+        &self,
+        request: CertificateSigningRequestParams,
+        mut params: CertificateParams,
+        validity: Duration,
+    ) -> anyhow::Result<String> {
         params.use_authority_key_identifier_extension = true;
         let now = time::OffsetDateTime::now_utc();
         params.not_before = now - BACKDATE;

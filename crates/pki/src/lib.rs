@@ -19,7 +19,7 @@ pub use ca::{ClusterCa, DEFAULT_CERT_VALIDITY};
 pub use host::{HostIdentity, HostRequest, HOST_FILE};
 pub use tls::{
     catalog_client_config, catalog_server_config, client_config, join_client_config, peer_host_id,
-    server_config, IdentityHandle,
+    peer_server_config, server_config, IdentityHandle,
 };
 pub use token::JoinToken;
 
@@ -57,6 +57,12 @@ pub fn ca_fingerprint(ca_pem: &str) -> anyhow::Result<String> {
         der.first()
             .ok_or_else(|| anyhow::anyhow!("no certificate"))?,
     ))
+}
+
+/// The host id the (first) certificate of a PEM text names, e.g. of `DATA/tls/host.pem`.
+pub fn host_id_of_pem(pem: &str) -> Option<String> {
+    let der = host::pem_certs(pem).ok()?.into_iter().next()?;
+    peer_host_id(&[rustls::pki_types::CertificateDer::from(der)])
 }
 
 /// Writes `contents` to `path` readable by its owner only (0600), replacing it atomically.

@@ -335,3 +335,21 @@ impl ServerCertVerifier for PinnedCa {
             .supported_schemes()
     }
 }
+
+/// The server side of a listener only hosts may use (the proxy's hop listener): presents
+/// this host's certificate and refuses, in the handshake, a client without a certificate
+/// the CA signed. The peer's host id is then [`peer_host_id`] of its chain.
+pub fn peer_server_config(
+    identity: &IdentityHandle,
+    ca_pem: &str,
+) -> anyhow::Result<Arc<ServerConfig>> {
+    let provider = Arc::new(provider());
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(roots(ca_pem)?, provider.clone()).build()?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(Arc::new(identity.clone()));
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}

@@ -5,6 +5,7 @@
 use crate::balance::{self, Availability, Candidate, Choice};
 use crate::body::{Guard, RespBody};
 use crate::h1;
+use crate::hop_tls::Upstream;
 use crate::metrics::{AppLabel, KindLabels};
 use crate::pool::SendError;
 use crate::request::{
@@ -50,6 +51,7 @@ pub(crate) fn spawn_server_thread(
     i: usize,
     shared: Arc<Shared>,
     listener: std::net::TcpListener,
+    hop_listener: Option<std::net::TcpListener>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -59,6 +61,10 @@ pub(crate) fn spawn_server_thread(
         .name(format!("proxy-{i}"))
         .spawn(move || {
             rt.block_on(async move {
+                if let Some(hop) = hop_listener {
+                    let local = Arc::new(crate::Local(shared.clone()));
+                    crate::hop_tls::spawn_listener(local, hop, shutdown.clone());
+                }
                 match tokio::net::TcpListener::from_std(listener) {
                     Ok(l) => serve(shared, l, shutdown).await,
                     Err(err) => tracing::error!(error = %err, "proxy listener"),
@@ -200,6 +206,13 @@ pub(crate) async fn handle_parts(
     body: ClientBody,
 ) -> Response<RespBody> {
     if let Some(token) = req.headers.get(&HOP_TOKEN) {
+        if shared.hop_tls.is_some() {
+            // Hops to a host with a certificate come over mTLS, to its hop listener.
+            return reply(
+                StatusCode::FORBIDDEN,
+                "bazaar proxy: hops to this host go over mTLS",
+            );
+        }
         if bazaar_agent::secrets::constant_time_eq(token.as_bytes(), shared.secret.as_bytes()) {
             return serve_hop(shared, req, body).await;
         }
@@ -480,11 +493,11 @@ impl Answer {
     }
 }
 
-/// One attempt at exchanging `prepared` with `addr` (plus `hop` headers): on the fast
+/// One attempt at exchanging `prepared` with `up` (plus `hop` headers): on the fast
 /// path when its body is buffered and it asks for no upgrade, through hyper otherwise.
 /// `None` when its streamed body was already used by an earlier attempt.
 async fn exchange(
-    addr: std::net::SocketAddr,
+    up: Upstream<'_>,
     prepared: &mut Prepared,
     hop: &[(HeaderName, HeaderValue)],
 ) -> Option<Result<Answer, SendError>> {
@@ -498,7 +511,7 @@ async fn exchange(
                 hop,
                 body,
             };
-            return Some(h1::send(addr, &ex).await.map(Answer::Fast));
+            return Some(h1::send(up, &ex).await.map(Answer::Fast));
         }
     }
     let uri = origin_uri(&prepared.parts);
@@ -506,7 +519,7 @@ async fn exchange(
     for (name, value) in hop {
         req.headers_mut().insert(name.clone(), value.clone());
     }
-    Some(crate::pool::send(addr, req).await.map(Answer::Hyper))
+    Some(crate::pool::send(up, req).await.map(Answer::Hyper))
 }
 
 /// Sends to a machine of this host, counting it against the machine's hard limit.
@@ -524,7 +537,7 @@ async fn send_local(shared: &Arc<Local>, b: &Backend, prepared: &mut Prepared) -
     b.load
         .last_active_ms
         .store(crate::coarse_now_ms(), Ordering::SeqCst);
-    let Some(result) = exchange(b.addr, prepared, &[]).await else {
+    let Some(result) = exchange(Upstream::plain(b.addr), prepared, &[]).await else {
         return Attempt::Retry { failed: true };
     };
     match result {
@@ -584,9 +597,22 @@ async fn send_remote(
     prepared: &mut Prepared,
     wake: bool,
 ) -> Attempt {
-    let Some(hop) = b.hop else {
-        return Attempt::Retry { failed: true };
+    // Over mTLS to the owner's hop listener when both hosts have certificates, else to
+    // its proxy port with the cluster secret.
+    let (up, secret) = match (&shared.hop_tls, b.hop_tls, &b.hop_name) {
+        (Some(tls), Some(addr), Some(name)) => (
+            Upstream {
+                addr,
+                tls: Some((&tls.connector, name)),
+            },
+            None,
+        ),
+        _ => match b.hop {
+            Some(addr) => (Upstream::plain(addr), Some(&shared.secret)),
+            None => return Attempt::Retry { failed: true },
+        },
     };
+    let hop = up.addr;
     // This proxy's own share of the machine's load: never above its hard limit either.
     if !b.load.try_admit(b.limits.hard) {
         return Attempt::Retry { failed: false };
@@ -597,7 +623,7 @@ async fn send_remote(
         gauge: None,
     };
     let mut extra = Vec::with_capacity(3);
-    if let Ok(v) = HeaderValue::from_str(&shared.secret) {
+    if let Some(Ok(v)) = secret.map(|s| HeaderValue::from_str(s)) {
         extra.push((HOP_TOKEN, v));
     }
     if let Ok(v) = HeaderValue::from_str(&b.id) {
@@ -606,7 +632,7 @@ async fn send_remote(
     if wake {
         extra.push((HOP_WAKE, HeaderValue::from_static("1")));
     }
-    let Some(result) = exchange(hop, prepared, &extra).await else {
+    let Some(result) = exchange(up, prepared, &extra).await else {
         return Attempt::Retry { failed: true };
     };
     match result {
@@ -689,7 +715,7 @@ pub(crate) async fn ready_for_hop(
 }
 
 /// The owner side of a hop: deliver to one machine of this host, or say why not.
-async fn serve_hop(
+pub(crate) async fn serve_hop(
     shared: Arc<Local>,
     req: http::request::Parts,
     body: ClientBody,

@@ -6,7 +6,8 @@
 //!   least loaded by in-flight requests, above the soft limit only when all are, never above
 //!   the hard limit; a request nothing can take waits (bounded), then gets a 503.
 //! - Two hops, as on Fly: a machine of this host is reached directly; a machine of another
-//!   host through that host's proxy (`proxy_addr` label of its host record), which counts
+//!   host through that host's proxy (`proxy_addr` label of its host record; over mTLS to
+//!   its hop listener, `proxy_hop_addr`, when both hosts have certificates: `hop_tls.rs`), which counts
 //!   every request its machines serve, so hard limits and drains hold cluster-wide. A hop
 //!   that could not deliver answers with `bazaar-proxy-retry`, and the first proxy tries
 //!   another machine.
@@ -34,6 +35,7 @@ pub mod balance;
 mod body;
 mod certs;
 mod h1;
+mod hop_tls;
 mod http;
 pub mod metrics;
 mod pool;
@@ -99,6 +101,8 @@ pub(crate) struct Shared {
     pub certs: bazaar_certs::CertStore,
     /// Where the HTTPS listener is.
     pub tls_addr: SocketAddr,
+    /// Hops over mTLS (`hop_tls.rs`), when this host has a cluster certificate.
+    pub hop_tls: Option<hop_tls::HopTls>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -212,7 +216,8 @@ impl Shared {
 }
 
 impl Proxy {
-    /// Binds the agent's `proxy_listen` address, writes `data_dir/proxy.addr`, publishes
+    /// Binds the agent's `proxy_listen` address (and, with a cluster certificate, the hop
+    /// listener: `data_dir/proxy-hop.addr`), writes `data_dir/proxy.addr`, publishes
     /// the address in the host record and serves until the agent shuts down. Needs the
     /// agent's catalog attached. Must be called inside the tokio runtime.
     pub fn start(agent: Agent) -> anyhow::Result<Proxy> {
@@ -252,6 +257,25 @@ impl Proxy {
             agent.shutdown_token(),
         );
         let tls_config = tls::server_config(certs.clone())?;
+        // The hop listener, when this host has a certificate: one socket per thread too.
+        let hop_tls = match agent.host_link() {
+            Some(link) => Some(hop_tls::HopTls::new(&link.tls)?),
+            None => None,
+        };
+        let mut hop_listeners = Vec::new();
+        if hop_tls.is_some() {
+            let hop_addr = config
+                .proxy_hop_listen
+                .unwrap_or(SocketAddr::new(config.proxy_listen.ip(), 0));
+            let first = bind_reuseport(hop_addr)
+                .with_context(|| format!("binding the proxy hop listener on {hop_addr}"))?;
+            let hop_addr = first.local_addr()?;
+            hop_listeners.push(first);
+            for _ in 1..threads {
+                hop_listeners.push(bind_reuseport(hop_addr)?);
+            }
+        }
+        let hop_addr = hop_listeners.first().map(|l| l.local_addr()).transpose()?;
         let domain = config.proxy_domain.trim_matches('.').to_ascii_lowercase();
         let shared = Arc::new(Shared {
             host_id: agent.host_id().to_string(),
@@ -274,6 +298,7 @@ impl Proxy {
             local_addr,
             certs,
             tls_addr,
+            hop_tls,
             catalog,
             agent: agent.clone(),
         });
@@ -282,10 +307,16 @@ impl Proxy {
             .context("writing proxy.addr")?;
         std::fs::write(config.data_dir.join("proxy-tls.addr"), tls_addr.to_string())
             .context("writing proxy-tls.addr")?;
+        if let Some(hop_addr) = hop_addr {
+            std::fs::write(config.data_dir.join("proxy-hop.addr"), hop_addr.to_string())
+                .context("writing proxy-hop.addr")?;
+        }
         let shutdown = agent.shutdown_token();
         spawn_table_refresh(shared.clone(), shutdown.clone());
+        let mut hop_listeners = hop_listeners.into_iter();
         for (i, listener) in listeners.into_iter().enumerate() {
-            http::spawn_server_thread(i, shared.clone(), listener, shutdown.clone())?;
+            let hop = hop_listeners.next();
+            http::spawn_server_thread(i, shared.clone(), listener, hop, shutdown.clone())?;
         }
         for (i, listener) in tls_listeners.into_iter().enumerate() {
             tls::spawn_server_thread(
@@ -300,7 +331,12 @@ impl Proxy {
         tcp::spawn(shared.clone(), config.proxy_listen.ip(), shutdown);
         {
             let agent = agent.clone();
-            tokio::spawn(async move { agent.set_proxy_addr(local_addr).await });
+            tokio::spawn(async move {
+                if let Some(hop_addr) = hop_addr {
+                    agent.set_proxy_hop_addr(hop_addr).await;
+                }
+                agent.set_proxy_addr(local_addr).await
+            });
         }
         tracing::info!(proxy.addr = %local_addr, proxy.tls_addr = %tls_addr, domain = %domain, "proxy listening");
         Ok(Proxy(shared))

@@ -7,6 +7,7 @@
 //! proxy thread owns its connections.
 
 use crate::body::ReqBody;
+use crate::hop_tls::Upstream;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
@@ -129,9 +130,10 @@ pub(crate) async fn connect_tcp(addr: SocketAddr) -> Result<tokio::net::TcpStrea
     Ok(stream)
 }
 
-/// A new connection to `addr`, its connection task spawned on this thread.
-async fn connect(addr: SocketAddr) -> Result<SendRequest<ReqBody>, SendError> {
-    let stream = connect_tcp(addr).await?;
+/// A new connection to `up`, its connection task spawned on this thread.
+async fn connect(up: Upstream<'_>) -> Result<SendRequest<ReqBody>, SendError> {
+    let addr = up.addr;
+    let stream = crate::hop_tls::connect(up).await?;
     let (tx, conn) = hyper::client::conn::http1::Builder::new()
         .handshake(TokioIo::new(stream))
         .await
@@ -144,17 +146,18 @@ async fn connect(addr: SocketAddr) -> Result<SendRequest<ReqBody>, SendError> {
     Ok(tx)
 }
 
-/// Sends `req` (origin-form URI, `Host` set) to `addr` over a pooled connection, or a new
+/// Sends `req` (origin-form URI, `Host` set) to `up` over a pooled connection, or a new
 /// one. A request a reused connection could not take (it closed meanwhile) is sent on
 /// another.
 pub(crate) async fn send(
-    addr: SocketAddr,
+    up: Upstream<'_>,
     mut req: Request<ReqBody>,
 ) -> Result<Response<Incoming>, SendError> {
+    let addr = up.addr;
     loop {
         let (mut tx, reused) = match checkout(addr) {
             Some(tx) => (tx, true),
-            None => (connect(addr).await?, false),
+            None => (connect(up).await?, false),
         };
         match tx.try_send_request(req).await {
             Ok(resp) => {

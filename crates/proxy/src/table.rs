@@ -96,6 +96,10 @@ pub struct Backend {
     pub addr: SocketAddr,
     /// The owning host's proxy, for machines of other hosts.
     pub hop: Option<SocketAddr>,
+    /// The owning host's hop listener (mTLS), when it has a cluster certificate.
+    pub hop_tls: Option<SocketAddr>,
+    /// The name the owning host's certificate carries (`<host id>.hosts.bazaar.internal`).
+    pub hop_name: Option<rustls::pki_types::ServerName<'static>>,
     pub limits: Limits,
     pub load: Arc<Load>,
 }
@@ -162,6 +166,13 @@ pub fn http_service(m: &MachineRecord) -> Option<&ServiceRecord> {
         .or_else(|| m.services.iter().find(|s| s.service.ports.is_empty()))
 }
 
+/// How a host's proxy is reached by other hosts' proxies.
+struct HostHops {
+    plain: Option<SocketAddr>,
+    tls: Option<SocketAddr>,
+    name: Option<rustls::pki_types::ServerName<'static>>,
+}
+
 /// Builds the table from the catalog. `loads` keeps the counters of machines across
 /// rebuilds (and loses those of machines that are gone).
 pub fn build(
@@ -170,16 +181,20 @@ pub fn build(
     region: &str,
     loads: &Mutex<HashMap<String, Arc<Load>>>,
 ) -> Table {
-    let hosts: HashMap<String, Option<SocketAddr>> = catalog
+    let hosts: HashMap<String, HostHops> = catalog
         .hosts()
         .into_iter()
         .map(|h| {
-            let hop = h
-                .record
-                .labels
-                .get("proxy_addr")
-                .and_then(|a| a.parse().ok());
-            (h.record.id, hop)
+            let label = |name: &str| h.record.labels.get(name).and_then(|a| a.parse().ok());
+            let hops = HostHops {
+                plain: label("proxy_addr"),
+                tls: label(bazaar_agent::publish::PROXY_HOP_ADDR_LABEL),
+                name: rustls::pki_types::ServerName::try_from(bazaar_pki::host_dns_name(
+                    &h.record.id,
+                ))
+                .ok(),
+            };
+            (h.record.id, hops)
         })
         .collect();
     let mut apps: HashMap<String, AppRoute> = catalog
@@ -253,7 +268,9 @@ pub fn build(
                 distance,
                 local,
                 addr: SocketAddr::new(ip, svc.port),
-                hop: hosts.get(&m.host_id).copied().flatten(),
+                hop: hosts.get(&m.host_id).and_then(|h| h.plain),
+                hop_tls: hosts.get(&m.host_id).and_then(|h| h.tls),
+                hop_name: hosts.get(&m.host_id).and_then(|h| h.name.clone()),
                 limits: Limits::of(&svc.service),
                 load,
             }))

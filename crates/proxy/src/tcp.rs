@@ -13,6 +13,7 @@
 
 use crate::balance::{self, Availability, Candidate, Choice};
 use crate::body::{Guard, RespBody};
+use crate::hop_tls::{Stream, Upstream};
 use crate::http::{retry_reply, HOP_MACHINE, HOP_TOKEN, HOP_WAKE};
 use crate::metrics::{AppLabel, KindLabels};
 use crate::table::{Backend, RouteState};
@@ -151,13 +152,12 @@ async fn serve(shared: Arc<Shared>, port: u16, mut client: TcpStream) {
         let connected = if b.local {
             TcpStream::connect(b.addr)
                 .await
-                .map(|upstream| (upstream, Vec::new()))
+                .map(|upstream| (Stream::Plain(upstream), Vec::new()))
         } else {
             hop_connect(&shared, &b, port, wake).await
         };
         match connected {
             Ok((mut upstream, early)) => {
-                let _ = upstream.set_nodelay(true);
                 if b.local {
                     count_delivered(&shared, &app);
                 }
@@ -196,29 +196,44 @@ fn count_delivered(shared: &Shared, app: &str) {
         .inc();
 }
 
-/// Opens a connection to machine `b` of another host through that host's proxy. Returns
-/// the stream and any bytes the machine already sent after the owner's `101` head.
+/// Opens a connection to machine `b` of another host through that host's proxy (over
+/// mTLS to its hop listener when both hosts have certificates, else with the cluster
+/// secret). Returns the stream and any bytes the machine already sent after the owner's
+/// `101` head.
 async fn hop_connect(
     shared: &Shared,
     b: &Backend,
     port: u16,
     wake: bool,
-) -> std::io::Result<(TcpStream, Vec<u8>)> {
-    let hop = b
-        .hop
-        .ok_or_else(|| std::io::Error::other("the machine's host has no proxy address"))?;
-    let mut stream = TcpStream::connect(hop).await?;
-    let _ = stream.set_nodelay(true);
+) -> std::io::Result<(Stream, Vec<u8>)> {
+    let up = match (&shared.hop_tls, b.hop_tls, &b.hop_name) {
+        (Some(tls), Some(addr), Some(name)) => Upstream {
+            addr,
+            tls: Some((&tls.connector, name)),
+        },
+        _ => Upstream::plain(
+            b.hop
+                .ok_or_else(|| std::io::Error::other("the machine's host has no proxy address"))?,
+        ),
+    };
+    let hop = up.addr;
+    let mut stream = crate::hop_tls::connect(up)
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
     let mut head = format!(
         "GET / HTTP/1.1\r\nhost: {hop}\r\nconnection: upgrade\r\nupgrade: {TCP_PROTOCOL}\r\n\
-         {HOP_TOKEN}: {}\r\n{HOP_MACHINE}: {}\r\n{HOP_TCP_PORT}: {port}\r\n",
-        shared.secret, b.id
+         {HOP_MACHINE}: {}\r\n{HOP_TCP_PORT}: {port}\r\n",
+        b.id
     );
+    if up.tls.is_none() {
+        head.push_str(&format!("{HOP_TOKEN}: {}\r\n", shared.secret));
+    }
     if wake {
         head.push_str(&format!("{HOP_WAKE}: 1\r\n"));
     }
     head.push_str("\r\n");
     stream.write_all(head.as_bytes()).await?;
+    stream.flush().await?;
     // The owner may take a while when it wakes the machine first.
     let answer = tokio::time::timeout(crate::WAKE_TIMEOUT + Duration::from_secs(5), async {
         let mut buf = Vec::with_capacity(512);

@@ -1,6 +1,9 @@
 //! Test kit: starts real `bazaar agent` processes on loopback ports with temporary data
 //! directories, so tests and benchmarks can create machines through the host interface,
-//! SIGKILL an agent at any moment and start it again on the same data and port.
+//! SIGKILL an agent at any moment and start it again on the same data and port. A cluster
+//! ([`start_cluster`]) has a cluster CA held by its first host, the others joining with
+//! one-time tokens, as `bazaar dev` does: hosts talk over mTLS
+//! ([`start_plain_cluster`] for the old path with the cluster secret alone).
 
 mod fly;
 pub mod images;
@@ -63,6 +66,8 @@ pub struct TestAgent {
     proxy_port: u16,
     /// The agent's host id, read once it is up (its machines' cgroups are named after it).
     host_id: Option<String>,
+    /// The cluster CA's directory, held by the first agent of a cluster with certificates.
+    cluster_ca: Option<tempfile::TempDir>,
 }
 
 impl TestAgent {
@@ -97,6 +102,7 @@ impl TestAgent {
             gossip_port: free_port(std::net::Ipv4Addr::LOCALHOST),
             proxy_port: 0,
             host_id: None,
+            cluster_ca: None,
         };
         // A port found free may be taken by a test alongside before the agent binds it:
         // a first start that finds one taken tries fresh ports.
@@ -173,7 +179,14 @@ impl TestAgent {
                         self.proxy_port = p.trim().parse::<std::net::SocketAddr>()?.port();
                     }
                     if self.host_id.is_none() {
-                        self.host_id = fetch_host_id(self.port);
+                        // An API served over HTTPS (`--api-tls`): the certificate names it.
+                        self.host_id = fetch_host_id(self.port).or_else(|| {
+                            let pem = std::fs::read_to_string(
+                                self.data_dir.join("tls").join(bazaar_pki::HOST_FILE),
+                            )
+                            .ok()?;
+                            bazaar_pki::host_id_of_pem(&pem)
+                        });
                     }
                     break;
                 }
@@ -195,6 +208,30 @@ impl TestAgent {
             std::thread::sleep(Duration::from_millis(10));
         }
         Ok(())
+    }
+
+    /// The directory of the cluster CA this agent holds (the first agent of a cluster
+    /// started with certificates).
+    pub fn cluster_ca_dir(&self) -> Option<&Path> {
+        self.cluster_ca.as_ref().map(|d| d.path())
+    }
+
+    /// The address of the agent's host listener (mTLS), when it has a cluster certificate.
+    pub fn host_listen_addr(&self) -> Option<std::net::SocketAddr> {
+        std::fs::read_to_string(self.data_dir.join("host.addr"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// The address of the proxy's hop listener (mTLS), when the agent has a certificate.
+    pub fn proxy_hop_addr(&self) -> Option<std::net::SocketAddr> {
+        std::fs::read_to_string(self.data_dir.join("proxy-hop.addr"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 
     /// The agent's gossip address (to join through).
@@ -389,13 +426,43 @@ fn fetch_host_id(port: u16) -> Option<String> {
     info["id"].as_str().map(str::to_string)
 }
 
-/// Starts `n` agents that form one cluster: the first alone, the others joining it.
-/// `configure` adjusts each agent's options (by index) before it starts.
+/// Starts `n` agents that form one cluster: the first alone, holding a new cluster CA,
+/// the others joining it with one-time tokens (hosts call each other, hop and sync over
+/// mTLS). `configure` adjusts each agent's options (by index) before it starts.
 pub fn start_cluster(
     exe: &Path,
     n: usize,
+    configure: impl FnMut(usize, &mut AgentOptions),
+) -> anyhow::Result<Vec<TestAgent>> {
+    start_cluster_with(exe, n, true, configure)
+}
+
+/// [`start_cluster`] without certificates: the hosts authenticate each other with the
+/// cluster secret alone, over plain HTTP (the old path, for the tests of it).
+pub fn start_plain_cluster(
+    exe: &Path,
+    n: usize,
+    configure: impl FnMut(usize, &mut AgentOptions),
+) -> anyhow::Result<Vec<TestAgent>> {
+    start_cluster_with(exe, n, false, configure)
+}
+
+fn start_cluster_with(
+    exe: &Path,
+    n: usize,
+    certificates: bool,
     mut configure: impl FnMut(usize, &mut AgentOptions),
 ) -> anyhow::Result<Vec<TestAgent>> {
+    let ca_dir = if certificates {
+        Some(tempfile::Builder::new().prefix("bazaar-ca-").tempdir()?)
+    } else {
+        None
+    };
+    let ca = match &ca_dir {
+        Some(dir) => Some(bazaar_pki::ClusterCa::init(dir.path())?),
+        None => None,
+    };
+    let ca_listen = format!("127.0.0.1:{}", free_port(std::net::Ipv4Addr::LOCALHOST));
     let mut agents: Vec<TestAgent> = Vec::new();
     for i in 0..n {
         let mut opts = AgentOptions::new(exe);
@@ -406,8 +473,31 @@ pub fn start_cluster(
             opts.extra_args.push("--join".into());
             opts.extra_args.push(first.gossip_addr());
         }
+        if let (Some(ca), Some(dir)) = (&ca, &ca_dir) {
+            if i == 0 {
+                opts.extra_args.extend([
+                    "--cluster-ca".to_string(),
+                    dir.path().display().to_string(),
+                    "--host-listen".into(),
+                    ca_listen.clone(),
+                ]);
+            } else {
+                let token = ca.new_join_token(Duration::from_secs(600))?;
+                opts.extra_args.extend([
+                    "--join-addr".to_string(),
+                    ca_listen.clone(),
+                    "--host-listen".into(),
+                    "127.0.0.1:0".into(),
+                ]);
+                opts.env
+                    .push(("BAZAAR_JOIN_TOKEN".to_string(), token.to_string()));
+            }
+        }
         configure(i, &mut opts);
         agents.push(TestAgent::start(opts)?);
+    }
+    if let Some(first) = agents.first_mut() {
+        first.cluster_ca = ca_dir;
     }
     Ok(agents)
 }

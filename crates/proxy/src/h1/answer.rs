@@ -4,6 +4,7 @@
 //! or until close), the connection going back to the pool when it ends.
 
 use super::checkin;
+use crate::hop_tls::Stream;
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, StatusCode};
@@ -12,7 +13,6 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
-use tokio::net::TcpStream;
 
 /// Most response headers accepted.
 const MAX_HEADERS: usize = 128;
@@ -163,7 +163,7 @@ impl std::fmt::Debug for FastBody {
 /// The rest of a body still on its connection.
 pub(crate) struct Streaming {
     pub(super) addr: SocketAddr,
-    pub(super) stream: TcpStream,
+    pub(super) stream: Stream,
     pub(super) buf: BytesMut,
     pub(super) framing: Framing,
     pub(super) keep_alive: bool,
@@ -173,15 +173,7 @@ impl Streaming {
     /// Reads more into `buf`: the number of bytes (0 at the end of the stream).
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         self.buf.reserve(16 * 1024);
-        loop {
-            match self.stream.try_read_buf(&mut self.buf) {
-                Ok(n) => return Poll::Ready(Ok(n)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    ready!(self.stream.poll_read_ready(cx))?;
-                }
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
+        self.stream.poll_read_buf(cx, &mut self.buf)
     }
 
     /// The next piece of the body: `None` at its end.

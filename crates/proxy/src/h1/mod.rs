@@ -18,6 +18,7 @@
 mod answer;
 pub(crate) mod server;
 
+use crate::hop_tls::{Stream, Upstream};
 use crate::pool::SendError;
 pub(crate) use answer::FastBody;
 use answer::Streaming;
@@ -30,10 +31,8 @@ pub use server::{read_request_head, RequestHead};
 use std::cell::RefCell;
 use std::io;
 use std::net::SocketAddr;
-use std::task::Context;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// Idle connections older than this are closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -117,7 +116,7 @@ impl Exchange<'_> {
 
 /// A kept connection to a machine.
 struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     /// Bytes read from it and not yet used.
     buf: BytesMut,
     /// When it was last handed back ([`crate::coarse_monotonic_ms`]).
@@ -133,8 +132,8 @@ fn checkout(addr: SocketAddr) -> Option<Conn> {
     IDLE.with(|idle| {
         let mut idle = idle.borrow_mut();
         let conns = idle.get_mut(&addr)?;
-        while let Some(conn) = conns.pop() {
-            if !expired(conn.since_ms) && still_open(&conn.stream) {
+        while let Some(mut conn) = conns.pop() {
+            if !expired(conn.since_ms) && conn.stream.still_open() {
                 return Some(conn);
             }
         }
@@ -147,18 +146,8 @@ fn expired(since_ms: u64) -> bool {
     crate::coarse_monotonic_ms().saturating_sub(since_ms) >= IDLE_TIMEOUT.as_millis() as u64
 }
 
-/// Whether an idle connection is still open: the machine has neither closed it nor sent
-/// anything unasked. Costs a system call only when the socket was last seen readable.
-fn still_open(stream: &TcpStream) -> bool {
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    if stream.poll_read_ready(&mut cx).is_pending() {
-        return true;
-    }
-    matches!(stream.try_read(&mut [0u8; 1]), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-}
-
 /// Keeps a connection whose last exchange ended cleanly.
-pub(super) fn checkin(addr: SocketAddr, stream: TcpStream, buf: BytesMut) {
+pub(super) fn checkin(addr: SocketAddr, stream: Stream, buf: BytesMut) {
     if !buf.is_empty() {
         // The machine sent more than its answer: the connection is out of step.
         return;
@@ -187,17 +176,18 @@ pub(crate) fn sweep() {
     });
 }
 
-/// Sends `ex` to `addr` and reads the answer's head; the body follows in the response.
+/// Sends `ex` to `up` and reads the answer's head; the body follows in the response.
 pub(crate) async fn send(
-    addr: SocketAddr,
+    up: Upstream<'_>,
     ex: &Exchange<'_>,
 ) -> Result<Response<FastBody>, SendError> {
+    let addr = up.addr;
     let wire = ex.encode();
     loop {
         let (conn, reused) = match checkout(addr) {
             Some(c) => (c, true),
             None => {
-                let stream = crate::pool::connect_tcp(addr).await?;
+                let stream = crate::hop_tls::connect(up).await?;
                 let conn = Conn {
                     stream,
                     buf: BytesMut::with_capacity(8 * 1024),
@@ -247,6 +237,8 @@ async fn exchange(
         if ex.body.len() > INLINE_BODY {
             conn.stream.write_all(ex.body).await?;
         }
+        // Sends what TLS still holds (nothing to do on plain TCP).
+        conn.stream.flush().await?;
         io::Result::Ok(())
     };
     if write.await.is_err() {
