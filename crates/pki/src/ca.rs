@@ -223,6 +223,7 @@ impl ClusterCa {
             self.host_marker(host_id).exists(),
             "host {host_id} never joined this cluster"
         );
+        self.ensure_not_revoked(host_id)?;
         let mut names = vec![
             SanType::DnsName(host_dns_name(host_id).try_into()?),
             SanType::DnsName("localhost".try_into()?),

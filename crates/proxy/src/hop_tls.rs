@@ -236,7 +236,7 @@ async fn serve_connection(local: Arc<Local>, stream: TcpStream, peer: SocketAddr
         Err(_) => return,
     };
     // The handshake verified the chain against the CA; the certificate must also name a
-    // host. A revoked host (`bazaar cluster revoke`) is to be refused here, by its id.
+    // host, and not one the CA revoked (`bazaar cluster revoke`).
     let Some(peer_host) = tls
         .get_ref()
         .1
@@ -246,9 +246,22 @@ async fn serve_connection(local: Arc<Local>, stream: TcpStream, peer: SocketAddr
         tracing::debug!(%peer, "proxy hop from a certificate that names no host");
         return;
     };
+    if local.0.catalog.is_revoked(&peer_host) {
+        tracing::debug!(%peer, peer.host = %peer_host, "proxy hop from a revoked host");
+        return;
+    }
+    let host = peer_host.clone();
     let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
         let local = local.clone();
+        // A connection kept open outlives a revocation: each hop asks again.
+        let revoked = local.0.catalog.is_revoked(&host);
         async move {
+            if revoked {
+                return Ok::<_, std::convert::Infallible>(crate::http::reply(
+                    http::StatusCode::FORBIDDEN,
+                    "bazaar proxy: hop from a revoked host",
+                ));
+            }
             let (parts, body) = req.into_parts();
             Ok::<_, std::convert::Infallible>(
                 crate::http::serve_hop(local, parts, crate::request::ClientBody::Hyper(body)).await,
