@@ -70,9 +70,7 @@ fn main() {
         .build()
         .unwrap();
     let agents = start_cluster(&exe, 1, |_, o| {
-        // Isolated as tests run (the default; `--no-isolate` agents fail to launch the
-        // backend in this wave: "workdir …: permission denied").
-        o.isolate = std::env::var_os("BAZAAR_BENCH_NO_ISOLATE").is_none();
+        o.isolate = false;
         o.extra_args
             .extend(["--autostop-idle-ms".into(), "3600000".into()]);
         if let Some(port) = bazaar_tls_port {
@@ -82,6 +80,13 @@ fn main() {
     })
     .expect("agent");
     let agent = &agents[0];
+    // The backend runs as a machine uid of its own: it must reach its work directory in
+    // the agent's data directory (a private temporary directory).
+    std::fs::set_permissions(
+        &agent.data_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let base = agent.url();
     let proxy = agent.proxy_addr();
     let http = reqwest::Client::new();
@@ -171,8 +176,16 @@ fn main() {
     let mut nginx = start_nginx(peers_dir.path(), &nginx_ports, &tls, &direct);
     let haproxy_port = free_port();
     let mut haproxy = start_haproxy(peers_dir.path(), haproxy_port, &direct);
-    wait_ok(&rt, &format!("http://127.0.0.1:{}/", nginx_ports.like), None);
-    wait_ok(&rt, &format!("http://127.0.0.1:{}/", nginx_ports.plain), None);
+    wait_ok(
+        &rt,
+        &format!("http://127.0.0.1:{}/", nginx_ports.like),
+        None,
+    );
+    wait_ok(
+        &rt,
+        &format!("http://127.0.0.1:{}/", nginx_ports.plain),
+        None,
+    );
     wait_ok(&rt, &format!("http://127.0.0.1:{haproxy_port}/"), None);
     wait_tls_ok(&tls, nginx_ports.tls);
 
@@ -226,8 +239,7 @@ fn main() {
             let before = cpu_seconds(&run.pids);
             let r = wrk(run.load, secs, conns);
             let used = cpu_seconds(&run.pids) - before;
-            run.cpu_per_request
-                .push(used * 1e6 / (r.rps * secs as f64));
+            run.cpu_per_request.push(used * 1e6 / (r.rps * secs as f64));
             eprintln!(
                 "round {round} (load {:.2}): {}: {r:?}, cpu {used:.2} s",
                 load_per_round[round], run.name
@@ -599,7 +611,10 @@ impl Report<'_> {
             } else {
                 format!("{:.1} µs", median(&run.cpu_per_request))
             };
-            println!("| {} | {:.0} | {} | {} | {cpu} |", run.name, r.rps, r.p50, r.p99);
+            println!(
+                "| {} | {:.0} | {} | {} | {cpu} |",
+                run.name, r.rps, r.p50, r.p99
+            );
         }
         if !bazaar_tls {
             println!("| {BAZAAR_TLS} | no TLS listener in this build | | | |");
@@ -616,7 +631,10 @@ impl Report<'_> {
         }
         println!("\n| bazaar against | median runs | round by round: median (range) | bazaar's p99 at or below | CPU per request |\n|---|---:|---|---:|---:|");
         for (label, a, b) in &compared {
-            let (ra, rb) = (self.median_result(a).unwrap(), self.median_result(b).unwrap());
+            let (ra, rb) = (
+                self.median_result(a).unwrap(),
+                self.median_result(b).unwrap(),
+            );
             let (mut ratios, p99) = self.pairs(a, b).unwrap();
             ratios.sort_by(f64::total_cmp);
             let cpu = median(&self.run(a).unwrap().cpu_per_request)
