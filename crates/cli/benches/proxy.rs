@@ -418,7 +418,7 @@ fn wait_tls_ok(tls: &Tls, port: u16) {
                     tls: Some(tls),
                 },
                 1,
-                1,
+                2,
             )
         });
         if ok.is_ok() {
