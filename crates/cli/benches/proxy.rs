@@ -1,32 +1,50 @@
-//! Edge proxy benchmark (issue 5), in one run on one local agent: wrk against a backend
-//! machine directly, through bazaar's proxy, and through nginx configured as a reverse
-//! proxy with upstream keepalive to the same backend (requests/s, p50/p99); then the
-//! wake-from-stopped latency (stop the machine, time the first request through the proxy;
-//! the backend binds in well under 5 ms).
+//! Edge proxy benchmark (issues 5 and 17), in one run on one local agent: wrk against a
+//! backend machine directly, through bazaar's proxy, through nginx and through HAProxy
+//! configured as reverse proxies with upstream keep-alive to the same backend
+//! (requests/s, p50/p99, each proxy's CPU time per request); HTTPS keep-alive and a new TLS
+//! connection per request through nginx and, when this build's agent has an HTTPS listener
+//! (`--proxy-tls-listen`), through bazaar's proxy; then the wake-from-stopped latency (stop
+//! the machine, time the first request through the proxy; the backend binds in well under
+//! 5 ms).
 //!
-//! nginx runs in two configurations. The one bazaar is compared with does the same work
-//! to each request as bazaar's proxy: X-Forwarded-For, X-Forwarded-Proto and a request id
-//! sent to the machine, the request id returned to the client. The other sets only
-//! X-Forwarded-For, and its numbers are shown beside.
+//! nginx and HAProxy do the same work to each request as bazaar's proxy: X-Forwarded-For,
+//! X-Forwarded-Proto and a request id sent to the machine, the request id returned to the
+//! client. nginx also runs with X-Forwarded-For only, shown beside. The HTTPS rows use one
+//! self-signed ECDSA P-256 certificate for `bench.localhost` (given to bazaar with `bazaar
+//! certs add --cert --key`) and hold wrk to TLS 1.3, TLS_AES_128_GCM_SHA256 and X25519.
 //!
-//! Run: `cargo bench -p bazaar --bench proxy` (installs Debian's wrk and nginx with apt-get
-//! when missing; prints Markdown tables for BENCHMARKS.md). `BAZAAR_BENCH_SECS` (default
-//! 5) sets each wrk run's length, `BAZAAR_BENCH_CONNS` (default 64) its connections,
-//! `BAZAAR_BENCH_WAKES` (default 40) the number of wake-ups, `BAZAAR_BENCH_ROUNDS`
-//! (default 8) the interleaved rounds. Reported: the median run of each path, and, round
-//! by round, bazaar against nginx (the throughput ratio, and whose p99 is lower) with the
-//! median of those ratios: the machine may be shared, and a pair run back to back sees the
-//! same conditions.
+//! Run: `cargo bench -p bazaar --bench proxy` (installs Debian's wrk, nginx and haproxy
+//! with apt-get when missing; prints Markdown tables for BENCHMARKS.md).
+//! `BAZAAR_BENCH_SECS` (default 5) sets each wrk run's length, `BAZAAR_BENCH_CONNS`
+//! (default 64) its connections, `BAZAAR_BENCH_WAKES` (default 40) the number of wake-ups,
+//! `BAZAAR_BENCH_ROUNDS` (default 8) the interleaved rounds, `BAZAAR_BENCH_EXE` another
+//! build of bazaar to run as the agent (a before/after). Reported: the median run of
+//! each path, and, round by round, bazaar against nginx and HAProxy (the throughput ratio,
+//! and whose p99 is lower) with the median of those ratios and the load average before
+//! each round: the machine may be shared, and a pair run back to back sees the same
+//! conditions.
 //!
 //! The backend is this benchmark's own executable started as a machine with
 //! `BAZAAR_BENCH_BACKEND=1`: a hyper HTTP/1.1 server answering 13 bytes on `$PORT`.
 
+mod proxy_peers;
+
 use bazaar_testkit::{start_cluster, TEST_SECRET};
+use proxy_peers::{
+    bazaar_add_cert, bazaar_has_tls, ensure_packages, loadavg, millis, sbin, start_haproxy, wrk,
+    Load, Tls, WrkResult, TLS_HOST,
+};
 use serde_json::{json, Value};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 const EXE: &str = env!("CARGO_BIN_EXE_bazaar");
+
+/// The agent binary: this build's, or `BAZAAR_BENCH_EXE` (another build of bazaar, such
+/// as the one a change started from, for a before/after in the same conditions).
+fn agent_exe() -> std::path::PathBuf {
+    std::env::var_os("BAZAAR_BENCH_EXE").map_or_else(|| EXE.into(), Into::into)
+}
 
 fn main() {
     if std::env::var_os("BAZAAR_BENCH_BACKEND").is_some() {
@@ -37,19 +55,38 @@ fn main() {
     let conns: u64 = env_or("BAZAAR_BENCH_CONNS", 64);
     let wakes: usize = env_or("BAZAAR_BENCH_WAKES", 40);
     let rounds: usize = env_or("BAZAAR_BENCH_ROUNDS", 8);
-    ensure_tools();
+    ensure_packages(&[
+        ("wrk", "wrk"),
+        ("nginx", "nginx"),
+        ("haproxy", "haproxy"),
+        ("openssl", "openssl"),
+    ]);
+    // The agent's HTTPS listener, when this build has one.
+    let exe = agent_exe();
+    let bazaar_tls_port = bazaar_has_tls(&exe).then(free_port);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    let agents = start_cluster(std::path::Path::new(EXE), 1, |_, o| {
+    let agents = start_cluster(&exe, 1, |_, o| {
         o.isolate = false;
         o.extra_args
             .extend(["--autostop-idle-ms".into(), "3600000".into()]);
+        if let Some(port) = bazaar_tls_port {
+            o.extra_args
+                .extend(["--proxy-tls-listen".into(), format!("127.0.0.1:{port}")]);
+        }
     })
     .expect("agent");
     let agent = &agents[0];
+    // The backend runs as a machine uid of its own: it must reach its work directory in
+    // the agent's data directory (a private temporary directory).
+    std::fs::set_permissions(
+        &agent.data_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let base = agent.url();
     let proxy = agent.proxy_addr();
     let http = reqwest::Client::new();
@@ -124,82 +161,107 @@ fn main() {
     let direct = format!("127.0.0.1:{backend_port}");
     wait_ok(&rt, &format!("http://{direct}/"), None);
     wait_ok(&rt, &format!("http://{proxy}/"), Some("bench.localhost"));
-    let nginx_dir = tempfile::tempdir().unwrap();
-    let (nginx_port, nginx_plain_port) = (free_port(), free_port());
-    let mut nginx = start_nginx(nginx_dir.path(), nginx_port, nginx_plain_port, &direct);
-    wait_ok(&rt, &format!("http://127.0.0.1:{nginx_port}/"), None);
-    wait_ok(&rt, &format!("http://127.0.0.1:{nginx_plain_port}/"), None);
-
-    let runs = [
-        ("direct to the backend", format!("http://{direct}/"), None),
-        (
-            "through bazaar's proxy",
-            format!("http://{proxy}/"),
-            Some("bench.localhost"),
-        ),
-        (
-            "through nginx (keepalive upstream, bazaar's headers)",
-            format!("http://127.0.0.1:{nginx_port}/"),
-            None,
-        ),
-        (
-            "through nginx (keepalive upstream, X-Forwarded-For only)",
-            format!("http://127.0.0.1:{nginx_plain_port}/"),
-            None,
-        ),
-    ];
-    // Warm-up, then `rounds` interleaved runs of each; the median run of each path is
-    // reported (the machine may be shared, so interleaving spreads any noise evenly).
-    for (_, url, host) in &runs {
-        wrk(url, *host, 2, conns);
+    let peers_dir = tempfile::tempdir().unwrap();
+    let tls = Tls::make(peers_dir.path());
+    if let Some(port) = bazaar_tls_port {
+        bazaar_add_cert(&exe, &base, TEST_SECRET, "bench", &tls);
+        wait_tls_ok(&tls, port);
     }
-    let mut all: Vec<Vec<WrkResult>> = runs.iter().map(|_| Vec::new()).collect();
-    // CPU time each proxy used per request: the agent's process (its proxy threads; the
-    // rest of it idles) and nginx's workers.
-    let mut cpu_per_request: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+    let nginx_ports = NginxPorts {
+        like: free_port(),
+        plain: free_port(),
+        tls: free_port(),
+        tls_close: free_port(),
+    };
+    let mut nginx = start_nginx(peers_dir.path(), &nginx_ports, &tls, &direct);
+    let haproxy_port = free_port();
+    let mut haproxy = start_haproxy(peers_dir.path(), haproxy_port, &direct);
+    wait_ok(
+        &rt,
+        &format!("http://127.0.0.1:{}/", nginx_ports.like),
+        None,
+    );
+    wait_ok(
+        &rt,
+        &format!("http://127.0.0.1:{}/", nginx_ports.plain),
+        None,
+    );
+    wait_ok(&rt, &format!("http://127.0.0.1:{haproxy_port}/"), None);
+    wait_tls_ok(&tls, nginx_ports.tls);
+
     let agent_pid = agents[0].pid().expect("agent running");
     let nginx_pids = children(nginx.id());
+    let urls = [
+        format!("http://{direct}/"),
+        format!("http://{proxy}/"),
+        format!("http://127.0.0.1:{}/", nginx_ports.like),
+        format!("http://127.0.0.1:{}/", nginx_ports.plain),
+        format!("http://127.0.0.1:{haproxy_port}/"),
+        format!("https://{TLS_HOST}:{}/", nginx_ports.tls),
+        format!("https://{TLS_HOST}:{}/", nginx_ports.tls_close),
+        format!("https://{TLS_HOST}:{}/", bazaar_tls_port.unwrap_or(0)),
+    ];
+    let plain = |url: usize, host: Option<&'static str>| Load {
+        url: &urls[url],
+        host,
+        close: false,
+        tls: None,
+    };
+    let https = |url: usize, close: bool| Load {
+        url: &urls[url],
+        host: None,
+        close,
+        tls: Some(&tls),
+    };
+    // The rows, in the order each round runs them; `pids`: whose CPU time is the proxy's.
+    let mut runs = vec![
+        Run::new(DIRECT, plain(0, None), vec![]),
+        Run::new(BAZAAR, plain(1, Some(TLS_HOST)), vec![agent_pid]),
+        Run::new(NGINX, plain(2, None), nginx_pids.clone()),
+        Run::new(NGINX_XFF, plain(3, None), nginx_pids.clone()),
+        Run::new(HAPROXY, plain(4, None), vec![haproxy.id()]),
+        Run::new(NGINX_TLS, https(5, false), nginx_pids.clone()),
+        Run::new(NGINX_NEW, https(6, true), nginx_pids.clone()),
+    ];
+    if bazaar_tls_port.is_some() {
+        runs.push(Run::new(BAZAAR_TLS, https(7, false), vec![agent_pid]));
+        runs.push(Run::new(BAZAAR_NEW, https(7, true), vec![agent_pid]));
+    }
+    // Warm-up, then `rounds` interleaved runs of each (the machine may be shared:
+    // interleaving spreads any noise evenly, and a pair run back to back sees the same).
+    for run in &runs {
+        wrk(run.load, 2, conns);
+    }
+    let mut load_per_round = Vec::new();
     for round in 0..rounds {
-        for (k, (name, url, host)) in runs.iter().enumerate() {
-            let pids = match k {
-                1 => vec![agent_pid],
-                2 | 3 => nginx_pids.clone(),
-                _ => Vec::new(),
-            };
-            let before = cpu_seconds(&pids);
-            let r = wrk(url, *host, secs, conns);
-            let used = cpu_seconds(&pids) - before;
-            if k > 0 {
-                cpu_per_request[k - 1].push(used * 1e6 / (r.rps * secs as f64));
-            }
-            eprintln!("round {round}: {name}: {r:?}, cpu {used:.2} s");
-            all[k].push(r);
+        load_per_round.push(loadavg());
+        for run in &mut runs {
+            let before = cpu_seconds(&run.pids);
+            let r = wrk(run.load, secs, conns);
+            let used = cpu_seconds(&run.pids) - before;
+            run.cpu_per_request.push(used * 1e6 / (r.rps * secs as f64));
+            eprintln!(
+                "round {round} (load {:.2}): {}: {r:?}, cpu {used:.2} s",
+                load_per_round[round], run.name
+            );
+            run.results.push(r);
         }
     }
-    // Round by round: bazaar (run 1) against nginx doing the same (run 2), and against the
-    // plainer nginx (run 3).
-    let pairs: Vec<(f64, f64, f64, f64)> = (0..rounds)
-        .map(|i| {
-            let (b, n, plain) = (&all[1][i], &all[2][i], &all[3][i]);
-            (
-                b.rps / n.rps,
-                millis(&b.p99),
-                millis(&n.p99),
-                b.rps / plain.rps,
-            )
-        })
-        .collect();
-    let mut rows = Vec::new();
-    for ((name, _, _), mut rs) in runs.iter().zip(all) {
-        rs.sort_by(|a, b| a.rps.total_cmp(&b.rps));
-        rows.push((name, rs.swap_remove(rs.len() / 2)));
+    // SIGTERM to nginx's master takes its workers down too (SIGKILL would orphan them).
+    for child in [&mut nginx, &mut haproxy] {
+        // SAFETY: kill(2) with plain integers.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        let _ = child.wait();
     }
-    // SIGTERM to the master takes its workers down too (SIGKILL would orphan them).
-    // SAFETY: kill(2) with plain integers.
-    unsafe {
-        libc::kill(nginx.id() as i32, libc::SIGTERM);
-    }
-    let _ = nginx.wait();
+    let report = Report {
+        runs,
+        load_per_round,
+        secs,
+        conns,
+    };
+    report.print(bazaar_tls_port.is_some());
 
     // Wake-from-stopped: stop, then time the first request through the proxy.
     let mut lat = Vec::new();
@@ -242,45 +304,6 @@ fn main() {
     lat.sort();
     let pct = |p: f64| lat[(((lat.len() as f64) - 1.0) * p).round() as usize];
 
-    println!("\n| path | requests/s | p50 | p99 |\n|---|---:|---:|---:|");
-    for (name, r) in &rows {
-        println!("| {name} | {:.0} | {} | {} |", r.rps, r.p50, r.p99);
-    }
-    let (b, n, plain) = (&rows[1].1, &rows[2].1, &rows[3].1);
-    println!(
-        "\nbazaar / nginx throughput: {:.2}× (against nginx with X-Forwarded-For only: {:.2}×); wrk: {secs} s, {conns} connections, 2 threads, GET of 13 bytes; median of {rounds} interleaved runs",
-        b.rps / n.rps,
-        b.rps / plain.rps
-    );
-    println!("\n| round | bazaar / nginx req/s | p99 bazaar | p99 nginx | bazaar / nginx (XFF only) |\n|---:|---:|---:|---:|---:|");
-    for (k, (ratio, pb, pn, plain)) in pairs.iter().enumerate() {
-        println!("| {k} | {ratio:.3}× | {pb:.2} ms | {pn:.2} ms | {plain:.3}× |");
-    }
-    let mut ratios: Vec<f64> = pairs.iter().map(|p| p.0).collect();
-    ratios.sort_by(f64::total_cmp);
-    let p99_not_worse = pairs.iter().filter(|p| p.1 <= p.2).count();
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (cpu_b, cpu_n, cpu_plain) = (
-        median(&mut cpu_per_request[0]),
-        median(&mut cpu_per_request[1]),
-        median(&mut cpu_per_request[2]),
-    );
-    println!(
-        "\nCPU time per request (median round): bazaar's proxy {cpu_b:.1} µs, nginx {cpu_n:.1} µs ({:.2}×), nginx with X-Forwarded-For only {cpu_plain:.1} µs ({:.2}×)",
-        cpu_b / cpu_n,
-        cpu_b / cpu_plain
-    );
-    let mut plain_ratios: Vec<f64> = pairs.iter().map(|p| p.3).collect();
-    println!(
-        "\nround by round: median throughput ratio {:.3}× (from {:.3}× to {:.3}×; against nginx with X-Forwarded-For only {:.3}×); bazaar's p99 at or below nginx's in {p99_not_worse} of {rounds} rounds",
-        ratios[ratios.len() / 2],
-        ratios[0],
-        ratios[ratios.len() - 1],
-        median(&mut plain_ratios),
-    );
     println!(
         "\n| wake from stopped ({wakes} wake-ups) | p50 | p99 |\n|---|---:|---:|\n| first request through the proxy | {:.1} ms | {:.1} ms |",
         pct(0.5).as_secs_f64() * 1e3,
@@ -303,43 +326,23 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Installs Debian's wrk and nginx when missing.
-fn ensure_tools() {
-    let missing: Vec<&str> = [("wrk", "wrk"), ("nginx", "nginx")]
-        .into_iter()
-        .filter(|(bin, _)| {
-            !Command::new("sh")
-                .arg("-c")
-                .arg(format!(
-                    "command -v {bin} >/dev/null || test -x /usr/sbin/{bin}"
-                ))
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-        .map(|(_, pkg)| pkg)
-        .collect();
-    if missing.is_empty() {
-        return;
-    }
-    eprintln!("installing {missing:?} with apt-get");
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {}",
-            missing.join(" ")
-        ))
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "could not install {missing:?}");
+/// nginx's ports: like for like (bazaar's header work), X-Forwarded-For only, and HTTPS
+/// with bazaar's header work, kept alive and closed after each answer.
+struct NginxPorts {
+    like: u16,
+    plain: u16,
+    tls: u16,
+    tls_close: u16,
 }
 
-/// nginx as a reverse proxy to `upstream` on two ports: on `port` it does to each request
-/// what bazaar's proxy does (X-Forwarded-For, X-Forwarded-Proto and a request id, sent to
-/// the machine and returned to the client), on `plain_port` only X-Forwarded-For.
+/// nginx as a reverse proxy to `upstream` (upstream keepalive): on `ports.like` it does to
+/// each request what bazaar's proxy does (X-Forwarded-For, X-Forwarded-Proto and a request
+/// id, sent to the machine and returned to the client), on `ports.plain` only
+/// X-Forwarded-For, and on the TLS ports the first over HTTPS ([`Tls::nginx_servers`]).
 fn start_nginx(
     dir: &std::path::Path,
-    port: u16,
-    plain_port: u16,
+    ports: &NginxPorts,
+    tls: &Tls,
     upstream: &str,
 ) -> std::process::Child {
     let conf = format!(
@@ -360,7 +363,7 @@ http {{
         keepalive 128;
     }}
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{like};
         location / {{
             proxy_pass http://backend;
             proxy_http_version 1.1;
@@ -373,7 +376,7 @@ http {{
         }}
     }}
     server {{
-        listen 127.0.0.1:{plain_port};
+        listen 127.0.0.1:{plain};
         location / {{
             proxy_pass http://backend;
             proxy_http_version 1.1;
@@ -382,24 +385,48 @@ http {{
             proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
         }}
     }}
+{tls_servers}
 }}
 "#,
-        dir = dir.display()
+        dir = dir.display(),
+        like = ports.like,
+        plain = ports.plain,
+        tls_servers = tls.nginx_servers(ports.tls, ports.tls_close),
     );
     let path = dir.join("nginx.conf");
     std::fs::write(&path, conf).unwrap();
-    let bin = if std::path::Path::new("/usr/sbin/nginx").exists() {
-        "/usr/sbin/nginx"
-    } else {
-        "nginx"
-    };
-    Command::new(bin)
+    Command::new(sbin("nginx"))
         .arg("-c")
         .arg(&path)
         .arg("-p")
         .arg(dir)
         .spawn()
         .expect("nginx starts")
+}
+
+/// Waits until an HTTPS listener on `port` answers wrk for [`TLS_HOST`].
+fn wait_tls_ok(tls: &Tls, port: u16) {
+    let url = format!("https://{TLS_HOST}:{port}/");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let ok = std::panic::catch_unwind(|| {
+            wrk(
+                Load {
+                    url: &url,
+                    host: None,
+                    close: false,
+                    tls: Some(tls),
+                },
+                1,
+                2,
+            )
+        });
+        if ok.is_ok() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{url} never answered");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 fn wait_ok(rt: &tokio::runtime::Runtime, url: &str, host: Option<&str>) {
@@ -456,58 +483,6 @@ fn children(pid: u32) -> Vec<u32> {
     }
 }
 
-/// A wrk latency (`987.00us`, `3.07ms`, `1.20s`) in milliseconds.
-fn millis(text: &str) -> f64 {
-    let (number, unit) = text.split_at(
-        text.find(|c: char| c.is_ascii_alphabetic())
-            .unwrap_or(text.len()),
-    );
-    let n: f64 = number.parse().unwrap_or(f64::NAN);
-    match unit {
-        "us" => n / 1e3,
-        "s" => n * 1e3,
-        "m" => n * 60e3,
-        _ => n,
-    }
-}
-
-#[derive(Debug)]
-struct WrkResult {
-    rps: f64,
-    p50: String,
-    p99: String,
-}
-
-fn wrk(url: &str, host: Option<&str>, secs: u64, conns: u64) -> WrkResult {
-    let mut cmd = Command::new("wrk");
-    cmd.args([
-        "-t2",
-        &format!("-c{conns}"),
-        &format!("-d{secs}s"),
-        "--latency",
-    ]);
-    if let Some(h) = host {
-        cmd.args(["-H", &format!("Host: {h}")]);
-    }
-    let out = cmd.arg(url).output().expect("wrk runs");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let field = |prefix: &str| {
-        text.lines()
-            .find(|l| l.trim_start().starts_with(prefix))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .unwrap_or("?")
-            .to_string()
-    };
-    let rps = field("Requests/sec:").parse().unwrap_or(0.0);
-    let non2xx = text.contains("Non-2xx");
-    assert!(!non2xx && rps > 0.0, "wrk {url}:\n{text}");
-    WrkResult {
-        rps,
-        p50: field("50%"),
-        p99: field("99%"),
-    }
-}
-
 /// The backend machine: answers `hello, world\n` on `$PORT`.
 fn backend() {
     use hyper::server::conn::http1;
@@ -538,4 +513,154 @@ fn backend() {
             });
         }
     });
+}
+
+const DIRECT: &str = "direct to the backend";
+const BAZAAR: &str = "through bazaar's proxy";
+const NGINX: &str = "through nginx (keepalive upstream, bazaar's headers)";
+const NGINX_XFF: &str = "through nginx (keepalive upstream, X-Forwarded-For only)";
+const HAPROXY: &str = "through HAProxy (http-reuse always, bazaar's headers)";
+const NGINX_TLS: &str = "HTTPS keep-alive through nginx";
+const BAZAAR_TLS: &str = "HTTPS keep-alive through bazaar's proxy";
+const NGINX_NEW: &str = "HTTPS, a new TLS connection per request, nginx";
+const BAZAAR_NEW: &str = "HTTPS, a new TLS connection per request, bazaar's proxy";
+
+/// One row of the bench: what wrk asks for, and what each round measured.
+struct Run<'a> {
+    name: &'static str,
+    load: Load<'a>,
+    /// The proxy's processes (its CPU time per request is reported).
+    pids: Vec<u32>,
+    results: Vec<WrkResult>,
+    cpu_per_request: Vec<f64>,
+}
+
+impl<'a> Run<'a> {
+    fn new(name: &'static str, load: Load<'a>, pids: Vec<u32>) -> Run<'a> {
+        Run {
+            name,
+            load,
+            pids,
+            results: Vec::new(),
+            cpu_per_request: Vec::new(),
+        }
+    }
+}
+
+struct Report<'a> {
+    runs: Vec<Run<'a>>,
+    load_per_round: Vec<f64>,
+    secs: u64,
+    conns: u64,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+impl Report<'_> {
+    fn run(&self, name: &str) -> Option<&Run<'_>> {
+        self.runs.iter().find(|r| r.name == name)
+    }
+
+    /// The median run (by throughput) of a row.
+    fn median_result(&self, name: &str) -> Option<&WrkResult> {
+        let run = self.run(name)?;
+        let mut by_rps: Vec<&WrkResult> = run.results.iter().collect();
+        by_rps.sort_by(|a, b| a.rps.total_cmp(&b.rps));
+        by_rps.get(by_rps.len() / 2).copied()
+    }
+
+    /// Round by round, `a` against `b`: throughput ratios, and in how many rounds `a`'s
+    /// p99 was at or below `b`'s.
+    fn pairs(&self, a: &str, b: &str) -> Option<(Vec<f64>, usize)> {
+        let (a, b) = (self.run(a)?, self.run(b)?);
+        let ratios = a
+            .results
+            .iter()
+            .zip(&b.results)
+            .map(|(x, y)| x.rps / y.rps)
+            .collect();
+        let p99 = a
+            .results
+            .iter()
+            .zip(&b.results)
+            .filter(|(x, y)| millis(&x.p99) <= millis(&y.p99))
+            .count();
+        Some((ratios, p99))
+    }
+
+    fn print(&self, bazaar_tls: bool) {
+        let rounds = self.load_per_round.len();
+        let (secs, conns) = (self.secs, self.conns);
+        println!(
+            "\nwrk -t2 -c{conns} -d{secs}s, GET of 13 bytes; median run of {rounds} interleaved rounds; load average (1 min) before the rounds: {}",
+            self.load_per_round
+                .iter()
+                .map(|l| format!("{l:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        println!("\n| path | requests/s | p50 | p99 | proxy CPU per request |\n|---|---:|---:|---:|---:|");
+        for run in &self.runs {
+            let r = self.median_result(run.name).expect("row measured");
+            let cpu = if run.pids.is_empty() {
+                "".to_string()
+            } else {
+                format!("{:.1} µs", median(&run.cpu_per_request))
+            };
+            println!(
+                "| {} | {:.0} | {} | {} | {cpu} |",
+                run.name, r.rps, r.p50, r.p99
+            );
+        }
+        if !bazaar_tls {
+            println!("| {BAZAAR_TLS} | no TLS listener in this build | | | |");
+            println!("| {BAZAAR_NEW} | no TLS listener in this build | | | |");
+        }
+        let mut compared = vec![
+            ("nginx (bazaar's headers)", BAZAAR, NGINX),
+            ("HAProxy (bazaar's headers)", BAZAAR, HAPROXY),
+            ("nginx (X-Forwarded-For only)", BAZAAR, NGINX_XFF),
+        ];
+        if bazaar_tls {
+            compared.push(("nginx, HTTPS keep-alive", BAZAAR_TLS, NGINX_TLS));
+            compared.push(("nginx, new TLS connections", BAZAAR_NEW, NGINX_NEW));
+        }
+        println!("\n| bazaar against | median runs | round by round: median (range) | bazaar's p99 at or below | CPU per request |\n|---|---:|---|---:|---:|");
+        for (label, a, b) in &compared {
+            let (ra, rb) = (
+                self.median_result(a).unwrap(),
+                self.median_result(b).unwrap(),
+            );
+            let (mut ratios, p99) = self.pairs(a, b).unwrap();
+            ratios.sort_by(f64::total_cmp);
+            let cpu = median(&self.run(a).unwrap().cpu_per_request)
+                / median(&self.run(b).unwrap().cpu_per_request);
+            println!(
+                "| {label} | {:.2}× | {:.2}× ({:.2}-{:.2}) | {p99} of {rounds} rounds | {cpu:.2}× |",
+                ra.rps / rb.rps,
+                median(&ratios),
+                ratios[0],
+                ratios[ratios.len() - 1],
+            );
+        }
+        let (b_nginx, _) = self.pairs(BAZAAR, NGINX).unwrap();
+        let (b_haproxy, _) = self.pairs(BAZAAR, HAPROXY).unwrap();
+        let row = |name: &str, k: usize| self.run(name).map(|r| millis(&r.results[k].p99));
+        println!("\n| round | load | bazaar / nginx | bazaar / HAProxy | p99 bazaar | p99 nginx | p99 HAProxy |\n|---:|---:|---:|---:|---:|---:|---:|");
+        for k in 0..rounds {
+            println!(
+                "| {k} | {:.2} | {:.3}× | {:.3}× | {:.2} ms | {:.2} ms | {:.2} ms |",
+                self.load_per_round[k],
+                b_nginx[k],
+                b_haproxy[k],
+                row(BAZAAR, k).unwrap(),
+                row(NGINX, k).unwrap(),
+                row(HAPROXY, k).unwrap(),
+            );
+        }
+    }
 }

@@ -236,6 +236,17 @@ async fn machines_reach_each_other_across_hosts_within_their_organization_and_af
     let (body, took) = until_answered(&a, "db", &client, &url, Duration::from_secs(30)).await;
     assert_eq!(body.trim(), format!("served-by-{server}"));
     eprintln!("first answer across the mesh after {took:?}");
+    // By name, from the internal DNS on the client's gateway (issue 16): the app, its
+    // region, and the machine itself.
+    for name in [
+        "db.internal".to_string(),
+        "ord.db.internal".to_string(),
+        format!("{server}.vm.db.internal"),
+    ] {
+        let by_name = format!("http://{name}:8080/");
+        let (body, _) = until_answered(&a, "db", &client, &by_name, Duration::from_secs(30)).await;
+        assert_eq!(body.trim(), format!("served-by-{server}"), "{name}");
+    }
 
     // Another organization's machine on the same host: dropped at B (a timeout).
     let started = Instant::now();

@@ -53,7 +53,8 @@ impl Body for ReqBody {
 pub struct Guard {
     pub load: Arc<Load>,
     pub shared: Arc<Local>,
-    pub gauge: Option<prometheus_client::metrics::gauge::Gauge>,
+    /// Counted in its app's in-flight gauge too (`load.app_in_flight`).
+    pub gauge: bool,
 }
 
 impl std::fmt::Debug for Guard {
@@ -64,11 +65,9 @@ impl std::fmt::Debug for Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        self.load
-            .last_active_ms
-            .store(crate::coarse_now_ms(), Ordering::SeqCst);
+        self.load.touch(crate::coarse_now_ms());
         self.load.inflight.fetch_sub(1, Ordering::SeqCst);
-        if let Some(g) = &self.gauge {
+        if let (true, Some(g)) = (self.gauge, self.load.app_in_flight.get()) {
             g.dec();
         }
         self.shared.request_ended();

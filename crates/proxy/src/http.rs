@@ -311,7 +311,7 @@ async fn route(
         .get(&FORCE_INSTANCE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let rid = request_id(shared);
+    let rid = request_id(&shared.region);
     let xff = match req.headers.get(&X_FORWARDED_FOR).map(HeaderValue::to_str) {
         Some(Ok(prev)) => {
             HeaderValue::from_str(&format!("{prev}, {}", peer_ip.to_str().unwrap_or("")))
@@ -527,16 +527,16 @@ async fn send_local(shared: &Arc<Local>, b: &Backend, prepared: &mut Prepared) -
     if !b.load.try_admit(b.limits.hard) {
         return Attempt::Retry { failed: false };
     }
-    let gauge = shared.metrics.in_flight_of(&b.app);
-    gauge.inc();
+    b.load
+        .app_in_flight
+        .get_or_init(|| shared.metrics.in_flight_of(&b.app))
+        .inc();
     let guard = Guard {
         load: b.load.clone(),
         shared: shared.clone(),
-        gauge: Some(gauge),
+        gauge: true,
     };
-    b.load
-        .last_active_ms
-        .store(crate::coarse_now_ms(), Ordering::SeqCst);
+    b.load.touch(crate::coarse_now_ms());
     let Some(result) = exchange(Upstream::plain(b.addr), prepared, &[]).await else {
         return Attempt::Retry { failed: true };
     };
@@ -620,7 +620,7 @@ async fn send_remote(
     let guard = Guard {
         load: b.load.clone(),
         shared: shared.clone(),
-        gauge: None,
+        gauge: false,
     };
     let mut extra = Vec::with_capacity(3);
     if let Some(Ok(v)) = secret.map(|s| HeaderValue::from_str(s)) {

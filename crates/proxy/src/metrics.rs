@@ -4,11 +4,10 @@
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Labels: the app.
@@ -31,29 +30,115 @@ pub struct KindLabels {
     pub kind: &'static str,
 }
 
+/// How many cells a per-thread metric has: each thread adds to its own cell (on its own
+/// cache line), and reading sums them. Every request of every proxy thread counts itself
+/// and records its latency; with one shared atomic per metric, the two cores of a small
+/// host pass those cache lines back and forth on every request.
+const SHARDS: usize = 8;
+
+/// A value on a cache line of its own.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// The calling thread's cell (threads beyond [`SHARDS`] share cells, which stays exact).
+fn shard() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    }
+    SHARD.with(|s| *s)
+}
+
+/// A counter kept per thread ([`SHARDS`]), encoded as one Prometheus counter.
+#[derive(Debug, Clone, Default)]
+pub struct ShardedCounter(Arc<[Padded<AtomicU64>; SHARDS]>);
+
+impl ShardedCounter {
+    pub fn inc(&self) {
+        self.0[shard()].0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.iter().map(|c| c.0.load(Ordering::Relaxed)).sum()
+    }
+}
+
+impl TypedMetric for ShardedCounter {
+    const TYPE: MetricType = MetricType::Counter;
+}
+
+impl EncodeMetric for ShardedCounter {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_counter::<NoLabelSet, _, u64>(&self.get(), None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
+    }
+}
+
+/// A gauge kept per thread ([`SHARDS`]), encoded as one Prometheus gauge (a cell may go
+/// below zero when another thread takes back what this one added; the sum is exact).
+#[derive(Debug, Clone, Default)]
+pub struct ShardedGauge(Arc<[Padded<AtomicI64>; SHARDS]>);
+
+impl ShardedGauge {
+    pub fn inc(&self) {
+        self.0[shard()].0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn dec(&self) {
+        self.0[shard()].0.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> i64 {
+        self.0.iter().map(|c| c.0.load(Ordering::Relaxed)).sum()
+    }
+}
+
+impl TypedMetric for ShardedGauge {
+    const TYPE: MetricType = MetricType::Gauge;
+}
+
+impl EncodeMetric for ShardedGauge {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_gauge(&self.get())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+}
+
+/// Bucket bounds of [`Latency`]: from 50 µs, doubling.
+const LATENCY_BOUNDS: usize = 20;
+
 /// A latency histogram (seconds; buckets from 50 µs doubling to ~26 s) that records without
-/// locks: every request of every proxy thread observes one, and prometheus-client's own
-/// histogram takes a mutex per observation, which makes proxy threads wait on each other
-/// (and on a thread preempted while holding it).
+/// locks and per thread ([`SHARDS`]): every request of every proxy thread observes one, and
+/// prometheus-client's own histogram takes a mutex per observation, which makes proxy
+/// threads wait on each other (and on a thread preempted while holding it).
 #[derive(Debug, Clone)]
 pub struct Latency(Arc<LatencyBuckets>);
 
 #[derive(Debug)]
 struct LatencyBuckets {
-    bounds: Vec<f64>,
-    /// One more than `bounds`: the last counts everything above them (`+Inf`).
-    counts: Vec<AtomicU64>,
+    bounds: [f64; LATENCY_BOUNDS],
+    shards: [Padded<LatencyShard>; SHARDS],
+}
+
+#[derive(Debug, Default)]
+struct LatencyShard {
+    /// One more than the bounds: the last counts everything above them (`+Inf`).
+    counts: [AtomicU64; LATENCY_BOUNDS + 1],
     sum_ns: AtomicU64,
 }
 
 impl Default for Latency {
     fn default() -> Self {
-        let bounds: Vec<f64> = (0..20).map(|i| 0.000_05 * 2f64.powi(i)).collect();
-        let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
         Latency(Arc::new(LatencyBuckets {
-            bounds,
-            counts,
-            sum_ns: AtomicU64::new(0),
+            bounds: std::array::from_fn(|i| 0.000_05 * 2f64.powi(i as i32)),
+            shards: Default::default(),
         }))
     }
 }
@@ -63,8 +148,10 @@ impl Latency {
     pub fn observe(&self, seconds: f64) {
         let b = &self.0;
         let i = b.bounds.partition_point(|bound| *bound < seconds);
-        b.counts[i].fetch_add(1, Ordering::Relaxed);
-        b.sum_ns
+        let shard = &b.shards[shard()].0;
+        shard.counts[i].fetch_add(1, Ordering::Relaxed);
+        shard
+            .sum_ns
             .fetch_add((seconds * 1e9) as u64, Ordering::Relaxed);
     }
 }
@@ -76,15 +163,27 @@ impl TypedMetric for Latency {
 impl EncodeMetric for Latency {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
         let b = &self.0;
+        let total = |i: usize| -> u64 {
+            b.shards
+                .iter()
+                .map(|s| s.0.counts[i].load(Ordering::Relaxed))
+                .sum()
+        };
         let buckets: Vec<(f64, u64)> = b
             .bounds
             .iter()
             .copied()
             .chain(std::iter::once(f64::INFINITY))
-            .zip(b.counts.iter().map(|c| c.load(Ordering::Relaxed)))
+            .enumerate()
+            .map(|(i, bound)| (bound, total(i)))
             .collect();
         let count = buckets.iter().map(|(_, n)| n).sum();
-        let sum = b.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        let sum = b
+            .shards
+            .iter()
+            .map(|s| s.0.sum_ns.load(Ordering::Relaxed))
+            .sum::<u64>() as f64
+            / 1e9;
         encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
     }
 
@@ -96,9 +195,9 @@ impl EncodeMetric for Latency {
 /// One app's request metrics, as a proxy thread keeps them at hand.
 struct AppHandles {
     latency: Latency,
-    in_flight: Gauge,
+    in_flight: ShardedGauge,
     /// Request counters by status.
-    statuses: Vec<(u16, Counter)>,
+    statuses: Vec<(u16, ShardedCounter)>,
 }
 
 thread_local! {
@@ -117,11 +216,11 @@ pub struct Metrics {
     /// Tells proxies apart in per-thread caches.
     id: u64,
     pub registry: Registry,
-    pub requests: Family<StatusLabels, Counter>,
+    pub requests: Family<StatusLabels, ShardedCounter>,
     pub latency: Family<AppLabel, Latency>,
     pub upstream_errors: Family<KindLabels, Counter>,
     pub retries: Family<AppLabel, Counter>,
-    pub in_flight: Family<AppLabel, Gauge>,
+    pub in_flight: Family<AppLabel, ShardedGauge>,
     pub wakes: Family<KindLabels, Counter>,
     pub wake_latency: Family<AppLabel, Latency>,
     pub autostops: Family<KindLabels, Counter>,
@@ -138,11 +237,11 @@ impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("bazaar_proxy");
-        let requests = Family::<StatusLabels, Counter>::default();
+        let requests = Family::<StatusLabels, ShardedCounter>::default();
         let latency = Family::<AppLabel, Latency>::default();
         let upstream_errors = Family::<KindLabels, Counter>::default();
         let retries = Family::<AppLabel, Counter>::default();
-        let in_flight = Family::<AppLabel, Gauge>::default();
+        let in_flight = Family::<AppLabel, ShardedGauge>::default();
         let wakes = Family::<KindLabels, Counter>::default();
         let wake_latency = Family::<AppLabel, Latency>::default();
         let autostops = Family::<KindLabels, Counter>::default();
@@ -254,7 +353,7 @@ impl Metrics {
     }
 
     /// The gauge of `app`'s requests in flight on this host's machines.
-    pub fn in_flight_of(&self, app: &str) -> Gauge {
+    pub fn in_flight_of(&self, app: &str) -> ShardedGauge {
         self.with_app(app, |h| h.in_flight.clone())
     }
 
@@ -299,6 +398,34 @@ mod tests {
         );
         assert!(
             text.contains("# TYPE bazaar_proxy_request_duration_seconds histogram"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn per_thread_cells_add_up() {
+        let m = Metrics::new();
+        m.record_request("web", 200, 0.001);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    m.record_request("web", 200, 0.001);
+                    m.in_flight_of("web").inc();
+                });
+            }
+        });
+        m.in_flight_of("web").dec();
+        let text = m.encode();
+        assert!(
+            text.contains("bazaar_proxy_requests_total{app=\"web\",status=\"200\"} 4"),
+            "{text}"
+        );
+        assert!(
+            text.contains("bazaar_proxy_in_flight{app=\"web\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("bazaar_proxy_request_duration_seconds_count{app=\"web\"} 4"),
             "{text}"
         );
     }

@@ -6,7 +6,6 @@
 use crate::body::{ReqBody, RespBody};
 use crate::http::{reply, HOP_MACHINE, HOP_TOKEN, HOP_WAKE};
 use crate::upgrade::ClientUpgrade;
-use crate::Shared;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, HOST};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
@@ -172,16 +171,50 @@ pub(crate) async fn prepare(
     })
 }
 
-/// `<ulid>-<region>`, built in one allocation.
-pub(crate) fn request_id(shared: &Shared) -> HeaderValue {
-    let mut ulid = [0u8; ulid::ULID_LEN];
-    ulid::Ulid::from_parts(crate::coarse_now_ms(), rand::random()).array_to_str(&mut ulid);
-    let mut id = Vec::with_capacity(ulid.len() + 1 + shared.region.len());
-    id.extend_from_slice(&ulid);
-    id.push(b'-');
-    id.extend_from_slice(shared.region.as_bytes());
-    HeaderValue::from_maybe_shared(Bytes::from(id))
+/// `<ulid>-<region>`, in one allocation that also holds the reference count the request
+/// and its answer share (a `Vec`'s bytes take a second allocation when first shared).
+pub(crate) fn request_id(region: &str) -> HeaderValue {
+    let mut id = RequestId {
+        bytes: [0; RequestId::ROOM],
+        len: 0,
+    };
+    let region = region.as_bytes();
+    let len = ulid::ULID_LEN + 1 + region.len();
+    if len > RequestId::ROOM {
+        let mut long = vec![0; len];
+        write_request_id(&mut long, region);
+        return HeaderValue::from_maybe_shared(Bytes::from(long))
+            .unwrap_or_else(|_| HeaderValue::from_static("-"));
+    }
+    write_request_id(&mut id.bytes[..len], region);
+    id.len = len as u8;
+    HeaderValue::from_maybe_shared(Bytes::from_owner(id))
         .unwrap_or_else(|_| HeaderValue::from_static("-"))
+}
+
+fn write_request_id(out: &mut [u8], region: &[u8]) {
+    let (ulid, rest) = out.split_at_mut(ulid::ULID_LEN);
+    ulid::Ulid::from_parts(crate::coarse_now_ms(), rand::random())
+        .array_to_str(ulid.try_into().expect("ULID_LEN bytes"));
+    rest[0] = b'-';
+    rest[1..].copy_from_slice(region);
+}
+
+/// A request id's bytes, kept inline.
+struct RequestId {
+    bytes: [u8; RequestId::ROOM],
+    len: u8,
+}
+
+impl RequestId {
+    /// Room for the ULID, a dash and a region name of up to 37 bytes.
+    const ROOM: usize = 64;
+}
+
+impl AsRef<[u8]> for RequestId {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
 }
 
 /// The request target in origin form (`/path?query`), as written by the fast path.
@@ -198,5 +231,23 @@ pub(crate) fn origin_uri(parts: &http::request::Parts) -> Uri {
     match uri.path_and_query() {
         Some(pq) => Uri::from(pq.clone()),
         None => Uri::from_static("/"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_a_ulid_and_the_region() {
+        for region in ["ams", "a-region-name-of-forty-bytes-1234567890"] {
+            let id = request_id(region);
+            let text = id.to_str().unwrap();
+            let (ulid, rest) = text.split_at(ulid::ULID_LEN);
+            assert!(ulid::Ulid::from_string(ulid).is_ok(), "{text}");
+            assert_eq!(rest, format!("-{region}"));
+            assert_eq!(id.clone(), id);
+        }
+        assert_ne!(request_id("ams"), request_id("ams"));
     }
 }

@@ -21,6 +21,9 @@ pub struct Load {
     pub failed_until_ms: AtomicU64,
     /// Whether the last table saw it started (to restart the idle clock on a start).
     pub was_started: AtomicBool,
+    /// Its app's in-flight gauge, looked up on the first request (a request then counts
+    /// itself there without cloning the handle).
+    pub app_in_flight: std::sync::OnceLock<crate::metrics::ShardedGauge>,
 }
 
 impl Load {
@@ -40,6 +43,14 @@ impl Load {
             return false;
         }
         ok
+    }
+
+    /// Notes activity now. The clock is coarse: most requests find it already noted and
+    /// leave the counter's cache line alone.
+    pub fn touch(&self, now_ms: u64) {
+        if self.last_active_ms.load(Ordering::Relaxed) != now_ms {
+            self.last_active_ms.store(now_ms, Ordering::Relaxed);
+        }
     }
 }
 

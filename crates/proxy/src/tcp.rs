@@ -147,7 +147,7 @@ async fn serve(shared: Arc<Shared>, port: u16, mut client: TcpStream) {
         let _guard = Guard {
             load: b.load.clone(),
             shared: Arc::new(crate::Local(shared.clone())),
-            gauge: None,
+            gauge: false,
         };
         let connected = if b.local {
             TcpStream::connect(b.addr)
@@ -301,7 +301,7 @@ pub(crate) async fn serve_hop(
     let guard = Guard {
         load: b.load.clone(),
         shared: Arc::new(crate::Local(shared.clone())),
-        gauge: None,
+        gauge: false,
     };
     let mut upstream = match TcpStream::connect(b.addr).await {
         Ok(s) => s,
