@@ -47,8 +47,8 @@
 pub mod actor;
 pub mod addresses;
 pub mod agent;
-pub mod app_secrets;
 pub mod api_tls;
+pub mod app_secrets;
 pub mod audit;
 pub mod checks;
 pub mod cleanup;
