@@ -18,7 +18,7 @@ use std::time::Duration;
 
 /// Header of a call that an API node forwards to a machine's owner (start, restart, update,
 /// claim): `<version> <app>`, the app's secrets version as the API node sees it. The owner
-/// waits (at most [`SECRETS_WAIT`]) until its catalog has caught up, so a machine restarted
+/// waits (at most `SECRETS_WAIT`) until its catalog has caught up, so a machine restarted
 /// right after `secrets set` on another node starts with the new values (Fly's
 /// `min_secrets_version`, implicit).
 pub const SECRETS_VERSION_HEADER: &str = "x-bazaar-secrets-version";
@@ -249,7 +249,7 @@ impl Agent {
 }
 
 /// Host interface middleware: a call carrying [`SECRETS_VERSION_HEADER`] waits until this
-/// host's catalog holds that version of the app's secrets (or [`SECRETS_WAIT`] passed).
+/// host's catalog holds that version of the app's secrets (or `SECRETS_WAIT` passed).
 pub async fn await_secrets(State(agent): State<Agent>, req: Request, next: Next) -> Response {
     let wanted = req
         .headers()

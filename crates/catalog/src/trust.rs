@@ -10,7 +10,7 @@
 //!   row's identity and the record's JSON exactly as signed. Relays (gossip forwarding,
 //!   anti-entropy) pass the seal on untouched, so a row verifies on every node whoever
 //!   delivered it.
-//! - In a cluster with a CA ([`CaTrust`]), a host's key is bound to its host id by the CA:
+//! - In a cluster with a CA (`CaTrust`), a host's key is bound to its host id by the CA:
 //!   the CA signs (host id, key) for a host it issued a certificate to
 //!   ([`bazaar_pki::ClusterCa::endorse_row_key`]), the host row carries that endorsement,
 //!   and a node pins a host's key only from a host row whose endorsement verifies against

@@ -172,7 +172,7 @@ struct AgentArgs {
     #[arg(long)]
     proxy_tls_listen: Option<SocketAddr>,
     /// The ACME directory certificates are issued from (`bazaar certs add`), e.g.
-    /// https://acme-v02.api.letsencrypt.org/directory.
+    /// `https://acme-v02.api.letsencrypt.org/directory`.
     #[arg(long)]
     acme_directory: Option<String>,
     /// A PEM file of the root CA the ACME directory's HTTPS is checked against (a test

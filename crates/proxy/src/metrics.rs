@@ -41,7 +41,7 @@ const SHARDS: usize = 8;
 #[repr(align(128))]
 struct Padded<T>(T);
 
-/// The calling thread's cell (threads beyond [`SHARDS`] share cells, which stays exact).
+/// The calling thread's cell (threads beyond `SHARDS` share cells, which stays exact).
 fn shard() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
@@ -50,7 +50,7 @@ fn shard() -> usize {
     SHARD.with(|s| *s)
 }
 
-/// A counter kept per thread ([`SHARDS`]), encoded as one Prometheus counter.
+/// A counter kept per thread (`SHARDS`), encoded as one Prometheus counter.
 #[derive(Debug, Clone, Default)]
 pub struct ShardedCounter(Arc<[Padded<AtomicU64>; SHARDS]>);
 
@@ -78,7 +78,7 @@ impl EncodeMetric for ShardedCounter {
     }
 }
 
-/// A gauge kept per thread ([`SHARDS`]), encoded as one Prometheus gauge (a cell may go
+/// A gauge kept per thread (`SHARDS`), encoded as one Prometheus gauge (a cell may go
 /// below zero when another thread takes back what this one added; the sum is exact).
 #[derive(Debug, Clone, Default)]
 pub struct ShardedGauge(Arc<[Padded<AtomicI64>; SHARDS]>);
@@ -115,7 +115,7 @@ impl EncodeMetric for ShardedGauge {
 const LATENCY_BOUNDS: usize = 20;
 
 /// A latency histogram (seconds; buckets from 50 µs doubling to ~26 s) that records without
-/// locks and per thread ([`SHARDS`]): every request of every proxy thread observes one, and
+/// locks and per thread (`SHARDS`): every request of every proxy thread observes one, and
 /// prometheus-client's own histogram takes a mutex per observation, which makes proxy
 /// threads wait on each other (and on a thread preempted while holding it).
 #[derive(Debug, Clone)]
