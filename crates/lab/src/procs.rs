@@ -58,6 +58,10 @@ impl ProcId {
         match stat_fields(self.pid) {
             Some(f) if f.get(19).and_then(|s| s.parse().ok()) == Some(self.start_time) => {
                 match f.first().map(String::as_str) {
+                    // A thread-group leader turns zombie while its other threads still
+                    // exit (one in an fsync, say); their shared file table, listeners
+                    // included, is released with the last of them.
+                    Some("Z") | Some("X") if threads_left(self.pid) > 1 => AgentState::Running,
                     Some("Z") | Some("X") | None => AgentState::Down,
                     Some("T") => AgentState::Frozen,
                     Some(_) => AgentState::Running,
@@ -114,6 +118,11 @@ impl ProcId {
         }
         true
     }
+}
+
+/// How many threads of process `pid` are left (its leader included, zombie or not).
+fn threads_left(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
 }
 
 fn signal(pid: u32, sig: i32) {
