@@ -7,11 +7,19 @@
 //! on it, so traffic flows again after a partition heals. Routes to the peers' prefixes
 //! point at the device; they go with it when the device is closed (dropping [`Mesh`]).
 //!
+//! Batching, as wireguard-go does, so that a packet costs its encryption and little else:
+//! the TUN device hands TCP over unsegmented (TSO, `IFF_VNET_HDR`; cut into packets of the
+//! MSS by [`crate::offload`]), whose encrypted segments leave in one UDP GSO send; the UDP
+//! socket takes a burst from a peer in one receive (UDP GRO) and has room for bursts
+//! ([`crate::udp`]).
+//!
 //! The kernel's WireGuard would replace all of this by `ip link add <name> type wireguard`
 //! and `wg set` with the same keys, endpoints and allowed IPs (a peer's prefix): the
 //! routes, labels and firewall stay as they are.
 
+use crate::offload::{self, VnetHdr, VNET_HDR_LEN};
 use crate::plan::{Peer, Prefix};
+use crate::udp;
 use boringtun::noise::{Tunn, TunnResult};
 use boringtun::x25519::{PublicKey, StaticSecret};
 use std::collections::HashMap;
@@ -32,6 +40,11 @@ const KEEPALIVE_S: u16 = 5;
 const TIMER_PERIOD: Duration = Duration::from_millis(100);
 /// Room for a packet of [`MTU`] plus WireGuard's header and tag.
 const BUF: usize = 2048;
+/// Room for the largest packet the TUN device hands over unsegmented (TSO).
+const TUN_READ: usize = 1 << 16;
+/// Room for a super-packet's segments, encrypted: its bytes plus, for each segment (at
+/// Linux's smallest MSS, 48), copied headers (up to 120 bytes) and WireGuard's 32.
+const OUT: usize = TUN_READ + (TUN_READ / 48 + 1) * (120 + 32);
 
 /// What a mesh device is made with.
 #[derive(Debug, Clone)]
@@ -96,6 +109,7 @@ impl Mesh {
             config.tun_name, config.range
         ))?;
         let udp = UdpSocket::bind(config.listen)?;
+        udp::tune(&udp);
         udp.set_read_timeout(Some(Duration::from_millis(200)))?;
         let local_addr = udp.local_addr()?;
         let shared = Arc::new(Shared {
@@ -226,50 +240,115 @@ impl Shared {
         let _ = self.udp.send_to(datagram, to);
     }
 
-    /// TUN → peers.
+    /// TUN → peers. The device hands TCP over unsegmented (TSO): one read is up to 64 KiB
+    /// of one flow, cut here into packets of the MSS, encrypted end to end into one buffer
+    /// and sent with as few UDP GSO sends as their sizes allow.
     fn tun_to_peers(&self) {
-        let mut packet = [0u8; BUF];
-        let mut out = [0u8; BUF + 64];
+        let mut read = vec![0u8; VNET_HDR_LEN + TUN_READ];
+        let mut segment = vec![0u8; BUF];
+        let mut out = vec![0u8; OUT];
+        let mut sizes: Vec<((), usize)> = Vec::with_capacity(128);
         let mut tun = &self.tun;
+        let mut gso = true;
         while !self.stopped() {
-            if !readable(self.tun.as_raw_fd(), 200) {
-                continue;
-            }
-            let n = match tun.read(&mut packet) {
+            let n = match tun.read(&mut read) {
                 Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    readable(self.tun.as_raw_fd(), 200);
+                    continue;
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     tracing::warn!(error = %e, "mesh: reading the TUN device");
                     return;
                 }
             };
-            let Some(std::net::IpAddr::V4(dst)) = Tunn::dst_address(&packet[..n]) else {
+            let Some(hdr) = VnetHdr::parse(&read[..n]) else {
                 continue;
             };
-            let peer = {
-                let table = self.peers.read().unwrap_or_else(|e| e.into_inner());
-                table
-                    .by_host
-                    .values()
-                    .find(|s| s.peer.prefix.contains(dst))
-                    .cloned()
+            let packet = &mut read[VNET_HDR_LEN..n];
+            let Some(std::net::IpAddr::V4(dst)) = Tunn::dst_address(packet) else {
+                continue;
             };
-            let Some(peer) = peer else { continue };
-            let mut tunn = peer.tunn.lock().unwrap_or_else(|e| e.into_inner());
-            if let TunnResult::WriteToNetwork(d) = tunn.encapsulate(&packet[..n], &mut out) {
-                self.send(peer.peer.endpoint, d);
+            let Some(peer) = self.peer_for(dst) else {
+                continue;
+            };
+            sizes.clear();
+            let mut used = 0;
+            {
+                let mut tunn = peer.tunn.lock().unwrap_or_else(|e| e.into_inner());
+                let cut = offload::segments(hdr, packet, &mut segment, |p| {
+                    if let TunnResult::WriteToNetwork(d) = tunn.encapsulate(p, &mut out[used..]) {
+                        used += d.len();
+                        sizes.push(((), d.len()));
+                    }
+                });
+                if let Err(e) = cut {
+                    tracing::debug!(error = ?e, "mesh: a packet from the TUN device dropped");
+                }
+            }
+            let mut start = 0;
+            for run in offload::gso_runs(&sizes) {
+                let len: usize = sizes[run.clone()].iter().map(|(_, l)| l).sum();
+                let bytes = &out[start..start + len];
+                if gso && run.len() > 1 {
+                    match udp::send_segments(
+                        &self.udp,
+                        peer.peer.endpoint,
+                        bytes,
+                        sizes[run.start].1 as u16,
+                    ) {
+                        Ok(()) => {
+                            start += len;
+                            continue;
+                        }
+                        // No UDP GSO on this path (old kernel, device without checksum
+                        // offload): one datagram a call from now on.
+                        Err(e)
+                            if matches!(
+                                e.raw_os_error(),
+                                Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT)
+                            ) =>
+                        {
+                            tracing::info!(error = %e, "mesh: UDP GSO refused, sending datagrams one by one");
+                            gso = false;
+                        }
+                        Err(_) => {
+                            start += len;
+                            continue;
+                        }
+                    }
+                }
+                let mut at = start;
+                for (_, l) in &sizes[run] {
+                    self.send(peer.peer.endpoint, &out[at..at + l]);
+                    at += l;
+                }
+                start += len;
             }
         }
     }
 
-    /// Peers → TUN.
+    /// The peer whose prefix holds `dst`.
+    fn peer_for(&self, dst: std::net::Ipv4Addr) -> Option<Arc<PeerState>> {
+        let table = self.peers.read().unwrap_or_else(|e| e.into_inner());
+        table
+            .by_host
+            .values()
+            .find(|s| s.peer.prefix.contains(dst))
+            .cloned()
+    }
+
+    /// Peers → TUN. One receive holds several datagrams of one peer when the kernel joined
+    /// them (UDP GRO); each is decrypted and written to the TUN device (behind an empty
+    /// vnet header: nothing to segment, checksums complete).
     fn peers_to_tun(&self) {
-        let mut datagram = [0u8; BUF + 64];
-        let mut out = [0u8; BUF + 64];
+        let mut datagrams = vec![0u8; 1 << 16];
+        // An empty vnet header, then the packet.
+        let mut out = vec![0u8; VNET_HDR_LEN + BUF + 64];
         let mut tun = &self.tun;
         while !self.stopped() {
-            let (n, from) = match self.udp.recv_from(&mut datagram) {
+            let (n, from, segment) = match udp::recv_segments(&self.udp, &mut datagrams) {
                 Ok(r) => r,
                 Err(_) => continue,
             };
@@ -278,20 +357,27 @@ impl Shared {
                 table.by_endpoint.get(&from).cloned()
             };
             let Some(peer) = peer else { continue };
-            let mut tunn = peer.tunn.lock().unwrap_or_else(|e| e.into_inner());
-            match tunn.decapsulate(Some(from.ip()), &datagram[..n], &mut out) {
-                TunnResult::WriteToNetwork(d) => {
-                    self.send(from, d);
-                    // Packets queued while the handshake was under way.
-                    while let TunnResult::WriteToNetwork(d) = tunn.decapsulate(None, &[], &mut out)
-                    {
-                        self.send(from, d);
-                    }
-                }
-                TunnResult::WriteToTunnelV4(p, src) if peer.peer.prefix.contains(src) => {
-                    let _ = tun.write(p);
-                }
-                _ => {}
+            for datagram in datagrams[..n].chunks(segment.map_or(n.max(1), usize::from)) {
+                let mut tunn = peer.tunn.lock().unwrap_or_else(|e| e.into_inner());
+                let plain =
+                    match tunn.decapsulate(Some(from.ip()), datagram, &mut out[VNET_HDR_LEN..]) {
+                        TunnResult::WriteToNetwork(d) => {
+                            self.send(from, d);
+                            // Packets queued while the handshake was under way.
+                            while let TunnResult::WriteToNetwork(d) =
+                                tunn.decapsulate(None, &[], &mut out[VNET_HDR_LEN..])
+                            {
+                                self.send(from, d);
+                            }
+                            continue;
+                        }
+                        TunnResult::WriteToTunnelV4(p, src) if peer.peer.prefix.contains(src) => {
+                            p.len()
+                        }
+                        _ => continue,
+                    };
+                drop(tunn);
+                let _ = tun.write(&out[..VNET_HDR_LEN + plain]);
             }
         }
     }
@@ -333,9 +419,9 @@ fn readable(fd: i32, timeout_ms: i32) -> bool {
     unsafe { libc::poll(&mut pfd, 1, timeout_ms) > 0 }
 }
 
-/// Opens `/dev/net/tun` as a new TUN device `name` (no packet information header).
+/// Opens `/dev/net/tun` as a new TUN device `name`, non-blocking, packets behind a
+/// `virtio_net_hdr` (no packet information header), TCP segmentation left to us.
 fn open_tun(name: &str) -> std::io::Result<File> {
-    const TUNSETIFF: libc::c_ulong = 0x400454ca;
     if name.len() > 15 {
         return Err(std::io::Error::other(format!(
             "TUN device name {name:?} is longer than 15 characters"
@@ -353,13 +439,29 @@ fn open_tun(name: &str) -> std::io::Result<File> {
     }
     let mut req = IfReq {
         name: [0; libc::IFNAMSIZ],
-        flags: (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short,
+        flags: (libc::IFF_TUN | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short,
         _pad: [0; 22],
     };
     req.name[..name.len()].copy_from_slice(name.as_bytes());
     // SAFETY: TUNSETIFF reads an ifreq, which `req` is laid out as.
-    if unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF, &mut req) } < 0 {
+    if unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut req) } < 0 {
         return Err(std::io::Error::last_os_error());
+    }
+    // TCP over IPv4 unsegmented, checksums left to us.
+    let offloads = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO_ECN;
+    // SAFETY: TUNSETOFFLOAD takes its flags by value; F_SETFL an int.
+    unsafe {
+        if libc::ioctl(
+            file.as_raw_fd(),
+            libc::TUNSETOFFLOAD,
+            offloads as libc::c_ulong,
+        ) < 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::fcntl(file.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
     }
     Ok(file)
 }

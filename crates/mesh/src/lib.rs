@@ -2,13 +2,17 @@
 //! host's /22 of 10.208.0.0/12, claimed deterministically from its id with the lower id
 //! winning a prefix claimed twice; the peers a host's catalog announces; the nftables
 //! rules that keep organizations apart) and a thin shell: the WireGuard device (`device`:
-//! boringtun over a TUN device), the host's key (`keys`) and the firewall (`firewall`).
+//! boringtun over a TUN device, batched: `offload` cuts the device's TCP super-packets,
+//! `udp` sends and receives many datagrams a call), the host's key (`keys`) and the
+//! firewall (`firewall`).
 //! docs/NETWORK.md says how it fits together.
 
 pub mod device;
 pub mod firewall;
 pub mod keys;
+pub mod offload;
 pub mod plan;
+mod udp;
 
 pub use device::{Mesh, MeshConfig, MTU};
 pub use plan::{Peer, Prefix};
