@@ -11,7 +11,8 @@
 //! the TUN device hands TCP over unsegmented (TSO, `IFF_VNET_HDR`; cut into packets of the
 //! MSS by [`crate::offload`]), whose encrypted segments leave in one UDP GSO send; the UDP
 //! socket takes a burst from a peer in one receive (UDP GRO) and has room for bursts
-//! ([`crate::udp`]).
+//! ([`crate::udp`]); the decrypted TCP segments of a burst are joined again into one
+//! super-packet for the TUN device, so that the receiving stack runs once for many.
 //!
 //! The kernel's WireGuard would replace all of this by `ip link add <name> type wireguard`
 //! and `wg set` with the same keys, endpoints and allowed IPs (a peer's prefix): the
@@ -340,13 +341,16 @@ impl Shared {
     }
 
     /// Peers → TUN. One receive holds several datagrams of one peer when the kernel joined
-    /// them (UDP GRO); each is decrypted and written to the TUN device (behind an empty
-    /// vnet header: nothing to segment, checksums complete).
+    /// them (UDP GRO); each is decrypted, and consecutive TCP segments of one flow are
+    /// joined into one write to the TUN device ([`offload::Coalescer`]).
     fn peers_to_tun(&self) {
         let mut datagrams = vec![0u8; 1 << 16];
-        // An empty vnet header, then the packet.
-        let mut out = vec![0u8; VNET_HDR_LEN + BUF + 64];
+        let mut out = vec![0u8; BUF + 64];
+        let mut joined = offload::Coalescer::default();
         let mut tun = &self.tun;
+        let mut write = |p: &[u8]| {
+            let _ = tun.write(p);
+        };
         while !self.stopped() {
             let (n, from, segment) = match udp::recv_segments(&self.udp, &mut datagrams) {
                 Ok(r) => r,
@@ -359,26 +363,24 @@ impl Shared {
             let Some(peer) = peer else { continue };
             for datagram in datagrams[..n].chunks(segment.map_or(n.max(1), usize::from)) {
                 let mut tunn = peer.tunn.lock().unwrap_or_else(|e| e.into_inner());
-                let plain =
-                    match tunn.decapsulate(Some(from.ip()), datagram, &mut out[VNET_HDR_LEN..]) {
-                        TunnResult::WriteToNetwork(d) => {
+                match tunn.decapsulate(Some(from.ip()), datagram, &mut out) {
+                    TunnResult::WriteToNetwork(d) => {
+                        self.send(from, d);
+                        // Packets queued while the handshake was under way.
+                        while let TunnResult::WriteToNetwork(d) =
+                            tunn.decapsulate(None, &[], &mut out)
+                        {
                             self.send(from, d);
-                            // Packets queued while the handshake was under way.
-                            while let TunnResult::WriteToNetwork(d) =
-                                tunn.decapsulate(None, &[], &mut out[VNET_HDR_LEN..])
-                            {
-                                self.send(from, d);
-                            }
-                            continue;
                         }
-                        TunnResult::WriteToTunnelV4(p, src) if peer.peer.prefix.contains(src) => {
-                            p.len()
-                        }
-                        _ => continue,
-                    };
-                drop(tunn);
-                let _ = tun.write(&out[..VNET_HDR_LEN + plain]);
+                    }
+                    TunnResult::WriteToTunnelV4(p, src) if peer.peer.prefix.contains(src) => {
+                        drop(tunn);
+                        joined.add(p, &mut write);
+                    }
+                    _ => {}
+                }
             }
+            joined.flush(&mut write);
         }
     }
 

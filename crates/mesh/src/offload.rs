@@ -1,8 +1,10 @@
 //! The pure part of the device's offloads: the `virtio_net_hdr` the TUN device puts before
 //! each packet (`IFF_VNET_HDR`), cutting a TCP super-packet the kernel handed over unsegmented
 //! (TSO, up to 64 KiB) into packets of the MSS it names, as a NIC would; finishing a
-//! checksum the kernel left partial; and grouping encrypted datagrams into runs that one
-//! UDP GSO send can carry (same peer, same size but the last).
+//! checksum the kernel left partial; grouping encrypted datagrams into runs that one UDP GSO
+//! send can carry (same peer, same size but the last); and, the other way, joining
+//! decrypted segments of one TCP flow into one super-packet for the TUN device (GRO), so
+//! that the kernel's stack runs once for many.
 
 use std::ops::Range;
 
@@ -219,6 +221,175 @@ pub fn gso_runs<P: PartialEq>(datagrams: &[(P, usize)]) -> Vec<Range<usize>> {
     runs
 }
 
+/// Joins consecutive TCP/IPv4 segments of one flow into one super-packet the TUN device
+/// takes (behind a vnet header asking the kernel to segment it again if it must, and to
+/// finish its checksum), as a NIC's GRO would: same IP and TCP header bytes but the IP
+/// length, id and checksum and the TCP sequence number and checksum; each segment's
+/// sequence number right after the last's; all as long as the first but the last; ACK set,
+/// PSH on the last only, no other flag. Anything else passes alone, unchanged.
+pub struct Coalescer {
+    /// A vnet header, then the packet being built.
+    buf: Vec<u8>,
+    /// Bytes of the packet in `buf` (0: none).
+    len: usize,
+    segments: usize,
+    /// The shape of the packet in `buf`, if it is a TCP segment others may join.
+    shape: Option<Shape>,
+    /// Whether it still takes more.
+    open: bool,
+}
+
+#[derive(Clone, Copy)]
+struct Shape {
+    ip_len: usize,
+    hdr_len: usize,
+    /// Payload bytes of the first segment: every one but the last has as many.
+    mss: usize,
+    next_seq: u32,
+}
+
+impl std::fmt::Debug for Coalescer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coalescer")
+            .field("len", &self.len)
+            .field("segments", &self.segments)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Coalescer {
+    fn default() -> Self {
+        Coalescer {
+            buf: vec![0u8; VNET_HDR_LEN + usize::from(u16::MAX)],
+            len: 0,
+            segments: 0,
+            shape: None,
+            open: false,
+        }
+    }
+}
+
+const ACK: u8 = 0x10;
+const PSH: u8 = 0x08;
+
+impl Coalescer {
+    /// Adds `packet`; the group it cannot join is first passed to `write`.
+    pub fn add(&mut self, packet: &[u8], write: impl FnMut(&[u8])) {
+        if self.join(packet) {
+            return;
+        }
+        self.flush(write);
+        let len = packet.len().min(self.buf.len() - VNET_HDR_LEN);
+        self.buf[VNET_HDR_LEN..VNET_HDR_LEN + len].copy_from_slice(&packet[..len]);
+        self.len = len;
+        self.segments = 1;
+        self.shape = tcp_shape(packet)
+            .filter(|(_, flags)| *flags == ACK)
+            .map(|(s, _)| s);
+        self.open = self.shape.is_some();
+    }
+
+    /// Passes the packet being built, if any, to `write`: a vnet header, then the packet.
+    pub fn flush(&mut self, write: impl FnOnce(&[u8])) {
+        if self.len == 0 {
+            return;
+        }
+        let mut hdr = VnetHdr::default();
+        if let (2.., Some(shape)) = (self.segments, self.shape) {
+            let total = self.len;
+            let p = &mut self.buf[VNET_HDR_LEN..VNET_HDR_LEN + total];
+            p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+            p[10..12].fill(0);
+            let ip_sum = !fold(sum16(&p[..shape.ip_len], 0));
+            p[10..12].copy_from_slice(&ip_sum.to_be_bytes());
+            // The kernel finishes the checksum from the pseudo-header's sum.
+            let partial = fold(pseudo_header4(&p[12..20], total - shape.ip_len));
+            p[shape.ip_len + 16..shape.ip_len + 18].copy_from_slice(&partial.to_be_bytes());
+            hdr = VnetHdr {
+                flags: F_NEEDS_CSUM,
+                gso_type: GSO_TCPV4,
+                gso_size: shape.mss as u16,
+                csum_start: shape.ip_len as u16,
+                csum_offset: 16,
+            };
+        }
+        self.buf[..VNET_HDR_LEN].copy_from_slice(&hdr.to_bytes());
+        write(&self.buf[..VNET_HDR_LEN + self.len]);
+        self.len = 0;
+        self.segments = 0;
+        self.shape = None;
+        self.open = false;
+    }
+
+    /// Appends `packet`'s payload to the packet being built, if it may join it.
+    fn join(&mut self, packet: &[u8]) -> bool {
+        let Some(shape) = self.shape.filter(|_| self.open) else {
+            return false;
+        };
+        let Some((theirs, flags)) = tcp_shape(packet) else {
+            return false;
+        };
+        let payload = packet.len() - shape.hdr_len;
+        let first = &self.buf[VNET_HDR_LEN..VNET_HDR_LEN + shape.hdr_len];
+        let (ip, tcp) = (shape.ip_len, shape.hdr_len);
+        let joins = theirs.ip_len == shape.ip_len
+            && theirs.hdr_len == shape.hdr_len
+            && theirs.next_seq.wrapping_sub(payload as u32) == shape.next_seq
+            && payload <= shape.mss
+            && (flags == ACK || flags == ACK | PSH)
+            && self.len + payload <= usize::from(u16::MAX)
+            // IP: version to DSCP, flags and fragment offset, TTL, protocol, addresses.
+            && packet[..2] == first[..2]
+            && packet[6..10] == first[6..10]
+            && packet[12..ip] == first[12..ip]
+            // TCP: ports, acknowledgment, offset and flags but PSH, window, options.
+            && packet[ip..ip + 4] == first[ip..ip + 4]
+            && packet[ip + 8..ip + 13] == first[ip + 8..ip + 13]
+            && packet[ip + 14..ip + 16] == first[ip + 14..ip + 16]
+            && packet[ip + 20..tcp] == first[ip + 20..tcp];
+        if !joins {
+            return false;
+        }
+        let at = VNET_HDR_LEN + self.len;
+        self.buf[at..at + payload].copy_from_slice(&packet[shape.hdr_len..]);
+        self.len += payload;
+        self.segments += 1;
+        self.shape = Some(Shape {
+            next_seq: theirs.next_seq,
+            ..shape
+        });
+        // PSH, or a short segment, ends the group.
+        if flags & PSH != 0 {
+            self.buf[VNET_HDR_LEN + ip + 13] |= PSH;
+        }
+        self.open = flags == ACK && payload == shape.mss;
+        true
+    }
+}
+
+/// The shape of a TCP/IPv4 segment with payload, not a fragment, and its TCP flags.
+fn tcp_shape(packet: &[u8]) -> Option<(Shape, u8)> {
+    let ip_len = usize::from(*packet.first()? & 0x0f) * 4;
+    if packet[0] >> 4 != 4 || ip_len < 20 || packet.len() < ip_len + 20 || packet[9] != TCP {
+        return None;
+    }
+    let total = usize::from(u16::from_be_bytes([packet[2], packet[3]]));
+    let fragment = u16::from_be_bytes([packet[6], packet[7]]) & 0x3fff;
+    let hdr_len = ip_len + usize::from(packet[ip_len + 12] >> 4) * 4;
+    if total != packet.len() || fragment != 0 || hdr_len < ip_len + 20 || packet.len() <= hdr_len {
+        return None;
+    }
+    let seq = u32::from_be_bytes(packet[ip_len + 4..ip_len + 8].try_into().ok()?);
+    let mss = packet.len() - hdr_len;
+    let shape = Shape {
+        ip_len,
+        hdr_len,
+        mss,
+        next_seq: seq.wrapping_add(mss as u32),
+    };
+    Some((shape, packet[ip_len + 13]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,6 +506,95 @@ mod tests {
         assert_eq!(
             segments(udp, &mut p, &mut scratch, |_| {}),
             Err(OffloadError::UnsupportedGso(3))
+        );
+    }
+
+    /// `n` segments of one flow, `mss` bytes of payload each but the last (`last` bytes),
+    /// checksums right, ids counting up as a sender's would.
+    fn flow(n: usize, mss: usize, last: usize) -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|i| {
+                let len = if i + 1 == n { last } else { mss };
+                let payload: Vec<u8> = (0..len).map(|j| (i * 31 + j) as u8).collect();
+                let mut p = tcp_packet(&payload, 5000 + (i * mss) as u32, ACK);
+                p[4..6].copy_from_slice(&(100 + i as u16).to_be_bytes());
+                let ip_sum = !fold(sum16(&p[..20], 0));
+                p[10..12].copy_from_slice(&ip_sum.to_be_bytes());
+                let tcp_sum = !fold(sum16(&p[20..], pseudo_header4(&p[12..20], p.len() - 20)));
+                p[36..38].copy_from_slice(&tcp_sum.to_be_bytes());
+                p
+            })
+            .collect()
+    }
+
+    fn coalesce(packets: &[Vec<u8>]) -> Vec<Vec<u8>> {
+        let mut c = Coalescer::default();
+        let mut written = Vec::new();
+        for p in packets {
+            c.add(p, |w| written.push(w.to_vec()));
+        }
+        c.flush(|w| written.push(w.to_vec()));
+        written
+    }
+
+    #[test]
+    fn segments_of_one_flow_join_and_cut_back_into_the_same_segments() {
+        let segs = flow(4, 1000, 300);
+        let written = coalesce(&segs);
+        assert_eq!(written.len(), 1);
+        let hdr = VnetHdr::parse(&written[0]).unwrap();
+        assert_eq!(
+            hdr,
+            VnetHdr {
+                flags: F_NEEDS_CSUM,
+                gso_type: GSO_TCPV4,
+                gso_size: 1000,
+                csum_start: 20,
+                csum_offset: 16
+            }
+        );
+        let mut joined = written[0][VNET_HDR_LEN..].to_vec();
+        assert_eq!(joined.len(), 40 + 3300);
+        assert!(ip_checksum_ok(&joined));
+        // What the kernel would do with it: cut it again.
+        let mut again = Vec::new();
+        segments(hdr, &mut joined, &mut [0u8; 2048], |s| {
+            again.push(s.to_vec())
+        })
+        .unwrap();
+        assert_eq!(again, segs);
+    }
+
+    #[test]
+    fn what_cannot_join_passes_alone_and_unchanged() {
+        let alone = |p: &[u8]| [&[0u8; VNET_HDR_LEN][..], p].concat();
+        // A gap in the sequence numbers: two groups.
+        let mut segs = flow(4, 1000, 1000);
+        segs.remove(2);
+        let written = coalesce(&segs);
+        assert_eq!(written.len(), 2);
+        assert_eq!(written[1], alone(&segs[2]));
+        // Another flow (port), a short segment in the middle, PSH: each ends a group.
+        let mut segs = flow(3, 1000, 1000);
+        segs[1][20..22].copy_from_slice(&1001u16.to_be_bytes());
+        assert_eq!(coalesce(&segs).len(), 3);
+        let mut segs = flow(3, 1000, 1000);
+        segs[1].truncate(40 + 500);
+        segs[1][2..4].copy_from_slice(&540u16.to_be_bytes());
+        assert_eq!(coalesce(&segs).len(), 2);
+        let mut segs = flow(3, 1000, 1000);
+        segs[1][33] |= PSH;
+        let written = coalesce(&segs);
+        assert_eq!(written.len(), 2);
+        assert_eq!(written[0][VNET_HDR_LEN + 33], ACK | PSH);
+        // Not TCP, or a SYN: alone, byte for byte.
+        let mut udp = flow(1, 1000, 1000).remove(0);
+        udp[9] = 17;
+        let mut syn = flow(1, 1000, 1000).remove(0);
+        syn[33] = 0x02;
+        assert_eq!(
+            coalesce(&[udp.clone(), syn.clone()]),
+            [alone(&udp), alone(&syn)]
         );
     }
 
