@@ -110,7 +110,9 @@ impl Mesh {
             config.tun_name, config.range
         ))?;
         let udp = UdpSocket::bind(config.listen)?;
-        udp::tune(&udp);
+        if !udp::tune(&udp) {
+            tracing::info!("mesh: no UDP GRO on this kernel, one datagram a receive");
+        }
         udp.set_read_timeout(Some(Duration::from_millis(200)))?;
         let local_addr = udp.local_addr()?;
         let shared = Arc::new(Shared {
