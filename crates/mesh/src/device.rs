@@ -11,7 +11,7 @@
 //! the TUN device hands TCP over unsegmented (TSO, `IFF_VNET_HDR`; cut into packets of the
 //! MSS by [`crate::offload`]), whose encrypted segments leave in one UDP GSO send; the UDP
 //! socket takes a burst from a peer in one receive (UDP GRO) and has room for bursts
-//! ([`crate::udp`]); the decrypted TCP segments of a burst are joined again into one
+//! (`udp.rs`); the decrypted TCP segments of a burst are joined again into one
 //! super-packet for the TUN device, so that the receiving stack runs once for many.
 //!
 //! The kernel's WireGuard would replace all of this by `ip link add <name> type wireguard`
