@@ -2,12 +2,13 @@
 //! requests for `<app>.<domain>` to the app's machines, deciding from the local catalog
 //! alone ([`table`], rebuilt from the catalog's change stream).
 //!
-//! - Balancing ([`balance`]): started, healthy, uncordoned machines only; nearest first,
+//! - Routing (`route.rs`, pure; the one candidate rule for HTTP and TCP) and balancing
+//!   ([`balance`]): started, healthy, uncordoned machines, else one woken; nearest first,
 //!   least loaded by in-flight requests, above the soft limit only when all are, never above
 //!   the hard limit; a request nothing can take waits (bounded), then gets a 503.
 //! - Two hops, as on Fly: a machine of this host is reached directly; a machine of another
 //!   host through that host's proxy (`proxy_addr` label of its host record; over mTLS to
-//!   its hop listener, `proxy_hop_addr`, when both hosts have certificates: `hop_tls.rs`), which counts
+//!   its hop listener, `proxy_hop_addr`, when both hosts have certificates: `hop_tls.rs`, `ingress/hop.rs`), which counts
 //!   every request its machines serve, so hard limits and drains hold cluster-wide. A hop
 //!   that could not deliver answers with `bazaar-proxy-retry`, and the first proxy tries
 //!   another machine.
@@ -24,35 +25,38 @@
 //! - WebSockets and other upgraded connections (`upgrade.rs`), spliced once the machine
 //!   switches protocols.
 //! - Raw TCP services (`tcp.rs`) and Prometheus metrics ([`metrics`], `/metrics`).
-//! - HTTPS (`tls.rs`): TLS terminated with the certificate of the SNI name, from the
+//! - HTTPS (`ingress/tls.rs`): TLS terminated with the certificate of the SNI name, from the
 //!   cluster's certificates per app hostname (`bazaar_certs`); requests to an app's own
 //!   hostname route to the app; ACME HTTP-01 challenges are answered by every proxy
 //!   (`certs.rs`); `force_https` redirects plain HTTP.
 //!
 //! Entry point: [`Proxy::start`].
 
-// The request path is a pipeline; each module imports only those listed after its own
-// stage (ARCHITECTURE.md, "How a request goes through the proxy"):
+// A pipeline: ingress -> route -> upstream -> egress, driven by the request paths (`http`,
+// `tcp`). Modules import downward only, never in a circle (`tests/layering.rs` checks it);
+// nothing imports from this root, the composition.
 //
-// Ingress: listeners (plain, TLS, hop) and the HTTP/1.1 server; TCP services.
+// Ingress: the listeners (plain, TLS, hop) and the HTTP/1.1 server.
 mod ingress;
-mod tcp;
-// The HTTP request path: ingress -> route -> upstream -> egress, and the owner side of hops.
+// The request paths: HTTP (and the owner side of hops), raw TCP; ACME answers and
+// routing by attached hostname.
 mod certs;
 mod http;
-// Route: pure.
+mod tcp;
+// Route: which machine takes a request or connection (pure).
 mod route;
-// Upstream: the two clients, connecting (plain or mTLS), waking machines, upgrades.
+// Upstream: the two HTTP clients, connecting (plain or mTLS), waking machines.
 mod h1;
 mod hop_tls;
 mod pool;
 mod scale;
-mod upgrade;
-// Egress and the request as sent: bodies, the proxy's own answers, hop-by-hop rules.
+// Egress and the request as sent: bodies, the proxy's own answers, upgrades spliced, the
+// wire vocabulary (hop headers, hop-by-hop rules).
 mod body;
 mod request;
+mod upgrade;
 mod wire;
-// Below every stage.
+// Below every stage: the shared state, the table, the balancer, metrics, clocks.
 pub mod balance;
 mod clock;
 pub mod metrics;
