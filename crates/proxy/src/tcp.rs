@@ -1,9 +1,10 @@
 //! Raw TCP services: every public port of `services[].ports[]` without the `http` handler
 //! gets a listener on the proxy's address (the first app by name wins a port two apps
 //! claim; a port this host cannot bind is logged once and skipped). Each connection is
-//! balanced like an HTTP request, by the same rule ([`crate::route`], counting connections against the
-//! service's limits), a stopped machine is woken first (autostart), a refused connection is
-//! retried on another machine, then bytes are copied both ways.
+//! routed by the same rule as an HTTP request ([`crate::route`], counting connections
+//! against the service's limits; nothing pins a connection to a machine, as on Fly), a
+//! stopped machine is woken first (autostart) and a starting one waited for, a refused
+//! connection is retried on another machine, then bytes are copied both ways.
 //!
 //! A machine of another host is reached through that host's proxy, as HTTP requests are:
 //! the entry proxy opens an HTTP/1.1 upgrade to [`TCP_PROTOCOL`] on the owner's proxy
