@@ -175,7 +175,10 @@ mod tests {
         for autostart in [false, true] {
             let b = machine("m1", RouteState::Starting, 0, autostart);
             assert_eq!(availability(&b, &[], NOW), Availability::Wakeable);
-            assert_eq!(decide_now(&[b.clone()], None), Decision::Wake(0));
+            assert_eq!(
+                decide_now(std::slice::from_ref(&b), None),
+                Decision::Wake(0)
+            );
             assert_eq!(at_owner(&b, false), AtOwner::Wake);
         }
     }
@@ -191,13 +194,19 @@ mod tests {
             );
         }
         let off = machine("m1", RouteState::Stopped, 0, false);
-        assert_eq!(decide_now(&[off.clone()], None), Decision::Wait);
-        assert_eq!(decide_now(&[off.clone()], Some("m1")), Decision::Wait);
+        assert_eq!(decide_now(std::slice::from_ref(&off), None), Decision::Wait);
+        assert_eq!(
+            decide_now(std::slice::from_ref(&off), Some("m1")),
+            Decision::Wait
+        );
         assert_eq!(at_owner(&off, false), AtOwner::Refuse);
         // The entry proxy chose to wake it on its own view (the machine was starting).
         assert_eq!(at_owner(&off, true), AtOwner::Wake);
         let on = machine("m1", RouteState::Stopped, 0, true);
-        assert_eq!(decide_now(&[on.clone()], None), Decision::Wake(0));
+        assert_eq!(
+            decide_now(std::slice::from_ref(&on), None),
+            Decision::Wake(0)
+        );
         assert_eq!(at_owner(&on, false), AtOwner::Wake);
     }
 
@@ -226,7 +235,10 @@ mod tests {
             assert_eq!(RouteState::of(state, true, false, true), Down, "{state}");
         }
         let down = machine("m1", RouteState::Down, 0, true);
-        assert_eq!(decide_now(&[down.clone()], None), Decision::Wait);
+        assert_eq!(
+            decide_now(std::slice::from_ref(&down), None),
+            Decision::Wait
+        );
         assert_eq!(at_owner(&down, true), AtOwner::Refuse);
     }
 
