@@ -28,7 +28,7 @@ pub struct Candidate {
 pub enum Availability {
     /// Started, healthy, uncordoned, its host alive.
     Ready,
-    /// Stopped or suspended, with `autostart`: can be woken.
+    /// Stopped or suspended with `autostart`, or starting: can be woken (or waited for).
     Wakeable,
     /// Anything else (stopping, failing checks, cordoned, tried and failed, ...).
     Unavailable,

@@ -1,10 +1,13 @@
-//! Request and response bodies of the proxy, and the guard that counts a request in flight
-//! on a machine until its response body has been sent.
+//! Egress: request and response bodies of the proxy, the proxy's own answers ([`reply`]),
+//! and the guard that counts a request in flight on a machine until its response body has
+//! been sent.
 
 use crate::h1::FastBody;
+use crate::shared::Local;
 use crate::table::Load;
-use crate::Local;
 use bytes::Bytes;
+use http::header::HeaderValue;
+use http::{Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use std::pin::Pin;
@@ -65,7 +68,7 @@ impl std::fmt::Debug for Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        self.load.touch(crate::coarse_now_ms());
+        self.load.touch(crate::clock::now_ms());
         self.load.inflight.fetch_sub(1, Ordering::SeqCst);
         if let (true, Some(g)) = (self.gauge, self.load.app_in_flight.get()) {
             g.dec();
@@ -155,4 +158,27 @@ impl Body for RespBody {
             RespInner::Fast(s) => s.size_hint(),
         }
     }
+}
+
+/// A response made by the proxy itself.
+pub(crate) fn reply(status: StatusCode, text: impl Into<String>) -> Response<RespBody> {
+    let mut text = text.into();
+    text.push('\n');
+    let mut r = Response::new(RespBody::full(Bytes::from(text)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// A hop's answer when the request was not delivered: busy, or failed (retry elsewhere).
+pub(crate) fn retry_reply(failed: bool, text: String) -> Response<RespBody> {
+    let mut r = reply(StatusCode::SERVICE_UNAVAILABLE, text);
+    r.headers_mut().insert(
+        crate::wire::HOP_RETRY,
+        HeaderValue::from_static(if failed { "failed" } else { "busy" }),
+    );
+    r
 }

@@ -4,7 +4,7 @@
 //! forces HTTPS (`force_https`, or only `["tls", "http"]` ports), as Fly does.
 
 use crate::body::RespBody;
-use crate::Shared;
+use crate::shared::Shared;
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, LOCATION};
 use http::{Response, StatusCode};
@@ -54,7 +54,7 @@ pub(crate) fn redirect_to_https(
     };
     let target = req.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     let location = format!("https://{authority}{target}");
-    let mut r = crate::http::reply(
+    let mut r = crate::body::reply(
         StatusCode::MOVED_PERMANENTLY,
         format!("bazaar proxy: this app is served over HTTPS: {location}"),
     );

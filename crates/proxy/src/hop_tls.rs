@@ -1,41 +1,63 @@
-//! The hop between proxies over mTLS, used when this host and the machine's host both have
-//! a certificate of the cluster CA (`bazaar_agent::host_tls`).
+//! Connecting upstream: to a machine of this host over TCP, or to another host's proxy over
+//! mTLS, used when this host and the machine's host both have a certificate of the cluster
+//! CA (`bazaar_agent::host_tls`).
 //!
-//! - The owner side: a hop listener of the proxy's own (`--proxy-hop-listen`, published
-//!   as the host label `proxy_hop_addr`), one SO_REUSEPORT socket per proxy thread. Its
-//!   handshake refuses a client without a certificate the CA signed; every request on an
-//!   accepted connection is a hop ([`crate::http::serve_hop`]). The cluster secret no longer
-//!   authorizes anything: a hop with the secret on the plain proxy port is refused (403).
+//! - The owner side's listener is an ingress (`ingress/hop.rs`); the acceptor's config is
+//!   here ([`HopTls`]). The cluster secret no longer authorizes anything: a hop with the
+//!   secret on the plain proxy port is refused (403).
 //! - The entry side: the connection to the owner checks that the server's certificate
 //!   names the machine's host ([`Upstream::tls`]), presents this host's certificate, and is
 //!   kept in the same per-thread pools as connections to machines ([`crate::h1`],
 //!   [`crate::pool`]); one client config per proxy keeps TLS sessions for resumption.
 //! - [`Stream`]: a connection upstream, plain TCP or TLS, for both clients and TCP hops.
 
-use crate::pool::SendError;
-use crate::Local;
 use bytes::BytesMut;
-use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
-use tokio_util::sync::CancellationToken;
 
 /// Longest a TLS handshake may take, either side.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Longest a connection attempt may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why a request could not be exchanged with a machine.
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// The request was not delivered (no connection, or the connection closed before the
+    /// request was written): any request may go elsewhere.
+    Connect(String),
+    /// The exchange failed after the request was (possibly) delivered.
+    Request(String),
+}
+
+impl SendError {
+    pub(crate) fn is_connect(&self) -> bool {
+        matches!(self, SendError::Connect(_))
+    }
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Connect(e) => write!(f, "connecting: {e}"),
+            SendError::Request(e) => write!(f, "{e}"),
+        }
+    }
+}
 
 /// This host's TLS for hops: the client to other hosts' hop listeners and the server of its
 /// own. Both present the host's current certificate (renewals included).
 pub(crate) struct HopTls {
     pub connector: TlsConnector,
-    acceptor: TlsAcceptor,
+    pub acceptor: TlsAcceptor,
 }
 
 impl HopTls {
@@ -73,7 +95,7 @@ pub(crate) enum Stream {
 /// Opens a connection to `up`: TCP within the connect timeout, then the TLS handshake
 /// (the owner's certificate checked) when it is a hop over mTLS.
 pub(crate) async fn connect(up: Upstream<'_>) -> Result<Stream, SendError> {
-    let tcp = crate::pool::connect_tcp(up.addr).await?;
+    let tcp = connect_tcp(up.addr).await?;
     let Some((connector, name)) = up.tls else {
         return Ok(Stream::Plain(tcp));
     };
@@ -189,93 +211,18 @@ impl AsyncWrite for Stream {
     }
 }
 
-/// Serves the hop listener `listener` on this proxy thread until `shutdown`.
-pub(crate) fn spawn_listener(
-    local: Arc<Local>,
-    listener: std::net::TcpListener,
-    shutdown: CancellationToken,
-) {
-    tokio::spawn(async move {
-        let listener = match tokio::net::TcpListener::from_std(listener) {
-            Ok(l) => l,
-            Err(err) => {
-                tracing::error!(error = %err, "proxy hop listener");
-                return;
+/// A new TCP connection to `addr` (no Nagle delay), within [`CONNECT_TIMEOUT`].
+pub(crate) async fn connect_tcp(addr: SocketAddr) -> Result<tokio::net::TcpStream, SendError> {
+    let stream =
+        match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(err)) => return Err(SendError::Connect(err.to_string())),
+            Err(_) => {
+                return Err(SendError::Connect(format!(
+                    "timed out after {CONNECT_TIMEOUT:?}"
+                )))
             }
         };
-        loop {
-            let (stream, peer) = tokio::select! {
-                () = shutdown.cancelled() => break,
-                r = listener.accept() => match r {
-                    Ok(x) => x,
-                    Err(err) => {
-                        tracing::warn!(error = %err, "proxy hop accept");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                },
-            };
-            let _ = stream.set_nodelay(true);
-            tokio::spawn(serve_connection(local.clone(), stream, peer));
-        }
-    });
-}
-
-/// One connection from another host's proxy: the handshake (a certificate the CA signed,
-/// naming a host), then its hops, served by hyper (HTTP/1.1, upgrades for TCP hops).
-async fn serve_connection(local: Arc<Local>, stream: TcpStream, peer: SocketAddr) {
-    let Some(acceptor) = local.hop_tls.as_ref().map(|t| t.acceptor.clone()) else {
-        return;
-    };
-    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(err)) => {
-            tracing::debug!(error = %err, %peer, "proxy hop handshake refused");
-            return;
-        }
-        Err(_) => return,
-    };
-    // The handshake verified the chain against the CA; the certificate must also name a
-    // host, and not one the CA revoked (`bazaar cluster revoke`).
-    let Some(peer_host) = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(bazaar_pki::peer_host_id)
-    else {
-        tracing::debug!(%peer, "proxy hop from a certificate that names no host");
-        return;
-    };
-    if local.0.catalog.is_revoked(&peer_host) {
-        tracing::debug!(%peer, peer.host = %peer_host, "proxy hop from a revoked host");
-        return;
-    }
-    let host = peer_host.clone();
-    let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-        let local = local.clone();
-        // A connection kept open outlives a revocation: each hop asks again.
-        let revoked = local.0.catalog.is_revoked(&host);
-        async move {
-            if revoked {
-                return Ok::<_, std::convert::Infallible>(crate::http::reply(
-                    http::StatusCode::FORBIDDEN,
-                    "bazaar proxy: hop from a revoked host",
-                ));
-            }
-            let (parts, body) = req.into_parts();
-            Ok::<_, std::convert::Infallible>(
-                crate::http::serve_hop(local, parts, crate::request::ClientBody::Hyper(body)).await,
-            )
-        }
-    });
-    if let Err(err) = hyper::server::conn::http1::Builder::new()
-        .timer(crate::timer::CoarseTimer)
-        .header_read_timeout(crate::http::HEADER_READ_TIMEOUT)
-        .max_buf_size(crate::http::MAX_HEAD_BYTES)
-        .serve_connection(TokioIo::new(tls), svc)
-        .with_upgrades()
-        .await
-    {
-        tracing::debug!(error = %err, %peer, peer.host = %peer_host, "proxy hop connection");
-    }
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
 }

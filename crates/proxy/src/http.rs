@@ -1,170 +1,37 @@
-//! The HTTP side: the listener (HTTP/1.1 and HTTP/2, with limits against slow and
-//! oversized clients), routing by Host, forwarding with `X-Forwarded-*` and a request id,
-//! `fly-force-instance-id`, retries, bounded waiting, and the owner side of a hop.
+//! The HTTP request path, from a request an ingress read ([`crate::ingress`]) to the answer
+//! it writes back: the app by Host (or an attached hostname, ACME, `force_https`:
+//! [`crate::certs`]), the request made ready to send with `X-Forwarded-*` and a request id
+//! ([`crate::request`]), then per attempt the machine chosen ([`crate::route`], with
+//! `fly-force-instance-id`), woken ([`crate::scale`]) and sent to directly or through its
+//! host's proxy ([`crate::h1`], [`crate::pool`]), and its answer passed on
+//! ([`crate::body`]); retries and bounded waiting. Also the owner side of a hop
+//! ([`serve_hop`]).
 
-use crate::balance::{self, Availability, Candidate, Choice};
-use crate::body::{Guard, RespBody};
+use crate::body::{reply, retry_reply, Guard, RespBody};
 use crate::h1;
-use crate::hop_tls::Upstream;
+use crate::hop_tls::{SendError, Upstream};
 use crate::metrics::{AppLabel, KindLabels};
-use crate::pool::SendError;
-use crate::request::{
-    origin_target, origin_uri, prepare, request_id, strip_hop_by_hop, ClientBody, Prepared,
-};
+use crate::request::{origin_target, origin_uri, prepare, request_id, ClientBody, Prepared};
+use crate::route::{self, Decision};
+use crate::shared::Local;
 use crate::table::{Backend, RouteState};
-use crate::{Local, Shared};
+use crate::wire::{
+    strip_hop_by_hop, FORCE_INSTANCE, HOP_MACHINE, HOP_RETRY, HOP_TCP_PORT, HOP_TOKEN, HOP_WAKE,
+    REQUEST_ID,
+};
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, HOST};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 
-/// Header a proxy sets when it hands a request to the proxy of the machine's host.
-pub const HOP_TOKEN: HeaderName = HeaderName::from_static("bazaar-proxy-hop");
-/// The machine a hop is for.
-pub const HOP_MACHINE: HeaderName = HeaderName::from_static("bazaar-proxy-machine");
-/// Set on a hop's answer when the request was not delivered (safe to send elsewhere).
-pub const HOP_RETRY: HeaderName = HeaderName::from_static("bazaar-proxy-retry");
-/// Set on a hop when the first proxy chose to wake the machine.
-pub const HOP_WAKE: HeaderName = HeaderName::from_static("bazaar-proxy-wake");
-/// The request id (as Fly names it).
-pub const REQUEST_ID: HeaderName = HeaderName::from_static("fly-request-id");
-/// Pins a request to one machine.
-pub const FORCE_INSTANCE: HeaderName = HeaderName::from_static("fly-force-instance-id");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 /// A machine whose connection failed is skipped this long.
 const FAILED_SKIP_MS: u64 = 1000;
-/// Slow clients: the whole request head must arrive within this.
-pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest request head accepted.
-pub(crate) const MAX_HEAD_BYTES: usize = 64 * 1024;
-
-/// Starts proxy thread `i`: a single-threaded runtime serving `listener` until shutdown.
-pub(crate) fn spawn_server_thread(
-    i: usize,
-    shared: Arc<Shared>,
-    listener: std::net::TcpListener,
-    hop_listener: Option<std::net::TcpListener>,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    std::thread::Builder::new()
-        .name(format!("proxy-{i}"))
-        .spawn(move || {
-            rt.block_on(async move {
-                if let Some(hop) = hop_listener {
-                    let local = Arc::new(crate::Local(shared.clone()));
-                    crate::hop_tls::spawn_listener(local, hop, shutdown.clone());
-                }
-                match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => serve(shared, l, shutdown).await,
-                    Err(err) => tracing::error!(error = %err, "proxy listener"),
-                }
-            })
-        })?;
-    Ok(())
-}
-
-async fn serve(
-    shared: Arc<Shared>,
-    listener: tokio::net::TcpListener,
-    shutdown: CancellationToken,
-) {
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(crate::timer::CoarseTimer)
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_buf_size(MAX_HEAD_BYTES);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(MAX_HEAD_BYTES as u32)
-        .max_concurrent_streams(256)
-        .keep_alive_interval(Some(Duration::from_secs(30)));
-    let builder = Arc::new(builder);
-    let local = Arc::new(crate::Local(shared));
-    // Every tick: wakes the requests whose head took too long ([`crate::timer`]) and closes
-    // expired upstream connections.
-    {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(crate::timer::TICK);
-            loop {
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    _ = tick.tick() => {
-                        crate::timer::fire_expired();
-                        crate::pool::sweep();
-                    }
-                }
-            }
-        });
-    }
-    loop {
-        let (stream, peer) = tokio::select! {
-            () = shutdown.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(err) => {
-                    // Out of file descriptors and the like: back off, keep serving.
-                    tracing::warn!(error = %err, "proxy accept");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
-        let local = local.clone();
-        let builder = builder.clone();
-        tokio::spawn(async move {
-            // Formatted once per connection, for X-Forwarded-For.
-            let peer_ip = HeaderValue::from_str(&peer.ip().to_string())
-                .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-            // Plain HTTP/1.1 here; the rest of a connection that asks for more, in hyper.
-            let mut stream = stream;
-            let read = match h1::server::serve(&mut stream, &local, &peer_ip).await {
-                h1::server::Outcome::Closed => return,
-                h1::server::Outcome::HandOff(read) => read,
-            };
-            let svc = hyper::service::service_fn(move |req| {
-                let local = local.clone();
-                let peer_ip = peer_ip.clone();
-                async move { Ok::<_, Infallible>(handle(local, &peer_ip, req).await) }
-            });
-            let io = h1::server::Rewind::new(read, stream);
-            if let Err(err) = builder
-                .serve_connection_with_upgrades(TokioIo::new(io), svc)
-                .await
-            {
-                tracing::debug!(error = %err, %peer, "proxy connection");
-            }
-        });
-    }
-}
-
-/// A response made by the proxy itself.
-pub(crate) fn reply(status: StatusCode, text: impl Into<String>) -> Response<RespBody> {
-    let mut text = text.into();
-    text.push('\n');
-    let mut r = Response::new(RespBody::full(Bytes::from(text)));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r
-}
-
 /// The app a Host header names: `<app>.<domain>`, port and trailing dot ignored.
 pub(crate) fn app_of_host<'a>(host: &'a str, suffix: &str) -> Option<&'a str> {
     let host = match host.rsplit_once(':') {
@@ -186,16 +53,6 @@ fn host_of(req: &http::request::Parts) -> Option<HeaderValue> {
         Some(h) => Some(h.clone()),
         None => HeaderValue::from_str(req.uri.authority()?.as_str()).ok(),
     }
-}
-
-/// A request received by hyper's server.
-async fn handle(
-    shared: Arc<Local>,
-    peer_ip: &HeaderValue,
-    req: Request<Incoming>,
-) -> Response<RespBody> {
-    let (parts, body) = req.into_parts();
-    handle_parts(shared, peer_ip, parts, ClientBody::Hyper(body)).await
 }
 
 /// A client's request (or a hop from another host's proxy), from either server.
@@ -255,16 +112,11 @@ pub(crate) async fn handle_parts(
             }
         },
     };
-    let resp = route(&shared, app, host, peer_ip, req, body, started).await;
+    let resp = forward(&shared, app, host, peer_ip, req, body, started).await;
     shared
         .metrics
         .record_request(app, resp.status().as_u16(), started.elapsed().as_secs_f64());
     resp
-}
-
-thread_local! {
-    /// The balancer's view of an app's machines, reused by every request of the thread.
-    static CANDIDATES: std::cell::RefCell<Vec<Candidate>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// What the table says to do with a request.
@@ -286,7 +138,7 @@ enum Attempt {
 }
 
 /// The edge side: choose a machine, send, retry, wait, wake.
-async fn route(
+async fn forward(
     shared: &Arc<Local>,
     app: &str,
     host: &str,
@@ -295,7 +147,7 @@ async fn route(
     body: ClientBody,
     started: Instant,
 ) -> Response<RespBody> {
-    let https = req.extensions.get::<crate::tls::Https>().is_some();
+    let https = req.extensions.get::<crate::request::Https>().is_some();
     match shared.with_table(|t| t.apps.get(app).map(|r| r.force_https)) {
         None => {
             return reply(
@@ -335,7 +187,7 @@ async fn route(
     let mut tried: Vec<String> = Vec::new();
     let mut last_failure: Option<&'static str> = None;
     let mut resp = loop {
-        let now_ms = crate::coarse_now_ms();
+        let now_ms = crate::clock::now_ms();
         let pick = shared.with_table(|table| {
             let Some(route) = table.apps.get(app) else {
                 return Pick::Reply(reply(
@@ -343,9 +195,12 @@ async fn route(
                     format!("bazaar proxy: no app named {app:?}"),
                 ));
             };
-            let pinned = |b: &Backend| force.as_ref().is_none_or(|id| &b.id == id);
-            if !route.backends.iter().any(|b| pinned(b)) {
-                return Pick::Reply(match &force {
+            let backends = &route.backends;
+            match route::decide(backends, force.as_deref(), &tried, now_ms, rand::random()) {
+                Decision::Send(i) => Pick::Machine(backends[i].clone(), false),
+                Decision::Wake(i) => Pick::Machine(backends[i].clone(), true),
+                Decision::Wait => Pick::Wait,
+                Decision::NoMachine => Pick::Reply(match &force {
                     Some(id) => reply(
                         StatusCode::NOT_FOUND,
                         format!(
@@ -356,25 +211,8 @@ async fn route(
                         StatusCode::SERVICE_UNAVAILABLE,
                         format!("bazaar proxy: app {app:?} has no machines with an HTTP service"),
                     ),
-                });
+                }),
             }
-            CANDIDATES.with(|candidates| {
-                let mut candidates = candidates.borrow_mut();
-                candidates.clear();
-                candidates.extend(route.backends.iter().map(|b| {
-                    let mut c = candidate(b, &tried, now_ms);
-                    if !pinned(b) {
-                        c.state = Availability::Unavailable;
-                    }
-                    c
-                }));
-                let b = |i: usize| route.backends[i].clone();
-                match balance::choose(&candidates, rand::random()) {
-                    Choice::Send(i) => Pick::Machine(b(i), false),
-                    Choice::Wake(i) => Pick::Machine(b(i), true),
-                    Choice::Wait => Pick::Wait,
-                }
-            })
         });
         let (b, wake) = match pick {
             Pick::Reply(r) => break r,
@@ -454,30 +292,6 @@ async fn route(
     resp
 }
 
-/// How `b` may serve. A stopped machine is woken only when its service autostarts:
-/// `fly-force-instance-id` picks the machine but never starts one whose autostart is off
-/// (an anonymous client must not start what the app's owner keeps stopped).
-fn candidate(b: &Backend, tried: &[String], now_ms: u64) -> Candidate {
-    let reachable = b.local || b.hop.is_some();
-    let skipped = tried.contains(&b.id)
-        || b.load.failed_until_ms.load(Ordering::Relaxed) > now_ms
-        || (b.local && b.load.draining.load(Ordering::Relaxed));
-    let state = match b.state {
-        _ if skipped || !reachable => Availability::Unavailable,
-        RouteState::Ready => Availability::Ready,
-        RouteState::Starting => Availability::Wakeable,
-        RouteState::Stopped if b.limits.autostart => Availability::Wakeable,
-        _ => Availability::Unavailable,
-    };
-    Candidate {
-        load: b.load.inflight.load(Ordering::Relaxed),
-        soft_limit: b.limits.soft,
-        hard_limit: b.limits.hard,
-        distance: b.distance,
-        state,
-    }
-}
-
 /// A machine's answer, from either upstream client.
 enum Answer {
     Fast(Response<h1::FastBody>),
@@ -536,7 +350,7 @@ async fn send_local(shared: &Arc<Local>, b: &Backend, prepared: &mut Prepared) -
         shared: shared.clone(),
         gauge: true,
     };
-    b.load.touch(crate::coarse_now_ms());
+    b.load.touch(crate::clock::now_ms());
     let Some(result) = exchange(Upstream::plain(b.addr), prepared, &[]).await else {
         return Attempt::Retry { failed: true };
     };
@@ -556,7 +370,7 @@ async fn send_local(shared: &Arc<Local>, b: &Backend, prepared: &mut Prepared) -
                 .inc();
             b.load
                 .failed_until_ms
-                .store(crate::coarse_now_ms() + FAILED_SKIP_MS, Ordering::Relaxed);
+                .store(crate::clock::now_ms() + FAILED_SKIP_MS, Ordering::Relaxed);
             drop(guard);
             if connect || prepared.idempotent() {
                 Attempt::Retry { failed: true }
@@ -642,7 +456,7 @@ async fn send_remote(
                 if failed {
                     b.load
                         .failed_until_ms
-                        .store(crate::coarse_now_ms() + FAILED_SKIP_MS, Ordering::Relaxed);
+                        .store(crate::clock::now_ms() + FAILED_SKIP_MS, Ordering::Relaxed);
                 }
                 return Attempt::Retry { failed };
             }
@@ -665,7 +479,7 @@ async fn send_remote(
                 .inc();
             b.load
                 .failed_until_ms
-                .store(crate::coarse_now_ms() + FAILED_SKIP_MS, Ordering::Relaxed);
+                .store(crate::clock::now_ms() + FAILED_SKIP_MS, Ordering::Relaxed);
             if connect || prepared.idempotent() {
                 Attempt::Retry { failed: true }
             } else {
@@ -676,42 +490,6 @@ async fn send_remote(
             }
         }
     }
-}
-
-/// A hop's answer when the request was not delivered: busy, or failed (retry elsewhere).
-pub(crate) fn retry_reply(failed: bool, text: String) -> Response<RespBody> {
-    let mut r = reply(StatusCode::SERVICE_UNAVAILABLE, text);
-    r.headers_mut().insert(
-        HOP_RETRY,
-        HeaderValue::from_static(if failed { "failed" } else { "busy" }),
-    );
-    r
-}
-
-/// The owner side of a hop (HTTP or TCP), before it admits anything: machine `b` of this
-/// host must be ready, or stopped and woken (when the first proxy asked for it, or the
-/// service autostarts); otherwise the answer tells the first proxy to go elsewhere.
-pub(crate) async fn ready_for_hop(
-    shared: &Arc<Shared>,
-    b: &Backend,
-    wake: bool,
-) -> Result<(), Response<RespBody>> {
-    let ready = b.state == RouteState::Ready && !b.load.draining.load(Ordering::SeqCst);
-    if ready {
-        return Ok(());
-    }
-    let id = &b.id;
-    let wakeable = matches!(b.state, RouteState::Stopped | RouteState::Starting)
-        && (wake || b.limits.autostart);
-    if !wakeable {
-        return Err(retry_reply(
-            true,
-            format!("bazaar proxy: machine {id} cannot take traffic"),
-        ));
-    }
-    crate::scale::ensure_awake(shared, b)
-        .await
-        .map_err(|err| retry_reply(true, format!("bazaar proxy: waking machine {id}: {err}")))
 }
 
 /// The owner side of a hop: deliver to one machine of this host, or say why not.
@@ -727,8 +505,8 @@ pub(crate) async fn serve_hop(
         .unwrap_or_default()
         .to_string();
     let wake = req.headers.contains_key(&HOP_WAKE);
-    if let Some(port) = req.headers.get(&crate::tcp::HOP_TCP_PORT) {
-        // An upgrade: always served by hyper ([`crate::h1::server`] hands those over).
+    if let Some(port) = req.headers.get(&HOP_TCP_PORT) {
+        // An upgrade: always served by hyper ([`crate::ingress::h1`] hands those over).
         return match (port.to_str().ok().and_then(|p| p.parse::<u16>().ok()), body) {
             (Some(port), ClientBody::Hyper(body)) => {
                 let req = Request::from_parts(req, body);
@@ -751,7 +529,7 @@ pub(crate) async fn serve_hop(
             format!("bazaar proxy: no machine {id:?} on this host"),
         );
     };
-    if let Err(refused) = ready_for_hop(&shared, &b, wake).await {
+    if let Err(refused) = crate::scale::ready_for_hop(&shared, &b, wake).await {
         return refused;
     }
     // Sent on as the first proxy made it (its hop headers are not passed on).

@@ -2,12 +2,13 @@
 //! requests for `<app>.<domain>` to the app's machines, deciding from the local catalog
 //! alone ([`table`], rebuilt from the catalog's change stream).
 //!
-//! - Balancing ([`balance`]): started, healthy, uncordoned machines only; nearest first,
+//! - Routing (`route.rs`, pure; the one candidate rule for HTTP and TCP) and balancing
+//!   ([`balance`]): started, healthy, uncordoned machines, else one woken; nearest first,
 //!   least loaded by in-flight requests, above the soft limit only when all are, never above
 //!   the hard limit; a request nothing can take waits (bounded), then gets a 503.
 //! - Two hops, as on Fly: a machine of this host is reached directly; a machine of another
 //!   host through that host's proxy (`proxy_addr` label of its host record; over mTLS to
-//!   its hop listener, `proxy_hop_addr`, when both hosts have certificates: `hop_tls.rs`), which counts
+//!   its hop listener, `proxy_hop_addr`, when both hosts have certificates: `hop_tls.rs`, `ingress/hop.rs`), which counts
 //!   every request its machines serve, so hard limits and drains hold cluster-wide. A hop
 //!   that could not deliver answers with `bazaar-proxy-retry`, and the first proxy tries
 //!   another machine.
@@ -24,196 +25,63 @@
 //! - WebSockets and other upgraded connections (`upgrade.rs`), spliced once the machine
 //!   switches protocols.
 //! - Raw TCP services (`tcp.rs`) and Prometheus metrics ([`metrics`], `/metrics`).
-//! - HTTPS (`tls.rs`): TLS terminated with the certificate of the SNI name, from the
+//! - HTTPS (`ingress/tls.rs`): TLS terminated with the certificate of the SNI name, from the
 //!   cluster's certificates per app hostname (`bazaar_certs`); requests to an app's own
 //!   hostname route to the app; ACME HTTP-01 challenges are answered by every proxy
 //!   (`certs.rs`); `force_https` redirects plain HTTP.
 //!
 //! Entry point: [`Proxy::start`].
 
-pub mod balance;
-mod body;
+// A pipeline: ingress -> route -> upstream -> egress, driven by the request paths (`http`,
+// `tcp`). Modules import downward only, never in a circle (`tests/layering.rs` checks it);
+// nothing imports from this root, the composition.
+//
+// Ingress: the listeners (plain, TLS, hop) and the HTTP/1.1 server.
+mod ingress;
+// The request paths: HTTP (and the owner side of hops), raw TCP; ACME answers and
+// routing by attached hostname.
 mod certs;
+mod http;
+mod tcp;
+// Route: which machine takes a request or connection (pure).
+mod route;
+// Upstream: the two HTTP clients, connecting (plain or mTLS), waking machines.
 mod h1;
 mod hop_tls;
-mod http;
-pub mod metrics;
 mod pool;
-mod request;
 mod scale;
-pub mod table;
-mod tcp;
-mod timer;
-mod tls;
+// Egress and the request as sent: bodies, the proxy's own answers, upgrades spliced, the
+// wire vocabulary (hop headers, hop-by-hop rules).
+mod body;
+mod request;
 mod upgrade;
+mod wire;
+// Below every stage: the shared state, the table, the balancer, metrics, clocks.
+pub mod balance;
+mod clock;
+pub mod metrics;
+mod shared;
+pub mod table;
+mod timer;
 
 /// The HTTP/1.1 decoders of the fast path, for fuzzing and differential tests.
-pub use h1::{
-    decode_chunked_body, parse_head, read_request_head, AnswerHead, Chunk, Framing, RequestHead,
-};
+pub use h1::{decode_chunked_body, parse_head, AnswerHead, Chunk, Framing};
+pub use ingress::h1::{read_request_head, RequestHead};
+pub use scale::WAKE_TIMEOUT;
 
 use bazaar_agent::Agent;
-use std::cell::RefCell;
+use shared::{lock, Shared};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
-use table::{Load, Table};
-use tokio::sync::{watch, Notify};
-
-/// Longest time a request is held while its machine is woken.
-pub const WAKE_TIMEOUT: Duration = Duration::from_secs(15);
+use table::Table;
+use tokio::sync::Notify;
 
 /// The proxy of one agent, cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Proxy(Arc<Shared>);
-
-pub(crate) type WakeResult = Option<Result<(), String>>;
-
-pub(crate) struct Shared {
-    pub agent: Agent,
-    pub catalog: bazaar_catalog::Catalog,
-    pub host_id: String,
-    pub region: String,
-    pub domain_suffix: String,
-    pub secret: String,
-    pub queue_timeout: Duration,
-    pub autostop_idle: Duration,
-    pub table: RwLock<Arc<Table>>,
-    /// Bumped after every rebuild of `table`: proxy threads keep their own reference to
-    /// the table and take the lock only when it changed ([`Shared::with_table`]).
-    pub table_gen: AtomicU64,
-    /// Tells proxies apart in per-thread caches.
-    pub id: u64,
-    pub loads: Mutex<HashMap<String, Arc<Load>>>,
-    /// Notified when a request ends or the table changes (waiting requests look again);
-    /// only while some request waits ([`Shared::wait_for_slot`]), so that ending a request
-    /// touches no shared lock on the hot path.
-    pub slot_freed: Notify,
-    /// Requests waiting for a slot.
-    pub waiting: AtomicUsize,
-    /// Wake-ups in progress, by machine id: concurrent requests share one.
-    pub wakes: Mutex<HashMap<String, watch::Receiver<WakeResult>>>,
-    pub metrics: metrics::Metrics,
-    pub local_addr: SocketAddr,
-    /// The cluster's certificates per app hostname (HTTPS, and routing by hostname).
-    pub certs: bazaar_certs::CertStore,
-    /// Where the HTTPS listener is.
-    pub tls_addr: SocketAddr,
-    /// Hops over mTLS (`hop_tls.rs`), when this host has a cluster certificate.
-    pub hop_tls: Option<hop_tls::HopTls>,
-}
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Proxy")
-            .field("host_id", &self.host_id)
-            .field("local_addr", &self.local_addr)
-            .finish_non_exhaustive()
-    }
-}
-
-/// A proxy thread's handle on the shared state, cloned per request instead of the
-/// `Arc<Shared>` itself: its reference count stays in this thread's core's cache rather
-/// than bouncing between the proxy threads on every request.
-pub(crate) struct Local(pub Arc<Shared>);
-
-impl std::ops::Deref for Local {
-    type Target = Arc<Shared>;
-    fn deref(&self) -> &Arc<Shared> {
-        &self.0
-    }
-}
-
-/// Wall-clock milliseconds from the kernel's coarse clock: a few milliseconds of
-/// resolution, and no hardware clock read (which costs more in a VM). For idle times, skip
-/// windows and request ids, read several times per request.
-pub(crate) fn coarse_now_ms() -> u64 {
-    coarse_ms(libc::CLOCK_REALTIME_COARSE).unwrap_or_else(bazaar_types::now_ms)
-}
-
-/// Milliseconds of the kernel's coarse monotonic clock (as cheap as [`coarse_now_ms`], and
-/// never stepped): for the proxy's timeouts.
-pub(crate) fn coarse_monotonic_ms() -> u64 {
-    coarse_ms(libc::CLOCK_MONOTONIC_COARSE).unwrap_or_else(|| {
-        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-        START
-            .get_or_init(std::time::Instant::now)
-            .elapsed()
-            .as_millis() as u64
-    })
-}
-
-fn coarse_ms(clock: libc::clockid_t) -> Option<u64> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime only writes the timespec it is given.
-    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
-    (rc == 0).then(|| ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000)
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Shared {
-    pub fn table(&self) -> Arc<Table> {
-        self.table.read().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// Runs `f` on the current table, through this thread's own reference to it (renewed
-    /// when the table changed): no lock and no shared reference count per request. `f`
-    /// must not call `with_table` again.
-    pub(crate) fn with_table<R>(&self, f: impl FnOnce(&Table) -> R) -> R {
-        thread_local! {
-            /// (proxy id, table generation, table).
-            static TABLE: RefCell<Option<(u64, u64, Arc<Table>)>> = const { RefCell::new(None) };
-        }
-        let gen = self.table_gen.load(Ordering::Acquire);
-        TABLE.with(|cached| {
-            let mut cached = cached.borrow_mut();
-            let table = match &mut *cached {
-                Some((id, g, t)) if *id == self.id && *g == gen => t,
-                slot => &mut slot.insert((self.id, gen, self.table())).2,
-            };
-            f(table)
-        })
-    }
-
-    fn rebuild(&self) {
-        let t = table::build(&self.catalog, &self.host_id, &self.region, &self.loads);
-        *self.table.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(t);
-        self.table_gen.fetch_add(1, Ordering::AcqRel);
-        self.slot_freed.notify_waiters();
-    }
-
-    /// Waits until a request ends or the table changes, or `pause` passes (a notification
-    /// sent just before the wait began is only caught by the pause).
-    pub(crate) async fn wait_for_slot(&self, pause: Duration) {
-        struct Waiting<'a>(&'a AtomicUsize);
-        impl Drop for Waiting<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
-        self.waiting.fetch_add(1, Ordering::SeqCst);
-        let _waiting = Waiting(&self.waiting);
-        tokio::select! {
-            () = self.slot_freed.notified() => {}
-            () = tokio::time::sleep(pause) => {}
-        }
-    }
-
-    /// A request ended: wakes the requests waiting for a slot, if any.
-    pub(crate) fn request_ended(&self) {
-        if self.waiting.load(Ordering::SeqCst) > 0 {
-            self.slot_freed.notify_waiters();
-        }
-    }
-}
 
 impl Proxy {
     /// Binds the agent's `proxy_listen` address (and, with a cluster certificate, the hop
@@ -256,7 +124,7 @@ impl Proxy {
             agent.cluster_secret(),
             agent.shutdown_token(),
         );
-        let tls_config = tls::server_config(certs.clone())?;
+        let tls_config = ingress::tls::server_config(certs.clone())?;
         // The hop listener, when this host has a certificate: one socket per thread too.
         let hop_tls = match agent.host_link() {
             Some(link) => Some(hop_tls::HopTls::new(&link.tls)?),
@@ -316,10 +184,10 @@ impl Proxy {
         let mut hop_listeners = hop_listeners.into_iter();
         for (i, listener) in listeners.into_iter().enumerate() {
             let hop = hop_listeners.next();
-            http::spawn_server_thread(i, shared.clone(), listener, hop, shutdown.clone())?;
+            ingress::spawn_server_thread(i, shared.clone(), listener, hop, shutdown.clone())?;
         }
         for (i, listener) in tls_listeners.into_iter().enumerate() {
-            tls::spawn_server_thread(
+            ingress::tls::spawn_server_thread(
                 i,
                 shared.clone(),
                 listener,

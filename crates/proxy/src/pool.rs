@@ -7,7 +7,7 @@
 //! proxy thread owns its connections.
 
 use crate::body::ReqBody;
-use crate::hop_tls::Upstream;
+use crate::hop_tls::{SendError, Upstream};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
@@ -17,37 +17,10 @@ use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-/// Longest a connection attempt may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Idle connections older than this are closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most connections kept per address.
 const MAX_PER_ADDR: usize = 1024;
-
-/// Why a request could not be exchanged with a machine.
-#[derive(Debug)]
-pub(crate) enum SendError {
-    /// The request was not delivered (no connection, or the connection closed before the
-    /// request was written): any request may go elsewhere.
-    Connect(String),
-    /// The exchange failed after the request was (possibly) delivered.
-    Request(String),
-}
-
-impl SendError {
-    pub(crate) fn is_connect(&self) -> bool {
-        matches!(self, SendError::Connect(_))
-    }
-}
-
-impl std::fmt::Display for SendError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SendError::Connect(e) => write!(f, "connecting: {e}"),
-            SendError::Request(e) => write!(f, "{e}"),
-        }
-    }
-}
 
 struct Conn {
     tx: SendRequest<ReqBody>,
@@ -112,22 +85,6 @@ pub(crate) fn sweep() {
             !conns.is_empty()
         });
     });
-}
-
-/// A new TCP connection to `addr` (no Nagle delay), within [`CONNECT_TIMEOUT`].
-pub(crate) async fn connect_tcp(addr: SocketAddr) -> Result<tokio::net::TcpStream, SendError> {
-    let stream =
-        match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(err)) => return Err(SendError::Connect(err.to_string())),
-            Err(_) => {
-                return Err(SendError::Connect(format!(
-                    "timed out after {CONNECT_TIMEOUT:?}"
-                )))
-            }
-        };
-    let _ = stream.set_nodelay(true);
-    Ok(stream)
 }
 
 /// A new connection to `up`, its connection task spawned on this thread.

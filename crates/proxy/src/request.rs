@@ -3,12 +3,12 @@
 //! adds (`X-Forwarded-*`, the request id), and the rule for which received headers are
 //! passed on (hop-by-hop ones are not).
 
-use crate::body::{ReqBody, RespBody};
-use crate::http::{reply, HOP_MACHINE, HOP_TOKEN, HOP_WAKE};
+use crate::body::{reply, ReqBody, RespBody};
 use crate::upgrade::ClientUpgrade;
+use crate::wire::{idempotent, strip_hop_by_hop, HOP_MACHINE, HOP_TOKEN, HOP_WAKE};
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, HOST};
-use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
@@ -16,7 +16,7 @@ use hyper::body::Incoming;
 pub(crate) const REPLAYABLE_BODY: u64 = 64 * 1024;
 
 /// A request ready to be sent (possibly several times). Its headers are kept as received:
-/// what is not passed on ([`forwarded`]) is left out when it is sent, and `extra` is added.
+/// what is not passed on ([`crate::wire::forwarded`]) is left out when it is sent, and `extra` is added.
 pub(crate) struct Prepared {
     pub parts: http::request::Parts,
     /// Headers this proxy sets, in place of any received under the same name.
@@ -64,62 +64,13 @@ impl Prepared {
     }
 }
 
-/// Whether a request with this method may be sent again after a failed exchange (RFC 9110
-/// §9.2.2).
-pub(crate) fn idempotent(method: &Method) -> bool {
-    matches!(
-        *method,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
-    )
-}
-
-/// Whether a received header is passed on to the machine: not one that applies to one
-/// connection only (RFC 9110 §7.6.1; names a `Connection` header lists are checked apart)
-/// nor one of the hop's own.
-pub(crate) fn forwarded(name: &HeaderName) -> bool {
-    !matches!(
-        name.as_str(),
-        "connection"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "proxy-authorization"
-            | "keep-alive"
-            | "proxy-connection"
-            | "bazaar-proxy-hop"
-            | "bazaar-proxy-machine"
-            | "bazaar-proxy-wake"
-    )
-}
-
-/// Headers that apply to one connection only (RFC 9110 §7.6.1).
-pub(crate) fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
-    if let Some(conn) = headers.get(http::header::CONNECTION).cloned() {
-        if let Ok(conn) = conn.to_str() {
-            for name in conn.split(',') {
-                if let Ok(n) = HeaderName::from_bytes(name.trim().as_bytes()) {
-                    headers.remove(n);
-                }
-            }
-        }
-    }
-    for h in [
-        http::header::CONNECTION,
-        http::header::TE,
-        http::header::TRAILER,
-        http::header::TRANSFER_ENCODING,
-        http::header::UPGRADE,
-        http::header::PROXY_AUTHORIZATION,
-        HeaderName::from_static("keep-alive"),
-        HeaderName::from_static("proxy-connection"),
-    ] {
-        headers.remove(h);
-    }
-}
+/// Marks a request that came over TLS (the `X-Forwarded-Proto` it gets, and no redirect
+/// by `force_https`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Https;
 
 /// A client's request body as it arrived: still to be read through hyper, or already read
-/// whole by the plain HTTP/1.1 server ([`crate::h1::server`]).
+/// whole by the plain HTTP/1.1 server ([`crate::ingress::h1`]).
 pub(crate) enum ClientBody {
     Hyper(Incoming),
     Buffered(Bytes),
@@ -194,7 +145,7 @@ pub(crate) fn request_id(region: &str) -> HeaderValue {
 
 fn write_request_id(out: &mut [u8], region: &[u8]) {
     let (ulid, rest) = out.split_at_mut(ulid::ULID_LEN);
-    ulid::Ulid::from_parts(crate::coarse_now_ms(), rand::random())
+    ulid::Ulid::from_parts(crate::clock::now_ms(), rand::random())
         .array_to_str(ulid.try_into().expect("ULID_LEN bytes"));
     rest[0] = b'-';
     rest[1..].copy_from_slice(region);

@@ -1,7 +1,7 @@
 //! Scale from zero and to zero, on the machine's own host.
 //!
 //! - [`ensure_awake`]: starts a stopped or suspended machine through the agent and waits
-//!   (bounded by [`crate::WAKE_TIMEOUT`]) until its service accepts connections, polling
+//!   (bounded by [`WAKE_TIMEOUT`]) until its service accepts connections, polling
 //!   every millisecond; concurrent requests for the same machine share one wake-up.
 //! - The autostop loop: every 250 ms, a started machine of this host whose service has
 //!   `autostop` and that has served nothing for `autostop_idle` is drained (no new requests
@@ -9,15 +9,42 @@
 //!   `min_machines_running` of the app's started machines (the ones with the smallest ids,
 //!   a rule every host computes alike) running.
 
+use crate::body::{retry_reply, RespBody};
 use crate::metrics::{AppLabel, KindLabels};
+use crate::route::{self, AtOwner};
+use crate::shared::{lock, Shared};
 use crate::table::Backend;
-use crate::{lock, Shared};
 use bazaar_types::config::Autostop;
+use http::Response;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+
+/// Longest time a request is held while its machine is woken.
+pub const WAKE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The owner side of a hop (HTTP or TCP), before it admits anything: machine `b` of this
+/// host must be ready, or be woken ([`route::at_owner`]); otherwise the answer tells the
+/// first proxy to go elsewhere.
+pub(crate) async fn ready_for_hop(
+    shared: &Arc<Shared>,
+    b: &Backend,
+    wake: bool,
+) -> Result<(), Response<RespBody>> {
+    let id = &b.id;
+    match route::at_owner(b, wake) {
+        AtOwner::Ready => Ok(()),
+        AtOwner::Refuse => Err(retry_reply(
+            true,
+            format!("bazaar proxy: machine {id} cannot take traffic"),
+        )),
+        AtOwner::Wake => ensure_awake(shared, b)
+            .await
+            .map_err(|err| retry_reply(true, format!("bazaar proxy: waking machine {id}: {err}"))),
+    }
+}
 
 /// Wakes a machine of this host (or waits for the wake-up already under way).
 pub(crate) async fn ensure_awake(shared: &Arc<Shared>, b: &Backend) -> Result<(), String> {
@@ -66,7 +93,7 @@ pub(crate) async fn ensure_awake(shared: &Arc<Shared>, b: &Backend) -> Result<()
 async fn wake(shared: &Arc<Shared>, b: &Backend) -> Result<(), String> {
     b.load.draining.store(false, Ordering::SeqCst);
     let t0 = Instant::now();
-    let deadline = t0 + crate::WAKE_TIMEOUT;
+    let deadline = t0 + WAKE_TIMEOUT;
     let mut last_start: Option<Instant> = None;
     let mut last_error = String::new();
     loop {
@@ -74,7 +101,7 @@ async fn wake(shared: &Arc<Shared>, b: &Backend) -> Result<(), String> {
         if tokio::net::TcpStream::connect(b.addr).await.is_ok() {
             b.load
                 .last_active_ms
-                .store(crate::coarse_now_ms(), Ordering::SeqCst);
+                .store(crate::clock::now_ms(), Ordering::SeqCst);
             return Ok(());
         }
         let state = shared.catalog.machine(&b.id).map(|v| v.record.state);
@@ -97,7 +124,7 @@ async fn wake(shared: &Arc<Shared>, b: &Backend) -> Result<(), String> {
             return Err(format!(
                 "machine {} did not accept connections within {:?}{}",
                 b.id,
-                crate::WAKE_TIMEOUT,
+                WAKE_TIMEOUT,
                 if last_error.is_empty() {
                     String::new()
                 } else {
@@ -129,7 +156,7 @@ pub(crate) fn spawn_autostop(shared: Arc<Shared>, shutdown: CancellationToken) {
 
 fn autostop_pass(shared: &Arc<Shared>) {
     let table = shared.table();
-    let now = crate::coarse_now_ms();
+    let now = crate::clock::now_ms();
     let idle_ms = shared.autostop_idle.as_millis() as u64;
     for route in table.apps.values() {
         let started: Vec<&Arc<Backend>> = route.backends.iter().filter(|b| b.started).collect();

@@ -67,6 +67,19 @@ pub enum RouteState {
     Down,
 }
 
+impl RouteState {
+    /// Of a machine in catalog state `state`, whose service checks pass (`healthy`),
+    /// cordoned or not, on a host that is alive (`host_ok`) or not.
+    pub fn of(state: &str, healthy: bool, cordoned: bool, host_ok: bool) -> RouteState {
+        match state {
+            "started" if healthy && !cordoned && host_ok => RouteState::Ready,
+            "stopped" | "suspended" if host_ok => RouteState::Stopped,
+            "starting" if host_ok => RouteState::Starting,
+            _ => RouteState::Down,
+        }
+    }
+}
+
 /// The concurrency and scaling settings of a machine's routed service.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -216,7 +229,7 @@ pub fn build(
     let mut tcp: HashMap<u16, (String, AppRoute)> = HashMap::new();
     let mut loads = loads.lock().unwrap_or_else(|p| p.into_inner());
     let mut live = std::collections::HashSet::new();
-    let now = crate::coarse_now_ms();
+    let now = crate::clock::now_ms();
     // A machine without services has nothing to route.
     for view in catalog.machines_where(&MachineFilter::default(), |m| !m.services.is_empty()) {
         let m = &view.record;
@@ -244,12 +257,7 @@ pub fn build(
             .filter(|c| c.name.starts_with("servicecheck-"))
             .all(|c| c.status != "critical");
         let started = m.state == "started";
-        let state = match m.state.as_str() {
-            "started" if healthy && !m.cordoned && view.host_status == "ok" => RouteState::Ready,
-            "stopped" | "suspended" if view.host_status == "ok" => RouteState::Stopped,
-            "starting" if view.host_status == "ok" => RouteState::Starting,
-            _ => RouteState::Down,
-        };
+        let state = RouteState::of(&m.state, healthy, m.cordoned, view.host_status == "ok");
         let load = loads.entry(m.id.clone()).or_default().clone();
         if started && !load.was_started.swap(true, Ordering::SeqCst) {
             load.last_active_ms.store(now, Ordering::SeqCst);

@@ -1,9 +1,10 @@
 //! Raw TCP services: every public port of `services[].ports[]` without the `http` handler
 //! gets a listener on the proxy's address (the first app by name wins a port two apps
 //! claim; a port this host cannot bind is logged once and skipped). Each connection is
-//! balanced like an HTTP request ([`crate::balance`], counting connections against the
-//! service's limits), a stopped machine is woken first (autostart), a refused connection is
-//! retried on another machine, then bytes are copied both ways.
+//! routed by the same rule as an HTTP request ([`crate::route`], counting connections
+//! against the service's limits; nothing pins a connection to a machine, as on Fly), a
+//! stopped machine is woken first (autostart) and a starting one waited for, a refused
+//! connection is retried on another machine, then bytes are copied both ways.
 //!
 //! A machine of another host is reached through that host's proxy, as HTTP requests are:
 //! the entry proxy opens an HTTP/1.1 upgrade to [`TCP_PROTOCOL`] on the owner's proxy
@@ -11,15 +12,15 @@
 //! against the machine's limits (waking it if asked), connects to it, answers `101` and
 //! splices. A machine's address is only ever dialled on its own host.
 
-use crate::balance::{self, Availability, Candidate, Choice};
-use crate::body::{Guard, RespBody};
+use crate::body::{retry_reply, Guard, RespBody};
 use crate::hop_tls::{Stream, Upstream};
-use crate::http::{retry_reply, HOP_MACHINE, HOP_TOKEN, HOP_WAKE};
 use crate::metrics::{AppLabel, KindLabels};
+use crate::route::{self, Decision};
+use crate::shared::Shared;
 use crate::table::{Backend, RouteState};
-use crate::Shared;
+use crate::wire::{HOP_MACHINE, HOP_TCP_PORT, HOP_TOKEN, HOP_WAKE, TCP_PROTOCOL};
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONNECTION, UPGRADE};
+use http::header::{HeaderValue, CONNECTION, UPGRADE};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -32,10 +33,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-/// The protocol a TCP hop upgrades to.
-pub const TCP_PROTOCOL: &str = "bazaar-tcp";
-/// The public port of the TCP service a hop is for.
-pub const HOP_TCP_PORT: HeaderName = HeaderName::from_static("bazaar-proxy-tcp-port");
 /// Longest response head a TCP hop accepts from the owner's proxy.
 const MAX_HOP_HEAD: usize = 16 * 1024;
 
@@ -115,23 +112,20 @@ async fn serve(shared: Arc<Shared>, port: u16, mut client: TcpStream) {
             return;
         };
         drop(table);
-        let now_ms = crate::coarse_now_ms();
-        let candidates: Vec<Candidate> = route
-            .backends
-            .iter()
-            .map(|b| candidate(b, &tried, now_ms))
-            .collect();
-        let b: Arc<Backend> = match balance::choose(&candidates, rand::random()) {
-            Choice::Send(i) | Choice::Wake(i) => route.backends[i].clone(),
-            Choice::Wait => {
-                if Instant::now() >= deadline {
-                    return;
+        // A connection carries no header: nothing pins it to a machine.
+        let now_ms = crate::clock::now_ms();
+        let b: Arc<Backend> =
+            match route::decide(&route.backends, None, &tried, now_ms, rand::random()) {
+                Decision::Send(i) | Decision::Wake(i) => route.backends[i].clone(),
+                Decision::Wait | Decision::NoMachine => {
+                    if Instant::now() >= deadline {
+                        return;
+                    }
+                    tried.clear();
+                    shared.wait_for_slot(Duration::from_millis(50)).await;
+                    continue;
                 }
-                tried.clear();
-                shared.wait_for_slot(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+            };
         let wake = b.state != RouteState::Ready;
         if b.local && wake {
             if let Err(err) = crate::scale::ensure_awake(&shared, &b).await {
@@ -146,7 +140,7 @@ async fn serve(shared: Arc<Shared>, port: u16, mut client: TcpStream) {
         }
         let _guard = Guard {
             load: b.load.clone(),
-            shared: Arc::new(crate::Local(shared.clone())),
+            shared: Arc::new(crate::shared::Local(shared.clone())),
             gauge: false,
         };
         let connected = if b.local {
@@ -179,7 +173,7 @@ async fn serve(shared: Arc<Shared>, port: u16, mut client: TcpStream) {
                     .inc();
                 b.load
                     .failed_until_ms
-                    .store(crate::coarse_now_ms() + 1000, Ordering::Relaxed);
+                    .store(crate::clock::now_ms() + 1000, Ordering::Relaxed);
                 tried.push(b.id.clone());
             }
         }
@@ -235,7 +229,7 @@ async fn hop_connect(
     stream.write_all(head.as_bytes()).await?;
     stream.flush().await?;
     // The owner may take a while when it wakes the machine first.
-    let answer = tokio::time::timeout(crate::WAKE_TIMEOUT + Duration::from_secs(5), async {
+    let answer = tokio::time::timeout(crate::scale::WAKE_TIMEOUT + Duration::from_secs(5), async {
         let mut buf = Vec::with_capacity(512);
         let mut chunk = [0u8; 2048];
         loop {
@@ -289,7 +283,7 @@ pub(crate) async fn serve_hop(
         );
     };
     drop(table);
-    if let Err(refused) = crate::http::ready_for_hop(&shared, &b, wake).await {
+    if let Err(refused) = crate::scale::ready_for_hop(&shared, &b, wake).await {
         return refused;
     }
     if !b.load.try_admit(b.limits.hard) {
@@ -300,7 +294,7 @@ pub(crate) async fn serve_hop(
     }
     let guard = Guard {
         load: b.load.clone(),
-        shared: Arc::new(crate::Local(shared.clone())),
+        shared: Arc::new(crate::shared::Local(shared.clone())),
         gauge: false,
     };
     let mut upstream = match TcpStream::connect(b.addr).await {
@@ -308,7 +302,7 @@ pub(crate) async fn serve_hop(
         Err(err) => {
             b.load
                 .failed_until_ms
-                .store(crate::coarse_now_ms() + 1000, Ordering::Relaxed);
+                .store(crate::clock::now_ms() + 1000, Ordering::Relaxed);
             return retry_reply(true, format!("bazaar proxy: machine {id}: {err}"));
         }
     };
@@ -331,24 +325,4 @@ pub(crate) async fn serve_hop(
     h.insert(CONNECTION, HeaderValue::from_static("upgrade"));
     h.insert(UPGRADE, HeaderValue::from_static(TCP_PROTOCOL));
     resp
-}
-
-fn candidate(b: &Backend, tried: &[String], now_ms: u64) -> Candidate {
-    let skipped = tried.contains(&b.id)
-        || b.load.failed_until_ms.load(Ordering::Relaxed) > now_ms
-        || (b.local && b.load.draining.load(Ordering::Relaxed));
-    let reachable = b.local || b.hop.is_some();
-    let state = match b.state {
-        _ if skipped || !reachable => Availability::Unavailable,
-        RouteState::Ready => Availability::Ready,
-        RouteState::Starting | RouteState::Stopped if b.limits.autostart => Availability::Wakeable,
-        _ => Availability::Unavailable,
-    };
-    Candidate {
-        load: b.load.inflight.load(Ordering::Relaxed),
-        soft_limit: b.limits.soft,
-        hard_limit: b.limits.hard,
-        distance: b.distance,
-        state,
-    }
 }

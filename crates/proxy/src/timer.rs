@@ -24,7 +24,7 @@ pub(crate) const TICK: Duration = Duration::from_secs(1);
 
 thread_local! {
     /// Tasks of this thread waiting on a sleep, by their waker's data pointer:
-    /// (the latest deadline filed, in [`crate::coarse_monotonic_ms`], waker).
+    /// (the latest deadline filed, in [`crate::clock::monotonic_ms`], waker).
     static WAITING: RefCell<FxHashMap<usize, (u64, Waker)>> = RefCell::new(FxHashMap::default());
 }
 
@@ -52,7 +52,7 @@ impl CoarseSleep {
     /// A sleep of `duration`, for a task on a proxy thread (whose ticker wakes it).
     pub(crate) fn after(duration: Duration) -> CoarseSleep {
         CoarseSleep {
-            deadline_ms: crate::coarse_monotonic_ms() + duration.as_millis() as u64,
+            deadline_ms: crate::clock::monotonic_ms() + duration.as_millis() as u64,
         }
     }
 }
@@ -61,7 +61,7 @@ impl Future for CoarseSleep {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if crate::coarse_monotonic_ms() >= self.deadline_ms {
+        if crate::clock::monotonic_ms() >= self.deadline_ms {
             return Poll::Ready(());
         }
         let deadline = self.deadline_ms;
@@ -90,7 +90,7 @@ impl hyper::rt::Sleep for CoarseSleep {}
 
 /// Wakes this thread's sleeps whose deadline has passed (they finish when polled).
 pub(crate) fn fire_expired() {
-    let now = crate::coarse_monotonic_ms();
+    let now = crate::clock::monotonic_ms();
     let due: Vec<Waker> = WAITING.with(|w| {
         let mut w = w.borrow_mut();
         let mut due = Vec::new();

@@ -107,7 +107,7 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<Head>, String
         }
         // Hop-by-hop headers are not passed on (the answer's framing is the client
         // connection's own business).
-        if crate::request::forwarded(&name) {
+        if crate::wire::forwarded(&name) {
             headers.append(name, value);
         }
     }

@@ -16,10 +16,8 @@
 //! closed before any byte of an answer is sent again on a new one when that is safe.
 
 mod answer;
-pub(crate) mod server;
 
-use crate::hop_tls::{Stream, Upstream};
-use crate::pool::SendError;
+use crate::hop_tls::{SendError, Stream, Upstream};
 pub(crate) use answer::FastBody;
 use answer::Streaming;
 pub use answer::{decode_chunked_body, parse_head, Chunk, Framing, Head as AnswerHead};
@@ -27,7 +25,6 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH};
 use http::{HeaderMap, Method, Response, StatusCode};
 use rustc_hash::FxHashMap;
-pub use server::{read_request_head, RequestHead};
 use std::cell::RefCell;
 use std::io;
 use std::net::SocketAddr;
@@ -49,7 +46,7 @@ pub(crate) struct Exchange<'a> {
     pub method: &'a Method,
     /// Origin form: `/path?query`.
     pub target: &'a str,
-    /// As received: those not [`forwarded`](crate::request::forwarded), listed by a
+    /// As received: those not [`forwarded`](crate::wire::forwarded), listed by a
     /// `Connection` header, or set in `extra` are left out.
     pub headers: &'a HeaderMap,
     /// Headers this proxy sets.
@@ -61,7 +58,7 @@ pub(crate) struct Exchange<'a> {
 
 impl Exchange<'_> {
     fn idempotent(&self) -> bool {
-        crate::request::idempotent(self.method)
+        crate::wire::idempotent(self.method)
     }
 
     /// The request head (and a small body) as written on the wire.
@@ -84,7 +81,7 @@ impl Exchange<'_> {
             .map(<[u8]>::trim_ascii)
             .collect();
         let passed = self.headers.iter().filter(|(name, _)| {
-            crate::request::forwarded(name)
+            crate::wire::forwarded(name)
                 && !self.extra.iter().any(|(n, _)| n == *name)
                 && !listed
                     .iter()
@@ -119,7 +116,7 @@ struct Conn {
     stream: Stream,
     /// Bytes read from it and not yet used.
     buf: BytesMut,
-    /// When it was last handed back ([`crate::coarse_monotonic_ms`]).
+    /// When it was last handed back ([`crate::clock::monotonic_ms`]).
     since_ms: u64,
 }
 
@@ -143,7 +140,7 @@ fn checkout(addr: SocketAddr) -> Option<Conn> {
 
 /// Whether a connection idle since `since_ms` is too old to use.
 fn expired(since_ms: u64) -> bool {
-    crate::coarse_monotonic_ms().saturating_sub(since_ms) >= IDLE_TIMEOUT.as_millis() as u64
+    crate::clock::monotonic_ms().saturating_sub(since_ms) >= IDLE_TIMEOUT.as_millis() as u64
 }
 
 /// Keeps a connection whose last exchange ended cleanly.
@@ -159,7 +156,7 @@ pub(super) fn checkin(addr: SocketAddr, stream: Stream, buf: BytesMut) {
             conns.push(Conn {
                 stream,
                 buf,
-                since_ms: crate::coarse_monotonic_ms(),
+                since_ms: crate::clock::monotonic_ms(),
             });
         }
     });
@@ -191,7 +188,7 @@ pub(crate) async fn send(
                 let conn = Conn {
                     stream,
                     buf: BytesMut::with_capacity(8 * 1024),
-                    since_ms: crate::coarse_monotonic_ms(),
+                    since_ms: crate::clock::monotonic_ms(),
                 };
                 (conn, false)
             }

@@ -13,10 +13,11 @@
 //! connection is closed after [`KEEP_ALIVE_IDLE`].
 
 use crate::body::RespBody;
-use crate::http::{handle_parts, HEADER_READ_TIMEOUT, MAX_HEAD_BYTES};
-use crate::request::{ClientBody, REPLAYABLE_BODY};
+use crate::http::handle_parts;
+use crate::request::{ClientBody, Https, REPLAYABLE_BODY};
+use crate::shared::Local;
 use crate::timer::CoarseSleep;
-use crate::Local;
+use crate::wire::{HEADER_READ_TIMEOUT, HOP_TCP_PORT, MAX_HEAD_BYTES};
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, DATE};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
@@ -147,7 +148,7 @@ pub(crate) async fn serve<S: ClientStream>(
         let body = buf.split_to(body_len).freeze();
         let is_head = head.method == Method::HEAD;
         if S::TLS {
-            parts.extensions.insert(crate::tls::Https);
+            parts.extensions.insert(Https);
         }
         let resp = handle_parts(local.clone(), peer_ip, parts, ClientBody::Buffered(body)).await;
         match write_response(
@@ -173,7 +174,7 @@ pub(crate) async fn serve<S: ClientStream>(
 }
 
 /// A client connection requests are read from: plain TCP, or TLS (whose requests are
-/// marked [`crate::tls::Https`]).
+/// marked [`crate::request::Https`]).
 pub(crate) trait ClientStream: AsyncRead + AsyncWrite + Unpin {
     const TLS: bool;
 }
@@ -264,7 +265,7 @@ fn inspect(buf: &[u8], spans: &mut HeaderSpans) -> Result<Option<Option<Head>>, 
         } else if name.eq_ignore_ascii_case("transfer-encoding")
             || name.eq_ignore_ascii_case("upgrade")
             || name.eq_ignore_ascii_case("expect")
-            || name.eq_ignore_ascii_case(crate::tcp::HOP_TCP_PORT.as_str())
+            || name.eq_ignore_ascii_case(HOP_TCP_PORT.as_str())
         {
             return Ok(Some(None));
         }
@@ -509,7 +510,7 @@ struct CachedDate {
 
 impl CachedDate {
     fn get(&mut self) -> &[u8] {
-        let now_ms = crate::coarse_now_ms();
+        let now_ms = crate::clock::now_ms();
         if now_ms / 1000 != self.second || self.text.is_empty() {
             self.second = now_ms / 1000;
             self.text = httpdate::fmt_http_date(SystemTime::now());

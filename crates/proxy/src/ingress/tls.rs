@@ -4,14 +4,15 @@
 //! `http/1.1`, session resumption by tickets (and a session cache). A name without a
 //! certificate ends the handshake at once with a fatal alert.
 //!
-//! Behind the handshake a connection is served as a plain one is (`h1/server.rs`, handed
+//! Behind the handshake a connection is served as a plain one is ([`h1`], handed
 //! to hyper's server for HTTP/2 and the rest), its requests marked [`Https`]: they are
 //! forwarded with `X-Forwarded-Proto: https` and never redirected by `force_https`.
 
-use crate::h1;
-use crate::http::{handle_parts, HEADER_READ_TIMEOUT, MAX_HEAD_BYTES};
-use crate::request::ClientBody;
-use crate::{Local, Shared};
+use crate::http::handle_parts;
+use crate::ingress::h1;
+use crate::request::{ClientBody, Https};
+use crate::shared::{Local, Shared};
+use crate::wire::{HEADER_READ_TIMEOUT, MAX_HEAD_BYTES};
 use http::header::HeaderValue;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::convert::Infallible;
@@ -22,11 +23,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-/// Marks a request that came over TLS (in its extensions).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Https;
-
-impl h1::server::ClientStream for TlsStream<TcpStream> {
+impl h1::ClientStream for TlsStream<TcpStream> {
     const TLS: bool = true;
 }
 
@@ -138,9 +135,9 @@ async fn serve(
             let read = if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
                 bytes::Bytes::new()
             } else {
-                match h1::server::serve(&mut stream, &local, &peer_ip).await {
-                    h1::server::Outcome::Closed => return,
-                    h1::server::Outcome::HandOff(read) => read,
+                match h1::serve(&mut stream, &local, &peer_ip).await {
+                    h1::Outcome::Closed => return,
+                    h1::Outcome::HandOff(read) => read,
                 }
             };
             let svc =
@@ -155,7 +152,7 @@ async fn serve(
                         )
                     }
                 });
-            let io = h1::server::Rewind::new(read, stream);
+            let io = h1::Rewind::new(read, stream);
             if let Err(err) = builder
                 .serve_connection_with_upgrades(TokioIo::new(io), svc)
                 .await

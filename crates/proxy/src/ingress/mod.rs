@@ -1,0 +1,140 @@
+//! Ingress: the proxy's listeners. Each proxy thread runs one single-threaded runtime with
+//! its own SO_REUSEPORT socket of each listener: plain HTTP (here: plain HTTP/1.1 read and
+//! answered by [`h1`], anything else handed to hyper's server), HTTPS ([`tls`]) and, with a
+//! cluster certificate, the hop listener for other hosts' proxies ([`hop`]). Every request
+//! goes on to [`crate::http::handle_parts`] (a hop to [`crate::http::serve_hop`]). Raw TCP
+//! services have their own listeners ([`crate::tcp`]).
+
+pub(crate) mod h1;
+mod hop;
+pub(crate) mod tls;
+
+use crate::body::RespBody;
+use crate::http::handle_parts;
+use crate::request::ClientBody;
+use crate::shared::{Local, Shared};
+use crate::wire::{HEADER_READ_TIMEOUT, MAX_HEAD_BYTES};
+use http::header::HeaderValue;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Starts proxy thread `i`: a single-threaded runtime serving `listener` until shutdown.
+pub(crate) fn spawn_server_thread(
+    i: usize,
+    shared: Arc<Shared>,
+    listener: std::net::TcpListener,
+    hop_listener: Option<std::net::TcpListener>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name(format!("proxy-{i}"))
+        .spawn(move || {
+            rt.block_on(async move {
+                if let Some(hop) = hop_listener {
+                    let local = Arc::new(Local(shared.clone()));
+                    hop::spawn_listener(local, hop, shutdown.clone());
+                }
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => serve(shared, l, shutdown).await,
+                    Err(err) => tracing::error!(error = %err, "proxy listener"),
+                }
+            })
+        })?;
+    Ok(())
+}
+
+async fn serve(
+    shared: Arc<Shared>,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) {
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(crate::timer::CoarseTimer)
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEAD_BYTES);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(MAX_HEAD_BYTES as u32)
+        .max_concurrent_streams(256)
+        .keep_alive_interval(Some(Duration::from_secs(30)));
+    let builder = Arc::new(builder);
+    let local = Arc::new(Local(shared));
+    // Every tick: wakes the requests whose head took too long ([`crate::timer`]) and closes
+    // expired upstream connections.
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::timer::TICK);
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    _ = tick.tick() => {
+                        crate::timer::fire_expired();
+                        crate::pool::sweep();
+                    }
+                }
+            }
+        });
+    }
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(err) => {
+                    // Out of file descriptors and the like: back off, keep serving.
+                    tracing::warn!(error = %err, "proxy accept");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let local = local.clone();
+        let builder = builder.clone();
+        tokio::spawn(async move {
+            // Formatted once per connection, for X-Forwarded-For.
+            let peer_ip = HeaderValue::from_str(&peer.ip().to_string())
+                .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+            // Plain HTTP/1.1 here; the rest of a connection that asks for more, in hyper.
+            let mut stream = stream;
+            let read = match h1::serve(&mut stream, &local, &peer_ip).await {
+                h1::Outcome::Closed => return,
+                h1::Outcome::HandOff(read) => read,
+            };
+            let svc = hyper::service::service_fn(move |req| {
+                let local = local.clone();
+                let peer_ip = peer_ip.clone();
+                async move { Ok::<_, Infallible>(handle(local, &peer_ip, req).await) }
+            });
+            let io = h1::Rewind::new(read, stream);
+            if let Err(err) = builder
+                .serve_connection_with_upgrades(TokioIo::new(io), svc)
+                .await
+            {
+                tracing::debug!(error = %err, %peer, "proxy connection");
+            }
+        });
+    }
+}
+
+/// A request received by hyper's server.
+async fn handle(
+    shared: Arc<Local>,
+    peer_ip: &HeaderValue,
+    req: Request<Incoming>,
+) -> Response<RespBody> {
+    let (parts, body) = req.into_parts();
+    handle_parts(shared, peer_ip, parts, ClientBody::Hyper(body)).await
+}
