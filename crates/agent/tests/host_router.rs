@@ -4,52 +4,17 @@
 //! only the cluster secret goes, an unknown path, a wrong method. Each gets the right 4xx
 //! with Fly's `{"error": ...}` body, and none of them creates anything.
 
-use axum::body::Body;
-use axum::http::{header, Method, Request, StatusCode};
+use axum::http::{Method, StatusCode};
 use axum::Router;
-use bazaar_testkit::in_process::InProcessAgent;
+use bazaar_testkit::in_process::{oneshot as call, InProcessAgent};
 use bazaar_testkit::TEST_SECRET;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 /// The host interface as `run_agent` serves it (wrong methods answered in Fly's shape).
 fn host_router(node: &InProcessAgent) -> Router {
     bazaar_agent::http::router(node.agent.clone()).layer(axum::middleware::map_response(
         bazaar_agent::http::fly_shaped_method_errors,
     ))
-}
-
-/// Sends one request; answers the status and the JSON body.
-async fn call(
-    router: &Router,
-    method: Method,
-    path: &str,
-    token: Option<&str>,
-    body: Option<&str>,
-) -> (StatusCode, Value) {
-    let mut req = Request::builder().method(method).uri(path);
-    if let Some(t) = token {
-        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
-    }
-    let body = match body {
-        Some(b) => {
-            req = req.header(header::CONTENT_TYPE, "application/json");
-            Body::from(b.to_string())
-        }
-        None => Body::empty(),
-    };
-    let resp = router
-        .clone()
-        .oneshot(req.body(body).unwrap())
-        .await
-        .unwrap();
-    let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    let value = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-    (status, value)
 }
 
 /// Asserts `status` and a Fly-shaped body: `{"error": "<string>"}`.

@@ -3,13 +3,11 @@
 //! no or an invalid token. Each gets the right 4xx with Fly's `{"error": ...}` body, and
 //! none of them creates anything.
 
-use axum::body::Body;
-use axum::http::{header, Method, Request, StatusCode};
+use axum::http::{Method, StatusCode};
 use axum::Router;
-use bazaar_testkit::in_process::InProcessAgent;
+use bazaar_testkit::in_process::{oneshot, InProcessAgent};
 use bazaar_testkit::TEST_SECRET;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 /// How a request authenticates.
 #[derive(Clone, Copy)]
@@ -26,29 +24,11 @@ async fn call(
     token: Token<'_>,
     body: Option<&str>,
 ) -> (StatusCode, Value) {
-    let mut req = Request::builder().method(method).uri(path);
-    if let Token::Bearer(t) = token {
-        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
-    }
-    let body = match body {
-        Some(b) => {
-            req = req.header(header::CONTENT_TYPE, "application/json");
-            Body::from(b.to_string())
-        }
-        None => Body::empty(),
+    let token = match token {
+        Token::None => None,
+        Token::Bearer(t) => Some(t),
     };
-    let resp = router
-        .clone()
-        .oneshot(req.body(body).unwrap())
-        .await
-        .unwrap();
-    let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    let value = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-    (status, value)
+    oneshot(router, method, path, token, body).await
 }
 
 /// Asserts a Fly-shaped error: `status`, and an `error` string containing `says`.

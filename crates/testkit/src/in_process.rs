@@ -2,11 +2,15 @@
 //! tests: a test hands the agent's routers (the host interface, the Machines API) requests
 //! with `tower::ServiceExt::oneshot` and reads the answers, with no HTTP server between.
 //! It runs without isolation (nothing is made on the host outside its temporary data dir)
-//! and takes the cluster secret [`crate::TEST_SECRET`].
+//! and takes the cluster secret [`crate::TEST_SECRET`]. [`oneshot`] sends a request.
 
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
 use bazaar_agent::{Agent, AgentConfig};
 use bazaar_catalog::{Catalog, CatalogConfig};
+use serde_json::Value;
 use std::net::SocketAddr;
+use tower::ServiceExt;
 
 /// A running in-process agent; [`InProcessAgent::stop`] ends it.
 #[derive(Debug)]
@@ -56,4 +60,38 @@ impl InProcessAgent {
         self.catalog.kill().await;
         self.agent.shutdown().await;
     }
+}
+
+/// Hands `router` one request (`token` as a bearer token, `body` as JSON) and answers the
+/// status and the body, as JSON when it is (else as a JSON string).
+pub async fn oneshot(
+    router: &axum::Router,
+    method: Method,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (StatusCode, Value) {
+    let mut req = Request::builder().method(method).uri(path);
+    if let Some(t) = token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let body = match body {
+        Some(b) => {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+            Body::from(b.to_string())
+        }
+        None => Body::empty(),
+    };
+    let request = req.body(body).expect("a well-formed request");
+    let resp = match router.clone().oneshot(request).await {
+        Ok(resp) => resp,
+        Err(never) => match never {},
+    };
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap_or_default();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, value)
 }
