@@ -105,6 +105,8 @@ pub(crate) struct Inner {
     /// Held while a volume's storage step runs (one at a time per host, so a retried create
     /// never formats or mounts the same image twice at once).
     pub volume_steps: tokio::sync::Mutex<()>,
+    /// Operations and steps run ([`crate::metrics`]).
+    pub metrics: crate::metrics::AgentMetrics,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -235,6 +237,7 @@ impl Agent {
             checks: Mutex::new(HashMap::new()),
             disk_gb,
             volume_steps: tokio::sync::Mutex::new(()),
+            metrics: Default::default(),
             config,
         });
         let agent = Agent(inner);

@@ -33,6 +33,8 @@
 //! - [`volumes`]: volumes owned by this host (records, placement checks, attachment), on
 //!   storage from [`volume_fs`] (ext4 images on loop devices, or directories);
 //!   [`snapshots`]: their snapshots, restores and forks.
+//! - [`metrics`]: operations, steps, store commits and machines by state, with the
+//!   catalog's, as Prometheus text (served at `/metrics` with the proxy's).
 //! - [`checks`]: service health checks of this host's machines (results go in the catalog).
 //! - [`cleanup`]: what a host made on the machine outside its store (mounts, loop devices,
 //!   network, cgroups, shims), found from its data dir and removed (`bazaar host reset`,
@@ -69,6 +71,7 @@ pub mod leases;
 pub mod ledger_dump;
 pub mod market;
 pub mod mesh;
+pub mod metrics;
 pub mod netlink;
 pub mod network;
 pub mod oci;

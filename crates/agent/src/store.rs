@@ -12,6 +12,7 @@
 //! a full disk fails the writes made while it is full (with [`StoreError::DiskFull`]) and
 //! no more, without restarting the agent.
 
+use crate::metrics::CommitStats;
 use crate::record::{MachineRecord, Operation};
 use crate::volumes::VolumeRecord;
 use bazaar_placement::Reservation;
@@ -22,6 +23,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
@@ -102,6 +104,8 @@ pub struct Store {
     /// Held from the start of a write until the in-memory records show it, so they are
     /// updated in commit order.
     writing: Arc<Mutex<()>>,
+    /// Every commit's duration and failures ([`crate::metrics`]).
+    commits: Arc<CommitStats>,
 }
 
 /// The open database, and how many times it was opened.
@@ -281,6 +285,7 @@ impl Store {
             })),
             machines: Arc::new(Mutex::new(HashMap::new())),
             writing: Arc::new(Mutex::new(())),
+            commits: Arc::default(),
         };
         *lock(&store.machines) = machines;
         if !legacy.is_empty() {
@@ -342,10 +347,21 @@ impl Store {
         Ok(())
     }
 
+    /// Every commit's duration and failures.
+    pub fn commit_stats(&self) -> &CommitStats {
+        &self.commits
+    }
+
     /// Applies a batch in one durable transaction.
     pub fn write(&self, batch: &Batch) -> Result<(), StoreError> {
         let _writing = lock(&self.writing);
-        self.on_db(|db| Self::write_tx(db, batch))?;
+        let started = std::time::Instant::now();
+        let written = self.on_db(|db| Self::write_tx(db, batch));
+        self.commits.duration.observe(started.elapsed());
+        if written.is_err() {
+            self.commits.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        written?;
         let mut mirror = lock(&self.machines);
         for id in &batch.delete_machines {
             mirror.remove(id);

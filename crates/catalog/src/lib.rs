@@ -24,6 +24,7 @@ pub mod config;
 pub mod gossip;
 pub mod keyring;
 pub mod membership;
+pub mod metrics;
 mod node;
 pub mod records;
 pub mod replica;

@@ -1,6 +1,10 @@
 //! Multi-node tests of the catalog: several nodes in one process on 127.0.0.1, with short
 //! timings, checked by polling until a deadline (never by fixed long sleeps).
 
+mod common;
+
+use common::eventually;
+
 use bazaar_catalog::keyring::{derived_key, Keyring};
 use bazaar_catalog::trust::SigningKey;
 use bazaar_catalog::wire::{Authenticator, DGRAM_SWIM};
@@ -90,20 +94,6 @@ async fn cluster(n: usize) -> Vec<Catalog> {
     })
     .await;
     nodes
-}
-
-/// Polls `check` every 20 ms until it holds; panics after `within`.
-async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    loop {
-        if check() {
-            return start.elapsed();
-        }
-        if start.elapsed() > within {
-            panic!("timed out after {within:?} waiting until {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn status_on(c: &Catalog, host: &str) -> Option<HostStatus> {

@@ -2,6 +2,10 @@
 //! anti-entropy over mTLS, rows bound to the cluster CA, host revocation. Nodes run in one
 //! process on 127.0.0.1 with short timings, checked by polling until a deadline.
 
+mod common;
+
+use common::eventually;
+
 use bazaar_catalog::keyring::{derived_key, generate_key, parse_key};
 use bazaar_catalog::trust::SigningKey;
 use bazaar_catalog::{Catalog, CatalogConfig, HostRecord, HostStatus, MachineRecord};
@@ -40,17 +44,6 @@ fn machine(id: &str) -> MachineRecord {
         region: "ams".into(),
         state: "started".into(),
         ..Default::default()
-    }
-}
-
-async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(
-            start.elapsed() < within,
-            "timed out after {within:?} waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -7,147 +7,20 @@
 //! each machine once. Bad opt-ins are refused with 400.
 
 mod common;
+mod lab_support;
 
 use bazaar_lab::Lab;
-use common::{is_root, EXE};
-use reqwest::{Method, StatusCode};
+use lab_support::{until, LabApi as Node, TestLab};
+use reqwest::StatusCode;
 use serde_json::{json, Value};
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const DEAD_AFTER_MS: u64 = 2000;
 const REPLACE_AFTER_MS: u64 = 3000;
 const KEY: &str = "bazaar_replace_on_host_failure";
 
-/// A lab in a temporary directory, taken down when the test ends (passed or not).
-struct TestLab {
-    dir: tempfile::TempDir,
-}
-
-impl TestLab {
-    fn up(args: &[&str]) -> TestLab {
-        assert!(is_root(), "the guardian tests need root (the lab)");
-        let dir = tempfile::Builder::new()
-            .prefix("bazaar-guardian-")
-            .tempdir()
-            .unwrap();
-        let lab = TestLab { dir };
-        lab.cli(
-            &["up", "--memory-mb", "2048", "--wait-converged"]
-                .into_iter()
-                .chain(args.iter().copied())
-                .collect::<Vec<_>>(),
-        );
-        lab
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new(EXE)
-            .arg("lab")
-            .arg("--dir")
-            .arg(self.path())
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "bazaar lab {args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn lab(&self) -> Lab {
-        Lab::open(self.path()).unwrap()
-    }
-}
-
-impl Drop for TestLab {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            for e in std::fs::read_dir(self.path().join("logs"))
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-                let lines: Vec<&str> = text
-                    .lines()
-                    .filter(|l| l.contains("guardian") || l.contains("fence"))
-                    .collect();
-                eprintln!(
-                    "--- {} (guardian and fence)\n{}",
-                    e.path().display(),
-                    lines.join("\n")
-                );
-            }
-        }
-        if self.path().join("lab.json").exists() {
-            let _ = Command::new(EXE)
-                .arg("lab")
-                .arg("--dir")
-                .arg(self.path())
-                .arg("down")
-                .output();
-        }
-    }
-}
-
-/// One lab host's API, with the cluster secret.
-struct Node {
-    http: reqwest::Client,
-    base: String,
-    token: String,
-}
-
+/// What these tests ask a lab host's API.
 impl Node {
-    fn of(lab: &Lab, host: &str) -> Node {
-        Node {
-            http: reqwest::Client::new(),
-            base: lab.api_url(&lab.host(host).unwrap()),
-            token: lab.cluster_secret().to_string(),
-        }
-    }
-
-    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut req = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(&self.token)
-            .timeout(Duration::from_secs(40));
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        match req.send().await {
-            Ok(resp) => {
-                let status = resp.status();
-                let text = resp.text().await.unwrap_or_default();
-                (
-                    status,
-                    serde_json::from_str(&text).unwrap_or(Value::String(text)),
-                )
-            }
-            Err(e) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Value::String(e.to_string()),
-            ),
-        }
-    }
-
-    async fn get(&self, path: &str) -> (StatusCode, Value) {
-        self.call(Method::GET, path, None).await
-    }
-
-    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        self.call(Method::POST, path, Some(body)).await
-    }
-
     /// The catalog rows of `app` as this node lists them (one per machine id).
     async fn rows(&self, app: &str) -> Option<Vec<Value>> {
         let (s, v) = self.get(&format!("/v1/catalog/machines?app={app}")).await;
@@ -235,19 +108,6 @@ async fn through_proxy(lab: &Lab, host: &str, app: &str) -> Option<StatusCode> {
         .map(|r| r.status())
 }
 
-async fn until<F, Fut>(secs: u64, what: &str, mut probe: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let result = bazaar_testkit::eventually(Duration::from_secs(secs), || {
-        let f = probe();
-        async move { f.await.then_some(()) }
-    })
-    .await;
-    assert!(result.is_ok(), "within {secs} s: {what}");
-}
-
 /// Creates a machine directly on the host behind `node` (the host interface), and waits
 /// until it is in `state`.
 async fn create_on(node: &Node, app: &str, config: Value, skip_launch: bool) -> String {
@@ -271,16 +131,21 @@ async fn create_on(node: &Node, app: &str, config: Value, skip_launch: bool) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_hosts_opted_in_machines_run_elsewhere_once_and_its_copies_stop_when_it_returns() {
-    let t = TestLab::up(&[
-        "--hosts",
-        "3",
-        "--regions",
-        "ams",
-        "--dead-after-ms",
-        &DEAD_AFTER_MS.to_string(),
-        "--replace-after-ms",
-        &REPLACE_AFTER_MS.to_string(),
-    ]);
+    let (t, _) = TestLab::up(
+        "guardian",
+        &[
+            "--wait-converged",
+            "--hosts",
+            "3",
+            "--regions",
+            "ams",
+            "--dead-after-ms",
+            &DEAD_AFTER_MS.to_string(),
+            "--replace-after-ms",
+            &REPLACE_AFTER_MS.to_string(),
+        ],
+    );
+    let t = t.show_log_lines(|l| l.contains("guardian") || l.contains("fence"));
     let lab = t.lab();
     let first = Node::of(&lab, "h1");
     for app in ["keep", "plain", "vol"] {

@@ -5,145 +5,20 @@
 //! disk; one-way partitions drop one direction only, loss a share of packets; `down` leaves no namespace, link, mount, loop device or process.
 
 mod common;
+mod lab_support;
 
 use bazaar_lab::Lab;
 use common::{is_root, EXE};
+use lab_support::{until, LabApi as Api, TestLab};
 use reqwest::{Method, StatusCode};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-/// A lab in a temporary directory, taken down when the test ends (passed or not).
-struct TestLab {
-    dir: tempfile::TempDir,
-}
-
-impl TestLab {
-    fn up(args: &[&str]) -> (TestLab, String) {
-        assert!(
-            is_root(),
-            "the lab tests need root (network namespaces, mounts)"
-        );
-        let dir = tempfile::Builder::new()
-            .prefix("bazaar-lab-")
-            .tempdir()
-            .unwrap();
-        let lab = TestLab { dir };
-        let mut all = vec!["up", "--dead-after-ms", "2000", "--memory-mb", "2048"];
-        all.extend(args);
-        let out = lab.cli(&all);
-        (lab, out)
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// Runs `bazaar lab --dir DIR args...`; panics unless it succeeds; answers stdout.
-    fn cli(&self, args: &[&str]) -> String {
-        let out = self.cli_raw(args);
-        assert!(
-            out.status.success(),
-            "bazaar lab {args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn cli_raw(&self, args: &[&str]) -> std::process::Output {
-        Command::new(EXE)
-            .arg("lab")
-            .arg("--dir")
-            .arg(self.path())
-            .args(args)
-            .output()
-            .unwrap()
-    }
-
-    fn lab(&self) -> Lab {
-        Lab::open(self.path()).unwrap()
-    }
-
-    fn env(&self) -> HashMap<String, String> {
-        std::fs::read_to_string(self.path().join("lab.env"))
-            .unwrap()
-            .lines()
-            .filter_map(|l| l.split_once('=').map(|(k, v)| (k.into(), v.into())))
-            .collect()
-    }
-}
-
-impl Drop for TestLab {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            for e in std::fs::read_dir(self.path().join("logs"))
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                eprintln!(
-                    "--- {} (last lines)\n{}",
-                    e.path().display(),
-                    lines[lines.len().saturating_sub(25)..].join("\n")
-                );
-            }
-        }
-        if self.path().join("lab.json").exists() {
-            let _ = self.cli_raw(&["down"]);
-        }
-    }
-}
-
-/// The Machines API and catalog of one host.
-struct Api {
-    http: reqwest::Client,
-    base: String,
-    token: String,
-}
-
+/// What these tests ask a host's API besides plain calls.
 impl Api {
-    fn of(lab: &Lab, host: &str) -> Api {
-        Api {
-            http: reqwest::Client::new(),
-            base: lab.api_url(&lab.host(host).unwrap()),
-            token: lab.cluster_secret().to_string(),
-        }
-    }
-
-    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut req = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(&self.token)
-            .timeout(Duration::from_secs(40));
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        match req.send().await {
-            Ok(resp) => {
-                let status = resp.status();
-                let text = resp.text().await.unwrap_or_default();
-                (
-                    status,
-                    serde_json::from_str(&text).unwrap_or(Value::String(text)),
-                )
-            }
-            Err(e) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Value::String(e.to_string()),
-            ),
-        }
-    }
-
-    async fn get(&self, path: &str) -> (StatusCode, Value) {
-        self.call(Method::GET, path, None).await
-    }
-
     /// Host address → status, as this host's catalog sees them (`None`: no answer).
     async fn catalog(&self) -> Option<HashMap<String, String>> {
         let (s, v) = self.get("/v1/catalog/hosts").await;
@@ -164,20 +39,6 @@ impl Api {
         let (s, v) = self.get("/v1/catalog/digest").await;
         (s == StatusCode::OK).then(|| v["digest"].as_str().unwrap().to_string())
     }
-}
-
-/// Polls `probe` until it is true, for at most `secs`; panics with `what` otherwise.
-async fn until<F, Fut>(secs: u64, what: &str, mut probe: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let result = bazaar_testkit::eventually(Duration::from_secs(secs), || {
-        let f = probe();
-        async move { f.await.then_some(()) }
-    })
-    .await;
-    assert!(result.is_ok(), "within {secs} s: {what}");
 }
 
 /// The inode of a network namespace: the same for two processes in the same one.
@@ -296,7 +157,18 @@ fn assert_nothing_left(lab: &Lab, dir: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lab_fleet_places_partitions_heals_survives_kills_and_comes_down_clean() {
-    let (t, out) = TestLab::up(&["--hosts", "3", "--regions", "ams,ord", "--wait-converged"]);
+    let (t, out) = TestLab::up(
+        "lab",
+        &[
+            "--dead-after-ms",
+            "2000",
+            "--hosts",
+            "3",
+            "--regions",
+            "ams,ord",
+            "--wait-converged",
+        ],
+    );
     let lab = t.lab();
     let env = t.env();
     let h1 = lab.host("h1").unwrap();
@@ -471,7 +343,10 @@ async fn a_lab_fleet_places_partitions_heals_survives_kills_and_comes_down_clean
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_full_disk_loss_and_oneway_partitions() {
-    let (t, _) = TestLab::up(&["--hosts", "2", "--small-disk"]);
+    let (t, _) = TestLab::up(
+        "lab",
+        &["--dead-after-ms", "2000", "--hosts", "2", "--small-disk"],
+    );
     let lab = t.lab();
     let api = Api::of(&lab, "h1");
     create_app(&api, "db").await;

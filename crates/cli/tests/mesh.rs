@@ -5,121 +5,16 @@
 //! `down` leaves nothing behind.
 
 mod common;
+mod lab_support;
 
-use bazaar_lab::Lab;
-use common::{is_root, EXE};
+use lab_support::{LabApi as Api, TestLab};
 use reqwest::{Method, StatusCode};
-use serde_json::{json, Value};
-use std::path::Path;
+use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// A lab in a temporary directory, taken down when the test ends (passed or not).
-struct TestLab {
-    dir: tempfile::TempDir,
-}
-
-impl TestLab {
-    fn up(args: &[&str]) -> TestLab {
-        assert!(is_root(), "the mesh tests need root (network namespaces)");
-        let dir = tempfile::Builder::new()
-            .prefix("bazaar-mesh-")
-            .tempdir()
-            .unwrap();
-        let lab = TestLab { dir };
-        let mut all = vec!["up", "--dead-after-ms", "2000", "--memory-mb", "2048"];
-        all.extend(args);
-        lab.cli(&all);
-        lab
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn cli(&self, args: &[&str]) -> String {
-        let out = self.cli_raw(args);
-        assert!(
-            out.status.success(),
-            "bazaar lab {args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn cli_raw(&self, args: &[&str]) -> std::process::Output {
-        Command::new(EXE)
-            .arg("lab")
-            .arg("--dir")
-            .arg(self.path())
-            .args(args)
-            .output()
-            .unwrap()
-    }
-
-    fn lab(&self) -> Lab {
-        Lab::open(self.path()).unwrap()
-    }
-}
-
-impl Drop for TestLab {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            for e in std::fs::read_dir(self.path().join("logs"))
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                eprintln!(
-                    "--- {} (last lines)\n{}",
-                    e.path().display(),
-                    lines[lines.len().saturating_sub(30)..].join("\n")
-                );
-            }
-        }
-        if self.path().join("lab.json").exists() {
-            let _ = self.cli_raw(&["down"]);
-        }
-    }
-}
-
-/// The Machines API of one lab host.
-struct Api {
-    http: reqwest::Client,
-    base: String,
-    token: String,
-}
-
+/// What these tests ask a lab host's API.
 impl Api {
-    fn of(lab: &Lab, host: &str) -> Api {
-        Api {
-            http: reqwest::Client::new(),
-            base: lab.api_url(&lab.host(host).unwrap()),
-            token: lab.cluster_secret().to_string(),
-        }
-    }
-
-    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut req = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(&self.token)
-            .timeout(Duration::from_secs(40));
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.expect("the API answers");
-        let status = resp.status();
-        let text = resp.text().await.unwrap_or_default();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-
     async fn create_app(&self, app: &str, org: &str) {
         let (s, v) = self
             .call(
@@ -202,7 +97,19 @@ async fn until_answered(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machines_reach_each_other_across_hosts_within_their_organization_and_after_a_partition() {
-    let t = TestLab::up(&["--hosts", "2", "--regions", "ams,ord", "--wait-converged"]);
+    let t = TestLab::up(
+        "mesh",
+        &[
+            "--dead-after-ms",
+            "2000",
+            "--hosts",
+            "2",
+            "--regions",
+            "ams,ord",
+            "--wait-converged",
+        ],
+    )
+    .0;
     let mut lab = t.lab();
     // Every call through h1's API: the market places by region (ams is h1, ord is h2).
     let a = Api::of(&lab, "h1");

@@ -1,12 +1,17 @@
 //! End-to-end tests of the per-machine shim (`bazaar shim RUN_DIR`) through the agent-side
 //! `bazaar_shim::ShimHandle`, driving the real `bazaar` binary.
 //!
-//! Tests that need root (isolation, cgroups, user switching) skip themselves otherwise.
+//! Tests that need root (isolation, cgroups, user switching) skip themselves otherwise, and
+//! fail instead when `BAZAAR_TESTS_REQUIRE_ROOT` is set (CI: `bazaar_testkit::can_run`).
+
+mod common;
 
 use std::future::Future;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use common::is_root;
 
 use bazaar_shim::{read_exit, remove_cgroup, ExitRecord, ShimError, ShimHandle, ShimSpec};
 
@@ -15,11 +20,6 @@ const PATIENCE: Duration = Duration::from_secs(10);
 
 fn exe() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_bazaar"))
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// A scratch directory that the workload user (nobody) can traverse.
@@ -71,16 +71,14 @@ fn alive(pid: i32) -> bool {
     }
 }
 
-/// Polls `probe` until it is true, for at most `within`.
+/// Whether `probe` becomes true within `within`.
 async fn eventually(within: Duration, mut probe: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if probe() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    probe()
+    bazaar_testkit::eventually(within, || {
+        let holds = probe();
+        async move { holds.then_some(()) }
+    })
+    .await
+    .is_ok()
 }
 
 async fn bounded<T>(what: &str, fut: impl Future<Output = T>) -> T {
@@ -247,7 +245,7 @@ async fn launch_failures_are_reported() {
 async fn killing_the_shim_kills_the_workload() {
     let dir = scratch();
     for isolate in [false, true] {
-        if isolate && !is_root() {
+        if isolate && !bazaar_testkit::can_run(is_root(), "root (isolation)") {
             continue;
         }
         let rd = dir.path().join(format!("run-{isolate}"));

@@ -220,9 +220,12 @@ impl Proxy {
         self.0.tls_addr
     }
 
-    /// The metrics, as Prometheus text.
+    /// The metrics, as OpenMetrics text: the proxy's, then the agent's and its catalog's
+    /// (`bazaar_agent::metrics`), then the closing `# EOF`.
     pub fn metrics_text(&self) -> String {
-        self.0.metrics.encode()
+        let proxy = self.0.metrics.encode();
+        let proxy = proxy.strip_suffix("# EOF\n").unwrap_or(&proxy);
+        format!("{proxy}{}# EOF\n", self.0.agent.metrics_text())
     }
 
     /// Routes to merge into the agent's API: `GET /metrics` (with the cluster secret as a

@@ -7,6 +7,7 @@
 
 mod fly;
 pub mod images;
+pub mod in_process;
 pub mod tokens;
 
 pub use fly::Fly;

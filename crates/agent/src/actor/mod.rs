@@ -5,6 +5,7 @@
 //! watches the running workload and applies the restart policy when it exits on its own.
 
 use crate::agent::Agent;
+use crate::metrics::Outcome;
 use crate::record::{MachineRecord, OpKind, Operation, Step};
 use crate::restart::{decide, Decision, RETRY_WINDOW_MS};
 use crate::store::Batch;
@@ -13,7 +14,7 @@ use bazaar_types::event::{EventRequest, ExitEvent, MachineEvent};
 use bazaar_types::state::MachineState;
 use bazaar_types::{now_ms, rfc3339};
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 mod steps;
@@ -158,12 +159,14 @@ impl Actor {
             return;
         }
         let mut dropped = Vec::new();
+        let metrics = &self.agent.0.metrics;
         let last = self.queue.len() - 1;
         let mut i = 0;
         self.queue.retain(|op| {
             let keep = !(i < last && op.kind == OpKind::PolicyRestart && op.steps_done == 0);
             if !keep {
                 dropped.push(op.id);
+                metrics.operation(&op.kind, Outcome::Superseded);
             }
             i += 1;
             keep
@@ -392,12 +395,14 @@ impl Actor {
             if let Err(err) = self.agent.commit(b).await {
                 tracing::error!(machine.id = %self.id, error = %err, "finishing operation");
             }
+            self.agent.0.metrics.operation(&op.kind, Outcome::Completed);
         }
         while (op.steps_done as usize) < steps.len() {
             let step = steps[op.steps_done as usize];
             let Some(mut rec) = self.load() else { break };
             let before = rec.clone();
             let mut b = Batch::default();
+            let started = Instant::now();
             let outcome = match step {
                 Step::Launch => self.step_launch(&mut rec, &op, &mut b).await,
                 Step::Signal => self.step_signal(&mut rec, &op),
@@ -420,6 +425,17 @@ impl Actor {
             rec.updated_at_ms = now_ms();
             b.machine(&rec);
             self.record(&before, &mut rec, b, step.name()).await;
+            let aborted = outcome == StepOutcome::Abort;
+            let metrics = &self.agent.0.metrics;
+            metrics.step(step, started.elapsed(), aborted);
+            if last {
+                let ended = if aborted {
+                    Outcome::Aborted
+                } else {
+                    Outcome::Completed
+                };
+                metrics.operation(&op.kind, ended);
+            }
             self.agent.0.crash.at(op.kind.name(), op.steps_done);
             if last {
                 self.set_transient(None);

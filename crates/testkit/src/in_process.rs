@@ -1,0 +1,97 @@
+//! An agent started inside the test's own process, its catalog on loopback, for router
+//! tests: a test hands the agent's routers (the host interface, the Machines API) requests
+//! with `tower::ServiceExt::oneshot` and reads the answers, with no HTTP server between.
+//! It runs without isolation (nothing is made on the host outside its temporary data dir)
+//! and takes the cluster secret [`crate::TEST_SECRET`]. [`oneshot`] sends a request.
+
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
+use bazaar_agent::{Agent, AgentConfig};
+use bazaar_catalog::{Catalog, CatalogConfig};
+use serde_json::Value;
+use std::net::SocketAddr;
+use tower::ServiceExt;
+
+/// A running in-process agent; [`InProcessAgent::stop`] ends it.
+#[derive(Debug)]
+pub struct InProcessAgent {
+    pub agent: Agent,
+    pub catalog: Catalog,
+    _dir: tempfile::TempDir,
+}
+
+impl InProcessAgent {
+    /// Starts the agent and its catalog (a cluster of one) and attaches them.
+    pub async fn start() -> anyhow::Result<InProcessAgent> {
+        let dir = tempfile::Builder::new()
+            .prefix("bazaar-inproc-")
+            .tempdir()?;
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        let config = AgentConfig {
+            data_dir: dir.path().join("data"),
+            api_listen: loopback,
+            gossip_listen: loopback,
+            cluster_secret: Some(crate::TEST_SECRET.into()),
+            isolate: false,
+            cpus: Some(4),
+            memory_mb: Some(4096),
+            disk_gb: Some(10),
+            ..AgentConfig::default()
+        };
+        let agent = Agent::start(config.clone()).await?;
+        let mut catalog_config = CatalogConfig::new(
+            agent.host_id(),
+            &config.region,
+            loopback,
+            agent.cluster_secret(),
+        );
+        catalog_config.signing_key = bazaar_agent::secrets::host_signing_key(&config.data_dir)?;
+        let catalog = Catalog::start(catalog_config).await?;
+        agent.attach_catalog(catalog.clone()).await;
+        Ok(InProcessAgent {
+            agent,
+            catalog,
+            _dir: dir,
+        })
+    }
+
+    /// Stops the agent and its catalog.
+    pub async fn stop(self) {
+        self.catalog.kill().await;
+        self.agent.shutdown().await;
+    }
+}
+
+/// Hands `router` one request (`token` as a bearer token, `body` as JSON) and answers the
+/// status and the body, as JSON when it is (else as a JSON string).
+pub async fn oneshot(
+    router: &axum::Router,
+    method: Method,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (StatusCode, Value) {
+    let mut req = Request::builder().method(method).uri(path);
+    if let Some(t) = token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let body = match body {
+        Some(b) => {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+            Body::from(b.to_string())
+        }
+        None => Body::empty(),
+    };
+    let request = req.body(body).expect("a well-formed request");
+    let resp = match router.clone().oneshot(request).await {
+        Ok(resp) => resp,
+        Err(never) => match never {},
+    };
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap_or_default();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, value)
+}
