@@ -12,6 +12,7 @@ use bazaar_types::api::{
 use bazaar_types::error::ErrorBody;
 use bazaar_types::event::MachineEvent;
 use bazaar_types::host::{ExecResponse, WaitResponse};
+pub use bazaar_types::host::LeaseRequest;
 use bazaar_types::machine::Machine;
 use bazaar_types::volume::{CreateVolumeRequest, ExtendVolumeResponse, Volume, VolumeSnapshot};
 use reqwest::Method;
@@ -275,6 +276,13 @@ impl FlyClient {
         self.get(&format!("/apps/{app}/machines")).await
     }
 
+    /// The app's machines, destroyed ones the catalog still knows included (those, and the
+    /// machines of hosts that do not answer, as the catalog shows them).
+    pub async fn machines_including_deleted(&self, app: &str) -> Result<Vec<Machine>, ApiError> {
+        self.get(&format!("/apps/{app}/machines?include_deleted=true"))
+            .await
+    }
+
     /// One machine.
     pub async fn machine(&self, app: &str, id: &str) -> Result<Machine, ApiError> {
         self.get(&Self::machine_path(app, id, "")).await
@@ -367,21 +375,38 @@ impl FlyClient {
         self.get(&Self::machine_path(app, id, &rest)).await
     }
 
-    /// Takes a lease of `ttl` seconds.
-    pub async fn acquire_lease(
+    /// Takes a lease (or, with the `nonce` of the lease held, refreshes it); the answer
+    /// carries its nonce.
+    pub async fn lease(
         &self,
         app: &str,
         id: &str,
-        ttl: u64,
+        req: &LeaseRequest,
+        nonce: Option<&str>,
     ) -> Result<LeaseResponse, ApiError> {
-        let path = Self::machine_path(app, id, &format!("/lease?ttl={ttl}"));
-        self.call(Method::POST, &path, None, None).await
+        self.send(Method::POST, &Self::machine_path(app, id, "/lease"), req, nonce)
+            .await
     }
 
     /// Releases the lease held with `nonce`.
     pub async fn release_lease(&self, app: &str, id: &str, nonce: &str) -> Result<(), ApiError> {
         let path = Self::machine_path(app, id, "/lease");
         self.call::<Value>(Method::DELETE, &path, None, Some(nonce))
+            .await
+            .map(drop)
+    }
+
+    /// Sets one metadata key of a machine (holding its lease when `nonce` is given).
+    pub async fn set_metadata(
+        &self,
+        app: &str,
+        id: &str,
+        key: &str,
+        value: &str,
+        nonce: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let path = Self::machine_path(app, id, &format!("/metadata/{key}"));
+        self.call::<Value>(Method::POST, &path, Some(&json!({ "value": value })), nonce)
             .await
             .map(drop)
     }
@@ -421,10 +446,13 @@ impl FlyClient {
             id,
             &format!("/logs?follow={follow}"),
         ));
-        let resp = self
-            .http
-            .get(&url)
-            .bearer_auth(&self.token)
+        let mut req = self.http.get(&url).bearer_auth(&self.token);
+        if follow {
+            // A followed log streams until the caller stops reading, past any timeout the
+            // client was built with.
+            req = req.timeout(Duration::from_secs(365 * 86_400));
+        }
+        let resp = req
             .send()
             .await
             .map_err(|source| ApiError::Transport {
