@@ -110,7 +110,10 @@ impl Conn {
         path: &str,
         body: Option<Value>,
     ) -> anyhow::Result<Value> {
-        Ok(self.client()?.call(method, path, body.as_ref(), None).await?)
+        Ok(self
+            .client()?
+            .call(method, path, body.as_ref(), None)
+            .await?)
     }
 }
 
@@ -412,7 +415,16 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
             out(c, &v, || println!("stopping {id}"))
         }
         MachineCommand::Restart { id, detach } => {
-            act_and_wait(c, &api, &app, &id, Act::Post("restart"), detach, "restarted").await
+            act_and_wait(
+                c,
+                &api,
+                &app,
+                &id,
+                Act::Post("restart"),
+                detach,
+                "restarted",
+            )
+            .await
         }
         MachineCommand::Update {
             id,
@@ -611,7 +623,9 @@ async fn act_and_wait(
     };
     let answer = match act {
         Act::Post(action) => api.action(app, id, action, None, None).await?,
-        Act::Update(update) => serde_json::to_value(api.update_machine(app, id, &update, None).await?)?,
+        Act::Update(update) => {
+            serde_json::to_value(api.update_machine(app, id, &update, None).await?)?
+        }
     };
     if detach {
         return out(c, &answer, || {
@@ -637,7 +651,10 @@ pub(crate) fn s(v: &Value) -> String {
 pub(crate) fn out<T: Serialize>(c: &Conn, v: &T, human: impl FnOnce()) -> anyhow::Result<()> {
     if c.json {
         // Through a JSON value: keys print sorted, as the API's answers always have.
-        println!("{}", serde_json::to_string_pretty(&serde_json::to_value(v)?)?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::to_value(v)?)?
+        );
     } else {
         human();
     }

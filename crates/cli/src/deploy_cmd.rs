@@ -5,10 +5,10 @@
 
 use anyhow::Context;
 use bazaar_deploy::api::{ApiError, Client};
-use bazaar_types::machine::Machine;
 use bazaar_deploy::config::{AppConfig, MaxUnavailable, Strategy};
 use bazaar_deploy::ops::{self, Initial, Outcome, Settings};
 use bazaar_deploy::progress::{Event, Progress, Silent};
+use bazaar_types::machine::Machine;
 use comfy_table::Table;
 use serde_json::Value;
 use std::io::IsTerminal;
@@ -480,12 +480,7 @@ pub async fn logs(a: LogsArgs) -> anyhow::Result<()> {
     let mut tasks = Vec::new();
     for m in machines {
         let (id, region) = (m.id, m.region);
-        let (fly, app, follow, json) = (
-            client.fly().clone(),
-            app.clone(),
-            a.follow,
-            a.target.json,
-        );
+        let (fly, app, follow, json) = (client.fly().clone(), app.clone(), a.follow, a.target.json);
         tasks.push(tokio::spawn(async move {
             let mut resp = match fly.logs(&app, &id, follow).await {
                 Err(ApiError::Status { message, .. }) => anyhow::bail!("machine {id}: {message}"),

@@ -222,16 +222,23 @@ mod tests {
 
     fn event(v: Value) -> MachineEvent {
         let mut v = v;
-        for (k, d) in [("id", json!("e")), ("source", json!("flyd")), ("timestamp", json!(0)), ("status", json!(""))] {
+        for (k, d) in [
+            ("id", json!("e")),
+            ("source", json!("flyd")),
+            ("timestamp", json!(0)),
+            ("status", json!("")),
+        ] {
             v.as_object_mut().unwrap().entry(k).or_insert(d);
         }
         serde_json::from_value(v).expect("an event")
     }
 
     fn exit(code: i64, restarting: bool, error: Option<&str>) -> MachineEvent {
-        event(json!({"type": "exit", "status": "stopped", "request": {"exit_event": {
+        event(
+            json!({"type": "exit", "status": "stopped", "request": {"exit_event": {
             "exit_code": code, "restarting": restarting, "requested_stop": false, "error": error,
-            "exited_at": ""}}}))
+            "exited_at": ""}}}),
+        )
     }
 
     #[test]

@@ -11,8 +11,8 @@ use bazaar_types::api::{
 };
 use bazaar_types::error::ErrorBody;
 use bazaar_types::event::MachineEvent;
-use bazaar_types::host::{ExecResponse, WaitResponse};
 pub use bazaar_types::host::LeaseRequest;
+use bazaar_types::host::{ExecResponse, WaitResponse};
 use bazaar_types::machine::Machine;
 use bazaar_types::volume::{CreateVolumeRequest, ExtendVolumeResponse, Volume, VolumeSnapshot};
 use reqwest::Method;
@@ -384,8 +384,13 @@ impl FlyClient {
         req: &LeaseRequest,
         nonce: Option<&str>,
     ) -> Result<LeaseResponse, ApiError> {
-        self.send(Method::POST, &Self::machine_path(app, id, "/lease"), req, nonce)
-            .await
+        self.send(
+            Method::POST,
+            &Self::machine_path(app, id, "/lease"),
+            req,
+            nonce,
+        )
+        .await
     }
 
     /// Releases the lease held with `nonce`.
@@ -452,13 +457,10 @@ impl FlyClient {
             // client was built with.
             req = req.timeout(Duration::from_secs(365 * 86_400));
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|source| ApiError::Transport {
-                url: url.clone(),
-                source,
-            })?;
+        let resp = req.send().await.map_err(|source| ApiError::Transport {
+            url: url.clone(),
+            source,
+        })?;
         let status = resp.status().as_u16();
         if !(200..300).contains(&status) {
             let message = resp.text().await.unwrap_or_default();
