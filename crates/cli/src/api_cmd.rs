@@ -102,19 +102,6 @@ impl Conn {
             }
         })
     }
-
-    /// A Machines API call (`path` under `/v1`) whose answer is free-form JSON.
-    pub(crate) async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> anyhow::Result<Value> {
-        Ok(self
-            .client()?
-            .call(method, path, body.as_ref(), None)
-            .await?)
-    }
 }
 
 /// The JSON of a response, or its Fly-shaped error (`{"error": ...}`) as an error.

@@ -5,9 +5,9 @@
 //! status and the server's Fly-shaped `error` message.
 
 use bazaar_types::api::{
-    AddCertificateRequest, App, AppList, BatchCreateResponse, Certificate, CreateAppRequest,
-    CreateMachineRequest, LeaseResponse, MachineTraffic, MachineVersion, SecretList,
-    UpdateMachineRequest,
+    AddCertificateRequest, App, AppList, AuditList, BatchCreateResponse, Certificate,
+    CreateAppRequest, CreateMachineRequest, LeaseResponse, MachineTraffic, MachineVersion,
+    SecretList, UpdateMachineRequest,
 };
 use bazaar_types::error::ErrorBody;
 use bazaar_types::event::MachineEvent;
@@ -263,6 +263,11 @@ impl FlyClient {
     pub async fn destroy_app(&self, name: &str) -> Result<Value, ApiError> {
         self.call(Method::DELETE, &format!("/apps/{name}"), None, None)
             .await
+    }
+
+    /// Every change made to the app through the API, oldest first.
+    pub async fn audit(&self, app: &str) -> Result<AuditList, ApiError> {
+        self.get(&format!("/apps/{app}/audit")).await
     }
 
     // Machines.

@@ -157,3 +157,35 @@ pub struct AddCertificateRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
 }
+
+/// Answer of `GET /v1/apps/{app}/audit`: the app's audit record, gathered from every host.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct AuditList {
+    pub app: String,
+    /// Every change, oldest first.
+    pub entries: Vec<AuditEntry>,
+    /// Hosts that did not answer: the changes they handled are missing.
+    pub unreachable_hosts: Vec<String>,
+}
+
+/// One change made through the Machines API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct AuditEntry {
+    /// When it was answered (RFC 3339).
+    pub time: String,
+    pub time_ms: u64,
+    /// Who: the scoped token's id, `token-file:<hash prefix>` or `cluster-secret`.
+    pub token_id: String,
+    pub method: String,
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_id: Option<String>,
+    /// The client's address as the handling host saw it.
+    pub peer: String,
+    /// The answer's HTTP status.
+    pub status: u16,
+    /// The host that handled it.
+    pub host_id: String,
+}
