@@ -432,7 +432,16 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
                 config,
                 skip_launch: false,
             };
-            act_and_wait(c, &api, &app, &id, Act::Update(update), detach, "updated").await
+            act_and_wait(
+                c,
+                &api,
+                &app,
+                &id,
+                Act::Update(Box::new(update)),
+                detach,
+                "updated",
+            )
+            .await
         }
         MachineCommand::Suspend { id } => {
             let v = api.action(&app, &id, "suspend", None, None).await?;
@@ -589,7 +598,7 @@ enum Act {
     /// A POST to this sub-resource (`start`, `restart`).
     Post(&'static str),
     /// A config update.
-    Update(UpdateMachineRequest),
+    Update(Box<UpdateMachineRequest>),
 }
 
 /// Does `act` on machine `id`, then, unless `detach`, waits until it runs and says so (or
