@@ -279,7 +279,7 @@ impl Run<'_> {
             .and_then(|m| m.config.metadata.get(crate::META_RELEASE).cloned());
         self.client
             .fly()
-            .set_metadata(self.app(), id, crate::META_RELEASE, &release, Some(&nonce))
+            .set_metadata(self.app(), id, crate::META_RELEASE, release, Some(&nonce))
             .await
             .map_err(|e| fail(e.into()))?;
         lock(&self.done).relabeled.push((id.to_string(), old));
