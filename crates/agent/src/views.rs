@@ -205,6 +205,7 @@ impl Agent {
                         .or_else(|| crate::oci::configured_image_ref(&rec.config.image))
                 })
                 .flatten(),
+            incomplete_config: false,
         }
     }
 }

@@ -3,8 +3,15 @@
 //! default, `--json` for scripts.
 
 use anyhow::{bail, Context};
+use bazaar_client::fly::{ApiError, FlyClient, FlyOptions, LeaseRequest};
+use bazaar_types::api::{CreateMachineRequest, UpdateMachineRequest};
+use bazaar_types::config::{InitConfig, MachineConfig, MachineService, RestartConfig};
+use bazaar_types::error::ErrorBody;
+use bazaar_types::machine::Machine;
 use comfy_table::Table;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
 
 /// Where the API is and how to authenticate.
 #[derive(Debug, Clone, clap::Args)]
@@ -72,20 +79,28 @@ impl Conn {
         self.json
     }
 
-    pub(crate) async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> anyhow::Result<Value> {
-        let path = format!("/v1{path}");
-        let mut req = self.request(method, &path)?;
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let url = format!("{}{path}", self.api_url.trim_end_matches('/'));
-        let resp = req.send().await.with_context(|| format!("calling {url}"))?;
-        answer(resp).await
+    /// The typed Machines API client of this connection.
+    pub(crate) fn client(&self) -> anyhow::Result<FlyClient> {
+        let token = self.token.as_deref().context(
+            "no token: set BAZAAR_TOKEN (bazaar dev writes it to .bazaar-dev/dev.env) or pass --token",
+        )?;
+        let ca_pem = match &self.ca_cert {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .with_context(|| format!("reading the CA certificate {}", path.display()))?,
+            ),
+            None => None,
+        };
+        let options = FlyOptions {
+            ca_pem,
+            timeout: None,
+        };
+        FlyClient::with_options(&self.api_url, token, &options).with_context(|| {
+            match &self.ca_cert {
+                Some(path) => format!("{}: not a PEM certificate", path.display()),
+                None => "setting up the HTTP client".to_string(),
+            }
+        })
     }
 }
 
@@ -95,7 +110,9 @@ pub(crate) async fn answer(resp: reqwest::Response) -> anyhow::Result<Value> {
     let text = resp.text().await?;
     let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text.clone()));
     if !status.is_success() {
-        let msg = value["error"].as_str().map(str::to_string).unwrap_or(text);
+        let msg = serde_json::from_value::<ErrorBody>(value)
+            .map(|b| b.error)
+            .unwrap_or(text);
         bail!("{} ({})", msg, status.as_u16());
     }
     Ok(value)
@@ -127,39 +144,30 @@ enum AppsCommand {
 /// Runs `bazaar apps`.
 pub async fn apps(a: AppsArgs) -> anyhow::Result<()> {
     let c = &a.conn;
+    let api = c.client()?;
     match a.command {
         AppsCommand::Create { name, org } => {
-            let v = c
-                .call(
-                    reqwest::Method::POST,
-                    "/apps",
-                    Some(json!({"app_name": name, "org_slug": org})),
-                )
-                .await?;
-            out(c, &v, || {
-                println!("created app {}", v["name"].as_str().unwrap_or_default())
-            })
+            let created = api.create_app(&name, &org).await?;
+            out(c, &created, || println!("created app {}", created.name))
         }
         AppsCommand::List => {
-            let v = c.call(reqwest::Method::GET, "/apps", None).await?;
-            out(c, &v, || {
+            let list = api.apps().await?;
+            out(c, &list, || {
                 let mut t = Table::new();
                 t.set_header(["name", "org", "machines", "status"]);
-                for app in v["apps"].as_array().into_iter().flatten() {
+                for app in &list.apps {
                     t.add_row([
-                        s(&app["name"]),
-                        s(&app["organization"]["slug"]),
-                        app["machine_count"].to_string(),
-                        s(&app["status"]),
+                        app.name.clone(),
+                        app.organization.slug.clone(),
+                        app.machine_count.to_string(),
+                        app.status.clone(),
                     ]);
                 }
                 println!("{t}");
             })
         }
         AppsCommand::Destroy { name } => {
-            let v = c
-                .call(reqwest::Method::DELETE, &format!("/apps/{name}"), None)
-                .await?;
+            let v = api.destroy_app(&name).await?;
             out(c, &v, || println!("destroying app {name} and its machines"))
         }
     }
@@ -291,13 +299,12 @@ enum MachineCommand {
 
 /// Runs `bazaar machine`.
 pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
-    use reqwest::Method;
     let c = &a.conn;
     let app = a
         .app
         .clone()
         .context("which app? pass --app or set BAZAAR_APP")?;
-    let m = |id: &str, rest: &str| format!("/apps/{app}/machines/{id}{rest}");
+    let api = c.client()?;
     match a.command {
         MachineCommand::Run {
             image,
@@ -318,103 +325,89 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
             if let Some(mb) = memory_mb {
                 guest.memory_mb = mb;
             }
-            let mut env_map = serde_json::Map::new();
-            for kv in env {
-                let (k, v) = kv.split_once('=').context("--env takes KEY=VALUE")?;
-                env_map.insert(k.into(), json!(v));
-            }
-            let services: Vec<Value> = ports
-                .iter()
-                .map(|p| json!({"internal_port": p, "protocol": "tcp"}))
-                .collect();
-            let mut config = json!({"image": "process", "driver": "process", "guest": guest, "init": {"exec": command}, "env": env_map, "services": services});
+            let mut config = MachineConfig {
+                image: "process".into(),
+                driver: Some("process".into()),
+                guest: Some(guest),
+                init: Some(InitConfig {
+                    exec: command.clone(),
+                    ..Default::default()
+                }),
+                env: parse_env(&env)?,
+                services: ports
+                    .iter()
+                    .map(|p| MachineService {
+                        internal_port: *p,
+                        protocol: "tcp".into(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            };
             if let Some(image) = image {
-                config["image"] = json!(image);
-                if let Some(c) = config.as_object_mut() {
-                    c.remove("driver");
-                    if command.is_empty() {
-                        c.remove("init");
-                    }
+                config.image = image;
+                config.driver = None;
+                if command.is_empty() {
+                    config.init = None;
                 }
             }
             if let Some(r) = restart {
-                config["restart"] = json!({"policy": r});
+                let policy = serde_json::from_value(Value::String(r.clone()))
+                    .map_err(|_| anyhow::anyhow!("--restart {r}: use no, always or on-failure"))?;
+                config.restart = Some(RestartConfig {
+                    policy,
+                    max_retries: None,
+                });
             }
-            let mut body = json!({"config": config, "skip_launch": skip_launch});
-            if let Some(r) = region {
-                body["region"] = json!(r);
-            }
-            if let Some(n) = name {
-                body["name"] = json!(n);
-            }
-            let machines: Vec<Value> = if count > 1 {
-                body["count"] = json!(count);
-                let v = c
-                    .call(
-                        Method::POST,
-                        &format!("/apps/{app}/machines/batch"),
-                        Some(body),
-                    )
-                    .await?;
-                v["machines"].as_array().cloned().unwrap_or_default()
+            let mut req = CreateMachineRequest {
+                config,
+                name,
+                region,
+                skip_launch,
+                ..Default::default()
+            };
+            let machines = if count > 1 {
+                req.count = Some(count);
+                api.create_machines(&app, &req).await?.machines
             } else {
-                vec![
-                    c.call(Method::POST, &format!("/apps/{app}/machines"), Some(body))
-                        .await?,
-                ]
+                vec![api.create_machine(&app, &req).await?]
             };
             let machines = if skip_launch || detach {
                 machines
             } else {
-                until_all_running(c, &app, &machines).await?
+                until_all_running(&api, &app, &machines).await?
             };
-            let v = Value::Array(machines);
-            out(c, &v, || {
-                for mm in v.as_array().into_iter().flatten() {
+            out(c, &machines, || {
+                for mm in &machines {
                     println!(
                         "machine {} ({}) on host {} in {}",
-                        s(&mm["id"]),
-                        s(&mm["name"]),
-                        s(&mm["host_id"]),
-                        s(&mm["region"])
+                        mm.id, mm.name, mm.host_id, mm.region
                     );
                 }
             })
         }
         MachineCommand::List => {
-            let v = c
-                .call(Method::GET, &format!("/apps/{app}/machines"), None)
-                .await?;
-            out(c, &v, || print_machines(&v))
+            let machines = api.machines(&app).await?;
+            out(c, &machines, || print_machines(&machines))
         }
         MachineCommand::Status { id } => {
-            let v = c.call(Method::GET, &m(&id, ""), None).await?;
-            out(c, &v, || print_machines(&Value::Array(vec![v.clone()])))
+            let m = api.machine(&app, &id).await?;
+            out(c, &m, || print_machines(std::slice::from_ref(&m)))
         }
         MachineCommand::Start { id, detach } => {
-            act_and_wait(
-                c,
-                &app,
-                &id,
-                Method::POST,
-                "/start",
-                None,
-                detach,
-                "started",
-            )
-            .await
+            act_and_wait(c, &api, &app, &id, Act::Post("start"), detach, "started").await
         }
         MachineCommand::Stop { id } => {
-            simple(c, Method::POST, &m(&id, "/stop"), &format!("stopping {id}")).await
+            let v = api.action(&app, &id, "stop", None, None).await?;
+            out(c, &v, || println!("stopping {id}"))
         }
         MachineCommand::Restart { id, detach } => {
             act_and_wait(
                 c,
+                &api,
                 &app,
                 &id,
-                Method::POST,
-                "/restart",
-                None,
+                Act::Post("restart"),
                 detach,
                 "restarted",
             )
@@ -427,89 +420,66 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
             detach,
             command,
         } => {
-            let current = c.call(Method::GET, &m(&id, ""), None).await?;
-            let mut config = current["config"].clone();
+            let mut config = api.machine(&app, &id).await?.config;
             if let Some(image) = image {
-                config["image"] = json!(image);
+                config.image = image;
             }
-            for kv in env {
-                let (k, v) = kv.split_once('=').context("--env takes KEY=VALUE")?;
-                config["env"][k] = json!(v);
-            }
+            config.env.extend(parse_env(&env)?);
             if !command.is_empty() {
-                config["init"]["exec"] = json!(command);
+                config.init.get_or_insert_with(Default::default).exec = command;
             }
-            let body = json!({"config": config});
+            let update = UpdateMachineRequest {
+                config,
+                skip_launch: false,
+            };
             act_and_wait(
                 c,
+                &api,
                 &app,
                 &id,
-                Method::POST,
-                "",
-                Some(body),
+                Act::Update(Box::new(update)),
                 detach,
                 "updated",
             )
             .await
         }
         MachineCommand::Suspend { id } => {
-            simple(
-                c,
-                Method::POST,
-                &m(&id, "/suspend"),
-                &format!("suspending {id}"),
-            )
-            .await
+            let v = api.action(&app, &id, "suspend", None, None).await?;
+            out(c, &v, || println!("suspending {id}"))
         }
         MachineCommand::Destroy { id, force } => {
-            let destroyed = simple(
-                c,
-                Method::DELETE,
-                &m(&id, &format!("?force={force}")),
-                &format!("destroying {id}"),
-            )
-            .await;
-            match destroyed {
-                Err(e) if !force && e.to_string().contains("force=true") => Err(e.context(
-                    format!("machine {id} is running: stop it first, or pass --force to kill and destroy it"),
-                )),
-                other => other,
+            match api.destroy_machine(&app, &id, force, None).await {
+                Ok(v) => out(c, &v, || println!("destroying {id}")),
+                Err(e) if !force && e.to_string().contains("force=true") => {
+                    Err(anyhow::Error::from(e).context(format!(
+                        "machine {id} is running: stop it first, or pass --force to kill and destroy it"
+                    )))
+                }
+                Err(e) => Err(e.into()),
             }
         }
         MachineCommand::Exec { id, command } => {
-            let v = c
-                .call(
-                    Method::POST,
-                    &m(&id, "/exec"),
-                    Some(json!({"command": command})),
-                )
-                .await?;
-            out(c, &v, || {
-                print!("{}", v["stdout"].as_str().unwrap_or_default());
-                eprint!("{}", v["stderr"].as_str().unwrap_or_default());
-                if v["exit_code"] != 0 {
-                    eprintln!("exit code {}", v["exit_code"]);
+            let r = api.exec(&app, &id, &command).await?;
+            out(c, &r, || {
+                print!("{}", r.stdout);
+                eprint!("{}", r.stderr);
+                if r.exit_code != 0 {
+                    eprintln!("exit code {}", r.exit_code);
                 }
             })
         }
         MachineCommand::Logs { id, follow } => {
-            let token = c.token.clone().context("no token: set BAZAAR_TOKEN")?;
-            let url = format!(
-                "{}/v1{}",
-                c.api_url.trim_end_matches('/'),
-                m(&id, &format!("/logs?follow={follow}"))
-            );
-            let mut resp = c.http()?.get(url).bearer_auth(token).send().await?;
-            if !resp.status().is_success() {
-                bail!("{}", resp.text().await?);
-            }
+            let mut resp = match api.logs(&app, &id, follow).await {
+                Err(ApiError::Status { message, .. }) => bail!("{message}"),
+                other => other?,
+            };
             let mut pending = String::new();
             while let Some(chunk) = resp.chunk().await? {
                 pending.push_str(&String::from_utf8_lossy(&chunk));
                 while let Some(pos) = pending.find('\n') {
                     let line: String = pending.drain(..=pos).collect();
-                    match serde_json::from_str::<Value>(line.trim()) {
-                        Ok(v) if !c.json => println!("{}", s(&v["line"])),
+                    match serde_json::from_str::<LogLine>(line.trim()) {
+                        Ok(l) if !c.json => println!("{}", l.line),
                         _ => print!("{line}"),
                     }
                 }
@@ -517,7 +487,8 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
             Ok(())
         }
         MachineCommand::Explain { id } => {
-            let v = c.call(Method::GET, &m(&id, "/placement"), None).await?;
+            // The placement record is free-form JSON (the exchange's rounds and answers).
+            let v = api.placement(&app, &id).await?;
             out(c, &v, || {
                 println!(
                     "placement {} for {} cpu(s) / {} MB in {:?}: {}",
@@ -556,45 +527,61 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
         }
         MachineCommand::Lease { id, ttl, release } => {
             if let Some(nonce) = release {
-                let token = c.token.clone().context("no token")?;
-                let url = format!("{}/v1{}", c.api_url.trim_end_matches('/'), m(&id, "/lease"));
-                let r = c
-                    .http()?
-                    .delete(url)
-                    .bearer_auth(token)
-                    .header("fly-machine-lease-nonce", nonce)
-                    .send()
-                    .await?;
-                if !r.status().is_success() {
-                    bail!("{}", r.text().await?);
+                if let Err(e) = api.release_lease(&app, &id, &nonce).await {
+                    match e {
+                        ApiError::Status { message, .. } => bail!("{message}"),
+                        other => return Err(other.into()),
+                    }
                 }
                 println!("released");
                 return Ok(());
             }
-            let v = c
-                .call(Method::POST, &m(&id, &format!("/lease?ttl={ttl}")), None)
-                .await?;
-            out(c, &v, || {
+            let req = LeaseRequest {
+                ttl: Some(ttl),
+                description: None,
+            };
+            let lease = api.lease(&app, &id, &req, None).await?;
+            out(c, &lease, || {
                 println!(
                     "lease nonce {} (expires at {})",
-                    s(&v["data"]["nonce"]),
-                    v["data"]["expires_at"]
+                    lease.data.nonce, lease.data.expires_at
                 )
             })
         }
     }
 }
 
+/// `KEY=VALUE` pairs of `--env`.
+fn parse_env(env: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+    env.iter()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').context("--env takes KEY=VALUE")?;
+            Ok((k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// One line of a machine's log.
+#[derive(serde::Deserialize)]
+struct LogLine {
+    #[serde(default)]
+    line: String,
+}
+
 /// Waits until every machine of a `run` runs (in parallel); fails with the first failure.
-async fn until_all_running(c: &Conn, app: &str, machines: &[Value]) -> anyhow::Result<Vec<Value>> {
+async fn until_all_running(
+    api: &FlyClient,
+    app: &str,
+    machines: &[Machine],
+) -> anyhow::Result<Vec<Machine>> {
     let mut waits = tokio::task::JoinSet::new();
     for (i, mm) in machines.iter().enumerate() {
-        let (c, app, id) = (c.clone(), app.to_string(), s(&mm["id"]));
+        let (api, app, id) = (api.clone(), app.to_string(), mm.id.clone());
         waits.spawn(async move {
             let none = std::collections::HashSet::new();
             (
                 i,
-                crate::machine_wait::until_running(&c, &app, &id, &none).await,
+                crate::machine_wait::until_running(&api, &app, &id, &none).await,
             )
         });
     }
@@ -606,39 +593,48 @@ async fn until_all_running(c: &Conn, app: &str, machines: &[Value]) -> anyhow::R
     Ok(out)
 }
 
-/// Does `method` on machine `id` (`rest` after its path), then, unless `detach`, waits
-/// until it runs and says so (or fails saying why).
-#[allow(clippy::too_many_arguments)]
+/// What `act_and_wait` does to the machine.
+enum Act {
+    /// A POST to this sub-resource (`start`, `restart`).
+    Post(&'static str),
+    /// A config update.
+    Update(Box<UpdateMachineRequest>),
+}
+
+/// Does `act` on machine `id`, then, unless `detach`, waits until it runs and says so (or
+/// fails saying why).
 async fn act_and_wait(
     c: &Conn,
+    api: &FlyClient,
     app: &str,
     id: &str,
-    method: reqwest::Method,
-    rest: &str,
-    body: Option<Value>,
+    act: Act,
     detach: bool,
     done: &str,
 ) -> anyhow::Result<()> {
     let seen = if detach {
         Default::default()
     } else {
-        crate::machine_wait::seen_events(c, app, id).await?
+        crate::machine_wait::seen_events(api, app, id).await?
     };
-    let path = format!("/apps/{app}/machines/{id}{rest}");
-    let v = c
-        .call(method, &path, Some(body.unwrap_or(json!({}))))
-        .await?;
+    let answer = match act {
+        Act::Post(action) => api.action(app, id, action, None, None).await?,
+        Act::Update(update) => {
+            serde_json::to_value(api.update_machine(app, id, &update, None).await?)?
+        }
+    };
     if detach {
-        return out(c, &v, || {
+        return out(c, &answer, || {
             println!("machine {id}: {done}, not waiting for it to run")
         });
     }
-    let machine = crate::machine_wait::until_running(c, app, id, &seen).await?;
+    let machine = crate::machine_wait::until_running(api, app, id, &seen).await?;
     out(c, &machine, || {
-        println!("machine {id} {done}: {}", s(&machine["state"]))
+        println!("machine {id} {done}: {}", machine.state)
     })
 }
 
+/// A free-form JSON value as text: a string as itself, null as nothing.
 pub(crate) fn s(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
@@ -647,26 +643,34 @@ pub(crate) fn s(v: &Value) -> String {
     }
 }
 
-pub(crate) fn out(c: &Conn, v: &Value, human: impl FnOnce()) -> anyhow::Result<()> {
+/// Prints `v` as JSON (`--json`), or runs `human`.
+pub(crate) fn out<T: Serialize>(c: &Conn, v: &T, human: impl FnOnce()) -> anyhow::Result<()> {
     if c.json {
-        println!("{}", serde_json::to_string_pretty(v)?);
+        // Through a JSON value: keys print sorted, as the API's answers always have.
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::to_value(v)?)?
+        );
     } else {
         human();
     }
     Ok(())
 }
 
-async fn simple(
-    c: &Conn,
-    method: reqwest::Method,
-    path: &str,
-    message: &str,
-) -> anyhow::Result<()> {
-    let v = c.call(method, path, Some(json!({}))).await?;
-    out(c, &v, || println!("{message}"))
+/// Prints an object's fields as a two-column table (`volumes show`, `certs show`), keys
+/// sorted.
+pub(crate) fn print_fields<T: Serialize>(v: &T) {
+    let mut t = Table::new();
+    t.set_header(["field", "value"]);
+    if let Ok(Value::Object(fields)) = serde_json::to_value(v) {
+        for (k, val) in &fields {
+            t.add_row([k.clone(), s(val)]);
+        }
+    }
+    println!("{t}");
 }
 
-fn print_machines(v: &Value) {
+fn print_machines(machines: &[Machine]) {
     let mut t = Table::new();
     t.set_header([
         "id",
@@ -678,16 +682,16 @@ fn print_machines(v: &Value) {
         "version",
         "updated",
     ]);
-    for m in v.as_array().into_iter().flatten() {
+    for m in machines {
         t.add_row([
-            s(&m["id"]),
-            s(&m["name"]),
-            s(&m["state"]),
-            s(&m["region"]),
-            s(&m["host_id"]),
-            s(&m["host_status"]),
-            s(&m["instance_id"]),
-            s(&m["updated_at"]),
+            m.id.clone(),
+            m.name.clone(),
+            m.state.to_string(),
+            m.region.clone(),
+            m.host_id.clone(),
+            m.host_status.clone(),
+            m.instance_id.clone(),
+            m.updated_at.clone(),
         ]);
     }
     println!("{t}");

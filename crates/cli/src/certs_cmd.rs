@@ -2,11 +2,10 @@
 //! (`/v1/apps/{app}/certificates`), as `fly certs` does. Same connection flags as
 //! `bazaar machine` (`BAZAAR_API_URL`, `BAZAAR_TOKEN`, `--json`).
 
-use crate::api_cmd::{out, s, Conn};
+use crate::api_cmd::{out, print_fields, Conn};
 use anyhow::Context;
+use bazaar_types::api::{AddCertificateRequest, Certificate};
 use comfy_table::Table;
-use reqwest::Method;
-use serde_json::{json, Value};
 use std::path::PathBuf;
 
 /// `bazaar certs`.
@@ -49,53 +48,43 @@ pub async fn certs(a: CertsArgs) -> anyhow::Result<()> {
         .app
         .clone()
         .context("which app? pass --app or set BAZAAR_APP")?;
-    let base = format!("/apps/{app}/certificates");
+    let api = c.client()?;
     match a.command {
         CertsCommand::Add {
             hostname,
             cert,
             key,
         } => {
-            let mut body = json!({ "hostname": hostname });
+            let read = |p: &PathBuf| {
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+            };
+            let mut req = AddCertificateRequest {
+                hostname,
+                ..Default::default()
+            };
             if let (Some(cert), Some(key)) = (cert, key) {
-                let read = |p: &PathBuf| {
-                    std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
-                };
-                body["cert"] = json!(read(&cert)?);
-                body["key"] = json!(read(&key)?);
+                req.cert = Some(read(&cert)?);
+                req.key = Some(read(&key)?);
             }
-            let v = c.call(Method::POST, &base, Some(body)).await?;
-            out(c, &v, || print_certs(std::slice::from_ref(&v)))
+            let added = api.add_certificate(&app, &req).await?;
+            out(c, &added, || print_certs(std::slice::from_ref(&added)))
         }
         CertsCommand::List => {
-            let v = c.call(Method::GET, &base, None).await?;
-            out(c, &v, || {
-                print_certs(v.as_array().map(Vec::as_slice).unwrap_or_default())
-            })
+            let list = api.certificates(&app).await?;
+            out(c, &list, || print_certs(&list))
         }
         CertsCommand::Show { hostname } => {
-            let v = c
-                .call(Method::GET, &format!("{base}/{hostname}"), None)
-                .await?;
-            out(c, &v, || {
-                let mut t = Table::new();
-                t.set_header(["field", "value"]);
-                for (k, val) in v.as_object().into_iter().flatten() {
-                    t.add_row([k.clone(), s(val)]);
-                }
-                println!("{t}");
-            })
+            let cert = api.certificate(&app, &hostname).await?;
+            out(c, &cert, || print_fields(&cert))
         }
         CertsCommand::Remove { hostname } => {
-            let v = c
-                .call(Method::DELETE, &format!("{base}/{hostname}"), None)
-                .await?;
+            let v = api.remove_certificate(&app, &hostname).await?;
             out(c, &v, || println!("removed the certificate of {hostname}"))
         }
     }
 }
 
-fn print_certs(certs: &[Value]) {
+fn print_certs(certs: &[Certificate]) {
     let mut t = Table::new();
     t.set_header([
         "hostname",
@@ -107,12 +96,12 @@ fn print_certs(certs: &[Value]) {
     ]);
     for c in certs {
         t.add_row([
-            s(&c["hostname"]),
-            s(&c["status"]),
-            s(&c["source"]),
-            s(&c["not_after"]),
-            s(&c["owner_host"]),
-            s(&c["error"]),
+            c.hostname.clone(),
+            c.status.clone(),
+            c.source.clone(),
+            c.not_after.clone().unwrap_or_default(),
+            c.owner_host.clone(),
+            c.error.clone().unwrap_or_default(),
         ]);
     }
     println!("{t}");

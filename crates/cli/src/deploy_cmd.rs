@@ -4,10 +4,11 @@
 //! results to stdout, as tables or, with `--json`, as JSON. A failed deploy exits 1.
 
 use anyhow::Context;
-use bazaar_deploy::api::Client;
+use bazaar_deploy::api::{ApiError, Client};
 use bazaar_deploy::config::{AppConfig, MaxUnavailable, Strategy};
 use bazaar_deploy::ops::{self, Initial, Outcome, Settings};
 use bazaar_deploy::progress::{Event, Progress, Silent};
+use bazaar_types::machine::Machine;
 use comfy_table::Table;
 use serde_json::Value;
 use std::io::IsTerminal;
@@ -373,7 +374,7 @@ pub struct AppStatusArgs {
     target: Target,
 }
 
-fn health(m: &Value) -> String {
+fn health(m: &Machine) -> String {
     let checks = bazaar_deploy::health::checks_of(m);
     if checks.is_empty() {
         return "-".into();
@@ -401,11 +402,12 @@ pub async fn app_status(a: AppStatusArgs) -> anyhow::Result<()> {
     let app = a.target.app()?;
     let client = a.target.client()?;
     let mut machines = client.machines(&app).await?;
-    let key = |m: &Value| {
+    let meta = |m: &Machine, key: &str| m.config.metadata.get(key).cloned();
+    let key = |m: &Machine| {
         (
-            text(&m["config"]["metadata"][bazaar_deploy::META_GROUP]),
-            text(&m["region"]),
-            text(&m["id"]),
+            meta(m, bazaar_deploy::META_GROUP).unwrap_or_default(),
+            m.region.clone(),
+            m.id.clone(),
         )
     };
     machines.sort_by_key(key);
@@ -414,15 +416,15 @@ pub async fn app_status(a: AppStatusArgs) -> anyhow::Result<()> {
             .iter()
             .map(|m| {
                 serde_json::json!({
-                    "id": m["id"],
-                    "group": m["config"]["metadata"][bazaar_deploy::META_GROUP],
-                    "region": m["region"],
-                    "state": m["state"],
+                    "id": m.id,
+                    "group": meta(m, bazaar_deploy::META_GROUP),
+                    "region": m.region,
+                    "state": m.state,
                     "checks": bazaar_deploy::health::checks_of(m),
-                    "release": m["config"]["metadata"][bazaar_deploy::META_RELEASE],
-                    "host_id": m["host_id"],
-                    "host_status": m["host_status"],
-                    "cordoned": m["cordoned"],
+                    "release": meta(m, bazaar_deploy::META_RELEASE),
+                    "host_id": m.host_id,
+                    "host_status": m.host_status,
+                    "cordoned": m.cordoned,
                 })
             })
             .collect();
@@ -439,20 +441,20 @@ pub async fn app_status(a: AppStatusArgs) -> anyhow::Result<()> {
     ]);
     for m in &machines {
         let (group, region, id) = key(m);
-        let release = text(&m["config"]["metadata"][bazaar_deploy::META_RELEASE]);
+        let release = meta(m, bazaar_deploy::META_RELEASE).unwrap_or_default();
         t.add_row([
             group,
             region,
             id,
-            text(&m["state"]),
+            m.state.to_string(),
             health(m),
             if release.is_empty() {
                 "-".into()
             } else {
                 format!("v{release}")
             },
-            format!("{} ({})", text(&m["host_id"]), text(&m["host_status"])),
-            text(&m["cordoned"]),
+            format!("{} ({})", m.host_id, m.host_status),
+            m.cordoned.to_string(),
         ]);
     }
     println!("{t}");
@@ -474,24 +476,16 @@ pub struct LogsArgs {
 pub async fn logs(a: LogsArgs) -> anyhow::Result<()> {
     let app = a.target.app()?;
     let client = a.target.client()?;
-    let token = a.target.token.clone().unwrap_or_default();
     let machines = client.machines(&app).await?;
-    let http = reqwest::Client::new();
     let mut tasks = Vec::new();
     for m in machines {
-        let id = text(&m["id"]);
-        let region = text(&m["region"]);
-        let url = format!(
-            "{}/v1/apps/{app}/machines/{id}/logs?follow={}",
-            a.target.api_url.trim_end_matches('/'),
-            a.follow
-        );
-        let (http, token, json) = (http.clone(), token.clone(), a.target.json);
+        let (id, region) = (m.id, m.region);
+        let (fly, app, follow, json) = (client.fly().clone(), app.clone(), a.follow, a.target.json);
         tasks.push(tokio::spawn(async move {
-            let mut resp = http.get(url).bearer_auth(token).send().await?;
-            if !resp.status().is_success() {
-                anyhow::bail!("machine {id}: {}", resp.text().await?);
-            }
+            let mut resp = match fly.logs(&app, &id, follow).await {
+                Err(ApiError::Status { message, .. }) => anyhow::bail!("machine {id}: {message}"),
+                other => other?,
+            };
             let mut pending = String::new();
             while let Some(chunk) = resp.chunk().await? {
                 pending.push_str(&String::from_utf8_lossy(&chunk));

@@ -7,8 +7,10 @@
 //! machine is left as it is, for inspection. A job that exits with code 0 and is not
 //! started again did what it was asked: that is not a failure.
 
-use crate::api_cmd::{s, Conn};
-use serde_json::Value;
+use bazaar_client::FlyClient;
+use bazaar_types::event::{ExitEvent, MachineEvent};
+use bazaar_types::machine::Machine;
+use bazaar_types::state::MachineState;
 use std::collections::HashSet;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
@@ -23,52 +25,36 @@ const LOG_LINES: usize = 10;
 
 /// The ids of the events a machine has now: what happens after an action is what is not
 /// in this set.
-pub(crate) async fn seen_events(c: &Conn, app: &str, id: &str) -> anyhow::Result<HashSet<String>> {
-    let m = c
-        .call(
-            reqwest::Method::GET,
-            &format!("/apps/{app}/machines/{id}"),
-            None,
-        )
-        .await?;
-    Ok(event_ids(&m))
-}
-
-fn event_ids(m: &Value) -> HashSet<String> {
-    m["events"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|e| s(&e["id"]))
-        .collect()
+pub(crate) async fn seen_events(
+    api: &FlyClient,
+    app: &str,
+    id: &str,
+) -> anyhow::Result<HashSet<String>> {
+    let m = api.machine(app, id).await?;
+    Ok(m.events.into_iter().map(|e| e.id).collect())
 }
 
 /// Waits until machine `id` runs (see the module doc); events in `seen` happened before the
 /// action. Returns the machine as last read.
 pub(crate) async fn until_running(
-    c: &Conn,
+    api: &FlyClient,
     app: &str,
     id: &str,
     seen: &HashSet<String>,
-) -> anyhow::Result<Value> {
+) -> anyhow::Result<Machine> {
     let progress = Progress::new(id);
     let begun = Instant::now();
     let mut started_at: Option<Instant> = None;
     let mut pause = Duration::from_millis(20);
-    let path = format!("/apps/{app}/machines/{id}");
     loop {
-        let m = c.call(reqwest::Method::GET, &path, None).await?;
-        let state = s(&m["state"]);
-        let new_events: Vec<&Value> = m["events"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|e| !seen.contains(&s(&e["id"])))
-            .collect();
-        match verdict(&state, &new_events) {
+        let m = api.machine(app, id).await?;
+        let state = m.state;
+        let new_events: Vec<&MachineEvent> =
+            m.events.iter().filter(|e| !seen.contains(&e.id)).collect();
+        match verdict(state, &new_events) {
             Verdict::Failed(reason) => {
                 progress.clear();
-                let log = log_tail(c, app, id).await;
+                let log = log_tail(api, app, id).await;
                 anyhow::bail!("machine {id} failed: {reason}{log}");
             }
             Verdict::Finished => {
@@ -77,7 +63,7 @@ pub(crate) async fn until_running(
             }
             Verdict::Pending => {}
         }
-        if state == "started" {
+        if state == MachineState::Started {
             let since = *started_at.get_or_insert_with(Instant::now);
             if since.elapsed() >= SETTLE {
                 progress.clear();
@@ -93,7 +79,7 @@ pub(crate) async fn until_running(
                 START_LIMIT.as_secs()
             );
         }
-        progress.show(&state, &new_events, begun.elapsed());
+        progress.show(state, &new_events, begun.elapsed());
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_millis(200));
     }
@@ -110,35 +96,38 @@ enum Verdict {
     Failed(String),
 }
 
-fn verdict(state: &str, new_events: &[&Value]) -> Verdict {
-    let exits: Vec<&Value> = new_events
+fn verdict(state: MachineState, new_events: &[&MachineEvent]) -> Verdict {
+    let exits: Vec<&ExitEvent> = new_events
         .iter()
-        .copied()
-        .filter(|e| e["type"] == "exit")
-        .filter(|e| e["request"]["exit_event"]["requested_stop"] != true)
+        .filter(|e| e.kind == "exit")
+        .filter_map(|e| e.request.as_ref()?.exit_event.as_ref())
+        .filter(|x| !x.requested_stop)
         .collect();
     let exited = matches!(
         state,
-        "stopped" | "failed" | "launch_failed" | "destroyed" | "destroying"
+        MachineState::Stopped
+            | MachineState::Failed
+            | MachineState::LaunchFailed
+            | MachineState::Destroyed
+            | MachineState::Destroying
     );
-    let Some(last) = exits.first() else {
+    let Some(exit) = exits.first() else {
         return match exited {
             true => Verdict::Failed(format!("it is {state}")),
             false => Verdict::Pending,
         };
     };
-    let exit = &last["request"]["exit_event"];
-    let code = exit["exit_code"].as_i64().unwrap_or(-1);
-    let restarting = exit["restarting"] == true || exits.len() > 1;
-    if code == 0 && exit["error"].is_null() && !restarting {
+    let code = exit.exit_code;
+    let restarting = exit.restarting || exits.len() > 1;
+    if code == 0 && exit.error.is_none() && !restarting {
         return Verdict::Finished;
     }
-    let mut reason = if let Some(err) = exit["error"].as_str() {
-        err.to_string()
-    } else if exit["oom_killed"] == true {
+    let mut reason = if let Some(err) = &exit.error {
+        err.clone()
+    } else if exit.oom_killed {
         "out of memory: killed by the kernel at the machine's memory limit".to_string()
-    } else if exit["signal"].as_i64().is_some_and(|sig| sig > 0) {
-        format!("killed by signal {}", exit["signal"])
+    } else if exit.signal > 0 {
+        format!("killed by signal {}", exit.signal)
     } else {
         format!("exited with code {code}")
     };
@@ -152,36 +141,35 @@ fn verdict(state: &str, new_events: &[&Value]) -> Verdict {
 }
 
 /// The last lines of the machine's log, as a block to append to an error ("" if none).
-async fn log_tail(c: &Conn, app: &str, id: &str) -> String {
-    let Ok(v) = c
-        .call(
-            reqwest::Method::GET,
-            &format!("/apps/{app}/machines/{id}/logs?follow=false"),
-            None,
-        )
-        .await
-    else {
+async fn log_tail(api: &FlyClient, app: &str, id: &str) -> String {
+    let Ok(resp) = api.logs(app, id, false).await else {
         return String::new();
     };
-    // The log is JSON lines ({ts, stream, line}); a single line parses as one object.
-    let lines: Vec<String> = match &v {
-        Value::String(text) => text
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| {
-                serde_json::from_str::<Value>(l)
-                    .map(|j| s(&j["line"]))
-                    .unwrap_or_else(|_| l.to_string())
-            })
-            .collect(),
-        Value::Object(_) => vec![s(&v["line"])],
-        _ => Vec::new(),
+    let Ok(text) = resp.text().await else {
+        return String::new();
     };
+    // The log is JSON lines ({ts, stream, line}).
+    let lines: Vec<String> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            serde_json::from_str::<LogLine>(l)
+                .map(|j| j.line)
+                .unwrap_or_else(|_| l.to_string())
+        })
+        .collect();
     if lines.is_empty() {
         return String::new();
     }
     let tail = &lines[lines.len().saturating_sub(LOG_LINES)..];
     format!("\nlast lines of its log:\n  {}", tail.join("\n  "))
+}
+
+/// One line of a machine's log.
+#[derive(serde::Deserialize)]
+struct LogLine {
+    #[serde(default)]
+    line: String,
 }
 
 /// One line on stderr, rewritten in place, only when stderr is a terminal.
@@ -198,15 +186,17 @@ impl Progress {
         }
     }
 
-    fn show(&self, state: &str, new_events: &[&Value], elapsed: Duration) {
+    fn show(&self, state: MachineState, new_events: &[&MachineEvent], elapsed: Duration) {
         if !self.on {
             return;
         }
         let doing = match new_events.first() {
-            Some(e) if e["type"] == "pull" => "image pulled, booting",
-            _ if state == "started" => "started, checking that it stays up",
-            _ if state == "starting" || state == "created" => "pulling its image or booting",
-            _ => state,
+            Some(e) if e.kind == "pull" => "image pulled, booting",
+            _ if state == MachineState::Started => "started, checking that it stays up",
+            _ if matches!(state, MachineState::Starting | MachineState::Created) => {
+                "pulling its image or booting"
+            }
+            _ => state.as_str(),
         };
         let mut err = std::io::stderr();
         let _ = write!(
@@ -228,33 +218,50 @@ impl Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
-    fn exit(code: i64, restarting: bool, error: Option<&str>) -> Value {
-        json!({"type": "exit", "status": "stopped", "request": {"exit_event": {
-            "exit_code": code, "restarting": restarting, "requested_stop": false, "error": error}}})
+    fn event(v: Value) -> MachineEvent {
+        let mut v = v;
+        for (k, d) in [
+            ("id", json!("e")),
+            ("source", json!("flyd")),
+            ("timestamp", json!(0)),
+            ("status", json!("")),
+        ] {
+            v.as_object_mut().unwrap().entry(k).or_insert(d);
+        }
+        serde_json::from_value(v).expect("an event")
+    }
+
+    fn exit(code: i64, restarting: bool, error: Option<&str>) -> MachineEvent {
+        event(
+            json!({"type": "exit", "status": "stopped", "request": {"exit_event": {
+            "exit_code": code, "restarting": restarting, "requested_stop": false, "error": error,
+            "exited_at": ""}}}),
+        )
     }
 
     #[test]
     fn exits_after_the_action_are_failures_unless_the_job_just_finished() {
+        use MachineState::*;
         let failed = |v: Verdict, what: &str| match v {
             Verdict::Failed(reason) => assert!(reason.contains(what), "{reason}"),
             other => panic!("{other:?}, expected a failure saying {what:?}"),
         };
-        let start = json!({"type": "start", "status": "started"});
-        assert_eq!(verdict("starting", &[]), Verdict::Pending);
-        assert_eq!(verdict("started", &[&start]), Verdict::Pending);
+        let start = event(json!({"type": "start", "status": "started"}));
+        assert_eq!(verdict(Starting, &[]), Verdict::Pending);
+        assert_eq!(verdict(Started, &[&start]), Verdict::Pending);
         let e3 = exit(3, true, None);
-        failed(verdict("started", &[&e3, &start]), "exited with code 3");
+        failed(verdict(Started, &[&e3, &start]), "exited with code 3");
         let pull = exit(-1, false, Some("pulling x: no such host"));
-        failed(verdict("failed", &[&pull]), "no such host");
+        failed(verdict(Failed, &[&pull]), "no such host");
         let done = exit(0, false, None);
-        assert_eq!(verdict("stopped", &[&done, &start]), Verdict::Finished);
+        assert_eq!(verdict(Stopped, &[&done, &start]), Verdict::Finished);
         let again = exit(0, true, None);
-        failed(verdict("started", &[&again, &start]), "exited with code 0");
-        failed(verdict("stopped", &[&start]), "stopped");
-        let stop = json!({"type": "exit", "request": {"exit_event": {
-            "exit_code": 143, "requested_stop": true}}});
-        assert_eq!(verdict("started", &[&start, &stop]), Verdict::Pending);
+        failed(verdict(Started, &[&again, &start]), "exited with code 0");
+        failed(verdict(Stopped, &[&start]), "stopped");
+        let stop = event(json!({"type": "exit", "request": {"exit_event": {
+            "exit_code": 143, "requested_stop": true, "exited_at": ""}}}));
+        assert_eq!(verdict(Started, &[&start, &stop]), Verdict::Pending);
     }
 }

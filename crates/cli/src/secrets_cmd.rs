@@ -4,11 +4,12 @@
 //! (`--stage` leaves them: the change applies at their next start). `NAME=-` reads the
 //! value from stdin.
 
-use crate::api_cmd::{out, s, Conn};
+use crate::api_cmd::{out, Conn};
 use anyhow::{bail, Context};
+use bazaar_client::FlyClient;
+use bazaar_types::state::MachineState;
 use comfy_table::Table;
-use reqwest::Method;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use std::io::Read;
 
 /// `bazaar secrets`.
@@ -53,15 +54,15 @@ pub async fn secrets(a: SecretsArgs) -> anyhow::Result<()> {
         .app
         .clone()
         .context("which app? pass --app or set BAZAAR_APP")?;
-    let path = format!("/apps/{app}/secrets");
+    let api = c.client()?;
     let (values, stage) = match a.command {
         SecretsCommand::List => {
-            let v = c.call(Method::GET, &path, None).await?;
-            return out(c, &v, || {
+            let list = api.secrets(&app).await?;
+            return out(c, &list, || {
                 let mut t = Table::new();
                 t.set_header(["name", "digest", "updated"]);
-                for x in v["secrets"].as_array().into_iter().flatten() {
-                    t.add_row([s(&x["name"]), s(&x["digest"]), s(&x["updated_at"])]);
+                for x in &list.secrets {
+                    t.add_row([x.name.clone(), x.digest.clone(), x.updated_at.clone()]);
                 }
                 println!("{t}");
             });
@@ -73,9 +74,7 @@ pub async fn secrets(a: SecretsArgs) -> anyhow::Result<()> {
         }
     };
     let count = values.len();
-    let v = c
-        .call(Method::POST, &path, Some(json!({ "values": values })))
-        .await?;
+    let v = api.update_secrets(&app, &values).await?;
     if !c.json() {
         println!("{count} secret(s) of {app} changed");
     }
@@ -84,7 +83,7 @@ pub async fn secrets(a: SecretsArgs) -> anyhow::Result<()> {
             println!("staged: machines get the change at their next start")
         });
     }
-    roll(c, &app).await?;
+    roll(c, &api, &app).await?;
     out(c, &v, || {})
 }
 
@@ -117,34 +116,28 @@ fn parse_pairs(pairs: &[String]) -> anyhow::Result<Map<String, Value>> {
 /// Restarts the app's started machines one at a time, each waited for until it runs again
 /// (as `fly secrets set` updates machines). A machine whose host is unreachable is left:
 /// it gets the change when it next starts.
-async fn roll(c: &Conn, app: &str) -> anyhow::Result<()> {
-    let machines = c
-        .call(Method::GET, &format!("/apps/{app}/machines"), None)
-        .await?;
+async fn roll(c: &Conn, api: &FlyClient, app: &str) -> anyhow::Result<()> {
+    let machines = api.machines(app).await?;
     let mut started = Vec::new();
-    for m in machines.as_array().into_iter().flatten() {
-        if m["state"] != "started" {
+    for m in machines {
+        if m.state != MachineState::Started {
             continue;
         }
-        if m["host_status"] == "unreachable" {
+        if m.host_status == "unreachable" {
             eprintln!(
                 "machine {}: its host is unreachable; it gets the change at its next start",
-                s(&m["id"])
+                m.id
             );
             continue;
         }
-        started.push(s(&m["id"]));
+        started.push(m.id);
     }
     for (i, id) in started.iter().enumerate() {
-        let seen = crate::machine_wait::seen_events(c, app, id).await?;
-        c.call(
-            Method::POST,
-            &format!("/apps/{app}/machines/{id}/restart"),
-            Some(json!({})),
-        )
-        .await
-        .with_context(|| format!("restarting machine {id}"))?;
-        crate::machine_wait::until_running(c, app, id, &seen)
+        let seen = crate::machine_wait::seen_events(api, app, id).await?;
+        api.action(app, id, "restart", None, None)
+            .await
+            .with_context(|| format!("restarting machine {id}"))?;
+        crate::machine_wait::until_running(api, app, id, &seen)
             .await
             .with_context(|| format!("machine {id} after its restart"))?;
         if !c.json() {

@@ -1,7 +1,7 @@
 //! `bazaar token ...` (the cluster token key, scoped tokens: create, narrow offline, inspect,
 //! revoke; legacy token-file tokens) and `bazaar audit -a APP` (an app's changes).
 
-use crate::api_cmd::{out, s, Conn};
+use crate::api_cmd::{out, Conn};
 use anyhow::Context;
 use bazaar_auth::{Op, Scope, TokenKey};
 use comfy_table::Table;
@@ -256,36 +256,30 @@ pub struct AuditArgs {
 /// Runs `bazaar audit -a APP`: every change to the app, oldest first.
 pub async fn audit(a: AuditArgs) -> anyhow::Result<()> {
     let c = &a.conn;
-    let v = c
-        .call(
-            reqwest::Method::GET,
-            &format!("/apps/{}/audit", a.app),
-            None,
-        )
-        .await?;
-    out(c, &v, || {
+    let list = c.client()?.audit(&a.app).await?;
+    out(c, &list, || {
         let mut t = Table::new();
         t.set_header(["time", "token", "method", "path", "status", "from", "host"]);
-        for e in v["entries"].as_array().into_iter().flatten() {
-            let token = s(&e["token_id"]);
+        for e in &list.entries {
+            let token = &e.token_id;
             let short = if token.len() > 16 {
                 &token[..16]
             } else {
-                &token
+                token
             };
             t.add_row([
-                s(&e["time"]),
+                e.time.clone(),
                 short.to_string(),
-                s(&e["method"]),
-                s(&e["path"]),
-                s(&e["status"]),
-                s(&e["peer"]),
-                s(&e["host_id"]),
+                e.method.clone(),
+                e.path.clone(),
+                e.status.to_string(),
+                e.peer.clone(),
+                e.host_id.clone(),
             ]);
         }
         println!("{t}");
-        for h in v["unreachable_hosts"].as_array().into_iter().flatten() {
-            eprintln!("host {} did not answer: its changes are missing", s(h));
+        for h in &list.unreachable_hosts {
+            eprintln!("host {h} did not answer: its changes are missing");
         }
     })
 }

@@ -2,11 +2,11 @@
 //! `fly volumes` does. Same connection flags as `bazaar machine` (`BAZAAR_API_URL`,
 //! `BAZAAR_TOKEN`, `--json`).
 
-use crate::api_cmd::{out, s, Conn};
+use crate::api_cmd::{out, print_fields, Conn};
 use anyhow::Context;
+use bazaar_types::guest::Guest;
+use bazaar_types::volume::{CreateVolumeRequest, Volume};
 use comfy_table::Table;
-use reqwest::Method;
-use serde_json::{json, Value};
 
 /// `bazaar volumes`.
 #[derive(Debug, clap::Args)]
@@ -89,7 +89,7 @@ pub async fn volumes(a: VolumesArgs) -> anyhow::Result<()> {
         .app
         .clone()
         .context("which app? pass --app or set BAZAAR_APP")?;
-    let path = |id: &str, rest: &str| format!("/apps/{app}/volumes/{id}{rest}");
+    let api = c.client()?;
     match a.command {
         VolumesCommand::Create {
             name,
@@ -100,60 +100,42 @@ pub async fn volumes(a: VolumesArgs) -> anyhow::Result<()> {
             vm_cpus,
             vm_memory,
         } => {
-            let mut body = json!({
-                "name": name,
-                "require_unique_zone": !no_require_unique_zone,
-            });
-            if let Some(size) = size {
-                body["size_gb"] = json!(size);
-            }
-            if let Some(snapshot) = snapshot_id {
-                body["snapshot_id"] = json!(snapshot);
-            }
-            if let Some(r) = region {
-                body["region"] = json!(r);
-            }
-            if let (Some(cpus), Some(memory_mb)) = (vm_cpus, vm_memory) {
-                body["compute"] =
-                    json!({"cpu_kind": "shared", "cpus": cpus, "memory_mb": memory_mb});
-            }
-            let v = c
-                .call(Method::POST, &format!("/apps/{app}/volumes"), Some(body))
-                .await?;
+            let compute = match (vm_cpus, vm_memory) {
+                (Some(cpus), Some(memory_mb)) => Some(Guest {
+                    cpu_kind: "shared".into(),
+                    cpus: cpus.into(),
+                    memory_mb: memory_mb.try_into().context("--vm-memory is too large")?,
+                    extra: Default::default(),
+                }),
+                _ => None,
+            };
+            let req = CreateVolumeRequest {
+                name,
+                require_unique_zone: Some(!no_require_unique_zone),
+                size_gb: size,
+                snapshot_id,
+                region,
+                compute,
+                ..Default::default()
+            };
+            let v = api.create_volume(&app, &req).await?;
             out(c, &v, || print_volumes(std::slice::from_ref(&v)))
         }
         VolumesCommand::List => {
-            let v = c
-                .call(Method::GET, &format!("/apps/{app}/volumes"), None)
-                .await?;
-            out(c, &v, || {
-                print_volumes(v.as_array().map(Vec::as_slice).unwrap_or_default())
-            })
+            let list = api.volumes(&app).await?;
+            out(c, &list, || print_volumes(&list))
         }
         VolumesCommand::Show { id } => {
-            let v = c.call(Method::GET, &path(&id, ""), None).await?;
-            out(c, &v, || {
-                let mut t = Table::new();
-                t.set_header(["field", "value"]);
-                for (k, val) in v.as_object().into_iter().flatten() {
-                    t.add_row([k.clone(), s(val)]);
-                }
-                println!("{t}");
-            })
+            let v = api.volume(&app, &id).await?;
+            out(c, &v, || print_fields(&v))
         }
         VolumesCommand::Extend { id, size } => {
-            let v = c
-                .call(
-                    Method::PUT,
-                    &path(&id, "/extend"),
-                    Some(json!({"size_gb": size})),
-                )
-                .await?;
-            out(c, &v, || {
+            let r = api.extend_volume(&app, &id, size).await?;
+            out(c, &r, || {
                 println!(
                     "volume {id} is now {} GB{}",
-                    s(&v["volume"]["size_gb"]),
-                    if v["needs_restart"] == true {
+                    r.volume.size_gb,
+                    if r.needs_restart {
                         " (restart its machine to see it)"
                     } else {
                         ""
@@ -162,37 +144,37 @@ pub async fn volumes(a: VolumesArgs) -> anyhow::Result<()> {
             })
         }
         VolumesCommand::Destroy { id } => {
-            let v = c.call(Method::DELETE, &path(&id, ""), None).await?;
+            let v = api.destroy_volume(&app, &id).await?;
             out(c, &v, || println!("destroyed volume {id}"))
         }
         VolumesCommand::Fork { id, name, size } => {
             let name = match name {
                 Some(n) => n,
-                None => s(&c.call(Method::GET, &path(&id, ""), None).await?["name"]),
+                None => api.volume(&app, &id).await?.name,
             };
-            let mut body = json!({"name": name, "source_volume_id": id});
-            if let Some(size) = size {
-                body["size_gb"] = json!(size);
-            }
-            let v = c
-                .call(Method::POST, &format!("/apps/{app}/volumes"), Some(body))
-                .await?;
+            let req = CreateVolumeRequest {
+                name,
+                source_volume_id: Some(id),
+                size_gb: size,
+                ..Default::default()
+            };
+            let v = api.create_volume(&app, &req).await?;
             out(c, &v, || print_volumes(std::slice::from_ref(&v)))
         }
         VolumesCommand::Snapshots {
             command: SnapshotsCommand::List { id },
         } => {
-            let v = c.call(Method::GET, &path(&id, "/snapshots"), None).await?;
-            out(c, &v, || {
+            let snapshots = api.snapshots(&app, &id).await?;
+            out(c, &snapshots, || {
                 let mut t = Table::new();
                 t.set_header(["id", "created at", "size", "digest", "status"]);
-                for snap in v.as_array().into_iter().flatten() {
+                for snap in &snapshots {
                     t.add_row([
-                        s(&snap["id"]),
-                        s(&snap["created_at"]),
-                        s(&snap["size"]),
-                        s(&snap["digest"]),
-                        s(&snap["status"]),
+                        snap.id.clone(),
+                        snap.created_at.clone(),
+                        snap.size.to_string(),
+                        snap.digest.clone(),
+                        snap.status.clone(),
                     ]);
                 }
                 println!("{t}");
@@ -201,17 +183,13 @@ pub async fn volumes(a: VolumesArgs) -> anyhow::Result<()> {
         VolumesCommand::Snapshots {
             command: SnapshotsCommand::Create { id },
         } => {
-            let v = c
-                .call(Method::POST, &path(&id, "/snapshots"), Some(json!({})))
-                .await?;
-            out(c, &v, || {
-                println!("snapshot {} of volume {id}", s(&v["id"]))
-            })
+            let snap = api.create_snapshot(&app, &id).await?;
+            out(c, &snap, || println!("snapshot {} of volume {id}", snap.id))
         }
     }
 }
 
-fn print_volumes(volumes: &[Value]) {
+fn print_volumes(volumes: &[Volume]) {
     let mut t = Table::new();
     t.set_header([
         "id",
@@ -225,14 +203,14 @@ fn print_volumes(volumes: &[Value]) {
     ]);
     for v in volumes {
         t.add_row([
-            s(&v["id"]),
-            s(&v["name"]),
-            s(&v["state"]),
-            format!("{}GB", s(&v["size_gb"])),
-            s(&v["region"]),
-            s(&v["zone"]),
-            s(&v["fstype"]),
-            s(&v["attached_machine_id"]),
+            v.id.clone(),
+            v.name.clone(),
+            v.state.clone(),
+            format!("{}GB", v.size_gb),
+            v.region.clone(),
+            v.zone.clone(),
+            v.fstype.clone(),
+            v.attached_machine_id.clone().unwrap_or_default(),
         ]);
     }
     println!("{t}");

@@ -1,5 +1,11 @@
-//! HTTP client for a bazaar agent's host interface (`/host/v1`), used by the CLI, the test
-//! kit and the benchmarks. Errors carry the server's Fly-shaped message.
+//! HTTP clients of a bazaar agent: [`HostClient`] for its host interface (`/host/v1`), used
+//! by the CLI, the test kit and the benchmarks, and [`fly::FlyClient`] for its Machines API
+//! (`/v1`), used by the CLI, deploys and the test kit. Errors carry the server's Fly-shaped
+//! message.
+
+pub mod fly;
+
+pub use fly::{ApiError, FlyClient, FlyOptions};
 
 use bazaar_types::error::ErrorBody;
 use bazaar_types::event::MachineEvent;

@@ -4,7 +4,8 @@
 
 use crate::api::{status_of, Client};
 use bazaar_types::config::MachineConfig;
-use serde_json::Value;
+use bazaar_types::machine::Machine;
+use bazaar_types::state::MachineState;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -24,10 +25,10 @@ pub async fn wait_started(
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            let m = client.machine(app, id).await.unwrap_or_default();
+            let state = client.machine(app, id).await.map(|m| m.state);
             anyhow::bail!(
                 "machine {id} did not start in time (state {})",
-                m["state"].as_str().unwrap_or("unknown")
+                state.map_or("unknown", MachineState::as_str)
             );
         }
         match client
@@ -44,9 +45,9 @@ pub async fn wait_started(
             Err(e) if status_of(&e) == Some(408) => {
                 // Fail early when the machine stopped for good at this version.
                 if let Ok(m) = client.machine(app, id).await {
-                    let same = version.is_none_or(|v| m["instance_id"] == v);
-                    if same && matches!(m["state"].as_str(), Some("failed" | "destroyed")) {
-                        anyhow::bail!("machine {id} is {}", m["state"]);
+                    let same = version.is_none_or(|v| m.instance_id == v);
+                    if same && matches!(m.state, MachineState::Failed | MachineState::Destroyed) {
+                        anyhow::bail!("machine {id} is \"{}\"", m.state);
                     }
                 }
             }
@@ -55,12 +56,11 @@ pub async fn wait_started(
     }
 }
 
-/// The service checks of a machine object: (name, status, output).
-pub fn checks_of(m: &Value) -> Vec<(String, String, String)> {
-    m["checks"]
-        .as_array()
-        .into_iter()
-        .flatten()
+/// The service checks of a machine: (name, status, output). Check results are free-form
+/// JSON objects in the machine type.
+pub fn checks_of(m: &Machine) -> Vec<(String, String, String)> {
+    m.checks
+        .iter()
         .filter_map(|c| {
             let name = c["name"].as_str()?;
             name.starts_with("servicecheck-").then(|| {
@@ -92,10 +92,10 @@ pub async fn wait_passing(
     let mut last = Vec::new();
     loop {
         let m = client.machine(app, id).await?;
-        let at_version = version.is_none_or(|v| m["instance_id"] == v);
+        let at_version = version.is_none_or(|v| m.instance_id == v);
         let checks = checks_of(&m);
         if at_version
-            && m["state"] == "started"
+            && m.state == MachineState::Started
             && checks.len() >= expected
             && checks.iter().all(|(_, s, _)| s == "passing")
         {

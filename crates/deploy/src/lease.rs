@@ -3,8 +3,7 @@
 //! background and releases the leases of every machine a deploy works on.
 
 use crate::api::{status_of, Client};
-use reqwest::Method;
-use serde_json::json;
+use bazaar_client::fly::LeaseRequest;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -42,14 +41,11 @@ impl Leases {
                 let calls = list.into_iter().map(|(id, nonce)| {
                     let (c, a) = (c.clone(), a.clone());
                     async move {
-                        let _ = c
-                            .call(
-                                Method::POST,
-                                &format!("/apps/{a}/machines/{id}/lease"),
-                                Some(json!({"ttl": TTL_SECS})),
-                                Some(&nonce),
-                            )
-                            .await;
+                        let refresh = LeaseRequest {
+                            ttl: Some(TTL_SECS),
+                            description: None,
+                        };
+                        let _ = c.fly().lease(&a, &id, &refresh, Some(&nonce)).await;
                     }
                 });
                 futures_util::future::join_all(calls).await;
@@ -81,25 +77,20 @@ impl Leases {
         let mut delay = Duration::from_millis(100);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
         loop {
+            let take = LeaseRequest {
+                ttl: Some(TTL_SECS),
+                description: Some("bazaar deploy".into()),
+            };
             let r = self
                 .client
-                .call(
-                    Method::POST,
-                    &format!("/apps/{}/machines/{id}/lease", self.app),
-                    Some(json!({"ttl": TTL_SECS, "description": "bazaar deploy"})),
-                    None,
-                )
-                .await;
+                .fly()
+                .lease(&self.app, id, &take, None)
+                .await
+                .map_err(anyhow::Error::from);
             match r {
-                Ok(v) => {
-                    let data = if v["data"].is_object() {
-                        &v["data"]
-                    } else {
-                        &v
-                    };
-                    let nonce = data["nonce"].as_str().unwrap_or_default().to_string();
-                    self.adopt(id, &nonce);
-                    return Ok(nonce);
+                Ok(lease) => {
+                    self.adopt(id, &lease.data.nonce);
+                    return Ok(lease.data.nonce);
                 }
                 Err(e) if status_of(&e) == Some(409) && tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(delay).await;
@@ -119,15 +110,7 @@ impl Leases {
     pub async fn release(&self, id: &str) {
         let nonce = lock(&self.held).remove(id);
         if let Some(n) = nonce {
-            let _ = self
-                .client
-                .call(
-                    Method::DELETE,
-                    &format!("/apps/{}/machines/{id}/lease", self.app),
-                    None,
-                    Some(&n),
-                )
-                .await;
+            let _ = self.client.fly().release_lease(&self.app, id, &n).await;
         }
     }
 

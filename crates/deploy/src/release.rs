@@ -7,6 +7,7 @@
 
 use crate::api::Client;
 use bazaar_types::config::MachineConfig;
+use bazaar_types::state::MachineState;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -38,31 +39,19 @@ pub fn release_of(config: &MachineConfig) -> Option<u64> {
 
 /// Every release the app's machines (live and tombstoned) remember, newest first.
 pub async fn history(client: &Client, app: &str) -> anyhow::Result<Vec<Release>> {
-    let all = client
-        .call(
-            reqwest::Method::GET,
-            &format!("/apps/{app}/machines?include_deleted=true"),
-            None,
-            None,
-        )
-        .await?;
-    let all = all.as_array().cloned().unwrap_or_default();
+    let all = client.fly().machines_including_deleted(app).await?;
     let mut live: BTreeMap<u64, usize> = BTreeMap::new();
     for m in &all {
-        if m["state"] == "destroyed" {
+        if m.state == MachineState::Destroyed {
             continue;
         }
-        if let Some(v) = m["config"]["metadata"][crate::META_RELEASE]
-            .as_str()
-            .and_then(|v| v.parse().ok())
-        {
+        if let Some(v) = release_of(&m.config) {
             *live.entry(v).or_default() += 1;
         }
     }
-    let calls = all.iter().filter_map(|m| {
-        let id = m["id"].as_str()?.to_string();
-        Some(async move { client.versions(app, &id).await.unwrap_or_default() })
-    });
+    let calls = all
+        .iter()
+        .map(|m| async move { client.versions(app, &m.id).await.unwrap_or_default() });
     let mut releases: BTreeMap<u64, Release> = BTreeMap::new();
     for versions in futures_util::future::join_all(calls).await {
         for (ver, cfg) in versions {

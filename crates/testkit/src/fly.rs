@@ -1,8 +1,10 @@
-//! A Fly Machines API client for tests and benchmarks: `/v1` of one agent, authenticated
-//! with [`TEST_SECRET`]. Every call answers `(status, body)`, the body parsed as JSON (a
-//! body that is not JSON comes back as a JSON string), so a test can assert on both.
+//! The Machines API of one agent for tests and benchmarks, authenticated with
+//! [`TEST_SECRET`]: the typed client ([`Fly::client`]), and raw calls that answer
+//! `(status, body)`, the body parsed as JSON (a body that is not JSON comes back as a JSON
+//! string), so a test can assert on both. Both go through [`FlyClient`].
 
 use crate::{TestAgent, TEST_SECRET};
+use bazaar_client::FlyClient;
 use reqwest::{Client, Method, StatusCode};
 use serde_json::Value;
 use std::time::Duration;
@@ -12,20 +14,25 @@ use std::time::Duration;
 pub struct Fly {
     /// `http://<agent>/v1`.
     pub base: String,
-    pub http: Client,
+    /// The typed client of the same API.
+    pub client: FlyClient,
 }
 
 impl Fly {
     /// The API of `agent`.
     pub fn new(agent: &TestAgent) -> Fly {
-        Fly::with_client(agent, Client::new())
+        let http = Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .expect("an HTTP client");
+        Fly::with_client(agent, http)
     }
 
     /// The API of `agent`, called through `http` (a client the test already keeps).
     pub fn with_client(agent: &TestAgent, http: Client) -> Fly {
         Fly {
             base: format!("{}/v1", agent.url()),
-            http,
+            client: FlyClient::with_http(&agent.url(), TEST_SECRET, http),
         }
     }
 
@@ -48,20 +55,13 @@ impl Fly {
         body: Option<Value>,
         nonce: Option<&str>,
     ) -> (StatusCode, Value) {
-        let mut req = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(TEST_SECRET)
-            .timeout(Duration::from_secs(60));
-        if let Some(n) = nonce {
-            req = req.header("fly-machine-lease-nonce", n);
-        }
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.expect("the API answers");
-        let status = resp.status();
-        let text = resp.text().await.expect("the API's answer is read whole");
+        let (status, body) = self
+            .client
+            .raw(method, path, body.as_ref(), nonce)
+            .await
+            .expect("the API answers");
+        let status = StatusCode::from_u16(status).expect("an HTTP status");
+        let text = String::from_utf8_lossy(&body).into_owned();
         (
             status,
             serde_json::from_str(&text).unwrap_or(Value::String(text)),
@@ -84,24 +84,21 @@ impl Fly {
         self.call(Method::DELETE, path, None).await
     }
 
-    /// Creates app `app`; panics unless the API says 201.
+    /// Creates app `app`; panics unless the API creates it.
     pub async fn create_app(&self, app: &str) {
-        let (s, v) = self
-            .post(
-                "/apps",
-                serde_json::json!({"app_name": app, "org_slug": "personal"}),
-            )
-            .await;
-        assert_eq!(s, StatusCode::CREATED, "creating app {app}: {v}");
+        if let Err(e) = self.client.create_app(app, "personal").await {
+            panic!("creating app {app}: {e}");
+        }
     }
 
     /// Waits (at most 30 s) until machine `id` is in `state`; panics otherwise.
     pub async fn wait_state(&self, app: &str, id: &str, state: &str) {
-        let (s, v) = self
-            .get(&format!(
-                "/apps/{app}/machines/{id}/wait?state={state}&timeout=30"
-            ))
+        let waited = self
+            .client
+            .wait(app, id, state, None, Duration::from_secs(30))
             .await;
-        assert_eq!(s, StatusCode::OK, "machine {id} never {state}: {v}");
+        if let Err(e) = waited {
+            panic!("machine {id} never {state}: {e}");
+        }
     }
 }

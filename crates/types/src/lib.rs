@@ -8,6 +8,7 @@
 //! - [`state`]: machine states and the one place where transitions are validated.
 //! - [`event`]: machine events (`launch`, `start`, `exit`, ...).
 //! - [`machine`]: the machine object returned to clients.
+//! - [`api`]: the other Machines API bodies (apps, create requests, leases, secrets, ...).
 //! - [`host`]: the host-to-host interface (bids, reservations, claims, host info).
 //! - [`error`]: the Fly error body `{"error": ..., "status": ...}`.
 //! - [`signal`]: signals by name or number.
@@ -16,6 +17,7 @@
 //!
 //! This crate does no I/O.
 
+pub mod api;
 pub mod config;
 pub mod duration;
 pub mod error;

@@ -56,6 +56,10 @@ pub struct Machine {
     /// as its config names it until it has started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_ref: Option<ImageRef>,
+    /// True when the machine is shown from the catalog only (its host did not answer):
+    /// `config` then holds just its metadata.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub incomplete_config: bool,
 }
 
 /// The image a machine runs, as Fly's `image_ref`.

@@ -96,7 +96,7 @@ impl Run<'_> {
             .update(self.app(), &c.id, &c.to, false, Some(&nonce))
             .await
             .map_err(fail)?;
-        let version = m["instance_id"].as_str().map(str::to_string);
+        let version = Some(m.instance_id);
         self.say(&c.id, &c.region, "updated, waiting for it to start");
         self.wait_up(&c.id, &c.region, version.as_deref(), &c.to, gate)
             .await
@@ -169,11 +169,12 @@ impl Run<'_> {
                 Err(e) => return Err(fail(e)),
             };
             for m in &got {
-                let id = m["id"].as_str().unwrap_or_default().to_string();
-                if let Some(n) = m["nonce"].as_str() {
-                    self.leases.adopt(&id, n);
+                if let Some(n) = &m.nonce {
+                    self.leases.adopt(&m.id, n);
                 }
-                lock(&self.done).created.push((id, region.to_string()));
+                lock(&self.done)
+                    .created
+                    .push((m.id.clone(), region.to_string()));
             }
             if got.is_empty() {
                 if round >= 5 {
@@ -193,9 +194,8 @@ impl Run<'_> {
         }
         let mut ids = Vec::new();
         for m in &ms {
-            let id = m["id"].as_str().unwrap_or_default().to_string();
-            self.say(&id, region, "created");
-            ids.push((id, m["instance_id"].as_str().map(str::to_string)));
+            self.say(&m.id, region, "created");
+            ids.push((m.id.clone(), Some(m.instance_id.clone())));
         }
         let waits = ids.iter().map(|(id, v)| async move {
             self.wait_up(id, region, v.as_deref(), config, gate)
@@ -276,24 +276,12 @@ impl Run<'_> {
             .machine(self.app(), id)
             .await
             .ok()
-            .and_then(|m| {
-                m["config"]["metadata"][crate::META_RELEASE]
-                    .as_str()
-                    .map(str::to_string)
-            });
+            .and_then(|m| m.config.metadata.get(crate::META_RELEASE).cloned());
         self.client
-            .call(
-                reqwest::Method::POST,
-                &format!(
-                    "/apps/{}/machines/{id}/metadata/{}",
-                    self.app(),
-                    crate::META_RELEASE
-                ),
-                Some(serde_json::json!({ "value": release })),
-                Some(&nonce),
-            )
+            .fly()
+            .set_metadata(self.app(), id, crate::META_RELEASE, release, Some(&nonce))
             .await
-            .map_err(fail)?;
+            .map_err(|e| fail(e.into()))?;
         lock(&self.done).relabeled.push((id.to_string(), old));
         Ok(())
     }

@@ -20,8 +20,9 @@ use crate::lease::Leases;
 use crate::plan::{Existing, GroupTarget, Plan};
 use crate::progress::{Event, Progress};
 use bazaar_types::config::MachineConfig;
+use bazaar_types::machine::Machine;
+use bazaar_types::state::MachineState;
 use serde::Serialize;
-use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -457,23 +458,21 @@ async fn rollback(run: &Run<'_>) -> anyhow::Result<()> {
 }
 
 /// The app's machines as the plan sees them, from API machine objects.
-pub fn existing_from(machines: &[Value]) -> Vec<Existing> {
+pub fn existing_from(machines: &[Machine]) -> Vec<Existing> {
     machines
         .iter()
-        .filter(|m| m["state"] != "destroyed" && m["state"] != "destroying")
-        .filter_map(|m| {
-            let config: MachineConfig = serde_json::from_value(m["config"].clone()).ok()?;
-            Some(Existing {
-                id: m["id"].as_str()?.to_string(),
-                group: config
-                    .metadata
-                    .get(crate::META_GROUP)
-                    .cloned()
-                    .unwrap_or_else(|| crate::config::DEFAULT_GROUP.to_string()),
-                region: m["region"].as_str().unwrap_or_default().to_string(),
-                state: m["state"].as_str().unwrap_or_default().to_string(),
-                config,
-            })
+        .filter(|m| !matches!(m.state, MachineState::Destroyed | MachineState::Destroying))
+        .map(|m| Existing {
+            id: m.id.clone(),
+            group: m
+                .config
+                .metadata
+                .get(crate::META_GROUP)
+                .cloned()
+                .unwrap_or_else(|| crate::config::DEFAULT_GROUP.to_string()),
+            region: m.region.clone(),
+            state: m.state.as_str().to_string(),
+            config: m.config.clone(),
         })
         .collect()
 }
@@ -481,16 +480,29 @@ pub fn existing_from(machines: &[Value]) -> Vec<Existing> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
+
+    fn machine(id: &str, region: &str, state: &str, config: Value) -> Machine {
+        serde_json::from_value(json!({
+            "id": id, "name": id, "state": state, "region": region, "instance_id": "v1",
+            "version": "v1", "private_ip": "127.0.0.1", "created_at": "", "updated_at": "",
+            "host_status": "ok", "config": config,
+        }))
+        .expect("a machine object")
+    }
 
     #[test]
     fn existing_machines_come_from_api_objects() {
         let ms = vec![
-            json!({"id": "a", "region": "ams", "state": "started",
-                   "config": {"image": "process", "metadata": {"fly_process_group": "web"}}}),
-            json!({"id": "b", "region": "ord", "state": "stopped", "config": {"image": "process"}}),
-            json!({"id": "c", "region": "ord", "state": "destroying", "config": {}}),
-            json!({"id": "d", "region": "ord", "state": "started", "config": {"guest": "bad"}}),
+            machine(
+                "a",
+                "ams",
+                "started",
+                json!({"image": "process", "metadata": {"fly_process_group": "web"}}),
+            ),
+            machine("b", "ord", "stopped", json!({"image": "process"})),
+            machine("c", "ord", "destroying", json!({})),
+            machine("d", "ord", "destroyed", json!({})),
         ];
         let e = existing_from(&ms);
         assert_eq!(e.len(), 2, "{e:?}");
