@@ -55,23 +55,17 @@ pub mod cleanup;
 pub mod cluster_security;
 pub mod config;
 pub mod dns;
-pub mod driver;
 pub mod error;
-pub mod exec;
 pub mod fault;
 pub mod fence;
 pub mod host_tls;
 pub mod http;
 pub mod identity;
-pub mod idranges;
 pub mod images;
 pub mod leases;
 pub mod ledger_dump;
 pub mod market;
 pub mod mesh;
-pub mod netlink;
-pub mod network;
-pub mod oci;
 pub mod ps;
 pub mod publish;
 pub mod record;
@@ -83,8 +77,10 @@ pub mod standby;
 pub mod store;
 pub mod tokens;
 pub mod views;
-pub mod volume_fs;
 pub mod volumes;
+
+// The host plumbing lives in `bazaar-runtime`; its modules keep their old paths here.
+pub use bazaar_runtime::{driver, exec, idranges, netlink, network, oci, volume_fs};
 
 pub use agent::Agent;
 pub use config::AgentConfig;

@@ -8,7 +8,8 @@ use crate::agent::Agent;
 use crate::record::{MachineRecord, OpKind, Operation, Step};
 use crate::restart::{decide, Decision, RETRY_WINDOW_MS};
 use crate::store::Batch;
-use bazaar_shim::{read_exit, ExitRecord, ShimHandle};
+use bazaar_runtime::Run;
+use bazaar_shim::ExitRecord;
 use bazaar_types::event::{EventRequest, ExitEvent, MachineEvent};
 use bazaar_types::state::MachineState;
 use bazaar_types::{now_ms, rfc3339};
@@ -31,7 +32,7 @@ pub fn spawn_actor(
     agent: &Agent,
     rec: MachineRecord,
     ops: Vec<Operation>,
-    run: Option<ShimHandle>,
+    run: Option<Box<dyn Run>>,
 ) {
     let (tx, rx) = mpsc::unbounded_channel();
     agent
@@ -55,7 +56,7 @@ struct Actor {
     id: String,
     queue: VecDeque<Operation>,
     /// The live run, if any.
-    run: Option<ShimHandle>,
+    run: Option<Box<dyn Run>>,
     rx: mpsc::UnboundedReceiver<ActorMsg>,
 }
 
@@ -225,8 +226,9 @@ impl Actor {
     }
 
     fn exit_of(&self, run_id: u64) -> Exit {
-        let run_dir = self.agent.0.driver.run_dir(&self.id, run_id);
-        let record = read_exit(&run_dir).unwrap_or_else(|| ExitRecord {
+        let record = self.agent.0.machine_driver
+            .exit_record(&self.id, run_id)
+            .unwrap_or_else(|| ExitRecord {
             run_id,
             exit_code: None,
             signal: Some(9),
@@ -513,8 +515,7 @@ pub async fn stop_all_for_host_shutdown(agent: &Agent) {
         let Some(run) = rec.run.filter(|r| r.run_id > rec.exit_handled_run) else {
             continue;
         };
-        let run_dir = agent.0.driver.run_dir(&rec.id, run.run_id);
-        if let Ok(Some(h)) = ShimHandle::adopt(&run_dir) {
+        if let Ok(Some(h)) = agent.0.machine_driver.adopt(&rec.id, run.run_id) {
             rec.host_shutdown_run = Some(run.run_id);
             b.machine(&rec);
             let (signal, timeout) = rec.config.stop_signal_and_timeout();
