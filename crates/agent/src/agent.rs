@@ -8,13 +8,13 @@
 use crate::actor::{spawn_actor, ActorMsg};
 use crate::config::AgentConfig;
 use crate::driver::{self, Driver};
-use bazaar_runtime::MachineDriver;
 use crate::error::AgentError;
 use crate::fault::CrashPoint;
 use crate::leases::check_lease;
 use crate::record::{MachineRecord, OpKind, Operation};
 use crate::store::{Batch, Store};
 use bazaar_placement::{Ledger, LedgerError};
+use bazaar_runtime::MachineDriver;
 use bazaar_types::config::MachineConfig;
 use bazaar_types::event::MachineEvent;
 use bazaar_types::guest::Guest;
@@ -276,13 +276,11 @@ impl Agent {
             let run = m
                 .run
                 .filter(|r| r.run_id > m.exit_handled_run)
-                .and_then(|r| {
-                    match agent.0.machine_driver.adopt(&m.id, r.run_id) {
-                        Ok(h) => h,
-                        Err(err) => {
-                            tracing::warn!(machine.id = %m.id, error = %err, "re-adopting run");
-                            None
-                        }
+                .and_then(|r| match agent.0.machine_driver.adopt(&m.id, r.run_id) {
+                    Ok(h) => h,
+                    Err(err) => {
+                        tracing::warn!(machine.id = %m.id, error = %err, "re-adopting run");
+                        None
                     }
                 });
             num_adopted += run.is_some() as usize;
@@ -666,7 +664,9 @@ impl Agent {
             .run
             .filter(|r| r.run_id > rec.exit_handled_run)
             .ok_or_else(|| AgentError::Conflict(format!("machine {id} has no running process")))?;
-        let handle = self.0.machine_driver
+        let handle = self
+            .0
+            .machine_driver
             .adopt(id, run.run_id)
             .map_err(|e| AgentError::Internal(e.to_string()))?
             .ok_or_else(|| AgentError::Conflict(format!("machine {id} has no running process")))?;

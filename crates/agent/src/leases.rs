@@ -153,10 +153,11 @@ impl Agent {
             }),
             env: spec.env,
             workdir: spec.workdir,
-            runc_exec: self
-                .0
-                .driver
-                .exec_argv(&rec.workload(), run.run_id, &crate::exec::argv(&req)?),
+            runc_exec: self.0.driver.exec_argv(
+                &rec.workload(),
+                run.run_id,
+                &crate::exec::argv(&req)?,
+            ),
         };
         Ok(crate::exec::run(&target, &req).await?)
     }

@@ -15,10 +15,10 @@
 //! - [`actor`]: one task per machine that executes its operations step by step.
 //! - [`record`]: what is persisted (machine records, operations, steps).
 //! - [`store`]: the redb store.
-//! - [`driver`]: the driver (command, environment, ports, shims) of process and image
-//!   machines; [`oci`] prepares image machines (image, rootfs, bundle, `runc`) and
-//!   [`network`] gives each one a network namespace on the host's bridge (wired by
-//!   [`netlink`] requests).
+//! - [`driver`], [`oci`], [`network`], [`netlink`], [`idranges`], [`volume_fs`], [`exec`]:
+//!   the host plumbing, re-exported from `bazaar-runtime` (the driver of process and image
+//!   machines, their network, volumes' storage, exec). The actors reach machines only
+//!   through its [`bazaar_runtime::MachineDriver`] (`Inner::machine_driver`).
 //! - [`restart`]: the restart policy.
 //! - [`http`]: the host interface (`/host/v1`).
 //! - [`cluster_security`]: the gossip keyring and the CA's revocations on this host.
@@ -32,7 +32,8 @@
 //! - [`standby`]: starts stopped standbys when their primary's host is declared dead.
 //! - [`volumes`]: volumes owned by this host (records, placement checks, attachment), on
 //!   storage from [`volume_fs`] (ext4 images on loop devices, or directories);
-//!   [`snapshots`]: their snapshots, restores and forks.
+//!   [`snapshots`]: their snapshots, restores and forks; [`volume_record`]: what is stored
+//!   of one.
 //! - [`checks`]: service health checks of this host's machines (results go in the catalog).
 //! - [`cleanup`]: what a host made on the machine outside its store (mounts, loop devices,
 //!   network, cgroups, shims), found from its data dir and removed (`bazaar host reset`,
@@ -77,6 +78,7 @@ pub mod standby;
 pub mod store;
 pub mod tokens;
 pub mod views;
+pub mod volume_record;
 pub mod volumes;
 
 // The host plumbing lives in `bazaar-runtime`; its modules keep their old paths here.

@@ -13,7 +13,7 @@
 //! no more, without restarting the agent.
 
 use crate::record::{MachineRecord, Operation};
-use crate::volumes::VolumeRecord;
+use crate::volume_record::VolumeRecord;
 use bazaar_placement::Reservation;
 use bazaar_types::config::MachineConfig;
 use bazaar_types::event::MachineEvent;

@@ -32,7 +32,9 @@ impl std::fmt::Display for ExecError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ExecError::Invalid(m) | ExecError::Internal(m) => f.write_str(m),
-            ExecError::Timeout { id, states } => write!(f, "timeout waiting for {id} to be {states}"),
+            ExecError::Timeout { id, states } => {
+                write!(f, "timeout waiting for {id} to be {states}")
+            }
         }
     }
 }
@@ -64,9 +66,7 @@ pub fn argv(req: &ExecRequest) -> Result<Vec<String>, ExecError> {
         return Err(ExecError::Invalid("exec needs a command".into()));
     }
     if argv.iter().any(|a| a.contains('\0')) {
-        return Err(ExecError::Invalid(
-            "the command contains a NUL byte".into(),
-        ));
+        return Err(ExecError::Invalid("the command contains a NUL byte".into()));
     }
     Ok(argv)
 }

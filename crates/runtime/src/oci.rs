@@ -28,8 +28,8 @@
 //! again at `/run/bazaar/<host id>/rootfs/<id>`.
 
 use crate::idranges::{IdRanges, RANGE_SIZE};
-use crate::network::LazyNetwork;
 use crate::lifecycle::Workload;
+use crate::network::LazyNetwork;
 use bazaar_image::{Auth, IdMap, ImageStore, PullPhase, Reference};
 use bazaar_types::event::MachineEvent;
 use bazaar_types::machine::ImageRef;

@@ -226,16 +226,19 @@ impl Actor {
     }
 
     fn exit_of(&self, run_id: u64) -> Exit {
-        let record = self.agent.0.machine_driver
+        let record = self
+            .agent
+            .0
+            .machine_driver
             .exit_record(&self.id, run_id)
             .unwrap_or_else(|| ExitRecord {
-            run_id,
-            exit_code: None,
-            signal: Some(9),
-            oom_killed: false,
-            exited_at_ms: now_ms(),
-            error: Some("the machine's supervisor (shim) was lost".into()),
-        });
+                run_id,
+                exit_code: None,
+                signal: Some(9),
+                oom_killed: false,
+                exited_at_ms: now_ms(),
+                error: Some("the machine's supervisor (shim) was lost".into()),
+            });
         Exit { run_id, record }
     }
 
