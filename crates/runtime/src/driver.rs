@@ -112,7 +112,7 @@ impl Driver {
             .as_ref()
             .map(|i| i.argv())
             .unwrap_or_default();
-        let workdir = self.machine_dir(&rec.id).join("work");
+        let workdir = self.machine_dir(rec.id).join("work");
         let sandbox = self.sandbox(rec);
         let mut env: BTreeMap<String, String> = BTreeMap::new();
         env.insert("PATH".into(), DEFAULT_PATH.into());
@@ -136,7 +136,7 @@ impl Driver {
         }
         // A sandboxed machine has its volume at `mounts[0].path`; one that is not (the
         // agent is not root) reaches it at its host path.
-        if let Ok(Some(mount)) = bazaar_types::volume::mount_of(&rec.config) {
+        if let Ok(Some(mount)) = bazaar_types::volume::mount_of(rec.config) {
             let path = match &sandbox {
                 Some(_) => PathBuf::from(&mount.path),
                 None => self.volumes.mount_path(&mount.volume),
@@ -160,8 +160,8 @@ impl Driver {
             isolate: self.isolate,
             memory_mb: rec.resources.memory_mb,
             cpus: rec.resources.cpus as f64,
-            cgroup: self.cgroup(&rec.id),
-            log_path: self.log_path(&rec.id),
+            cgroup: self.cgroup(rec.id),
+            log_path: self.log_path(rec.id),
             log_max_bytes: self.log_max_bytes,
             sandbox,
         }
@@ -176,7 +176,7 @@ impl Driver {
             .map(|u| u.split(':').next().unwrap_or(u))
             .filter(|name| name.parse::<u32>().is_err() && !name.is_empty())
             .unwrap_or("machine");
-        let binds = match bazaar_types::volume::mount_of(&rec.config) {
+        let binds = match bazaar_types::volume::mount_of(rec.config) {
             Ok(Some(mount)) => vec![(
                 self.volumes.mount_path(&mount.volume),
                 PathBuf::from(mount.path),
@@ -215,7 +215,7 @@ impl Driver {
         events: &mut Vec<MachineEvent>,
         image: &mut Option<ImageRef>,
     ) -> Result<ShimHandle, ShimError> {
-        let run_dir = self.run_dir(&rec.id, run_id);
+        let run_dir = self.run_dir(rec.id, run_id);
         std::fs::create_dir_all(&run_dir)
             .map_err(|e| ShimError::Io(format!("creating {}", run_dir.display()), e))?;
         if rec.config.driver() == "oci" {
@@ -236,7 +236,7 @@ impl Driver {
             Some(uid) => self.give_to_machine_user(rec, uid)?,
             None => self.give_volume_to_workload(rec),
         }
-        let files = work_files(&rec.config).map_err(ShimError::Spec)?;
+        let files = work_files(rec.config).map_err(ShimError::Spec)?;
         if !files.is_empty() {
             let (workdir, user) = (spec.workdir.clone(), spec.user.clone());
             tokio::task::spawn_blocking(move || {
@@ -276,17 +276,17 @@ impl Driver {
             .oci
             .as_ref()
             .map_err(|e| ShimError::Launch(e.clone()))?;
-        let volume = match bazaar_types::volume::mount_of(&rec.config) {
+        let volume = match bazaar_types::volume::mount_of(rec.config) {
             Ok(Some(m)) => Some((self.volumes.mount_path(&m.volume), m.path)),
             _ => None,
         };
-        let cgroup = self.image_cgroup(&rec.id);
+        let cgroup = self.image_cgroup(rec.id);
         let mut env = self.machine_env(rec);
         env.extend(secret_env.iter().cloned());
         let prepared = oci
             .prepare(
                 rec,
-                &self.machine_dir(&rec.id),
+                &self.machine_dir(rec.id),
                 run_dir,
                 &cgroup,
                 volume,
@@ -308,7 +308,7 @@ impl Driver {
         let t0 = std::time::Instant::now();
         let handle = ShimHandle::spawn(&self.exe, run_dir, &spec).await?;
         let spawned = t0.elapsed();
-        match crate::oci::wait_created(run_dir, &self.log_path(&rec.id)).await {
+        match crate::oci::wait_created(run_dir, &self.log_path(rec.id)).await {
             Ok(_) => {
                 tracing::debug!(
                     machine.id = %rec.id,
@@ -342,7 +342,7 @@ impl Driver {
             return None;
         }
         let oci = self.oci.as_ref().ok()?;
-        Some(oci.exec_argv(&self.run_dir(&rec.id, run_id), &rec.id, argv))
+        Some(oci.exec_argv(&self.run_dir(rec.id, run_id), rec.id, argv))
     }
 
     /// A sandboxed machine's work directory and volume belong to its uid alone (mode 0700);
@@ -363,7 +363,7 @@ impl Driver {
             }
             Ok(())
         };
-        let machine_dir = self.machine_dir(&rec.id);
+        let machine_dir = self.machine_dir(rec.id);
         let work = machine_dir.join("work");
         let fail = |path: &Path| {
             let what = format!("giving {} to uid {uid}", path.display());
@@ -373,7 +373,7 @@ impl Driver {
         std::fs::set_permissions(&machine_dir, std::fs::Permissions::from_mode(0o700))
             .map_err(fail(&machine_dir))?;
         own(&work, false).map_err(fail(&work))?;
-        if let Ok(Some(mount)) = bazaar_types::volume::mount_of(&rec.config) {
+        if let Ok(Some(mount)) = bazaar_types::volume::mount_of(rec.config) {
             let path = self.volumes.mount_path(&mount.volume);
             own(&path, true).map_err(fail(&path))?;
         }
@@ -389,7 +389,7 @@ impl Driver {
         if !self.isolate || user_set {
             return;
         }
-        let Ok(Some(mount)) = bazaar_types::volume::mount_of(&rec.config) else {
+        let Ok(Some(mount)) = bazaar_types::volume::mount_of(rec.config) else {
             return;
         };
         let path = self.volumes.mount_path(&mount.volume);

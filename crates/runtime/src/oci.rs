@@ -223,24 +223,17 @@ impl OciRuntime {
         .map_err(|e| format!("opening the image store: {e}"))?;
         let subnet = config
             .machine_subnet
-            .as_deref()
             .map(str::parse::<crate::network::Subnet>)
             .transpose()?;
         let network = crate::network::LazyNetwork::new(
-            &config.data_dir,
+            config.data_dir,
             host_id,
             subnet,
             config.machine_nat,
             Arc::new(IdRanges::new(host_id)),
         );
-        OciRuntime::detect(
-            host_id,
-            config.runc.as_deref(),
-            &config.registry_auth,
-            images,
-            network,
-        )
-        .map(Arc::new)
+        OciRuntime::detect(host_id, config.runc, config.registry_auth, images, network)
+            .map(Arc::new)
     }
 
     /// Everything a run needs before the shim starts: image, rootfs, files, network,
@@ -296,7 +289,7 @@ impl OciRuntime {
         let gateway = self.network.get()?.subnet.gateway();
         // Every run starts from the image as it is: what a run wrote to its root
         // filesystem is gone at the next start (volumes are for data that must stay).
-        let exposed = self.exposed_rootfs(&rec.id);
+        let exposed = self.exposed_rootfs(rec.id);
         unexpose_rootfs(&exposed)?;
         self.images
             .remove_rootfs(machine_dir)
@@ -364,7 +357,7 @@ impl OciRuntime {
         std::fs::create_dir_all(&bundle)
             .map_err(|e| format!("creating {}: {e}", bundle.display()))?;
         let spec = bundle_config(&BundleInputs {
-            hostname: &rec.id,
+            hostname: rec.id,
             rootfs: &exposed,
             ids,
             args: &process.args,
@@ -389,7 +382,7 @@ impl OciRuntime {
             "image machine prepared"
         );
         Ok(Prepared {
-            argv: self.run_argv(run_dir, &rec.id, &bundle),
+            argv: self.run_argv(run_dir, rec.id, &bundle),
             events,
             image_ref: image_ref(&reference, Some(&image)),
         })
