@@ -14,6 +14,7 @@ use crate::leases::check_lease;
 use crate::record::{MachineRecord, OpKind, Operation};
 use crate::store::{Batch, Store};
 use bazaar_placement::{Ledger, LedgerError};
+use bazaar_runtime::MachineDriver;
 use bazaar_types::config::MachineConfig;
 use bazaar_types::event::MachineEvent;
 use bazaar_types::guest::Guest;
@@ -53,7 +54,11 @@ pub(crate) struct Inner {
     /// The ledger; its lock also serializes every accepted write, so validation and the
     /// durable write happen as one step.
     pub ledger: tokio::sync::Mutex<Ledger>,
+    /// The host plumbing (paths, network, volumes, images) of this host's machines.
     pub driver: Driver,
+    /// What the actors launch, find and remove runs with: `driver` itself, or a fake in
+    /// tests ([`Agent::start_with_driver`]).
+    pub machine_driver: Arc<dyn MachineDriver>,
     pub actors: Mutex<HashMap<String, mpsc::UnboundedSender<ActorMsg>>>,
     pub live: Mutex<HashMap<String, watch::Sender<Snapshot>>>,
     /// State shown while an operation runs (`starting`, `stopping`, ...).
@@ -124,6 +129,15 @@ impl Agent {
     /// Opens the store, restores the ledger, re-adopts running workloads and resumes every
     /// unfinished operation.
     pub async fn start(config: AgentConfig) -> anyhow::Result<Agent> {
+        Self::start_with_driver(config, None).await
+    }
+
+    /// [`Agent::start`] whose actors run machines with `machine_driver` (tests: a fake
+    /// driver) instead of this host's shims and runc (`None`).
+    pub async fn start_with_driver(
+        config: AgentConfig,
+        machine_driver: Option<Arc<dyn MachineDriver>>,
+    ) -> anyhow::Result<Agent> {
         std::fs::create_dir_all(&config.data_dir)?;
         // Machines' environments, specs and volumes are in here: the agent's user only.
         {
@@ -167,7 +181,7 @@ impl Agent {
             cgroups,
             log_max_bytes: config.log_max_bytes,
             volumes: crate::volume_fs::VolumeFs::new(&config.data_dir),
-            oci: crate::oci::OciRuntime::for_agent(&config, &host_id, cgroups),
+            oci: crate::oci::OciRuntime::for_agent(&config.oci_settings(), &host_id, cgroups),
             network: None,
             seccomp: crate::driver::seccomp_filters(&config.data_dir, is_root && config.isolate),
         };
@@ -210,6 +224,7 @@ impl Agent {
             host_id,
             store,
             ledger: tokio::sync::Mutex::new(ledger),
+            machine_driver: machine_driver.unwrap_or_else(|| Arc::new(driver.clone())),
             driver,
             actors: Mutex::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
@@ -264,14 +279,11 @@ impl Agent {
             let run = m
                 .run
                 .filter(|r| r.run_id > m.exit_handled_run)
-                .and_then(|r| {
-                    let dir = agent.0.driver.run_dir(&m.id, r.run_id);
-                    match bazaar_shim::ShimHandle::adopt(&dir) {
-                        Ok(h) => h,
-                        Err(err) => {
-                            tracing::warn!(machine.id = %m.id, error = %err, "re-adopting run");
-                            None
-                        }
+                .and_then(|r| match agent.0.machine_driver.adopt(&m.id, r.run_id) {
+                    Ok(h) => h,
+                    Err(err) => {
+                        tracing::warn!(machine.id = %m.id, error = %err, "re-adopting run");
+                        None
                     }
                 });
             num_adopted += run.is_some() as usize;
@@ -655,8 +667,10 @@ impl Agent {
             .run
             .filter(|r| r.run_id > rec.exit_handled_run)
             .ok_or_else(|| AgentError::Conflict(format!("machine {id} has no running process")))?;
-        let run_dir = self.0.driver.run_dir(id, run.run_id);
-        let handle = bazaar_shim::ShimHandle::adopt(&run_dir)
+        let handle = self
+            .0
+            .machine_driver
+            .adopt(id, run.run_id)
             .map_err(|e| AgentError::Internal(e.to_string()))?
             .ok_or_else(|| AgentError::Conflict(format!("machine {id} has no running process")))?;
         handle

@@ -200,6 +200,18 @@ impl Default for AgentConfig {
 }
 
 impl AgentConfig {
+    /// What the runtime needs of this config to run image machines.
+    pub fn oci_settings(&self) -> bazaar_runtime::oci::OciSettings<'_> {
+        bazaar_runtime::oci::OciSettings {
+            data_dir: &self.data_dir,
+            insecure_registries: &self.insecure_registries,
+            machine_subnet: self.machine_subnet.as_deref(),
+            machine_nat: self.machine_nat,
+            runc: self.runc.as_deref(),
+            registry_auth: &self.registry_auth,
+        }
+    }
+
     /// Reads a TOML config file.
     pub fn from_file(path: &std::path::Path) -> anyhow::Result<AgentConfig> {
         let text = std::fs::read_to_string(path)

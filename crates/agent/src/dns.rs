@@ -5,12 +5,9 @@
 //! `resolv.conf` of [`resolv_conf`] (image machines' `/etc`, process machines' sandbox).
 
 use crate::agent::Agent;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
-/// The `resolv.conf` of a machine whose network's gateway is `gateway`.
-pub fn resolv_conf(gateway: Ipv4Addr) -> String {
-    format!("nameserver {gateway}\n")
-}
+pub use bazaar_runtime::network::resolv_conf;
 
 /// Starts the DNS server of this host. A listener that cannot be bound (the port taken)
 /// is logged and left out: the agent runs on without it.

@@ -54,6 +54,17 @@ impl From<crate::store::StoreError> for AgentError {
     }
 }
 
+impl From<bazaar_runtime::exec::ExecError> for AgentError {
+    fn from(e: bazaar_runtime::exec::ExecError) -> Self {
+        use bazaar_runtime::exec::ExecError;
+        match e {
+            ExecError::Invalid(m) => AgentError::Invalid(m),
+            ExecError::Internal(m) => AgentError::Internal(m),
+            ExecError::Timeout { id, states } => AgentError::WaitTimeout { id, states },
+        }
+    }
+}
+
 impl From<tokio::task::JoinError> for AgentError {
     fn from(e: tokio::task::JoinError) -> Self {
         AgentError::Internal(e.to_string())

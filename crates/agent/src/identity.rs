@@ -15,21 +15,7 @@ pub const FIRST_UID: u32 = 200_000;
 /// How many machine uids a host can hand out.
 const UID_COUNT: u32 = 65_536;
 
-/// Whether `user` (`init.user`: a name or uid, optionally `:group`) means uid 0 on this host.
-pub fn is_root_user(user: &str) -> bool {
-    let name = user.split(':').next().unwrap_or(user);
-    if let Ok(uid) = name.parse::<u32>() {
-        return uid == 0;
-    }
-    if name == "root" {
-        return true;
-    }
-    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-    passwd.lines().any(|line| {
-        let mut fields = line.split(':');
-        fields.next() == Some(name) && fields.nth(1) == Some("0")
-    })
-}
+pub use bazaar_runtime::driver::is_root_user;
 
 impl Agent {
     /// Whether process machines run sandboxed, each as its own uid.

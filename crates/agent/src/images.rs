@@ -20,7 +20,7 @@ use serde::Deserialize;
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
 /// An image unused this long is pruned.
@@ -28,27 +28,7 @@ pub const PRUNE_AFTER: Duration = Duration::from_secs(3600);
 /// How often the background pruning looks.
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
 
-/// When each image (by reference) was last pulled, imported or launched on this host.
-#[derive(Debug, Default)]
-pub struct LastUse(Mutex<HashMap<String, Instant>>);
-
-impl LastUse {
-    /// Records a use of `reference` now.
-    pub fn touch(&self, reference: &str) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(reference.to_string(), Instant::now());
-    }
-
-    fn idle_for(&self, reference: &str) -> Duration {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        // An image found on disk (after a restart) counts as used now.
-        map.entry(reference.to_string())
-            .or_insert_with(Instant::now)
-            .elapsed()
-    }
-}
+pub use bazaar_runtime::oci::LastUse;
 
 /// The routes, nested under `/host/v1`.
 pub fn routes() -> Router<Agent> {

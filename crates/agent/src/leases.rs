@@ -145,7 +145,7 @@ impl Agent {
             .run
             .filter(|r| r.run_id > rec.exit_handled_run && r.workload_pid > 0)
             .ok_or_else(|| AgentError::Conflict(format!("machine {id} has no running process")))?;
-        let spec = self.0.driver.spec(&rec, run.run_id);
+        let spec = self.0.driver.spec(&rec.workload(), run.run_id);
         let target = crate::exec::ExecTarget {
             shim_exec: self.0.driver.isolate.then(|| {
                 let driver = &self.0.driver;
@@ -153,12 +153,13 @@ impl Agent {
             }),
             env: spec.env,
             workdir: spec.workdir,
-            runc_exec: self
-                .0
-                .driver
-                .exec_argv(&rec, run.run_id, &crate::exec::argv(&req)?),
+            runc_exec: self.0.driver.exec_argv(
+                &rec.workload(),
+                run.run_id,
+                &crate::exec::argv(&req)?,
+            ),
         };
-        crate::exec::run(&target, &req).await
+        Ok(crate::exec::run(&target, &req).await?)
     }
 
     /// How the machine was placed, if it went through the market.

@@ -15,10 +15,10 @@
 //! - [`actor`]: one task per machine that executes its operations step by step.
 //! - [`record`]: what is persisted (machine records, operations, steps).
 //! - [`store`]: the redb store.
-//! - [`driver`]: the driver (command, environment, ports, shims) of process and image
-//!   machines; [`oci`] prepares image machines (image, rootfs, bundle, `runc`) and
-//!   [`network`] gives each one a network namespace on the host's bridge (wired by
-//!   [`netlink`] requests).
+//! - [`driver`], [`oci`], [`network`], [`netlink`], [`idranges`], [`volume_fs`], [`exec`]:
+//!   the host plumbing, re-exported from `bazaar-runtime` (the driver of process and image
+//!   machines, their network, volumes' storage, exec). The actors reach machines only
+//!   through its [`bazaar_runtime::MachineDriver`] (`Inner::machine_driver`).
 //! - [`restart`]: the restart policy.
 //! - [`http`]: the host interface (`/host/v1`).
 //! - [`cluster_security`]: the gossip keyring and the CA's revocations on this host.
@@ -32,7 +32,8 @@
 //! - [`standby`]: starts stopped standbys when their primary's host is declared dead.
 //! - [`volumes`]: volumes owned by this host (records, placement checks, attachment), on
 //!   storage from [`volume_fs`] (ext4 images on loop devices, or directories);
-//!   [`snapshots`]: their snapshots, restores and forks.
+//!   [`snapshots`]: their snapshots, restores and forks; [`volume_record`]: what is stored
+//!   of one.
 //! - [`metrics`]: operations, steps, store commits and machines by state, with the
 //!   catalog's, as Prometheus text (served at `/metrics` with the proxy's).
 //! - [`checks`]: service health checks of this host's machines (results go in the catalog).
@@ -57,24 +58,18 @@ pub mod cleanup;
 pub mod cluster_security;
 pub mod config;
 pub mod dns;
-pub mod driver;
 pub mod error;
-pub mod exec;
 pub mod fault;
 pub mod fence;
 pub mod host_tls;
 pub mod http;
 pub mod identity;
-pub mod idranges;
 pub mod images;
 pub mod leases;
 pub mod ledger_dump;
 pub mod market;
 pub mod mesh;
 pub mod metrics;
-pub mod netlink;
-pub mod network;
-pub mod oci;
 pub mod ps;
 pub mod publish;
 pub mod record;
@@ -86,8 +81,11 @@ pub mod standby;
 pub mod store;
 pub mod tokens;
 pub mod views;
-pub mod volume_fs;
+pub mod volume_record;
 pub mod volumes;
+
+// The host plumbing lives in `bazaar-runtime`; its modules keep their old paths here.
+pub use bazaar_runtime::{driver, exec, idranges, netlink, network, oci, volume_fs};
 
 pub use agent::Agent;
 pub use config::AgentConfig;

@@ -82,6 +82,22 @@ pub struct MachineRecord {
 }
 
 impl MachineRecord {
+    /// The machine as the runtime sees it (what a launch or an exec needs).
+    pub fn workload(&self) -> bazaar_runtime::Workload<'_> {
+        bazaar_runtime::Workload {
+            id: &self.id,
+            app: &self.app,
+            region: &self.region,
+            instance_id: &self.instance_id,
+            config: &self.config,
+            resources: &self.resources,
+            host_ports: &self.host_ports,
+            private_ip: self.private_ip,
+            uid: self.uid,
+            uid_base: self.uid_base,
+        }
+    }
+
     /// The actor read `before`, worked on it into `self`, and the stored record is now
     /// `stored`: takes from `stored` what the accept side changed meanwhile (it owns the
     /// config and version, name, resources, ports, cordon, lease and, when a new

@@ -14,7 +14,7 @@
 
 use crate::metrics::CommitStats;
 use crate::record::{MachineRecord, Operation};
-use crate::volumes::VolumeRecord;
+use crate::volume_record::VolumeRecord;
 use bazaar_placement::Reservation;
 use bazaar_types::config::MachineConfig;
 use bazaar_types::event::MachineEvent;

@@ -9,7 +9,8 @@ use crate::metrics::Outcome;
 use crate::record::{MachineRecord, OpKind, Operation, Step};
 use crate::restart::{decide, Decision, RETRY_WINDOW_MS};
 use crate::store::Batch;
-use bazaar_shim::{read_exit, ExitRecord, ShimHandle};
+use bazaar_runtime::Run;
+use bazaar_shim::ExitRecord;
 use bazaar_types::event::{EventRequest, ExitEvent, MachineEvent};
 use bazaar_types::state::MachineState;
 use bazaar_types::{now_ms, rfc3339};
@@ -32,7 +33,7 @@ pub fn spawn_actor(
     agent: &Agent,
     rec: MachineRecord,
     ops: Vec<Operation>,
-    run: Option<ShimHandle>,
+    run: Option<Box<dyn Run>>,
 ) {
     let (tx, rx) = mpsc::unbounded_channel();
     agent
@@ -56,7 +57,7 @@ struct Actor {
     id: String,
     queue: VecDeque<Operation>,
     /// The live run, if any.
-    run: Option<ShimHandle>,
+    run: Option<Box<dyn Run>>,
     rx: mpsc::UnboundedReceiver<ActorMsg>,
 }
 
@@ -228,15 +229,19 @@ impl Actor {
     }
 
     fn exit_of(&self, run_id: u64) -> Exit {
-        let run_dir = self.agent.0.driver.run_dir(&self.id, run_id);
-        let record = read_exit(&run_dir).unwrap_or_else(|| ExitRecord {
-            run_id,
-            exit_code: None,
-            signal: Some(9),
-            oom_killed: false,
-            exited_at_ms: now_ms(),
-            error: Some("the machine's supervisor (shim) was lost".into()),
-        });
+        let record = self
+            .agent
+            .0
+            .machine_driver
+            .exit_record(&self.id, run_id)
+            .unwrap_or_else(|| ExitRecord {
+                run_id,
+                exit_code: None,
+                signal: Some(9),
+                oom_killed: false,
+                exited_at_ms: now_ms(),
+                error: Some("the machine's supervisor (shim) was lost".into()),
+            });
         Exit { run_id, record }
     }
 
@@ -529,8 +534,7 @@ pub async fn stop_all_for_host_shutdown(agent: &Agent) {
         let Some(run) = rec.run.filter(|r| r.run_id > rec.exit_handled_run) else {
             continue;
         };
-        let run_dir = agent.0.driver.run_dir(&rec.id, run.run_id);
-        if let Ok(Some(h)) = ShimHandle::adopt(&run_dir) {
+        if let Ok(Some(h)) = agent.0.machine_driver.adopt(&rec.id, run.run_id) {
             rec.host_shutdown_run = Some(run.run_id);
             b.machine(&rec);
             let (signal, timeout) = rec.config.stop_signal_and_timeout();

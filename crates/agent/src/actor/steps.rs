@@ -6,16 +6,13 @@
 use super::{exit_event, Actor, Exit};
 use crate::record::{MachineRecord, OpKind, Operation, RunInfo};
 use crate::store::Batch;
-use bazaar_shim::{read_exit, ExitRecord, ShimError, ShimHandle};
+use bazaar_runtime::{LaunchReport, RunFound};
+use bazaar_shim::{ExitRecord, ShimError};
 use bazaar_types::event::MachineEvent;
 use bazaar_types::now_ms;
 use bazaar_types::signal::Signal;
 use bazaar_types::state::MachineState;
 use std::time::Duration;
-
-/// How long a spawned-but-silent run directory is given before we assume its shim never
-/// started (an agent killed in the middle of spawning).
-const SPAWN_GRACE: Duration = Duration::from_secs(2);
 
 impl Actor {
     pub(super) async fn step_launch(
@@ -50,10 +47,9 @@ impl Actor {
                 }
             }
         }
-        let driver = self.agent.0.driver.clone();
-        let run_dir = driver.run_dir(&self.id, run_id);
+        let driver = self.agent.0.machine_driver.clone();
         // Idempotence: the run may already exist (we crashed after spawning it).
-        let handle = match self.find_run(&run_dir).await {
+        let handle = match driver.find_run(&self.id, run_id).await {
             RunFound::Alive(h) => Ok(h),
             RunFound::Ended => {
                 // It started and ended while the agent was down; record the start, and the
@@ -64,7 +60,10 @@ impl Actor {
                     workload_pid: 0,
                     started_at_ms: now_ms(),
                 });
-                if let Some(exit) = read_exit(&run_dir).filter(|e| e.error.is_some()) {
+                if let Some(exit) = driver
+                    .exit_record(&self.id, run_id)
+                    .filter(|e| e.error.is_some())
+                {
                     return self.launch_failed(rec, run_id, exit, b);
                 }
                 rec.state = MachineState::Started;
@@ -89,21 +88,20 @@ impl Actor {
                     };
                     return self.launch_failed(rec, run_id, exit, b);
                 }
-                let mut events = Vec::new();
-                let mut image = None;
+                let mut report = LaunchReport::default();
                 let launched = match self.agent.app_secret_env(&rec.app) {
                     Ok(secret_env) => {
                         driver
-                            .launch(rec, run_id, &secret_env, &mut events, &mut image)
+                            .launch(&rec.workload(), run_id, &secret_env, &mut report)
                             .await
                     }
                     Err(err) => Err(ShimError::Launch(err.to_string())),
                 };
-                for e in events {
+                for e in report.events {
                     b.event(rec, e);
                 }
-                if image.is_some() {
-                    rec.image_ref = image;
+                if report.image.is_some() {
+                    rec.image_ref = report.image;
                 }
                 launched
             }
@@ -132,7 +130,7 @@ impl Actor {
                     ShimError::Launch(m) => m,
                     other => other.to_string(),
                 };
-                let exit = read_exit(&run_dir).unwrap_or(ExitRecord {
+                let exit = driver.exit_record(&self.id, run_id).unwrap_or(ExitRecord {
                     run_id,
                     exit_code: None,
                     signal: None,
@@ -169,32 +167,6 @@ impl Actor {
         );
         b.event(rec, ev);
         StepOutcome::Abort
-    }
-
-    async fn find_run(&self, run_dir: &std::path::Path) -> RunFound {
-        loop {
-            if read_exit(run_dir).is_some() {
-                return RunFound::Ended;
-            }
-            match ShimHandle::adopt(run_dir) {
-                Ok(Some(h)) => return RunFound::Alive(h),
-                Ok(None) => {}
-                Err(err) => {
-                    tracing::warn!(machine.id = %self.id, error = %err, "adopting run");
-                }
-            }
-            // A spec written moments ago may belong to a shim that is still starting.
-            let age = std::fs::metadata(run_dir.join("spec.json"))
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok());
-            match age {
-                Some(age) if age < SPAWN_GRACE => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                _ => return RunFound::None,
-            }
-        }
     }
 
     /// The stop signal and timeout of `op`: an update stops the workload that runs, so it
@@ -285,7 +257,7 @@ impl Actor {
         if let Err(err) = self.agent.detach_volumes(&self.id).await {
             tracing::error!(machine.id = %self.id, error = %err, "detaching volumes");
         }
-        self.agent.0.driver.cleanup(&self.id).await;
+        self.agent.0.machine_driver.destroy(&self.id).await;
         self.agent.release_ports(rec);
         rec.state = MachineState::Destroyed;
         rec.destroyed_at_ms = Some(now_ms());
@@ -323,10 +295,4 @@ pub(super) enum StepOutcome {
     Continue,
     /// The operation cannot go on (launch failed): finish it here.
     Abort,
-}
-
-enum RunFound {
-    Alive(ShimHandle),
-    Ended,
-    None,
 }

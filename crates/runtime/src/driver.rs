@@ -6,9 +6,9 @@
 //! `rootfs/` (an image machine's root), `output.log` (stdout/stderr), `runs/<run_id>/`
 //! (one shim's files).
 
+use crate::lifecycle::{LaunchReport, MachineDriver, Run, RunFound, Workload};
 use crate::network::LazyNetwork;
 use crate::oci::OciRuntime;
-use crate::record::MachineRecord;
 use bazaar_shim::{Sandbox, ShimError, ShimHandle, ShimSpec};
 use bazaar_types::event::MachineEvent;
 use bazaar_types::machine::ImageRef;
@@ -85,34 +85,34 @@ impl Driver {
 
     /// The environment every workload gets: the machine's env and its identity
     /// (`FLY_*`/`BAZAAR_*`: machine id, app, region, private address, version).
-    pub fn machine_env(&self, rec: &MachineRecord) -> BTreeMap<String, String> {
+    pub fn machine_env(&self, rec: &Workload<'_>) -> BTreeMap<String, String> {
         let mut env: BTreeMap<String, String> = rec.config.env.clone();
         let private_ip = rec
             .private_ip
             .map(|ip| ip.to_string())
             .unwrap_or_else(|| "127.0.0.1".into());
         for prefix in ["BAZAAR", "FLY"] {
-            env.insert(format!("{prefix}_MACHINE_ID"), rec.id.clone());
-            env.insert(format!("{prefix}_APP_NAME"), rec.app.clone());
-            env.insert(format!("{prefix}_REGION"), rec.region.clone());
+            env.insert(format!("{prefix}_MACHINE_ID"), rec.id.to_owned());
+            env.insert(format!("{prefix}_APP_NAME"), rec.app.to_owned());
+            env.insert(format!("{prefix}_REGION"), rec.region.to_owned());
             env.insert(format!("{prefix}_PRIVATE_IP"), private_ip.clone());
         }
-        env.insert("FLY_MACHINE_VERSION".into(), rec.instance_id.clone());
-        env.insert("BAZAAR_INSTANCE_ID".into(), rec.instance_id.clone());
-        env.insert("FLY_ALLOC_ID".into(), rec.id.clone());
+        env.insert("FLY_MACHINE_VERSION".into(), rec.instance_id.to_owned());
+        env.insert("BAZAAR_INSTANCE_ID".into(), rec.instance_id.to_owned());
+        env.insert("FLY_ALLOC_ID".into(), rec.id.to_owned());
         env.insert("BAZAAR_HOST_ID".into(), self.host_id.clone());
         env
     }
 
     /// Builds the spec for run `run_id` of process machine `rec`.
-    pub fn spec(&self, rec: &MachineRecord, run_id: u64) -> ShimSpec {
+    pub fn spec(&self, rec: &Workload<'_>, run_id: u64) -> ShimSpec {
         let argv = rec
             .config
             .init
             .as_ref()
             .map(|i| i.argv())
             .unwrap_or_default();
-        let workdir = self.machine_dir(&rec.id).join("work");
+        let workdir = self.machine_dir(rec.id).join("work");
         let sandbox = self.sandbox(rec);
         let mut env: BTreeMap<String, String> = BTreeMap::new();
         env.insert("PATH".into(), DEFAULT_PATH.into());
@@ -136,7 +136,7 @@ impl Driver {
         }
         // A sandboxed machine has its volume at `mounts[0].path`; one that is not (the
         // agent is not root) reaches it at its host path.
-        if let Ok(Some(mount)) = bazaar_types::volume::mount_of(&rec.config) {
+        if let Ok(Some(mount)) = bazaar_types::volume::mount_of(rec.config) {
             let path = match &sandbox {
                 Some(_) => PathBuf::from(&mount.path),
                 None => self.volumes.mount_path(&mount.volume),
@@ -146,7 +146,7 @@ impl Driver {
             env.insert("BAZAAR_VOLUME_MOUNT_PATH".into(), mount.path);
         }
         ShimSpec {
-            machine_id: rec.id.clone(),
+            machine_id: rec.id.to_owned(),
             run_id,
             argv,
             env: env.into_iter().collect(),
@@ -156,27 +156,27 @@ impl Driver {
                 (Some(_), Some(uid)) => Some(format!("{uid}:{uid}")),
                 _ => rec.config.init.as_ref().and_then(|i| i.user.clone()),
             },
-            hostname: rec.id.clone(),
+            hostname: rec.id.to_owned(),
             isolate: self.isolate,
             memory_mb: rec.resources.memory_mb,
             cpus: rec.resources.cpus as f64,
-            cgroup: self.cgroup(&rec.id),
-            log_path: self.log_path(&rec.id),
+            cgroup: self.cgroup(rec.id),
+            log_path: self.log_path(rec.id),
             log_max_bytes: self.log_max_bytes,
             sandbox,
         }
     }
 
     /// A process machine's sandbox: on an isolating (root) agent, for a machine with its own
-    /// uid ([`crate::identity`]; records from before uids were recorded have none).
-    fn sandbox(&self, rec: &MachineRecord) -> Option<Sandbox> {
+    /// uid (records from before uids were recorded have none).
+    fn sandbox(&self, rec: &Workload<'_>) -> Option<Sandbox> {
         rec.uid.filter(|_| self.isolate)?;
         let user = rec.config.init.as_ref().and_then(|i| i.user.as_deref());
         let user_name = user
             .map(|u| u.split(':').next().unwrap_or(u))
             .filter(|name| name.parse::<u32>().is_err() && !name.is_empty())
             .unwrap_or("machine");
-        let binds = match bazaar_types::volume::mount_of(&rec.config) {
+        let binds = match bazaar_types::volume::mount_of(rec.config) {
             Ok(Some(mount)) => vec![(
                 self.volumes.mount_path(&mount.volume),
                 PathBuf::from(mount.path),
@@ -195,12 +195,12 @@ impl Driver {
 
     /// Whether a process machine asked for root (allowed by the operator, or it would not
     /// have been accepted).
-    fn runs_as_root(&self, rec: &MachineRecord) -> bool {
+    fn runs_as_root(&self, rec: &Workload<'_>) -> bool {
         rec.config
             .init
             .as_ref()
             .and_then(|i| i.user.as_deref())
-            .is_some_and(crate::identity::is_root_user)
+            .is_some_and(is_root_user)
     }
 
     /// Starts run `run_id` of `rec` with its app's secrets (`secret_env`, which win over
@@ -209,13 +209,13 @@ impl Driver {
     /// machine's must be in its bundle's `config.json` (0600) for runc.
     pub async fn launch(
         &self,
-        rec: &MachineRecord,
+        rec: &Workload<'_>,
         run_id: u64,
         secret_env: &[(String, String)],
         events: &mut Vec<MachineEvent>,
         image: &mut Option<ImageRef>,
     ) -> Result<ShimHandle, ShimError> {
-        let run_dir = self.run_dir(&rec.id, run_id);
+        let run_dir = self.run_dir(rec.id, run_id);
         std::fs::create_dir_all(&run_dir)
             .map_err(|e| ShimError::Io(format!("creating {}", run_dir.display()), e))?;
         if rec.config.driver() == "oci" {
@@ -230,13 +230,13 @@ impl Driver {
                 .network
                 .as_ref()
                 .and_then(|n| n.ready())
-                .map(|n| crate::dns::resolv_conf(n.subnet.gateway()));
+                .map(|n| crate::network::resolv_conf(n.subnet.gateway()));
         }
         match rec.uid.filter(|_| spec.sandbox.is_some()) {
             Some(uid) => self.give_to_machine_user(rec, uid)?,
             None => self.give_volume_to_workload(rec),
         }
-        let files = work_files(&rec.config).map_err(ShimError::Spec)?;
+        let files = work_files(rec.config).map_err(ShimError::Spec)?;
         if !files.is_empty() {
             let (workdir, user) = (spec.workdir.clone(), spec.user.clone());
             tokio::task::spawn_blocking(move || {
@@ -265,7 +265,7 @@ impl Driver {
     /// the machine's cgroup; it is started once runc has created the container.
     async fn launch_image(
         &self,
-        rec: &MachineRecord,
+        rec: &Workload<'_>,
         run_id: u64,
         run_dir: &Path,
         secret_env: &[(String, String)],
@@ -276,17 +276,17 @@ impl Driver {
             .oci
             .as_ref()
             .map_err(|e| ShimError::Launch(e.clone()))?;
-        let volume = match bazaar_types::volume::mount_of(&rec.config) {
+        let volume = match bazaar_types::volume::mount_of(rec.config) {
             Ok(Some(m)) => Some((self.volumes.mount_path(&m.volume), m.path)),
             _ => None,
         };
-        let cgroup = self.image_cgroup(&rec.id);
+        let cgroup = self.image_cgroup(rec.id);
         let mut env = self.machine_env(rec);
         env.extend(secret_env.iter().cloned());
         let prepared = oci
             .prepare(
                 rec,
-                &self.machine_dir(&rec.id),
+                &self.machine_dir(rec.id),
                 run_dir,
                 &cgroup,
                 volume,
@@ -308,7 +308,7 @@ impl Driver {
         let t0 = std::time::Instant::now();
         let handle = ShimHandle::spawn(&self.exe, run_dir, &spec).await?;
         let spawned = t0.elapsed();
-        match crate::oci::wait_created(run_dir, &self.log_path(&rec.id)).await {
+        match crate::oci::wait_created(run_dir, &self.log_path(rec.id)).await {
             Ok(_) => {
                 tracing::debug!(
                     machine.id = %rec.id,
@@ -334,7 +334,7 @@ impl Driver {
     /// or `None` for a process machine.
     pub fn exec_argv(
         &self,
-        rec: &MachineRecord,
+        rec: &Workload<'_>,
         run_id: u64,
         argv: &[String],
     ) -> Option<Vec<String>> {
@@ -342,12 +342,12 @@ impl Driver {
             return None;
         }
         let oci = self.oci.as_ref().ok()?;
-        Some(oci.exec_argv(&self.run_dir(&rec.id, run_id), &rec.id, argv))
+        Some(oci.exec_argv(&self.run_dir(rec.id, run_id), rec.id, argv))
     }
 
     /// A sandboxed machine's work directory and volume belong to its uid alone (mode 0700);
     /// a volume last used by another uid is handed over, with everything in it.
-    fn give_to_machine_user(&self, rec: &MachineRecord, uid: u32) -> Result<(), ShimError> {
+    fn give_to_machine_user(&self, rec: &Workload<'_>, uid: u32) -> Result<(), ShimError> {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let own = |path: &Path, recursive: bool| -> std::io::Result<()> {
             let meta = std::fs::metadata(path)?;
@@ -363,7 +363,7 @@ impl Driver {
             }
             Ok(())
         };
-        let machine_dir = self.machine_dir(&rec.id);
+        let machine_dir = self.machine_dir(rec.id);
         let work = machine_dir.join("work");
         let fail = |path: &Path| {
             let what = format!("giving {} to uid {uid}", path.display());
@@ -373,7 +373,7 @@ impl Driver {
         std::fs::set_permissions(&machine_dir, std::fs::Permissions::from_mode(0o700))
             .map_err(fail(&machine_dir))?;
         own(&work, false).map_err(fail(&work))?;
-        if let Ok(Some(mount)) = bazaar_types::volume::mount_of(&rec.config) {
+        if let Ok(Some(mount)) = bazaar_types::volume::mount_of(rec.config) {
             let path = self.volumes.mount_path(&mount.volume);
             own(&path, true).map_err(fail(&path))?;
         }
@@ -383,13 +383,13 @@ impl Driver {
     /// An isolated workload without `init.user` runs as nobody: the root of its volume, as
     /// made (owned by root), is handed to nobody so the workload can write to it. A volume
     /// root someone already owns is left alone.
-    fn give_volume_to_workload(&self, rec: &MachineRecord) {
+    fn give_volume_to_workload(&self, rec: &Workload<'_>) {
         use std::os::unix::fs::MetadataExt;
         let user_set = rec.config.init.as_ref().is_some_and(|i| i.user.is_some());
         if !self.isolate || user_set {
             return;
         }
-        let Ok(Some(mount)) = bazaar_types::volume::mount_of(&rec.config) else {
+        let Ok(Some(mount)) = bazaar_types::volume::mount_of(rec.config) else {
             return;
         };
         let path = self.volumes.mount_path(&mount.volume);
@@ -420,6 +420,87 @@ impl Driver {
             }
         }
     }
+}
+
+/// How long a spawned-but-silent run directory is given before we assume its shim never
+/// started (an agent killed in the middle of spawning).
+const SPAWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+#[async_trait::async_trait]
+impl MachineDriver for Driver {
+    async fn launch(
+        &self,
+        machine: &Workload<'_>,
+        run_id: u64,
+        secret_env: &[(String, String)],
+        report: &mut LaunchReport,
+    ) -> Result<Box<dyn Run>, ShimError> {
+        let handle = Driver::launch(
+            self,
+            machine,
+            run_id,
+            secret_env,
+            &mut report.events,
+            &mut report.image,
+        )
+        .await?;
+        Ok(Box::new(handle))
+    }
+
+    async fn find_run(&self, id: &str, run_id: u64) -> RunFound {
+        let run_dir = self.run_dir(id, run_id);
+        loop {
+            if bazaar_shim::read_exit(&run_dir).is_some() {
+                return RunFound::Ended;
+            }
+            match ShimHandle::adopt(&run_dir) {
+                Ok(Some(h)) => return RunFound::Alive(Box::new(h)),
+                Ok(None) => {}
+                Err(err) => {
+                    tracing::warn!(machine.id = %id, error = %err, "adopting run");
+                }
+            }
+            // A spec written moments ago may belong to a shim that is still starting.
+            let age = std::fs::metadata(run_dir.join("spec.json"))
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok());
+            match age {
+                Some(age) if age < SPAWN_GRACE => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                _ => return RunFound::None,
+            }
+        }
+    }
+
+    fn adopt(&self, id: &str, run_id: u64) -> Result<Option<Box<dyn Run>>, ShimError> {
+        Ok(ShimHandle::adopt(&self.run_dir(id, run_id))?.map(|h| Box::new(h) as Box<dyn Run>))
+    }
+
+    fn exit_record(&self, id: &str, run_id: u64) -> Option<bazaar_shim::ExitRecord> {
+        bazaar_shim::read_exit(&self.run_dir(id, run_id))
+    }
+
+    async fn destroy(&self, id: &str) {
+        self.cleanup(id).await
+    }
+}
+
+/// Whether `user` (`init.user`: a name or uid, optionally `:group`) means uid 0 on this host.
+pub fn is_root_user(user: &str) -> bool {
+    let name = user.split(':').next().unwrap_or(user);
+    if let Ok(uid) = name.parse::<u32>() {
+        return uid == 0;
+    }
+    if name == "root" {
+        return true;
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    passwd.lines().any(|line| {
+        let mut fields = line.split(':');
+        fields.next() == Some(name) && fields.nth(1) == Some("0")
+    })
 }
 
 /// Checks that the machine's command can run: non-empty, and its program exists and is
@@ -489,7 +570,7 @@ pub fn free_port() -> std::io::Result<u16> {
 /// taken relative to the work directory (`/etc/app.conf` → `$BAZAAR_WORK_DIR/etc/app.conf`;
 /// the work directory is also `HOME` and the workload's cwd). An error says which file is
 /// wrong.
-pub(crate) fn work_files(
+pub fn work_files(
     config: &bazaar_types::config::MachineConfig,
 ) -> Result<Vec<bazaar_shim::WorkFile>, String> {
     use base64::Engine;

@@ -41,9 +41,15 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
 /// Where `ip netns` keeps named namespaces.
-pub(crate) const NETNS_DIR: &str = "/run/netns";
+pub const NETNS_DIR: &str = "/run/netns";
 /// Markers of namespaces that are completely set up (each holds its id range's base).
-pub(crate) const READY_DIR: &str = "/run/bazaar/netns-ready";
+pub const READY_DIR: &str = "/run/bazaar/netns-ready";
+/// The `resolv.conf` of a machine whose network's gateway is `gateway` (the host's
+/// internal DNS listens there).
+pub fn resolv_conf(gateway: Ipv4Addr) -> String {
+    format!("nameserver {gateway}\n")
+}
+
 /// The user namespaces owning them.
 const USERNS_DIR: &str = "/run/bazaar/userns";
 /// Subnets with at most this many machine addresses have all of them in the anti-spoofing
@@ -205,14 +211,14 @@ pub struct Network {
     /// twice); different addresses go in parallel (locks striped by address).
     setup_locks: Arc<Vec<Mutex<()>>>,
     /// The id range of each address (its namespaces' owner).
-    pub(crate) id_ranges: Arc<IdRanges>,
+    pub id_ranges: Arc<IdRanges>,
     /// Namespaces made ahead for the next addresses.
     pool: Arc<Pool>,
 }
 
 /// How many namespaces are kept made ahead: as many as addresses were handed out in the
 /// last [`DEMAND_WINDOW`], at least [`POOL_MIN`] and at most [`POOL_MAX`].
-pub(crate) const POOL_MIN: usize = 4;
+pub const POOL_MIN: usize = 4;
 const POOL_MAX: usize = 64;
 const DEMAND_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
 

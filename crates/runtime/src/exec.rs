@@ -5,7 +5,6 @@
 //! `runc exec`; otherwise directly, with the machine's environment. Output is capped; the
 //! command is killed at its timeout.
 
-use crate::error::AgentError;
 use bazaar_types::host::{ExecRequest, ExecResponse};
 use std::process::Stdio;
 use std::time::Duration;
@@ -16,6 +15,31 @@ const MAX_OUTPUT: usize = 1024 * 1024;
 /// Default and maximum timeouts.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Why a command could not be run to its end.
+#[derive(Debug)]
+pub enum ExecError {
+    /// The request is wrong (no command, a program that cannot be run).
+    Invalid(String),
+    /// Something failed on the host.
+    Internal(String),
+    /// The command did not finish in time (it was killed): `id` names it, `states` what
+    /// it did not do, in the words of the agent's wait timeouts.
+    Timeout { id: String, states: String },
+}
+
+impl std::fmt::Display for ExecError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExecError::Invalid(m) | ExecError::Internal(m) => f.write_str(m),
+            ExecError::Timeout { id, states } => {
+                write!(f, "timeout waiting for {id} to be {states}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ExecError {}
 
 /// Where and how to run.
 #[derive(Debug)]
@@ -30,7 +54,7 @@ pub struct ExecTarget {
 }
 
 /// The argv of a request (`command`, or the deprecated `cmd` string split on spaces).
-pub fn argv(req: &ExecRequest) -> Result<Vec<String>, AgentError> {
+pub fn argv(req: &ExecRequest) -> Result<Vec<String>, ExecError> {
     let argv = if !req.command.is_empty() {
         req.command.clone()
     } else if let Some(cmd) = &req.cmd {
@@ -39,18 +63,16 @@ pub fn argv(req: &ExecRequest) -> Result<Vec<String>, AgentError> {
         Vec::new()
     };
     if argv.is_empty() || argv[0].is_empty() {
-        return Err(AgentError::Invalid("exec needs a command".into()));
+        return Err(ExecError::Invalid("exec needs a command".into()));
     }
     if argv.iter().any(|a| a.contains('\0')) {
-        return Err(AgentError::Invalid(
-            "the command contains a NUL byte".into(),
-        ));
+        return Err(ExecError::Invalid("the command contains a NUL byte".into()));
     }
     Ok(argv)
 }
 
 /// Runs the command.
-pub async fn run(target: &ExecTarget, req: &ExecRequest) -> Result<ExecResponse, AgentError> {
+pub async fn run(target: &ExecTarget, req: &ExecRequest) -> Result<ExecResponse, ExecError> {
     let argv = argv(req)?;
     let timeout = req
         .timeout
@@ -85,7 +107,7 @@ pub async fn run(target: &ExecTarget, req: &ExecRequest) -> Result<ExecResponse,
     .kill_on_drop(true);
     let mut child = cmd
         .spawn()
-        .map_err(|e| AgentError::Invalid(format!("cannot run {:?}: {e}", argv[0])))?;
+        .map_err(|e| ExecError::Invalid(format!("cannot run {:?}: {e}", argv[0])))?;
     if let (Some(input), Some(mut stdin)) = (req.stdin.clone(), child.stdin.take()) {
         tokio::spawn(async move {
             let _ = stdin.write_all(input.as_bytes()).await;
@@ -100,7 +122,7 @@ pub async fn run(target: &ExecTarget, req: &ExecRequest) -> Result<ExecResponse,
     };
     match tokio::time::timeout(timeout, collect).await {
         Ok((stdout, stderr, status)) => {
-            let status = status.map_err(|e| AgentError::Internal(e.to_string()))?;
+            let status = status.map_err(|e| ExecError::Internal(e.to_string()))?;
             use std::os::unix::process::ExitStatusExt;
             Ok(ExecResponse {
                 exit_code: status.code().unwrap_or(-1),
@@ -109,7 +131,7 @@ pub async fn run(target: &ExecTarget, req: &ExecRequest) -> Result<ExecResponse,
                 stderr,
             })
         }
-        Err(_) => Err(AgentError::WaitTimeout {
+        Err(_) => Err(ExecError::Timeout {
             id: format!("exec of {:?}", argv[0]),
             states: format!("finished within {}s", timeout.as_secs()),
         }),

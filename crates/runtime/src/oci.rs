@@ -2,7 +2,7 @@
 //! makes sure the image is in the store (pulling it, with progress in the machine's
 //! events), gives the machine a fresh root filesystem from it (overlayfs), writes
 //! `config.files`, `/etc/hosts`, `/etc/hostname` and `/etc/resolv.conf` (the internal
-//! DNS on the gateway: [`crate::dns`]) into it, attaches the machine's network
+//! DNS on the gateway: the agent's) into it, attaches the machine's network
 //! namespace ([`crate::network`]), and writes an OCI bundle whose `config.json` says what
 //! runs and how: the image's process merged with `config.init`/`env` (Fly's rules), user,
 //! pid, mount, ipc, uts, cgroup and network namespaces, Docker's default capabilities less
@@ -28,8 +28,8 @@
 //! again at `/run/bazaar/<host id>/rootfs/<id>`.
 
 use crate::idranges::{IdRanges, RANGE_SIZE};
+use crate::lifecycle::Workload;
 use crate::network::LazyNetwork;
-use crate::record::MachineRecord;
 use bazaar_image::{Auth, IdMap, ImageStore, PullPhase, Reference};
 use bazaar_types::event::MachineEvent;
 use bazaar_types::machine::ImageRef;
@@ -62,14 +62,48 @@ const CAPABILITIES: &[&str] = &[
     "CAP_AUDIT_WRITE",
 ];
 
+/// The agent's settings for image machines (its config's fields of the same names).
+#[derive(Debug, Clone, Copy)]
+pub struct OciSettings<'a> {
+    pub data_dir: &'a Path,
+    pub insecure_registries: &'a [String],
+    pub machine_subnet: Option<&'a str>,
+    pub machine_nat: bool,
+    pub runc: Option<&'a Path>,
+    pub registry_auth: &'a [String],
+}
+
+/// When each image (by reference) was last pulled, imported or launched on this host.
+#[derive(Debug, Default)]
+pub struct LastUse(Mutex<std::collections::HashMap<String, Instant>>);
+
+impl LastUse {
+    /// Records a use of `reference` now.
+    pub fn touch(&self, reference: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(reference.to_string(), Instant::now());
+    }
+
+    /// How long `reference` has not been used.
+    pub fn idle_for(&self, reference: &str) -> Duration {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // An image found on disk (after a restart) counts as used now.
+        map.entry(reference.to_string())
+            .or_insert_with(Instant::now)
+            .elapsed()
+    }
+}
+
 /// What this host needs to run image machines.
 #[derive(Debug, Clone)]
 pub struct OciRuntime {
     pub runc: PathBuf,
     pub images: ImageStore,
     pub network: Arc<LazyNetwork>,
-    /// When each image was last used here (for pruning, [`crate::images`]).
-    pub last_use: Arc<crate::images::LastUse>,
+    /// When each image was last used here (for pruning by the agent).
+    pub last_use: Arc<LastUse>,
     /// Credentials by registry host (`--registry-auth`); others are pulled anonymously.
     pub credentials: BTreeMap<String, Auth>,
     /// `/run/bazaar/<host id>`: what runc must reach as a machine's root (its rootfs).
@@ -172,7 +206,7 @@ impl OciRuntime {
     /// The OCI runtime of an agent, or why it has none (not root, no cgroups, no runc, a
     /// bad setting).
     pub fn for_agent(
-        config: &crate::config::AgentConfig,
+        config: &OciSettings<'_>,
         host_id: &str,
         cgroups: bool,
     ) -> Result<Arc<OciRuntime>, String> {
@@ -182,31 +216,24 @@ impl OciRuntime {
         let images = bazaar_image::ImageStore::open(
             config.data_dir.join("images"),
             bazaar_image::StoreOptions {
-                insecure_registries: config.insecure_registries.clone(),
+                insecure_registries: config.insecure_registries.to_vec(),
                 copy_rootfs: false,
             },
         )
         .map_err(|e| format!("opening the image store: {e}"))?;
         let subnet = config
             .machine_subnet
-            .as_deref()
             .map(str::parse::<crate::network::Subnet>)
             .transpose()?;
         let network = crate::network::LazyNetwork::new(
-            &config.data_dir,
+            config.data_dir,
             host_id,
             subnet,
             config.machine_nat,
             Arc::new(IdRanges::new(host_id)),
         );
-        OciRuntime::detect(
-            host_id,
-            config.runc.as_deref(),
-            &config.registry_auth,
-            images,
-            network,
-        )
-        .map(Arc::new)
+        OciRuntime::detect(host_id, config.runc, config.registry_auth, images, network)
+            .map(Arc::new)
     }
 
     /// Everything a run needs before the shim starts: image, rootfs, files, network,
@@ -215,7 +242,7 @@ impl OciRuntime {
     /// step rebuilds it all).
     pub async fn prepare(
         &self,
-        rec: &MachineRecord,
+        rec: &Workload<'_>,
         machine_dir: &Path,
         run_dir: &Path,
         cgroup: &str,
@@ -262,7 +289,7 @@ impl OciRuntime {
         let gateway = self.network.get()?.subnet.gateway();
         // Every run starts from the image as it is: what a run wrote to its root
         // filesystem is gone at the next start (volumes are for data that must stay).
-        let exposed = self.exposed_rootfs(&rec.id);
+        let exposed = self.exposed_rootfs(rec.id);
         unexpose_rootfs(&exposed)?;
         self.images
             .remove_rootfs(machine_dir)
@@ -298,7 +325,7 @@ impl OciRuntime {
         write_in_root(
             &root,
             "/etc/resolv.conf",
-            crate::dns::resolv_conf(gateway).as_bytes(),
+            crate::network::resolv_conf(gateway).as_bytes(),
             0o644,
         )?;
         for f in &rec.config.files {
@@ -330,7 +357,7 @@ impl OciRuntime {
         std::fs::create_dir_all(&bundle)
             .map_err(|e| format!("creating {}: {e}", bundle.display()))?;
         let spec = bundle_config(&BundleInputs {
-            hostname: &rec.id,
+            hostname: rec.id,
             rootfs: &exposed,
             ids,
             args: &process.args,
@@ -355,7 +382,7 @@ impl OciRuntime {
             "image machine prepared"
         );
         Ok(Prepared {
-            argv: self.run_argv(run_dir, &rec.id, &bundle),
+            argv: self.run_argv(run_dir, rec.id, &bundle),
             events,
             image_ref: image_ref(&reference, Some(&image)),
         })

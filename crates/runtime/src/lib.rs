@@ -1,0 +1,23 @@
+//! The host plumbing of bazaar machines on Linux, below the agent: how a workload is
+//! launched, supervised and removed, with nothing of the agent's store, market or API.
+//! The agent hands each call what it needs ([`Workload`], paths, settings).
+//!
+//! - [`lifecycle`]: the interface the agent's actors call ([`MachineDriver`], [`Run`]) and
+//!   the borrowed view of a machine it takes ([`Workload`]).
+//! - [`driver`]: the real driver (command, environment, ports, shims) of process and image
+//!   machines; [`oci`] prepares image machines (image, rootfs, bundle, `runc`) and
+//!   [`network`] gives each one a network namespace on the host's bridge (wired by
+//!   [`netlink`] requests; user namespace id ranges from [`idranges`]).
+//! - [`volume_fs`]: volumes' storage (ext4 images on loop devices, or directories).
+//! - [`exec`]: running a command inside a machine.
+
+pub mod driver;
+pub mod exec;
+pub mod idranges;
+pub mod lifecycle;
+pub mod netlink;
+pub mod network;
+pub mod oci;
+pub mod volume_fs;
+
+pub use lifecycle::{LaunchReport, MachineDriver, Run, RunFound, Workload};
