@@ -39,6 +39,8 @@
 //!   `bazaar dev` on Ctrl-C, leftovers of a killed agent at start).
 //! - [`config`], [`secrets`], [`tokens`] (who calls the API), [`audit`] (what they changed),
 //!   [`fault`], [`error`].
+//! - [`node`]: the agent as the `bazaar_node::Node` the API, proxy, certificates and
+//!   dashboard use.
 //! - [`app_secrets`]: apps' secrets, sealed in the catalog, opened into a workload's env at
 //!   each start.
 //!
@@ -71,6 +73,7 @@ pub mod market;
 pub mod mesh;
 pub mod netlink;
 pub mod network;
+pub mod node;
 pub mod oci;
 pub mod ps;
 pub mod publish;

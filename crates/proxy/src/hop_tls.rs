@@ -1,5 +1,5 @@
 //! The hop between proxies over mTLS, used when this host and the machine's host both have
-//! a certificate of the cluster CA (`bazaar_agent::host_tls`).
+//! a certificate of the cluster CA ([`bazaar_node::HostLink`]).
 //!
 //! - The owner side: a hop listener of the proxy's own (`--proxy-hop-listen`, published
 //!   as the host label `proxy_hop_addr`), one SO_REUSEPORT socket per proxy thread. Its
@@ -39,13 +39,13 @@ pub(crate) struct HopTls {
 }
 
 impl HopTls {
-    pub(crate) fn new(tls: &bazaar_agent::host_tls::HostTls) -> anyhow::Result<HopTls> {
+    pub(crate) fn new(
+        identity: &bazaar_pki::IdentityHandle,
+        ca_pem: &str,
+    ) -> anyhow::Result<HopTls> {
         Ok(HopTls {
-            connector: TlsConnector::from(bazaar_pki::client_config(&tls.identity, &tls.ca_pem)?),
-            acceptor: TlsAcceptor::from(bazaar_pki::peer_server_config(
-                &tls.identity,
-                &tls.ca_pem,
-            )?),
+            connector: TlsConnector::from(bazaar_pki::client_config(identity, ca_pem)?),
+            acceptor: TlsAcceptor::from(bazaar_pki::peer_server_config(identity, ca_pem)?),
         })
     }
 }
