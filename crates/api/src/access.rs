@@ -1,5 +1,5 @@
 //! Who may do what on the Machines API: every request's token is checked once
-//! ([`bazaar_agent::Agent::caller`]: the cluster secret, a token-file token, or a scoped token
+//! ([`bazaar_node::Node::caller`]: the cluster secret, a token-file token, or a scoped token
 //! verified offline), its route mapped to an app and an operation ([`route_access`]), and
 //! the token's scope asked ([`bazaar_node::Caller::authorize`]). A token scoped to
 //! other apps gets 404 (as if the app did not exist), one that does not allow the operation

@@ -1,7 +1,7 @@
 //! `/v1/apps/{app}/secrets`: an app's secrets, in the shapes of Fly's Machines API (names,
 //! digests and times; values are write-only and never answered). Set and unset on any node:
 //! the node seals the value and publishes it as a catalog row of its own
-//! ([`bazaar_agent::app_secrets`]). Request bodies are parsed by hand so that no error
+//! (`bazaar_agent::app_secrets`). Request bodies are parsed by hand so that no error
 //! message can quote a value.
 
 use crate::error::ApiError;

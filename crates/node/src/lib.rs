@@ -161,3 +161,100 @@ impl NodeHandle {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node with nothing behind it but a shutdown token: what `drain` needs.
+    #[derive(Debug, Default)]
+    struct Bare {
+        shutdown: CancellationToken,
+        config: Option<NodeConfig>,
+    }
+
+    impl Node for Bare {
+        fn host_id(&self) -> &str {
+            "h_bare"
+        }
+        fn config(&self) -> &NodeConfig {
+            self.config.as_ref().expect("not read by drain")
+        }
+        fn catalog(&self) -> Option<&Catalog> {
+            None
+        }
+        fn cluster_secret(&self) -> &str {
+            ""
+        }
+        fn host_link(&self) -> Option<&HostLink> {
+            None
+        }
+        fn shutdown_token(&self) -> CancellationToken {
+            self.shutdown.clone()
+        }
+        fn caller(&self, _: &str) -> Result<Caller, bazaar_auth::Denied> {
+            Err(bazaar_auth::Denied::Invalid("bare".into()))
+        }
+        fn record_audit(&self, _: &AuditEntry) {}
+        fn validate_config(&self, _: &MachineConfig) -> Result<Resources, NodeError> {
+            Err(NodeError::new(axum::http::StatusCode::BAD_REQUEST, "bare"))
+        }
+        fn app_secrets(&self, _: &str) -> Vec<SecretRecord> {
+            Vec::new()
+        }
+        fn set_app_secrets(
+            &self,
+            _: &str,
+            _: &[(String, Option<String>)],
+        ) -> Result<Vec<SecretRecord>, secrets::SecretError> {
+            Err(secrets::SecretError::NoCatalog)
+        }
+        fn secrets_version_header(&self, _: &str) -> Option<String> {
+            None
+        }
+        fn start_machine<'a>(&'a self, _: &'a str) -> NodeFuture<'a, Result<(), NodeError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn suspend_machine<'a>(&'a self, _: &'a str) -> NodeFuture<'a, Result<(), NodeError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn stop_machine<'a>(&'a self, _: &'a str) -> NodeFuture<'a, Result<(), NodeError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn has_machine<'a>(&'a self, _: &'a str) -> NodeFuture<'a, Result<(), NodeError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn set_proxy_addrs(&self, _: SocketAddr, _: Option<SocketAddr>) -> NodeFuture<'_, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    #[tokio::test]
+    async fn drain_cancels_the_token_and_waits_for_every_tracked_task() {
+        let node = NodeHandle::new(Arc::new(Bare::default()));
+        let finished = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for _ in 0..3 {
+            let (token, finished) = (node.shutdown_token(), finished.clone());
+            node.spawn(async move {
+                token.cancelled().await;
+                // Work after the cancellation (flushing, releasing) is waited for too.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                finished.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+        assert_eq!(node.drain(Duration::from_secs(5)).await, 0);
+        assert_eq!(finished.load(std::sync::atomic::Ordering::SeqCst), 3);
+        assert!(node.shutdown_token().is_cancelled());
+    }
+
+    #[tokio::test]
+    async fn drain_is_bounded_and_counts_the_tasks_left() {
+        let node = NodeHandle::new(Arc::new(Bare::default()));
+        node.spawn(async { tokio::time::sleep(Duration::from_secs(3600)).await });
+        let (token, clone) = (node.shutdown_token(), node.clone());
+        clone.spawn(async move { token.cancelled().await });
+        let t0 = std::time::Instant::now();
+        assert_eq!(node.drain(Duration::from_millis(100)).await, 1);
+        assert!(t0.elapsed() < Duration::from_secs(2));
+    }
+}
