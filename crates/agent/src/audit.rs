@@ -10,7 +10,6 @@ use crate::error::AgentError;
 use axum::extract::{Path as UrlPath, State};
 use axum::routing::get;
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -18,29 +17,7 @@ use std::sync::Mutex;
 /// Size past which `audit.log` is rotated.
 pub const ROTATE_BYTES: u64 = 4 * 1024 * 1024;
 
-/// One change, as recorded.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AuditEntry {
-    /// When it was answered (RFC 3339).
-    pub time: String,
-    /// Unix milliseconds of `time` (for ordering entries of several hosts).
-    pub time_ms: u64,
-    /// Who: the scoped token's id, `token-file:<hash prefix>` or `cluster-secret`.
-    pub token_id: String,
-    pub method: String,
-    pub path: String,
-    /// The app it concerns (none for calls about no app).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub app: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub machine_id: Option<String>,
-    /// The client's address as this host saw it.
-    pub peer: String,
-    /// The answer's HTTP status (refusals are recorded too).
-    pub status: u16,
-    /// The host that handled it.
-    pub host_id: String,
-}
+pub use bazaar_node::AuditEntry;
 
 /// The append-only, rotated audit file of one host.
 #[derive(Debug)]

@@ -27,9 +27,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-/// The verified host id of the peer of a request on the host listener.
-#[derive(Debug, Clone)]
-pub struct PeerHost(pub String);
+pub use bazaar_node::host_link::{HostLink, PeerHost, HOST_ADDR_LABEL};
 
 /// This host's identity in use.
 #[derive(Clone)]
@@ -552,68 +550,6 @@ fn not_the_ca() -> AgentError {
     AgentError::NotFound("this host does not hold the cluster CA".into())
 }
 
-/// The host label under which a host publishes its host listener's address.
-pub const HOST_ADDR_LABEL: &str = "host_addr";
-
-/// How this host reaches other hosts' host listeners: its address (published) and an mTLS
-/// client that presents this host's certificate and resolves `<host id>.hosts.bazaar.internal`
-/// from the catalog, so the server's certificate is checked against the host meant.
-#[derive(Debug, Clone)]
-pub struct HostLink {
-    /// This host's host listener.
-    pub addr: SocketAddr,
-    /// The client to other hosts (no bearer token: the certificate is the credential).
-    pub client: reqwest::Client,
-    /// This host's identity, for the other links between hosts (the proxy's hops).
-    pub tls: HostTls,
-    catalog: bazaar_catalog::Catalog,
-}
-
-impl HostLink {
-    /// The URL of `path` on the host whose API address is `api_addr`, if that host serves a
-    /// host listener.
-    pub fn url_for(&self, api_addr: &str, path: &str) -> Option<String> {
-        let host = self
-            .catalog
-            .hosts()
-            .into_iter()
-            .find(|h| h.record.api_addr == api_addr)?;
-        let addr: SocketAddr = host.record.labels.get(HOST_ADDR_LABEL)?.parse().ok()?;
-        Some(format!(
-            "https://{}:{}{path}",
-            bazaar_pki::host_dns_name(&host.record.id),
-            addr.port()
-        ))
-    }
-}
-
-/// Resolves host names of host certificates to the host listeners the catalog knows.
-struct CatalogResolver(bazaar_catalog::Catalog);
-
-impl reqwest::dns::Resolve for CatalogResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let addr = name
-            .as_str()
-            .strip_suffix(bazaar_pki::HOST_NAME_SUFFIX)
-            .and_then(|id| id.strip_suffix('.'))
-            .and_then(|id| self.0.host(id))
-            .and_then(|h| {
-                h.record
-                    .labels
-                    .get(HOST_ADDR_LABEL)?
-                    .parse::<SocketAddr>()
-                    .ok()
-            });
-        let name = name.as_str().to_string();
-        Box::pin(async move {
-            match addr {
-                Some(addr) => Ok(Box::new(std::iter::once(addr)) as reqwest::dns::Addrs),
-                None => Err(format!("no host listener known for {name}").into()),
-            }
-        })
-    }
-}
-
 impl HostTls {
     /// The link of this host, serving at `addr`, to the others the catalog knows.
     pub fn link(
@@ -621,19 +557,7 @@ impl HostTls {
         addr: SocketAddr,
         catalog: bazaar_catalog::Catalog,
     ) -> anyhow::Result<HostLink> {
-        let config = bazaar_pki::client_config(&self.identity, &self.ca_pem)?;
-        let client = reqwest::Client::builder()
-            .use_preconfigured_tls((*config).clone())
-            .dns_resolver(Arc::new(CatalogResolver(catalog.clone())))
-            .pool_max_idle_per_host(32)
-            .connect_timeout(Duration::from_millis(500))
-            .build()?;
-        Ok(HostLink {
-            addr,
-            client,
-            tls: self.clone(),
-            catalog,
-        })
+        HostLink::new(addr, self.identity.clone(), self.ca_pem.clone(), catalog)
     }
 }
 

@@ -42,6 +42,8 @@
 //!   `bazaar dev` on Ctrl-C, leftovers of a killed agent at start).
 //! - [`config`], [`secrets`], [`tokens`] (who calls the API), [`audit`] (what they changed),
 //!   [`fault`], [`error`].
+//! - [`node`]: the agent as the `bazaar_node::Node` the API, proxy, certificates and
+//!   dashboard use.
 //! - [`app_secrets`]: apps' secrets, sealed in the catalog, opened into a workload's env at
 //!   each start.
 //!
@@ -70,6 +72,7 @@ pub mod ledger_dump;
 pub mod market;
 pub mod mesh;
 pub mod metrics;
+pub mod node;
 pub mod ps;
 pub mod publish;
 pub mod record;

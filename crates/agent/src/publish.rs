@@ -9,8 +9,7 @@ use bazaar_types::state::MachineState;
 use std::collections::BTreeMap;
 use tokio::sync::watch;
 
-/// The host label naming the proxy's hop listener (mTLS), when the host has a certificate.
-pub const PROXY_HOP_ADDR_LABEL: &str = "proxy_hop_addr";
+pub use bazaar_node::host_link::PROXY_HOP_ADDR_LABEL;
 
 impl Agent {
     /// Attaches the catalog and publishes this host and all its machines to it (with

@@ -6,6 +6,8 @@ use crate::config::AgentConfig;
 use std::collections::BTreeSet;
 use std::path::Path;
 
+pub use bazaar_node::secrets::{constant_time_eq, write_private};
+
 /// The cluster secret: from the config (inline, else its `cluster_secret_file`), else
 /// `data_dir/cluster-secret` (created once).
 pub fn cluster_secret(config: &AgentConfig) -> anyhow::Result<String> {
@@ -141,31 +143,6 @@ fn record_revoked(path: &Path, token: Option<&str>, name: &str) -> anyhow::Resul
         out.push('\n');
     }
     write_private(path, &out)
-}
-
-/// Writes a file readable by its owner only.
-pub fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(contents.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    Ok(())
-}
-
-/// Compares two byte strings without leaking where they differ.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

@@ -5,9 +5,7 @@
 
 use crate::agent::Agent;
 use crate::config::AgentConfig;
-use bazaar_auth::{Access, Denied, Verified, Verifier};
-use std::sync::Arc;
-use std::time::SystemTime;
+use bazaar_auth::{Denied, Verifier};
 
 /// The verifier of scoped tokens, if this agent has the cluster's public token key.
 pub(crate) fn verifier(config: &AgentConfig) -> anyhow::Result<Option<Verifier>> {
@@ -24,40 +22,7 @@ pub(crate) fn verifier(config: &AgentConfig) -> anyhow::Result<Option<Verifier>>
     .transpose()
 }
 
-/// The credential a request came with.
-#[derive(Debug, Clone)]
-pub enum Caller {
-    /// The cluster secret (other nodes, operators): may do everything.
-    ClusterSecret,
-    /// Another host, by the cluster certificate the host listener verified (the API's
-    /// calls between hosts): may do everything, like the cluster secret.
-    Host(String),
-    /// A token of the token file, named by its hash: may do everything.
-    Legacy(String),
-    /// A scoped token: may do what its checks allow.
-    Scoped(Arc<Verified>),
-}
-
-impl Caller {
-    /// Who, in the audit record: the scoped token's id, `token-file:<hash prefix>`,
-    /// `cluster-secret` or `host:<id>`.
-    pub fn id(&self) -> String {
-        match self {
-            Caller::ClusterSecret => "cluster-secret".into(),
-            Caller::Host(id) => format!("host:{id}"),
-            Caller::Legacy(hash) => format!("token-file:{}", &hash[..16]),
-            Caller::Scoped(token) => token.id().to_string(),
-        }
-    }
-
-    /// Whether this caller may do `access` now.
-    pub fn authorize(&self, access: &Access<'_>) -> Result<(), Denied> {
-        match self {
-            Caller::ClusterSecret | Caller::Host(_) | Caller::Legacy(_) => Ok(()),
-            Caller::Scoped(token) => token.authorize(access, SystemTime::now()),
-        }
-    }
-}
+pub use bazaar_node::Caller;
 
 impl Agent {
     /// Who `token` is: a scoped token (signatures checked once and cached, then its

@@ -1,7 +1,7 @@
 //! Who may do what on the Machines API: every request's token is checked once
-//! ([`bazaar_agent::Agent::caller`]: the cluster secret, a token-file token, or a scoped token
+//! ([`bazaar_node::Node::caller`]: the cluster secret, a token-file token, or a scoped token
 //! verified offline), its route mapped to an app and an operation ([`route_access`]), and
-//! the token's scope asked ([`bazaar_agent::tokens::Caller::authorize`]). A token scoped to
+//! the token's scope asked ([`bazaar_node::Caller::authorize`]). A token scoped to
 //! other apps gets 404 (as if the app did not exist), one that does not allow the operation
 //! 403, an invalid, expired or revoked one 401. Every change (any method but `GET`/`HEAD`) by
 //! a known caller is written to this host's audit record with its answer's status.
@@ -11,10 +11,10 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use bazaar_agent::audit::AuditEntry;
-use bazaar_agent::tokens::Caller;
-use bazaar_agent::Agent;
 use bazaar_auth::{Access, Denied, Op};
+use bazaar_node::AuditEntry;
+use bazaar_node::Caller;
+use bazaar_node::NodeHandle;
 
 /// What a route touches: its app and machine (if any) and its operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,13 +89,17 @@ fn machine_op(method: &Method, action: &[&str], has_config: &mut bool) -> Op {
     }
 }
 
-/// The middleware of the Machines API (state: the agent).
-pub async fn require_access(State(agent): State<Agent>, mut req: Request, next: Next) -> Response {
+/// The middleware of the Machines API (state: the node).
+pub async fn require_access(
+    State(node): State<NodeHandle>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let peer_host = req
         .extensions()
-        .get::<bazaar_agent::host_tls::PeerHost>()
+        .get::<bazaar_node::host_link::PeerHost>()
         .map(|p| p.0.clone());
-    let caller = match (peer_host, bearer(&req).map(|t| agent.caller(t))) {
+    let caller = match (peer_host, bearer(&req).map(|t| node.caller(t))) {
         // Another host over the host listener (mTLS): it checked its own caller's token.
         (Some(host), _) => Caller::Host(host),
         (None, None) => return ApiError::Unauthorized.into_response(),
@@ -157,7 +161,7 @@ pub async fn require_access(State(agent): State<Agent>, mut req: Request, next: 
         Err(denied) => refusal(denied, route.app.as_deref()).into_response(),
     };
     if is_change {
-        agent.audit().append(&AuditEntry {
+        node.record_audit(&AuditEntry {
             time: bazaar_types::rfc3339(bazaar_types::now_ms()),
             time_ms: bazaar_types::now_ms(),
             token_id: caller.id(),
@@ -167,7 +171,7 @@ pub async fn require_access(State(agent): State<Agent>, mut req: Request, next: 
             machine_id: route.machine_id,
             peer,
             status: response.status().as_u16(),
-            host_id: agent.host_id().to_string(),
+            host_id: node.host_id().to_string(),
         });
     }
     response

@@ -63,7 +63,7 @@ pub async fn create(State(api): State<Api>, body: Bytes) -> Result<Response, Api
         name: name.clone(),
         org_slug: org,
         created_at_ms: bazaar_types::now_ms(),
-        created_by_host: api.0.agent.host_id().to_string(),
+        created_by_host: api.0.node.host_id().to_string(),
     };
     catalog.publish_app(record.clone());
     Ok((StatusCode::CREATED, Json(app_json(&api, &record))).into_response())
@@ -78,7 +78,7 @@ pub struct ListQuery {
 /// A token scoped to some apps sees only those.
 pub async fn list(
     State(api): State<Api>,
-    caller: Option<axum::Extension<bazaar_agent::tokens::Caller>>,
+    caller: Option<axum::Extension<bazaar_node::Caller>>,
     Query(q): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
     let caller = caller.as_ref().map(|c| &c.0);
@@ -123,7 +123,7 @@ pub async fn destroy(
             left.join("; ")
         )));
     }
-    if record.created_by_host != api.0.agent.host_id() {
+    if record.created_by_host != api.0.node.host_id() {
         // Only the host that wrote the app's record can delete it.
         let owner = catalog.host(&record.created_by_host).ok_or_else(|| {
             ApiError::Unavailable(format!(
@@ -159,7 +159,9 @@ pub async fn destroy(
     }
     let volumes = catalog.volumes(Some(&app));
     if !volumes.is_empty() {
-        tokio::spawn(delete_volumes(api.clone(), app.clone(), volumes));
+        api.0
+            .node
+            .spawn(delete_volumes(api.clone(), app.clone(), volumes));
     }
     Ok((
         StatusCode::ACCEPTED,

@@ -7,7 +7,7 @@ use crate::Api;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use bazaar_agent::audit::AuditEntry;
+use bazaar_node::AuditEntry;
 use std::time::Duration;
 
 /// How long one host may take to answer.

@@ -28,7 +28,7 @@ struct AddCertificate {
 }
 
 fn certs(api: &Api) -> Result<Certs, ApiError> {
-    Certs::new(&api.0.agent).map_err(|e| ApiError::Unavailable(e.to_string()))
+    Certs::new(&api.0.node).map_err(|e| ApiError::Unavailable(e.to_string()))
 }
 
 /// `GET /v1/apps/{app}/certificates`.

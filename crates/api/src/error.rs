@@ -58,18 +58,17 @@ impl ApiError {
     }
 }
 
-impl From<bazaar_agent::error::AgentError> for ApiError {
-    fn from(e: bazaar_agent::error::AgentError) -> Self {
-        use bazaar_agent::error::AgentError as A;
-        match e {
-            A::Invalid(m) => ApiError::BadRequest(m),
-            A::MachineNotFound(_) | A::NotFound(_) | A::ReservationNotFound(_) => {
-                ApiError::NotFound(e.to_string())
+impl From<bazaar_node::NodeError> for ApiError {
+    fn from(e: bazaar_node::NodeError) -> Self {
+        match (e.status, e.code) {
+            (StatusCode::BAD_REQUEST, _) => ApiError::BadRequest(e.message),
+            (StatusCode::NOT_FOUND, _) => ApiError::NotFound(e.message),
+            (StatusCode::CONFLICT, Some("insufficient_capacity")) => {
+                ApiError::InsufficientCapacity(e.message)
             }
-            A::Capacity(m) => ApiError::InsufficientCapacity(m),
-            A::Conflict(m) => ApiError::Conflict(m),
-            A::Precondition(m) => ApiError::Precondition(m),
-            other => ApiError::Internal(other.to_string()),
+            (StatusCode::CONFLICT, _) => ApiError::Conflict(e.message),
+            (StatusCode::PRECONDITION_FAILED, _) => ApiError::Precondition(e.message),
+            _ => ApiError::Internal(e.message),
         }
     }
 }

@@ -71,7 +71,7 @@ impl Api {
             let alive = matches!(
                 h.status,
                 bazaar_catalog::HostStatus::Alive | bazaar_catalog::HostStatus::Suspect
-            ) || h.record.id == self.0.agent.host_id();
+            ) || h.record.id == self.0.node.host_id();
             cands.push(Candidate {
                 host_id: h.record.id.clone(),
                 region: h.record.region.clone(),
@@ -237,7 +237,9 @@ impl Api {
                     self.release_all(&rest, &addrs).await;
                 } else if !rest.is_empty() {
                     let (api, rest, addrs) = (self.clone(), rest.clone(), addrs.clone());
-                    tokio::spawn(async move { api.release_all(&rest, &addrs).await });
+                    self.0
+                        .node
+                        .spawn(async move { api.release_all(&rest, &addrs).await });
                 }
                 if order.dry_run {
                     break;
@@ -320,7 +322,7 @@ impl Api {
                 };
                 let call = {
                     let (api, addr) = (api.clone(), addr.clone());
-                    tokio::spawn(async move {
+                    api.0.node.clone().spawn(async move {
                         api.post_host::<BidResponse>(&addr, "/host/v1/bids", &req)
                             .await
                     })
@@ -333,7 +335,7 @@ impl Api {
                     Err(_) => {
                         // Too late to count, but the host may still reserve: release it
                         // when the answer comes, rather than hold it for the whole TTL.
-                        tokio::spawn(async move {
+                        api.0.node.clone().spawn(async move {
                             if let Ok(Ok(BidResponse::Bid { reservation_id, .. })) = call.await {
                                 api.release_one(&addr, &reservation_id).await;
                             }
@@ -410,8 +412,8 @@ impl Api {
         let mut req = self
             .to_node(reqwest::Method::POST, &host.api_addr, &path)
             .json(claim);
-        if let Some(v) = self.0.agent.secrets_version_header(&claim.app) {
-            req = req.header(bazaar_agent::app_secrets::SECRETS_VERSION_HEADER, v);
+        if let Some(v) = self.0.node.secrets_version_header(&claim.app) {
+            req = req.header(bazaar_node::secrets::SECRETS_VERSION_HEADER, v);
         }
         Self::call_host(req, host).await
     }

@@ -113,12 +113,12 @@ pub fn to_replace(
 
 /// Starts this agent's guardian (call once the catalog is attached).
 pub fn spawn(api: Api) {
-    tokio::spawn(async move {
-        let Some(catalog) = api.0.agent.catalog().cloned() else {
+    api.0.node.clone().spawn(async move {
+        let Some(catalog) = api.0.node.catalog().cloned() else {
             return;
         };
-        let replace_after = api.0.agent.config().replace_after;
-        let shutdown = api.0.agent.shutdown_token();
+        let replace_after = api.0.node.config().replace_after;
+        let shutdown = api.0.node.shutdown_token();
         let mut dead_since: HashMap<String, Instant> = HashMap::new();
         // Machine id → (epoch tried, when): not tried again before `RETRY_AFTER`.
         let mut tried: HashMap<String, (u64, Instant)> = HashMap::new();
@@ -149,7 +149,7 @@ pub fn spawn(api: Api) {
             });
             tried.retain(|_, (_, at)| now.duration_since(*at) < RETRY_AFTER);
             for r in to_replace(
-                api.0.agent.host_id(),
+                api.0.node.host_id(),
                 &hosts,
                 &dead_for,
                 &machines,
@@ -167,7 +167,7 @@ pub fn spawn(api: Api) {
 
 /// Places one machine again, through the market, in its region.
 async fn replace(api: &Api, r: Replacement) {
-    let size = match bazaar_agent::agent::validate_config(&r.config) {
+    let size = match api.0.node.validate_config(&r.config) {
         Ok(size) => size,
         Err(err) => {
             tracing::warn!(machine.id = %r.machine_id, error = %err, "guardian: the machine's config is no longer valid");

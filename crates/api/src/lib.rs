@@ -32,7 +32,7 @@ use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post, put};
 use axum::Router;
-use bazaar_agent::Agent;
+use bazaar_node::NodeHandle;
 use bazaar_placement::exchange::MarketConfig;
 use error::ApiError;
 use std::collections::HashMap;
@@ -44,7 +44,7 @@ pub struct Api(pub(crate) Arc<ApiInner>);
 
 #[derive(Debug)]
 pub(crate) struct ApiInner {
-    pub agent: Agent,
+    pub node: NodeHandle,
     pub http: reqwest::Client,
     pub market: MarketConfig,
     /// Machines this node placed recently → their host, so a read right after a create
@@ -53,15 +53,15 @@ pub(crate) struct ApiInner {
 }
 
 impl Api {
-    /// The API of the node running `agent`.
-    pub fn new(agent: Agent) -> Api {
+    /// The API of `node`.
+    pub fn new(node: NodeHandle) -> Api {
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(32)
             .connect_timeout(std::time::Duration::from_millis(500))
             .build()
             .unwrap_or_default();
         Api(Arc::new(ApiInner {
-            agent,
+            node,
             http,
             market: MarketConfig::default(),
             recent: Mutex::new(HashMap::new()),
@@ -70,13 +70,13 @@ impl Api {
 
     pub(crate) fn catalog(&self) -> Result<&bazaar_catalog::Catalog, ApiError> {
         self.0
-            .agent
+            .node
             .catalog()
             .ok_or_else(|| ApiError::Unavailable("the catalog is not running yet".into()))
     }
 
     /// A request to another node (its host interface or its API): to its host listener over
-    /// mTLS when both hosts have cluster certificates (`bazaar_agent::host_tls`), else
+    /// mTLS when both hosts have cluster certificates ([`bazaar_node::HostLink`]), else
     /// authenticated with the cluster secret. `addr` is the node's API address, `path`
     /// starts with `/`.
     pub(crate) fn to_node(
@@ -85,7 +85,7 @@ impl Api {
         addr: &str,
         path: &str,
     ) -> reqwest::RequestBuilder {
-        if let Some(link) = self.0.agent.host_link() {
+        if let Some(link) = self.0.node.host_link() {
             if let Some(url) = link.url_for(addr, path) {
                 return link.client.request(method, url);
             }
@@ -93,7 +93,7 @@ impl Api {
         self.0
             .http
             .request(method, format!("http://{addr}{path}"))
-            .bearer_auth(self.0.agent.cluster_secret())
+            .bearer_auth(self.0.node.cluster_secret())
     }
 
     /// Sends `req` to the host that owns a machine or volume and relays its answer as it is
@@ -179,8 +179,8 @@ impl Api {
 
 /// The Machines API routes (`/v1/apps/...`, `/v1/platform/...`), behind the token and
 /// scope check ([`access`]).
-pub fn router(agent: Agent) -> Router {
-    let api = Api::new(agent.clone());
+pub fn router(node: NodeHandle) -> Router {
+    let api = Api::new(node.clone());
     let machines_api = Router::new()
         .route("/v1/apps", get(apps::list).post(apps::create))
         .route("/v1/apps/{app}", get(apps::get).delete(apps::destroy))
@@ -232,10 +232,7 @@ pub fn router(agent: Agent) -> Router {
         )
         .route("/v1/platform/regions", get(platform::regions))
         .route("/v1/platform/placements", post(platform::placements))
-        .layer(middleware::from_fn_with_state(
-            agent,
-            access::require_access,
-        ))
+        .layer(middleware::from_fn_with_state(node, access::require_access))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::map_response(fly_shaped_errors))
         .with_state(api);

@@ -54,7 +54,7 @@ fn order_for(
     let config = req
         .config
         .ok_or_else(|| ApiError::BadRequest("config is required".into()))?;
-    let size = bazaar_agent::agent::validate_config(&config)?;
+    let size = api.0.node.validate_config(&config)?;
     let pinned_host = match bazaar_types::volume::mount_of(&config).map_err(ApiError::BadRequest)? {
         Some(mount) => {
             if count > 1 {
@@ -80,7 +80,7 @@ fn order_for(
             "count must be between 1 and 1000, got {count}"
         )));
     }
-    let local = api.0.agent.config().region.clone();
+    let local = api.0.node.config().region.clone();
     let regions = req
         .region
         .filter(|r| !r.trim().is_empty())
@@ -478,8 +478,8 @@ async fn forward(
         req = req.header("fly-machine-lease-nonce", n);
     }
     if method != Method::GET {
-        if let Some(v) = api.0.agent.secrets_version_header(&app) {
-            req = req.header(bazaar_agent::app_secrets::SECRETS_VERSION_HEADER, v);
+        if let Some(v) = api.0.node.secrets_version_header(&app) {
+            req = req.header(bazaar_node::secrets::SECRETS_VERSION_HEADER, v);
         }
     }
     if !body.is_empty() {

@@ -41,7 +41,7 @@ pub async fn regions(State(api): State<Api>) -> Result<Response, ApiError> {
         })
         .collect();
     Ok(
-        Json(serde_json::json!({"regions": regions, "nearest": api.0.agent.config().region}))
+        Json(serde_json::json!({"regions": regions, "nearest": api.0.node.config().region}))
             .into_response(),
     )
 }
@@ -68,7 +68,7 @@ pub async fn placements(State(api): State<Api>, body: Bytes) -> Result<Response,
     };
     let size = guest.validate().map_err(ApiError::BadRequest)?;
     let count = req.count.unwrap_or(1).clamp(1, 1000);
-    let local = api.0.agent.config().region.clone();
+    let local = api.0.node.config().region.clone();
     let regions = req.region.unwrap_or_else(|| format!("{local},any"));
     let order = Order {
         app: String::new(),

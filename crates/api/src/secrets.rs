@@ -1,7 +1,7 @@
 //! `/v1/apps/{app}/secrets`: an app's secrets, in the shapes of Fly's Machines API (names,
 //! digests and times; values are write-only and never answered). Set and unset on any node:
 //! the node seals the value and publishes it as a catalog row of its own
-//! ([`bazaar_agent::app_secrets`]). Request bodies are parsed by hand so that no error
+//! (`bazaar_agent::app_secrets`). Request bodies are parsed by hand so that no error
 //! message can quote a value.
 
 use crate::error::ApiError;
@@ -11,8 +11,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use bazaar_agent::app_secrets::SecretError;
 use bazaar_catalog::SecretRecord;
+use bazaar_node::secrets::SecretError;
 use serde_json::{json, Value};
 
 impl From<SecretError> for ApiError {
@@ -65,7 +65,7 @@ fn object_body(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> 
 /// `GET /v1/apps/{app}/secrets` → `{"secrets": [{name, digest, created_at, updated_at}]}`.
 pub async fn list(State(api): State<Api>, Path(app): Path<String>) -> Result<Response, ApiError> {
     require_app(&api, &app)?;
-    Ok(Json(list_json(&api.0.agent.app_secrets(&app))).into_response())
+    Ok(Json(list_json(&api.0.node.app_secrets(&app))).into_response())
 }
 
 /// `POST /v1/apps/{app}/secrets` with `{"values": {"NAME": "value" | null}}`: sets each name
@@ -94,7 +94,7 @@ pub async fn update(
         };
         changes.push((name, value));
     }
-    let secrets = api.0.agent.set_app_secrets(&app, &changes)?;
+    let secrets = api.0.node.set_app_secrets(&app, &changes)?;
     Ok(Json(list_json(&secrets)).into_response())
 }
 
@@ -105,7 +105,7 @@ pub async fn get(
 ) -> Result<Response, ApiError> {
     require_app(&api, &app)?;
     api.0
-        .agent
+        .node
         .app_secrets(&app)
         .iter()
         .find(|s| s.name == name)
@@ -129,7 +129,7 @@ pub async fn set(
     };
     let secrets = api
         .0
-        .agent
+        .node
         .set_app_secrets(&app, &[(name.clone(), Some(value))])?;
     let secret = secrets
         .iter()
@@ -144,6 +144,6 @@ pub async fn unset(
     State(api): State<Api>,
     Path((app, name)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    api.0.agent.set_app_secrets(&app, &[(name, None)])?;
+    api.0.node.set_app_secrets(&app, &[(name, None)])?;
     Ok(Json(json!({})).into_response())
 }

@@ -136,7 +136,7 @@ pub async fn create(
         .region
         .clone()
         .filter(|r| !r.trim().is_empty())
-        .unwrap_or_else(|| api.0.agent.config().region.clone());
+        .unwrap_or_else(|| api.0.node.config().region.clone());
     let groups = parse_regions(&region, &known).map_err(ApiError::BadRequest)?;
     let want = VolumeRequest {
         size_gb: template.size_gb,

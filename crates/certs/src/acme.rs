@@ -169,7 +169,7 @@ async fn account(cfg: &AcmeConfig) -> anyhow::Result<Account> {
         .map_err(acme_error)
         .with_context(|| format!("registering an ACME account at {}", cfg.directory))?;
     let saved = serde_json::json!({ "directory": cfg.directory, "credentials": creds });
-    if let Err(err) = bazaar_agent::secrets::write_private(
+    if let Err(err) = bazaar_node::secrets::write_private(
         &cfg.account_file,
         &serde_json::to_string(&saved).unwrap_or_default(),
     ) {

@@ -4,8 +4,8 @@
 
 use crate::acme::{self, AcmeConfig};
 use crate::{check_pem, current, key_aad, normalize_hostname, SEAL_PURPOSE};
-use bazaar_agent::Agent;
 use bazaar_catalog::{Catalog, CertificateRecord, CertificateView, HostStatus};
+use bazaar_node::NodeHandle;
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -77,21 +77,24 @@ pub struct Certs {
     host_id: String,
     seal: Arc<bazaar_seal::SealKey>,
     acme: Option<AcmeConfig>,
+    /// The node's tracker, which issuances are spawned through.
+    tasks: tokio_util::task::TaskTracker,
 }
 
 impl Certs {
-    /// The agent's certificates (its catalog, cluster secret and ACME settings).
-    pub fn new(agent: &Agent) -> anyhow::Result<Certs> {
-        let catalog = agent
+    /// The node's certificates (its catalog, cluster secret and ACME settings).
+    pub fn new(node: &NodeHandle) -> anyhow::Result<Certs> {
+        let catalog = node
             .catalog()
             .cloned()
-            .ok_or_else(|| anyhow::anyhow!("certificates need the agent's catalog"))?;
-        let config = agent.config();
+            .ok_or_else(|| anyhow::anyhow!("certificates need the node's catalog"))?;
+        let config = node.config();
         Ok(Certs {
             catalog,
-            host_id: agent.host_id().to_string(),
+            host_id: node.host_id().to_string(),
+            tasks: node.tasks().clone(),
             seal: Arc::new(bazaar_seal::SealKey::derive(
-                agent.cluster_secret().as_bytes(),
+                node.cluster_secret().as_bytes(),
                 SEAL_PURPOSE,
             )),
             acme: config.acme_directory.clone().map(|directory| AcmeConfig {
@@ -219,7 +222,7 @@ impl Certs {
             }
         }
         let certs = self.clone();
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             let outcome = acme::issue(&acme, &certs.catalog, &record.hostname).await;
             certs.publish_outcome(record, outcome);
             let mut issuing = ISSUING.lock().unwrap_or_else(|p| p.into_inner());
@@ -352,11 +355,11 @@ fn lowest_live_host(catalog: &Catalog) -> Option<String> {
         .min()
 }
 
-/// Runs the renewal loop of this host until the agent shuts down.
-pub fn spawn_renewal(agent: &Agent) -> anyhow::Result<()> {
-    let certs = Certs::new(agent)?;
-    let shutdown = agent.shutdown_token();
-    tokio::spawn(async move {
+/// Runs the renewal loop of this host until the node shuts down.
+pub fn spawn_renewal(node: &NodeHandle) -> anyhow::Result<()> {
+    let certs = Certs::new(node)?;
+    let shutdown = node.shutdown_token();
+    node.spawn(async move {
         let mut retry_at = HashMap::new();
         let mut tick = tokio::time::interval(RENEW_TICK);
         loop {

@@ -37,11 +37,13 @@ impl std::fmt::Debug for CertStore {
 
 impl CertStore {
     /// A store of `catalog`'s certificates, opened with the key derived from
-    /// `cluster_secret`; kept up to date until `shutdown` (must be called in a runtime).
+    /// `cluster_secret`; kept up to date until `shutdown` by a task of `tasks` (must be
+    /// called in a runtime).
     pub fn start(
         catalog: Catalog,
         cluster_secret: &str,
         shutdown: tokio_util::sync::CancellationToken,
+        tasks: &tokio_util::task::TaskTracker,
     ) -> CertStore {
         let store = CertStore {
             catalog,
@@ -54,7 +56,7 @@ impl CertStore {
         store.rebuild();
         let s = store.clone();
         let mut rx = s.catalog.subscribe();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             // Also now and then: an expired certificate stops being served.
             let mut tick = tokio::time::interval(Duration::from_secs(5));
             loop {

@@ -26,6 +26,7 @@ mod host_cmd;
 mod image_cmd;
 mod lab_cmd;
 mod machine_wait;
+mod node_main;
 mod secrets_cmd;
 mod token_cmd;
 mod volumes_cmd;
@@ -458,19 +459,7 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     if let Some(ms) = a.cert_validity_ms {
         config.cert_validity = std::time::Duration::from_millis(ms.max(1000));
     }
-    bazaar_agent::run_agent(
-        config,
-        |agent| {
-            let proxy = bazaar_proxy::Proxy::start(agent.clone())?;
-            bazaar_api::guardian::spawn(bazaar_api::Api::new(agent.clone()));
-            bazaar_certs::spawn_renewal(&agent)?;
-            let api = bazaar_api::router(agent.clone());
-            let ui = bazaar_dashboard::router(agent, api.clone());
-            Ok(api.merge(proxy.router()).merge(ui))
-        },
-        shutdown_signal(),
-    )
-    .await
+    node_main::serve(config, shutdown_signal()).await
 }
 
 /// Registers the SIGINT and SIGTERM handlers now, so that a signal arriving while the

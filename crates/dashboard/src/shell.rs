@@ -15,8 +15,8 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use bazaar_agent::Agent;
 use bazaar_catalog::{Change, MachineFilter};
+use bazaar_node::NodeHandle;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -30,13 +30,13 @@ const MAX_API_BODY: usize = 8 * 1024 * 1024;
 
 #[derive(Clone, Debug)]
 struct Ui {
-    agent: Agent,
+    node: NodeHandle,
     /// The Machines API router of this node, called in-process.
     api: Router,
 }
 
 /// The `/ui` routes. `api` is this node's Machines API router (`bazaar_api::router`).
-pub fn router(agent: Agent, api: Router) -> Router {
+pub fn router(node: NodeHandle, api: Router) -> Router {
     Router::new()
         .route("/ui", get(fleet))
         .route("/ui/", get(fleet))
@@ -53,7 +53,7 @@ pub fn router(agent: Agent, api: Router) -> Router {
         .route("/ui/placements", get(placements))
         .route("/ui/events", get(events))
         .route("/ui/assets/{name}", get(asset))
-        .with_state(Ui { agent, api })
+        .with_state(Ui { node, api })
 }
 
 /// The token of the request's cookie, if the API accepts it.
@@ -64,7 +64,7 @@ fn signed_in(ui: &Ui, headers: &HeaderMap) -> Option<String> {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .find_map(|kv| kv.trim().strip_prefix(COOKIE)?.strip_prefix('='))?;
-    access::may_view(&ui.agent, token).then(|| token.to_string())
+    access::may_view(&*ui.node, token).then(|| token.to_string())
 }
 
 /// A page, or the sign-in page when the viewer is not signed in (200: the script signs in
@@ -77,7 +77,7 @@ where
     match signed_in(&ui, headers) {
         Some(token) => {
             let viewer = Viewer {
-                may_act: access::may_act(&ui.agent, &token),
+                may_act: access::may_act(&*ui.node, &token),
             };
             page(ui, token, viewer).await
         }
@@ -186,7 +186,7 @@ async fn session(State(ui): State<Ui>, body: Bytes) -> Response {
             "the token is empty or has characters a cookie cannot carry",
         );
     }
-    if !access::may_view(&ui.agent, token) {
+    if !access::may_view(&*ui.node, token) {
         return error(StatusCode::UNAUTHORIZED, "this token is not accepted here");
     }
     (
@@ -201,7 +201,7 @@ async fn session(State(ui): State<Ui>, body: Bytes) -> Response {
 
 async fn fleet(State(ui): State<Ui>, headers: HeaderMap) -> Response {
     with_viewer(ui, &headers, |ui, _, _| async move {
-        let Some(catalog) = ui.agent.catalog() else {
+        let Some(catalog) = ui.node.catalog() else {
             return starting();
         };
         let hosts = catalog.hosts();
@@ -216,7 +216,7 @@ async fn fleet(State(ui): State<Ui>, headers: HeaderMap) -> Response {
 
 async fn apps(State(ui): State<Ui>, headers: HeaderMap) -> Response {
     with_viewer(ui, &headers, |ui, _, _| async move {
-        let Some(catalog) = ui.agent.catalog() else {
+        let Some(catalog) = ui.node.catalog() else {
             return starting();
         };
         // Counted in place: no machine row is copied out of the catalog.
@@ -235,7 +235,7 @@ async fn apps(State(ui): State<Ui>, headers: HeaderMap) -> Response {
 
 async fn app(State(ui): State<Ui>, Path(name): Path<String>, headers: HeaderMap) -> Response {
     with_viewer(ui, &headers, |ui, _, viewer| async move {
-        let Some(catalog) = ui.agent.catalog() else {
+        let Some(catalog) = ui.node.catalog() else {
             return starting();
         };
         if catalog.app(&name).is_none() {
@@ -307,7 +307,7 @@ async fn action(
             "actions are sent by the dashboard's script (x-bazaar-ui header missing)",
         );
     }
-    if !access::may_act(&ui.agent, &token) {
+    if !access::may_act(&*ui.node, &token) {
         return error(StatusCode::FORBIDDEN, "this token is read-only");
     }
     let base = format!("/v1/apps/{app}/machines/{id}");
@@ -365,7 +365,7 @@ async fn events(State(ui): State<Ui>, headers: HeaderMap) -> Response {
     if signed_in(&ui, &headers).is_none() {
         return error(StatusCode::UNAUTHORIZED, "sign in first");
     }
-    let Some(catalog) = ui.agent.catalog() else {
+    let Some(catalog) = ui.node.catalog() else {
         return starting();
     };
     let changes = catalog.subscribe();

@@ -1,6 +1,6 @@
 //! Connecting upstream: to a machine of this host over TCP, or to another host's proxy over
 //! mTLS, used when this host and the machine's host both have a certificate of the cluster
-//! CA (`bazaar_agent::host_tls`).
+//! CA ([`bazaar_node::HostLink`]).
 //!
 //! - The owner side's listener is an ingress (`ingress/hop.rs`); the acceptor's config is
 //!   here ([`HopTls`]). The cluster secret no longer authorizes anything: a hop with the
@@ -61,13 +61,13 @@ pub(crate) struct HopTls {
 }
 
 impl HopTls {
-    pub(crate) fn new(tls: &bazaar_agent::host_tls::HostTls) -> anyhow::Result<HopTls> {
+    pub(crate) fn new(
+        identity: &bazaar_pki::IdentityHandle,
+        ca_pem: &str,
+    ) -> anyhow::Result<HopTls> {
         Ok(HopTls {
-            connector: TlsConnector::from(bazaar_pki::client_config(&tls.identity, &tls.ca_pem)?),
-            acceptor: TlsAcceptor::from(bazaar_pki::peer_server_config(
-                &tls.identity,
-                &tls.ca_pem,
-            )?),
+            connector: TlsConnector::from(bazaar_pki::client_config(identity, ca_pem)?),
+            acceptor: TlsAcceptor::from(bazaar_pki::peer_server_config(identity, ca_pem)?),
         })
     }
 }

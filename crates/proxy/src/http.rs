@@ -70,7 +70,7 @@ pub(crate) async fn handle_parts(
                 "bazaar proxy: hops to this host go over mTLS",
             );
         }
-        if bazaar_agent::secrets::constant_time_eq(token.as_bytes(), shared.secret.as_bytes()) {
+        if bazaar_node::secrets::constant_time_eq(token.as_bytes(), shared.secret.as_bytes()) {
             return serve_hop(shared, req, body).await;
         }
         return reply(StatusCode::FORBIDDEN, "bazaar proxy: bad hop token");

@@ -69,7 +69,7 @@ pub use h1::{decode_chunked_body, parse_head, AnswerHead, Chunk, Framing};
 pub use ingress::h1::{read_request_head, RequestHead};
 pub use scale::WAKE_TIMEOUT;
 
-use bazaar_agent::Agent;
+use bazaar_node::NodeHandle;
 use shared::{lock, Shared};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -88,13 +88,13 @@ impl Proxy {
     /// listener: `data_dir/proxy-hop.addr`), writes `data_dir/proxy.addr`, publishes
     /// the address in the host record and serves until the agent shuts down. Needs the
     /// agent's catalog attached. Must be called inside the tokio runtime.
-    pub fn start(agent: Agent) -> anyhow::Result<Proxy> {
+    pub fn start(node: NodeHandle) -> anyhow::Result<Proxy> {
         use anyhow::Context;
-        let config = agent.config().clone();
-        let catalog = agent
+        let config = node.config().clone();
+        let catalog = node
             .catalog()
             .cloned()
-            .context("the proxy needs the agent's catalog")?;
+            .context("the proxy needs the node's catalog")?;
         // One listener per proxy thread on the same address (SO_REUSEPORT): the kernel
         // spreads connections, and each thread serves its own without handing work across.
         let threads = std::thread::available_parallelism()
@@ -121,13 +121,14 @@ impl Proxy {
         }
         let certs = bazaar_certs::CertStore::start(
             catalog.clone(),
-            agent.cluster_secret(),
-            agent.shutdown_token(),
+            node.cluster_secret(),
+            node.shutdown_token(),
+            node.tasks(),
         );
         let tls_config = ingress::tls::server_config(certs.clone())?;
         // The hop listener, when this host has a certificate: one socket per thread too.
-        let hop_tls = match agent.host_link() {
-            Some(link) => Some(hop_tls::HopTls::new(&link.tls)?),
+        let hop_tls = match node.host_link() {
+            Some(link) => Some(hop_tls::HopTls::new(&link.identity, &link.ca_pem)?),
             None => None,
         };
         let mut hop_listeners = Vec::new();
@@ -146,10 +147,10 @@ impl Proxy {
         let hop_addr = hop_listeners.first().map(|l| l.local_addr()).transpose()?;
         let domain = config.proxy_domain.trim_matches('.').to_ascii_lowercase();
         let shared = Arc::new(Shared {
-            host_id: agent.host_id().to_string(),
+            host_id: node.host_id().to_string(),
             region: config.region.clone(),
             domain_suffix: format!(".{domain}"),
-            secret: agent.cluster_secret().to_string(),
+            secret: node.cluster_secret().to_string(),
             queue_timeout: config.proxy_queue_timeout,
             autostop_idle: config.autostop_idle,
             table: RwLock::new(Arc::new(Table::default())),
@@ -168,7 +169,7 @@ impl Proxy {
             tls_addr,
             hop_tls,
             catalog,
-            agent: agent.clone(),
+            node: node.clone(),
         });
         shared.rebuild();
         std::fs::write(config.data_dir.join("proxy.addr"), local_addr.to_string())
@@ -179,7 +180,7 @@ impl Proxy {
             std::fs::write(config.data_dir.join("proxy-hop.addr"), hop_addr.to_string())
                 .context("writing proxy-hop.addr")?;
         }
-        let shutdown = agent.shutdown_token();
+        let shutdown = node.shutdown_token();
         spawn_table_refresh(shared.clone(), shutdown.clone());
         let mut hop_listeners = hop_listeners.into_iter();
         for (i, listener) in listeners.into_iter().enumerate() {
@@ -198,13 +199,8 @@ impl Proxy {
         scale::spawn_autostop(shared.clone(), shutdown.clone());
         tcp::spawn(shared.clone(), config.proxy_listen.ip(), shutdown);
         {
-            let agent = agent.clone();
-            tokio::spawn(async move {
-                if let Some(hop_addr) = hop_addr {
-                    agent.set_proxy_hop_addr(hop_addr).await;
-                }
-                agent.set_proxy_addr(local_addr).await
-            });
+            let publisher = node.clone();
+            node.spawn(async move { publisher.set_proxy_addrs(local_addr, hop_addr).await });
         }
         tracing::info!(proxy.addr = %local_addr, proxy.tls_addr = %tls_addr, domain = %domain, "proxy listening");
         Ok(Proxy(shared))
@@ -221,11 +217,11 @@ impl Proxy {
     }
 
     /// The metrics, as OpenMetrics text: the proxy's, then the agent's and its catalog's
-    /// (`bazaar_agent::metrics`), then the closing `# EOF`.
+    /// (`bazaar_node::Node::metrics_text`), then the closing `# EOF`.
     pub fn metrics_text(&self) -> String {
         let proxy = self.0.metrics.encode();
         let proxy = proxy.strip_suffix("# EOF\n").unwrap_or(&proxy);
-        format!("{proxy}{}# EOF\n", self.0.agent.metrics_text())
+        format!("{proxy}{}# EOF\n", self.0.node.metrics_text())
     }
 
     /// Routes to merge into the agent's API: `GET /metrics` (with the cluster secret as a
@@ -260,8 +256,8 @@ impl Proxy {
         metrics
             .merge(traffic)
             .layer(axum::middleware::from_fn_with_state(
-                self.0.agent.clone(),
-                bazaar_agent::http::require_cluster_secret,
+                self.0.node.clone(),
+                bazaar_node::access::require_cluster_secret,
             ))
     }
 
@@ -290,7 +286,7 @@ async fn machine_traffic(
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     // The machine must be this host's (the agent answers 404 otherwise).
-    if let Err(err) = proxy.0.agent.machine(&id).await {
+    if let Err(err) = proxy.0.node.has_machine(&id).await {
         return err.into_response();
     }
     let (in_flight, last_ms) = proxy.traffic(&id);
@@ -319,7 +315,7 @@ fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 /// Rebuilds the table on every catalog change (batched), and every 2 s regardless.
 fn spawn_table_refresh(shared: Arc<Shared>, shutdown: tokio_util::sync::CancellationToken) {
     let mut rx = shared.catalog.subscribe();
-    tokio::spawn(async move {
+    shared.node.clone().spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(2));
         loop {
             tokio::select! {

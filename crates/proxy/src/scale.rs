@@ -113,7 +113,7 @@ async fn wake(shared: &Arc<Shared>, b: &Backend) -> Result<(), String> {
                 if last_start.is_none_or(|t| t.elapsed() > Duration::from_millis(250)) =>
             {
                 last_start = Some(Instant::now());
-                if let Err(err) = shared.agent.start_machine(&b.id, None).await {
+                if let Err(err) = shared.node.start_machine(&b.id).await {
                     tracing::debug!(machine.id = %b.id, error = %err, "autostart");
                     last_error = err.to_string();
                 }
@@ -198,10 +198,9 @@ fn autostop_pass(shared: &Arc<Shared>) {
                 let mut r = Err(String::new());
                 if action == Autostop::Suspend {
                     r = shared
-                        .agent
-                        .suspend_machine(&b.id, None)
+                        .node
+                        .suspend_machine(&b.id)
                         .await
-                        .map(|_| ())
                         .map_err(|e| e.to_string());
                     if r.is_err() {
                         // Suspend needs cgroups; stopping is the next best thing.
@@ -210,10 +209,9 @@ fn autostop_pass(shared: &Arc<Shared>) {
                 }
                 if action == Autostop::Stop {
                     r = shared
-                        .agent
-                        .stop_machine(&b.id, Default::default(), None)
+                        .node
+                        .stop_machine(&b.id)
                         .await
-                        .map(|_| ())
                         .map_err(|e| e.to_string());
                 }
                 match r {

@@ -4,7 +4,7 @@
 
 use crate::table::{self, Load, Table};
 use crate::{hop_tls, metrics};
-use bazaar_agent::Agent;
+use bazaar_node::NodeHandle;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -16,7 +16,7 @@ use tokio::sync::{watch, Notify};
 pub(crate) type WakeResult = Option<Result<(), String>>;
 
 pub(crate) struct Shared {
-    pub agent: Agent,
+    pub node: NodeHandle,
     pub catalog: bazaar_catalog::Catalog,
     pub host_id: String,
     pub region: String,

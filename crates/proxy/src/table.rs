@@ -212,7 +212,7 @@ pub fn build(
             let label = |name: &str| h.record.labels.get(name).and_then(|a| a.parse().ok());
             let hops = HostHops {
                 plain: label("proxy_addr"),
-                tls: label(bazaar_agent::publish::PROXY_HOP_ADDR_LABEL),
+                tls: label(bazaar_node::host_link::PROXY_HOP_ADDR_LABEL),
                 name: rustls::pki_types::ServerName::try_from(bazaar_pki::host_dns_name(
                     &h.record.id,
                 ))

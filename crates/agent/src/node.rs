@@ -1,0 +1,156 @@
+//! The agent as the [`Node`] the services beside it (API, proxy, certificates, dashboard)
+//! use: [`Agent::node`] hands out the [`NodeHandle`] they hold, and agent errors become
+//! [`NodeError`]s with the same status.
+
+use crate::agent::Agent;
+use crate::error::AgentError;
+use bazaar_catalog::{Catalog, SecretRecord};
+use bazaar_node::secrets::SecretError;
+use bazaar_node::{
+    AuditEntry, Caller, HostLink, Node, NodeConfig, NodeError, NodeFuture, NodeHandle,
+};
+use bazaar_types::config::MachineConfig;
+use bazaar_types::host::Resources;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// The agent behind the [`Node`] interface, with the settings the services read.
+#[derive(Debug)]
+struct AgentNode {
+    agent: Agent,
+    config: NodeConfig,
+}
+
+impl Agent {
+    /// This agent as a node, for the services beside it; their tasks are tracked by the
+    /// handle's tracker (one per call: the composition root calls this once).
+    pub fn node(&self) -> NodeHandle {
+        let c = self.config();
+        let config = NodeConfig {
+            region: c.region.clone(),
+            data_dir: c.data_dir.clone(),
+            replace_after: c.replace_after,
+            proxy_listen: c.proxy_listen,
+            proxy_tls_listen: c.proxy_tls_listen,
+            proxy_hop_listen: c.proxy_hop_listen,
+            proxy_domain: c.proxy_domain.clone(),
+            proxy_queue_timeout: c.proxy_queue_timeout,
+            autostop_idle: c.autostop_idle,
+            acme_directory: c.acme_directory.clone(),
+            acme_ca: c.acme_ca.clone(),
+        };
+        NodeHandle::new(Arc::new(AgentNode {
+            agent: self.clone(),
+            config,
+        }))
+    }
+}
+
+impl From<AgentError> for NodeError {
+    fn from(e: AgentError) -> NodeError {
+        let (status, code) = e.status();
+        NodeError {
+            status,
+            code,
+            message: e.to_string(),
+        }
+    }
+}
+
+impl Node for AgentNode {
+    fn host_id(&self) -> &str {
+        self.agent.host_id()
+    }
+
+    fn config(&self) -> &NodeConfig {
+        &self.config
+    }
+
+    fn catalog(&self) -> Option<&Catalog> {
+        self.agent.catalog()
+    }
+
+    fn cluster_secret(&self) -> &str {
+        self.agent.cluster_secret()
+    }
+
+    fn host_link(&self) -> Option<&HostLink> {
+        self.agent.host_link()
+    }
+
+    fn shutdown_token(&self) -> CancellationToken {
+        self.agent.shutdown_token()
+    }
+
+    fn caller(&self, token: &str) -> Result<Caller, bazaar_auth::Denied> {
+        self.agent.caller(token)
+    }
+
+    fn record_audit(&self, entry: &AuditEntry) {
+        self.agent.audit().append(entry);
+    }
+
+    fn validate_config(&self, config: &MachineConfig) -> Result<Resources, NodeError> {
+        Ok(crate::agent::validate_config(config)?)
+    }
+
+    fn app_secrets(&self, app: &str) -> Vec<SecretRecord> {
+        self.agent.app_secrets(app)
+    }
+
+    fn set_app_secrets(
+        &self,
+        app: &str,
+        changes: &[(String, Option<String>)],
+    ) -> Result<Vec<SecretRecord>, SecretError> {
+        self.agent.set_app_secrets(app, changes)
+    }
+
+    fn secrets_version_header(&self, app: &str) -> Option<String> {
+        self.agent.secrets_version_header(app)
+    }
+
+    fn start_machine<'a>(&'a self, id: &'a str) -> NodeFuture<'a, Result<(), NodeError>> {
+        Box::pin(async move {
+            self.agent.start_machine(id, None).await?;
+            Ok(())
+        })
+    }
+
+    fn suspend_machine<'a>(&'a self, id: &'a str) -> NodeFuture<'a, Result<(), NodeError>> {
+        Box::pin(async move {
+            self.agent.suspend_machine(id, None).await?;
+            Ok(())
+        })
+    }
+
+    fn stop_machine<'a>(&'a self, id: &'a str) -> NodeFuture<'a, Result<(), NodeError>> {
+        Box::pin(async move {
+            self.agent
+                .stop_machine(id, Default::default(), None)
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn has_machine<'a>(&'a self, id: &'a str) -> NodeFuture<'a, Result<(), NodeError>> {
+        Box::pin(async move {
+            self.agent.machine(id).await?;
+            Ok(())
+        })
+    }
+
+    fn set_proxy_addrs(&self, proxy: SocketAddr, hop: Option<SocketAddr>) -> NodeFuture<'_, ()> {
+        Box::pin(async move {
+            if let Some(hop) = hop {
+                self.agent.set_proxy_hop_addr(hop).await;
+            }
+            self.agent.set_proxy_addr(proxy).await
+        })
+    }
+
+    fn metrics_text(&self) -> String {
+        self.agent.metrics_text()
+    }
+}
