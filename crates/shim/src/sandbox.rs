@@ -220,8 +220,11 @@ pub fn make_sandbox_base(path: &Path, scratch: &Path) -> io::Result<()> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
     let _ = rustix::mount::unmount(path, UnmountFlags::DETACH);
-    fs::write(path, b"")?;
     fs::create_dir_all(scratch)?;
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    fs::write(path, b"")?;
     let scratch = CString::new(scratch.as_os_str().as_bytes()).map_err(io::Error::other)?;
     let (mut ready_r, ready_w) = crate::sys::pipe()?;
     // SAFETY: getpid takes nothing.
