@@ -2,8 +2,13 @@
 //! its new mount namespace before it forks the workload, and the capability drop that every
 //! confined process (a sandboxed workload, an `exec` inside it) goes through.
 //!
-//! The root is a tmpfs mounted on `RUN_DIR/root` and made `/` with `pivot_root`; the host's
-//! root is then detached, so nothing of it is reachable but what was mounted in:
+//! The root is a tmpfs made `/` with `pivot_root`; the old root is then detached, so
+//! nothing of the host is reachable but what was mounted in. The init first takes detached
+//! copies of the host paths it shares (`open_tree`, `HostParts`), then enters a copy of
+//! the agent's base mount namespace ([`make_sandbox_base`]: one read-only tmpfs) and builds
+//! the root on its `/sandbox`; without a base, on `RUN_DIR/root` in a copy of the host's
+//! mount namespace, whose mounts (two per machine address) made the copy and the detach
+//! cost ~37 ms per start at 700 mounts (load 20), against ~1 ms at 21.
 //!
 //! | path | what |
 //! |---|---|
@@ -213,7 +218,7 @@ const BASE_STAGING: &str = "/sandbox";
 
 /// Makes the mount namespace sandboxes start from and binds it at `path` (a file,
 /// created; whatever was bound there is unbound first): its root is an empty read-only
-/// tmpfs but for the directory [`BASE_STAGING`], so an init entering it and unsharing
+/// tmpfs but for the directory `/sandbox`, so an init entering it and unsharing
 /// copies one mount instead of the host's many. `scratch` is an empty directory of the
 /// host to mount that tmpfs on (in the new namespace only). Runs in the agent, once.
 pub fn make_sandbox_base(path: &Path, scratch: &Path) -> io::Result<()> {
