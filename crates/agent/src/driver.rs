@@ -64,16 +64,16 @@ pub fn seccomp_filters(data_dir: &Path, sandboxes: bool) -> Option<PathBuf> {
 }
 
 /// Makes the mount namespace sandboxed runs build their roots in, bound at
-/// `/run/bazaar/<host>/sandbox-base` (`None` when the agent does not sandbox, or it could
-/// not be made: each run then starts from a copy of the host's mounts, two per machine
-/// address, which makes its start slower as the host holds more machines).
-pub fn sandbox_base(host_id: &str, sandboxes: bool) -> Option<PathBuf> {
+/// `DATA/sandbox-base` (under the data dir, so that releasing the host always unmounts it;
+/// `None` when the agent does not sandbox, or it could not be made: each run then starts
+/// from a copy of the host's mounts, two per machine address, which makes its start slower
+/// as the host holds more machines).
+pub fn sandbox_base(data_dir: &Path, sandboxes: bool) -> Option<PathBuf> {
     if !sandboxes {
         return None;
     }
-    let dir = Path::new("/run/bazaar").join(host_id);
-    let path = dir.join("sandbox-base");
-    match bazaar_shim::make_sandbox_base(&path, &dir.join("sandbox-scratch")) {
+    let path = data_dir.join("sandbox-base");
+    match bazaar_shim::make_sandbox_base(&path, &data_dir.join("sandbox-scratch")) {
         Ok(()) => Some(path),
         Err(err) => {
             tracing::warn!(error = %err, "making the sandbox base mount namespace");
