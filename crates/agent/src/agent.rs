@@ -184,6 +184,7 @@ impl Agent {
             oci: crate::oci::OciRuntime::for_agent(&config.oci_settings(), &host_id, cgroups),
             network: None,
             seccomp: crate::driver::seccomp_filters(&config.data_dir, is_root && config.isolate),
+            sandbox_base: crate::driver::sandbox_base(&config.data_dir, is_root && config.isolate),
         };
         let driver = Driver {
             network: crate::addresses::machine_network(&config, &host_id, &driver),

@@ -82,6 +82,18 @@ async fn a_process_machine_is_confined_to_its_own_uid_and_root() {
     }
     assert_eq!(status_field(a_pid, "NoNewPrivs"), "1");
     assert_eq!(status_field(a_pid, "Seccomp"), "2");
+    // Its root was built in a copy of the agent's base mount namespace (made once, a few
+    // mounts), not of the host's, whose mounts grow with the machines (two per address):
+    // copying them and detaching the copy made every start slower as the host filled.
+    let log = std::fs::read_to_string(agent.data_dir.join("agent.log")).unwrap_or_default();
+    assert!(!log.contains("sandbox base"), "{log}");
+    let host_mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        host_mounts
+            .lines()
+            .any(|l| l.contains("/sandbox-base ") && l.contains(" - nsfs ")),
+        "the base mount namespace is bound on the host: {host_mounts}"
+    );
     let (code, out) = sh(
         &c,
         &a,

@@ -5,7 +5,7 @@
 //!
 //! The kernel takes the mapping from a user namespace: [`IdMap::user_namespace`] makes one
 //! with a short-lived child process. This module holds the crate's only `unsafe` code
-//! (`fork` and `mount_setattr`, which rustix does not wrap).
+//! (`clone` and `mount_setattr`, which rustix does not wrap).
 
 use std::fs;
 use std::io;
@@ -66,38 +66,26 @@ impl IdMap {
     }
 
     /// A child process is made in a new user namespace (and the namespaces of `also`),
-    /// its maps are written, its namespaces opened, and it is killed.
+    /// its maps are written, its namespaces opened, and it is killed. The child shares this
+    /// process's memory (`CLONE_VM`, on a stack of its own): copying the page tables of a
+    /// large agent, and the copy-on-write faults that follow in all its threads, cost more
+    /// than the namespaces themselves.
     fn namespaces(&self, also: libc::c_int) -> io::Result<(OwnedFd, Option<OwnedFd>)> {
         // SAFETY: getpid takes nothing.
         let parent = unsafe { libc::getpid() };
-        // SAFETY: a raw clone without CLONE_VM gives the child a copy of this process with
-        // only the calling thread; the child makes only raw system calls (no locks, no
-        // allocation), so whatever other threads held does not matter.
+        let mut stack = vec![0u128; HOLDER_STACK / std::mem::size_of::<u128>()];
+        // SAFETY: the child runs `hold_namespaces` on `stack` (16-byte aligned, its top
+        // passed, as the stack grows down), which stays allocated until the child has been
+        // reaped below; `hold_namespaces` makes only raw system calls (no locks, no
+        // allocation), so sharing the memory of this multi-threaded process is sound.
         let pid = unsafe {
-            libc::syscall(
-                libc::SYS_clone,
-                (libc::CLONE_NEWUSER | also | libc::SIGCHLD) as libc::c_ulong,
-                0usize,
-                0usize,
-                0usize,
-                0usize,
+            libc::clone(
+                hold_namespaces,
+                stack.as_mut_ptr().add(stack.len()).cast(),
+                libc::CLONE_VM | libc::CLONE_NEWUSER | also | libc::SIGCHLD,
+                parent as usize as *mut libc::c_void,
             )
         };
-        if pid == 0 {
-            // SAFETY: these calls take plain integers and touch no memory of the process.
-            // The child holds none of its parent's file descriptors (a listening socket
-            // kept open by it would keep a restarted agent from its port) and dies with its
-            // parent; otherwise it waits to be killed.
-            unsafe {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
-                if libc::getppid() != parent {
-                    libc::_exit(0);
-                }
-                libc::pause();
-                libc::_exit(0);
-            }
-        }
         if pid < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -120,9 +108,32 @@ impl IdMap {
         // SAFETY: kill and waitpid take plain integers; the child is ours and unreaped.
         unsafe {
             libc::kill(pid, libc::SIGKILL);
-            libc::waitpid(pid, std::ptr::null_mut(), 0);
+            // Reaped before `stack` is freed.
+            while libc::waitpid(pid, std::ptr::null_mut(), 0) < 0
+                && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+            {}
         }
         result
+    }
+}
+
+/// Stack size of the namespace holder (it makes a few system calls and waits).
+const HOLDER_STACK: usize = 16 * 1024;
+
+/// The body of the child that holds new namespaces until it is killed: it holds none of
+/// its parent's file descriptors (a listening socket kept open by it would keep a restarted
+/// agent from its port) and dies with its parent (`arg` is the parent's pid).
+extern "C" fn hold_namespaces(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: these calls take plain integers, succeed (no errno written to the parent
+    // thread's TLS, which the child shares) or never return (the child is killed in pause).
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
+        if libc::getppid() != arg as usize as libc::pid_t {
+            libc::_exit(0);
+        }
+        libc::pause();
+        libc::_exit(0)
     }
 }
 

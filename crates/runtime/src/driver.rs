@@ -42,6 +42,8 @@ pub struct Driver {
     pub network: Option<Arc<LazyNetwork>>,
     /// The seccomp filters of sandboxed runs, compiled once at start ([`seccomp_filters`]).
     pub seccomp: Option<PathBuf>,
+    /// The mount namespace sandboxed runs start from, made once at start ([`sandbox_base`]).
+    pub sandbox_base: Option<PathBuf>,
 }
 
 /// Compiles the seccomp filters of sandboxed process machines into `DATA/seccomp.bpf`, for
@@ -56,6 +58,25 @@ pub fn seccomp_filters(data_dir: &Path, sandboxes: bool) -> Option<PathBuf> {
         Ok(()) => Some(path),
         Err(err) => {
             tracing::warn!(error = %err, "compiling the seccomp filters once");
+            None
+        }
+    }
+}
+
+/// Makes the mount namespace sandboxed runs build their roots in, bound at
+/// `DATA/sandbox-base` (under the data dir, so that releasing the host always unmounts it;
+/// `None` when the agent does not sandbox, or it could not be made: each run then starts
+/// from a copy of the host's mounts, two per machine address, which makes its start slower
+/// as the host holds more machines).
+pub fn sandbox_base(data_dir: &Path, sandboxes: bool) -> Option<PathBuf> {
+    if !sandboxes {
+        return None;
+    }
+    let path = data_dir.join("sandbox-base");
+    match bazaar_shim::make_sandbox_base(&path, &data_dir.join("sandbox-scratch")) {
+        Ok(()) => Some(path),
+        Err(err) => {
+            tracing::warn!(error = %err, "making the sandbox base mount namespace");
             None
         }
     }
@@ -190,6 +211,7 @@ impl Driver {
             resolv_conf: None,
             user_name: user_name.to_owned(),
             seccomp: self.seccomp.clone(),
+            base: self.sandbox_base.clone(),
         })
     }
 

@@ -157,20 +157,25 @@ fn start(setup: &InitSetup<'_>) -> Result<libc::pid_t, String> {
     {
         sandbox::join_netns(netns)?;
     }
-    let flags = UnshareFlags::NEWNS | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS;
-    // SAFETY: unshare_unsafe is unsafe because a new mount or fs namespace can invalidate
-    // what other threads assume about paths; the init is single-threaded.
-    unsafe { rustix::thread::unshare_unsafe(flags) }
-        .map_err(|err| format!("unsharing namespaces: {}", describe(&err.into())))?;
-    // Keep our mounts (the fresh /proc) from propagating back to the host.
-    rustix::mount::mount_change(
-        "/",
-        MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
-    )
-    .map_err(|err| format!("making / private: {}", describe(&err.into())))?;
     match &setup.confined {
-        Some(c) => sandbox::enter(c.staging, c.sandbox, c.workdir, setup.creds, setup.hostname)?,
+        Some(c) => {
+            // Taken from the host before the init leaves its mount namespace.
+            let parts = sandbox::HostParts::gather(c.sandbox, c.workdir)?;
+            let root = sandbox::unshare_mounts(c.sandbox, c.staging)?;
+            sandbox::enter(root, parts, c.sandbox, setup.creds, setup.hostname)?;
+        }
         None => {
+            let flags = UnshareFlags::NEWNS | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS;
+            // SAFETY: unshare_unsafe is unsafe because a new mount or fs namespace can
+            // invalidate what other threads assume about paths; the init is single-threaded.
+            unsafe { rustix::thread::unshare_unsafe(flags) }
+                .map_err(|err| format!("unsharing namespaces: {}", describe(&err.into())))?;
+            // Keep our mounts (the fresh /proc) from propagating back to the host.
+            rustix::mount::mount_change(
+                "/",
+                MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+            )
+            .map_err(|err| format!("making / private: {}", describe(&err.into())))?;
             let proc_flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
             rustix::mount::mount("proc", "/proc", "proc", proc_flags, None)
                 .map_err(|err| format!("mounting /proc: {}", describe(&err.into())))?;

@@ -108,7 +108,7 @@ use serde::{Deserialize, Serialize};
 pub use cgroup::{cgroups_available, remove_cgroup};
 pub use enter::exec_main;
 pub use handle::ShimHandle;
-pub use sandbox::Sandbox;
+pub use sandbox::{make_sandbox_base, Sandbox};
 pub use seccomp::write_seccomp_filters;
 pub use supervisor::shim_main;
 pub use work_files::{write_work_files, WorkFile};
