@@ -63,9 +63,7 @@ fn main() {
         ("haproxy", "haproxy"),
         ("openssl", "openssl"),
     ]);
-    // The agent's HTTPS listener, when this build has one.
     let exe = agent_exe();
-    let bazaar_tls_port = bazaar_has_tls(&exe).then(free_port);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -75,13 +73,16 @@ fn main() {
         o.isolate = false;
         o.extra_args
             .extend(["--autostop-idle-ms".into(), "3600000".into()]);
-        if let Some(port) = bazaar_tls_port {
-            o.extra_args
-                .extend(["--proxy-tls-listen".into(), format!("127.0.0.1:{port}")]);
-        }
     })
     .expect("agent");
     let agent = &agents[0];
+    // The agent's HTTPS listener (the test kit asks for one), when this build has one.
+    let bazaar_tls_port = bazaar_has_tls(&exe).then(|| {
+        agent
+            .proxy_tls_addr()
+            .expect("the agent's HTTPS listener")
+            .port()
+    });
     // The backend runs as a machine uid of its own: it must reach its work directory in
     // the agent's data directory (a private temporary directory).
     std::fs::set_permissions(
@@ -260,8 +261,13 @@ fn main() {
             let used = cpu_seconds(&run.pids) - before;
             run.cpu_per_request.push(used * 1e6 / (r.rps * secs as f64));
             eprintln!(
-                "round {round} (load {:.2}): {}: {r:?}, cpu {used:.2} s",
-                load_per_round[round], run.name
+                "round {round} (load {:.2}): {}: {:.0} req/s, p50 {}, p99 {}, cpu {used:.2} s, socket errors: {}",
+                load_per_round[round],
+                run.name,
+                r.rps,
+                r.p50,
+                r.p99,
+                r.errors.as_deref().unwrap_or("none")
             );
             run.results.push(r);
         }
