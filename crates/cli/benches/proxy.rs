@@ -15,9 +15,11 @@
 //!
 //! Run: `cargo bench -p bazaar --bench proxy` (installs Debian's wrk, nginx and haproxy
 //! with apt-get when missing; prints Markdown tables for BENCHMARKS.md).
-//! `BAZAAR_BENCH_SECS` (default 5) sets each wrk run's length, `BAZAAR_BENCH_CONNS`
+//! `BAZAAR_BENCH_SECS` (default 3) sets each wrk run's length, `BAZAAR_BENCH_CONNS`
 //! (default 64) its connections, `BAZAAR_BENCH_WAKES` (default 40) the number of wake-ups,
-//! `BAZAAR_BENCH_ROUNDS` (default 8) the interleaved rounds, `BAZAAR_BENCH_EXE` another
+//! `BAZAAR_BENCH_ROUNDS` (default 12) the interleaved rounds (every other one in
+//! reverse order), `BAZAAR_BENCH_PIN` (set: every proxy on CPU 0, wrk and the backend on
+//! CPU 1), `BAZAAR_BENCH_EXE` another
 //! build of bazaar to run as the agent (a before/after). Reported: the median run of
 //! each path, and, round by round, bazaar against nginx and HAProxy (the throughput ratio,
 //! and whose p99 is lower) with the median of those ratios and the load average before
@@ -31,8 +33,8 @@ mod proxy_peers;
 
 use bazaar_testkit::{start_cluster, TEST_SECRET};
 use proxy_peers::{
-    bazaar_add_cert, bazaar_has_tls, ensure_packages, loadavg, millis, sbin, start_haproxy, wrk,
-    Load, Tls, WrkResult, TLS_HOST,
+    bazaar_add_cert, bazaar_has_tls, ensure_packages, loadavg, millis, pin, pinned, sbin,
+    start_haproxy, wrk, Load, Tls, WrkResult, CLIENT_CPU, PROXY_CPU, TLS_HOST,
 };
 use serde_json::{json, Value};
 use std::process::Command;
@@ -51,19 +53,17 @@ fn main() {
         backend();
         return;
     }
-    let secs: u64 = env_or("BAZAAR_BENCH_SECS", 5);
+    let secs: u64 = env_or("BAZAAR_BENCH_SECS", 3);
     let conns: u64 = env_or("BAZAAR_BENCH_CONNS", 64);
     let wakes: usize = env_or("BAZAAR_BENCH_WAKES", 40);
-    let rounds: usize = env_or("BAZAAR_BENCH_ROUNDS", 8);
+    let rounds: usize = env_or("BAZAAR_BENCH_ROUNDS", 12);
     ensure_packages(&[
         ("wrk", "wrk"),
         ("nginx", "nginx"),
         ("haproxy", "haproxy"),
         ("openssl", "openssl"),
     ]);
-    // The agent's HTTPS listener, when this build has one.
     let exe = agent_exe();
-    let bazaar_tls_port = bazaar_has_tls(&exe).then(free_port);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -73,13 +73,16 @@ fn main() {
         o.isolate = false;
         o.extra_args
             .extend(["--autostop-idle-ms".into(), "3600000".into()]);
-        if let Some(port) = bazaar_tls_port {
-            o.extra_args
-                .extend(["--proxy-tls-listen".into(), format!("127.0.0.1:{port}")]);
-        }
     })
     .expect("agent");
     let agent = &agents[0];
+    // The agent's HTTPS listener (the test kit asks for one), when this build has one.
+    let bazaar_tls_port = bazaar_has_tls(&exe).then(|| {
+        agent
+            .proxy_tls_addr()
+            .expect("the agent's HTTPS listener")
+            .port()
+    });
     // The backend runs as a machine uid of its own: it must reach its work directory in
     // the agent's data directory (a private temporary directory).
     std::fs::set_permissions(
@@ -106,11 +109,15 @@ fn main() {
             v
         }
     };
+    let mut backend_env = json!({"BAZAAR_BENCH_BACKEND": "1"});
+    if pinned() {
+        backend_env["BAZAAR_BENCH_BACKEND_CPU"] = json!(CLIENT_CPU.to_string());
+    }
     let machine = |autostart: bool| {
         json!({"config": {
             "image": "process", "driver": "process",
             "init": {"exec": [me.clone()]},
-            "env": {"BAZAAR_BENCH_BACKEND": "1"},
+            "env": backend_env.clone(),
             "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256},
             "restart": {"policy": "no"},
             "services": [{"internal_port": 8080, "protocol": "tcp", "autostart": autostart,
@@ -191,6 +198,11 @@ fn main() {
 
     let agent_pid = agents[0].pid().expect("agent running");
     let nginx_pids = children(nginx.id());
+    if pinned() {
+        for pid in nginx_pids.iter().chain([&agent_pid, &haproxy.id()]) {
+            pin(*pid, PROXY_CPU);
+        }
+    }
     let urls = [
         format!("http://{direct}/"),
         format!("http://{proxy}/"),
@@ -213,20 +225,21 @@ fn main() {
         close,
         tls: Some(&tls),
     };
-    // The rows, in the order each round runs them; `pids`: whose CPU time is the proxy's.
+    // The rows, in the order each round runs them (each bazaar row beside the rows it is
+    // compared with); `pids`: whose CPU time is the proxy's.
     let mut runs = vec![
         Run::new(DIRECT, plain(0, None), vec![]),
-        Run::new(BAZAAR, plain(1, Some(TLS_HOST)), vec![agent_pid]),
-        Run::new(NGINX, plain(2, None), nginx_pids.clone()),
         Run::new(NGINX_XFF, plain(3, None), nginx_pids.clone()),
+        Run::new(NGINX, plain(2, None), nginx_pids.clone()),
+        Run::new(BAZAAR, plain(1, Some(TLS_HOST)), vec![agent_pid]),
         Run::new(HAPROXY, plain(4, None), vec![haproxy.id()]),
         Run::new(NGINX_TLS, https(5, false), nginx_pids.clone()),
-        Run::new(NGINX_NEW, https(6, true), nginx_pids.clone()),
     ];
     if bazaar_tls_port.is_some() {
         runs.push(Run::new(BAZAAR_TLS, https(7, false), vec![agent_pid]));
         runs.push(Run::new(BAZAAR_NEW, https(7, true), vec![agent_pid]));
     }
+    runs.push(Run::new(NGINX_NEW, https(6, true), nginx_pids.clone()));
     // Warm-up, then `rounds` interleaved runs of each (the machine may be shared:
     // interleaving spreads any noise evenly, and a pair run back to back sees the same).
     for run in &runs {
@@ -235,14 +248,26 @@ fn main() {
     let mut load_per_round = Vec::new();
     for round in 0..rounds {
         load_per_round.push(loadavg());
-        for run in &mut runs {
+        // Every other round in reverse order: a row and the one it is compared with are
+        // run back to back, first one before, then the other.
+        let mut order: Vec<usize> = (0..runs.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for &i in &order {
+            let run = &mut runs[i];
             let before = cpu_seconds(&run.pids);
             let r = wrk(run.load, secs, conns);
             let used = cpu_seconds(&run.pids) - before;
             run.cpu_per_request.push(used * 1e6 / (r.rps * secs as f64));
             eprintln!(
-                "round {round} (load {:.2}): {}: {r:?}, cpu {used:.2} s",
-                load_per_round[round], run.name
+                "round {round} (load {:.2}): {}: {:.0} req/s, p50 {}, p99 {}, cpu {used:.2} s, socket errors: {}",
+                load_per_round[round],
+                run.name,
+                r.rps,
+                r.p50,
+                r.p99,
+                r.errors.as_deref().unwrap_or("none")
             );
             run.results.push(r);
         }
@@ -487,6 +512,12 @@ fn children(pid: u32) -> Vec<u32> {
 fn backend() {
     use hyper::server::conn::http1;
     let port: u16 = std::env::var("PORT").unwrap().parse().unwrap();
+    if let Some(cpu) = std::env::var("BAZAAR_BENCH_BACKEND_CPU")
+        .ok()
+        .and_then(|c| c.parse().ok())
+    {
+        pin(std::process::id(), cpu);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -522,8 +553,10 @@ const NGINX_XFF: &str = "through nginx (keepalive upstream, X-Forwarded-For only
 const HAPROXY: &str = "through HAProxy (http-reuse always, bazaar's headers)";
 const NGINX_TLS: &str = "HTTPS keep-alive through nginx";
 const BAZAAR_TLS: &str = "HTTPS keep-alive through bazaar's proxy";
-const NGINX_NEW: &str = "HTTPS, a new TLS connection per request, nginx";
-const BAZAAR_NEW: &str = "HTTPS, a new TLS connection per request, bazaar's proxy";
+const NGINX_NEW: &str =
+    "HTTPS, a new TLS connection per request (requests/s = handshakes/s), nginx";
+const BAZAAR_NEW: &str =
+    "HTTPS, a new TLS connection per request (requests/s = handshakes/s), bazaar's proxy";
 
 /// One row of the bench: what wrk asks for, and what each round measured.
 struct Run<'a> {
@@ -574,8 +607,8 @@ impl Report<'_> {
     }
 
     /// Round by round, `a` against `b`: throughput ratios, and in how many rounds `a`'s
-    /// p99 was at or below `b`'s.
-    fn pairs(&self, a: &str, b: &str) -> Option<(Vec<f64>, usize)> {
+    /// p99 was at or below `b`'s, and the median ratio of the p99s.
+    fn pairs(&self, a: &str, b: &str) -> Option<(Vec<f64>, usize, f64)> {
         let (a, b) = (self.run(a)?, self.run(b)?);
         let ratios = a
             .results
@@ -589,7 +622,13 @@ impl Report<'_> {
             .zip(&b.results)
             .filter(|(x, y)| millis(&x.p99) <= millis(&y.p99))
             .count();
-        Some((ratios, p99))
+        let p99_ratios: Vec<f64> = a
+            .results
+            .iter()
+            .zip(&b.results)
+            .map(|(x, y)| millis(&x.p99) / millis(&y.p99))
+            .collect();
+        Some((ratios, p99, median(&p99_ratios)))
     }
 
     fn print(&self, bazaar_tls: bool) {
@@ -629,38 +668,42 @@ impl Report<'_> {
             compared.push(("nginx, HTTPS keep-alive", BAZAAR_TLS, NGINX_TLS));
             compared.push(("nginx, new TLS connections", BAZAAR_NEW, NGINX_NEW));
         }
-        println!("\n| bazaar against | median runs | round by round: median (range) | bazaar's p99 at or below | CPU per request |\n|---|---:|---|---:|---:|");
+        println!("\n| bazaar against | median runs | round by round: median (range) | bazaar's p99 at or below | p99 ratio, median | CPU per request |\n|---|---:|---|---:|---:|---:|");
         for (label, a, b) in &compared {
             let (ra, rb) = (
                 self.median_result(a).unwrap(),
                 self.median_result(b).unwrap(),
             );
-            let (mut ratios, p99) = self.pairs(a, b).unwrap();
+            let (mut ratios, p99, p99_ratio) = self.pairs(a, b).unwrap();
             ratios.sort_by(f64::total_cmp);
             let cpu = median(&self.run(a).unwrap().cpu_per_request)
                 / median(&self.run(b).unwrap().cpu_per_request);
             println!(
-                "| {label} | {:.2}× | {:.2}× ({:.2}-{:.2}) | {p99} of {rounds} rounds | {cpu:.2}× |",
+                "| {label} | {:.2}× | {:.2}× ({:.2}-{:.2}) | {p99} of {rounds} rounds | {p99_ratio:.2}× | {cpu:.2}× |",
                 ra.rps / rb.rps,
                 median(&ratios),
                 ratios[0],
                 ratios[ratios.len() - 1],
             );
         }
-        let (b_nginx, _) = self.pairs(BAZAAR, NGINX).unwrap();
-        let (b_haproxy, _) = self.pairs(BAZAAR, HAPROXY).unwrap();
-        let row = |name: &str, k: usize| self.run(name).map(|r| millis(&r.results[k].p99));
-        println!("\n| round | load | bazaar / nginx | bazaar / HAProxy | p99 bazaar | p99 nginx | p99 HAProxy |\n|---:|---:|---:|---:|---:|---:|---:|");
+        // Round by round: each comparison's throughput ratio, and both p99s.
+        let mut header = "| round | load |".to_string();
+        let mut rule = "|---:|---:|".to_string();
+        for (label, _, _) in &compared {
+            header += &format!(" bazaar / {label} | p99 bazaar, other |");
+            rule += "---:|---|";
+        }
+        println!("\n{header}\n{rule}");
         for k in 0..rounds {
-            println!(
-                "| {k} | {:.2} | {:.3}× | {:.3}× | {:.2} ms | {:.2} ms | {:.2} ms |",
-                self.load_per_round[k],
-                b_nginx[k],
-                b_haproxy[k],
-                row(BAZAAR, k).unwrap(),
-                row(NGINX, k).unwrap(),
-                row(HAPROXY, k).unwrap(),
-            );
+            let mut line = format!("| {k} | {:.2} |", self.load_per_round[k]);
+            for (_, a, b) in &compared {
+                let (a, b) = (
+                    &self.run(a).unwrap().results[k],
+                    &self.run(b).unwrap().results[k],
+                );
+                line += &format!(" {:.3}× | {}, {} |", a.rps / b.rps, a.p99, b.p99);
+            }
+            println!("{line}");
         }
     }
 }

@@ -20,6 +20,24 @@ pub fn loadavg() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// With `BAZAAR_BENCH_PIN` set, every proxy runs on CPU [`PROXY_CPU`] and wrk and the
+/// backend on [`CLIENT_CPU`]: each proxy gets the same one core, whatever else runs.
+pub fn pinned() -> bool {
+    std::env::var_os("BAZAAR_BENCH_PIN").is_some()
+}
+pub const PROXY_CPU: usize = 0;
+pub const CLIENT_CPU: usize = 1;
+
+/// Pins every thread of process `pid` to `cpu` (`taskset -a`).
+pub fn pin(pid: u32, cpu: usize) {
+    let ok = Command::new("taskset")
+        .args(["-a", "-p", "-c", &cpu.to_string(), &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "taskset could not pin {pid} to CPU {cpu}");
+}
+
 /// Installs the Debian packages whose commands are missing (`(command, package)`).
 pub fn ensure_packages(wanted: &[(&str, &str)]) {
     let missing: Vec<&str> = wanted
@@ -198,6 +216,8 @@ pub struct WrkResult {
     pub rps: f64,
     pub p50: String,
     pub p99: String,
+    /// wrk's "Socket errors" line (connect, read, write, timeout), when it printed one.
+    pub errors: Option<String>,
 }
 
 pub fn wrk(load: Load<'_>, secs: u64, conns: u64) -> WrkResult {
@@ -215,12 +235,12 @@ pub fn wrk(load: Load<'_>, secs: u64, conns: u64) -> WrkResult {
     }
     args.push(load.url.to_string());
     let out = match load.tls {
-        None => Command::new("wrk").args(&args).output(),
+        None => wrk_command("wrk").args(&args).output(),
         Some(tls) => {
             // wrk resolves the URL's name (and sends it as SNI): a hosts file of our own,
             // seen by wrk only.
             let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
-            Command::new("unshare")
+            wrk_command("unshare")
                 .args(["--mount", "--propagation", "private", "sh", "-c"])
                 .arg(format!(
                     "mount --bind '{}' /etc/hosts && exec wrk {}",
@@ -252,6 +272,21 @@ pub fn wrk(load: Load<'_>, secs: u64, conns: u64) -> WrkResult {
         rps,
         p50: field("50%"),
         p99: field("99%"),
+        errors: text
+            .lines()
+            .find_map(|l| l.trim_start().strip_prefix("Socket errors:"))
+            .map(|e| e.trim().to_string()),
+    }
+}
+
+/// `program` (wrk, or what execs it), on [`CLIENT_CPU`] when [`pinned`].
+fn wrk_command(program: &str) -> Command {
+    if pinned() {
+        let mut c = Command::new("taskset");
+        c.args(["-c", &CLIENT_CPU.to_string(), program]);
+        c
+    } else {
+        Command::new(program)
     }
 }
 

@@ -18,10 +18,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+
+/// How long a closing connection may take to take our close_notify alert.
+const CLOSE_NOTIFY_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl h1::ClientStream for TlsStream<TcpStream> {
     const TLS: bool = true;
@@ -136,7 +140,11 @@ async fn serve(
                 bytes::Bytes::new()
             } else {
                 match h1::serve(&mut stream, &local, &peer_ip).await {
-                    h1::Outcome::Closed => return,
+                    h1::Outcome::Closed => {
+                        // close_notify, so the client knows the answer was not cut short.
+                        let _ = tokio::time::timeout(CLOSE_NOTIFY_TIMEOUT, stream.shutdown()).await;
+                        return;
+                    }
                     h1::Outcome::HandOff(read) => read,
                 }
             };
