@@ -283,7 +283,7 @@ async fn volume_crud_with_fly_shapes_and_bad_input() {
     assert_eq!(s, StatusCode::OK, "{d}");
     assert_eq!(d["state"], "destroyed");
     assert!(!storage.exists(), "{} removed", storage.display());
-    assert!(mounts_under(&owner.data_dir).is_empty());
+    assert!(mounts_under(&owner.data_dir.join("volumes")).is_empty());
     let (s, _) = fly.get(&format!("/apps/db/volumes/{id}")).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     list_volumes(&fly, "db", 0).await;
