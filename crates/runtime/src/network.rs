@@ -217,7 +217,7 @@ pub struct Network {
 }
 
 /// How many namespaces are kept made ahead: as many as addresses were handed out in the
-/// last [`DEMAND_WINDOW`], at least [`POOL_MIN`] and at most [`POOL_MAX`].
+/// last `DEMAND_WINDOW`, at least [`POOL_MIN`] and at most `POOL_MAX`.
 pub const POOL_MIN: usize = 4;
 const POOL_MAX: usize = 64;
 const DEMAND_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
@@ -584,7 +584,7 @@ impl Network {
 
 /// The bridge of host `host_id`: `bz-<8 hex of a hash of the id>`. Everything else of the
 /// host's network is named after it: namespaces `<bridge>-<n>`, host-side veths
-/// `b<8 hex><n>`, the nftables table `bazaar_bz_<8 hex>` ([`crate::cleanup`] finds them so).
+/// `b<8 hex><n>`, the nftables table `bazaar_bz_<8 hex>` (the agent's `cleanup` finds them so).
 pub fn bridge_name(host_id: &str) -> String {
     format!("bz-{}", &hex_of(host_id)[..8])
 }
