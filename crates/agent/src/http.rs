@@ -14,6 +14,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
+use bazaar_node::access::bearer;
 use bazaar_types::host::{BidRequest, ClaimRequest, SignalRequest, StopRequest, UpdateRequest};
 use bazaar_types::state::MachineState;
 use serde::de::DeserializeOwned;
@@ -158,18 +159,6 @@ impl WithStatus for Response {
         *self.status_mut() = status;
         self
     }
-}
-
-/// The bearer token of a request: `Authorization: Bearer <token>` or `FlyV1 <token>`.
-fn bearer(req: &Request) -> Option<&str> {
-    req.headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("FlyV1 "))
-                .map(str::trim)
-        })
 }
 
 /// The token check of the host interface and the catalog: a verified cluster certificate
