@@ -91,6 +91,11 @@ pub fn release_host(data_dir: &Path, host_id: Option<&str>) -> Released {
         for dir in cgroup_dirs(&cgroup) {
             remove_cgroup_dir(&dir);
         }
+        // The parent all hosts share, once no host is left in it (refused while another
+        // host's cgroups are there: that host's release removes it).
+        for dir in cgroup_dirs("bazaar") {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
     if let Some(id) = host_id {
         done.mounts += release_runtime_dir(id);

@@ -276,8 +276,20 @@ impl Cgroup {
     }
 
     /// Creates the v2 directory, enabling our controllers in every ancestor on the way (a
-    /// controller is only available in a cgroup if its parent delegates it).
+    /// controller is only available in a cgroup if its parent delegates it). The shared
+    /// parent `bazaar` is removed when its last host is released (`cleanup::release_host`
+    /// in the agent): if that happens mid-way, the walk starts again.
     fn create_v2(&self, root: &Path) -> io::Result<()> {
+        let mut tries = 0;
+        loop {
+            match self.create_v2_once(root) {
+                Err(err) if err.kind() == io::ErrorKind::NotFound && tries < 3 => tries += 1,
+                done => return done,
+            }
+        }
+    }
+
+    fn create_v2_once(&self, root: &Path) -> io::Result<()> {
         let leaf = &self.dirs[0].0;
         let rel = leaf.strip_prefix(root).unwrap_or(leaf);
         let mut dir = root.to_path_buf();
