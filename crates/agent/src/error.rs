@@ -115,3 +115,8 @@ impl IntoResponse for AgentError {
         (status, Json(body)).into_response()
     }
 }
+
+/// The refusal of a placement the ledger has no room for.
+pub(crate) fn capacity_error(err: bazaar_placement::LedgerError) -> AgentError {
+    AgentError::Capacity(err.to_string())
+}
