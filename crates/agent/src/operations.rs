@@ -21,6 +21,7 @@ use bazaar_types::signal::Signal;
 use bazaar_types::state::{check_transition, MachineState};
 use bazaar_types::{ids, now_ms};
 use std::time::Duration;
+use tokio::sync::mpsc::OwnedPermit;
 
 impl Agent {
     /// Starts a machine.
@@ -155,6 +156,7 @@ impl Agent {
             previous_instance_id: rec.instance_id.clone(),
         };
         let desired = check_transition(rec.desired, kind.action())?;
+        let place = self.0.actors.reserve(id)?;
         let previous_resources = rec.resources;
         if resources != previous_resources {
             ledger.commit(id, resources).map_err(capacity_error)?;
@@ -207,7 +209,7 @@ impl Agent {
             .collect();
         self.0.addresses.release_ports(&freed);
         drop(ledger);
-        let mut machine = self.enqueue(&rec, op).await?;
+        let mut machine = self.enqueue(&rec, op, place).await?;
         if req.lease_ttl.is_some() {
             machine.nonce = rec.lease.as_ref().map(|l| l.nonce.clone());
         }
@@ -253,38 +255,36 @@ impl Agent {
         check_lease(&rec, nonce)?;
         let kind = refine(&rec)?.unwrap_or(kind);
         rec.desired = check_transition(rec.desired, kind.action())?;
+        let place = self.0.actors.reserve(id)?;
         rec.updated_at_ms = now_ms();
         let op = self.new_op(&mut rec, kind, "user");
         let mut b = Batch::default();
         b.machine(&rec).op(&op);
         self.commit(b).await?;
         drop(_ledger);
-        self.enqueue(&rec, op).await
+        self.enqueue(&rec, op, place).await
     }
 
-    pub(crate) async fn enqueue(
+    /// Hands a recorded operation to the machine's actor, in the place `place` taken in its
+    /// channel before the operation was recorded.
+    async fn enqueue(
         &self,
         rec: &MachineRecord,
         op: Operation,
+        place: OwnedPermit<ActorMsg>,
     ) -> Result<Machine, AgentError> {
         self.0.crash.at(op.kind.name(), 0);
         tracing::debug!(machine.id = %rec.id, op = op.kind.name(), "operation accepted");
-        let sender = self.0.actors.sender(&rec.id);
-        match sender {
-            Some(tx) => {
-                // Shown from the moment the operation is accepted (the actor may not have
-                // begun it yet): a `wait` right after a restart must not find the machine
-                // still `started` from before it. Set before the actor can see the
-                // operation, so that its end (which clears the state) comes after this.
-                if !op.kind.steps().is_empty() {
-                    lock(&self.0.transient)
-                        .entry(rec.id.clone())
-                        .or_insert(op.kind.transient_state());
-                }
-                let _ = tx.send(ActorMsg::Op(op));
-            }
-            None => return Err(AgentError::ShuttingDown),
+        // Shown from the moment the operation is accepted (the actor may not have begun it
+        // yet): a `wait` right after a restart must not find the machine still `started`
+        // from before it. Set before the actor can see the operation, so that its end
+        // (which clears the state) comes after this.
+        if !op.kind.steps().is_empty() {
+            lock(&self.0.transient)
+                .entry(rec.id.clone())
+                .or_insert(op.kind.transient_state());
         }
+        place.send(ActorMsg::Op(op));
         self.machine(&rec.id).await
     }
 }

@@ -46,7 +46,7 @@ struct Actor {
     queue: VecDeque<Operation>,
     /// The live run, if any.
     run: Option<Box<dyn Run>>,
-    rx: mpsc::UnboundedReceiver<ActorMsg>,
+    rx: mpsc::Receiver<ActorMsg>,
 }
 
 /// An exit to record.
