@@ -364,7 +364,8 @@ fn spawn_checks(agent: &Agent) {
                 () = shutdown.cancelled() => break,
                 _ = tick.tick() => {
                     if let Some(catalog) = agent.catalog() {
-                        checker.schedule(catalog, agent.host_id(), &agent.0.checks, &agent.0.tracker);
+                        let tasks = (&agent.0.tracker, &shutdown);
+                        checker.schedule(catalog, agent.host_id(), &agent.0.checks, tasks);
                     }
                 }
                 Some(result) = results.recv() => {

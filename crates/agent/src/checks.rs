@@ -19,6 +19,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// Default time between two runs of a check.
@@ -112,13 +113,14 @@ impl Checker {
     }
 
     /// Brings the schedule in line with `host`'s started machines in `catalog` and runs
-    /// what is due (each check on a task of its own, counted by `tracker`).
+    /// what is due (each check on a task of its own, counted by `tracker` and given up at
+    /// `stop`).
     pub(crate) fn schedule(
         &mut self,
         catalog: &Catalog,
         host: &str,
         results: &CheckResults,
-        tracker: &TaskTracker,
+        (tracker, stop): (&TaskTracker, &CancellationToken),
     ) {
         let machines = &mut self.machines;
         let filter = MachineFilter {
@@ -175,8 +177,12 @@ impl Checker {
                 let spec = sc.spec.clone();
                 let in_grace = now.duration_since(mc.started_seen) < spec.grace;
                 let (tx, id, instance) = (self.tx.clone(), id.clone(), mc.instance_id.clone());
+                let stop = stop.clone();
                 tracker.spawn(async move {
-                    let outcome = run_check(&spec).await;
+                    let outcome = tokio::select! {
+                        () = stop.cancelled() => return,
+                        outcome = run_check(&spec) => outcome,
+                    };
                     let status = match &outcome {
                         Ok(_) => "passing",
                         Err(_) if in_grace => "warning",
