@@ -13,7 +13,8 @@
 //!   [`actor`], [`http`], [`volumes`] and the rest below.
 //! - [`agent`]: the agent's state, made of parts from the modules below it, and what every
 //!   operation shares (numbering, loading a live machine, durable commits).
-//! - The parts, which know nothing of the agent: [`store`] (with the ledger), [`registry`]
+//! - The parts, which know nothing of the agent: [`store`] (beside the ledger of
+//!   `bazaar-placement`), [`registry`]
 //!   (the channel to each machine's actor), [`tokens`], [`addresses`], [`checks`],
 //!   [`audit`], [`metrics`], [`host_tls`]; and [`record`], [`config`], [`error`],
 //!   [`sync`].
