@@ -4,22 +4,25 @@
 //! are handed out when a machine is accepted and given back when it is destroyed;
 //! namespaces for addresses are set up in the background. An image machine's user namespace
 //! id range is its address's ([`crate::idranges`]).
+//!
+//! `Addresses` is the agent's part that holds what is handed out: host ports, machine
+//! network addresses and process machines' uids.
 
-use crate::agent::{lock, Agent};
-use crate::driver;
+use crate::driver::{self, Driver};
 use crate::error::AgentError;
 use crate::network::LazyNetwork;
 use crate::record::MachineRecord;
+use crate::sync::lock;
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The machine network of this host: the image machines' one when it can run images, else
 /// its own when it isolates process machines (root), else none.
 pub(crate) fn machine_network(
     config: &crate::config::AgentConfig,
     host_id: &str,
-    driver: &crate::driver::Driver,
+    driver: &Driver,
 ) -> Option<Arc<LazyNetwork>> {
     if let Ok(oci) = &driver.oci {
         return Some(oci.network.clone());
@@ -46,7 +49,7 @@ pub(crate) fn machine_network(
 /// At start: a host whose machines already have addresses (`used`) sets its network up
 /// again at once (after a reboot the bridge is gone); others wait for their first machine
 /// that needs it.
-pub(crate) fn restore_machine_network(driver: &crate::driver::Driver, used: &HashSet<Ipv4Addr>) {
+pub(crate) fn restore_machine_network(driver: &Driver, used: &HashSet<Ipv4Addr>) {
     if let Err(reason) = &driver.oci {
         tracing::info!(%reason, "image machines are not available on this host");
     }
@@ -73,13 +76,35 @@ pub(crate) fn restore_machine_network(driver: &crate::driver::Driver, used: &Has
     });
 }
 
-impl Agent {
+/// What this host's machines hold: host ports, machine network addresses, uids.
+#[derive(Debug, Default)]
+pub(crate) struct Addresses {
+    ports: Mutex<HashSet<u16>>,
+    /// Machine network addresses (shared with the background namespace set-up).
+    ips: Arc<Mutex<HashSet<Ipv4Addr>>>,
+    /// Uids held by this host's process machines ([`crate::identity`]).
+    pub(crate) uids: Mutex<HashSet<u32>>,
+}
+
+impl Addresses {
+    /// What the machines of a store already hold, at start.
+    pub(crate) fn restore(ports: HashSet<u16>, ips: HashSet<Ipv4Addr>, uids: HashSet<u32>) -> Self {
+        Addresses {
+            ports: Mutex::new(ports),
+            ips: Arc::new(Mutex::new(ips)),
+            uids: Mutex::new(uids),
+        }
+    }
+
     /// Gives a machine what its services are reached at: an address of its own on the
     /// machine network for an image machine (refused with the reason when this host cannot
     /// run images) and for a process machine of an isolating agent; host ports on loopback
     /// for a process machine otherwise.
-    pub(crate) fn assign_ports(&self, rec: &mut MachineRecord) -> Result<(), AgentError> {
-        let driver = &self.0.driver;
+    pub(crate) fn assign(
+        &self,
+        driver: &Driver,
+        rec: &mut MachineRecord,
+    ) -> Result<(), AgentError> {
         if rec.config.driver() == "oci" {
             driver.oci.as_ref().map_err(|reason| {
                 AgentError::Invalid(format!(
@@ -90,7 +115,7 @@ impl Agent {
         }
         if let Some(network) = driver.network.as_ref().filter(|_| driver.isolate) {
             {
-                let mut in_use = lock(&self.0.ports_in_use);
+                let mut in_use = lock(&self.ports);
                 for p in rec.host_ports.values() {
                     in_use.remove(p);
                 }
@@ -100,7 +125,7 @@ impl Agent {
                 let network = network.get().map_err(|e| {
                     AgentError::Internal(format!("setting up the machine network: {e}"))
                 })?;
-                let mut used = lock(&self.0.addresses_in_use);
+                let mut used = lock(&self.ips);
                 let ip = network.allocate(&used).ok_or_else(|| {
                     AgentError::Capacity(format!(
                         "no free address left in this host's machine network {}",
@@ -118,12 +143,12 @@ impl Agent {
                 network.handed_out();
                 // Its namespace, and the next addresses', are set up meanwhile: the launch
                 // usually finds them ready.
-                let (network, agent) = (network.clone(), self.clone());
+                let (network, ips) = (network.clone(), self.ips.clone());
                 tokio::task::spawn_blocking(move || {
                     if let Err(err) = network.attach(ip) {
                         tracing::warn!(%ip, error = %err, "setting up a network namespace");
                     }
-                    network.prepare_ahead(|| lock(&agent.0.addresses_in_use).clone());
+                    network.prepare_ahead(|| lock(&ips).clone());
                 });
             }
             return Ok(());
@@ -136,7 +161,7 @@ impl Agent {
             .collect();
         rec.host_ports
             .retain(|internal, _| wanted.contains(internal));
-        let mut in_use = lock(&self.0.ports_in_use);
+        let mut in_use = lock(&self.ports);
         for internal in wanted {
             if rec.host_ports.contains_key(&internal) {
                 continue;
@@ -154,18 +179,22 @@ impl Agent {
         Ok(())
     }
 
-    /// Gives back what [`Agent::assign_ports`] and [`Agent::assign_user`] handed out.
-    pub(crate) fn release_ports(&self, rec: &MachineRecord) {
-        self.release_user(rec);
+    /// Gives back the address and host ports [`Addresses::assign`] handed out.
+    pub(crate) fn release(&self, driver: &Driver, rec: &MachineRecord) {
         if let Some(ip) = rec.private_ip {
-            lock(&self.0.addresses_in_use).remove(&ip);
-            let network = self.0.driver.network.as_ref().and_then(|n| n.ready());
+            lock(&self.ips).remove(&ip);
+            let network = driver.network.as_ref().and_then(|n| n.ready());
             if let Some(network) = network.cloned() {
                 tokio::task::spawn_blocking(move || network.renew(ip));
             }
         }
-        let mut in_use = lock(&self.0.ports_in_use);
-        for p in rec.host_ports.values() {
+        self.release_ports(rec.host_ports.values());
+    }
+
+    /// Gives back host ports.
+    pub(crate) fn release_ports<'a>(&self, ports: impl IntoIterator<Item = &'a u16>) {
+        let mut in_use = lock(&self.ports);
+        for p in ports {
             in_use.remove(p);
         }
     }

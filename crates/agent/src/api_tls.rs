@@ -85,7 +85,7 @@ impl ApiTls {
     ) -> tokio::task::JoinHandle<std::io::Result<()>> {
         let acceptor = self.acceptor.clone();
         let stop = agent.0.shutdown.clone();
-        tokio::spawn(async move {
+        agent.0.tracker.spawn(async move {
             loop {
                 let (stream, peer) = tokio::select! {
                     _ = stop.cancelled() => return Ok(()),
@@ -120,7 +120,7 @@ fn spawn_renewal(
     let stop = agent.0.shutdown.clone();
     let (data_dir, ip) = (config.data_dir.clone(), config.api_listen.ip());
     let retry = Duration::from_secs(1).max(config.cert_validity / 100);
-    tokio::spawn(async move {
+    agent.0.tracker.spawn(async move {
         let mut due = first.renew_at();
         loop {
             let wait = due.duration_since(SystemTime::now()).unwrap_or_default();

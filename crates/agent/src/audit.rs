@@ -4,12 +4,8 @@
 //! `audit.log.1` past [`ROTATE_BYTES`] (one old file kept), so a host keeps the latest
 //! changes it handled within a bounded size. `GET /host/v1/audit/{app}` reads them; the API
 //! (`/v1/apps/{app}/audit`) gathers every host's.
+//! The agent holds its host's [`AuditLog`].
 
-use crate::agent::Agent;
-use crate::error::AgentError;
-use axum::extract::{Path as UrlPath, State};
-use axum::routing::get;
-use axum::{Json, Router};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -69,21 +65,6 @@ impl AuditLog {
             .filter(|e| e.app.as_deref() == Some(app))
             .collect()
     }
-}
-
-/// `GET /host/v1/audit/{app}`: this host's record of changes to the app.
-pub(crate) fn routes() -> Router<Agent> {
-    Router::new().route("/audit/{app}", get(for_app))
-}
-
-async fn for_app(
-    State(agent): State<Agent>,
-    UrlPath(app): UrlPath<String>,
-) -> Result<Json<Vec<AuditEntry>>, AgentError> {
-    tokio::task::spawn_blocking(move || agent.audit().for_app(&app))
-        .await
-        .map(Json)
-        .map_err(|e| AgentError::Internal(e.to_string()))
 }
 
 #[cfg(test)]

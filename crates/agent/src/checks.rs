@@ -6,15 +6,21 @@
 //! republished only when a status changes. The proxy routes no traffic to a machine with a
 //! `critical` service check; a failure inside the grace period after start is reported as
 //! `warning`. As on Fly, a failing check never restarts or stops a machine.
+//!
+//! The agent holds the results (`CheckResults`); its check loop (in [`crate::boot`]) drives
+//! a `Checker`.
 
-use crate::agent::Agent;
-use bazaar_catalog::{CheckRecord, MachineFilter};
+use crate::sync::lock;
+use bazaar_catalog::{Catalog, CheckRecord, MachineFilter};
 use bazaar_types::config::CheckConfig;
 use bazaar_types::now_ms;
 use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// Default time between two runs of a check.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
@@ -50,138 +56,24 @@ struct MachineChecks {
     checks: Vec<Scheduled>,
 }
 
-/// Starts the check loop of this agent.
-pub(crate) fn spawn(agent: &Agent) {
-    let agent = agent.clone();
-    let shutdown = agent.0.shutdown.clone();
-    agent.0.tracker.clone().spawn(async move {
-        let (tx, mut rx) = mpsc::unbounded_channel::<(String, String, CheckRecord)>();
-        let mut machines: HashMap<String, MachineChecks> = HashMap::new();
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                _ = tick.tick() => schedule(&agent, &mut machines, &tx),
-                Some((id, instance, result)) = rx.recv() => {
-                    record(&agent, &mut machines, id, instance, result).await;
-                }
-            }
-        }
-    });
-}
+/// A result of one check: the machine, its instance, the result.
+type Outcome = (String, String, CheckRecord);
 
-/// Brings the schedule in line with this host's started machines and runs what is due.
-fn schedule(
-    agent: &Agent,
-    machines: &mut HashMap<String, MachineChecks>,
-    tx: &mpsc::UnboundedSender<(String, String, CheckRecord)>,
-) {
-    let Some(catalog) = agent.catalog() else {
-        return;
-    };
-    let host = agent.host_id();
-    let filter = MachineFilter {
-        states: vec!["started".into()],
-        ..Default::default()
-    };
-    let now = Instant::now();
-    let mut seen = HashSet::new();
-    // Only this host's machines with checks (all come from services) are copied out.
-    let ours = catalog.machines_where(&filter, |m| {
-        m.host_id == host && m.services.iter().any(|s| !s.service.checks.is_empty())
-    });
-    for view in ours {
-        let m = view.record;
-        seen.insert(m.id.clone());
-        let stale = machines
-            .get(&m.id)
-            .is_some_and(|c| c.instance_id != m.instance_id);
-        if stale || !machines.contains_key(&m.id) {
-            if stale {
-                // A new config version: the old version's results say nothing about it
-                // (a deploy waits for the new version's checks to pass).
-                crate::agent::lock_checks(agent).remove(&m.id);
-            }
-            let specs = specs(&m);
-            machines.insert(
-                m.id.clone(),
-                MachineChecks {
-                    started_seen: now,
-                    instance_id: m.instance_id.clone(),
-                    checks: specs
-                        .into_iter()
-                        .map(|spec| Scheduled {
-                            spec,
-                            next_due: now,
-                            running: false,
-                        })
-                        .collect(),
-                },
-            );
-        }
-    }
-    let before = machines.len();
-    machines.retain(|id, _| seen.contains(id));
-    if machines.len() != before {
-        let mut results = crate::agent::lock_checks(agent);
-        results.retain(|id, _| seen.contains(id));
-    }
-    for (id, mc) in machines.iter_mut() {
-        for sc in mc.checks.iter_mut() {
-            if sc.running || sc.next_due > now {
-                continue;
-            }
-            sc.running = true;
-            let spec = sc.spec.clone();
-            let in_grace = now.duration_since(mc.started_seen) < spec.grace;
-            let (tx, id, instance) = (tx.clone(), id.clone(), mc.instance_id.clone());
-            tokio::spawn(async move {
-                let outcome = run_check(&spec).await;
-                let status = match &outcome {
-                    Ok(_) => "passing",
-                    Err(_) if in_grace => "warning",
-                    Err(_) => "critical",
-                };
-                let output = match outcome {
-                    Ok(o) | Err(o) => o,
-                };
-                let _ = tx.send((
-                    id,
-                    instance,
-                    CheckRecord {
-                        name: spec.name,
-                        status: status.into(),
-                        output,
-                        updated_at_ms: now_ms(),
-                    },
-                ));
-            });
-        }
-    }
-}
+/// The latest health-check results of this host's machines (the agent's part; they
+/// travel in the machines' catalog rows).
+#[derive(Debug, Default)]
+pub(crate) struct CheckResults(Mutex<HashMap<String, Vec<CheckRecord>>>);
 
-/// Stores one result; republishes the machine when a status changed.
-async fn record(
-    agent: &Agent,
-    machines: &mut HashMap<String, MachineChecks>,
-    id: String,
-    instance: String,
-    result: CheckRecord,
-) {
-    let Some(mc) = machines.get_mut(&id) else {
-        return;
-    };
-    if mc.instance_id != instance {
-        return;
+impl CheckResults {
+    /// The latest results of machine `id`, sorted by name.
+    pub(crate) fn of(&self, id: &str) -> Option<Vec<CheckRecord>> {
+        lock(&self.0).get(id).cloned()
     }
-    if let Some(sc) = mc.checks.iter_mut().find(|s| s.spec.name == result.name) {
-        sc.running = false;
-        sc.next_due = Instant::now() + sc.spec.interval;
-    }
-    let changed = {
-        let mut all = crate::agent::lock_checks(agent);
-        let list = all.entry(id.clone()).or_default();
+
+    /// Stores one result; true if its status changed (or it is the first).
+    fn store(&self, id: &str, result: CheckRecord) -> bool {
+        let mut all = lock(&self.0);
+        let list = all.entry(id.to_string()).or_default();
         match list.iter_mut().find(|c| c.name == result.name) {
             Some(c) if c.status == result.status => {
                 *c = result;
@@ -197,16 +89,141 @@ async fn record(
                 true
             }
         }
-    };
-    if changed {
-        let store = agent.0.store.clone();
-        let id2 = id.clone();
-        match tokio::task::spawn_blocking(move || store.machine(&id2)).await {
-            Ok(Ok(Some(rec))) => agent.publish(&rec),
-            Ok(Ok(None)) => {}
-            Ok(Err(err)) => tracing::warn!(machine.id = %id, error = %err, "reading machine"),
-            Err(err) => tracing::warn!(machine.id = %id, error = %err, "reading machine"),
+    }
+}
+
+/// The check schedule of this host's started machines: which checks run when. The agent's
+/// check loop calls [`Checker::schedule`] on every tick and [`Checker::record`] with every
+/// result from the receiver [`Checker::new`] returns.
+#[derive(Debug)]
+pub(crate) struct Checker {
+    machines: HashMap<String, MachineChecks>,
+    tx: mpsc::UnboundedSender<Outcome>,
+}
+
+impl Checker {
+    /// An empty schedule, and the receiver of the results of the checks it runs.
+    pub(crate) fn new() -> (Checker, mpsc::UnboundedReceiver<Outcome>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let checker = Checker {
+            machines: HashMap::new(),
+            tx,
+        };
+        (checker, rx)
+    }
+
+    /// Brings the schedule in line with `host`'s started machines in `catalog` and runs
+    /// what is due (each check on a task of its own, counted by `tracker` and given up at
+    /// `stop`).
+    pub(crate) fn schedule(
+        &mut self,
+        catalog: &Catalog,
+        host: &str,
+        results: &CheckResults,
+        (tracker, stop): (&TaskTracker, &CancellationToken),
+    ) {
+        let machines = &mut self.machines;
+        let filter = MachineFilter {
+            states: vec!["started".into()],
+            ..Default::default()
+        };
+        let now = Instant::now();
+        let mut seen = HashSet::new();
+        // Only this host's machines with checks (all come from services) are copied out.
+        let ours = catalog.machines_where(&filter, |m| {
+            m.host_id == host && m.services.iter().any(|s| !s.service.checks.is_empty())
+        });
+        for view in ours {
+            let m = view.record;
+            seen.insert(m.id.clone());
+            let stale = machines
+                .get(&m.id)
+                .is_some_and(|c| c.instance_id != m.instance_id);
+            if stale || !machines.contains_key(&m.id) {
+                if stale {
+                    // A new config version: the old version's results say nothing about it
+                    // (a deploy waits for the new version's checks to pass).
+                    lock(&results.0).remove(&m.id);
+                }
+                let specs = specs(&m);
+                machines.insert(
+                    m.id.clone(),
+                    MachineChecks {
+                        started_seen: now,
+                        instance_id: m.instance_id.clone(),
+                        checks: specs
+                            .into_iter()
+                            .map(|spec| Scheduled {
+                                spec,
+                                next_due: now,
+                                running: false,
+                            })
+                            .collect(),
+                    },
+                );
+            }
         }
+        let before = machines.len();
+        machines.retain(|id, _| seen.contains(id));
+        if machines.len() != before {
+            lock(&results.0).retain(|id, _| seen.contains(id));
+        }
+        for (id, mc) in machines.iter_mut() {
+            for sc in mc.checks.iter_mut() {
+                if sc.running || sc.next_due > now {
+                    continue;
+                }
+                sc.running = true;
+                let spec = sc.spec.clone();
+                let in_grace = now.duration_since(mc.started_seen) < spec.grace;
+                let (tx, id, instance) = (self.tx.clone(), id.clone(), mc.instance_id.clone());
+                let stop = stop.clone();
+                tracker.spawn(async move {
+                    let outcome = tokio::select! {
+                        () = stop.cancelled() => return,
+                        outcome = run_check(&spec) => outcome,
+                    };
+                    let status = match &outcome {
+                        Ok(_) => "passing",
+                        Err(_) if in_grace => "warning",
+                        Err(_) => "critical",
+                    };
+                    let output = match outcome {
+                        Ok(o) | Err(o) => o,
+                    };
+                    let _ = tx.send((
+                        id,
+                        instance,
+                        CheckRecord {
+                            name: spec.name,
+                            status: status.into(),
+                            output,
+                            updated_at_ms: now_ms(),
+                        },
+                    ));
+                });
+            }
+        }
+    }
+
+    /// Stores one result in `results` and schedules the check's next run; true if the
+    /// machine's row should be republished (a status changed).
+    pub(crate) fn record(
+        &mut self,
+        results: &CheckResults,
+        (id, instance, result): Outcome,
+    ) -> bool {
+        let Some(mc) = self.machines.get_mut(&id) else {
+            return false;
+        };
+        if mc.instance_id != instance {
+            return false;
+        }
+        if let Some(sc) = mc.checks.iter_mut().find(|s| s.spec.name == result.name) {
+            sc.running = false;
+            sc.next_due = Instant::now() + sc.spec.interval;
+        }
+        results.store(&id, result)
     }
 }
 

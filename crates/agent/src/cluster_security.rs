@@ -69,7 +69,7 @@ pub fn spawn_keeper(agent: &Agent, catalog: bazaar_catalog::Catalog) {
     let data_dir = agent.config().data_dir.clone();
     let stop = agent.0.shutdown.clone();
     let mut changes = catalog.subscribe();
-    tokio::spawn(async move {
+    agent.0.tracker.spawn(async move {
         let mut kept = load_revocations(&data_dir).unwrap_or_default().len();
         loop {
             let change = tokio::select! {

@@ -41,6 +41,9 @@ pub enum AgentError {
     DiskFull(String),
     #[error("the agent is shutting down")]
     ShuttingDown,
+    /// Too many operations wait for the machine's actor ([`crate::registry::QUEUE`]).
+    #[error("{0}")]
+    Busy(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -94,7 +97,7 @@ impl AgentError {
                 StatusCode::INSUFFICIENT_STORAGE,
                 Some("insufficient_storage"),
             ),
-            Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, None),
+            Self::ShuttingDown | Self::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, None),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, Some("unknown")),
         }
     }
@@ -114,4 +117,9 @@ impl IntoResponse for AgentError {
         };
         (status, Json(body)).into_response()
     }
+}
+
+/// The refusal of a placement the ledger has no room for.
+pub(crate) fn capacity_error(err: bazaar_placement::LedgerError) -> AgentError {
+    AgentError::Capacity(err.to_string())
 }

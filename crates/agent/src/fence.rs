@@ -50,7 +50,7 @@ pub(crate) async fn superseded_by(
 /// (call once the catalog is attached).
 pub fn spawn(agent: &Agent) {
     let agent = agent.clone();
-    tokio::spawn(async move {
+    agent.0.tracker.clone().spawn(async move {
         let Some(catalog) = agent.catalog().cloned() else {
             return;
         };

@@ -11,7 +11,6 @@
 //! host's catalog key (`/cluster/v1/endorse`, as the host its certificate names), kept in
 //! `DATA/tls/row-key.endorsement`.
 
-use crate::agent::Agent;
 use crate::config::AgentConfig;
 use crate::error::AgentError;
 use anyhow::Context;
@@ -26,6 +25,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 pub use bazaar_node::host_link::{HostLink, PeerHost, HOST_ADDR_LABEL};
 
@@ -140,10 +141,13 @@ impl HostTls {
             .layer(axum::middleware::from_fn(require_peer))
     }
 
-    /// Serves `router` on `listener` over TLS until the agent shuts down.
+    /// Serves `router` on `listener` over TLS until `stop` (the agent's shutdown); the
+    /// accept loop is counted by `tracker`. `catalog` tells which hosts the CA revoked.
     pub fn serve(
         &self,
-        agent: &Agent,
+        stop: CancellationToken,
+        tracker: &TaskTracker,
+        catalog: Option<bazaar_catalog::Catalog>,
         listener: tokio::net::TcpListener,
         router: Router,
     ) -> anyhow::Result<()> {
@@ -151,9 +155,7 @@ impl HostTls {
             &self.identity,
             &self.ca_pem,
         )?);
-        let stop = agent.0.shutdown.clone();
-        let catalog = agent.catalog().cloned();
-        tokio::spawn(async move {
+        tracker.spawn(async move {
             loop {
                 let (stream, peer_addr) = tokio::select! {
                     _ = stop.cancelled() => return,
@@ -180,11 +182,11 @@ impl HostTls {
         Ok(())
     }
 
-    /// Renews the certificate after two thirds of its life, for as long as the agent runs.
-    pub fn spawn_renewal(&self, agent: &Agent, data_dir: PathBuf) {
+    /// Renews the certificate after two thirds of its life, until `stop` (the agent's
+    /// shutdown), on a task counted by `tracker`.
+    pub fn spawn_renewal(&self, stop: CancellationToken, tracker: &TaskTracker, data_dir: PathBuf) {
         let tls = self.clone();
-        let stop = agent.0.shutdown.clone();
-        tokio::spawn(async move {
+        tracker.spawn(async move {
             let mut due = tls.current()?.renew_at();
             loop {
                 let wait = due.duration_since(SystemTime::now()).unwrap_or_default();
@@ -558,18 +560,5 @@ impl HostTls {
         catalog: bazaar_catalog::Catalog,
     ) -> anyhow::Result<HostLink> {
         HostLink::new(addr, self.identity.clone(), self.ca_pem.clone(), catalog)
-    }
-}
-
-impl Agent {
-    /// This host's link to other hosts' host listeners, once it has a cluster certificate.
-    pub fn host_link(&self) -> Option<&HostLink> {
-        self.0.host_link.get()
-    }
-
-    /// Records the host link and republishes the host record (with `host_addr`).
-    pub async fn set_host_link(&self, link: HostLink) {
-        let _ = self.0.host_link.set(link);
-        self.publish_host().await;
     }
 }

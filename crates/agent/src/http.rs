@@ -21,6 +21,17 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use std::time::Duration;
 
+/// `GET /host/v1/audit/{app}`: this host's record of changes to the app.
+async fn audit_for_app(
+    State(agent): State<Agent>,
+    Path(app): Path<String>,
+) -> Result<Json<Vec<crate::audit::AuditEntry>>, AgentError> {
+    tokio::task::spawn_blocking(move || agent.audit().for_app(&app))
+        .await
+        .map(Json)
+        .map_err(|e| AgentError::Internal(e.to_string()))
+}
+
 /// Largest request body accepted (a machine config is a few KB).
 const MAX_BODY_BYTES: usize = 1024 * 1024;
 /// Longest wait a client may ask for (Fly's limit).
@@ -81,7 +92,7 @@ pub fn router(agent: Agent) -> Router {
         )
         .route("/snapshots/{id}", get(snapshot_get))
         .merge(crate::images::routes())
-        .merge(crate::audit::routes())
+        .route("/audit/{app}", get(audit_for_app))
         .merge(crate::ledger_dump::routes())
         .merge(crate::cluster_security::routes())
         .layer(middleware::from_fn_with_state(

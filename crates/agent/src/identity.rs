@@ -5,10 +5,13 @@
 //! for root (`init.user` naming uid 0) is refused unless the operator allows it
 //! (`--allow-root-machines`); any other `init.user` only names the machine's own uid inside
 //! its sandbox. Agents that are not root run every workload as themselves, as before.
+//! Here too: the agent's wrappers that hand out and give back a machine's addresses and uid
+//! together ([`crate::addresses`]).
 
-use crate::agent::{lock, Agent};
+use crate::agent::Agent;
 use crate::error::AgentError;
 use crate::record::MachineRecord;
+use crate::sync::lock;
 
 /// The first uid handed to machines (above the usual subordinate-id ranges of users).
 pub const FIRST_UID: u32 = 200_000;
@@ -40,7 +43,7 @@ impl Agent {
         if !self.machine_users() || rec.uid.is_some() {
             return Ok(());
         }
-        let mut used = lock(&self.0.uids_in_use);
+        let mut used = lock(&self.0.addresses.uids);
         let uid = (FIRST_UID..FIRST_UID + UID_COUNT)
             .find(|uid| !used.contains(uid))
             .ok_or_else(|| AgentError::Capacity("no machine uid left on this host".into()))?;
@@ -49,10 +52,21 @@ impl Agent {
         Ok(())
     }
 
+    /// Gives a machine where its services are reached ([`crate::addresses::Addresses::assign`]).
+    pub(crate) fn assign_ports(&self, rec: &mut MachineRecord) -> Result<(), AgentError> {
+        self.0.addresses.assign(&self.0.driver, rec)
+    }
+
+    /// Gives back what [`Agent::assign_ports`] and [`Agent::assign_user`] handed out.
+    pub(crate) fn release_ports(&self, rec: &MachineRecord) {
+        self.release_user(rec);
+        self.0.addresses.release(&self.0.driver, rec);
+    }
+
     /// Gives a destroyed (or refused) machine's uid back.
     pub(crate) fn release_user(&self, rec: &MachineRecord) {
         if let Some(uid) = rec.uid {
-            lock(&self.0.uids_in_use).remove(&uid);
+            lock(&self.0.addresses.uids).remove(&uid);
         }
     }
 }

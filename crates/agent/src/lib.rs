@@ -4,9 +4,22 @@
 //! shim that outlives the agent, enforces restart policies, and answers the market: bids,
 //! reservations and claims.
 //!
-//! Layout:
-//! - [`agent`]: shared state, start-up, the accept side of operations, catalog publishing.
-//! - [`addresses`]: host ports and machine-network addresses, handed out and given back.
+//! Layout, in layers (each module imports only from layers below it; `tests/layering.rs`
+//! fails on an import circle):
+//! - [`boot`], at the top: start-up ([`run_agent`], [`Agent::start`]: re-adoption, resuming
+//!   operations, the agent's loops) and shutdown.
+//! - Above [`agent`], what needs the whole agent: [`operations`] (the accept side of
+//!   operations on existing machines), [`market`], [`leases`], [`views`], [`publish`],
+//!   [`actor`], [`http`], [`volumes`] and the rest below.
+//! - [`agent`]: the agent's state, made of parts from the modules below it, and what every
+//!   operation shares (numbering, loading a live machine, durable commits).
+//! - The parts, which know nothing of the agent: [`store`] (beside the ledger of
+//!   `bazaar-placement`), [`registry`]
+//!   (the channel to each machine's actor), [`tokens`], [`addresses`], [`checks`],
+//!   [`audit`], [`metrics`], [`host_tls`]; and [`record`], [`config`], [`error`],
+//!   [`sync`].
+//! - [`addresses`]: host ports, machine-network addresses and uids, handed out and given
+//!   back.
 //! - [`market`]: bids, reservations, claims and creates (the host's side of the market).
 //! - [`leases`]: leases, cordons and metadata.
 //! - [`publish`]: this host's rows in the catalog (host record, machines) and the live state
@@ -36,7 +49,8 @@
 //!   of one.
 //! - [`metrics`]: operations, steps, store commits and machines by state, with the
 //!   catalog's, as Prometheus text (served at `/metrics` with the proxy's).
-//! - [`checks`]: service health checks of this host's machines (results go in the catalog).
+//! - [`checks`]: service health checks of this host's machines (results go in the catalog;
+//!   the loop that runs them is in [`boot`]).
 //! - [`cleanup`]: what a host made on the machine outside its store (mounts, loop devices,
 //!   network, cgroups, shims), found from its data dir and removed (`bazaar host reset`,
 //!   `bazaar dev` on Ctrl-C, leftovers of a killed agent at start).
@@ -55,6 +69,7 @@ pub mod agent;
 pub mod api_tls;
 pub mod app_secrets;
 pub mod audit;
+pub mod boot;
 pub mod checks;
 pub mod cleanup;
 pub mod cluster_security;
@@ -73,15 +88,18 @@ pub mod market;
 pub mod mesh;
 pub mod metrics;
 pub mod node;
+pub mod operations;
 pub mod ps;
 pub mod publish;
 pub mod record;
+pub mod registry;
 pub mod restart;
 pub mod schedule;
 pub mod secrets;
 pub mod snapshots;
 pub mod standby;
 pub mod store;
+pub mod sync;
 pub mod tokens;
 pub mod views;
 pub mod volume_record;
@@ -91,143 +109,5 @@ pub mod volumes;
 pub use bazaar_runtime::{driver, exec, idranges, netlink, network, oci, volume_fs};
 
 pub use agent::Agent;
+pub use boot::run_agent;
 pub use config::AgentConfig;
-
-use anyhow::Context;
-use std::future::Future;
-
-/// Runs an agent until `shutdown_signal` completes: binds the listener, starts the catalog
-/// (writing `data_dir/gossip.addr`), writes `data_dir/api.addr`, serves the host interface
-/// plus `extra_routes` (the Machines API, `/metrics`), then leaves the cluster and shuts down
-/// cleanly. `extra_routes` runs once the catalog is attached and may start services of its
-/// own (the edge proxy); an error from it stops the agent from starting.
-pub async fn run_agent(
-    config: AgentConfig,
-    extra_routes: impl FnOnce(Agent) -> anyhow::Result<axum::Router>,
-    shutdown_signal: impl Future<Output = ()>,
-) -> anyhow::Result<()> {
-    raise_fd_limit();
-    let listener = tokio::net::TcpListener::bind(config.api_listen)
-        .await
-        .with_context(|| format!("binding the API listener on {}", config.api_listen))?;
-    let addr = listener.local_addr()?;
-    let mut config = config;
-    config.api_listen = addr;
-    let agent = Agent::start(config.clone()).await?;
-    let host_tls = host_tls::HostTls::establish(&config, agent.host_id())
-        .await
-        .context("the host's cluster certificate")?;
-    let mut catalog_config = bazaar_catalog::CatalogConfig::new(
-        agent.host_id(),
-        &config.region,
-        config.gossip_listen,
-        agent.cluster_secret(),
-    );
-    catalog_config.signing_key = secrets::host_signing_key(&config.data_dir)?;
-    catalog_config.gossip_keys = cluster_security::load_gossip_keys(&config.data_dir)?;
-    if let Some(tls) = &host_tls {
-        let row_key = catalog_config.signing_key.verifying_key().to_bytes();
-        catalog_config.cluster = Some(bazaar_catalog::ClusterIdentity {
-            identity: tls.identity.clone(),
-            ca_pem: tls.ca_pem.clone(),
-            key_endorsement: tls
-                .row_key_endorsement(&config.data_dir, row_key)
-                .await
-                .context("the CA's endorsement of this host's catalog key")?,
-            revocations: cluster_security::load_revocations(&config.data_dir)?
-                .into_iter()
-                .chain(tls.ca_revocations())
-                .collect(),
-        });
-    }
-    catalog_config.seeds = config.join.clone();
-    catalog_config.dead_after = config.dead_after;
-    catalog_config.probe_period =
-        (config.dead_after / 8).max(std::time::Duration::from_millis(100));
-    let catalog = bazaar_catalog::Catalog::start(catalog_config)
-        .await
-        .with_context(|| format!("starting the catalog on {}", config.gossip_listen))?;
-    secrets::write_private(
-        &config.data_dir.join("gossip.addr"),
-        &catalog.local_addr().to_string(),
-    )?;
-    agent.attach_catalog(catalog.clone()).await;
-    cluster_security::spawn_keeper(&agent, catalog.clone());
-    dns::spawn(&agent).await;
-    mesh::spawn(&agent).await;
-    standby::spawn(&agent);
-    fence::spawn(&agent);
-    images::spawn_pruning(&agent);
-    // The host listener is bound and the link to other hosts known before the services
-    // beside the API start (the proxy hops over it); it serves once the router is built.
-    let host_listener = match &host_tls {
-        Some(tls) => {
-            let listener = tokio::net::TcpListener::bind(config.host_listen)
-                .await
-                .with_context(|| format!("binding the host listener on {}", config.host_listen))?;
-            let host_addr = listener.local_addr()?;
-            agent
-                .set_host_link(tls.link(host_addr, catalog.clone())?)
-                .await;
-            Some((tls, listener, host_addr))
-        }
-        None => None,
-    };
-    // Services beside the API (the edge proxy) start here, before `api.addr` announces
-    // that the agent is up.
-    let extra = extra_routes(agent.clone())?;
-    let stop = agent.0.shutdown.clone();
-    let app = http::router(agent.clone())
-        .merge(extra)
-        .layer(axum::middleware::map_response(
-            http::fly_shaped_method_errors,
-        ));
-    if let Some((tls, listener, host_addr)) = host_listener {
-        // The same interfaces, to other hosts, over mTLS.
-        tls.serve(&agent, listener, tls.router(app.clone()))?;
-        tls.spawn_renewal(&agent, config.data_dir.clone());
-        secrets::write_private(&config.data_dir.join("host.addr"), &host_addr.to_string())?;
-    }
-    let api_tls = api_tls::ApiTls::establish(&config, &agent, host_tls.as_ref())
-        .await
-        .context("the API's certificate (--api-tls)")?;
-    secrets::write_private(&config.data_dir.join("api.addr"), &addr.to_string())?;
-    tracing::info!(api.addr = %addr, api.tls = api_tls.is_some(), host.id = agent.host_id(), region = %config.region, "listening");
-    let server = match &api_tls {
-        Some(tls) => tls.serve(&agent, listener, app),
-        None => {
-            let server = axum::serve(
-                listener,
-                // The peer's address, for the audit record.
-                app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-            )
-            .with_graceful_shutdown(async move { stop.cancelled().await });
-            tokio::spawn(async move { server.await })
-        }
-    };
-    shutdown_signal.await;
-    tracing::info!("shutting down");
-    // Leave first, so other hosts stop routing here at once.
-    catalog.leave().await;
-    agent.shutdown().await;
-    match tokio::time::timeout(std::time::Duration::from_secs(5), server).await {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(err))) => tracing::warn!(error = %err, "server error"),
-        Ok(Err(err)) => tracing::warn!(error = %err, "server task"),
-        Err(_) => tracing::warn!("server did not stop within 5 s"),
-    }
-    Ok(())
-}
-
-/// Each supervised machine holds a few pidfds; lift the soft limit on open files to the hard
-/// limit so a host with thousands of machines does not run out.
-fn raise_fd_limit() {
-    use rustix::process::{getrlimit, setrlimit, Resource};
-    let mut limit = getrlimit(Resource::Nofile);
-    if limit.current < limit.maximum {
-        limit.current = limit.maximum;
-        if let Err(err) = setrlimit(Resource::Nofile, limit) {
-            tracing::warn!(error = %err, "raising the open-file limit");
-        }
-    }
-}

@@ -3,9 +3,11 @@
 //! validated and written in one transaction with its first operation before it is answered.
 
 use crate::actor::spawn_actor;
-use crate::agent::{capacity_error, validate_config, Agent};
+use crate::agent::Agent;
+use crate::error::capacity_error;
 use crate::error::AgentError;
 use crate::leases::new_lease;
+use crate::operations::validate_config;
 use crate::record::{MachineRecord, OpKind, Operation};
 use crate::store::Batch;
 use bazaar_placement::LedgerError;

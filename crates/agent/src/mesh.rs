@@ -97,7 +97,7 @@ pub(crate) async fn spawn(agent: &Agent) {
         }
     };
     let announce = |prefix: Prefix| {
-        *crate::agent::lock(&agent.0.mesh_labels) = [
+        *crate::sync::lock(&agent.0.mesh_labels) = [
             (plan::LABEL_KEY, hex::encode(public)),
             (plan::LABEL_ENDPOINT, mesh.local_addr().to_string()),
             (plan::LABEL_PREFIX, prefix.to_string()),
@@ -116,9 +116,9 @@ pub(crate) async fn spawn(agent: &Agent) {
         let mut applied: Option<(Vec<Peer>, BTreeMap<Ipv4Addr, String>)> = None;
         loop {
             if confirm_claim(&agent, &catalog, &mut prefix) {
-                let mut labels = crate::agent::lock(&agent.0.mesh_labels).clone();
+                let mut labels = crate::sync::lock(&agent.0.mesh_labels).clone();
                 labels.insert(plan::LABEL_PREFIX.into(), prefix.to_string());
-                *crate::agent::lock(&agent.0.mesh_labels) = labels;
+                *crate::sync::lock(&agent.0.mesh_labels) = labels;
                 agent.publish_host().await;
             }
             let (peers, members) = wanted(&agent, &catalog, prefix);

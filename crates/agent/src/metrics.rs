@@ -4,7 +4,6 @@
 //! machines by state are read from the store's in-memory records when scraped. Served with
 //! the catalog's and the proxy's at `GET /metrics` on the API port.
 
-use crate::agent::Agent;
 use crate::record::{OpKind, Step};
 use bazaar_catalog::metrics::Exposition;
 use bazaar_types::state::MachineState;
@@ -139,21 +138,16 @@ impl AgentMetrics {
             stats.duration.observe(took);
         }
     }
-}
 
-impl Agent {
-    /// The agent's and its catalog's metrics, as Prometheus text.
-    pub fn metrics_text(&self) -> String {
-        let mut out = Exposition::default();
-        self.encode_metrics(&mut out);
-        if let Some(catalog) = self.0.catalog.get() {
-            catalog.encode_metrics(&mut out);
-        }
-        out.into_string()
-    }
-
-    fn encode_metrics(&self, out: &mut Exposition) {
-        let m = &self.0.metrics;
+    /// Writes these counts, the store's `commits` and `machines` (the state of each, as
+    /// scraped) to `out`.
+    pub(crate) fn encode(
+        &self,
+        out: &mut Exposition,
+        commits: &CommitStats,
+        machines: impl IntoIterator<Item = MachineState>,
+    ) {
+        let m = self;
         let name = "bazaar_agent_operations_total";
         out.family(
             name,
@@ -183,7 +177,6 @@ impl Agent {
         for (step, stats) in STEPS.iter().zip(&m.steps) {
             stats.duration.encode(out, name, &[("step", step)]);
         }
-        let commits = self.0.store.commit_stats();
         let name = "bazaar_agent_store_commit_duration_seconds";
         out.family(
             name,
@@ -198,12 +191,7 @@ impl Agent {
             commits.failed.load(Ordering::Relaxed),
         );
         let mut states: Vec<(MachineState, u64)> = Vec::new();
-        let transient = crate::agent::lock(&self.0.transient).clone();
-        for state in self
-            .0
-            .store
-            .select(|r| Some(transient.get(&r.id).copied().unwrap_or(r.state)))
-        {
+        for state in machines {
             match states.iter_mut().find(|(s, _)| *s == state) {
                 Some((_, n)) => *n += 1,
                 None => states.push((state, 1)),

@@ -92,7 +92,7 @@ impl Node for AgentNode {
     }
 
     fn validate_config(&self, config: &MachineConfig) -> Result<Resources, NodeError> {
-        Ok(crate::agent::validate_config(config)?)
+        Ok(crate::operations::validate_config(config)?)
     }
 
     fn app_secrets(&self, app: &str) -> Vec<SecretRecord> {

@@ -2,8 +2,9 @@
 //! room, where its proxy listens — and a whole row per machine) and the live state that
 //! `wait` watches.
 
-use crate::agent::{lock, Agent, Snapshot};
+use crate::agent::{Agent, Snapshot};
 use crate::record::MachineRecord;
+use crate::sync::lock;
 use bazaar_types::host::Resources;
 use bazaar_types::state::MachineState;
 use std::collections::BTreeMap;
@@ -81,7 +82,7 @@ impl Agent {
                 },
             )
         };
-        let num_machines = lock(&self.0.actors).len() as u32;
+        let num_machines = self.0.actors.len() as u32;
         let disk_gb = self.disk_gb();
         let record = bazaar_catalog::HostRecord {
             id: self.0.host_id.clone(),
@@ -114,7 +115,7 @@ impl Agent {
             draining: self.0.shutdown.is_cancelled(),
             disk_gb,
             disk_free_gb: disk_gb.saturating_sub(self.disk_used_gb()),
-            revoked_tokens: lock(&self.0.revoked_here).iter().cloned().collect(),
+            revoked_tokens: self.0.tokens.revoked_here().into_iter().collect(),
             // Set by the catalog.
             public_key: String::new(),
             key_endorsement: String::new(),
@@ -131,6 +132,12 @@ impl Agent {
     /// Records where this host's edge proxy listens and republishes the host record.
     pub async fn set_proxy_addr(&self, addr: std::net::SocketAddr) {
         let _ = self.0.proxy_addr.set(addr);
+        self.publish_host().await;
+    }
+
+    /// Records the host link and republishes the host record (with `host_addr`).
+    pub async fn set_host_link(&self, link: crate::host_tls::HostLink) {
+        let _ = self.0.host_link.set(link);
         self.publish_host().await;
     }
 
@@ -207,10 +214,7 @@ impl Agent {
             private_ip: rec.private_ip.map(|ip| ip.to_string()),
             services,
             checks: if self.current_state(rec) == MachineState::Started {
-                lock(&self.0.checks)
-                    .get(&rec.id)
-                    .cloned()
-                    .unwrap_or_default()
+                self.0.checks.of(&rec.id).unwrap_or_default()
             } else {
                 Vec::new()
             },

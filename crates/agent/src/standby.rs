@@ -21,7 +21,7 @@ pub const CONFIRM: Duration = Duration::from_secs(1);
 /// Starts the standby watcher of this agent (call once the catalog is attached).
 pub fn spawn(agent: &Agent) {
     let agent = agent.clone();
-    tokio::spawn(async move {
+    agent.0.tracker.clone().spawn(async move {
         let Some(catalog) = agent.catalog().cloned() else {
             return;
         };

@@ -14,6 +14,7 @@
 
 use crate::metrics::CommitStats;
 use crate::record::{MachineRecord, Operation};
+use crate::sync::lock;
 use crate::volume_record::VolumeRecord;
 use bazaar_placement::Reservation;
 use bazaar_types::config::MachineConfig;
@@ -24,7 +25,7 @@ use serde::Serialize;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 const MACHINES: TableDefinition<&str, &[u8]> = TableDefinition::new("machines");
@@ -114,10 +115,6 @@ struct OpenDb {
     /// `None` after an I/O error until a reopen succeeds (the disk may still be full).
     db: Option<Database>,
     generation: u64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// What records written before placements had their own table carried.

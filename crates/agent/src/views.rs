@@ -1,9 +1,10 @@
 //! Reads of this host's machines: the Machines API view of a record, lists, events,
 //! versions, logs, placement records, and `wait` for a state.
 
-use crate::agent::{lock, Agent, Snapshot};
+use crate::agent::{Agent, Snapshot};
 use crate::error::AgentError;
 use crate::record::MachineRecord;
+use crate::sync::lock;
 use bazaar_types::config::MachineConfig;
 use bazaar_types::event::MachineEvent;
 use bazaar_types::host::WaitResponse;
@@ -170,8 +171,10 @@ impl Agent {
             updated_at: rfc3339(rec.updated_at_ms),
             config: rec.config.clone(),
             events,
-            checks: lock(&self.0.checks)
-                .get(&rec.id)
+            checks: self
+                .0
+                .checks
+                .of(&rec.id)
                 .filter(|_| self.current_state(rec) == MachineState::Started)
                 .map(|list| {
                     list.iter()

@@ -7,6 +7,7 @@
 use crate::agent::Agent;
 use crate::metrics::Outcome;
 use crate::record::{MachineRecord, OpKind, Operation, Step};
+use crate::registry::ActorMsg;
 use crate::restart::{decide, Decision, RETRY_WINDOW_MS};
 use crate::store::Batch;
 use bazaar_runtime::Run;
@@ -21,13 +22,6 @@ use tokio::sync::mpsc;
 mod steps;
 use steps::StepOutcome;
 
-/// Messages to a machine's actor.
-#[derive(Debug)]
-pub enum ActorMsg {
-    /// A newly accepted operation.
-    Op(Operation),
-}
-
 /// Starts the actor of `rec` with its unfinished operations.
 pub fn spawn_actor(
     agent: &Agent,
@@ -35,13 +29,7 @@ pub fn spawn_actor(
     ops: Vec<Operation>,
     run: Option<Box<dyn Run>>,
 ) {
-    let (tx, rx) = mpsc::unbounded_channel();
-    agent
-        .0
-        .actors
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(rec.id.clone(), tx);
+    let rx = agent.0.actors.register(&rec.id);
     let actor = Actor {
         agent: agent.clone(),
         id: rec.id.clone(),
@@ -58,7 +46,7 @@ struct Actor {
     queue: VecDeque<Operation>,
     /// The live run, if any.
     run: Option<Box<dyn Run>>,
-    rx: mpsc::UnboundedReceiver<ActorMsg>,
+    rx: mpsc::Receiver<ActorMsg>,
 }
 
 /// An exit to record.
@@ -75,15 +63,10 @@ impl Actor {
             () = self.main(rec) => {}
         }
         // Stop routing new operations here; they are durable and resume on restart.
-        let mut actors = self
-            .agent
+        self.agent
             .0
             .actors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if shutdown.is_cancelled() || actors.get(&self.id).is_some_and(|tx| tx.is_closed()) {
-            actors.remove(&self.id);
-        }
+            .retire(&self.id, shutdown.is_cancelled());
     }
 
     async fn main(&mut self, rec: MachineRecord) {
@@ -114,12 +97,7 @@ impl Actor {
                 if let Some(MachineState::Destroyed) = done {
                     // Any operation queued behind a destroy refers to a gone machine.
                     self.queue.clear();
-                    self.agent
-                        .0
-                        .actors
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&self.id);
+                    self.agent.0.actors.remove(&self.id);
                     return;
                 }
                 continue;

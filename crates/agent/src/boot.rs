@@ -1,0 +1,392 @@
+//! Start-up and shutdown, above every other module: [`run_agent`] wires the agent, its
+//! catalog, the host listener and the services beside it; [`Agent::start`] opens the store,
+//! assembles the agent's parts (`Agent::assemble`), re-adopts running workloads, resumes
+//! unfinished operations on their actors and starts the agent's loops (housekeeping,
+//! snapshot pruning, health checks); [`Agent::shutdown`] stops them.
+
+use crate::actor::spawn_actor;
+use crate::agent::{Agent, Stored};
+use crate::checks::Checker;
+use crate::config::AgentConfig;
+use crate::record::Operation;
+use crate::store::{Batch, Store};
+use crate::sync::lock;
+use crate::{
+    api_tls, cluster_security, dns, fence, host_tls, http, images, mesh, secrets, standby,
+};
+use anyhow::Context;
+use bazaar_runtime::MachineDriver;
+use bazaar_types::ids;
+use bazaar_types::now_ms;
+use bazaar_types::state::MachineState;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Runs an agent until `shutdown_signal` completes: binds the listener, starts the catalog
+/// (writing `data_dir/gossip.addr`), writes `data_dir/api.addr`, serves the host interface
+/// plus `extra_routes` (the Machines API, `/metrics`), then leaves the cluster and shuts down
+/// cleanly. `extra_routes` runs once the catalog is attached and may start services of its
+/// own (the edge proxy); an error from it stops the agent from starting.
+pub async fn run_agent(
+    config: AgentConfig,
+    extra_routes: impl FnOnce(Agent) -> anyhow::Result<axum::Router>,
+    shutdown_signal: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    raise_fd_limit();
+    let listener = tokio::net::TcpListener::bind(config.api_listen)
+        .await
+        .with_context(|| format!("binding the API listener on {}", config.api_listen))?;
+    let addr = listener.local_addr()?;
+    let mut config = config;
+    config.api_listen = addr;
+    let agent = Agent::start(config.clone()).await?;
+    let host_tls = host_tls::HostTls::establish(&config, agent.host_id())
+        .await
+        .context("the host's cluster certificate")?;
+    let mut catalog_config = bazaar_catalog::CatalogConfig::new(
+        agent.host_id(),
+        &config.region,
+        config.gossip_listen,
+        agent.cluster_secret(),
+    );
+    catalog_config.signing_key = secrets::host_signing_key(&config.data_dir)?;
+    catalog_config.gossip_keys = cluster_security::load_gossip_keys(&config.data_dir)?;
+    if let Some(tls) = &host_tls {
+        let row_key = catalog_config.signing_key.verifying_key().to_bytes();
+        catalog_config.cluster = Some(bazaar_catalog::ClusterIdentity {
+            identity: tls.identity.clone(),
+            ca_pem: tls.ca_pem.clone(),
+            key_endorsement: tls
+                .row_key_endorsement(&config.data_dir, row_key)
+                .await
+                .context("the CA's endorsement of this host's catalog key")?,
+            revocations: cluster_security::load_revocations(&config.data_dir)?
+                .into_iter()
+                .chain(tls.ca_revocations())
+                .collect(),
+        });
+    }
+    catalog_config.seeds = config.join.clone();
+    catalog_config.dead_after = config.dead_after;
+    catalog_config.probe_period =
+        (config.dead_after / 8).max(std::time::Duration::from_millis(100));
+    let catalog = bazaar_catalog::Catalog::start(catalog_config)
+        .await
+        .with_context(|| format!("starting the catalog on {}", config.gossip_listen))?;
+    secrets::write_private(
+        &config.data_dir.join("gossip.addr"),
+        &catalog.local_addr().to_string(),
+    )?;
+    agent.attach_catalog(catalog.clone()).await;
+    cluster_security::spawn_keeper(&agent, catalog.clone());
+    dns::spawn(&agent).await;
+    mesh::spawn(&agent).await;
+    standby::spawn(&agent);
+    fence::spawn(&agent);
+    images::spawn_pruning(&agent);
+    // The host listener is bound and the link to other hosts known before the services
+    // beside the API start (the proxy hops over it); it serves once the router is built.
+    let host_listener = match &host_tls {
+        Some(tls) => {
+            let listener = tokio::net::TcpListener::bind(config.host_listen)
+                .await
+                .with_context(|| format!("binding the host listener on {}", config.host_listen))?;
+            let host_addr = listener.local_addr()?;
+            agent
+                .set_host_link(tls.link(host_addr, catalog.clone())?)
+                .await;
+            Some((tls, listener, host_addr))
+        }
+        None => None,
+    };
+    // Services beside the API (the edge proxy) start here, before `api.addr` announces
+    // that the agent is up.
+    let extra = extra_routes(agent.clone())?;
+    let stop = agent.0.shutdown.clone();
+    let app = http::router(agent.clone())
+        .merge(extra)
+        .layer(axum::middleware::map_response(
+            http::fly_shaped_method_errors,
+        ));
+    if let Some((tls, listener, host_addr)) = host_listener {
+        // The same interfaces, to other hosts, over mTLS.
+        tls.serve(
+            agent.shutdown_token(),
+            &agent.0.tracker,
+            agent.catalog().cloned(),
+            listener,
+            tls.router(app.clone()),
+        )?;
+        tls.spawn_renewal(
+            agent.shutdown_token(),
+            &agent.0.tracker,
+            config.data_dir.clone(),
+        );
+        secrets::write_private(&config.data_dir.join("host.addr"), &host_addr.to_string())?;
+    }
+    let api_tls = api_tls::ApiTls::establish(&config, &agent, host_tls.as_ref())
+        .await
+        .context("the API's certificate (--api-tls)")?;
+    secrets::write_private(&config.data_dir.join("api.addr"), &addr.to_string())?;
+    tracing::info!(api.addr = %addr, api.tls = api_tls.is_some(), host.id = agent.host_id(), region = %config.region, "listening");
+    let server = match &api_tls {
+        Some(tls) => tls.serve(&agent, listener, app),
+        None => {
+            let server = axum::serve(
+                listener,
+                // The peer's address, for the audit record.
+                app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+            )
+            .with_graceful_shutdown(async move { stop.cancelled().await });
+            tokio::spawn(async move { server.await })
+        }
+    };
+    shutdown_signal.await;
+    tracing::info!("shutting down");
+    // Leave first, so other hosts stop routing here at once.
+    catalog.leave().await;
+    agent.shutdown().await;
+    match tokio::time::timeout(std::time::Duration::from_secs(5), server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(err))) => tracing::warn!(error = %err, "server error"),
+        Ok(Err(err)) => tracing::warn!(error = %err, "server task"),
+        Err(_) => tracing::warn!("server did not stop within 5 s"),
+    }
+    Ok(())
+}
+
+/// Each supervised machine holds a few pidfds; lift the soft limit on open files to the hard
+/// limit so a host with thousands of machines does not run out.
+fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(err) = setrlimit(Resource::Nofile, limit) {
+            tracing::warn!(error = %err, "raising the open-file limit");
+        }
+    }
+}
+
+impl Agent {
+    /// Opens the store, restores the ledger, re-adopts running workloads and resumes every
+    /// unfinished operation.
+    pub async fn start(config: AgentConfig) -> anyhow::Result<Agent> {
+        Self::start_with_driver(config, None).await
+    }
+
+    /// [`Agent::start`] whose actors run machines with `machine_driver` (tests: a fake
+    /// driver) instead of this host's shims and runc (`None`).
+    pub async fn start_with_driver(
+        config: AgentConfig,
+        machine_driver: Option<Arc<dyn MachineDriver>>,
+    ) -> anyhow::Result<Agent> {
+        std::fs::create_dir_all(&config.data_dir)?;
+        // Machines' environments, specs and volumes are in here: the agent's user only.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let private = std::fs::Permissions::from_mode(0o700);
+            std::fs::set_permissions(&config.data_dir, private)?;
+        }
+        let store = Store::open(&config.data_dir.join("agent.redb"))?;
+        let host_id = match store.meta("host_id")? {
+            Some(id) => id,
+            None => {
+                let id = ids::new_host_id();
+                let mut b = Batch::default();
+                b.meta("host_id", &id);
+                store.write(&b)?;
+                id
+            }
+        };
+        // With a mesh, the machine network is this host's prefix of the private range.
+        let config = crate::mesh::with_host_prefix(config, &host_id)?;
+        let (agent, Stored { machines, ops }) =
+            Agent::assemble(config, store, host_id, machine_driver)?;
+        // Volumes first: machines that mount them may launch right after.
+        agent.recover_volumes().await;
+        let mut ops_by_machine: HashMap<String, Vec<Operation>> = HashMap::new();
+        for op in ops {
+            ops_by_machine
+                .entry(op.machine_id.clone())
+                .or_default()
+                .push(op);
+        }
+        let num_machines = machines.len();
+        let mut num_adopted = 0;
+        let mut actors = Vec::new();
+        for m in machines {
+            if m.state == MachineState::Destroyed {
+                continue;
+            }
+            let ops = ops_by_machine.remove(&m.id).unwrap_or_default();
+            agent.publish(&m);
+            // Re-adopt the live run now, so that serving means every workload is back
+            // under supervision.
+            let run = m
+                .run
+                .filter(|r| r.run_id > m.exit_handled_run)
+                .and_then(|r| match agent.0.machine_driver.adopt(&m.id, r.run_id) {
+                    Ok(h) => h,
+                    Err(err) => {
+                        tracing::warn!(machine.id = %m.id, error = %err, "re-adopting run");
+                        None
+                    }
+                });
+            num_adopted += run.is_some() as usize;
+            actors.push((m, ops, run));
+        }
+        // What an earlier run left mounted for machines that no longer run goes before any
+        // of them launches again.
+        let running: HashSet<String> = actors
+            .iter()
+            .filter(|(_, _, run)| run.is_some())
+            .map(|(m, _, _)| m.id.clone())
+            .collect();
+        crate::cleanup::unmount_stale_roots(&agent.0.config.data_dir, &running);
+        for (m, ops, run) in actors {
+            spawn_actor(&agent, m, ops, run);
+        }
+        agent.spawn_housekeeping();
+        agent.spawn_snapshot_pruning();
+        spawn_checks(&agent);
+        tracing::info!(
+            host.id = %agent.0.host_id,
+            num_machines,
+            num_adopted,
+            isolate = agent.0.driver.isolate,
+            cgroups = agent.0.driver.cgroups,
+            "agent started"
+        );
+        Ok(agent)
+    }
+
+    /// Stops the agent: operations in flight are interrupted (they resume on the next start)
+    /// and, if configured, every workload is stopped as a host shutdown.
+    pub async fn shutdown(&self) {
+        self.0.shutdown.cancel();
+        self.0.tracker.close();
+        if tokio::time::timeout(Duration::from_secs(10), self.0.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("tasks still running after 10 s");
+        }
+        if self.0.config.stop_machines_on_shutdown {
+            crate::actor::stop_all_for_host_shutdown(self).await;
+        }
+    }
+
+    fn spawn_housekeeping(&self) {
+        let agent = self.clone();
+        let shutdown = self.0.shutdown.clone();
+        self.0.tracker.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    _ = tick.tick() => agent.housekeeping().await,
+                }
+            }
+        });
+    }
+
+    /// Refreshes the revoked tokens, expires unclaimed reservations, collects old
+    /// tombstones, republishes the host record, puts this host's catalog rows back in line
+    /// with its store, starts scheduled machines that are due.
+    async fn housekeeping(&self) {
+        self.refresh_revocations();
+        self.publish_host().await;
+        self.reconcile_catalog();
+        let now = now_ms();
+        crate::schedule::start_due(self, now).await;
+        {
+            let mut ledger = self.0.ledger.lock().await;
+            // Claimed reservations are kept a minute past expiry to answer repeated claims.
+            let expired = ledger.expire(now, 60_000);
+            let stale: Vec<String> = self
+                .0
+                .store
+                .reservations()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|r| ledger.reservation(&r.id).is_none())
+                .map(|r| r.id)
+                .collect();
+            if !expired.is_empty() || !stale.is_empty() {
+                let mut b = Batch::default();
+                for id in expired.iter().chain(stale.iter()) {
+                    b.delete_reservation(id);
+                }
+                if let Err(err) = self.commit(b).await {
+                    tracing::warn!(error = %err, "deleting expired reservations");
+                }
+                if !expired.is_empty() {
+                    tracing::debug!(num = expired.len(), "reservations expired");
+                }
+            }
+        }
+        let ttl = self.0.config.tombstone_ttl.as_millis() as u64;
+        let old: Vec<String> = self.0.store.select(|m| {
+            m.destroyed_at_ms
+                .is_some_and(|t| now.saturating_sub(t) >= ttl)
+                .then(|| m.id.clone())
+        });
+        if !old.is_empty() {
+            let _guard = self.0.ledger.lock().await;
+            let mut b = Batch::default();
+            for id in &old {
+                b.purge_machine(id);
+            }
+            if self.commit(b).await.is_ok() {
+                let mut live = lock(&self.0.live);
+                for id in &old {
+                    live.remove(id);
+                }
+            }
+        }
+    }
+}
+
+/// Starts the agent's check loop: health checks of this host's started machines, their
+/// results kept in the agent and a machine's row republished when a status changes.
+fn spawn_checks(agent: &Agent) {
+    let agent = agent.clone();
+    let shutdown = agent.0.shutdown.clone();
+    agent.0.tracker.clone().spawn(async move {
+        let (mut checker, mut results) = Checker::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = tick.tick() => {
+                    if let Some(catalog) = agent.catalog() {
+                        let tasks = (&agent.0.tracker, &shutdown);
+                        checker.schedule(catalog, agent.host_id(), &agent.0.checks, tasks);
+                    }
+                }
+                Some(result) = results.recv() => {
+                    let id = result.0.clone();
+                    if checker.record(&agent.0.checks, result) {
+                        republish(&agent, id).await;
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Republishes machine `id`'s catalog row (its checks changed).
+async fn republish(agent: &Agent, id: String) {
+    let store = agent.0.store.clone();
+    let id2 = id.clone();
+    match tokio::task::spawn_blocking(move || store.machine(&id2)).await {
+        Ok(Ok(Some(rec))) => agent.publish(&rec),
+        Ok(Ok(None)) => {}
+        Ok(Err(err)) => tracing::warn!(machine.id = %id, error = %err, "reading machine"),
+        Err(err) => tracing::warn!(machine.id = %id, error = %err, "reading machine"),
+    }
+}

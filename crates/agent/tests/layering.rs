@@ -1,0 +1,82 @@
+//! The agent is layered (issue 21): its state is made of parts in modules below `agent`
+//! (which imports only downward), what needs the whole agent sits above it, and start-up
+//! (`boot`) above everything. This reads the crate's sources ([`bazaar_layering`]) and
+//! fails on an import circle between its top-level modules.
+
+use bazaar_layering::Graph;
+use std::path::Path;
+
+fn graph() -> Graph {
+    Graph::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src")).unwrap()
+}
+
+/// The agent's parts: each owns a piece of its state and knows nothing of the agent.
+const PARTS: [&str; 9] = [
+    "addresses",
+    "audit",
+    "checks",
+    "host_tls",
+    "metrics",
+    "registry",
+    "store",
+    "sync",
+    "tokens",
+];
+
+/// The host plumbing `lib.rs` re-exports from `bazaar-runtime` (not modules of this crate).
+const RUNTIME: [&str; 7] = [
+    "driver",
+    "exec",
+    "idranges",
+    "netlink",
+    "network",
+    "oci",
+    "volume_fs",
+];
+
+#[test]
+fn no_module_imports_one_that_imports_it_back() {
+    let graph = graph();
+    let modules = graph.modules();
+    assert!(
+        modules.contains("agent") && modules.contains("boot") && modules.contains("actor"),
+        "{modules:?}"
+    );
+    if let Some(circle) = graph.circle() {
+        panic!("import circle: {}", circle.join(" -> "));
+    }
+    // `crate::Agent` would hide an import of `agent`: only the runtime's modules come from
+    // the root.
+    let from_root: Vec<String> = graph
+        .root_names()
+        .into_iter()
+        .filter(|(_, name)| !RUNTIME.contains(name))
+        .map(|(module, name)| format!("{module} uses crate::{name}"))
+        .collect();
+    assert!(
+        from_root.is_empty(),
+        "modules importing from the crate root: {from_root:?}"
+    );
+}
+
+#[test]
+fn the_agent_is_made_of_parts_below_it_and_started_from_above() {
+    let graph = graph();
+    let agent = graph.imports("agent");
+    for part in PARTS {
+        assert!(
+            agent.contains(part),
+            "agent does not hold {part}: {agent:?}"
+        );
+        assert!(
+            !graph.imports(part).contains("agent"),
+            "{part} imports agent"
+        );
+    }
+    let above_boot: Vec<&str> = graph
+        .modules()
+        .into_iter()
+        .filter(|m| graph.imports(m).contains("boot"))
+        .collect();
+    assert!(above_boot.is_empty(), "{above_boot:?} import boot");
+}
