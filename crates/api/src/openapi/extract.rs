@@ -245,7 +245,7 @@ impl OperationOutput for Ndjson {
     }
 }
 
-/// Errors are listed per operation ([`super::op`]), with the statuses each may answer.
+/// Errors are listed per operation (`openapi::op`), with the statuses each may answer.
 impl OperationOutput for ApiError {
     type Inner = ();
 }

@@ -9,7 +9,7 @@
 //! - the successful answer from its return type (`Json<T>`, [`Answer`], [`Relayed`],
 //!   [`Ndjson`], `NoContent`), every schema from the wire types' `JsonSchema`,
 //! - the operation id (Fly's names), tag, summary, query parameters and error statuses
-//!   from the `*_docs` function beside each handler ([`op`], [`query`], [`nonce`]),
+//!   from the `*_docs` function beside each handler (`op`, `query`, `nonce`),
 //! - path parameters from the route's path ([`document`] adds them).
 //!
 //! The machine calls forwarded to the owner's host interface are routes of their own here
