@@ -519,6 +519,14 @@ async fn forward<R, B: RelayedBody>(
         Some(rest) => format!("/{rest}"),
         None => String::new(),
     };
+    // A key of `..` (or `%2e%2e`) would be resolved away by the URL to the owner.
+    if rest
+        .split('/')
+        .skip(1)
+        .any(|seg| matches!(decode(seg).as_deref(), None | Some("" | "." | "..")))
+    {
+        return Err(ApiError::NotFound("no such endpoint".into()));
+    }
     let method = if method == Method::PUT && rest.is_empty() {
         Method::POST
     } else {

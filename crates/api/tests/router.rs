@@ -204,6 +204,21 @@ async fn malformed_machines_api_requests_get_fly_shaped_4xx_and_change_nothing()
     )
     .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
+    // A metadata key that a URL would resolve away is not forwarded.
+    for key in ["..", "%2e%2E", "."] {
+        assert_error(
+            call(
+                &api,
+                Method::DELETE,
+                &format!("/v1/apps/web/machines/00000000000000/metadata/{key}"),
+                AUTH,
+                None,
+            )
+            .await,
+            StatusCode::NOT_FOUND,
+            "no such endpoint",
+        );
+    }
 
     // Nothing was created.
     let (s, v) = call(&api, Method::GET, create, AUTH, None).await;
