@@ -189,7 +189,8 @@ fn every_operation_has_its_path_parameters_answers_and_errors() {
 }
 
 /// Every route of the crate is registered through aide's `api_route`, which documents it: a
-/// plain axum route (`.route(`, `.nest(`, `route_service`) would be served undocumented.
+/// plain axum route (`.route(`, `.nest(`, `route_service`, a plain `Router` merged in) would
+/// be served undocumented.
 #[test]
 fn no_route_is_registered_without_its_documentation() {
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -211,6 +212,13 @@ fn no_route_is_registered_without_its_documentation() {
                 path.display()
             );
         }
+        // A plain axum router merged in would bring its routes undocumented.
+        assert!(
+            text.match_indices("Router::new")
+                .all(|(i, _)| text[..i].ends_with("Api")),
+            "{}: a plain axum `Router`; build routes with aide's `ApiRouter`",
+            path.display()
+        );
         checked += 1;
     }
     assert!(checked > 10, "only {checked} files read");
