@@ -1,5 +1,5 @@
-//! The host interface over HTTP/JSON, under `/host/v1`, and the catalog view `/v1/catalog`,
-//! authenticated with the cluster secret only (never a Machines API token) as
+//! The host interface over HTTP/JSON, under `/host/v1` (the catalog view `/v1/catalog` is
+//! the API's: `bazaar_api::catalog`), authenticated with the cluster secret only (never a Machines API token) as
 //! `Authorization: Bearer <secret>` (`FlyV1 <secret>` also accepted): other nodes (API
 //! forwarding, the exchange, proxies) and operators (`bazaar host`, `image`, `hosts`,
 //! `status`) call it. Every error is a Fly-shaped JSON body; malformed input is a 4xx and
@@ -104,17 +104,8 @@ pub fn router(agent: Agent) -> Router {
             agent.clone(),
             require_cluster_secret,
         ));
-    let catalog = Router::new()
-        .route("/hosts", get(catalog_hosts))
-        .route("/machines", get(catalog_machines))
-        .route("/digest", get(catalog_digest))
-        .layer(middleware::from_fn_with_state(
-            agent.clone(),
-            require_cluster_secret,
-        ));
     Router::new()
         .nest("/host/v1", host)
-        .nest("/v1/catalog", catalog)
         .route("/health", get(|| async { "ok" }))
         .fallback(|| async {
             AgentError::Invalid("no such endpoint".into())
@@ -787,101 +778,4 @@ async fn placement(State(agent): State<Agent>, Path(id): Path<String>) -> ApiRes
             "machine {id} was created directly on its host, not through the market: no placement record"
         ))),
     }
-}
-
-// === The catalog, as this node sees it (extension: /v1/catalog) ===
-
-fn catalog_of(agent: &Agent) -> Result<&bazaar_catalog::Catalog, AgentError> {
-    agent
-        .catalog()
-        .ok_or_else(|| AgentError::Internal("the catalog is not running".into()))
-}
-
-/// A host as `/v1/catalog/hosts` shows it.
-pub fn host_json(h: &bazaar_catalog::HostView) -> serde_json::Value {
-    serde_json::json!({
-        "id": h.record.id,
-        "region": h.record.region,
-        "status": h.status.as_str(),
-        "api_addr": h.record.api_addr,
-        "gossip_addr": h.record.gossip_addr,
-        "capacity": h.record.capacity,
-        "free": h.record.free,
-        "num_machines": h.record.num_machines,
-        "draining": h.record.draining,
-        "labels": h.record.labels,
-        "updated_at": bazaar_types::rfc3339(h.record.updated_at_ms),
-        "version": h.version,
-    })
-}
-
-/// A machine as `/v1/catalog/machines` shows it.
-pub fn machine_json(m: &bazaar_catalog::MachineView) -> serde_json::Value {
-    let r = &m.record;
-    serde_json::json!({
-        "id": r.id,
-        "app": r.app,
-        "name": r.name,
-        "region": r.region,
-        "host_id": r.host_id,
-        "host_status": m.host_status,
-        "state": if m.deleted { "destroyed" } else { r.state.as_str() },
-        "instance_id": r.instance_id,
-        "services": r.services.iter().map(|s| serde_json::json!({
-            "internal_port": s.service.internal_port,
-            "protocol": s.service.protocol,
-            "address": s.address,
-            "port": s.port,
-        })).collect::<Vec<_>>(),
-        "checks": r.checks,
-        "cordoned": r.cordoned,
-        "metadata": r.metadata,
-        "updated_at": bazaar_types::rfc3339(r.updated_at_ms),
-        "deleted": m.deleted,
-        "version": m.version,
-        "epoch": r.epoch,
-    })
-}
-
-async fn catalog_hosts(State(agent): State<Agent>) -> ApiResult<Response> {
-    let mut hosts = catalog_of(&agent)?.hosts();
-    hosts.sort_by(|a, b| (&a.record.region, &a.record.id).cmp(&(&b.record.region, &b.record.id)));
-    Ok(Json(hosts.iter().map(host_json).collect::<Vec<_>>()).into_response())
-}
-
-#[derive(Debug, Deserialize)]
-struct CatalogMachinesQuery {
-    app: Option<String>,
-    region: Option<String>,
-    state: Option<String>,
-    #[serde(default)]
-    include_deleted: bool,
-}
-
-async fn catalog_machines(
-    State(agent): State<Agent>,
-    Query(q): Query<CatalogMachinesQuery>,
-) -> ApiResult<Response> {
-    let filter = bazaar_catalog::MachineFilter {
-        app: q.app,
-        region: q.region,
-        states: q
-            .state
-            .map(|s| {
-                s.split(',')
-                    .map(|x| x.trim().to_string())
-                    .filter(|x| !x.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default(),
-        include_deleted: q.include_deleted,
-    };
-    let mut machines = catalog_of(&agent)?.machines(&filter);
-    machines.sort_by(|a, b| (&a.record.app, &a.record.id).cmp(&(&b.record.app, &b.record.id)));
-    Ok(Json(machines.iter().map(machine_json).collect::<Vec<_>>()).into_response())
-}
-
-async fn catalog_digest(State(agent): State<Agent>) -> ApiResult<Response> {
-    let c = catalog_of(&agent)?;
-    Ok(Json(serde_json::json!({"digest": c.digest(), "node_id": c.node_id()})).into_response())
 }

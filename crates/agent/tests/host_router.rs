@@ -1,4 +1,4 @@
-//! The host interface router (`/host/v1`, `/v1/catalog`) in process
+//! The host interface router (`/host/v1`) in process
 //! (`tower::ServiceExt::oneshot`, no HTTP server) on malformed input: bad JSON, a field of
 //! the wrong type, a bad machine id, no or an invalid token, a Machines API token where
 //! only the cluster secret goes, an unknown path, a wrong method. Each gets the right 4xx
@@ -91,12 +91,11 @@ async fn malformed_host_interface_requests_get_fly_shaped_4xx_and_change_nothing
             assert!(v["error"].is_string(), "{path}: {v}");
         }
     }
-    // No token, an invalid one; the catalog view too.
+    // No token, an invalid one.
     for token in [None, Some("not-the-secret"), Some("")] {
         for (method, path, body) in [
             (Method::GET, "/host/v1/info", None),
             (Method::POST, machines, Some(create(sleeper()))),
-            (Method::GET, "/v1/catalog/hosts", None),
         ] {
             assert_error(
                 call(&host, method, path, token, body.as_deref()).await,

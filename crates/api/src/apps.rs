@@ -5,25 +5,31 @@
 //! name (see ARCHITECTURE.md).
 
 use crate::error::ApiError;
-use crate::{parse_body, Api};
-use axum::body::Bytes;
+use crate::openapi::{op, Answer, Body};
+use crate::Api;
+use aide::transform::TransformOperation;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::Json;
+use bazaar_types::api::{App, AppList, Organization, StatusResponse};
 use serde::Deserialize;
 
-#[derive(Debug, Deserialize)]
-struct CreateApp {
+/// Body of `POST /v1/apps` (unknown fields are ignored).
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "CreateAppRequest")]
+pub struct CreateApp {
+    /// The app's name: 1-63 lowercase letters, digits and `-`.
     #[serde(default)]
     app_name: Option<String>,
+    /// Accepted in place of `app_name`.
     #[serde(default)]
     name: Option<String>,
+    /// The organization (default `personal`).
     #[serde(default)]
     org_slug: Option<String>,
 }
 
-fn app_json(api: &Api, a: &bazaar_catalog::AppRecord) -> serde_json::Value {
+fn app_of(api: &Api, a: &bazaar_catalog::AppRecord) -> App {
     let machine_count = api
         .catalog()
         .map(|c| {
@@ -31,21 +37,34 @@ fn app_json(api: &Api, a: &bazaar_catalog::AppRecord) -> serde_json::Value {
                 .len()
         })
         .unwrap_or(0);
-    serde_json::json!({
-        "id": a.name,
-        "name": a.name,
-        "machine_count": machine_count,
-        "volume_count": api.catalog().map(|c| c.volumes(Some(&a.name)).len()).unwrap_or(0),
-        "network": "default",
-        "organization": {"name": a.org_slug, "slug": a.org_slug},
-        "status": if machine_count > 0 { "deployed" } else { "pending" },
-        "created_at": bazaar_types::rfc3339(a.created_at_ms),
-    })
+    App {
+        id: a.name.clone(),
+        name: a.name.clone(),
+        machine_count: machine_count as u64,
+        volume_count: api
+            .catalog()
+            .map(|c| c.volumes(Some(&a.name)).len())
+            .unwrap_or(0) as u64,
+        network: "default".into(),
+        organization: Organization {
+            name: a.org_slug.clone(),
+            slug: a.org_slug.clone(),
+        },
+        status: if machine_count > 0 {
+            "deployed"
+        } else {
+            "pending"
+        }
+        .into(),
+        created_at: bazaar_types::rfc3339(a.created_at_ms),
+    }
 }
 
 /// `POST /v1/apps`.
-pub async fn create(State(api): State<Api>, body: Bytes) -> Result<Response, ApiError> {
-    let req: CreateApp = parse_body(&body)?;
+pub async fn create(
+    State(api): State<Api>,
+    Body(req): Body<CreateApp>,
+) -> Result<Answer<201, App>, ApiError> {
     let name = req
         .app_name
         .or(req.name)
@@ -66,11 +85,24 @@ pub async fn create(State(api): State<Api>, body: Bytes) -> Result<Response, Api
         created_by_host: api.0.node.host_id().to_string(),
     };
     catalog.publish_app(record.clone());
-    Ok((StatusCode::CREATED, Json(app_json(&api, &record))).into_response())
+    Ok(Answer(app_of(&api, &record)))
 }
 
-#[derive(Debug, Deserialize)]
+pub(crate) fn create_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "AppsCreate",
+        "apps",
+        "Create an app. The name is unique in the cluster.",
+        &[400, 401, 422, 503],
+    )
+}
+
+/// The filter of `GET /v1/apps`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[schemars(inline)]
 pub struct ListQuery {
+    /// Only apps of this organization.
     org_slug: Option<String>,
 }
 
@@ -80,7 +112,7 @@ pub async fn list(
     State(api): State<Api>,
     caller: Option<axum::Extension<bazaar_node::Caller>>,
     Query(q): Query<ListQuery>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<AppList>, ApiError> {
     let caller = caller.as_ref().map(|c| &c.0);
     let mut apps: Vec<_> = api
         .catalog()?
@@ -90,16 +122,27 @@ pub async fn list(
         .filter(|a| crate::access::may_read(caller, &a.name))
         .collect();
     apps.sort_by(|a, b| a.name.cmp(&b.name));
-    let list: Vec<_> = apps.iter().map(|a| app_json(&api, a)).collect();
-    Ok(Json(serde_json::json!({"total_apps": list.len(), "apps": list})).into_response())
+    let apps: Vec<App> = apps.iter().map(|a| app_of(&api, a)).collect();
+    Ok(Json(AppList {
+        total_apps: apps.len() as u64,
+        apps,
+    }))
+}
+
+pub(crate) fn list_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(t, "AppsList", "apps", "List apps.", &[401, 503])
 }
 
 /// `GET /v1/apps/{app}`.
-pub async fn get(State(api): State<Api>, Path(app): Path<String>) -> Result<Response, ApiError> {
+pub async fn get(State(api): State<Api>, Path(app): Path<String>) -> Result<Json<App>, ApiError> {
     match api.catalog()?.app(&app) {
-        Some(a) => Ok(Json(app_json(&api, &a)).into_response()),
+        Some(a) => Ok(Json(app_of(&api, &a))),
         None => Err(ApiError::NotFound(format!("app {app} not found"))),
     }
+}
+
+pub(crate) fn get_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(t, "AppsShow", "apps", "Get an app.", &[401, 404, 503])
 }
 
 /// `DELETE /v1/apps/{app}`: destroys its machines (at once), then the app; its volumes are
@@ -110,7 +153,7 @@ pub async fn get(State(api): State<Api>, Path(app): Path<String>) -> Result<Resp
 pub async fn destroy(
     State(api): State<Api>,
     Path(app): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Answer<202, StatusResponse>, ApiError> {
     let catalog = api.catalog()?;
     let record = catalog
         .app(&app)
@@ -163,11 +206,20 @@ pub async fn destroy(
             .node
             .spawn(delete_volumes(api.clone(), app.clone(), volumes));
     }
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(serde_json::json!({"status": "accepted"})),
+    Ok(Answer(StatusResponse {
+        status: "accepted".into(),
+    }))
+}
+
+pub(crate) fn destroy_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "AppsDelete",
+        "apps",
+        "Delete an app: destroys its machines at once, then the app. If a machine cannot \
+         be destroyed (leased by someone else, host unreachable), the app stays: 409 names it.",
+        &[401, 404, 409, 503],
     )
-        .into_response())
 }
 
 /// Force-destroys every machine of `app` the local catalog knows about, on its owner.

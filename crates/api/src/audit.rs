@@ -3,18 +3,23 @@
 //! Hosts that cannot be reached are named in `unreachable_hosts`, so a partial answer says so.
 
 use crate::error::ApiError;
+use crate::openapi::op;
 use crate::Api;
+use aide::transform::TransformOperation;
 use axum::extract::{Path, State};
-use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bazaar_node::AuditEntry;
+use bazaar_types::api::AuditList;
 use std::time::Duration;
 
 /// How long one host may take to answer.
 const HOST_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// `GET /v1/apps/{app}/audit`.
-pub async fn list(State(api): State<Api>, Path(app): Path<String>) -> Result<Response, ApiError> {
+pub async fn list(
+    State(api): State<Api>,
+    Path(app): Path<String>,
+) -> Result<Json<AuditList>, ApiError> {
     bazaar_types::ids::validate_name("app", &app).map_err(ApiError::BadRequest)?;
     let hosts = api.catalog()?.hosts();
     let asks = hosts.iter().map(|h| {
@@ -43,10 +48,21 @@ pub async fn list(State(api): State<Api>, Path(app): Path<String>) -> Result<Res
         }
     }
     entries.sort_by_key(|e| e.time_ms);
-    Ok(Json(serde_json::json!({
-        "app": app,
-        "entries": entries,
-        "unreachable_hosts": unreachable,
+    Ok(Json(AuditList {
+        app,
+        entries,
+        unreachable_hosts: unreachable,
     }))
-    .into_response())
+}
+
+pub(crate) fn list_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "AppsAudit",
+        "apps",
+        "bazaar extension: every change made to the app through the Machines API (who: \
+         the token's id; what; when; from where; the answer's status), gathered from the \
+         audit record of every host. Org tokens and tokens of this app.",
+        &[400, 401, 404, 503],
+    )
 }

@@ -5,46 +5,46 @@
 
 use crate::error::ApiError;
 use crate::machines::require_app;
-use crate::{parse_body, Api};
-use axum::body::Bytes;
+use crate::openapi::{op, Answer, Body};
+use crate::Api;
+use aide::transform::TransformOperation;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bazaar_certs::manager::CertError;
 use bazaar_certs::Certs;
-use serde::Deserialize;
-
-/// Body of `POST /v1/apps/{app}/certificates`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AddCertificate {
-    hostname: String,
-    /// The certificate chain, PEM (with `key`: no ACME).
-    #[serde(default)]
-    cert: Option<String>,
-    #[serde(default)]
-    key: Option<String>,
-}
+use bazaar_types::api::{AddCertificateRequest, Certificate, OkResponse};
 
 fn certs(api: &Api) -> Result<Certs, ApiError> {
     Certs::new(&api.0.node).map_err(|e| ApiError::Unavailable(e.to_string()))
 }
 
 /// `GET /v1/apps/{app}/certificates`.
-pub async fn list(State(api): State<Api>, Path(app): Path<String>) -> Result<Response, ApiError> {
+pub async fn list(
+    State(api): State<Api>,
+    Path(app): Path<String>,
+) -> Result<Json<Vec<Certificate>>, ApiError> {
     require_app(&api, &app)?;
-    Ok(Json(certs(&api)?.list(&app)).into_response())
+    Ok(Json(certs(&api)?.list(&app)))
+}
+
+pub(crate) fn list_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "CertificatesList",
+        "certificates",
+        "bazaar extension: the TLS certificates of the app's hostnames, served by every \
+         host's proxy (SNI) and routed to the app.",
+        &[400, 401, 404, 503],
+    )
 }
 
 /// `POST /v1/apps/{app}/certificates`: issue by ACME, or take `cert` and `key`.
 pub async fn add(
     State(api): State<Api>,
     Path(app): Path<String>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+    Body(req): Body<AddCertificateRequest>,
+) -> Result<Answer<201, Certificate>, ApiError> {
     require_app(&api, &app)?;
-    let req: AddCertificate = parse_body(&body)?;
     let certs = certs(&api)?;
     let added = match (&req.cert, &req.key) {
         (Some(cert), Some(key)) => certs.add_pem(&app, &req.hostname, cert, key),
@@ -56,35 +56,69 @@ pub async fn add(
         }
     };
     match added {
-        Ok(info) => Ok((StatusCode::CREATED, Json(info)).into_response()),
+        Ok(info) => Ok(Answer(info)),
         Err(CertError::Invalid(why)) => Err(ApiError::BadRequest(why)),
         Err(CertError::Taken(why)) => Err(ApiError::Conflict(why)),
     }
+}
+
+pub(crate) fn add_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "CertificatesAdd",
+        "certificates",
+        "bazaar extension: attach a hostname to the app. Without `cert`/`key` its \
+         certificate is issued by ACME (HTTP-01, answered by every proxy) in the \
+         background: `pending`, then `issued` or `failed` with the ACME error. With them \
+         (PEM) it is checked (the key matches, the certificate names the hostname) and \
+         served at once. The host that handles the call owns and renews it.",
+        &[400, 401, 404, 409, 503],
+    )
 }
 
 /// `GET /v1/apps/{app}/certificates/{hostname}`.
 pub async fn show(
     State(api): State<Api>,
     Path((app, hostname)): Path<(String, String)>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<Certificate>, ApiError> {
     require_app(&api, &app)?;
     match certs(&api)?.show(&app, &hostname) {
-        Some(info) => Ok(Json(info).into_response()),
+        Some(info) => Ok(Json(info)),
         None => Err(not_found(&app, &hostname)),
     }
+}
+
+pub(crate) fn show_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "CertificatesShow",
+        "certificates",
+        "bazaar extension: one hostname's certificate and its status.",
+        &[400, 401, 404, 503],
+    )
 }
 
 /// `DELETE /v1/apps/{app}/certificates/{hostname}`.
 pub async fn remove(
     State(api): State<Api>,
     Path((app, hostname)): Path<(String, String)>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<OkResponse>, ApiError> {
     require_app(&api, &app)?;
     if certs(&api)?.remove(&app, &hostname) {
-        Ok(Json(serde_json::json!({ "ok": true })).into_response())
+        Ok(Json(OkResponse { ok: true }))
     } else {
         Err(not_found(&app, &hostname))
     }
+}
+
+pub(crate) fn remove_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "CertificatesRemove",
+        "certificates",
+        "bazaar extension: detach a hostname; every proxy stops serving it.",
+        &[400, 401, 404, 503],
+    )
 }
 
 fn not_found(app: &str, hostname: &str) -> ApiError {

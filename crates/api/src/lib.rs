@@ -11,6 +11,8 @@
 //! - [`audit`]: an app's changes, gathered from every host.
 //! - [`secrets`]: an app's secrets (sealed catalog rows; values never answered).
 //! - [`platform`]: regions and placement dry runs.
+//! - [`catalog`]: the cluster catalog as this node sees it (cluster secret only).
+//! - [`openapi`]: the document of all of them, derived from the routes and their types.
 //! - [`error`]: errors in the Fly shape.
 //!
 //! Entry point: [`router`].
@@ -18,6 +20,7 @@
 pub mod access;
 pub mod apps;
 pub mod audit;
+pub mod catalog;
 pub mod certificates;
 pub mod error;
 pub mod exchange;
@@ -28,15 +31,16 @@ pub mod platform;
 pub mod secrets;
 pub mod volumes;
 
+use aide::axum::routing::{get_with, post_with, put_with};
+use aide::axum::ApiRouter;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post, put};
 use axum::Router;
 use bazaar_node::NodeHandle;
 use bazaar_placement::exchange::MarketConfig;
 use error::ApiError;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Shared state of the API on one node.
 #[derive(Debug, Clone)]
@@ -177,68 +181,150 @@ impl Api {
     }
 }
 
-/// The Machines API routes (`/v1/apps/...`, `/v1/platform/...`), behind the token and
-/// scope check ([`access`]).
+/// The routes of the Machines API, each registered with its documentation
+/// ([`openapi`]): the calls behind the token and scope check ([`access`]), the catalog view
+/// (cluster secret only) and `GET /openapi.json` (no token), which answers `doc` once it is
+/// set.
+struct Routes {
+    machines_api: ApiRouter<Api>,
+    catalog: ApiRouter<Api>,
+    public: ApiRouter<Api>,
+}
+
+fn routes(doc: Arc<OnceLock<Arc<str>>>) -> Routes {
+    let machines_api = ApiRouter::new()
+        .api_route(
+            "/v1/apps",
+            get_with(apps::list, apps::list_docs).post_with(apps::create, apps::create_docs),
+        )
+        .api_route(
+            "/v1/apps/{app}",
+            get_with(apps::get, apps::get_docs).delete_with(apps::destroy, apps::destroy_docs),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines",
+            get_with(machines::list, machines::list_docs)
+                .post_with(machines::create, machines::create_docs),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/batch",
+            post_with(machines::create_batch, machines::create_batch_docs),
+        )
+        .merge(machines::forwarded())
+        .api_route(
+            "/v1/apps/{app}/volumes",
+            get_with(volumes::list, volumes::list_docs)
+                .post_with(volumes::create, volumes::create_docs),
+        )
+        .api_route(
+            "/v1/apps/{app}/volumes/{id}",
+            get_with(volumes::get, volumes::get_docs)
+                .post_with(volumes::update, volumes::update_post_docs)
+                .put_with(volumes::update, volumes::update_docs)
+                .delete_with(volumes::destroy, volumes::destroy_docs),
+        )
+        .api_route(
+            "/v1/apps/{app}/volumes/{id}/extend",
+            put_with(volumes::extend, volumes::extend_docs),
+        )
+        .api_route(
+            "/v1/apps/{app}/volumes/{id}/snapshots",
+            get_with(volumes::snapshots, volumes::snapshots_docs)
+                .post_with(volumes::snapshot, volumes::snapshot_docs),
+        )
+        .api_route(
+            "/v1/apps/{app}/audit",
+            get_with(audit::list, audit::list_docs),
+        )
+        .api_route(
+            "/v1/apps/{app}/secrets",
+            get_with(secrets::list, secrets::list_docs)
+                .post_with(secrets::update, secrets::update_docs),
+        )
+        .api_route(
+            "/v1/apps/{app}/secrets/{name}",
+            get_with(secrets::get, secrets::get_docs)
+                .post_with(secrets::set, secrets::set_docs)
+                .delete_with(secrets::unset, secrets::unset_docs),
+        )
+        .api_route(
+            "/v1/apps/{app}/certificates",
+            get_with(certificates::list, certificates::list_docs)
+                .post_with(certificates::add, certificates::add_docs),
+        )
+        .api_route(
+            "/v1/apps/{app}/certificates/{hostname}",
+            get_with(certificates::show, certificates::show_docs)
+                .delete_with(certificates::remove, certificates::remove_docs),
+        )
+        .api_route(
+            "/v1/platform/regions",
+            get_with(platform::regions, platform::regions_docs),
+        )
+        .api_route(
+            "/v1/platform/placements",
+            post_with(platform::placements, platform::placements_docs),
+        );
+    let public = ApiRouter::new().api_route(
+        "/openapi.json",
+        get_with(openapi::serve(doc), openapi::serve_docs),
+    );
+    Routes {
+        machines_api,
+        catalog: catalog::routes(),
+        public,
+    }
+}
+
+/// The Machines API routes (`/v1/apps/...`, `/v1/platform/...`) behind the token and scope
+/// check ([`access`]), the catalog view (`/v1/catalog/...`, cluster secret only) and
+/// `GET /openapi.json`, the document of them all.
 pub fn router(node: NodeHandle) -> Router {
     let api = Api::new(node.clone());
-    let machines_api = Router::new()
-        .route("/v1/apps", get(apps::list).post(apps::create))
-        .route("/v1/apps/{app}", get(apps::get).delete(apps::destroy))
-        .route(
-            "/v1/apps/{app}/machines",
-            get(machines::list).post(machines::create),
-        )
-        .route(
-            "/v1/apps/{app}/machines/batch",
-            post(machines::create_batch),
-        )
-        .route("/v1/apps/{app}/machines/{id}", any(machines::forward_root))
-        .route(
-            "/v1/apps/{app}/machines/{id}/{*rest}",
-            any(machines::forward_rest),
-        )
-        .route(
-            "/v1/apps/{app}/volumes",
-            get(volumes::list).post(volumes::create),
-        )
-        .route(
-            "/v1/apps/{app}/volumes/{id}",
-            get(volumes::get)
-                .post(volumes::update)
-                .put(volumes::update)
-                .delete(volumes::destroy),
-        )
-        .route("/v1/apps/{app}/volumes/{id}/extend", put(volumes::extend))
-        .route(
-            "/v1/apps/{app}/volumes/{id}/snapshots",
-            get(volumes::snapshots).post(volumes::snapshot),
-        )
-        .route("/v1/apps/{app}/audit", get(audit::list))
-        .route(
-            "/v1/apps/{app}/secrets",
-            get(secrets::list).post(secrets::update),
-        )
-        .route(
-            "/v1/apps/{app}/secrets/{name}",
-            get(secrets::get).post(secrets::set).delete(secrets::unset),
-        )
-        .route(
-            "/v1/apps/{app}/certificates",
-            get(certificates::list).post(certificates::add),
-        )
-        .route(
-            "/v1/apps/{app}/certificates/{hostname}",
-            get(certificates::show).delete(certificates::remove),
-        )
-        .route("/v1/platform/regions", get(platform::regions))
-        .route("/v1/platform/placements", post(platform::placements))
-        .layer(middleware::from_fn_with_state(node, access::require_access))
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::map_response(fly_shaped_errors))
-        .with_state(api);
-    Router::new()
-        .route("/openapi.json", get(openapi::serve))
-        .merge(machines_api)
+    let cell = Arc::new(OnceLock::new());
+    let (routes, document) = openapi::with_generator(|| {
+        let Routes {
+            machines_api,
+            catalog,
+            public,
+        } = routes(cell.clone());
+        let machines_api = machines_api
+            .layer(middleware::from_fn_with_state(
+                node.clone(),
+                access::require_access,
+            ))
+            .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+            .layer(middleware::map_response(fly_shaped_errors));
+        let catalog = catalog.layer(middleware::from_fn_with_state(
+            node.clone(),
+            bazaar_node::access::require_cluster_secret,
+        ));
+        let mut doc = aide::openapi::OpenApi::default();
+        let routes = public
+            .merge(machines_api)
+            .merge(catalog)
+            .finish_api(&mut doc);
+        (routes, openapi::complete(doc))
+    });
+    let _ = cell.set(document.to_string().into());
+    routes.with_state(api)
+}
+
+/// The document of the routes, built without a node (the routes are not served).
+pub(crate) fn document_of_routes() -> serde_json::Value {
+    openapi::with_generator(|| {
+        let Routes {
+            machines_api,
+            catalog,
+            public,
+        } = routes(Arc::new(OnceLock::new()));
+        let mut doc = aide::openapi::OpenApi::default();
+        let _ = public
+            .merge(machines_api)
+            .merge(catalog)
+            .finish_api(&mut doc);
+        openapi::complete(doc)
+    })
 }
 
 /// Largest request body accepted (a machine config is a few KB).

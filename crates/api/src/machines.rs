@@ -5,33 +5,57 @@
 
 use crate::error::ApiError;
 use crate::exchange::{describe_attempts, HostAddr, Order};
-use crate::{parse_body, Api};
-use axum::body::Bytes;
+use crate::openapi::{
+    nonce, op, query, Body, Ndjson, NoBody, RawJson, Relayed, RelayedBody, Ty, FWD, FWD_CHANGE,
+};
+use crate::Api;
+use aide::axum::routing::{get_with, post_with};
+use aide::axum::ApiRouter;
+use aide::transform::TransformOperation;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, Method};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, Method, Uri};
+use axum::response::{IntoResponse, NoContent, Response};
 use axum::Json;
+use bazaar_placement::exchange::PlacementRecord;
+use bazaar_types::api::{
+    BatchCreateResponse, LeaseInfoResponse, LeaseResponse, MachineSummary, MachineTraffic,
+    MachineVersion, MetadataValue, OkResponse, StartResponse, StatusResponse,
+};
 use bazaar_types::config::MachineConfig;
-use bazaar_types::host::ClaimRequest;
-use serde::Deserialize;
+use bazaar_types::event::MachineEvent;
+use bazaar_types::host::{
+    ClaimRequest, ExecRequest, ExecResponse, LeaseRequest, MetadataUpdate, ProcessStat,
+    SignalRequest, StopRequest, UpdateRequest, WaitResponse,
+};
+use bazaar_types::machine::Machine;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
-/// Fly's CreateMachineRequest (unknown fields are ignored).
-#[derive(Debug, Deserialize)]
+/// Fly's CreateMachineRequest (unknown fields are ignored); with `count`, bazaar's batch
+/// create.
+#[derive(Debug, Deserialize, JsonSchema)]
 pub struct CreateMachineRequest {
+    /// The machine's config (required).
     #[serde(default)]
     pub config: Option<MachineConfig>,
+    /// The machine's name (generated when absent).
     #[serde(default)]
     pub name: Option<String>,
+    /// A region expression: `ord`, `ord,any`, ... (default: this node's region, then any).
     #[serde(default)]
     pub region: Option<String>,
+    /// Create the machine without starting it.
     #[serde(default)]
     pub skip_launch: bool,
+    /// Create it cordoned.
     #[serde(default)]
     pub skip_service_registration: bool,
+    /// Take a lease of this many seconds on the new machine (its nonce is returned).
     #[serde(default)]
     pub lease_ttl: Option<u64>,
-    /// Batch create only: how many machines.
+    /// Batch create only: how many machines (1 to 1000, default 1).
     #[serde(default)]
     pub count: Option<usize>,
 }
@@ -132,14 +156,13 @@ fn volume_host(api: &Api, app: &str, volume_id: &str) -> Result<String, ApiError
 pub async fn create(
     State(api): State<Api>,
     Path(app): Path<String>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+    Body(req): Body<CreateMachineRequest>,
+) -> Result<Json<Machine>, ApiError> {
     require_app(&api, &app)?;
-    let req: CreateMachineRequest = parse_body(&body)?;
     let order = order_for(&api, &app, req, 1)?;
     let placed = api.place(order.clone()).await?;
     if let Some(m) = placed.machines.into_iter().next() {
-        return Ok(Json(m).into_response());
+        return Ok(Json(m));
     }
     // The owner of a mounted volume refused the claim: another machine took it meanwhile.
     let attached = placed
@@ -181,15 +204,24 @@ pub async fn create(
     )))
 }
 
+pub(crate) fn create_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "MachinesCreate",
+        "machines",
+        "Create a machine, placed by the market.",
+        &[400, 401, 404, 409, 413, 503],
+    )
+}
+
 /// `POST /v1/apps/{app}/machines/batch` (extension): `count` machines of one config, placed
 /// with batch sampling (d·count hosts asked in one round).
 pub async fn create_batch(
     State(api): State<Api>,
     Path(app): Path<String>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+    Body(req): Body<CreateMachineRequest>,
+) -> Result<Json<BatchCreateResponse<PlacementRecord>>, ApiError> {
     require_app(&api, &app)?;
-    let req: CreateMachineRequest = parse_body(&body)?;
     let count = req.count.unwrap_or(1);
     let order = order_for(&api, &app, req, count)?;
     let placed = api.place(order.clone()).await?;
@@ -200,14 +232,23 @@ pub async fn create_batch(
             describe_attempts(&placed.record)
         )));
     }
-    let created = placed.machines.len();
-    Ok(Json(serde_json::json!({
-        "machines": placed.machines,
-        "requested": count,
-        "created": created,
-        "placement": placed.record,
+    Ok(Json(BatchCreateResponse {
+        requested: count as u64,
+        created: placed.machines.len() as u64,
+        machines: placed.machines,
+        placement: placed.record,
     }))
-    .into_response())
+}
+
+pub(crate) fn create_batch_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "MachinesCreateBatch",
+        "machines",
+        "bazaar extension: create `count` machines of one config, placed in one round \
+         (maybe fewer than asked).",
+        &[400, 401, 404, 409, 413, 503],
+    )
 }
 
 /// A machine shown from the catalog only (its host did not answer).
@@ -226,7 +267,7 @@ fn from_catalog(v: &bazaar_catalog::MachineView) -> serde_json::Value {
         "config": {"metadata": r.metadata},
         "incomplete_config": true,
         "events": [],
-        "checks": r.checks,
+        "checks": crate::catalog::checks(&r.checks),
         "host_status": v.host_status,
         "cordoned": r.cordoned,
         "host_id": r.host_id,
@@ -241,7 +282,7 @@ pub async fn list(
     State(api): State<Api>,
     Path(app): Path<String>,
     RawQuery(query): RawQuery,
-) -> Result<Response, ApiError> {
+) -> Result<Json<Vec<ListedMachine>>, ApiError> {
     require_app(&api, &app)?;
     let params: Vec<(String, String)> = query
         .as_deref()
@@ -339,9 +380,67 @@ pub async fn list(
                 }
             }
         }
-        out.push(v);
+        out.push(ListedMachine(v));
     }
-    Ok(Json(out).into_response())
+    Ok(Json(out))
+}
+
+pub(crate) fn list_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    let t = op(
+        t,
+        "MachinesList",
+        "machines",
+        "List an app's machines (from the catalog; each one's full object from its owner \
+         unless `summary=true`). Also filters by metadata: `metadata.KEY=VALUE`.",
+        &[401, 404, 503],
+    );
+    let t = query(t, "region", Ty::Str, "Only machines in this region.");
+    let t = query(
+        t,
+        "state",
+        Ty::Str,
+        "Only machines in these states (comma-separated).",
+    );
+    let t = query(
+        t,
+        "include_deleted",
+        Ty::Bool,
+        "Include destroyed machines.",
+    );
+    let t = query(
+        t,
+        "summary",
+        Ty::Bool,
+        "Leave out config, checks, events, host_status and nonce.",
+    );
+    query(
+        t,
+        "include_leases",
+        Ty::Bool,
+        "Show each machine's lease (without its nonce).",
+    )
+}
+
+/// A machine in a list: its owner's object as the owner answered it (relayed unchanged), or
+/// the catalog's view of it while the owner is down; without its config and the rest with
+/// `summary=true`.
+#[derive(Debug, Serialize)]
+#[serde(transparent)]
+pub struct ListedMachine(serde_json::Value);
+
+impl JsonSchema for ListedMachine {
+    fn schema_name() -> Cow<'static, str> {
+        "ListedMachine".into()
+    }
+
+    fn json_schema(g: &mut SchemaGenerator) -> Schema {
+        let full = g.subschema_for::<Machine>();
+        let summary = g.subschema_for::<MachineSummary>();
+        schemars::json_schema!({
+            "description": "A machine, or its summary with `summary=true`.",
+            "anyOf": [full, summary],
+        })
+    }
 }
 
 fn decode(s: &str) -> Option<String> {
@@ -401,59 +500,40 @@ async fn locate(
     Ok((HostAddr { host_id, api_addr }, row))
 }
 
-/// `/v1/apps/{app}/machines/{id}`: get, update (POST or PUT), destroy.
-pub async fn forward_root(
+/// Every machine call: forwarded to the machine's owner (`/host/v1/machines/{id}...`) and
+/// its answer relayed; `R` is what the owner answers when the call succeeds, `B` the body
+/// it takes. `PUT` on the machine is an update, as `POST`. A `GET` of the machine while its
+/// host is unreachable is answered from the catalog.
+async fn forward<R, B: RelayedBody>(
     State(api): State<Api>,
-    Path((app, id)): Path<(String, String)>,
+    Path(params): Path<HashMap<String, String>>,
     method: Method,
-    RawQuery(query): RawQuery,
+    uri: Uri,
     headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let method = if method == Method::PUT {
+    body: B,
+) -> Result<Relayed<R>, ApiError> {
+    let param = |name: &str| params.get(name).cloned().unwrap_or_default();
+    let (app, id) = (param("app"), param("id"));
+    // `/v1/apps/{app}/machines/{id}` and what follows, as it was sent.
+    let rest = match uri.path().splitn(7, '/').nth(6) {
+        Some(rest) => format!("/{rest}"),
+        None => String::new(),
+    };
+    // A key of `..` (or `%2e%2e`) would be resolved away by the URL to the owner.
+    if rest
+        .split('/')
+        .skip(1)
+        .any(|seg| matches!(decode(seg).as_deref(), None | Some("" | "." | "..")))
+    {
+        return Err(ApiError::NotFound("no such endpoint".into()));
+    }
+    let method = if method == Method::PUT && rest.is_empty() {
         Method::POST
     } else {
         method
     };
-    forward(api, app, id, String::new(), method, query, headers, body).await
-}
-
-/// `/v1/apps/{app}/machines/{id}/...`: every other machine call.
-pub async fn forward_rest(
-    State(api): State<Api>,
-    Path((app, id, rest)): Path<(String, String, String)>,
-    method: Method,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    if rest.contains("..") || rest.contains("//") {
-        return Err(ApiError::NotFound("no such endpoint".into()));
-    }
-    forward(
-        api,
-        app,
-        id,
-        format!("/{rest}"),
-        method,
-        query,
-        headers,
-        body,
-    )
-    .await
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn forward(
-    api: Api,
-    app: String,
-    id: String,
-    rest: String,
-    method: Method,
-    query: Option<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+    let query = uri.query().map(str::to_string);
+    let body = body.into_bytes();
     let (host, row) = locate(&api, &app, &id).await?;
     let unreachable = |why: String| -> Result<Response, ApiError> {
         if method == Method::GET && rest.is_empty() {
@@ -486,7 +566,392 @@ async fn forward(
         req = req.header("content-type", "application/json").body(body);
     }
     match api.relay(req, &host).await? {
-        Ok(resp) => Ok(resp),
-        Err(why) => unreachable(why),
+        Ok(resp) => Ok(Relayed::new(resp)),
+        Err(why) => unreachable(why).map(Relayed::new),
     }
+}
+
+/// The docs of a forwarded call that changes a machine and takes its lease's nonce.
+fn change(
+    id: &'static str,
+    summary: &'static str,
+) -> impl for<'a> FnOnce(TransformOperation<'a>) -> TransformOperation<'a> {
+    move |t| nonce(op(t, id, "machines", summary, FWD_CHANGE))
+}
+
+/// The machine calls, each forwarded to the machine's owner by [`forward`] and documented
+/// with what the owner answers. Only these are forwarded: another path under a machine is
+/// not a route (404).
+pub(crate) fn forwarded() -> ApiRouter<Api> {
+    const M: &str = "/v1/apps/{app}/machines/{id}";
+    ApiRouter::new()
+        .api_route(
+            M,
+            get_with(forward::<Json<Machine>, NoBody>, |t| {
+                let t = op(
+                    t,
+                    "MachinesShow",
+                    "machines",
+                    "Get a machine (from the catalog, with `host_status: unreachable`, while \
+                     its host is down).",
+                    FWD,
+                );
+                query(
+                    t,
+                    "include_leases",
+                    Ty::Bool,
+                    "Show the machine's lease (without its nonce).",
+                )
+            })
+            .post_with(forward::<Json<Machine>, RawJson<UpdateRequest>>, |t| {
+                nonce(op(
+                    t,
+                    "MachinesUpdate",
+                    "machines",
+                    "Update a machine's config (a new version). `name` renames it, `lease_ttl` \
+                     takes or refreshes a lease (its nonce is answered), \
+                     `skip_service_registration` cordons it; `region` must be its own (a \
+                     machine does not move: 400).",
+                    FWD_CHANGE,
+                ))
+            })
+            .put_with(
+                forward::<Json<Machine>, RawJson<UpdateRequest>>,
+                change("MachinesUpdatePut", "Same as `POST` (update)."),
+            )
+            .delete_with(forward::<Json<OkResponse>, NoBody>, |t| {
+                let t = op(
+                    t,
+                    "MachinesDelete",
+                    "machines",
+                    "Destroy a machine (it must be stopped unless `force`).",
+                    FWD_CHANGE,
+                );
+                let t = query(t, "force", Ty::Bool, "Kill the machine if it runs.");
+                nonce(query(t, "kill", Ty::Bool, "Same as `force`."))
+            }),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/{id}/start",
+            post_with(
+                forward::<Json<StartResponse>, NoBody>,
+                change("MachinesStart", "Start a machine."),
+            ),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/{id}/stop",
+            post_with(
+                forward::<Json<OkResponse>, RawJson<StopRequest>>,
+                change(
+                    "MachinesStop",
+                    "Stop a machine: its stop signal, then SIGKILL after the timeout.",
+                ),
+            ),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/{id}/restart",
+            post_with(forward::<Json<OkResponse>, RawJson<StopRequest>>, |t| {
+                let t = op(
+                    t,
+                    "MachinesRestart",
+                    "machines",
+                    "Restart a machine (the signal and timeout may also be given in the query).",
+                    FWD_CHANGE,
+                );
+                let t = query(
+                    t,
+                    "timeout",
+                    Ty::Str,
+                    "How long to wait before SIGKILL (Go duration or seconds).",
+                );
+                nonce(query(
+                    t,
+                    "signal",
+                    Ty::Str,
+                    "The stop signal (name or number).",
+                ))
+            }),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/{id}/signal",
+            post_with(
+                forward::<Json<OkResponse>, RawJson<SignalRequest>>,
+                change("MachinesSignal", "Send a signal to a machine's process."),
+            ),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/{id}/suspend",
+            post_with(
+                forward::<Json<OkResponse>, NoBody>,
+                change(
+                    "MachinesSuspend",
+                    "Suspend a machine (its processes are frozen).",
+                ),
+            ),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/{id}/wait",
+            get_with(forward::<Json<WaitResponse>, NoBody>, |t| {
+                let t = op(
+                    t,
+                    "MachinesWait",
+                    "machines",
+                    "Wait until a machine is in one of the given states (default `started`).",
+                    &[400, 401, 404, 408, 503],
+                );
+                let t = query(
+                    t,
+                    "state",
+                    Ty::Str,
+                    "States to wait for: repeated or comma-separated; `settled` means any \
+                     resting state.",
+                );
+                let t = query(
+                    t,
+                    "timeout",
+                    Ty::Str,
+                    "Seconds or a Go duration (default and maximum 60 s).",
+                );
+                let t = query(t, "instance_id", Ty::Str, "Wait for this version.");
+                let t = query(t, "version", Ty::Str, "Same as `instance_id`.");
+                query(
+                    t,
+                    "from_event_id",
+                    Ty::Str,
+                    "Wait for the state to be reached by an event after this one (an event \
+                     id); the answer's `event_id` is the event that satisfied the wait.",
+                )
+            }),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/{id}/lease",
+            get_with(forward::<Json<LeaseInfoResponse>, NoBody>, |t| {
+                op(
+                    t,
+                    "MachinesShowLease",
+                    "leases",
+                    "Get the lease held on a machine (without its nonce).",
+                    FWD,
+                )
+            })
+            .post_with(
+                forward::<crate::openapi::Answer<201, LeaseResponse>, RawJson<LeaseRequest>>,
+                |t| {
+                    let t = op(
+                        t,
+                        "MachinesCreateLease",
+                        "leases",
+                        "Take a lease on a machine, or renew the one whose nonce is given \
+                         (201: a new lease; 200: the lease, renewed).",
+                        FWD_CHANGE,
+                    )
+                    .response::<200, Json<LeaseResponse>>();
+                    let t = query(
+                        t,
+                        "ttl",
+                        Ty::Int,
+                        "Seconds (default 30); the body's `ttl` wins.",
+                    );
+                    nonce(t)
+                },
+            )
+            .delete_with(forward::<Json<StatusResponse>, NoBody>, |t| {
+                nonce(op(
+                    t,
+                    "MachinesReleaseLease",
+                    "leases",
+                    "Release the lease (its nonce is required).",
+                    FWD_CHANGE,
+                ))
+            }),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/{id}/cordon",
+            post_with(
+                forward::<Json<OkResponse>, NoBody>,
+                change(
+                    "MachinesCordon",
+                    "Take a machine out of its services' rotation.",
+                ),
+            ),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/{id}/uncordon",
+            post_with(
+                forward::<Json<OkResponse>, NoBody>,
+                change(
+                    "MachinesUncordon",
+                    "Put a machine back into its services' rotation.",
+                ),
+            ),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/{id}/metadata",
+            get_with(forward::<Json<BTreeMap<String, String>>, NoBody>, |t| {
+                op(
+                    t,
+                    "MachinesShowMetadata",
+                    "metadata",
+                    "A machine's metadata.",
+                    FWD,
+                )
+            })
+            .put_with(forward::<NoContent, RawJson<MetadataUpdate>>, |t| {
+                nonce(op(
+                    t,
+                    "MachinesUpdateMetadata",
+                    "metadata",
+                    "Set and remove several metadata keys at once.",
+                    FWD_CHANGE,
+                ))
+            })
+            .patch_with(forward::<NoContent, RawJson<MetadataUpdate>>, |t| {
+                nonce(op(
+                    t,
+                    "MachinesPatchMetadata",
+                    "metadata",
+                    "Same as `PUT`.",
+                    FWD_CHANGE,
+                ))
+            }),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/{id}/metadata/{key}",
+            get_with(forward::<Json<MetadataValue>, NoBody>, |t| {
+                op(
+                    t,
+                    "MachinesShowMetadataKey",
+                    "metadata",
+                    "One metadata value.",
+                    FWD,
+                )
+            })
+            .post_with(forward::<NoContent, RawJson<MetadataValue>>, |t| {
+                nonce(op(
+                    t,
+                    "MachinesUpsertMetadata",
+                    "metadata",
+                    "Set one metadata key.",
+                    FWD_CHANGE,
+                ))
+            })
+            .delete_with(forward::<NoContent, NoBody>, |t| {
+                nonce(op(
+                    t,
+                    "MachinesDeleteMetadata",
+                    "metadata",
+                    "Remove one metadata key.",
+                    FWD_CHANGE,
+                ))
+            }),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/{id}/events",
+            get_with(forward::<Json<Vec<MachineEvent>>, NoBody>, |t| {
+                let t = op(
+                    t,
+                    "MachinesListEvents",
+                    "machines",
+                    "A machine's events, newest first.",
+                    FWD,
+                );
+                query(
+                    t,
+                    "limit",
+                    Ty::Int,
+                    "At most this many (default 20, 1 to 50).",
+                )
+            }),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/{id}/versions",
+            get_with(forward::<Json<Vec<MachineVersion>>, NoBody>, |t| {
+                op(
+                    t,
+                    "MachinesListVersions",
+                    "machines",
+                    "A machine's config versions.",
+                    FWD,
+                )
+            }),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/{id}/exec",
+            post_with(forward::<Json<ExecResponse>, RawJson<ExecRequest>>, |t| {
+                op(
+                    t,
+                    "MachinesExec",
+                    "machines",
+                    "Run a command in a running machine and wait for it.",
+                    FWD_CHANGE,
+                )
+            }),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/{id}/ps",
+            get_with(forward::<Json<Vec<ProcessStat>>, NoBody>, |t| {
+                let t = op(
+                    t,
+                    "MachinesListProcesses",
+                    "machines",
+                    "The processes of a started machine (its workload and every descendant), \
+                     read from `/proc` on its host; 409 when it is not started.",
+                    &[400, 401, 404, 409, 503],
+                );
+                let t = query(
+                    t,
+                    "sort_by",
+                    Ty::Str,
+                    "pid (default), stime, rtime, cpu, rss or command.",
+                );
+                query(t, "order", Ty::Str, "asc (default) or desc.")
+            }),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/{id}/logs",
+            get_with(forward::<Ndjson, NoBody>, |t| {
+                let t = op(
+                    t,
+                    "MachinesLogs",
+                    "machines",
+                    "bazaar extension: the machine's output as JSON lines; with \
+                     `follow=true`, a stream.",
+                    &[400, 401, 404, 503],
+                );
+                let t = query(
+                    t,
+                    "max_bytes",
+                    Ty::Int,
+                    "The last this many bytes (default 64 KiB, at most 8 MiB).",
+                );
+                query(t, "follow", Ty::Bool, "Keep streaming new lines.")
+            }),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/{id}/placement",
+            get_with(forward::<Json<PlacementRecord>, NoBody>, |t| {
+                op(
+                    t,
+                    "MachinesPlacement",
+                    "machines",
+                    "bazaar extension: how the market placed the machine.",
+                    FWD,
+                )
+            }),
+        )
+        .api_route(
+            "/v1/apps/{app}/machines/{id}/traffic",
+            get_with(forward::<Json<MachineTraffic>, NoBody>, |t| {
+                op(
+                    t,
+                    "MachinesTraffic",
+                    "machines",
+                    "bazaar extension: the requests and connections the machine is serving \
+                     right now (counted by its host's proxy, through which every proxy reaches \
+                     it); deploys wait for a cordoned machine's `in_flight` to reach 0 before \
+                     stopping it.",
+                    FWD,
+                )
+            }),
+        )
 }

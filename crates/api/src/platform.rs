@@ -3,18 +3,19 @@
 
 use crate::error::ApiError;
 use crate::exchange::Order;
-use crate::{parse_body, Api};
-use axum::body::Bytes;
+use crate::openapi::{op, Body};
+use crate::Api;
+use aide::transform::TransformOperation;
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
 use axum::Json;
+use bazaar_placement::exchange::PlacementRecord;
+use bazaar_types::api::{PlacementsRequest, PlacementsResponse, Region, RegionCount, RegionList};
 use bazaar_types::guest::Guest;
 use bazaar_types::host::ClaimRequest;
-use serde::Deserialize;
 use std::collections::BTreeMap;
 
 /// `GET /v1/platform/regions`.
-pub async fn regions(State(api): State<Api>) -> Result<Response, ApiError> {
+pub async fn regions(State(api): State<Api>) -> Result<Json<RegionList>, ApiError> {
     let (cands, _) = api.market_view()?;
     let mut by_region: BTreeMap<String, (usize, u64, u64)> = BTreeMap::new();
     for c in &cands {
@@ -25,42 +26,40 @@ pub async fn regions(State(api): State<Api>) -> Result<Response, ApiError> {
             e.2 += c.capacity.memory_mb;
         }
     }
-    let regions: Vec<_> = by_region
-        .iter()
-        .map(|(code, (hosts, free, cap))| {
-            serde_json::json!({
-                "code": code,
-                "name": code,
-                "gateway_available": true,
-                "requires_paid_plan": false,
-                "deprecated": false,
-                "hosts": hosts,
-                "free_memory_mb": free,
-                "capacity_memory_mb": cap,
-            })
+    let regions = by_region
+        .into_iter()
+        .map(|(code, (hosts, free, cap))| Region {
+            name: code.clone(),
+            code,
+            gateway_available: true,
+            requires_paid_plan: false,
+            deprecated: false,
+            hosts: hosts as u64,
+            free_memory_mb: free,
+            capacity_memory_mb: cap,
         })
         .collect();
-    Ok(
-        Json(serde_json::json!({"regions": regions, "nearest": api.0.node.config().region}))
-            .into_response(),
+    Ok(Json(RegionList {
+        regions,
+        nearest: api.0.node.config().region.clone(),
+    }))
+}
+
+pub(crate) fn regions_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "PlatformRegions",
+        "platform",
+        "The regions of the cluster's hosts.",
+        &[401, 503],
     )
 }
 
-#[derive(Debug, Deserialize)]
-struct PlacementsRequest {
-    #[serde(default)]
-    compute: Option<Guest>,
-    #[serde(default)]
-    size: Option<String>,
-    #[serde(default)]
-    region: Option<String>,
-    #[serde(default)]
-    count: Option<usize>,
-}
-
 /// `POST /v1/platform/placements`: a dry run of the market.
-pub async fn placements(State(api): State<Api>, body: Bytes) -> Result<Response, ApiError> {
-    let req: PlacementsRequest = parse_body(&body)?;
+pub async fn placements(
+    State(api): State<Api>,
+    Body(req): Body<PlacementsRequest>,
+) -> Result<Json<PlacementsResponse<PlacementRecord>>, ApiError> {
     let guest = match (req.compute, req.size) {
         (Some(g), _) => g,
         (None, Some(s)) => Guest::preset(&s).map_err(ApiError::BadRequest)?,
@@ -96,22 +95,36 @@ pub async fn placements(State(api): State<Api>, body: Bytes) -> Result<Response,
         .iter()
         .map(|c| (c.host_id.as_str(), c.region.as_str()))
         .collect();
-    let mut per_region: BTreeMap<String, usize> = BTreeMap::new();
-    let mut per_host: BTreeMap<String, usize> = BTreeMap::new();
+    let mut per_region: BTreeMap<String, u64> = BTreeMap::new();
+    let mut per_host: BTreeMap<String, u64> = BTreeMap::new();
     for h in &placed.record.winners {
         *per_region
             .entry(region_of.get(h.as_str()).unwrap_or(&"?").to_string())
             .or_default() += 1;
         *per_host.entry(h.clone()).or_default() += 1;
     }
-    let regions: Vec<_> = per_region
-        .iter()
-        .map(|(r, n)| serde_json::json!({"region": r, "count": n, "concurrency": n}))
+    let regions = per_region
+        .into_iter()
+        .map(|(region, count)| RegionCount {
+            region,
+            count,
+            concurrency: count,
+        })
         .collect();
-    Ok(Json(serde_json::json!({
-        "regions": regions,
-        "hosts": per_host,
-        "placement": placed.record,
+    Ok(Json(PlacementsResponse {
+        regions,
+        hosts: per_host,
+        placement: placed.record,
     }))
-    .into_response())
+}
+
+pub(crate) fn placements_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "PlatformPlacements",
+        "platform",
+        "Where machines of a size would go: the market is asked for real and every \
+         reservation released.",
+        &[400, 401, 409, 503],
+    )
 }

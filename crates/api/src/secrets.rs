@@ -5,15 +5,17 @@
 //! message can quote a value.
 
 use crate::error::ApiError;
+use crate::openapi::{op, Answer, RawJson};
 use crate::Api;
-use axum::body::Bytes;
+use aide::transform::TransformOperation;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bazaar_catalog::SecretRecord;
 use bazaar_node::secrets::SecretError;
-use serde_json::{json, Value};
+use bazaar_types::api::{
+    EmptyResponse, Secret, SecretList, SetSecretRequest, UpdateSecretsRequest,
+};
+use serde_json::Value;
 
 impl From<SecretError> for ApiError {
     fn from(err: SecretError) -> ApiError {
@@ -26,17 +28,19 @@ impl From<SecretError> for ApiError {
     }
 }
 
-fn secret_json(s: &SecretRecord) -> Value {
-    json!({
-        "name": s.name,
-        "digest": s.digest,
-        "created_at": bazaar_types::rfc3339(s.created_at_ms),
-        "updated_at": bazaar_types::rfc3339(s.updated_at_ms),
-    })
+fn secret_of(s: &SecretRecord) -> Secret {
+    Secret {
+        name: s.name.clone(),
+        digest: s.digest.clone(),
+        created_at: bazaar_types::rfc3339(s.created_at_ms),
+        updated_at: bazaar_types::rfc3339(s.updated_at_ms),
+    }
 }
 
-fn list_json(secrets: &[SecretRecord]) -> Value {
-    json!({"secrets": secrets.iter().map(secret_json).collect::<Vec<_>>()})
+fn list_of(secrets: &[SecretRecord]) -> SecretList {
+    SecretList {
+        secrets: secrets.iter().map(secret_of).collect(),
+    }
 }
 
 fn require_app(api: &Api, app: &str) -> Result<(), ApiError> {
@@ -63,9 +67,22 @@ fn object_body(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> 
 }
 
 /// `GET /v1/apps/{app}/secrets` → `{"secrets": [{name, digest, created_at, updated_at}]}`.
-pub async fn list(State(api): State<Api>, Path(app): Path<String>) -> Result<Response, ApiError> {
+pub async fn list(
+    State(api): State<Api>,
+    Path(app): Path<String>,
+) -> Result<Json<SecretList>, ApiError> {
     require_app(&api, &app)?;
-    Ok(Json(list_json(&api.0.node.app_secrets(&app))).into_response())
+    Ok(Json(list_of(&api.0.node.app_secrets(&app))))
+}
+
+pub(crate) fn list_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "AppSecretsList",
+        "secrets",
+        "The app's secrets: names, digests and times, never values.",
+        &[401, 404, 503],
+    )
 }
 
 /// `POST /v1/apps/{app}/secrets` with `{"values": {"NAME": "value" | null}}`: sets each name
@@ -73,8 +90,8 @@ pub async fn list(State(api): State<Api>, Path(app): Path<String>) -> Result<Res
 pub async fn update(
     State(api): State<Api>,
     Path(app): Path<String>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+    RawJson(body, ..): RawJson<UpdateSecretsRequest>,
+) -> Result<Json<SecretList>, ApiError> {
     let mut body = object_body(&body)?;
     let Some(Value::Object(values)) = body.remove("values") else {
         return Err(ApiError::BadRequest(
@@ -95,30 +112,54 @@ pub async fn update(
         changes.push((name, value));
     }
     let secrets = api.0.node.set_app_secrets(&app, &changes)?;
-    Ok(Json(list_json(&secrets)).into_response())
+    Ok(Json(list_of(&secrets)))
+}
+
+pub(crate) fn update_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "AppSecretsUpdate",
+        "secrets",
+        "Set (a string) and unset (null) secrets, all or nothing. Sealed with the cluster's \
+         key and given to the app's machines as environment variables at their next start \
+         (a secret wins over `config.env`); `bazaar secrets set` restarts them. Names: \
+         environment variable syntax, not FLY_* or BAZAAR_*; values: at most 64 KiB. \
+         Needs the `secrets` operation on the app.",
+        &[400, 401, 403, 404, 503],
+    )
 }
 
 /// `GET /v1/apps/{app}/secrets/{name}` → `{name, digest, created_at, updated_at}`.
 pub async fn get(
     State(api): State<Api>,
     Path((app, name)): Path<(String, String)>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<Secret>, ApiError> {
     require_app(&api, &app)?;
     api.0
         .node
         .app_secrets(&app)
         .iter()
         .find(|s| s.name == name)
-        .map(|s| Json(secret_json(s)).into_response())
+        .map(|s| Json(secret_of(s)))
         .ok_or_else(|| ApiError::NotFound(format!("secret {name} not found")))
+}
+
+pub(crate) fn get_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "AppSecretShow",
+        "secrets",
+        "One secret: its name, digest and times, never its value.",
+        &[401, 404, 503],
+    )
 }
 
 /// `POST /v1/apps/{app}/secrets/{name}` with `{"value": "..."}`: sets one secret (201).
 pub async fn set(
     State(api): State<Api>,
     Path((app, name)): Path<(String, String)>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+    RawJson(body, ..): RawJson<SetSecretRequest>,
+) -> Result<Answer<201, Secret>, ApiError> {
     let value = match object_body(&body)?.remove("value") {
         Some(Value::String(s)) => s,
         _ => {
@@ -131,19 +172,38 @@ pub async fn set(
         .0
         .node
         .set_app_secrets(&app, &[(name.clone(), Some(value))])?;
-    let secret = secrets
+    secrets
         .iter()
         .find(|s| s.name == name)
-        .map(secret_json)
-        .unwrap_or_default();
-    Ok((StatusCode::CREATED, Json(secret)).into_response())
+        .map(|s| Answer(secret_of(s)))
+        .ok_or_else(|| ApiError::Internal(format!("secret {name} was set but is not listed")))
+}
+
+pub(crate) fn set_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "AppSecretSet",
+        "secrets",
+        "Set one secret.",
+        &[400, 401, 403, 404, 503],
+    )
 }
 
 /// `DELETE /v1/apps/{app}/secrets/{name}`: unsets it (404 if it is not set).
 pub async fn unset(
     State(api): State<Api>,
     Path((app, name)): Path<(String, String)>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<EmptyResponse>, ApiError> {
     api.0.node.set_app_secrets(&app, &[(name, None)])?;
-    Ok(Json(json!({})).into_response())
+    Ok(Json(EmptyResponse {}))
+}
+
+pub(crate) fn unset_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "AppSecretDelete",
+        "secrets",
+        "Unset a secret (machines lose it at their next start).",
+        &[400, 401, 403, 404, 503],
+    )
 }

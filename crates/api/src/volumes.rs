@@ -11,7 +11,9 @@
 use crate::error::ApiError;
 use crate::exchange::{HostAddr, HostCallError};
 use crate::machines::require_app;
-use crate::{parse_body, Api};
+use crate::openapi::{op, Body, RawJson, Relayed};
+use crate::Api;
+use aide::transform::TransformOperation;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::Method;
@@ -22,8 +24,9 @@ use bazaar_placement::volume::{volume_candidates, VolumeCandidate, VolumeRequest
 use bazaar_types::host::Resources;
 use bazaar_types::volume::{
     is_valid_snapshot_id, is_valid_volume_id, new_volume_id, validate_size_gb,
-    validate_volume_name, CreateVolumeRequest, HostSnapshot, HostVolumeCreate, Volume,
-    VolumeSource, BLOCK_SIZE, DEFAULT_SIZE_GB, NO_ENCRYPTION,
+    validate_volume_name, CreateVolumeRequest, ExtendVolumeRequest, ExtendVolumeResponse,
+    HostSnapshot, HostVolumeCreate, UpdateVolumeRequest, Volume, VolumeSnapshot, VolumeSource,
+    BLOCK_SIZE, DEFAULT_SIZE_GB, NO_ENCRYPTION,
 };
 
 /// A volume shown from the catalog (lists, and gets while its host does not answer).
@@ -103,12 +106,11 @@ fn host_request(app: &str, req: &CreateVolumeRequest) -> Result<HostVolumeCreate
 pub async fn create(
     State(api): State<Api>,
     Path(app): Path<String>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+    Body(req): Body<CreateVolumeRequest>,
+) -> Result<Json<Volume>, ApiError> {
     require_app(&api, &app)?;
-    let req: CreateVolumeRequest = parse_body(&body)?;
     if req.snapshot_id.is_some() || req.source_volume_id.is_some() {
-        return create_from_source(&api, &app, &req).await;
+        return create_from_source(&api, &app, &req).await.map(Json);
     }
     let template = host_request(&app, &req)?;
     let (hosts, addrs) = api.market_view()?;
@@ -164,7 +166,7 @@ pub async fn create(
             {
                 Ok(volume) => {
                     api.remember(&volume.id, &addr.host_id);
-                    return Ok(Json(volume).into_response());
+                    return Ok(Json(volume));
                 }
                 Err(HostCallError::Refused {
                     status: 409,
@@ -196,6 +198,21 @@ pub async fn create(
     )))
 }
 
+pub(crate) fn create_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "VolumesCreate",
+        "volumes",
+        "Create a volume: host-local storage placed by the market (disk, \
+         `require_unique_zone`, the `compute` hint). With `snapshot_id` it restores a \
+         snapshot, with `source_volume_id` it forks a volume (a copy taken now); both are \
+         made on the host that holds the source, at least the source's size \
+         (`require_unique_zone` defaults to false for them). `encrypted: true` is refused: \
+         volumes are not encrypted.",
+        &[400, 401, 404, 409, 503],
+    )
+}
+
 /// A restore or a fork: made on the host that holds the source, at least the source's size
 /// (by default exactly). `require_unique_zone` defaults to false here: the new volume has
 /// no other host to go to.
@@ -203,7 +220,7 @@ async fn create_from_source(
     api: &Api,
     app: &str,
     req: &CreateVolumeRequest,
-) -> Result<Response, ApiError> {
+) -> Result<Volume, ApiError> {
     let (source, host, source_gb) = match (&req.snapshot_id, &req.source_volume_id) {
         (Some(_), Some(_)) => {
             return Err(ApiError::BadRequest(
@@ -265,7 +282,7 @@ async fn create_from_source(
     {
         Ok(volume) => {
             api.remember(&volume.id, &host.host_id);
-            Ok(Json(volume).into_response())
+            Ok(volume)
         }
         Err(HostCallError::Refused {
             status: 409,
@@ -324,7 +341,10 @@ async fn find_snapshot(
 }
 
 /// `GET /v1/apps/{app}/volumes`: the app's volumes from the local catalog.
-pub async fn list(State(api): State<Api>, Path(app): Path<String>) -> Result<Response, ApiError> {
+pub async fn list(
+    State(api): State<Api>,
+    Path(app): Path<String>,
+) -> Result<Json<Vec<Volume>>, ApiError> {
     require_app(&api, &app)?;
     let out: Vec<Volume> = api
         .catalog()?
@@ -332,7 +352,17 @@ pub async fn list(State(api): State<Api>, Path(app): Path<String>) -> Result<Res
         .iter()
         .map(from_catalog)
         .collect();
-    Ok(Json(out).into_response())
+    Ok(Json(out))
+}
+
+pub(crate) fn list_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "VolumesList",
+        "volumes",
+        "List an app's volumes (from the cluster catalog).",
+        &[401, 404, 503],
+    )
 }
 
 /// The volume's owner and its catalog row, or 404.
@@ -361,8 +391,18 @@ async fn locate(
 pub async fn get(
     State(api): State<Api>,
     Path((app, id)): Path<(String, String)>,
-) -> Result<Response, ApiError> {
+) -> Result<Relayed<Json<Volume>>, ApiError> {
     forward(api, app, id, "", Method::GET, Bytes::new()).await
+}
+
+pub(crate) fn get_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "VolumesShow",
+        "volumes",
+        "Get a volume (from its host; from the catalog while the host is down).",
+        &[401, 404, 503],
+    )
 }
 
 /// `POST` (Fly's method) or `PUT /v1/apps/{app}/volumes/{id}`: update (snapshot
@@ -370,52 +410,113 @@ pub async fn get(
 pub async fn update(
     State(api): State<Api>,
     Path((app, id)): Path<(String, String)>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+    RawJson(body, ..): RawJson<UpdateVolumeRequest>,
+) -> Result<Relayed<Json<Volume>>, ApiError> {
     forward(api, app, id, "", Method::PUT, body).await
+}
+
+pub(crate) fn update_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "VolumesUpdate",
+        "volumes",
+        "Change a volume's snapshot retention or automatic backups.",
+        &[400, 401, 404, 503],
+    )
+}
+
+pub(crate) fn update_post_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "VolumesUpdatePost",
+        "volumes",
+        "Same as `PUT` (Fly's method).",
+        &[400, 401, 404, 503],
+    )
 }
 
 /// `PUT /v1/apps/{app}/volumes/{id}/extend`: grow; answers `{volume, needs_restart}`.
 pub async fn extend(
     State(api): State<Api>,
     Path((app, id)): Path<(String, String)>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+    RawJson(body, ..): RawJson<ExtendVolumeRequest>,
+) -> Result<Relayed<Json<ExtendVolumeResponse>>, ApiError> {
     forward(api, app, id, "/extend", Method::PUT, body).await
+}
+
+pub(crate) fn extend_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "VolumesExtend",
+        "volumes",
+        "Grow a volume (online; shrinking is refused).",
+        &[400, 401, 404, 409, 503],
+    )
 }
 
 /// `GET /v1/apps/{app}/volumes/{id}/snapshots`: the volume's snapshots, oldest first.
 pub async fn snapshots(
     State(api): State<Api>,
     Path((app, id)): Path<(String, String)>,
-) -> Result<Response, ApiError> {
+) -> Result<Relayed<Json<Vec<VolumeSnapshot>>>, ApiError> {
     forward(api, app, id, "/snapshots", Method::GET, Bytes::new()).await
+}
+
+pub(crate) fn snapshots_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "VolumesListSnapshots",
+        "volumes",
+        "A volume's snapshots, oldest first (kept on its host for `snapshot_retention` days).",
+        &[401, 404, 503],
+    )
 }
 
 /// `POST /v1/apps/{app}/volumes/{id}/snapshots`: takes a snapshot now (answers it).
 pub async fn snapshot(
     State(api): State<Api>,
     Path((app, id)): Path<(String, String)>,
-) -> Result<Response, ApiError> {
+) -> Result<Relayed<Json<VolumeSnapshot>>, ApiError> {
     forward(api, app, id, "/snapshots", Method::POST, Bytes::new()).await
+}
+
+pub(crate) fn snapshot_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "CreateVolumeSnapshot",
+        "volumes",
+        "Take a snapshot now: a consistent copy of the volume (its file system is frozen \
+         while it is copied; writers wait), kept on the volume's host.",
+        &[400, 401, 404, 409, 503],
+    )
 }
 
 /// `DELETE /v1/apps/{app}/volumes/{id}`: refused with 412 while a machine has it attached.
 pub async fn destroy(
     State(api): State<Api>,
     Path((app, id)): Path<(String, String)>,
-) -> Result<Response, ApiError> {
+) -> Result<Relayed<Json<Volume>>, ApiError> {
     forward(api, app, id, "", Method::DELETE, Bytes::new()).await
 }
 
-async fn forward(
+pub(crate) fn destroy_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "VolumesDelete",
+        "volumes",
+        "Delete a volume and its data; refused (412) while a machine mounts it.",
+        &[401, 404, 409, 412, 503],
+    )
+}
+
+async fn forward<R>(
     api: Api,
     app: String,
     id: String,
     rest: &str,
     method: Method,
     body: Bytes,
-) -> Result<Response, ApiError> {
+) -> Result<Relayed<R>, ApiError> {
     require_app(&api, &app)?;
     let (host, row) = locate(&api, &app, &id).await?;
     let unreachable = |why: String| -> Result<Response, ApiError> {
@@ -437,7 +538,7 @@ async fn forward(
         req = req.header("content-type", "application/json").body(body);
     }
     match api.relay(req, &host).await? {
-        Ok(resp) => Ok(resp),
-        Err(why) => unreachable(why),
+        Ok(resp) => Ok(Relayed::new(resp)),
+        Err(why) => unreachable(why).map(Relayed::new),
     }
 }

@@ -170,6 +170,56 @@ async fn malformed_machines_api_requests_get_fly_shaped_4xx_and_change_nothing()
         "",
     );
 
+    // The catalog view takes the cluster secret; an undocumented machine call is no route.
+    for path in [
+        "/v1/catalog/hosts",
+        "/v1/catalog/machines",
+        "/v1/catalog/digest",
+    ] {
+        for token in [Token::None, Token::Bearer("not-the-secret")] {
+            assert_error(
+                call(&api, Method::GET, path, token, None).await,
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+            );
+        }
+        let (s, v) = call(&api, Method::GET, path, AUTH, None).await;
+        assert_eq!(s, StatusCode::OK, "{path}: {v}");
+    }
+    let (s, v) = call(
+        &api,
+        Method::GET,
+        "/v1/catalog/machines?app=web&include_deleted=true",
+        AUTH,
+        None,
+    )
+    .await;
+    assert_eq!((s, v), (StatusCode::OK, json!([])));
+    let (s, _) = call(
+        &api,
+        Method::POST,
+        "/v1/apps/web/machines/00000000000000/no-such-call",
+        AUTH,
+        Some("{}"),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    // A metadata key that a URL would resolve away is not forwarded.
+    for key in ["..", "%2e%2E", "."] {
+        assert_error(
+            call(
+                &api,
+                Method::DELETE,
+                &format!("/v1/apps/web/machines/00000000000000/metadata/{key}"),
+                AUTH,
+                None,
+            )
+            .await,
+            StatusCode::NOT_FOUND,
+            "no such endpoint",
+        );
+    }
+
     // Nothing was created.
     let (s, v) = call(&api, Method::GET, create, AUTH, None).await;
     assert_eq!(s, StatusCode::OK, "{v}");

@@ -6,7 +6,6 @@ use crate::acme::{self, AcmeConfig};
 use crate::{check_pem, current, key_aad, normalize_hostname, SEAL_PURPOSE};
 use bazaar_catalog::{Catalog, CertificateRecord, CertificateView, HostStatus};
 use bazaar_node::NodeHandle;
-use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,43 +20,23 @@ const STALE_PENDING_MS: u64 = 120_000;
 /// Issuances running in this process, by (host id, hostname): one at a time per hostname.
 static ISSUING: Mutex<Option<HashSet<(String, String)>>> = Mutex::new(None);
 
-/// A certificate as the API shows it.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct CertInfo {
-    pub hostname: String,
-    pub app: String,
-    /// `acme` or `custom`.
-    pub source: String,
-    /// `pending`, `issued` or `failed`.
-    pub status: String,
-    /// Why issuance (or the last renewal) failed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// The host that owns (and renews) it.
-    pub owner_host: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub not_before: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub not_after: Option<String>,
-    pub created_at: String,
-    pub updated_at: String,
-}
+/// A certificate as the API shows it (the Machines API's wire type).
+pub use bazaar_types::api::Certificate as CertInfo;
 
-impl CertInfo {
-    fn of(r: &CertificateRecord) -> CertInfo {
-        let time = |ms: u64| (ms > 0).then(|| bazaar_types::rfc3339(ms));
-        CertInfo {
-            hostname: r.hostname.clone(),
-            app: r.app.clone(),
-            source: r.source.clone(),
-            status: r.status.clone(),
-            error: r.error.clone(),
-            owner_host: r.host_id.clone(),
-            not_before: time(r.not_before_ms),
-            not_after: time(r.not_after_ms),
-            created_at: bazaar_types::rfc3339(r.created_at_ms),
-            updated_at: bazaar_types::rfc3339(r.updated_at_ms),
-        }
+/// What the API shows of a certificate row.
+fn cert_info(r: &CertificateRecord) -> CertInfo {
+    let time = |ms: u64| (ms > 0).then(|| bazaar_types::rfc3339(ms));
+    CertInfo {
+        hostname: r.hostname.clone(),
+        app: r.app.clone(),
+        source: r.source.clone(),
+        status: r.status.clone(),
+        error: r.error.clone(),
+        owner_host: r.host_id.clone(),
+        not_before: time(r.not_before_ms),
+        not_after: time(r.not_after_ms),
+        created_at: bazaar_types::rfc3339(r.created_at_ms),
+        updated_at: bazaar_types::rfc3339(r.updated_at_ms),
     }
 }
 
@@ -111,7 +90,7 @@ impl Certs {
         let mut out: Vec<CertInfo> = current(&rows)
             .into_values()
             .filter(|v| v.record.app == app)
-            .map(|v| CertInfo::of(&v.record))
+            .map(|v| cert_info(&v.record))
             .collect();
         out.sort_by(|a, b| a.hostname.cmp(&b.hostname));
         out
@@ -124,7 +103,7 @@ impl Certs {
         let cur = current(&rows);
         cur.get(hostname.as_str())
             .filter(|v| v.record.app == app)
-            .map(|v| CertInfo::of(&v.record))
+            .map(|v| cert_info(&v.record))
     }
 
     /// Checks that `hostname` may be (re)attached to `app`; returns it normalized.
@@ -164,7 +143,7 @@ impl Certs {
         };
         self.catalog.publish_certificate(record.clone());
         self.spawn_issue(acme, record.clone());
-        Ok(CertInfo::of(&record))
+        Ok(cert_info(&record))
     }
 
     /// Attaches `hostname` to `app` with a certificate given by the user (PEM chain, leaf
@@ -198,7 +177,7 @@ impl Certs {
             ..Default::default()
         };
         self.catalog.publish_certificate(record.clone());
-        Ok(CertInfo::of(&record))
+        Ok(cert_info(&record))
     }
 
     /// Detaches `hostname` from `app`: every proxy stops serving it. `false` when `app`

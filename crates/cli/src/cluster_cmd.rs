@@ -143,15 +143,12 @@ async fn gossip_key(action: String, key: Option<String>, conn: AgentConn) -> any
     let key = key.context("install, use and remove take a KEY")?;
     bazaar_catalog::keyring::parse_key(&key)?;
     let url = format!("{}/v1/catalog/hosts", client.base());
-    let hosts: Vec<serde_json::Value> = client.send(http.get(&url), url).await?;
+    let hosts: Vec<bazaar_types::api::CatalogHost> = client.send(http.get(&url), url).await?;
     let body = serde_json::json!({ "action": action, "key": key });
     let mut failed = Vec::new();
     for host in &hosts {
-        let id = host["id"].as_str().unwrap_or_default();
-        let url = format!(
-            "http://{}/host/v1/gossip-keys",
-            host["api_addr"].as_str().unwrap_or_default()
-        );
+        let id = &host.id;
+        let url = format!("http://{}/host/v1/gossip-keys", host.api_addr);
         match client
             .send::<serde_json::Value>(http.post(&url).json(&body), url)
             .await

@@ -5,6 +5,7 @@
 
 use anyhow::Context;
 use bazaar_client::HostClient;
+use bazaar_types::api::{CatalogHost, CatalogMachine};
 use bazaar_types::config::{
     InitConfig, MachineConfig, MachineService, RestartConfig, RestartPolicyKind,
 };
@@ -472,19 +473,17 @@ pub async fn hosts(a: CatalogArgs) -> anyhow::Result<()> {
         "free cpus",
         "updated",
     ]);
-    for h in hosts.as_array().into_iter().flatten() {
+    let hosts: Vec<CatalogHost> = serde_json::from_value(hosts).context("the catalog's hosts")?;
+    for h in hosts {
         t.add_row([
-            h["id"].as_str().unwrap_or_default().to_string(),
-            h["region"].as_str().unwrap_or_default().to_string(),
-            h["status"].as_str().unwrap_or_default().to_string(),
-            h["api_addr"].as_str().unwrap_or_default().to_string(),
-            h["num_machines"].to_string(),
-            format!(
-                "{} / {}",
-                h["free"]["memory_mb"], h["capacity"]["memory_mb"]
-            ),
-            format!("{} / {}", h["free"]["cpus"], h["capacity"]["cpus"]),
-            h["updated_at"].as_str().unwrap_or_default().to_string(),
+            h.id,
+            h.region,
+            h.status,
+            h.api_addr,
+            h.num_machines.to_string(),
+            format!("{} / {}", h.free.memory_mb, h.capacity.memory_mb),
+            format!("{} / {}", h.free.cpus, h.capacity.cpus),
+            h.updated_at,
         ]);
     }
     println!("{t}");
@@ -513,31 +512,25 @@ pub async fn status(a: StatusArgs) -> anyhow::Result<()> {
         "services",
         "updated",
     ]);
-    for m in machines.as_array().into_iter().flatten() {
-        let services = m["services"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|s| {
-                format!(
-                    "{}->{}:{}",
-                    s["internal_port"],
-                    s["address"].as_str().unwrap_or_default(),
-                    s["port"]
-                )
-            })
+    let machines: Vec<CatalogMachine> =
+        serde_json::from_value(machines).context("the catalog's machines")?;
+    for m in machines {
+        let services = m
+            .services
+            .iter()
+            .map(|s| format!("{}->{}:{}", s.internal_port, s.address, s.port))
             .collect::<Vec<_>>()
             .join(",");
         t.add_row([
-            m["id"].as_str().unwrap_or_default().to_string(),
-            m["app"].as_str().unwrap_or_default().to_string(),
-            m["name"].as_str().unwrap_or_default().to_string(),
-            m["region"].as_str().unwrap_or_default().to_string(),
-            m["state"].as_str().unwrap_or_default().to_string(),
-            m["host_id"].as_str().unwrap_or_default().to_string(),
-            m["host_status"].as_str().unwrap_or_default().to_string(),
+            m.id,
+            m.app,
+            m.name,
+            m.region,
+            m.state,
+            m.host_id,
+            m.host_status,
             services,
-            m["updated_at"].as_str().unwrap_or_default().to_string(),
+            m.updated_at,
         ]);
     }
     println!("{t}");

@@ -7,7 +7,7 @@
 use bazaar_types::api::{
     AddCertificateRequest, App, AppList, AuditList, BatchCreateResponse, Certificate,
     CreateAppRequest, CreateMachineRequest, LeaseResponse, MachineTraffic, MachineVersion,
-    SecretList, UpdateMachineRequest,
+    OkResponse, SecretList, StatusResponse, UpdateMachineRequest,
 };
 use bazaar_types::error::ErrorBody;
 use bazaar_types::event::MachineEvent;
@@ -260,7 +260,7 @@ impl FlyClient {
     }
 
     /// Destroys an app and its machines (the server's answer).
-    pub async fn destroy_app(&self, name: &str) -> Result<Value, ApiError> {
+    pub async fn destroy_app(&self, name: &str) -> Result<StatusResponse, ApiError> {
         self.call(Method::DELETE, &format!("/apps/{name}"), None, None)
             .await
     }
@@ -572,7 +572,7 @@ impl FlyClient {
         &self,
         app: &str,
         values: &serde_json::Map<String, Value>,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<SecretList, ApiError> {
         let body = json!({ "values": values });
         self.call(
             Method::POST,
@@ -612,7 +612,11 @@ impl FlyClient {
     }
 
     /// Detaches a hostname: the server's answer.
-    pub async fn remove_certificate(&self, app: &str, hostname: &str) -> Result<Value, ApiError> {
+    pub async fn remove_certificate(
+        &self,
+        app: &str,
+        hostname: &str,
+    ) -> Result<OkResponse, ApiError> {
         self.call(
             Method::DELETE,
             &format!("/apps/{app}/certificates/{hostname}"),

@@ -110,7 +110,7 @@ pub fn parse_regions(expr: &str, known: &[String]) -> Result<Vec<Vec<String>>, S
 }
 
 /// Why a host was not a candidate.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Exclusion {
     pub host_id: String,
     pub reason: String,
@@ -238,7 +238,7 @@ pub fn choose_winners(mut offers: Vec<Offer>, count: usize) -> (Vec<Offer>, Vec<
 }
 
 /// One host's answer in a round.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum AskOutcome {
     Bid {
@@ -258,7 +258,7 @@ pub enum AskOutcome {
 }
 
 /// One host asked in a round.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Ask {
     pub host_id: String,
     #[serde(flatten)]
@@ -267,7 +267,7 @@ pub struct Ask {
 }
 
 /// One round of bidding.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Round {
     pub regions: Vec<String>,
     pub asked: Vec<Ask>,
@@ -277,7 +277,7 @@ pub struct Round {
 }
 
 /// Everything about one placement: who was asked, what each answered, who won and why.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PlacementRecord {
     pub placement_id: String,
     pub size: Resources,

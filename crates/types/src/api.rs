@@ -1,11 +1,17 @@
 //! Machines API (`/v1`) bodies that are not a machine, config or volume: apps, create
-//! requests, batch, version, lease, traffic, secret and certificate answers, as the API
-//! spells them. Clients (`bazaar-client`) decode into these.
+//! requests, batch, version, lease, traffic, secret and certificate answers, regions and
+//! placement dry runs, the catalog view, as the API spells them. The API's handlers answer
+//! these (`bazaar-api`, whose OpenAPI document is derived from them) and clients
+//! (`bazaar-client`) decode into them.
 
 use crate::config::MachineConfig;
-use crate::machine::{Lease, Machine};
+use crate::guest::Guest;
+use crate::host::Resources;
+use crate::machine::{Lease, LeaseInfo, Machine};
+use crate::state::MachineState;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Body of `POST /v1/apps`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -66,14 +72,16 @@ pub struct CreateMachineRequest {
     pub count: Option<usize>,
 }
 
-/// Answer of `POST /v1/apps/{app}/machines/batch`.
+/// Answer of `POST /v1/apps/{app}/machines/batch`. `P` is how the market placed them: the
+/// API answers `bazaar_placement::exchange::PlacementRecord`; a client may read it as any
+/// JSON value.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct BatchCreateResponse {
+pub struct BatchCreateResponse<P = serde_json::Value> {
     pub machines: Vec<Machine>,
     pub requested: u64,
     pub created: u64,
-    /// How the market placed them (free-form record of the rounds).
-    pub placement: serde_json::Value,
+    /// How the market placed them: the hosts asked per round and what they answered.
+    pub placement: P,
 }
 
 /// Body of `POST /v1/apps/{app}/machines/{id}` (an update).
@@ -147,8 +155,9 @@ pub struct Certificate {
     pub updated_at: String,
 }
 
-/// Body of `POST /v1/apps/{app}/certificates`.
+/// Body of `POST /v1/apps/{app}/certificates` (unknown fields are refused).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct AddCertificateRequest {
     pub hostname: String,
     /// A PEM chain to serve instead of issuing one.
@@ -188,4 +197,221 @@ pub struct AuditEntry {
     pub status: u16,
     /// The host that handled it.
     pub host_id: String,
+}
+
+/// A status answer, `{"status": "accepted"}` (an app's delete) or `{"status": "success"}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StatusResponse {
+    /// `accepted` or `success`.
+    pub status: String,
+}
+
+/// `{"ok": true}`: a machine call or a certificate removal done.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct OkResponse {
+    pub ok: bool,
+}
+
+/// An empty object, `{}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct EmptyResponse {}
+
+/// Answer of `POST /v1/apps/{app}/machines/{id}/start`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StartResponse {
+    pub previous_state: MachineState,
+    pub migrated: bool,
+    pub new_host: String,
+}
+
+/// The lease held on a machine, as anyone sees it (no nonce), wrapped as fly-go expects.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct LeaseInfoResponse {
+    /// `success`.
+    pub status: String,
+    pub data: LeaseInfo,
+}
+
+/// One metadata value: the answer of `GET .../metadata/{key}` and the body that sets it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MetadataValue {
+    pub value: String,
+}
+
+/// Body of `POST /v1/apps/{app}/secrets`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct UpdateSecretsRequest {
+    /// NAME → value to set it, or `null` to unset it. All or nothing.
+    pub values: BTreeMap<String, Option<String>>,
+}
+
+/// Body of `POST /v1/apps/{app}/secrets/{name}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SetSecretRequest {
+    /// At most 64 KiB, no NUL byte.
+    pub value: String,
+}
+
+/// A region of the cluster's hosts (Fly's shape, with bazaar's counts).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Region {
+    pub code: String,
+    pub name: String,
+    pub gateway_available: bool,
+    pub requires_paid_plan: bool,
+    pub deprecated: bool,
+    /// bazaar extension: live hosts in the region.
+    pub hosts: u64,
+    /// bazaar extension: free memory of its live hosts.
+    pub free_memory_mb: u64,
+    /// bazaar extension: memory capacity of its live hosts.
+    pub capacity_memory_mb: u64,
+}
+
+/// Answer of `GET /v1/platform/regions`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RegionList {
+    pub regions: Vec<Region>,
+    /// This node's region.
+    pub nearest: String,
+}
+
+/// Body of `POST /v1/platform/placements` (unknown fields are ignored).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PlacementsRequest {
+    /// The size (wins over `size`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute: Option<Guest>,
+    /// A preset name (`shared-cpu-1x`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<String>,
+    /// A region expression (default: this node's region, then any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// How many machines (1 to 1000, default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<usize>,
+}
+
+/// Machines of a dry run placed in one region.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RegionCount {
+    pub region: String,
+    pub count: u64,
+    pub concurrency: u64,
+}
+
+/// Answer of `POST /v1/platform/placements`; `P` as in [`BatchCreateResponse`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PlacementsResponse<P = serde_json::Value> {
+    pub regions: Vec<RegionCount>,
+    /// Machines per host.
+    pub hosts: BTreeMap<String, u64>,
+    pub placement: P,
+}
+
+/// bazaar extension: a host as `GET /v1/catalog/hosts` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CatalogHost {
+    pub id: String,
+    pub region: String,
+    /// `alive`, `suspect`, `dead` or `left`.
+    pub status: String,
+    pub api_addr: String,
+    pub gossip_addr: String,
+    pub capacity: Resources,
+    pub free: Resources,
+    pub num_machines: u32,
+    pub draining: bool,
+    pub labels: BTreeMap<String, String>,
+    /// RFC 3339.
+    pub updated_at: String,
+    /// The row's version.
+    pub version: u64,
+}
+
+/// bazaar extension: a machine as `GET /v1/catalog/machines` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CatalogMachine {
+    pub id: String,
+    pub app: String,
+    pub name: String,
+    pub region: String,
+    pub host_id: String,
+    /// `ok`, `unknown` or `unreachable`.
+    pub host_status: String,
+    /// The machine's state; `destroyed` for a tombstone.
+    pub state: String,
+    pub instance_id: String,
+    pub services: Vec<CatalogService>,
+    pub checks: Vec<CatalogCheck>,
+    pub cordoned: bool,
+    pub metadata: BTreeMap<String, String>,
+    /// RFC 3339.
+    pub updated_at: String,
+    pub deleted: bool,
+    /// The row's version.
+    pub version: u64,
+    /// The ownership epoch: one more each time the machine was re-placed.
+    pub epoch: u64,
+}
+
+/// A service of a machine in the catalog: where proxies connect.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CatalogService {
+    pub internal_port: u16,
+    pub protocol: String,
+    /// Where the proxy connects.
+    pub address: String,
+    pub port: u16,
+}
+
+/// A health check's last result, as the catalog spreads it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CatalogCheck {
+    pub name: String,
+    /// `passing`, `warning` or `critical`.
+    pub status: String,
+    #[serde(default)]
+    pub output: String,
+    pub updated_at_ms: u64,
+}
+
+/// bazaar extension: answer of `GET /v1/catalog/digest` (equal digests, same rows).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CatalogDigest {
+    pub digest: String,
+    pub node_id: String,
+}
+
+/// A machine in a list with `summary=true`: the full object without `config`, `checks`,
+/// `events`, `host_status`, `nonce` and `incomplete_config`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MachineSummary {
+    pub id: String,
+    pub name: String,
+    pub state: MachineState,
+    pub region: String,
+    pub instance_id: String,
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub private_ip: String,
+    pub created_at: String,
+    pub updated_at: String,
+    #[serde(default)]
+    pub cordoned: bool,
+    #[serde(default)]
+    pub host_id: String,
+    #[serde(default)]
+    pub app: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub host_ports: BTreeMap<u16, u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+    /// With `include_leases=true`: the lease held on it (without its nonce).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<LeaseInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_ref: Option<crate::machine::ImageRef>,
 }

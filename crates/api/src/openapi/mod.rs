@@ -1,63 +1,67 @@
-//! The OpenAPI 3.1 description of the Machines API this crate serves, generated from the
-//! code and served at `GET /openapi.json` (no token needed).
+//! The OpenAPI 3.1 description of the Machines API, derived from the router itself and
+//! served at `GET /openapi.json` (no token needed).
 //!
-//! The schemas come from the wire types (`bazaar_types`, which derive `JsonSchema`) and,
-//! for bodies that the handlers build ad hoc, from the schema-only mirrors of the private
-//! module `wire`. The paths come from the table `operations`, one row per route and method of
-//! [`crate::router`] and of the machine calls forwarded to the owner's host interface
-//! (`bazaar_agent::http`). A test (`crates/cli/tests/api_openapi.rs`) calls every
-//! operation of the document on a running agent, so a row that names no real route fails.
+//! Every route of [`crate::router`] is registered with [`aide`]'s router, which takes the
+//! handler and its documentation at once: a route cannot be served without being in the
+//! document. What the document says of an operation comes from the code:
+//!
+//! - the request body from the handler's extractor ([`Body`], [`RawJson`], [`NoBody`]),
+//! - the successful answer from its return type (`Json<T>`, [`Answer`], [`Relayed`],
+//!   [`Ndjson`], `NoContent`), every schema from the wire types' `JsonSchema`,
+//! - the operation id (Fly's names), tag, summary, query parameters and error statuses
+//!   from the `*_docs` function beside each handler (`op`, `query`, `nonce`),
+//! - path parameters from the route's path ([`document`] adds them).
+//!
+//! The machine calls forwarded to the owner's host interface are routes of their own here
+//! (`machines::forwarded`), each typed with what the owner answers.
 
+mod extract;
+
+pub use extract::{Answer, Body, Ndjson, NoBody, RawJson, Relayed, RelayedBody};
+
+use aide::openapi::{
+    MediaType, OpenApi, Parameter, ParameterData, ParameterSchemaOrContent, QueryStyle,
+    ReferenceOr, Response as DocResponse, SchemaObject, StatusCode as DocStatus,
+};
+use aide::transform::TransformOperation;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use bazaar_types::error::ErrorBody;
-use bazaar_types::event::MachineEvent;
-use bazaar_types::host::{
-    ExecRequest, ExecResponse, LeaseRequest, MetadataUpdate, ProcessStat, SignalRequest,
-    StopRequest, UpdateRequest, WaitResponse,
-};
-use bazaar_types::machine::Machine;
-use bazaar_types::volume::{
-    CreateVolumeRequest, ExtendVolumeRequest, ExtendVolumeResponse, UpdateVolumeRequest, Volume,
-    VolumeSnapshot,
-};
 use schemars::generate::SchemaSettings;
-use schemars::{JsonSchema, Schema, SchemaGenerator};
-use serde_json::{json, Map, Value};
-use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use serde_json::{json, Value};
+use std::sync::{Arc, OnceLock};
 
-#[cfg(test)]
-mod coverage;
-mod routes;
-mod wire;
-
-use routes::operations;
-
-/// `GET /openapi.json`: the document, built once.
-pub async fn serve() -> Response {
-    static DOC: OnceLock<String> = OnceLock::new();
-    let body = DOC.get_or_init(|| document().to_string()).clone();
-    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+/// Builds the routes' documentation with the schema settings of the document: JSON Schema
+/// 2020-12 (OpenAPI 3.1's dialect), definitions under `components.schemas`. `build` runs
+/// aide's thread-local generator, so a document is built whole on one thread.
+pub(crate) fn with_generator<R>(build: impl FnOnce() -> R) -> R {
+    aide::generate::reset_context();
+    aide::generate::in_context(|ctx| {
+        let mut settings = SchemaSettings::draft2020_12();
+        settings.definitions_path = "/components/schemas".into();
+        settings.meta_schema = None;
+        ctx.schema = settings.into_generator();
+    });
+    aide::generate::on_error(|e| tracing::warn!(error = %e, "openapi: {e}"));
+    build()
 }
 
-/// Builds the OpenAPI 3.1 document.
-pub fn document() -> Value {
-    let mut settings = SchemaSettings::draft2020_12();
-    settings.definitions_path = "/components/schemas".into();
-    settings.meta_schema = None;
-    let mut g = settings.into_generator();
-    let error_ref = g.subschema_for::<ErrorBody>().to_value();
-
-    let mut paths: BTreeMap<&str, Map<String, Value>> = BTreeMap::new();
-    for op in operations() {
-        let item = operation_json(&op, &mut g, &error_ref);
-        paths
-            .entry(op.path)
-            .or_default()
-            .insert(op.method.to_ascii_lowercase(), item);
+/// The document of `api` (the routes' part, from [`aide::axum::ApiRouter::finish_api`]),
+/// completed: info, tags, security, path parameters. A JSON value.
+pub(crate) fn complete(api: OpenApi) -> Value {
+    let mut doc = serde_json::to_value(&api).unwrap_or_else(|_| json!({}));
+    let mut paths = doc["paths"].take();
+    if let Some(paths) = paths.as_object_mut() {
+        for (path, item) in paths.iter_mut() {
+            let Some(item) = item.as_object_mut() else {
+                continue;
+            };
+            for op in item.values_mut() {
+                complete_operation(path, op);
+            }
+        }
     }
-    let schemas = g.take_definitions(true);
+    let schemas = doc["components"]["schemas"].take();
     json!({
         "openapi": "3.1.0",
         "info": {
@@ -83,7 +87,7 @@ pub fn document() -> Value {
         "security": [{"bearer": []}],
         "paths": paths,
         "components": {
-            "schemas": schemas,
+            "schemas": if schemas.is_object() { schemas } else { json!({}) },
             "securitySchemes": {
                 "bearer": {
                     "type": "http",
@@ -95,106 +99,219 @@ pub fn document() -> Value {
     })
 }
 
-/// How a schema of the document is made.
-type SchemaFn = fn(&mut SchemaGenerator) -> Schema;
-
-/// The schema of `T` (a `$ref` to `components.schemas`).
-fn schema<T: JsonSchema>(g: &mut SchemaGenerator) -> Schema {
-    g.subschema_for::<T>()
+/// The path's parameters (first, in the path's order), and `security: []` for the one
+/// operation that needs no token.
+fn complete_operation(path: &str, op: &mut Value) {
+    let mut params: Vec<Value> = path
+        .split('/')
+        .filter_map(|s| s.strip_prefix('{')?.strip_suffix('}'))
+        .map(|name| {
+            let description = match name {
+                "app" => "The app's name.",
+                "id" if path.contains("/volumes/") => "The volume's id.",
+                "id" => "The machine's id.",
+                "key" => "The metadata key.",
+                "name" => "The secret's name (an environment variable name).",
+                "hostname" => "The hostname, e.g. `www.example.com`.",
+                _ => "",
+            };
+            json!({
+                "name": name,
+                "in": "path",
+                "required": true,
+                "description": description,
+                "schema": {"type": "string"},
+            })
+        })
+        .collect();
+    if let Some(rest) = op.get("parameters").and_then(Value::as_array) {
+        params.extend(rest.iter().cloned());
+    }
+    op["parameters"] = Value::Array(params);
+    if op["operationId"] == OPENAPI_ID {
+        op["security"] = json!([]);
+    }
 }
+
+/// The operation id of `GET /openapi.json`.
+const OPENAPI_ID: &str = "GetOpenApi";
+
+/// `GET /openapi.json`: the document built with the router (set once it is built).
+pub(crate) fn serve(
+    doc: Arc<OnceLock<Arc<str>>>,
+) -> impl FnOnce() -> std::future::Ready<DocumentJson> + Clone + Send + Sync + 'static {
+    move || {
+        std::future::ready(DocumentJson(
+            doc.get().cloned().unwrap_or_else(|| "{}".into()),
+        ))
+    }
+}
+
+/// The document, as served.
+#[derive(Debug)]
+pub(crate) struct DocumentJson(Arc<str>);
+
+impl IntoResponse for DocumentJson {
+    fn into_response(self) -> Response {
+        (
+            [(header::CONTENT_TYPE, "application/json")],
+            self.0.to_string(),
+        )
+            .into_response()
+    }
+}
+
+impl aide::OperationOutput for DocumentJson {
+    type Inner = ();
+
+    fn inferred_responses(
+        _: &mut aide::generate::GenContext,
+        _: &mut aide::openapi::Operation,
+    ) -> Vec<(Option<DocStatus>, DocResponse)> {
+        let content = [(
+            "application/json".to_string(),
+            MediaType {
+                schema: Some(SchemaObject {
+                    json_schema: schemars::json_schema!({"type": "object"}),
+                    example: None,
+                    external_docs: None,
+                }),
+                ..Default::default()
+            },
+        )];
+        vec![(
+            Some(DocStatus::Code(200)),
+            DocResponse {
+                description: "The document.".into(),
+                content: content.into_iter().collect(),
+                ..Default::default()
+            },
+        )]
+    }
+}
+
+/// The docs of `GET /openapi.json`.
+pub(crate) fn serve_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        OPENAPI_ID,
+        "meta",
+        "This OpenAPI document (no token needed).",
+        &[],
+    )
+}
+
+/// An operation's id (Fly's name), tag, summary and the error statuses it may answer (each
+/// with Fly's error body).
+pub(crate) fn op<'a>(
+    t: TransformOperation<'a>,
+    id: &str,
+    tag: &str,
+    summary: &str,
+    errors: &[u16],
+) -> TransformOperation<'a> {
+    let mut t = t.id(id).tag(tag).summary(summary);
+    let error_schema = aide::generate::in_context(|ctx| ctx.schema.subschema_for::<ErrorBody>());
+    let responses = t.inner_mut().responses.get_or_insert_with(Default::default);
+    for &code in errors {
+        let content = [(
+            "application/json".to_string(),
+            MediaType {
+                schema: Some(SchemaObject {
+                    json_schema: error_schema.clone(),
+                    example: None,
+                    external_docs: None,
+                }),
+                ..Default::default()
+            },
+        )];
+        responses.responses.insert(
+            DocStatus::Code(code),
+            ReferenceOr::Item(DocResponse {
+                description: error_text(code).into(),
+                content: content.into_iter().collect(),
+                ..Default::default()
+            }),
+        );
+    }
+    t
+}
+
+/// Errors of every call forwarded to a machine's owner.
+pub(crate) const FWD: &[u16] = &[401, 404, 503];
+/// Errors of a forwarded call that changes a machine.
+pub(crate) const FWD_CHANGE: &[u16] = &[400, 401, 404, 409, 412, 503];
 
 /// A query parameter's type.
 #[derive(Debug, Clone, Copy)]
-enum Ty {
+pub(crate) enum Ty {
     Str,
     Int,
     Bool,
 }
 
-/// A parameter besides the path's own (which are read from the path).
-#[derive(Debug, Clone, Copy)]
-enum Param {
-    Query(&'static str, Ty, &'static str),
-    /// The `fly-machine-lease-nonce` header.
-    Nonce,
+/// An optional query parameter read from the raw query (handlers that parse it themselves,
+/// and the forwarded calls, whose owner parses it).
+pub(crate) fn query<'a>(
+    mut t: TransformOperation<'a>,
+    name: &str,
+    ty: Ty,
+    description: &str,
+) -> TransformOperation<'a> {
+    let ty = match ty {
+        Ty::Str => "string",
+        Ty::Int => "integer",
+        Ty::Bool => "boolean",
+    };
+    t.inner_mut()
+        .parameters
+        .push(ReferenceOr::Item(Parameter::Query {
+            parameter_data: parameter(name, ty, description),
+            allow_reserved: false,
+            style: QueryStyle::Form,
+            allow_empty_value: None,
+        }));
+    t
 }
 
-/// What a successful answer carries.
-#[derive(Debug, Clone, Copy)]
-enum Content {
-    Json(SchemaFn),
-    /// JSON lines (`application/x-ndjson`).
-    Ndjson,
-    None,
+/// The `fly-machine-lease-nonce` header of a call on a leased machine.
+pub(crate) fn nonce(mut t: TransformOperation<'_>) -> TransformOperation<'_> {
+    t.inner_mut()
+        .parameters
+        .push(ReferenceOr::Item(Parameter::Header {
+            parameter_data: parameter(
+                "fly-machine-lease-nonce",
+                "string",
+                "The nonce of the lease held on the machine, if one is.",
+            ),
+            style: aide::openapi::HeaderStyle::Simple,
+        }));
+    t
 }
 
-/// One operation: a method on a path.
-#[derive(Debug)]
-struct Op {
-    method: &'static str,
-    path: &'static str,
-    id: &'static str,
-    tag: &'static str,
-    summary: &'static str,
-    params: &'static [Param],
-    body: Option<SchemaFn>,
-    ok: &'static [(u16, &'static str, Content)],
-    errors: &'static [u16],
-    auth: bool,
-}
-
-impl Op {
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        method: &'static str,
-        path: &'static str,
-        id: &'static str,
-        tag: &'static str,
-        summary: &'static str,
-        ok: &'static [(u16, &'static str, Content)],
-        errors: &'static [u16],
-    ) -> Op {
-        Op {
-            method,
-            path,
-            id,
-            tag,
-            summary,
-            params: &[],
-            body: None,
-            ok,
-            errors,
-            auth: true,
-        }
+fn parameter(name: &str, ty: &str, description: &str) -> ParameterData {
+    ParameterData {
+        name: name.into(),
+        description: Some(description.into()),
+        required: false,
+        deprecated: None,
+        format: ParameterSchemaOrContent::Schema(SchemaObject {
+            json_schema: schemars::json_schema!({"type": ty}),
+            example: None,
+            external_docs: None,
+        }),
+        example: None,
+        examples: Default::default(),
+        explode: None,
+        extensions: Default::default(),
     }
-
-    fn params(mut self, params: &'static [Param]) -> Op {
-        self.params = params;
-        self
-    }
-
-    fn body(mut self, body: SchemaFn) -> Op {
-        self.body = Some(body);
-        self
-    }
-}
-
-fn any_object(_: &mut SchemaGenerator) -> Schema {
-    schemars::json_schema!({"type": "object"})
-}
-
-/// A list item is a full machine, or a summary with `summary=true`.
-fn machine_list(g: &mut SchemaGenerator) -> Schema {
-    let full = g.subschema_for::<Machine>();
-    let summary = g.subschema_for::<wire::MachineSummary>();
-    schemars::json_schema!({"type": "array", "items": {"anyOf": [full, summary]}})
 }
 
 fn error_text(code: u16) -> &'static str {
     match code {
         400 => "Invalid request.",
         401 => "A valid token is required.",
-        403 => "Forbidden: a Machines API token where only the cluster secret is accepted.",
+        403 => "Forbidden: a Machines API token where only the cluster secret is accepted, or a token without the operation.",
         404 => "Not found.",
         408 => "Timed out waiting.",
         409 => "Conflict: a lease held by someone else, a version mismatch, no running process, or insufficient capacity (`status: insufficient_capacity`).",
@@ -207,119 +324,11 @@ fn error_text(code: u16) -> &'static str {
     }
 }
 
-fn operation_json(op: &Op, g: &mut SchemaGenerator, error_ref: &Value) -> Value {
-    let mut params = Vec::new();
-    for name in op
-        .path
-        .split('/')
-        .filter_map(|s| s.strip_prefix('{')?.strip_suffix('}'))
-    {
-        let description = match name {
-            "app" => "The app's name.",
-            "id" => "The machine's id.",
-            "key" => "The metadata key.",
-            "name" => "The secret's name (an environment variable name).",
-            "hostname" => "The hostname, e.g. `www.example.com`.",
-            _ => "",
-        };
-        params.push(json!({
-            "name": name,
-            "in": "path",
-            "required": true,
-            "description": description,
-            "schema": {"type": "string"},
-        }));
-    }
-    for p in op.params {
-        params.push(match *p {
-            Param::Query(name, ty, description) => json!({
-                "name": name,
-                "in": "query",
-                "required": false,
-                "description": description,
-                "schema": {"type": match ty {
-                    Ty::Str => "string",
-                    Ty::Int => "integer",
-                    Ty::Bool => "boolean",
-                }},
-            }),
-            Param::Nonce => json!({
-                "name": "fly-machine-lease-nonce",
-                "in": "header",
-                "required": false,
-                "description": "The nonce of the lease held on the machine, if one is.",
-                "schema": {"type": "string"},
-            }),
-        });
-    }
-    let mut responses = Map::new();
-    for (code, description, content) in op.ok {
-        let mut r = json!({"description": description});
-        match content {
-            Content::Json(f) => {
-                r["content"] = json!({"application/json": {"schema": f(g).to_value()}});
-            }
-            Content::Ndjson => {
-                r["content"] = json!({"application/x-ndjson": {"schema": {"type": "string"}}});
-            }
-            Content::None => {}
-        }
-        responses.insert(code.to_string(), r);
-    }
-    for code in op.errors {
-        responses.insert(
-            code.to_string(),
-            json!({
-                "description": error_text(*code),
-                "content": {"application/json": {"schema": error_ref}},
-            }),
-        );
-    }
-    let mut out = json!({
-        "operationId": op.id,
-        "tags": [op.tag],
-        "summary": op.summary,
-        "parameters": params,
-        "responses": responses,
-    });
-    if let Some(body) = op.body {
-        out["requestBody"] = json!({
-            "required": false,
-            "description": "A JSON object; an empty body is taken as `{}`. Unknown fields are ignored.",
-            "content": {"application/json": {"schema": body(g).to_value()}},
-        });
-    }
-    if !op.auth {
-        out["security"] = json!([]);
-    }
-    out
+/// The document as a JSON value, without a node: the routes are built (not served) only to
+/// be described.
+pub fn document() -> Value {
+    crate::document_of_routes()
 }
 
 #[cfg(test)]
-mod tests {
-    #[test]
-    fn every_ref_resolves_and_every_operation_is_unique() {
-        let doc = super::document();
-        let schemas = doc["components"]["schemas"].as_object().unwrap();
-        let mut stack = vec![&doc];
-        while let Some(v) = stack.pop() {
-            match v {
-                serde_json::Value::Object(o) => {
-                    if let Some(r) = o.get("$ref").and_then(|r| r.as_str()) {
-                        let name = r.strip_prefix("#/components/schemas/").unwrap();
-                        assert!(schemas.contains_key(name), "dangling {r}");
-                    }
-                    stack.extend(o.values());
-                }
-                serde_json::Value::Array(a) => stack.extend(a),
-                _ => {}
-            }
-        }
-        let mut ids: Vec<_> = super::operations().iter().map(|o| o.id).collect();
-        let n = ids.len();
-        ids.sort();
-        ids.dedup();
-        assert_eq!(ids.len(), n, "duplicate operationId");
-        assert!(schemas.contains_key("MachineConfig"));
-    }
-}
+mod tests;

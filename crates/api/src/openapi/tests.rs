@@ -1,0 +1,225 @@
+//! The document as built from the routes: complete, consistent, with Fly's operation ids;
+//! and no route of the crate registered around it.
+
+use serde_json::Value;
+use std::collections::BTreeSet;
+
+/// Every operation id the document has had: Fly's names, which generated clients use.
+const IDS: &[&str] = &[
+    "AppSecretDelete",
+    "AppSecretSet",
+    "AppSecretShow",
+    "AppSecretsList",
+    "AppSecretsUpdate",
+    "AppsAudit",
+    "AppsCreate",
+    "AppsDelete",
+    "AppsList",
+    "AppsShow",
+    "CatalogDigest",
+    "CatalogHosts",
+    "CatalogMachines",
+    "CertificatesAdd",
+    "CertificatesList",
+    "CertificatesRemove",
+    "CertificatesShow",
+    "CreateVolumeSnapshot",
+    "GetOpenApi",
+    "MachinesCordon",
+    "MachinesCreate",
+    "MachinesCreateBatch",
+    "MachinesCreateLease",
+    "MachinesDelete",
+    "MachinesDeleteMetadata",
+    "MachinesExec",
+    "MachinesList",
+    "MachinesListEvents",
+    "MachinesListProcesses",
+    "MachinesListVersions",
+    "MachinesLogs",
+    "MachinesPatchMetadata",
+    "MachinesPlacement",
+    "MachinesReleaseLease",
+    "MachinesRestart",
+    "MachinesShow",
+    "MachinesShowLease",
+    "MachinesShowMetadata",
+    "MachinesShowMetadataKey",
+    "MachinesSignal",
+    "MachinesStart",
+    "MachinesStop",
+    "MachinesSuspend",
+    "MachinesTraffic",
+    "MachinesUncordon",
+    "MachinesUpdate",
+    "MachinesUpdateMetadata",
+    "MachinesUpdatePut",
+    "MachinesUpsertMetadata",
+    "MachinesWait",
+    "PlatformPlacements",
+    "PlatformRegions",
+    "VolumesCreate",
+    "VolumesDelete",
+    "VolumesExtend",
+    "VolumesList",
+    "VolumesListSnapshots",
+    "VolumesShow",
+    "VolumesUpdate",
+    "VolumesUpdatePost",
+];
+
+/// `(method, path, operation)` of every operation of `doc`.
+fn operations(doc: &Value) -> Vec<(String, String, &Value)> {
+    let mut out = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for (method, op) in item.as_object().expect("path item") {
+            out.push((method.clone(), path.clone(), op));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_ref_resolves_and_the_operation_ids_are_flys() {
+    let doc = super::document();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let schemas = doc["components"]["schemas"].as_object().unwrap();
+    let mut stack = vec![&doc];
+    let mut refs = 0;
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Object(o) => {
+                if let Some(r) = o.get("$ref").and_then(|r| r.as_str()) {
+                    let name = r
+                        .strip_prefix("#/components/schemas/")
+                        .unwrap_or_else(|| panic!("a $ref outside the schemas: {r}"));
+                    assert!(schemas.contains_key(name), "dangling {r}");
+                    refs += 1;
+                }
+                stack.extend(o.values());
+            }
+            Value::Array(a) => stack.extend(a),
+            _ => {}
+        }
+    }
+    assert!(refs > 50, "only {refs} $refs");
+    for name in [
+        "Machine",
+        "MachineConfig",
+        "ErrorBody",
+        "PlacementRecord",
+        "CatalogMachine",
+    ] {
+        assert!(schemas.contains_key(name), "schema {name} missing");
+    }
+    let ops = operations(&doc);
+    let ids: Vec<&str> = ops
+        .iter()
+        .map(|(m, p, op)| {
+            op["operationId"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{m} {p} has no operationId"))
+        })
+        .collect();
+    let unique: BTreeSet<&str> = ids.iter().copied().collect();
+    assert_eq!(unique.len(), ids.len(), "duplicate operationId: {ids:?}");
+    assert_eq!(unique, IDS.iter().copied().collect::<BTreeSet<_>>());
+}
+
+#[test]
+fn every_operation_has_its_path_parameters_answers_and_errors() {
+    let doc = super::document();
+    for (m, p, op) in operations(&doc) {
+        let names: Vec<&str> = op["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        let in_path: Vec<&str> = p
+            .split('/')
+            .filter_map(|s| s.strip_prefix('{')?.strip_suffix('}'))
+            .collect();
+        assert_eq!(&names[..in_path.len()], in_path, "{m} {p}");
+        let responses = op["responses"].as_object().unwrap();
+        assert!(
+            responses.keys().any(|c| c.starts_with('2')),
+            "{m} {p}: no success answer"
+        );
+        if p.starts_with("/v1/") {
+            assert_eq!(
+                op["responses"]["401"]["content"]["application/json"]["schema"]["$ref"],
+                "#/components/schemas/ErrorBody",
+                "{m} {p}"
+            );
+            assert!(op.get("security").is_none(), "{m} {p}");
+        } else {
+            assert_eq!(op["security"], serde_json::json!([]), "{m} {p}");
+        }
+    }
+    let stop = &doc["paths"]["/v1/apps/{app}/machines/{id}/stop"]["post"];
+    let names: Vec<&str> = stop["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["app", "id", "fly-machine-lease-nonce"]);
+    assert_eq!(
+        stop["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/StopRequest"
+    );
+    let apps = &doc["paths"]["/v1/apps"]["get"];
+    assert_eq!(apps["parameters"][0]["name"], "org_slug");
+    assert_eq!(
+        apps["responses"]["200"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/AppList"
+    );
+    let create = &doc["paths"]["/v1/apps"]["post"];
+    assert!(create["responses"]["201"].is_object(), "{create}");
+    let lease = &doc["paths"]["/v1/apps/{app}/machines/{id}/lease"]["post"]["responses"];
+    assert!(
+        lease["200"].is_object() && lease["201"].is_object(),
+        "{lease}"
+    );
+    let logs = &doc["paths"]["/v1/apps/{app}/machines/{id}/logs"]["get"]["responses"];
+    assert!(logs["200"]["content"]["application/x-ndjson"].is_object());
+    let metadata = &doc["paths"]["/v1/apps/{app}/machines/{id}/metadata"]["put"]["responses"];
+    assert!(metadata["204"].is_object(), "{metadata}");
+}
+
+/// Every route of the crate is registered through aide's `api_route`, which documents it: a
+/// plain axum route (`.route(`, `.nest(`, `route_service`, a plain `Router` merged in) would
+/// be served undocumented.
+#[test]
+fn no_route_is_registered_without_its_documentation() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = vec![src];
+    let mut checked = 0;
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") || path.ends_with("openapi/tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for plain in [".route(", ".nest(", ".route_service(", ".nest_service("] {
+            assert!(
+                !text.contains(plain),
+                "{}: `{plain}` registers a route without documenting it; use `api_route`",
+                path.display()
+            );
+        }
+        // A plain axum router merged in would bring its routes undocumented.
+        assert!(
+            text.match_indices("Router::new")
+                .all(|(i, _)| text[..i].ends_with("Api")),
+            "{}: a plain axum `Router`; build routes with aide's `ApiRouter`",
+            path.display()
+        );
+        checked += 1;
+    }
+    assert!(checked > 10, "only {checked} files read");
+}
