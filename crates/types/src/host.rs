@@ -237,3 +237,140 @@ pub struct ListenSocket {
     /// `ip:port` (`[ip]:port` for IPv6).
     pub address: String,
 }
+
+/// An image a host keeps, as `GET /host/v1/images` lists it (and an import or pull
+/// answers it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ImageSummary {
+    /// The reference it was pulled or imported as.
+    pub reference: String,
+    /// The manifest's digest (`sha256:...`).
+    pub digest: String,
+    /// How many layers it has.
+    pub layers: usize,
+    /// Their compressed size, in bytes.
+    pub size: u64,
+}
+
+/// One line of `POST /host/v1/images/pull`'s answer (JSON lines): a layer's progress,
+/// then the image pulled or why not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum PullLine {
+    /// The pull failed.
+    Failed { error: String },
+    /// The pull is done: the image as the host keeps it.
+    Pulled { image: ImageSummary },
+    /// A layer's phase changed, or more of it arrived.
+    Layer(LayerProgress),
+}
+
+/// Progress of one layer of a pull.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct LayerProgress {
+    /// Which layer (from 1), of how many.
+    pub layer: u64,
+    pub of: u64,
+    pub digest: String,
+    /// `downloading`, `unpacking`, `done`, ...
+    pub phase: String,
+    /// Bytes done of the phase, and in all.
+    pub done: u64,
+    pub total: u64,
+}
+
+/// What `POST /host/v1/images/prune` removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct PruneReport {
+    /// References of the images forgotten.
+    pub images: Vec<String>,
+    /// Unpacked layers and blobs deleted.
+    pub layers: usize,
+    pub blobs: usize,
+    /// Bytes freed.
+    pub bytes: u64,
+}
+
+/// The gossip keyring (`GET /host/v1/gossip-keys`, and a change's answer).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct GossipKeys {
+    /// Hex, the key in use first.
+    pub keys: Vec<String>,
+}
+
+/// A change of the gossip keyring (`POST /host/v1/gossip-keys`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GossipKeyChange {
+    /// `install`, `use` or `remove`.
+    pub action: String,
+    /// The key, 64 hex characters.
+    pub key: String,
+}
+
+/// A host as `GET /v1/catalog/hosts` shows it (the local catalog's row, and the failure
+/// detector's view of the host).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CatalogHost {
+    pub id: String,
+    pub region: String,
+    /// `alive`, `suspect`, `dead` or `left`.
+    pub status: String,
+    pub api_addr: String,
+    pub gossip_addr: String,
+    pub capacity: Resources,
+    /// Advertised; the host's bid is authoritative.
+    pub free: Resources,
+    pub num_machines: u32,
+    pub draining: bool,
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// RFC 3339.
+    pub updated_at: String,
+    /// The row's version.
+    pub version: u64,
+}
+
+/// A machine as `GET /v1/catalog/machines` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CatalogMachine {
+    pub id: String,
+    pub app: String,
+    pub name: String,
+    pub region: String,
+    pub host_id: String,
+    /// `ok`, `unreachable` or `unknown`.
+    pub host_status: String,
+    /// `destroyed` for a tombstone.
+    pub state: String,
+    pub instance_id: String,
+    pub services: Vec<CatalogService>,
+    pub checks: Vec<CatalogCheck>,
+    pub cordoned: bool,
+    pub metadata: std::collections::BTreeMap<String, String>,
+    /// RFC 3339.
+    pub updated_at: String,
+    pub deleted: bool,
+    pub version: u64,
+    pub epoch: u64,
+}
+
+/// A machine's service as the catalog routes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct CatalogService {
+    pub internal_port: u16,
+    pub protocol: String,
+    /// Where the host reaches it.
+    pub address: String,
+    pub port: u16,
+}
+
+/// The last result of one of a machine's health checks, as the catalog carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct CatalogCheck {
+    pub name: String,
+    /// `passing`, `warning` or `critical`.
+    pub status: String,
+    #[serde(default)]
+    pub output: String,
+    pub updated_at_ms: u64,
+}
