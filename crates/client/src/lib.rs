@@ -259,11 +259,8 @@ impl HostClient {
         app: Option<&str>,
         include_deleted: bool,
     ) -> Result<Vec<Machine>, ClientError> {
-        let mut q = format!("/machines?include_deleted={include_deleted}");
-        if let Some(app) = app {
-            q.push_str(&format!("&app={app}"));
-        }
-        self.get(&q).await
+        self.get(&machines_query("/machines", app, include_deleted))
+            .await
     }
 
     /// One machine.
@@ -487,11 +484,12 @@ impl HostClient {
         app: Option<&str>,
         include_deleted: bool,
     ) -> Result<Vec<CatalogMachine>, ClientError> {
-        let mut path = format!("/v1/catalog/machines?include_deleted={include_deleted}");
-        if let Some(app) = app {
-            path.push_str(&format!("&app={app}"));
-        }
-        self.get_root(&path).await
+        self.get_root(&machines_query(
+            "/v1/catalog/machines",
+            app,
+            include_deleted,
+        ))
+        .await
     }
 
     /// The machine's log tail (JSON lines).
@@ -521,6 +519,15 @@ impl HostClient {
         }
         Ok(text)
     }
+}
+
+/// `path` with the query of a machine list: tombstones or not, one app's or all.
+fn machines_query(path: &str, app: Option<&str>, include_deleted: bool) -> String {
+    let mut q = format!("{path}?include_deleted={include_deleted}");
+    if let Some(app) = app {
+        q.push_str(&format!("&app={app}"));
+    }
+    q
 }
 
 /// An error answer: the Fly-shaped body's message and code, or the body as text.
