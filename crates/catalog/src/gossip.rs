@@ -98,7 +98,7 @@ impl BroadcastHandler<NodeIdentity> for RowBroadcasts {
             BroadcastItem::Hint { .. } => {
                 let news = self.shared.is_newer(&bkey.owner, kind, &bkey.key, version);
                 if news && bkey.owner != self.shared.node_id() {
-                    let _ = self.shared.pulls.send(bkey.owner.clone());
+                    self.shared.pull(&bkey.owner);
                 }
                 news
             }
@@ -155,7 +155,7 @@ pub(crate) struct Gossip {
     /// A hash of foca's member list when the membership view was last rebuilt.
     members_fingerprint: u64,
     fresh: Arc<AtomicBool>,
-    commands: mpsc::UnboundedReceiver<Command>,
+    commands: mpsc::Receiver<Command>,
     /// The sequence number of the last datagram sent.
     sent: u64,
     replays: ReplayGuard,
@@ -163,11 +163,7 @@ pub(crate) struct Gossip {
 }
 
 impl Gossip {
-    pub fn new(
-        shared: Arc<Shared>,
-        socket: UdpSocket,
-        commands: mpsc::UnboundedReceiver<Command>,
-    ) -> Self {
+    pub fn new(shared: Arc<Shared>, socket: UdpSocket, commands: mpsc::Receiver<Command>) -> Self {
         let identity = NodeIdentity {
             node_id: shared.node_id().to_owned(),
             addr: shared.addr,

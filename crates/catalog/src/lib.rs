@@ -77,6 +77,12 @@ pub struct CatalogStats {
     /// Broadcast items waiting to be transmitted (bursts beyond a bound go by
     /// anti-entropy instead).
     pub broadcast_backlog: u64,
+    /// Dropped because their bounded queue was full: this node's broadcasts (the rows go
+    /// by anti-entropy), hint pulls (the next round fetches the rows), and changes a
+    /// subscriber too far behind lost (it is told it lagged).
+    pub broadcasts_dropped: u64,
+    pub pulls_dropped: u64,
+    pub changes_dropped: u64,
     /// Rows in the replica, tombstones included.
     pub rows: u64,
     pub tombstones: u64,
@@ -123,8 +129,8 @@ impl Catalog {
         if addr.ip().is_unspecified() {
             anyhow::bail!("listening on {bound}: set `advertise` to an address peers can reach");
         }
-        let (commands_tx, commands_rx) = mpsc::unbounded_channel();
-        let (pulls_tx, pulls_rx) = mpsc::unbounded_channel();
+        let (commands_tx, commands_rx) = mpsc::channel(node::COMMANDS_CAPACITY);
+        let (pulls_tx, pulls_rx) = mpsc::channel(node::PULLS_CAPACITY);
         let shared = Arc::new(Shared::new(config, addr, commands_tx, pulls_tx)?);
         let gossip = gossip::Gossip::new(shared.clone(), socket, commands_rx);
         let tasks = vec![
@@ -588,6 +594,9 @@ impl Catalog {
             dropped_partitioned: get(&c.dropped_partitioned),
             rows_merged: get(&c.rows_merged),
             broadcast_backlog: get(&c.broadcast_backlog),
+            broadcasts_dropped: get(&c.broadcasts_dropped),
+            pulls_dropped: get(&c.pulls_dropped),
+            changes_dropped: get(&c.changes_dropped),
             rows: st.replica.len() as u64,
             tombstones: st.replica.num_tombstones() as u64,
             members: members.len() as u64,
@@ -607,7 +616,7 @@ impl Catalog {
     pub fn revoke(&self, revocation: &bazaar_pki::Revocation) -> anyhow::Result<()> {
         if self.shared().revoke(revocation)? {
             let item = wire::encode(&wire::BroadcastItem::Revocation(revocation.clone()));
-            let _ = self.shared().commands.send(Command::Broadcast(item));
+            self.shared().broadcast(item);
         }
         Ok(())
     }
@@ -651,9 +660,19 @@ impl Catalog {
     /// as `left`), then the node's tasks stop.
     pub async fn leave(&self) {
         let (done_tx, done_rx) = oneshot::channel();
-        if self.shared().commands.send(Command::Leave(done_tx)).is_ok() {
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), done_rx).await;
-        }
+        // Waits for room in the gossip task's queue, within the same bound.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+            if self
+                .shared()
+                .commands
+                .send(Command::Leave(done_tx))
+                .await
+                .is_ok()
+            {
+                let _ = done_rx.await;
+            }
+        })
+        .await;
         self.stop().await;
     }
 

@@ -166,6 +166,15 @@ impl Catalog {
             "Rows from peers that changed the replica",
             get(&c.rows_merged),
         );
+        let name = "bazaar_catalog_queue_dropped_total";
+        out.family(
+            name,
+            "counter",
+            "Items dropped because their bounded queue was full, by queue",
+        );
+        out.sample(name, &[("queue", "broadcast")], get(&c.broadcasts_dropped));
+        out.sample(name, &[("queue", "pull")], get(&c.pulls_dropped));
+        out.sample(name, &[("queue", "change")], get(&c.changes_dropped));
     }
 }
 

@@ -23,6 +23,27 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 /// drain. foca sends the freshest items first, so a backlog does not delay new changes.
 pub(crate) const MAX_BROADCAST_BACKLOG: u64 = 256;
 
+// The node's queues are bounded; what happens when one is full depends on whether its
+// sender can wait.
+/// The change stream ([`crate::Catalog::subscribe`]): one ring shared by every subscriber.
+/// Drop-oldest: a subscriber this far behind loses the oldest changes (tokio's broadcast
+/// ring overwrites them), is told so (`RecvError::Lagged`) and re-reads what it cares about;
+/// however slow a subscriber, the catalog holds at most this many changes. Counted in
+/// `changes_dropped`. A cluster starting (every host's rows at once) fits in it.
+pub(crate) const CHANGES_CAPACITY: usize = 4096;
+/// Broadcasts to the gossip task. Their sender (`publish`, called by the agent while it
+/// commits) is synchronous and must not wait: when the queue is full (the gossip task is
+/// stalled), the broadcast is dropped and counted in `broadcasts_dropped`. The row is in the
+/// replica already, and reaches peers by anti-entropy within a round (digests every
+/// `anti_entropy_interval`), as a burst past [`MAX_BROADCAST_BACKLOG`] does anyway. `Leave`
+/// waits for room (backpressure; bounded by `Catalog::leave`'s timeout).
+pub(crate) const COMMANDS_CAPACITY: usize = 1024;
+/// Owners to pull from at once (hints of rows too big to broadcast), from the gossip task,
+/// which must not wait either: when full, a hint's pull is dropped and counted in
+/// `pulls_dropped`; the next anti-entropy round fetches the row. The anti-entropy task takes
+/// the whole queue at once and deduplicates owners, so it rarely holds more than a few.
+pub(crate) const PULLS_CAPACITY: usize = 256;
+
 /// Requests to the gossip task.
 #[derive(Debug)]
 pub(crate) enum Command {
@@ -65,6 +86,11 @@ pub(crate) struct Counters {
     pub rows_merged: AtomicU64,
     /// Gauge: broadcast items foca still has to transmit.
     pub broadcast_backlog: AtomicU64,
+    /// Dropped because their queue was full (see [`COMMANDS_CAPACITY`], [`PULLS_CAPACITY`],
+    /// [`CHANGES_CAPACITY`]).
+    pub broadcasts_dropped: AtomicU64,
+    pub pulls_dropped: AtomicU64,
+    pub changes_dropped: AtomicU64,
 }
 
 impl Counters {
@@ -92,9 +118,11 @@ pub(crate) struct Shared {
     pub changes: broadcast::Sender<Change>,
     pub counters: Counters,
     blocked: RwLock<HashSet<SocketAddr>>,
-    pub commands: mpsc::UnboundedSender<Command>,
-    /// Owners to pull from at once (a hint said they have rows too big to broadcast).
-    pub pulls: mpsc::UnboundedSender<String>,
+    /// To the gossip task ([`COMMANDS_CAPACITY`]).
+    pub commands: mpsc::Sender<Command>,
+    /// Owners to pull from at once (a hint said they have rows too big to broadcast;
+    /// [`PULLS_CAPACITY`]).
+    pub pulls: mpsc::Sender<String>,
 }
 
 /// Both sides of anti-entropy over mTLS.
@@ -114,8 +142,8 @@ impl Shared {
     pub fn new(
         config: CatalogConfig,
         addr: SocketAddr,
-        commands: mpsc::UnboundedSender<Command>,
-        pulls: mpsc::UnboundedSender<String>,
+        commands: mpsc::Sender<Command>,
+        pulls: mpsc::Sender<String>,
     ) -> anyhow::Result<Self> {
         let (ca, tls) =
             match &config.cluster {
@@ -149,7 +177,7 @@ impl Shared {
             ca,
             tls,
             state: RwLock::new(State::default()),
-            changes: broadcast::channel(4096).0,
+            changes: broadcast::channel(CHANGES_CAPACITY).0,
             counters: Counters::default(),
             blocked: RwLock::new(HashSet::new()),
             commands,
@@ -226,7 +254,34 @@ impl Shared {
                 version: row.version,
             })
         };
-        let _ = self.commands.send(Command::Broadcast(item));
+        self.broadcast(item);
+    }
+
+    /// Hands an encoded broadcast item to the gossip task, or drops it when its queue is
+    /// full (see [`COMMANDS_CAPACITY`]).
+    pub fn broadcast(&self, item: Vec<u8>) {
+        if let Err(mpsc::error::TrySendError::Full(_)) =
+            self.commands.try_send(Command::Broadcast(item))
+        {
+            Counters::add(&self.counters.broadcasts_dropped, 1);
+        }
+    }
+
+    /// Asks the anti-entropy task to pull `owner`'s rows now, or drops the request when its
+    /// queue is full (see [`PULLS_CAPACITY`]).
+    pub fn pull(&self, owner: &str) {
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.pulls.try_send(owner.to_owned()) {
+            Counters::add(&self.counters.pulls_dropped, 1);
+        }
+    }
+
+    /// Sends one change to the subscribers, counting the one the slowest of them loses
+    /// when it is [`CHANGES_CAPACITY`] behind.
+    fn send_change(&self, change: Change) {
+        if self.changes.len() >= CHANGES_CAPACITY {
+            Counters::add(&self.counters.changes_dropped, 1);
+        }
+        let _ = self.changes.send(change);
     }
 
     /// Decodes a row from a peer and checks its owner's signature (pinning the key of an
@@ -389,7 +444,7 @@ impl Shared {
             return;
         }
         for row in rows {
-            let _ = self.changes.send(change_of(row));
+            self.send_change(change_of(row));
         }
     }
 
@@ -414,7 +469,7 @@ impl Shared {
                 .collect()
         };
         for e in events {
-            let _ = self.changes.send(e);
+            self.send_change(e);
         }
     }
 
@@ -448,5 +503,58 @@ fn change_of(row: &Row) -> Change {
         Record::Secret(x) => Change::App(x.app.clone()),
         Record::Certificate(c) => Change::Certificate(c.hostname.clone()),
         Record::Challenge(c) => Change::Challenge(c.token.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::MachineRecord;
+    use tokio::sync::broadcast::error::TryRecvError;
+
+    #[test]
+    fn queues_stay_bounded_however_slow_their_readers() {
+        let config =
+            CatalogConfig::new("h_slow", "local", "127.0.0.1:0".parse().unwrap(), "secret");
+        // The gossip and anti-entropy tasks never read (stalled), nor does a subscriber.
+        let (commands, commands_rx) = mpsc::channel(COMMANDS_CAPACITY);
+        let (pulls, pulls_rx) = mpsc::channel(PULLS_CAPACITY);
+        let shared = Shared::new(config, "127.0.0.1:1".parse().unwrap(), commands, pulls).unwrap();
+        let mut slow = shared.changes.subscribe();
+        let n = CHANGES_CAPACITY + 1000;
+        for i in 0..n {
+            let machine = MachineRecord {
+                id: format!("m{i}"),
+                app: "web".into(),
+                host_id: "h_slow".into(),
+                state: "started".into(),
+                ..Default::default()
+            };
+            shared.publish(Record::Machine(machine), false);
+        }
+        for _ in 0..PULLS_CAPACITY + 10 {
+            shared.pull("h_other");
+        }
+        // Every row is in the replica; what the queues could not take was dropped, counted.
+        assert_eq!(shared.read().replica.len(), n);
+        assert_eq!(commands_rx.len(), COMMANDS_CAPACITY);
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed) as usize;
+        assert_eq!(
+            get(&shared.counters.broadcasts_dropped),
+            n - COMMANDS_CAPACITY
+        );
+        assert_eq!(pulls_rx.len(), PULLS_CAPACITY);
+        assert_eq!(get(&shared.counters.pulls_dropped), 10);
+        // The catalog holds the newest changes only; the slow subscriber learns what it
+        // lost, then reads on from the oldest kept.
+        assert_eq!(shared.changes.len(), CHANGES_CAPACITY);
+        assert_eq!(get(&shared.counters.changes_dropped), n - CHANGES_CAPACITY);
+        assert_eq!(
+            slow.try_recv(),
+            Err(TryRecvError::Lagged((n - CHANGES_CAPACITY) as u64))
+        );
+        assert_eq!(slow.len(), CHANGES_CAPACITY);
+        let next = format!("m{}", n - CHANGES_CAPACITY);
+        assert!(matches!(slow.try_recv(), Ok(Change::Machine { id, .. }) if id == next));
     }
 }

@@ -182,7 +182,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Runs anti-entropy rounds, hint pulls and tombstone collection until aborted.
-pub(crate) async fn anti_entropy(shared: Arc<Shared>, mut pulls: mpsc::UnboundedReceiver<String>) {
+pub(crate) async fn anti_entropy(shared: Arc<Shared>, mut pulls: mpsc::Receiver<String>) {
     let mut syncs = JoinSet::new();
     loop {
         while syncs.try_join_next().is_some() {}

@@ -4,10 +4,11 @@
 
 use anyhow::{bail, Context};
 use bazaar_client::fly::{ApiError, FlyClient, FlyOptions, LeaseRequest};
+use bazaar_client::HostClient;
+use bazaar_placement::exchange::PlacementRecord;
 use bazaar_types::api::{CreateMachineRequest, UpdateMachineRequest};
 use bazaar_types::config::{InitConfig, MachineConfig, MachineService, RestartConfig};
-use bazaar_types::error::ErrorBody;
-use bazaar_types::machine::Machine;
+use bazaar_types::machine::{LogLine, Machine};
 use comfy_table::Table;
 use serde::Serialize;
 use serde_json::Value;
@@ -49,29 +50,9 @@ impl Conn {
         Ok(builder.build()?)
     }
 
-    /// A request to `path` (from the server's root, e.g. `/host/v1/images`) with the token.
-    pub(crate) fn request(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-    ) -> anyhow::Result<reqwest::RequestBuilder> {
-        let token = self
-            .token
-            .clone()
-            .context("no token: set BAZAAR_TOKEN (bazaar dev writes it to .bazaar-dev/dev.env) or pass --token")?;
-        let url = format!("{}{path}", self.api_url.trim_end_matches('/'));
-        Ok(self.http()?.request(method, url).bearer_auth(token))
-    }
-
-    /// The same server, called with `token` instead (the cluster secret, for the host
-    /// interface).
-    pub(crate) fn with_token(&self, token: String) -> Conn {
-        Conn {
-            api_url: self.api_url.clone(),
-            token: Some(token),
-            ca_cert: self.ca_cert.clone(),
-            json: self.json,
-        }
+    /// The host interface of the same server, called with `secret` (the cluster secret).
+    pub(crate) fn host_client(&self, secret: &str) -> anyhow::Result<HostClient> {
+        Ok(HostClient::with_http(&self.api_url, secret, self.http()?))
     }
 
     /// True when the user asked for JSON.
@@ -102,20 +83,6 @@ impl Conn {
             }
         })
     }
-}
-
-/// The JSON of a response, or its Fly-shaped error (`{"error": ...}`) as an error.
-pub(crate) async fn answer(resp: reqwest::Response) -> anyhow::Result<Value> {
-    let status = resp.status();
-    let text = resp.text().await?;
-    let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text.clone()));
-    if !status.is_success() {
-        let msg = serde_json::from_value::<ErrorBody>(value)
-            .map(|b| b.error)
-            .unwrap_or(text);
-        bail!("{} ({})", msg, status.as_u16());
-    }
-    Ok(value)
 }
 
 /// `bazaar apps`.
@@ -487,43 +454,8 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
             Ok(())
         }
         MachineCommand::Explain { id } => {
-            // The placement record is free-form JSON (the exchange's rounds and answers).
-            let v = api.placement(&app, &id).await?;
-            out(c, &v, || {
-                println!(
-                    "placement {} for {} cpu(s) / {} MB in {:?}: {}",
-                    s(&v["placement_id"]),
-                    v["size"]["cpus"],
-                    v["size"]["memory_mb"],
-                    s(&v["regions"]),
-                    s(&v["reason"])
-                );
-                let mut t = Table::new();
-                t.set_header(["round", "host", "answer", "µs"]);
-                for (i, r) in v["rounds"].as_array().into_iter().flatten().enumerate() {
-                    for ask in r["asked"].as_array().into_iter().flatten() {
-                        let answer = match ask["outcome"].as_str() {
-                            Some("bid") => {
-                                format!("bid {:.3}", ask["score"].as_f64().unwrap_or(0.0))
-                            }
-                            Some("refused") => format!("refused: {}", s(&ask["reason"])),
-                            Some(other) => format!("{other}: {}", s(&ask["error"])),
-                            None => String::new(),
-                        };
-                        t.add_row([
-                            (i + 1).to_string(),
-                            s(&ask["host_id"]),
-                            answer,
-                            ask["elapsed_us"].to_string(),
-                        ]);
-                    }
-                }
-                println!("{t}");
-                for e in v["excluded"].as_array().into_iter().flatten() {
-                    println!("excluded {}: {}", s(&e["host_id"]), s(&e["reason"]));
-                }
-                println!("winner: {}", v["winners"]);
-            })
+            let p = api.placement(&app, &id).await?;
+            out(c, &p, || print_placement(&p))
         }
         MachineCommand::Lease { id, ttl, release } => {
             if let Some(nonce) = release {
@@ -551,6 +483,38 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
     }
 }
 
+/// `bazaar machine explain`: the exchange's rounds, host by host, and who won.
+fn print_placement(p: &PlacementRecord) {
+    use bazaar_placement::exchange::AskOutcome;
+    println!(
+        "placement {} for {} cpu(s) / {} MB in {:?}: {}",
+        p.placement_id, p.size.cpus, p.size.memory_mb, p.regions, p.reason
+    );
+    let mut t = Table::new();
+    t.set_header(["round", "host", "answer", "µs"]);
+    for (i, r) in p.rounds.iter().enumerate() {
+        for ask in &r.asked {
+            let answer = match &ask.outcome {
+                AskOutcome::Bid { score, .. } => format!("bid {score:.3}"),
+                AskOutcome::Refused { reason } => format!("refused: {reason}"),
+                AskOutcome::NoAnswer { error } => format!("no_answer: {error}"),
+                AskOutcome::ClaimFailed { error } => format!("claim_failed: {error}"),
+            };
+            t.add_row([
+                (i + 1).to_string(),
+                ask.host_id.clone(),
+                answer,
+                ask.elapsed_us.to_string(),
+            ]);
+        }
+    }
+    println!("{t}");
+    for e in &p.excluded {
+        println!("excluded {}: {}", e.host_id, e.reason);
+    }
+    println!("winner: {}", Value::from(p.winners.clone()));
+}
+
 /// `KEY=VALUE` pairs of `--env`.
 fn parse_env(env: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
     env.iter()
@@ -559,13 +523,6 @@ fn parse_env(env: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
             Ok((k.to_string(), v.to_string()))
         })
         .collect()
-}
-
-/// One line of a machine's log.
-#[derive(serde::Deserialize)]
-struct LogLine {
-    #[serde(default)]
-    line: String,
 }
 
 /// Waits until every machine of a `run` runs (in parallel); fails with the first failure.

@@ -6,6 +6,7 @@
 
 use anyhow::Context;
 use bazaar_client::HostClient;
+use bazaar_types::host::GossipKeyChange;
 use std::path::PathBuf;
 
 /// How to reach an agent's host interface.
@@ -90,18 +91,13 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
             let revocation = ca.revoke(&host)?;
             println!("host {host} revoked by the CA in {}", dir.display());
             crate::run_async(async move {
-                let client = client(&conn)?;
-                let url = format!("{}/host/v1/revocations", client.base());
-                let _: serde_json::Value = client
-                    .send(reqwest::Client::new().post(&url).json(&revocation), url)
-                    .await
-                    .with_context(|| {
-                        format!(
-                            "handing the revocation to the agent at {} (the CA's own agent also \
+                client(&conn)?.revoke(&revocation).await.with_context(|| {
+                    format!(
+                        "handing the revocation to the agent at {} (the CA's own agent also \
                              spreads it when it restarts)",
-                            conn.api_url
-                        )
-                    })?;
+                        conn.api_url
+                    )
+                })?;
                 println!("spreading through the catalog from {}", conn.api_url);
                 Ok(())
             })?;
@@ -127,12 +123,9 @@ async fn gossip_key(action: String, key: Option<String>, conn: AgentConn) -> any
         return Ok(());
     }
     let client = client(&conn)?;
-    let http = reqwest::Client::new();
     if action == "list" {
-        let url = format!("{}/host/v1/gossip-keys", client.base());
-        let keys: serde_json::Value = client.send(http.get(&url), url).await?;
-        for key in keys["keys"].as_array().into_iter().flatten() {
-            println!("{}", key.as_str().unwrap_or_default());
+        for key in client.gossip_keys().await?.keys {
+            println!("{key}");
         }
         return Ok(());
     }
@@ -142,21 +135,19 @@ async fn gossip_key(action: String, key: Option<String>, conn: AgentConn) -> any
     );
     let key = key.context("install, use and remove take a KEY")?;
     bazaar_catalog::keyring::parse_key(&key)?;
-    let url = format!("{}/v1/catalog/hosts", client.base());
-    let hosts: Vec<bazaar_types::api::CatalogHost> = client.send(http.get(&url), url).await?;
-    let body = serde_json::json!({ "action": action, "key": key });
+    let change = GossipKeyChange {
+        action: action.clone(),
+        key,
+    };
     let mut failed = Vec::new();
-    for host in &hosts {
-        let id = &host.id;
-        let url = format!("http://{}/host/v1/gossip-keys", host.api_addr);
-        match client
-            .send::<serde_json::Value>(http.post(&url).json(&body), url)
-            .await
-        {
+    for host in client.catalog_hosts().await? {
+        let id = host.id;
+        let peer = client.for_base(&format!("http://{}", host.api_addr));
+        match peer.change_gossip_key(&change).await {
             Ok(_) => println!("{id}: {action} done"),
             Err(e) => {
                 println!("{id}: {e}");
-                failed.push(id.to_string());
+                failed.push(id);
             }
         }
     }

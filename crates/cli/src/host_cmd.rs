@@ -5,13 +5,12 @@
 
 use anyhow::Context;
 use bazaar_client::HostClient;
-use bazaar_types::api::{CatalogHost, CatalogMachine};
 use bazaar_types::config::{
     InitConfig, MachineConfig, MachineService, RestartConfig, RestartPolicyKind,
 };
 use bazaar_types::guest::Guest;
 use bazaar_types::host::{ClaimRequest, StopRequest};
-use bazaar_types::machine::Machine;
+use bazaar_types::machine::{LogLine, Machine};
 use comfy_table::Table;
 
 /// Flags of `bazaar host`.
@@ -328,8 +327,8 @@ pub async fn run(args: HostArgs) -> anyhow::Result<()> {
         HostCommand::Logs { id } => {
             let text = client.logs(&id).await?;
             for line in text.lines() {
-                match serde_json::from_str::<serde_json::Value>(line) {
-                    Ok(v) if !json => println!("{}", v["line"].as_str().unwrap_or_default()),
+                match serde_json::from_str::<LogLine>(line) {
+                    Ok(l) if !json => println!("{}", l.line),
                     _ => println!("{line}"),
                 }
             }
@@ -449,18 +448,19 @@ pub struct StatusArgs {
     all: bool,
 }
 
-async fn catalog_get(conn: &CatalogArgs, path: &str) -> anyhow::Result<serde_json::Value> {
-    let client = HostClient::new(&conn.api_url, &require_secret(conn.cluster_secret.clone())?);
-    let url = format!("{}{path}", conn.api_url.trim_end_matches('/'));
-    let req = reqwest::Client::new().get(&url);
-    Ok(client.send(req, url).await?)
+/// The host-interface client of `conn`.
+fn catalog_client(conn: &CatalogArgs) -> anyhow::Result<HostClient> {
+    Ok(HostClient::new(
+        &conn.api_url,
+        &require_secret(conn.cluster_secret.clone())?,
+    ))
 }
 
 /// `bazaar hosts`.
 pub async fn hosts(a: CatalogArgs) -> anyhow::Result<()> {
-    let hosts = catalog_get(&a, "/v1/catalog/hosts").await?;
+    let hosts = catalog_client(&a)?.catalog_hosts().await?;
     if a.json {
-        return print_json(&hosts);
+        return print_sorted_json(&hosts);
     }
     let mut t = Table::new();
     t.set_header([
@@ -473,7 +473,6 @@ pub async fn hosts(a: CatalogArgs) -> anyhow::Result<()> {
         "free cpus",
         "updated",
     ]);
-    let hosts: Vec<CatalogHost> = serde_json::from_value(hosts).context("the catalog's hosts")?;
     for h in hosts {
         t.add_row([
             h.id,
@@ -492,13 +491,11 @@ pub async fn hosts(a: CatalogArgs) -> anyhow::Result<()> {
 
 /// `bazaar status`.
 pub async fn status(a: StatusArgs) -> anyhow::Result<()> {
-    let mut path = format!("/v1/catalog/machines?include_deleted={}", a.all);
-    if let Some(app) = &a.app {
-        path.push_str(&format!("&app={app}"));
-    }
-    let machines = catalog_get(&a.conn, &path).await?;
+    let machines = catalog_client(&a.conn)?
+        .catalog_machines(a.app.as_deref(), a.all)
+        .await?;
     if a.conn.json {
-        return print_json(&machines);
+        return print_sorted_json(&machines);
     }
     let mut t = Table::new();
     t.set_header([
@@ -512,8 +509,6 @@ pub async fn status(a: StatusArgs) -> anyhow::Result<()> {
         "services",
         "updated",
     ]);
-    let machines: Vec<CatalogMachine> =
-        serde_json::from_value(machines).context("the catalog's machines")?;
     for m in machines {
         let services = m
             .services
@@ -535,4 +530,9 @@ pub async fn status(a: StatusArgs) -> anyhow::Result<()> {
     }
     println!("{t}");
     Ok(())
+}
+
+/// Prints an answer as the server sent it: pretty JSON, keys sorted.
+pub(crate) fn print_sorted_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
+    print_json(&serde_json::to_value(v)?)
 }

@@ -3,11 +3,12 @@
 //! list, pull with progress, import an archive made by `docker save` (or an OCI layout tar)
 //! for hosts without registry access, and prune.
 
-use crate::api_cmd::{answer, Conn};
-use anyhow::{bail, Context};
+use crate::api_cmd::Conn;
+use crate::host_cmd::print_sorted_json;
+use anyhow::{anyhow, bail, Context};
+use bazaar_client::{ClientError, HostClient};
+use bazaar_types::host::PullLine;
 use comfy_table::Table;
-use reqwest::Method;
-use serde_json::{json, Value};
 use std::path::PathBuf;
 
 /// `bazaar image`.
@@ -42,154 +43,127 @@ enum ImageCommand {
 
 /// Runs `bazaar image`.
 pub async fn image(a: ImageArgs) -> anyhow::Result<()> {
-    let c = &a
+    let host = a
         .conn
-        .with_token(crate::host_cmd::require_secret(a.cluster_secret)?);
+        .host_client(&crate::host_cmd::require_secret(a.cluster_secret)?)?;
+    let json = a.conn.json();
     match a.command {
         ImageCommand::List => {
-            let v = answer(c.request(Method::GET, "/host/v1/images")?.send().await?).await?;
-            if c.json() {
-                println!("{}", serde_json::to_string_pretty(&v)?);
-                return Ok(());
+            let images = host.images().await.map_err(refused)?;
+            if json {
+                return print_sorted_json(&images);
             }
             let mut t = Table::new();
             t.set_header(["REFERENCE", "DIGEST", "LAYERS", "SIZE"]);
-            for i in v.as_array().into_iter().flatten() {
+            for i in &images {
                 t.add_row([
-                    text(&i["reference"]),
-                    text(&i["digest"]).chars().take(19).collect(),
-                    i["layers"].to_string(),
-                    mib(i["size"].as_u64().unwrap_or(0)),
+                    i.reference.clone(),
+                    i.digest.chars().take(19).collect(),
+                    i.layers.to_string(),
+                    mib(i.size),
                 ]);
             }
             println!("{t}");
         }
-        ImageCommand::Pull { image } => pull(c, &image).await?,
+        ImageCommand::Pull { image } => pull(&host, &image, json).await?,
         ImageCommand::Import { file } => {
             let f = tokio::fs::File::open(&file)
                 .await
                 .with_context(|| format!("opening {}", file.display()))?;
-            let resp = c
-                .request(Method::POST, "/host/v1/images/import")?
-                .header("content-type", "application/x-tar")
-                .body(reqwest::Body::from(f))
-                .send()
-                .await?;
-            let v = answer(resp).await?;
-            if c.json() {
-                println!("{}", serde_json::to_string_pretty(&v)?);
-            } else {
-                for i in v.as_array().into_iter().flatten() {
-                    println!(
-                        "imported {} ({})",
-                        text(&i["reference"]),
-                        text(&i["digest"])
-                    );
-                }
+            let images = host
+                .import_images(reqwest::Body::from(f))
+                .await
+                .map_err(refused)?;
+            if json {
+                return print_sorted_json(&images);
+            }
+            for i in &images {
+                println!("imported {} ({})", i.reference, i.digest);
             }
         }
         ImageCommand::Prune => {
-            let v = answer(
-                c.request(Method::POST, "/host/v1/images/prune")?
-                    .json(&json!({}))
-                    .send()
-                    .await?,
-            )
-            .await?;
-            if c.json() {
-                println!("{}", serde_json::to_string_pretty(&v)?);
-            } else {
-                println!(
-                    "removed {} image(s), {} layer(s), {} freed",
-                    v["images"].as_array().map_or(0, Vec::len),
-                    v["layers"],
-                    mib(v["bytes"].as_u64().unwrap_or(0))
-                );
+            let report = host.prune_images().await.map_err(refused)?;
+            if json {
+                return print_sorted_json(&report);
             }
+            println!(
+                "removed {} image(s), {} layer(s), {} freed",
+                report.images.len(),
+                report.layers,
+                mib(report.bytes)
+            );
         }
     }
     Ok(())
 }
 
-/// Streams the pull's progress lines: a bar per layer on a terminal, plain lines
-/// otherwise (JSON lines with `--json`).
-async fn pull(c: &Conn, image: &str) -> anyhow::Result<()> {
-    use std::io::IsTerminal;
-    let mut resp = c
-        .request(Method::POST, "/host/v1/images/pull")?
-        .json(&json!({"image": image}))
-        .send()
-        .await?;
-    if !resp.status().is_success() {
-        answer(resp).await?;
-        return Ok(());
+/// A refusal as the other commands word it: the host's message, then the status.
+fn refused(e: ClientError) -> anyhow::Error {
+    match e {
+        ClientError::Status {
+            status, message, ..
+        } => anyhow!("{message} ({status})"),
+        other => other.into(),
     }
+}
+
+/// Streams the pull's progress lines: a bar per layer on a terminal, plain lines
+/// otherwise (the lines as sent with `--json`).
+async fn pull(host: &HostClient, image: &str, json: bool) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    let mut progress = host.pull_image(image).await.map_err(refused)?;
     let bars = indicatif::MultiProgress::new();
     let mut layer_bars: Vec<indicatif::ProgressBar> = Vec::new();
-    let fancy = !c.json() && std::io::stderr().is_terminal();
-    let mut buf = Vec::new();
-    while let Some(chunk) = resp.chunk().await? {
-        buf.extend_from_slice(&chunk);
-        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=pos).collect();
-            let v: Value = serde_json::from_slice(&line).unwrap_or(Value::Null);
-            if c.json() {
-                print!("{}", String::from_utf8_lossy(&line));
-                continue;
-            }
-            if let Some(err) = v["error"].as_str() {
-                bail!("{err}");
-            }
-            if let Some(i) = v.get("image") {
+    let fancy = !json && std::io::stderr().is_terminal();
+    while let Some((raw, line)) = progress.next().await? {
+        if json {
+            print!("{raw}");
+            continue;
+        }
+        let p = match line {
+            PullLine::Failed { error } => bail!("{error}"),
+            PullLine::Pulled { image: i } => {
                 for b in &layer_bars {
                     b.finish();
                 }
                 println!(
                     "pulled {} ({}, {} layer(s), {})",
-                    text(&i["reference"]),
-                    text(&i["digest"]),
-                    i["layers"],
-                    mib(i["size"].as_u64().unwrap_or(0))
+                    i.reference,
+                    i.digest,
+                    i.layers,
+                    mib(i.size)
                 );
                 continue;
             }
-            let (n, of) = (
-                v["layer"].as_u64().unwrap_or(1),
-                v["of"].as_u64().unwrap_or(1),
-            );
-            let phase = text(&v["phase"]);
-            if fancy {
-                while layer_bars.len() < of as usize {
-                    let b = bars.add(indicatif::ProgressBar::new(0));
-                    b.set_style(
-                        indicatif::ProgressStyle::with_template(
-                            "layer {prefix} {bar:30} {bytes}/{total_bytes} {msg}",
-                        )
-                        .expect("template"),
-                    );
-                    b.set_prefix(format!("{}/{of}", layer_bars.len() + 1));
-                    layer_bars.push(b);
-                }
-                let b = &layer_bars[(n as usize).saturating_sub(1)];
-                b.set_length(v["total"].as_u64().unwrap_or(0));
-                b.set_position(v["done"].as_u64().unwrap_or(0));
-                b.set_message(phase);
-            } else {
-                eprintln!(
-                    "layer {n}/{of} {phase} {}/{}",
-                    mib(v["done"].as_u64().unwrap_or(0)),
-                    mib(v["total"].as_u64().unwrap_or(0))
+            PullLine::Layer(p) => p,
+        };
+        let (n, of) = (p.layer, p.of);
+        if fancy {
+            while layer_bars.len() < of as usize {
+                let b = bars.add(indicatif::ProgressBar::new(0));
+                b.set_style(
+                    indicatif::ProgressStyle::with_template(
+                        "layer {prefix} {bar:30} {bytes}/{total_bytes} {msg}",
+                    )
+                    .expect("template"),
                 );
+                b.set_prefix(format!("{}/{of}", layer_bars.len() + 1));
+                layer_bars.push(b);
             }
+            let b = &layer_bars[(n as usize).saturating_sub(1)];
+            b.set_length(p.total);
+            b.set_position(p.done);
+            b.set_message(p.phase);
+        } else {
+            eprintln!(
+                "layer {n}/{of} {} {}/{}",
+                p.phase,
+                mib(p.done),
+                mib(p.total)
+            );
         }
     }
     Ok(())
-}
-
-fn text(v: &Value) -> String {
-    v.as_str()
-        .map(str::to_string)
-        .unwrap_or_else(|| v.to_string())
 }
 
 fn mib(bytes: u64) -> String {

@@ -9,7 +9,7 @@
 
 use bazaar_client::FlyClient;
 use bazaar_types::event::{ExitEvent, MachineEvent};
-use bazaar_types::machine::Machine;
+use bazaar_types::machine::{LogLine, Machine};
 use bazaar_types::state::MachineState;
 use std::collections::HashSet;
 use std::io::{IsTerminal, Write};
@@ -61,15 +61,16 @@ pub(crate) async fn until_running(
                 progress.clear();
                 return Ok(m);
             }
+            Verdict::Running => {
+                let since = *started_at.get_or_insert_with(Instant::now);
+                if since.elapsed() >= SETTLE {
+                    progress.clear();
+                    return Ok(m);
+                }
+            }
             Verdict::Pending => {}
         }
-        if state == MachineState::Started {
-            let since = *started_at.get_or_insert_with(Instant::now);
-            if since.elapsed() >= SETTLE {
-                progress.clear();
-                return Ok(m);
-            }
-        } else {
+        if state != MachineState::Started {
             started_at = None;
         }
         if begun.elapsed() > START_LIMIT {
@@ -88,15 +89,24 @@ pub(crate) async fn until_running(
 /// What the machine's state and the events since the action (newest first) say.
 #[derive(Debug, PartialEq)]
 enum Verdict {
-    /// Not started yet, or started and no exit so far.
+    /// The action has not launched the machine yet (a restart or an update may still be
+    /// stopping it, or be between its stop and its start).
     Pending,
+    /// Started by the action, and no exit so far: it runs once it stays so for [`SETTLE`].
+    Running,
     /// It ran its job and exited with code 0, and is not started again.
     Finished,
     /// Why it counts as failed.
     Failed(String),
 }
 
+/// Every action waited for ends by launching the machine, which records a `start` event (or,
+/// when the launch fails, an exit that says why). Until that event, the machine's state is
+/// the action under way, not its outcome: a restart or an update stops the machine first
+/// (an exit left out here, being requested), so `stopped` is expected between its stop and
+/// its start, and `started` may still be the run from before the action.
 fn verdict(state: MachineState, new_events: &[&MachineEvent]) -> Verdict {
+    let launched = new_events.iter().any(|e| e.kind == "start");
     let exits: Vec<&ExitEvent> = new_events
         .iter()
         .filter(|e| e.kind == "exit")
@@ -112,9 +122,14 @@ fn verdict(state: MachineState, new_events: &[&MachineEvent]) -> Verdict {
             | MachineState::Destroying
     );
     let Some(exit) = exits.first() else {
-        return match exited {
-            true => Verdict::Failed(format!("it is {state}")),
-            false => Verdict::Pending,
+        return match state {
+            // Stopped by someone after the action started it.
+            MachineState::Stopped if launched => Verdict::Failed(format!("it is {state}")),
+            // Between the action's stop and its start.
+            MachineState::Stopped => Verdict::Pending,
+            _ if exited => Verdict::Failed(format!("it is {state}")),
+            MachineState::Started if launched => Verdict::Running,
+            _ => Verdict::Pending,
         };
     };
     let code = exit.exit_code;
@@ -163,13 +178,6 @@ async fn log_tail(api: &FlyClient, app: &str, id: &str) -> String {
     }
     let tail = &lines[lines.len().saturating_sub(LOG_LINES)..];
     format!("\nlast lines of its log:\n  {}", tail.join("\n  "))
-}
-
-/// One line of a machine's log.
-#[derive(serde::Deserialize)]
-struct LogLine {
-    #[serde(default)]
-    line: String,
 }
 
 /// One line on stderr, rewritten in place, only when stderr is a terminal.
@@ -250,7 +258,7 @@ mod tests {
         };
         let start = event(json!({"type": "start", "status": "started"}));
         assert_eq!(verdict(Starting, &[]), Verdict::Pending);
-        assert_eq!(verdict(Started, &[&start]), Verdict::Pending);
+        assert_eq!(verdict(Started, &[&start]), Verdict::Running);
         let e3 = exit(3, true, None);
         failed(verdict(Started, &[&e3, &start]), "exited with code 3");
         let pull = exit(-1, false, Some("pulling x: no such host"));
@@ -262,6 +270,37 @@ mod tests {
         failed(verdict(Stopped, &[&start]), "stopped");
         let stop = event(json!({"type": "exit", "request": {"exit_event": {
             "exit_code": 143, "requested_stop": true, "exited_at": ""}}}));
-        assert_eq!(verdict(Started, &[&start, &stop]), Verdict::Pending);
+        assert_eq!(verdict(Started, &[&start, &stop]), Verdict::Running);
+    }
+
+    #[test]
+    fn a_restart_is_waited_for_through_its_own_stop_until_its_start() {
+        use MachineState::*;
+        // What `machine restart` polls, in order: the old run still shown, the transient
+        // state, the stop (its exit requested, so left out), and only then the new start.
+        let stop = event(
+            json!({"type": "exit", "status": "stopped", "request": {"exit_event": {
+            "exit_code": 143, "requested_stop": true, "exited_at": ""}}}),
+        );
+        let start = event(json!({"type": "start", "status": "started"}));
+        assert_eq!(verdict(Started, &[]), Verdict::Pending);
+        assert_eq!(verdict(Restarting, &[]), Verdict::Pending);
+        assert_eq!(verdict(Stopped, &[&stop]), Verdict::Pending);
+        assert_eq!(verdict(Stopped, &[]), Verdict::Pending);
+        assert_eq!(verdict(Starting, &[&stop]), Verdict::Pending);
+        assert_eq!(verdict(Started, &[&start, &stop]), Verdict::Running);
+        // Stopped again after its start, with no exit of its own: someone stopped it.
+        match verdict(Stopped, &[&stop, &start, &stop]) {
+            Verdict::Failed(reason) => assert_eq!(reason, "it is stopped"),
+            other => panic!("{other:?}"),
+        }
+        // A launch that fails says why, start event or not.
+        let failed = exit(-1, false, Some("exec: no such file"));
+        match verdict(Failed, &[&failed, &stop]) {
+            Verdict::Failed(reason) => assert!(reason.contains("no such file"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+        // A machine destroyed meanwhile is not waited for.
+        assert!(matches!(verdict(Destroyed, &[&stop]), Verdict::Failed(_)));
     }
 }

@@ -23,6 +23,23 @@ async fn catalog(agent: &TestAgent, path: &str) -> serde_json::Value {
         .unwrap()
 }
 
+/// Runs the CLI against `agent` with the cluster secret; its stdout.
+fn cli(agent: &TestAgent, args: &[&str]) -> String {
+    let out = std::process::Command::new(EXE)
+        .args(args)
+        .env("BAZAAR_API_URL", agent.url())
+        .env("BAZAAR_CLUSTER_SECRET", TEST_SECRET)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "bazaar {args:?}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 async fn machine_on(agent: &TestAgent, id: &str) -> Option<serde_json::Value> {
     let all = catalog(agent, "machines?include_deleted=true").await;
     all.as_array()?.iter().find(|m| m["id"] == id).cloned()
@@ -80,6 +97,29 @@ async fn machines_and_host_liveness_spread_to_every_node() {
         assert_eq!(row["host_id"], ids[0].as_str());
         assert_eq!(row["app"], "gossip");
         assert_eq!(row["host_status"], "ok");
+    }
+    // `bazaar hosts` and `bazaar status` show the same rows: as tables, and with `--json`
+    // the catalog's answer as it was sent (every field, keys sorted).
+    for (command, path) in [
+        (&["hosts"][..], "hosts"),
+        (&["status", "--app", "gossip"][..], "machines?app=gossip"),
+    ] {
+        let raw = catalog(&agents[1], path).await;
+        let json = cli(&agents[1], &[command, &["--json"][..]].concat());
+        let shown: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+        let (raw, shown) = (raw.as_array().unwrap(), shown.as_array().unwrap());
+        assert_eq!(raw.len(), shown.len(), "{json}");
+        for (r, s) in raw.iter().zip(shown) {
+            let keys =
+                |v: &serde_json::Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+            assert_eq!(keys(r), keys(s), "{json}");
+            assert_eq!(r["id"], s["id"]);
+        }
+        assert!(json.starts_with("[\n  {\n    \""), "pretty: {json}");
+        let table = cli(&agents[1], command);
+        for r in raw {
+            assert!(table.contains(r["id"].as_str().unwrap()), "{table}");
+        }
     }
     a.stop(&m.id, &StopRequest::default()).await.unwrap();
     bazaar_testkit::eventually(Duration::from_secs(5), || async {

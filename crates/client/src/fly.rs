@@ -4,6 +4,7 @@
 //! the wire types of `bazaar-types`; a failed call is an [`ApiError`] carrying the HTTP
 //! status and the server's Fly-shaped `error` message.
 
+use bazaar_placement::exchange::PlacementRecord;
 use bazaar_types::api::{
     AddCertificateRequest, App, AppList, AuditList, BatchCreateResponse, Certificate,
     CreateAppRequest, CreateMachineRequest, LeaseResponse, MachineTraffic, MachineVersion,
@@ -478,8 +479,8 @@ impl FlyClient {
         Ok(resp)
     }
 
-    /// Why and where the market placed the machine (a free-form record of its rounds).
-    pub async fn placement(&self, app: &str, id: &str) -> Result<Value, ApiError> {
+    /// Why and where the market placed the machine: the exchange's record of its rounds.
+    pub async fn placement(&self, app: &str, id: &str) -> Result<PlacementRecord, ApiError> {
         self.get(&Self::machine_path(app, id, "/placement")).await
     }
 

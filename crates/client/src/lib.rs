@@ -7,10 +7,12 @@ pub mod fly;
 
 pub use fly::{ApiError, FlyClient, FlyOptions};
 
+use bazaar_types::api::{CatalogHost, CatalogMachine};
 use bazaar_types::error::ErrorBody;
 use bazaar_types::event::MachineEvent;
 use bazaar_types::host::{
-    BidRequest, BidResponse, ClaimRequest, HostInfo, StopRequest, UpdateRequest, WaitResponse,
+    BidRequest, BidResponse, ClaimRequest, GossipKeyChange, GossipKeys, HostInfo, ImageSummary,
+    PruneReport, PullLine, StopRequest, UpdateRequest, WaitResponse,
 };
 use bazaar_types::machine::Machine;
 use serde::de::DeserializeOwned;
@@ -69,6 +71,22 @@ impl HostClient {
         }
     }
 
+    /// A client for the agent at `base` calling through `http` (one the caller keeps: with
+    /// the roots to trust for an agent serving HTTPS, and no whole-request timeout, which a
+    /// pull's stream of progress lines may outlast).
+    pub fn with_http(base: &str, token: &str, http: reqwest::Client) -> HostClient {
+        HostClient {
+            base: base.trim_end_matches('/').to_string(),
+            token: token.to_string(),
+            http,
+        }
+    }
+
+    /// A client for another agent at `base`, with this one's token and HTTP client.
+    pub fn for_base(&self, base: &str) -> HostClient {
+        HostClient::with_http(base, &self.token, self.http.clone())
+    }
+
     /// The base URL.
     pub fn base(&self) -> &str {
         &self.base
@@ -76,6 +94,12 @@ impl HostClient {
 
     fn url(&self, path: &str) -> String {
         format!("{}/host/v1{}", self.base, path)
+    }
+
+    /// A GET of `path` from the server's root (not under `/host/v1`).
+    async fn get_root<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        let url = format!("{}{path}", self.base);
+        self.send(self.http.get(&url), url).await
     }
 
     /// Sends a prepared request (bearer token added) and decodes the answer.
@@ -101,15 +125,7 @@ impl HostClient {
                 source,
             })?;
         if !status.is_success() {
-            let (message, code) = match serde_json::from_slice::<ErrorBody>(&bytes) {
-                Ok(b) => (b.error, b.status),
-                Err(_) => (String::from_utf8_lossy(&bytes).into_owned(), None),
-            };
-            return Err(ClientError::Status {
-                status: status.as_u16(),
-                message,
-                code,
-            });
+            return Err(status_error(status.as_u16(), &bytes));
         }
         let body: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
         if status == reqwest::StatusCode::NO_CONTENT {
@@ -243,11 +259,8 @@ impl HostClient {
         app: Option<&str>,
         include_deleted: bool,
     ) -> Result<Vec<Machine>, ClientError> {
-        let mut q = format!("/machines?include_deleted={include_deleted}");
-        if let Some(app) = app {
-            q.push_str(&format!("&app={app}"));
-        }
-        self.get(&q).await
+        self.get(&machines_query("/machines", app, include_deleted))
+            .await
     }
 
     /// One machine.
@@ -380,6 +393,105 @@ impl HostClient {
         .await
     }
 
+    /// The images this host keeps.
+    pub async fn images(&self) -> Result<Vec<ImageSummary>, ClientError> {
+        self.get("/images").await
+    }
+
+    /// Loads a `docker save` or OCI-layout archive (a tar) into this host's store; the
+    /// images it held.
+    pub async fn import_images(
+        &self,
+        archive: reqwest::Body,
+    ) -> Result<Vec<ImageSummary>, ClientError> {
+        let url = self.url("/images/import");
+        let req = self
+            .http
+            .post(&url)
+            .header("content-type", "application/x-tar")
+            .body(archive);
+        self.send(req, url).await
+    }
+
+    /// Forgets every image no machine of this host uses, and frees their layers.
+    pub async fn prune_images(&self) -> Result<PruneReport, ClientError> {
+        self.post("/images/prune", &serde_json::json!({})).await
+    }
+
+    /// Starts pulling `image` into this host's store; its progress comes as lines
+    /// ([`ImagePull::next`]).
+    pub async fn pull_image(&self, image: &str) -> Result<ImagePull, ClientError> {
+        let url = self.url("/images/pull");
+        let resp = self
+            .http
+            .post(&url)
+            .json(&serde_json::json!({ "image": image }))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|source| ClientError::Transport {
+                url: url.clone(),
+                source,
+            })?;
+        if !resp.status().is_success() {
+            // The refusal, decoded as any other answer's.
+            let status = resp.status().as_u16();
+            let bytes = resp
+                .bytes()
+                .await
+                .map_err(|source| ClientError::Transport {
+                    url: url.clone(),
+                    source,
+                })?;
+            return Err(status_error(status, &bytes));
+        }
+        Ok(ImagePull {
+            resp,
+            url,
+            buf: Vec::new(),
+        })
+    }
+
+    /// The gossip keyring of this host.
+    pub async fn gossip_keys(&self) -> Result<GossipKeys, ClientError> {
+        self.get("/gossip-keys").await
+    }
+
+    /// Changes the gossip keyring of this host; the keyring after the change.
+    pub async fn change_gossip_key(
+        &self,
+        change: &GossipKeyChange,
+    ) -> Result<GossipKeys, ClientError> {
+        self.post("/gossip-keys", change).await
+    }
+
+    /// Hands this host a revocation signed by the cluster CA (`bazaar_pki::Revocation`),
+    /// which its catalog spreads.
+    pub async fn revoke<R: Serialize>(&self, revocation: &R) -> Result<(), ClientError> {
+        let _: serde::de::IgnoredAny = self.post("/revocations", revocation).await?;
+        Ok(())
+    }
+
+    /// Every host as this host's catalog sees it (`/v1/catalog/hosts`).
+    pub async fn catalog_hosts(&self) -> Result<Vec<CatalogHost>, ClientError> {
+        self.get_root("/v1/catalog/hosts").await
+    }
+
+    /// The machines in this host's catalog (`/v1/catalog/machines`): of one app, if given;
+    /// tombstones too with `include_deleted`.
+    pub async fn catalog_machines(
+        &self,
+        app: Option<&str>,
+        include_deleted: bool,
+    ) -> Result<Vec<CatalogMachine>, ClientError> {
+        self.get_root(&machines_query(
+            "/v1/catalog/machines",
+            app,
+            include_deleted,
+        ))
+        .await
+    }
+
     /// The machine's log tail (JSON lines).
     pub async fn logs(&self, id: &str) -> Result<String, ClientError> {
         let url = self.url(&format!("/machines/{id}/logs"));
@@ -406,5 +518,65 @@ impl HostClient {
             });
         }
         Ok(text)
+    }
+}
+
+/// `path` with the query of a machine list: tombstones or not, one app's or all.
+fn machines_query(path: &str, app: Option<&str>, include_deleted: bool) -> String {
+    let mut q = format!("{path}?include_deleted={include_deleted}");
+    if let Some(app) = app {
+        q.push_str(&format!("&app={app}"));
+    }
+    q
+}
+
+/// An error answer: the Fly-shaped body's message and code, or the body as text.
+fn status_error(status: u16, body: &[u8]) -> ClientError {
+    let (message, code) = match serde_json::from_slice::<ErrorBody>(body) {
+        Ok(b) => (b.error, b.status),
+        Err(_) => (String::from_utf8_lossy(body).into_owned(), None),
+    };
+    ClientError::Status {
+        status,
+        message,
+        code,
+    }
+}
+
+/// An image pull under way ([`HostClient::pull_image`]).
+#[derive(Debug)]
+pub struct ImagePull {
+    resp: reqwest::Response,
+    url: String,
+    buf: Vec<u8>,
+}
+
+impl ImagePull {
+    /// The next progress line, as sent (newline included) and decoded; `None` once the
+    /// host has said all (its last line is the image pulled, or why not).
+    pub async fn next(&mut self) -> Result<Option<(String, PullLine)>, ClientError> {
+        loop {
+            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+                let raw: Vec<u8> = self.buf.drain(..=pos).collect();
+                let line = serde_json::from_slice(&raw).map_err(|e| ClientError::Status {
+                    status: self.resp.status().as_u16(),
+                    message: format!("unexpected pull progress line: {e}"),
+                    code: None,
+                })?;
+                return Ok(Some((String::from_utf8_lossy(&raw).into_owned(), line)));
+            }
+            let chunk = self
+                .resp
+                .chunk()
+                .await
+                .map_err(|source| ClientError::Transport {
+                    url: self.url.clone(),
+                    source,
+                })?;
+            match chunk {
+                Some(chunk) => self.buf.extend_from_slice(&chunk),
+                None => return Ok(None),
+            }
+        }
     }
 }

@@ -308,9 +308,11 @@ impl Answer {
 }
 
 /// One attempt at exchanging `prepared` with `up` (plus `hop` headers): on the fast
-/// path when its body is buffered and it asks for no upgrade, through hyper otherwise.
-/// `None` when its streamed body was already used by an earlier attempt.
+/// path when its body is buffered and it asks for no upgrade, through hyper otherwise
+/// (a new connection's task tracked by `shared`'s node). `None` when its streamed body was
+/// already used by an earlier attempt.
 async fn exchange(
+    shared: &Local,
     up: Upstream<'_>,
     prepared: &mut Prepared,
     hop: &[(HeaderName, HeaderValue)],
@@ -333,7 +335,11 @@ async fn exchange(
     for (name, value) in hop {
         req.headers_mut().insert(name.clone(), value.clone());
     }
-    Some(crate::pool::send(up, req).await.map(Answer::Hyper))
+    Some(
+        crate::pool::send(up, req, shared.node.tasks())
+            .await
+            .map(Answer::Hyper),
+    )
 }
 
 /// Sends to a machine of this host, counting it against the machine's hard limit.
@@ -351,7 +357,7 @@ async fn send_local(shared: &Arc<Local>, b: &Backend, prepared: &mut Prepared) -
         gauge: true,
     };
     b.load.touch(crate::clock::now_ms());
-    let Some(result) = exchange(Upstream::plain(b.addr), prepared, &[]).await else {
+    let Some(result) = exchange(shared, Upstream::plain(b.addr), prepared, &[]).await else {
         return Attempt::Retry { failed: true };
     };
     match result {
@@ -446,7 +452,7 @@ async fn send_remote(
     if wake {
         extra.push((HOP_WAKE, HeaderValue::from_static("1")));
     }
-    let Some(result) = exchange(up, prepared, &extra).await else {
+    let Some(result) = exchange(shared, up, prepared, &extra).await else {
         return Attempt::Retry { failed: true };
     };
     match result {

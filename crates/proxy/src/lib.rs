@@ -62,6 +62,8 @@ mod clock;
 pub mod metrics;
 mod shared;
 pub mod table;
+#[cfg(test)]
+mod test_node;
 mod timer;
 
 /// The HTTP/1.1 decoders of the fast path, for fuzzing and differential tests.
@@ -331,4 +333,116 @@ fn spawn_table_refresh(shared: Arc<Shared>, shutdown: tokio_util::sync::Cancella
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::Backend;
+    use crate::test_node::{http_service, tcp_service, unused_addr, TestNode};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Reads until the peer closes (or the connection is reset); fails after `within`.
+    async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) -> bool {
+        let mut buf = [0u8; 256];
+        tokio::time::timeout(within, async {
+            loop {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await
+        .is_ok()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_cuts_open_connections_and_drains_every_proxy_task() {
+        let (node, test) = TestNode::start().await;
+        let proxy = Proxy::start(node.clone()).expect("the proxy starts");
+        // A machine's TCP service that accepts and never answers nor closes.
+        let backend = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let backend_addr = backend.local_addr().unwrap();
+        let (accepted_tx, mut accepted) = tokio::sync::mpsc::channel(8);
+        let held = tokio::spawn(async move {
+            while let Ok((stream, _)) = backend.accept().await {
+                let _ = accepted_tx.send(stream).await;
+            }
+        });
+        let public = unused_addr().port();
+        test.publish_machine("m_tcp", "started", tcp_service(public), backend_addr);
+
+        // A raw TCP connection through the proxy (its listener comes up within a tick of
+        // the table), spliced to the machine: a task on the node's multi-threaded runtime.
+        let mut spliced = {
+            let t0 = std::time::Instant::now();
+            loop {
+                if let Ok(s) = tokio::net::TcpStream::connect(("127.0.0.1", public)).await {
+                    break s;
+                }
+                assert!(t0.elapsed() < Duration::from_secs(10), "no TCP listener");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let upstream = tokio::time::timeout(Duration::from_secs(10), accepted.recv())
+            .await
+            .expect("the proxy connects to the machine")
+            .unwrap();
+        // An HTTP connection halfway through its request head: a task of a proxy thread.
+        let mut http = tokio::net::TcpStream::connect(proxy.local_addr())
+            .await
+            .unwrap();
+        http.write_all(b"GET / HTTP/1.1\r\nHost: web.test\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The threads, their tickers, both connections, the loops.
+        assert!(node.tasks().len() >= 6, "{} tasks", node.tasks().len());
+
+        let t0 = std::time::Instant::now();
+        assert_eq!(node.drain(Duration::from_secs(5)).await, 0, "tasks left");
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        assert!(node.tasks().is_empty());
+        // Drained means cut: both clients see their connection closed at once.
+        assert!(closed_within(&mut spliced, Duration::from_secs(1)).await);
+        assert!(closed_within(&mut http, Duration::from_secs(1)).await);
+        drop(upstream);
+        held.abort();
+        test.catalog.kill().await;
+    }
+
+    /// The machine `id` of app `web` as the proxy's table has it.
+    fn backend(shared: &Shared, id: &str) -> Backend {
+        shared.rebuild();
+        let table = shared.table();
+        let b = table.apps["web"].backends.iter().find(|b| b.id == id);
+        (**b.expect("the machine is routed")).clone()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_machine_at_rest_is_started_only_when_its_service_autostarts() {
+        let (node, test) = TestNode::start().await;
+        let proxy = Proxy::start(node.clone()).expect("the proxy starts");
+        // A request waited for this machine while it was `starting` (started by someone
+        // else; its service does not autostart). That start failed: it is stopped again.
+        test.publish_machine("m_off", "stopped", http_service(false), unused_addr());
+        let off = backend(&proxy.0, "m_off");
+        let r = tokio::time::timeout(Duration::from_secs(5), scale::wake(&proxy.0, &off))
+            .await
+            .expect("the wake gives up at once");
+        let err = r.expect_err("a machine without autostart is not started");
+        assert!(err.contains("does not autostart"), "{err}");
+        assert_eq!(test.starts.load(Ordering::SeqCst), 0, "started it anyway");
+
+        // The same machine with autostart is started (the test node refuses, so the wake
+        // keeps trying until its deadline).
+        test.publish_machine("m_on", "stopped", http_service(true), unused_addr());
+        let on = backend(&proxy.0, "m_on");
+        let r = tokio::time::timeout(Duration::from_millis(500), scale::wake(&proxy.0, &on)).await;
+        assert!(r.is_err(), "still waking");
+        assert!(test.starts.load(Ordering::SeqCst) >= 1, "not started");
+        node.drain(Duration::from_secs(5)).await;
+        test.catalog.kill().await;
+    }
 }

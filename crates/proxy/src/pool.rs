@@ -16,6 +16,7 @@ use rustc_hash::FxHashMap;
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
+use tokio_util::task::TaskTracker;
 
 /// Idle connections older than this are closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -87,15 +88,16 @@ pub(crate) fn sweep() {
     });
 }
 
-/// A new connection to `up`, its connection task spawned on this thread.
-async fn connect(up: Upstream<'_>) -> Result<SendRequest<ReqBody>, SendError> {
+/// A new connection to `up`, its connection task spawned on this thread through `tasks`
+/// (the node's tracker).
+async fn connect(up: Upstream<'_>, tasks: &TaskTracker) -> Result<SendRequest<ReqBody>, SendError> {
     let addr = up.addr;
     let stream = crate::hop_tls::connect(up).await?;
     let (tx, conn) = hyper::client::conn::http1::Builder::new()
         .handshake(TokioIo::new(stream))
         .await
         .map_err(|err| SendError::Connect(err.to_string()))?;
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         if let Err(err) = conn.with_upgrades().await {
             tracing::debug!(error = %err, %addr, "upstream connection");
         }
@@ -104,17 +106,18 @@ async fn connect(up: Upstream<'_>) -> Result<SendRequest<ReqBody>, SendError> {
 }
 
 /// Sends `req` (origin-form URI, `Host` set) to `up` over a pooled connection, or a new
-/// one. A request a reused connection could not take (it closed meanwhile) is sent on
-/// another.
+/// one (its connection task tracked by `tasks`). A request a reused connection could not
+/// take (it closed meanwhile) is sent on another.
 pub(crate) async fn send(
     up: Upstream<'_>,
     mut req: Request<ReqBody>,
+    tasks: &TaskTracker,
 ) -> Result<Response<Incoming>, SendError> {
     let addr = up.addr;
     loop {
         let (mut tx, reused) = match checkout(addr) {
             Some(tx) => (tx, true),
-            None => (connect(up).await?, false),
+            None => (connect(up, tasks).await?, false),
         };
         match tx.try_send_request(req).await {
             Ok(resp) => {

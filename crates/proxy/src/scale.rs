@@ -56,9 +56,13 @@ pub(crate) async fn ensure_awake(shared: &Arc<Shared>, b: &Backend) -> Result<()
                 let (tx, rx) = watch::channel(None);
                 wakes.insert(b.id.clone(), rx.clone());
                 let (shared, b) = (shared.clone(), b.clone());
-                tokio::spawn(async move {
+                let shutdown = shared.node.shutdown_token();
+                shared.node.clone().spawn(async move {
                     let t0 = Instant::now();
-                    let r = wake(&shared, &b).await;
+                    let r = tokio::select! {
+                        () = shutdown.cancelled() => Err("the host is shutting down".to_string()),
+                        r = wake(&shared, &b) => r,
+                    };
                     let kind = if r.is_ok() { "ok" } else { "failed" };
                     shared
                         .metrics
@@ -90,7 +94,9 @@ pub(crate) async fn ensure_awake(shared: &Arc<Shared>, b: &Backend) -> Result<()
     result
 }
 
-async fn wake(shared: &Arc<Shared>, b: &Backend) -> Result<(), String> {
+/// Starts machine `b` if it rests and may be started, and waits (bounded) until its service
+/// accepts connections.
+pub(crate) async fn wake(shared: &Arc<Shared>, b: &Backend) -> Result<(), String> {
     b.load.draining.store(false, Ordering::SeqCst);
     let t0 = Instant::now();
     let deadline = t0 + WAKE_TIMEOUT;
@@ -108,6 +114,15 @@ async fn wake(shared: &Arc<Shared>, b: &Backend) -> Result<(), String> {
         match state.as_deref() {
             None | Some("destroyed") | Some("destroying") => {
                 return Err(format!("machine {} is gone", b.id))
+            }
+            // Waited for while `starting` (someone else started it), it is at rest again:
+            // that start failed or was undone. Only autostart may start it now; an
+            // anonymous request never starts what the app's owner keeps stopped.
+            Some(rest @ ("stopped" | "suspended")) if !b.limits.autostart => {
+                return Err(format!(
+                    "machine {} is {rest} and its service does not autostart",
+                    b.id
+                ))
             }
             Some("stopped") | Some("suspended")
                 if last_start.is_none_or(|t| t.elapsed() > Duration::from_millis(250)) =>
@@ -141,8 +156,9 @@ async fn wake(shared: &Arc<Shared>, b: &Backend) -> Result<(), String> {
     }
 }
 
+/// Starts the autostop loop, a task of the node's tracker (as the stops it starts).
 pub(crate) fn spawn_autostop(shared: Arc<Shared>, shutdown: CancellationToken) {
-    tokio::spawn(async move {
+    shared.node.clone().spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -193,7 +209,7 @@ fn autostop_pass(shared: &Arc<Shared>) {
                 continue;
             }
             let (shared, b) = (shared.clone(), (*b).clone());
-            tokio::spawn(async move {
+            shared.node.clone().spawn(async move {
                 let mut action = b.limits.autostop;
                 let mut r = Err(String::new());
                 if action == Autostop::Suspend {

@@ -36,9 +36,11 @@ use tokio_util::sync::CancellationToken;
 /// Longest response head a TCP hop accepts from the owner's proxy.
 const MAX_HOP_HEAD: usize = 16 * 1024;
 
-/// Starts the loop that keeps one listener per TCP service port.
+/// Starts the loop that keeps one listener per TCP service port. It, the listeners and
+/// their connections are tasks of the node's tracker; at `shutdown` the listeners close and
+/// the connections are cut.
 pub(crate) fn spawn(shared: Arc<Shared>, ip: IpAddr, shutdown: CancellationToken) {
-    tokio::spawn(async move {
+    shared.node.clone().spawn(async move {
         let mut listening: HashMap<u16, CancellationToken> = HashMap::new();
         let mut failed: HashSet<u16> = HashSet::new();
         let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -66,7 +68,13 @@ pub(crate) fn spawn(shared: Arc<Shared>, ip: IpAddr, shutdown: CancellationToken
                         let token = shutdown.child_token();
                         listening.insert(port, token.clone());
                         tracing::info!(port, "proxy: TCP service listening");
-                        tokio::spawn(accept_loop(shared.clone(), port, listener, token));
+                        shared.node.spawn(accept_loop(
+                            shared.clone(),
+                            port,
+                            listener,
+                            token,
+                            shutdown.clone(),
+                        ));
                     }
                     Err(err) => {
                         tracing::warn!(port, error = %err, "proxy: cannot listen for a TCP service");
@@ -81,11 +89,14 @@ pub(crate) fn spawn(shared: Arc<Shared>, ip: IpAddr, shutdown: CancellationToken
     });
 }
 
+/// Accepts connections to `port` until `stop` (the port's service is gone, or shutdown);
+/// a connection lasts until it ends or `shutdown` cuts it.
 async fn accept_loop(
     shared: Arc<Shared>,
     port: u16,
     listener: TcpListener,
     stop: CancellationToken,
+    shutdown: CancellationToken,
 ) {
     loop {
         let (stream, _) = tokio::select! {
@@ -99,7 +110,13 @@ async fn accept_loop(
             },
         };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(serve(shared.clone(), port, stream));
+        let (shared, shutdown) = (shared.clone(), shutdown.clone());
+        shared.node.clone().spawn(async move {
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = serve(shared, port, stream) => {}
+            }
+        });
     }
 }
 
@@ -309,7 +326,8 @@ pub(crate) async fn serve_hop(
     let _ = upstream.set_nodelay(true);
     count_delivered(&shared, &app);
     let client = hyper::upgrade::on(&mut req);
-    tokio::spawn(async move {
+    // On the proxy thread that serves the hop: cut, at the latest, with its runtime.
+    shared.node.spawn(async move {
         let _in_flight = guard;
         match client.await {
             Ok(client) => {

@@ -46,9 +46,9 @@ impl ClientUpgrade {
         self.client.take()
     }
 
-    /// Splices the client's connection to the machine's in the background (the machine
-    /// keeps `guard` until the spliced connection closes) and returns the head to send to
-    /// the client.
+    /// Splices the client's connection to the machine's in the background, a task of the
+    /// node's tracker (the machine keeps `guard` until the spliced connection closes), and
+    /// returns the head to send to the client.
     pub(crate) fn splice<B>(
         &self,
         client: OnUpgrade,
@@ -57,7 +57,8 @@ impl ClientUpgrade {
     ) -> Response<()> {
         let upstream = hyper::upgrade::on(&mut resp);
         let (parts, _) = resp.into_parts();
-        tokio::spawn(async move {
+        let tasks = guard.shared.node.tasks().clone();
+        tasks.spawn(async move {
             let _in_flight = guard;
             match tokio::try_join!(client, upstream) {
                 Ok((client, upstream)) => {

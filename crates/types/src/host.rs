@@ -237,3 +237,73 @@ pub struct ListenSocket {
     /// `ip:port` (`[ip]:port` for IPv6).
     pub address: String,
 }
+
+/// An image a host keeps, as `GET /host/v1/images` lists it (and an import or pull
+/// answers it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ImageSummary {
+    /// The reference it was pulled or imported as.
+    pub reference: String,
+    /// The manifest's digest (`sha256:...`).
+    pub digest: String,
+    /// How many layers it has.
+    pub layers: usize,
+    /// Their compressed size, in bytes.
+    pub size: u64,
+}
+
+/// One line of `POST /host/v1/images/pull`'s answer (JSON lines): a layer's progress,
+/// then the image pulled or why not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum PullLine {
+    /// The pull failed.
+    Failed { error: String },
+    /// The pull is done: the image as the host keeps it.
+    Pulled { image: ImageSummary },
+    /// A layer's phase changed, or more of it arrived.
+    Layer(LayerProgress),
+}
+
+/// Progress of one layer of a pull.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct LayerProgress {
+    /// Which layer (from 1), of how many.
+    pub layer: u64,
+    pub of: u64,
+    pub digest: String,
+    /// `downloading`, `unpacking`, `done`, ...
+    pub phase: String,
+    /// Bytes done of the phase, and in all.
+    pub done: u64,
+    pub total: u64,
+}
+
+/// What `POST /host/v1/images/prune` removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct PruneReport {
+    /// References of the images forgotten.
+    pub images: Vec<String>,
+    /// Unpacked layers and blobs deleted.
+    pub layers: usize,
+    pub blobs: usize,
+    /// Bytes freed.
+    pub bytes: u64,
+}
+
+/// The gossip keyring (`GET /host/v1/gossip-keys`, and a change's answer).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct GossipKeys {
+    /// Hex, the key in use first.
+    pub keys: Vec<String>,
+}
+
+/// A change of the gossip keyring (`POST /host/v1/gossip-keys`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GossipKeyChange {
+    /// `install`, `use` or `remove`.
+    pub action: String,
+    /// The key, 64 hex characters.
+    pub key: String,
+}

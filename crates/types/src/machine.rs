@@ -115,3 +115,17 @@ impl From<&Lease> for LeaseInfo {
         }
     }
 }
+
+/// One line of a machine's log (`GET .../logs` answers JSON lines of these).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct LogLine {
+    /// When it was written, in milliseconds since the Unix epoch.
+    #[serde(default)]
+    pub ts: u64,
+    /// `stdout` or `stderr`.
+    #[serde(default)]
+    pub stream: String,
+    /// The line, without its newline.
+    #[serde(default)]
+    pub line: String,
+}

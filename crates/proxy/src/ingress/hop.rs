@@ -23,7 +23,8 @@ pub(super) fn spawn_listener(
     listener: std::net::TcpListener,
     shutdown: CancellationToken,
 ) {
-    tokio::spawn(async move {
+    let tasks = local.node.tasks().clone();
+    tasks.clone().spawn(async move {
         let listener = match tokio::net::TcpListener::from_std(listener) {
             Ok(l) => l,
             Err(err) => {
@@ -44,7 +45,7 @@ pub(super) fn spawn_listener(
                 },
             };
             let _ = stream.set_nodelay(true);
-            tokio::spawn(serve_connection(local.clone(), stream, peer));
+            tasks.spawn(serve_connection(local.clone(), stream, peer));
         }
     });
 }

@@ -24,6 +24,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Starts proxy thread `i`: a single-threaded runtime serving `listener` until shutdown.
+/// The thread counts as a task of the node's tracker until its runtime is gone: the
+/// tasks on it (connections, spliced upgrades, upstream connections, its ticker), each
+/// spawned through the tracker too, end with the runtime, which cuts what is still open.
+/// So [`bazaar_node::NodeHandle::drain`] returns only once every socket of the thread is
+/// closed.
 pub(crate) fn spawn_server_thread(
     i: usize,
     shared: Arc<Shared>,
@@ -34,6 +39,7 @@ pub(crate) fn spawn_server_thread(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let running = shared.node.tasks().token();
     std::thread::Builder::new()
         .name(format!("proxy-{i}"))
         .spawn(move || {
@@ -46,7 +52,9 @@ pub(crate) fn spawn_server_thread(
                     Ok(l) => serve(shared, l, shutdown).await,
                     Err(err) => tracing::error!(error = %err, "proxy listener"),
                 }
-            })
+            });
+            drop(rt);
+            drop(running);
         })?;
     Ok(())
 }
@@ -74,7 +82,7 @@ async fn serve(
     // expired upstream connections.
     {
         let shutdown = shutdown.clone();
-        tokio::spawn(async move {
+        local.node.spawn(async move {
             let mut tick = tokio::time::interval(crate::timer::TICK);
             loop {
                 tokio::select! {
@@ -87,6 +95,9 @@ async fn serve(
             }
         });
     }
+    // Each connection is a task of the node's tracker: an atomic add when it starts and a
+    // subtraction when it ends (no lock, nothing per request).
+    let tasks = local.node.tasks().clone();
     loop {
         let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -103,7 +114,7 @@ async fn serve(
         let _ = stream.set_nodelay(true);
         let local = local.clone();
         let builder = builder.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             // Formatted once per connection, for X-Forwarded-For.
             let peer_ip = HeaderValue::from_str(&peer.ip().to_string())
                 .unwrap_or_else(|_| HeaderValue::from_static("unknown"));

@@ -58,6 +58,9 @@ pub(crate) fn spawn_server_thread(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    // A task of the node's tracker until the runtime, and every connection on it, is gone
+    // (as the HTTP threads: `super::spawn_server_thread`).
+    let running = shared.node.tasks().token();
     std::thread::Builder::new()
         .name(format!("proxy-tls-{i}"))
         .spawn(move || {
@@ -66,7 +69,9 @@ pub(crate) fn spawn_server_thread(
                     Ok(l) => serve(shared, l, TlsAcceptor::from(config), shutdown).await,
                     Err(err) => tracing::error!(error = %err, "proxy TLS listener"),
                 }
-            })
+            });
+            drop(rt);
+            drop(running);
         })?;
     Ok(())
 }
@@ -94,7 +99,7 @@ async fn serve(
     // This thread's coarse timers and upstream pools, as on the HTTP threads.
     {
         let shutdown = shutdown.clone();
-        tokio::spawn(async move {
+        local.node.spawn(async move {
             let mut tick = tokio::time::interval(crate::timer::TICK);
             loop {
                 tokio::select! {
@@ -107,6 +112,9 @@ async fn serve(
             }
         });
     }
+    // Each connection is a task of the node's tracker: an atomic add when it starts and a
+    // subtraction when it ends (no lock, nothing per request).
+    let tasks = local.node.tasks().clone();
     loop {
         let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -123,7 +131,7 @@ async fn serve(
         let local = local.clone();
         let builder = builder.clone();
         let acceptor = acceptor.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let mut stream =
                 match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await {
                     Ok(Ok(s)) => s,
