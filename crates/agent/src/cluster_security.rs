@@ -14,7 +14,7 @@ use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
 use bazaar_pki::Revocation;
-use serde::{Deserialize, Serialize};
+use bazaar_types::host::{GossipKeyChange, GossipKeys};
 use std::path::Path;
 
 const GOSSIP_KEYS_FILE: &str = "gossip-keys";
@@ -97,23 +97,6 @@ fn catalog(agent: &Agent) -> Result<&bazaar_catalog::Catalog, AgentError> {
     agent
         .catalog()
         .ok_or_else(|| AgentError::Internal("the catalog is not running yet".into()))
-}
-
-/// The body of `GET /host/v1/gossip-keys` and of a change's answer.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct GossipKeys {
-    /// Hex, the key in use first.
-    pub keys: Vec<String>,
-}
-
-/// A change of the keyring.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GossipKeyChange {
-    /// `install`, `use` or `remove`.
-    pub action: String,
-    /// The key, 64 hex characters.
-    pub key: String,
 }
 
 async fn list_keys(State(agent): State<Agent>) -> Result<Json<GossipKeys>, AgentError> {

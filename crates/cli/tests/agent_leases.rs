@@ -110,8 +110,9 @@ async fn leases_guard_mutations_and_answer_in_the_wrapped_form() {
     c.start(&m.id).await.unwrap();
     wait_state(&c, &m.id, MachineState::Started).await;
     // A lease taken at create time comes back as the machine's nonce; it expires by itself.
+    // (4 s: a create on a loaded 2-core CI machine has taken over 1 s.)
     let mut req = create_request("lease", &["sleep", "1000"]);
-    req.lease_ttl = Some(1);
+    req.lease_ttl = Some(4);
     let leased = c.create(&req).await.unwrap();
     assert!(leased.nonce.is_some());
     assert_eq!(
@@ -121,7 +122,7 @@ async fn leases_guard_mutations_and_answer_in_the_wrapped_form() {
             .status(),
         Some(409)
     );
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    tokio::time::sleep(Duration::from_millis(4100)).await;
     wait_state(&c, &leased.id, MachineState::Started).await;
     c.stop(&leased.id, &StopRequest::default()).await.unwrap();
 }

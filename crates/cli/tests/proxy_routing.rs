@@ -47,13 +47,17 @@ async fn routes_spreads_and_never_exceeds_the_hard_limit() {
         "hop secret leaked: {v}"
     );
 
-    // fly-force-instance-id pins the machine, through any proxy.
+    // fly-force-instance-id pins the machine, through any proxy (once that proxy's catalog
+    // has the machine: `wait_routable` only waited for one of them).
     for id in &ids {
         for i in 0..3 {
-            let (s, _, body) = c
-                .get(i, "web", "/", &[("fly-force-instance-id", id.as_str())])
-                .await;
-            assert_eq!(s, StatusCode::OK, "{body}");
+            let pinned = [("fly-force-instance-id", id.as_str())];
+            let body = bazaar_testkit::eventually(Duration::from_secs(10), || async {
+                let (s, _, body) = c.get(i, "web", "/", &pinned).await;
+                (s == StatusCode::OK).then_some(body)
+            })
+            .await
+            .unwrap_or_else(|_| panic!("machine {id} never reached through proxy {i}"));
             assert_eq!(&machine_of(&body), id);
         }
     }
