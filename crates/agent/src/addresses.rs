@@ -158,10 +158,20 @@ impl Agent {
     pub(crate) fn release_ports(&self, rec: &MachineRecord) {
         self.release_user(rec);
         if let Some(ip) = rec.private_ip {
-            lock(&self.0.addresses_in_use).remove(&ip);
             let network = self.0.driver.network.as_ref().and_then(|n| n.ready());
-            if let Some(network) = network.cloned() {
-                tokio::task::spawn_blocking(move || network.renew(ip));
+            match network.cloned() {
+                // Handed out again only once its namespaces are fresh: a machine given it
+                // meanwhile would find them ready, then removed under its starting init.
+                Some(network) => {
+                    let agent = self.clone();
+                    tokio::task::spawn_blocking(move || {
+                        network.renew(ip);
+                        lock(&agent.0.addresses_in_use).remove(&ip);
+                    });
+                }
+                None => {
+                    lock(&self.0.addresses_in_use).remove(&ip);
+                }
             }
         }
         let mut in_use = lock(&self.0.ports_in_use);
