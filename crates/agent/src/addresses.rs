@@ -182,10 +182,20 @@ impl Addresses {
     /// Gives back the address and host ports [`Addresses::assign`] handed out.
     pub(crate) fn release(&self, driver: &Driver, rec: &MachineRecord) {
         if let Some(ip) = rec.private_ip {
-            lock(&self.ips).remove(&ip);
             let network = driver.network.as_ref().and_then(|n| n.ready());
-            if let Some(network) = network.cloned() {
-                tokio::task::spawn_blocking(move || network.renew(ip));
+            match network.cloned() {
+                // Handed out again only once its namespaces are fresh: a machine given it
+                // meanwhile would find them ready, then removed under its starting init.
+                Some(network) => {
+                    let ips = Arc::clone(&self.ips);
+                    tokio::task::spawn_blocking(move || {
+                        network.renew(ip);
+                        lock(&ips).remove(&ip);
+                    });
+                }
+                None => {
+                    lock(&self.ips).remove(&ip);
+                }
             }
         }
         self.release_ports(rec.host_ports.values());

@@ -79,13 +79,15 @@ fn is_mounted(path: &Path) -> bool {
 }
 
 /// Builds (or keeps, or remounts) `machine_dir/rootfs` from `layers` (bottom first), its
-/// files owned by the host ids `ids` maps the image's to.
+/// files owned by the host ids `ids` maps the image's to (through `userns`, a user namespace
+/// with that mapping, when given).
 pub(crate) fn create(
     image: &str,
     layers: &[(Digest, PathBuf)],
     machine_dir: &Path,
     overlay: bool,
     ids: Option<IdMap>,
+    userns: Option<&Path>,
 ) -> Result<PathBuf> {
     let rootfs = machine_dir.join("rootfs");
     if let Some(record) = read_record(machine_dir)? {
@@ -93,13 +95,13 @@ pub(crate) fn create(
             RootfsKind::Copy => return Ok(rootfs),
             RootfsKind::Overlay if is_mounted(&rootfs) => return Ok(rootfs),
             RootfsKind::Overlay => {
-                mount_overlay(layers, machine_dir, ids)?;
+                mount_overlay(layers, machine_dir, ids, userns)?;
                 return Ok(rootfs);
             }
         }
     }
     fs::create_dir_all(&rootfs).at(&rootfs)?;
-    let kind = match overlay.then(|| mount_overlay(layers, machine_dir, ids)) {
+    let kind = match overlay.then(|| mount_overlay(layers, machine_dir, ids, userns)) {
         Some(Ok(())) => RootfsKind::Overlay,
         other => {
             if let Some(Err(e)) = other {
@@ -130,11 +132,14 @@ pub(crate) fn create(
 /// Mounts overlayfs at `machine_dir/rootfs`: with the new mount API and one `lowerdir+` per
 /// layer (no length limit; Linux ≥ 6.8), else with a classic `lowerdir=a:b` option string.
 /// With `ids`, every layer is an idmapped mount (new API only) and `upper` belongs to the
-/// machine's root, so what it writes is owned by its own host ids.
+/// machine's root, so what it writes is owned by its own host ids. The layers are idmapped
+/// through `userns` (a user namespace with the mapping `ids`) when given, else through one
+/// made now.
 fn mount_overlay(
     layers: &[(Digest, PathBuf)],
     machine_dir: &Path,
     ids: Option<IdMap>,
+    userns: Option<&Path>,
 ) -> Result<()> {
     let rootfs = machine_dir.join("rootfs");
     let upper = machine_dir.join("upper");
@@ -154,7 +159,10 @@ fn mount_overlay(
         None => Vec::new(),
         Some(ids) => {
             use std::os::fd::AsFd;
-            let userns = ids.user_namespace().at(&rootfs)?;
+            let userns = match userns {
+                Some(path) => std::os::fd::OwnedFd::from(fs::File::open(path).at(path)?),
+                None => ids.user_namespace().at(&rootfs)?,
+            };
             let fds = lowers
                 .iter()
                 .map(|l| idmapped_clone(l, userns.as_fd()).at(l))

@@ -449,16 +449,19 @@ impl ImageStore {
     /// with `upper`/`work` in `machine_dir` where possible, else a flattened copy. Idempotent:
     /// an existing rootfs is kept (and an overlay remounted after a reboot).
     pub async fn rootfs(&self, image: &Image, machine_dir: &Path) -> Result<PathBuf> {
-        self.rootfs_mapped(image, machine_dir, None).await
+        self.rootfs_mapped(image, machine_dir, None, None).await
     }
 
     /// [`ImageStore::rootfs`] for a machine in a user namespace: its files are owned by the
     /// host ids `ids` maps the image's to (the shared layers through idmapped mounts).
+    /// `userns` is a user namespace with exactly that mapping (bound at this path, e.g. the
+    /// machine's own) to idmap the layers through; without one, one is made for the mounts.
     pub async fn rootfs_mapped(
         &self,
         image: &Image,
         machine_dir: &Path,
         ids: Option<crate::IdMap>,
+        userns: Option<PathBuf>,
     ) -> Result<PathBuf> {
         let _shared = self.inner.gc_lock.read().await;
         // An existing rootfs keeps the layers it was made of, even if the tag moved since.
@@ -482,7 +485,14 @@ impl ImageStore {
         let overlay = self.inner.whiteouts == Whiteouts::Overlay && !self.inner.options.copy_rootfs;
         let (reference, machine_dir) = (image.reference.clone(), machine_dir.to_path_buf());
         tokio::task::spawn_blocking(move || {
-            rootfs::create(&reference, &layers, &machine_dir, overlay, ids)
+            rootfs::create(
+                &reference,
+                &layers,
+                &machine_dir,
+                overlay,
+                ids,
+                userns.as_deref(),
+            )
         })
         .await
         .expect("rootfs task panicked")

@@ -297,7 +297,12 @@ impl OciRuntime {
             .map_err(|e| format!("removing the previous root filesystem: {e}"))?;
         let rootfs = self
             .images
-            .rootfs_mapped(&image, machine_dir, Some(ids))
+            .rootfs_mapped(
+                &image,
+                machine_dir,
+                Some(ids),
+                Some(namespaces.userns.clone()),
+            )
             .await
             .map_err(|e| format!("making the root filesystem: {e}"))?;
         let t_rootfs = t0.elapsed();
