@@ -602,6 +602,7 @@ fn make_namespaces(attached: &Attached, uid_base: u32) -> Result<OwnedFd, String
         .user_and_network_namespaces()
         .map_err(|e| format!("making the namespaces of {}: {e}", attached.netns.display()))?;
     unbind_namespace(&attached.userns);
+    netns_dir_is_a_mount()?;
     for (fd, target) in [(&net, &attached.netns), (&user, &attached.userns)] {
         let err = |e: &dyn std::fmt::Display| format!("binding {}: {e}", target.display());
         if let Some(dir) = target.parent() {
@@ -612,6 +613,28 @@ fn make_namespaces(attached: &Attached, uid_base: u32) -> Result<OwnedFd, String
             .map_err(|e| err(&e))?;
     }
     Ok(net)
+}
+
+/// Makes [`NETNS_DIR`] a shared mount point of its own before a namespace is bound in it,
+/// as `ip netns add` does before its first. On a machine where that had not happened yet, a
+/// later `ip netns add` (by anyone) binds the directory onto itself: namespaces bound below
+/// it before then are hidden under that mount, cannot be removed through their path, and
+/// outlive their host. Done once per process.
+fn netns_dir_is_a_mount() -> Result<(), String> {
+    use rustix::mount::{mount_bind_recursive, mount_change, MountPropagationFlags};
+    static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    DONE.get_or_init(|| {
+        let err = |e: &dyn std::fmt::Display| format!("making {NETNS_DIR} a mount point: {e}");
+        std::fs::create_dir_all(NETNS_DIR).map_err(|e| err(&e))?;
+        let shared = MountPropagationFlags::SHARED | MountPropagationFlags::REC;
+        // Refused (EINVAL) while the directory is not a mount point.
+        if mount_change(NETNS_DIR, shared).is_err() {
+            mount_bind_recursive(NETNS_DIR, NETNS_DIR).map_err(|e| err(&e))?;
+            mount_change(NETNS_DIR, shared).map_err(|e| err(&e))?;
+        }
+        Ok(())
+    })
+    .clone()
 }
 
 /// Unmounts and removes a namespace bound at `path` (if it is). Idempotent.
