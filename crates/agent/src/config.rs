@@ -89,6 +89,10 @@ pub struct AgentConfig {
     /// How long the proxy holds a request that no machine can take yet before it answers 503.
     #[serde(with = "millis")]
     pub proxy_queue_timeout: Duration,
+    /// How long this node's exchange waits for a host's bid before the round goes on
+    /// without it (the market's `bid_deadline`).
+    #[serde(with = "millis")]
+    pub bid_deadline: Duration,
     /// Registries (`host[:port]`) pulled from over plain HTTP (loopback ones always are).
     pub insecure_registries: Vec<String>,
     /// The subnet of this host's machine network (CIDR); `None` keeps the one used before,
@@ -177,6 +181,7 @@ impl Default for AgentConfig {
             acme_ca: None,
             autostop_idle: Duration::from_secs(30),
             proxy_queue_timeout: Duration::from_secs(5),
+            bid_deadline: bazaar_placement::exchange::MarketConfig::default().bid_deadline,
             insecure_registries: Vec::new(),
             machine_subnet: None,
             machine_nat: false,

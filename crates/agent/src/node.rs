@@ -36,6 +36,7 @@ impl Agent {
             proxy_hop_listen: c.proxy_hop_listen,
             proxy_domain: c.proxy_domain.clone(),
             proxy_queue_timeout: c.proxy_queue_timeout,
+            bid_deadline: c.bid_deadline,
             autostop_idle: c.autostop_idle,
             acme_directory: c.acme_directory.clone(),
             acme_ca: c.acme_ca.clone(),

@@ -64,10 +64,14 @@ impl Api {
             .connect_timeout(std::time::Duration::from_millis(500))
             .build()
             .unwrap_or_default();
+        let market = MarketConfig {
+            bid_deadline: node.config().bid_deadline,
+            ..MarketConfig::default()
+        };
         Api(Arc::new(ApiInner {
             node,
             http,
-            market: MarketConfig::default(),
+            market,
             recent: Mutex::new(HashMap::new()),
         }))
     }

@@ -187,6 +187,9 @@ struct AgentArgs {
     /// Answer 503 when no machine could take a request within this long (ms; default 5000).
     #[arg(long)]
     proxy_queue_timeout_ms: Option<u64>,
+    /// Place without a host whose bid has not come within this long (ms; default 250).
+    #[arg(long)]
+    bid_deadline_ms: Option<u64>,
     /// Pull from this registry (`host[:port]`) over plain HTTP (repeatable; loopback
     /// registries always are).
     #[arg(long = "insecure-registry")]
@@ -419,6 +422,9 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     }
     if let Some(ms) = a.proxy_queue_timeout_ms {
         config.proxy_queue_timeout = std::time::Duration::from_millis(ms);
+    }
+    if let Some(ms) = a.bid_deadline_ms {
+        config.bid_deadline = std::time::Duration::from_millis(ms);
     }
     config.insecure_registries.extend(a.insecure_registries);
     if let Some(s) = a.machine_subnet {

@@ -57,6 +57,8 @@ pub struct NodeConfig {
     pub proxy_domain: String,
     /// Longest a request waits for a free slot of a machine.
     pub proxy_queue_timeout: Duration,
+    /// How long the exchange waits for a host's bid.
+    pub bid_deadline: Duration,
     /// Idle time after which a machine with `autostop` is stopped.
     pub autostop_idle: Duration,
     /// The ACME directory edge certificates are ordered from, if any.

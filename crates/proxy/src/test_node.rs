@@ -45,6 +45,7 @@ impl TestNode {
             proxy_hop_listen: None,
             proxy_domain: "test".into(),
             proxy_queue_timeout: Duration::from_secs(2),
+            bid_deadline: Duration::from_millis(250),
             autostop_idle: Duration::from_secs(600),
             acme_directory: None,
             acme_ca: None,
