@@ -43,7 +43,11 @@ pub(crate) fn with_generator<R>(build: impl FnOnce() -> R) -> R {
         ctx.schema = settings.into_generator();
     });
     aide::generate::on_error(|e| tracing::warn!(error = %e, "openapi: {e}"));
-    build()
+    let built = build();
+    // The generator lives in a thread-local: let go of the schemas it gathered, which the
+    // document now holds (it would otherwise stay for the life of the thread).
+    aide::generate::reset_context();
+    built
 }
 
 /// The document of `api` (the routes' part, from [`aide::axum::ApiRouter::finish_api`]),
