@@ -4,7 +4,7 @@
 //! the same value, and is judged the same (valid or not) both times; nothing panics.
 #![no_main]
 
-use bazaar_agent::agent::validate_config;
+use bazaar_agent::operations::validate_config;
 use bazaar_api::machines::CreateMachineRequest;
 use bazaar_api::parse_body;
 use libfuzzer_sys::fuzz_target;
