@@ -102,20 +102,28 @@ impl HostClient {
         self.send(self.http.get(&url), url).await
     }
 
+    /// Sends a prepared request with the bearer token; the answer unread.
+    async fn transmit(
+        &self,
+        req: reqwest::RequestBuilder,
+        url: &str,
+    ) -> Result<reqwest::Response, ClientError> {
+        req.bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|source| ClientError::Transport {
+                url: url.to_string(),
+                source,
+            })
+    }
+
     /// Sends a prepared request (bearer token added) and decodes the answer.
     pub async fn send<T: DeserializeOwned>(
         &self,
         req: reqwest::RequestBuilder,
         url: String,
     ) -> Result<T, ClientError> {
-        let resp = req
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .map_err(|source| ClientError::Transport {
-                url: url.clone(),
-                source,
-            })?;
+        let resp = self.transmit(req, &url).await?;
         let status = resp.status();
         let bytes = resp
             .bytes()
@@ -422,17 +430,11 @@ impl HostClient {
     /// ([`ImagePull::next`]).
     pub async fn pull_image(&self, image: &str) -> Result<ImagePull, ClientError> {
         let url = self.url("/images/pull");
-        let resp = self
+        let req = self
             .http
             .post(&url)
-            .json(&serde_json::json!({ "image": image }))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .map_err(|source| ClientError::Transport {
-                url: url.clone(),
-                source,
-            })?;
+            .json(&serde_json::json!({ "image": image }));
+        let resp = self.transmit(req, &url).await?;
         if !resp.status().is_success() {
             // The refusal, decoded as any other answer's.
             let status = resp.status().as_u16();
