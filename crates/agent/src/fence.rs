@@ -1,19 +1,24 @@
-//! Fencing: the old host's side of re-placement on host death (the deciding side is
-//! `bazaar_api::guardian`). A machine that opted in (`bazaar_types::replacement`) and that
-//! the guardian re-placed while this host was dead belongs to its new host: the new copy
-//! carries a higher ownership epoch, and of two hosts' rows for one machine id the
-//! catalog's [`bazaar_catalog::MachineRecord::precedence`] picks the machine on every node
-//! alike. When this host comes back and sees one of its machines superseded:
+//! Fencing: the old host's side of a machine claimed again elsewhere. Two deciders do that:
+//! - the guardian (`bazaar_api::guardian`) re-places a machine that opted in
+//!   (`bazaar_types::replacement`) while its host is dead;
+//! - the exchange claims a machine on the next offer when its claim on this host got no
+//!   answer (this host died or the connection broke mid-claim), which may have made it here.
+//!
+//! Either way the new copy carries a higher ownership epoch, and of two hosts' rows for one
+//! machine id the catalog's [`bazaar_catalog::MachineRecord::precedence`] picks the machine
+//! on every node alike. When this host sees one of its machines superseded:
 //! - it never launches its copy again: the `Launch` step asks `superseded_by` first and
-//!   fails the launch instead (after a crash, that check waits until the catalog has caught
-//!   up with a peer, ≤ 3 s, so the host learns of the re-placement before it would relaunch);
+//!   fails the launch instead (after a crash, for a machine that opted in, that check waits
+//!   until the catalog has caught up with a peer, ≤ 3 s, so the host learns of the
+//!   re-placement before it would relaunch);
 //! - it destroys its copy ([`spawn`] watches the catalog), whose rows, published with the
 //!   old epoch, never win over the new host's: every list shows the machine once.
 
 use crate::agent::Agent;
+use bazaar_types::config::MachineConfig;
 use bazaar_types::replacement::opted_in;
 use bazaar_types::state::MachineState;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
 /// How often the watcher looks (a copy that must not run is already kept from launching by
@@ -23,15 +28,21 @@ const PERIOD: Duration = Duration::from_millis(500);
 const CATCH_UP_WAIT: Duration = Duration::from_secs(5);
 
 /// The host that holds machine `id` now, if it is not this one: another host's row
-/// supersedes this host's (only for machines that opted in to re-placement, the only ones
-/// that can move).
+/// supersedes this host's. Only for a machine that opted in to re-placement is it worth
+/// waiting for a catalog that is catching up (the guardian moves those while this host is
+/// dead); any other moves only if its claim here went unanswered, which a lookup sees once
+/// the catalog has it (and the watcher fences it if the launch came first).
 pub(crate) async fn superseded_by(
     agent: &Agent,
     id: &str,
-    metadata: &BTreeMap<String, String>,
+    config: &MachineConfig,
 ) -> Option<String> {
-    if !opted_in(metadata) {
+    if !can_move(config) {
         return None;
+    }
+    if !opted_in(&config.metadata) {
+        let current = agent.catalog()?.machine(id)?;
+        return (current.record.host_id != agent.host_id()).then_some(current.record.host_id);
     }
     let deadline = tokio::time::Instant::now() + CATCH_UP_WAIT;
     let catalog = loop {
@@ -44,6 +55,13 @@ pub(crate) async fn superseded_by(
     };
     let current = catalog.machine(id)?;
     (current.record.host_id != agent.host_id()).then_some(current.record.host_id)
+}
+
+/// Whether a machine can have been claimed on another host: not if it mounts a volume
+/// (its claims go only to the volume's host, and a row of another host must never make
+/// this one destroy a machine that holds state).
+fn can_move(config: &MachineConfig) -> bool {
+    config.mounts.is_empty()
 }
 
 /// Starts the watcher that destroys this host's copies of machines re-placed elsewhere
@@ -69,8 +87,7 @@ pub fn spawn(agent: &Agent) {
 
 async fn fence(agent: &Agent, catalog: &bazaar_catalog::Catalog, fenced: &mut HashSet<String>) {
     let mine: Vec<(String, u64)> = agent.0.store.select(|m| {
-        (m.state != MachineState::Destroyed && opted_in(&m.config.metadata))
-            .then(|| (m.id.clone(), m.epoch))
+        (m.state != MachineState::Destroyed && can_move(&m.config)).then(|| (m.id.clone(), m.epoch))
     });
     fenced.retain(|id| mine.iter().any(|(m, _)| m == id));
     for (id, epoch) in mine {
@@ -88,7 +105,7 @@ async fn fence(agent: &Agent, catalog: &bazaar_catalog::Catalog, fenced: &mut Ha
                 tracing::info!(
                     machine.id = %id, epoch, host = %current.record.host_id,
                     new_epoch = current.record.epoch,
-                    "fence: machine re-placed on another host while this one was dead, destroying this copy"
+                    "fence: machine claimed again on another host, destroying this copy"
                 );
                 fenced.insert(id);
             }

@@ -41,6 +41,22 @@ pub struct HostAddr {
 pub struct Placed {
     pub machines: Vec<Machine>,
     pub record: PlacementRecord,
+    /// Machines whose claim got no answer and that were not placed elsewhere: each may
+    /// exist on the host that did not answer (the claim may have succeeded there).
+    pub unanswered: Vec<Unanswered>,
+}
+
+/// A claim that got no answer (the host died or the connection broke after the request was
+/// sent), so its machine may or may not exist on that host.
+#[derive(Debug, Clone)]
+pub struct Unanswered {
+    pub machine_id: String,
+    /// The hosts asked to claim it that did not answer.
+    pub hosts: Vec<String>,
+    /// The epoch the next claim of this machine carries: one above the highest claim that
+    /// went unanswered, so a copy made by that claim loses to the next one
+    /// (`MachineRecord::precedence`) and its host destroys it (the agent's `fence`).
+    epoch: u64,
 }
 
 /// What to place.
@@ -115,6 +131,9 @@ impl Api {
             ..Default::default()
         };
         let mut machines = Vec::new();
+        // Machines whose last claim went unanswered: the next offer claims the same id with
+        // a higher epoch, so there is never a second machine if the first claim succeeded.
+        let mut unanswered: Vec<Unanswered> = Vec::new();
         let config = &self.0.market;
         for group in &groups {
             let mut skip: Vec<String> = Vec::new();
@@ -151,13 +170,19 @@ impl Api {
                 // claims in a row while its reservations expire); a failed claim falls to
                 // the next offer. Only an unreachable host is left out for good: a claim
                 // refused because its reservation expired says nothing about the host.
-                let mut queue: Vec<Offer> = winners;
+                let mut queue: Vec<(Offer, Option<Unanswered>)> =
+                    winners.into_iter().map(|o| (o, None)).collect();
                 let mut claimed_hosts = Vec::new();
                 while !queue.is_empty() {
                     if order.dry_run {
-                        claimed_hosts.extend(queue.iter().map(|o| o.host_id.clone()));
-                        rest.append(&mut queue);
+                        claimed_hosts.extend(queue.iter().map(|(o, _)| o.host_id.clone()));
+                        rest.extend(queue.drain(..).map(|(o, _)| o));
                         break;
+                    }
+                    for (_, retry) in queue.iter_mut() {
+                        if retry.is_none() {
+                            *retry = unanswered.pop();
+                        }
                     }
                     let bids_in_round = record
                         .rounds
@@ -169,16 +194,22 @@ impl Api {
                                 .count()
                         })
                         .unwrap_or(0);
-                    let claims = std::mem::take(&mut queue).into_iter().map(|offer| {
+                    let claims = std::mem::take(&mut queue).into_iter().map(|(offer, retry)| {
                         let mut claim = order.template.clone();
-                        // One machine that has an id already (the guardian re-placing it)
-                        // keeps it; every other gets a new one.
-                        claim.machine_id = order
-                            .template
-                            .machine_id
-                            .clone()
-                            .filter(|_| order.count == 1)
-                            .or_else(|| Some(bazaar_types::ids::new_machine_id()));
+                        // A machine whose claim went unanswered keeps its id (one epoch up);
+                        // one that has an id already (the guardian re-placing it) keeps it;
+                        // every other gets a new one.
+                        if let Some(retry) = &retry {
+                            claim.machine_id = Some(retry.machine_id.clone());
+                            claim.epoch = retry.epoch;
+                        } else {
+                            claim.machine_id = order
+                                .template
+                                .machine_id
+                                .clone()
+                                .filter(|_| order.count == 1)
+                                .or_else(|| Some(bazaar_types::ids::new_machine_id()));
+                        }
                         let mut rec_now = record.clone();
                         rec_now.winners = vec![offer.host_id.clone()];
                         rec_now.reason = format!(
@@ -190,15 +221,29 @@ impl Api {
                         let host = addrs[&offer.host_id].clone();
                         async move {
                             let result = self.claim(&host, &offer.reservation_id, &claim).await;
-                            (offer, result)
+                            let retry = match (&result, retry) {
+                                (Err(HostCallError::Unreachable(_)), retry) => {
+                                    let mut hosts = retry.map(|r| r.hosts).unwrap_or_default();
+                                    hosts.push(offer.host_id.clone());
+                                    Some(Unanswered {
+                                        machine_id: claim.machine_id.clone().unwrap_or_default(),
+                                        hosts,
+                                        epoch: claim.epoch + 1,
+                                    })
+                                }
+                                // A refused claim made nothing: what went unanswered before
+                                // still is.
+                                (_, retry) => retry,
+                            };
+                            (offer, result, retry)
                         }
                     });
-                    let results: Vec<(Offer, Result<Machine, HostCallError>)> =
+                    let results: Vec<(Offer, Result<Machine, HostCallError>, Option<Unanswered>)> =
                         futures_util::stream::iter(claims)
                             .buffer_unordered(CLAIMS_IN_FLIGHT)
                             .collect()
                             .await;
-                    for (offer, result) in results {
+                    for (offer, result, retry) in results {
                         match result {
                             Ok(m) => {
                                 self.remember(&m.id, &offer.host_id);
@@ -221,13 +266,19 @@ impl Api {
                                     skip.push(offer.host_id.clone());
                                     rest.retain(|o| o.host_id != offer.host_id);
                                 }
-                                if !rest.is_empty() {
-                                    queue.push(rest.remove(0));
+                                if rest.is_empty() {
+                                    unanswered.extend(retry);
+                                } else {
+                                    queue.push((rest.remove(0), retry));
                                 }
                             }
                         }
                     }
-                    queue.retain(|o| !skip.contains(&o.host_id));
+                    let (keep, dropped): (Vec<_>, Vec<_>) = std::mem::take(&mut queue)
+                        .into_iter()
+                        .partition(|(o, _)| !skip.contains(&o.host_id));
+                    queue = keep;
+                    unanswered.extend(dropped.into_iter().filter_map(|(_, retry)| retry));
                 }
                 record.winners.extend(claimed_hosts);
                 // Losing offers are returned in the background: the answer does not wait
@@ -286,7 +337,11 @@ impl Api {
         } else {
             format!("placed {} of {}", machines.len(), order.count)
         };
-        Ok(Placed { machines, record })
+        Ok(Placed {
+            machines,
+            record,
+            unanswered,
+        })
     }
 
     /// Asks `asks` for bids in parallel; returns the round, the offers, and the hosts whose

@@ -164,6 +164,9 @@ pub async fn create(
     if let Some(m) = placed.machines.into_iter().next() {
         return Ok(Json(m));
     }
+    if let Some(u) = placed.unanswered.first() {
+        return Err(unanswered(&app, u));
+    }
     // The owner of a mounted volume refused the claim: another machine took it meanwhile.
     let attached = placed
         .record
@@ -204,6 +207,16 @@ pub async fn create(
     )))
 }
 
+/// A create whose claim got no answer: the machine may exist, so this is not a refusal
+/// (a 4xx says nothing was made) but a 503 that names the machine to look for.
+fn unanswered(app: &str, u: &crate::exchange::Unanswered) -> ApiError {
+    ApiError::Unavailable(format!(
+        "host {} did not answer the claim for machine {id}: it may have been created there; GET /v1/apps/{app}/machines/{id} tells once the host is reachable",
+        u.hosts.join(", "),
+        id = u.machine_id
+    ))
+}
+
 pub(crate) fn create_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
     op(
         t,
@@ -225,6 +238,9 @@ pub async fn create_batch(
     let count = req.count.unwrap_or(1);
     let order = order_for(&api, &app, req, count)?;
     let placed = api.place(order.clone()).await?;
+    if let (true, Some(u)) = (placed.machines.is_empty(), placed.unanswered.first()) {
+        return Err(unanswered(&app, u));
+    }
     if placed.machines.is_empty() {
         return Err(ApiError::InsufficientCapacity(format!(
             "insufficient capacity: none of {count} machine(s) could be placed in {}; tried: {}",

@@ -1,7 +1,7 @@
 //! The Fly Machines API on a 3-agent loopback cluster, driven with a plain HTTP client the
 //! way third-party clients drive it: the whole machine lifecycle, the field spellings of
 //! reference/fly.md §5, bad input, concurrent creates racing for capacity, and a bid winner
-//! that dies before its claim.
+//! that dies before its claim or after making the machine (before it answers).
 
 mod common;
 
@@ -623,6 +623,120 @@ async fn a_winner_that_dies_before_the_claim_does_not_fail_the_create() {
         .await
         .unwrap()
         .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_winner_that_dies_after_making_the_machine_leaves_exactly_one() {
+    // Host 2 wins every bid and dies right after it has recorded the machine, before it
+    // answers the claim: the claim may or may not have worked, as far as the API can tell.
+    let mut agents = start_cluster(std::path::Path::new(EXE), 3, |i, o| {
+        if i == 2 {
+            o.memory_mb = 1024 * 1024;
+            o.env.push(("BAZAAR_CRASH_AT".into(), "create:0".into()));
+        } else {
+            o.memory_mb = 4096;
+        }
+    })
+    .unwrap();
+    let fly = Fly::new(&agents[0]);
+    fly.post("/apps", json!({"app_name": "twice"})).await;
+    bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let (_, r) = fly.get("/platform/regions").await;
+        (r["regions"][0]["hosts"] == 3).then_some(())
+    })
+    .await
+    .unwrap();
+    let (s, m) = fly
+        .post(
+            "/apps/twice/machines",
+            json!({"name": "only", "config": process_config(&["sleep", "1000"]), "region": "local"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    agents[2]
+        .wait_exit(Duration::from_secs(5))
+        .expect("the winner died after making the machine");
+    let id = m["id"].as_str().unwrap().to_string();
+    // The next offer claimed the same machine (one epoch up), not a second one.
+    let dead = agents[2].client();
+    agents[2].opts.env.clear();
+    agents[2].spawn(&[]).unwrap();
+    let made_there = dead.machines(Some("twice"), true).await.unwrap();
+    assert_eq!(
+        made_there.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(),
+        [id.as_str()],
+        "the host that died made the machine the API answered with, under the same id"
+    );
+    // Once it hears of the newer copy, the host that died destroys its own.
+    bazaar_testkit::eventually(Duration::from_secs(20), || async {
+        let there = dead.machines(Some("twice"), false).await.ok()?;
+        there.is_empty().then_some(())
+    })
+    .await
+    .expect("the copy on the host that died is destroyed");
+    wait_started(&fly, "twice", &id).await;
+    let (_, list) = fly.get("/apps/twice/machines").await;
+    let listed: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, [id.as_str()], "one machine: {list}");
+    assert_eq!(list[0]["host_id"], m["host_id"], "{list}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_only_claim_went_unanswered_is_a_503_naming_the_machine() {
+    // Only host 1 can take the machine (host 0 is too small), and it dies right after
+    // recording it: the API cannot say "refused" (409), it says "unknown" (503) and names
+    // the machine, which is there once the host is back.
+    let mut agents = start_cluster(std::path::Path::new(EXE), 2, |i, o| {
+        if i == 1 {
+            o.memory_mb = 8192;
+            o.env.push(("BAZAAR_CRASH_AT".into(), "create:0".into()));
+        } else {
+            o.memory_mb = 256;
+        }
+    })
+    .unwrap();
+    let fly = Fly::new(&agents[0]);
+    fly.post("/apps", json!({"app_name": "unknown"})).await;
+    bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let (_, r) = fly.get("/platform/regions").await;
+        (r["regions"][0]["hosts"] == 2).then_some(())
+    })
+    .await
+    .unwrap();
+    let mut config = process_config(&["sleep", "1000"]);
+    config["guest"]["memory_mb"] = json!(1024);
+    let (s, e) = fly
+        .post(
+            "/apps/unknown/machines",
+            json!({"config": config, "region": "local"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{e}");
+    let error = e["error"].as_str().unwrap();
+    assert!(error.contains("may have been created"), "{error}");
+    let id = error
+        .split("claim for machine ")
+        .nth(1)
+        .and_then(|rest| rest.split(':').next())
+        .unwrap_or_else(|| panic!("the error names the machine: {error}"))
+        .to_string();
+    agents[1]
+        .wait_exit(Duration::from_secs(5))
+        .expect("the host died after making the machine");
+    agents[1].opts.env.clear();
+    agents[1].spawn(&[]).unwrap();
+    // The machine the 503 named was made, and runs once its host is back.
+    bazaar_testkit::eventually(Duration::from_secs(20), || async {
+        let (s, m) = fly.get(&format!("/apps/unknown/machines/{id}")).await;
+        (s == StatusCode::OK && m["state"] == "started").then_some(())
+    })
+    .await
+    .expect("the named machine runs on the host that came back");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

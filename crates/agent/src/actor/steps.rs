@@ -71,10 +71,11 @@ impl Actor {
                 return StepOutcome::Continue;
             }
             RunFound::None => {
-                // A copy re-placed on another host while this one was dead never runs
-                // again here (`fence.rs`).
+                // A copy claimed again on another host (re-placed while this one was
+                // dead, or its claim here went unanswered) never runs again here
+                // (`fence.rs`).
                 if let Some(host) =
-                    crate::fence::superseded_by(&self.agent, &self.id, &rec.config.metadata).await
+                    crate::fence::superseded_by(&self.agent, &self.id, &rec.config).await
                 {
                     let exit = ExitRecord {
                         run_id,
@@ -83,7 +84,7 @@ impl Actor {
                         oom_killed: false,
                         exited_at_ms: now_ms(),
                         error: Some(format!(
-                            "not launched: the machine was re-placed on host {host} while this host was dead"
+                            "not launched: the machine was claimed again on host {host} (re-placed while this host was dead, or its claim here went unanswered)"
                         )),
                     };
                     return self.launch_failed(rec, run_id, exit, b);
