@@ -10,7 +10,7 @@ mod common;
 mod lab_support;
 
 use bazaar_lab::Lab;
-use lab_support::{until, LabApi as Node, TestLab};
+use lab_support::{until, until_seen, LabApi as Node, TestLab};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -233,9 +233,9 @@ async fn a_dead_hosts_opted_in_machines_run_elsewhere_once_and_its_copies_stop_w
 
     // Within dead-after + replace-after + placement, the three run elsewhere, each once,
     // with their ids, and serve through the proxy.
-    until(30, "the opted-in machines run on live hosts", || async {
+    until_seen(30, "the opted-in machines run on live hosts", || async {
         let Some(rows) = survivors[0].rows("keep").await else {
-            return false;
+            return Err("no catalog rows from the first survivor".into());
         };
         let moved = rows
             .iter()
@@ -245,7 +245,24 @@ async fn a_dead_hosts_opted_in_machines_run_elsewhere_once_and_its_copies_stop_w
                     && r["host_id"] != doomed_id.as_str()
             })
             .count();
-        moved == 3 && (1..=3).all(|i| workload_pids(&format!("keep-{i}")).len() == 1)
+        let pids: Vec<usize> = (1..=3)
+            .map(|i| workload_pids(&format!("keep-{i}")).len())
+            .collect();
+        if moved == 3 && pids.iter().all(|n| *n == 1) {
+            return Ok(());
+        }
+        let rows: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} on {} ({}, host {}, epoch {})",
+                    r["id"], r["host_id"], r["state"], r["host_status"], r["epoch"]
+                )
+            })
+            .collect();
+        Err(format!(
+            "{moved} of 3 moved and started; workloads of keep-1..3: {pids:?}; rows: {rows:?}"
+        ))
     })
     .await;
     until(20, "keep serves again through a live host", || async {

@@ -183,3 +183,33 @@ where
     .await;
     assert!(result.is_ok(), "within {secs} s: {what}");
 }
+
+/// As [`until`], for a probe that says what it saw when it is not yet true: a timeout
+/// prints the last thing seen.
+#[allow(dead_code)]
+pub async fn until_seen<F, Fut>(secs: u64, what: &str, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let last = std::sync::Mutex::new(String::from("nothing yet"));
+    let result = bazaar_testkit::eventually(Duration::from_secs(secs), || {
+        let f = probe();
+        let last = &last;
+        async move {
+            match f.await {
+                Ok(()) => Some(()),
+                Err(seen) => {
+                    *last.lock().unwrap() = seen;
+                    None
+                }
+            }
+        }
+    })
+    .await;
+    assert!(
+        result.is_ok(),
+        "within {secs} s: {what}; last seen: {}",
+        last.lock().unwrap()
+    );
+}
