@@ -24,11 +24,16 @@ fn ms(d: Duration) -> String {
 }
 
 fn rss_kib(pid: i32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// One `kB` field of `/proc/<pid>/status` (`VmRSS:`, `RssAnon:`, `RssFile:`).
+fn status_kib(pid: i32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse().ok())
         })
@@ -147,6 +152,11 @@ fn main() {
 
     let agent_pid = agent.pid().unwrap() as i32;
     let agent_rss = rss_kib(agent_pid);
+    // Anonymous (heap, stacks) apart from file-backed (the binary's pages it touched).
+    let (agent_anon, agent_file) = (
+        status_kib(agent_pid, "RssAnon:"),
+        status_kib(agent_pid, "RssFile:"),
+    );
     let shims = shim_pids(&agent.data_dir);
     let mut shim_rss: Vec<u64> = shims
         .iter()
@@ -212,6 +222,11 @@ fn main() {
         "| agent RSS with {running} machines | {:.1} MiB (after restart: {:.1} MiB) | ≤ 64 MiB |",
         agent_rss as f64 / 1024.0,
         agent_rss_after as f64 / 1024.0
+    );
+    println!(
+        "| of which anonymous / file-backed | {:.1} MiB / {:.1} MiB | |",
+        agent_anon as f64 / 1024.0,
+        agent_file as f64 / 1024.0
     );
     if !shim_rss.is_empty() {
         println!(

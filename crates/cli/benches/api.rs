@@ -8,7 +8,8 @@
 //! alternates clusters whose hosts talk over mTLS (a cluster CA, the test kit's default)
 //! and clusters whose hosts use the cluster secret over plain HTTP, `BAZAAR_BENCH_ROUNDS`
 //! (default 2) rounds of each, and prints the load average per round and the medians;
-//! `BAZAAR_BENCH_MTLS=1` (or `0`) measures only one kind.
+//! `BAZAAR_BENCH_MTLS=1` (or `0`) measures only one kind. `BAZAAR_BENCH_EXE` runs another
+//! `bazaar` executable (to compare builds in one sitting).
 
 use bazaar_testkit::{start_cluster, start_plain_cluster, TEST_SECRET};
 use serde_json::{json, Value};
@@ -141,11 +142,13 @@ fn measure(rt: &tokio::runtime::Runtime, mtls: bool, total: usize, sequential: u
         o.memory_mb = (total as u64 + 10) * 256;
         o.cpus = total as u32 + 10;
     };
-    let exe = std::path::Path::new(EXE);
+    // BAZAAR_BENCH_EXE=<path> measures another `bazaar` build (e.g. before a change).
+    let exe = std::env::var_os("BAZAAR_BENCH_EXE")
+        .map_or_else(|| std::path::PathBuf::from(EXE), std::path::PathBuf::from);
     let agents = if mtls {
-        start_cluster(exe, 3, configure)
+        start_cluster(&exe, 3, configure)
     } else {
-        start_plain_cluster(exe, 3, configure)
+        start_plain_cluster(&exe, 3, configure)
     }
     .expect("cluster");
     let base = agents[0].url();
