@@ -311,18 +311,7 @@ pub fn router(node: NodeHandle) -> Router {
         (routes, openapi::complete(doc))
     });
     let _ = cell.set(document.to_string().into());
-    give_back_freed_heap();
     routes.with_state(api)
-}
-
-/// Returns to the kernel the heap that building the document used and freed: ~4 MiB an
-/// agent would otherwise keep resident for its whole life (glibc keeps freed memory).
-fn give_back_freed_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim takes a plain integer and only releases free heap pages.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 /// The document of the routes, built without a node (the routes are not served).
