@@ -55,6 +55,7 @@ fn spec(
             seccomp: filters.map(Path::to_path_buf),
             ..Default::default()
         }),
+        cgroup_layout: None,
     }
 }
 

@@ -46,6 +46,7 @@ fn spec(dir: &Path, argv: &[&str]) -> ShimSpec {
         log_path: dir.join("logs/m-test.log"),
         log_max_bytes: 1 << 20,
         sandbox: None,
+        cgroup_layout: None,
     }
 }
 

@@ -185,6 +185,9 @@ impl Driver {
             log_path: self.log_path(rec.id),
             log_max_bytes: self.log_max_bytes,
             sandbox,
+            cgroup_layout: self
+                .cgroup(rec.id)
+                .and_then(|_| bazaar_shim::cgroup_layout()),
         }
     }
 

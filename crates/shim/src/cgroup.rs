@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::{sys, ShimError};
+use serde::{Deserialize, Serialize};
+use std::sync::OnceLock;
 
 /// v1 controllers a run gets a directory in (when they are mounted).
 const V1_CONTROLLERS: &[&str] = &["memory", "cpu", "cpuacct", "pids", "freezer"];
@@ -35,7 +37,7 @@ const SETTLE_POLL: Duration = Duration::from_millis(1);
 /// controllers are available (v1 or v2).
 pub fn cgroups_available() -> bool {
     sys::effective_ids().0 == 0
-        && Layout::detect().is_some_and(|l| l.has_controller("memory") && l.has_controller("cpu"))
+        && Layout::current().is_some_and(|l| l.has_controller("memory") && l.has_controller("cpu"))
 }
 
 /// Kills whatever is left in the run cgroup `cgroup` (relative path) and removes its directory
@@ -50,7 +52,7 @@ pub fn cgroups_available() -> bool {
 /// or removed within a few seconds.
 pub fn remove_cgroup(cgroup: &str) -> Result<(), ShimError> {
     validate_relative(cgroup).map_err(ShimError::Spec)?;
-    let Some(layout) = Layout::detect() else {
+    let Some(layout) = Layout::current() else {
         return Ok(());
     };
     let cg = Cgroup::new(&layout, cgroup);
@@ -101,8 +103,31 @@ pub(crate) fn validate_relative(rel: &str) -> Result<(), String> {
     }
 }
 
+/// The cgroup hierarchies as this process first found them: read from mountinfo once, or
+/// taken from the spec the agent wrote ([`CgroupLayout`]). Mountinfo lists every mount of
+/// the host, two per machine address (its namespaces' binds): reading it costs ~1.6 ms at
+/// 600 mounts, once per start if each shim read it.
+static LAYOUT: OnceLock<Option<Layout>> = OnceLock::new();
+
+/// The cgroup hierarchies this process found, for the agent to hand to the shims it starts
+/// (`ShimSpec::cgroup_layout`); `None` if none is mounted.
+pub fn cgroup_layout() -> Option<CgroupLayout> {
+    Layout::current().map(CgroupLayout)
+}
+
+/// The cgroup hierarchies of the host (opaque), as the agent found them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CgroupLayout(Layout);
+
+/// A shim takes the layout its agent found, before its first cgroup operation.
+pub(crate) fn adopt(layout: Option<&CgroupLayout>) {
+    if let Some(l) = layout {
+        let _ = LAYOUT.set(Some(l.0.clone()));
+    }
+}
+
 /// The cgroup hierarchies mounted on this host.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) enum Layout {
     /// The unified hierarchy mounted at `root`, whose root has `controllers`.
     V2 {
@@ -113,13 +138,18 @@ pub(crate) enum Layout {
     V1 { mounts: Vec<V1Mount> },
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct V1Mount {
     controllers: Vec<String>,
     path: PathBuf,
 }
 
 impl Layout {
+    /// The layout of this process ([`LAYOUT`]): detected on first use.
+    pub(crate) fn current() -> Option<Layout> {
+        LAYOUT.get_or_init(Layout::detect).clone()
+    }
+
     /// Reads the mounts of this process; `None` if no usable hierarchy is mounted.
     pub(crate) fn detect() -> Option<Layout> {
         let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
@@ -240,7 +270,7 @@ impl Cgroup {
     /// Finds the hierarchies and locates `rel` in them.
     pub(crate) fn open(rel: &str) -> Result<Cgroup, String> {
         validate_relative(rel)?;
-        let layout = Layout::detect().ok_or("no cgroup hierarchy is mounted")?;
+        let layout = Layout::current().ok_or("no cgroup hierarchy is mounted")?;
         Ok(Cgroup::new(&layout, rel))
     }
 
@@ -567,6 +597,19 @@ mod tests {
         assert!(mounts.contains(&PathBuf::from("/sys/fs/cgroup/systemd")));
         assert!(mounts.contains(&PathBuf::from("/sys/fs/cgroup/unified")));
         assert!(mounts.contains(&PathBuf::from("/sys/fs/cgroup/free zer")));
+    }
+
+    #[test]
+    fn the_layout_the_agent_found_reaches_the_shim_unchanged() {
+        // The agent writes it into the spec; the shim reads it back instead of mountinfo.
+        let layout = CgroupLayout(Layout::from_mountinfo(HYBRID, |_| String::new()).unwrap());
+        let json = serde_json::to_string(&layout).unwrap();
+        let back: CgroupLayout = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, layout);
+        assert_eq!(
+            Cgroup::new(&back.0, "bazaar/m1").dir_with("memory"),
+            Some(Path::new("/sys/fs/cgroup/memory/bazaar/m1"))
+        );
     }
 
     #[test]

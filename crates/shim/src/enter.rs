@@ -84,6 +84,7 @@ fn run(run_dir: &Path, argv: &[String]) -> Result<i32, String> {
         .as_ref()
         .map(Filters::for_sandbox)
         .transpose()?;
+    crate::cgroup::adopt(spec.cgroup_layout.as_ref());
     if let Some(rel) = &spec.cgroup {
         Cgroup::open(rel)?
             .join()

@@ -167,6 +167,7 @@ mod tests {
             log_path: "/tmp/log".into(),
             log_max_bytes: 0,
             sandbox: None,
+            cgroup_layout: None,
         }
     }
 

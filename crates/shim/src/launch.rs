@@ -274,6 +274,7 @@ mod tests {
             log_path: "/tmp/x.log".into(),
             log_max_bytes: 0,
             sandbox: None,
+            cgroup_layout: None,
         }
     }
 

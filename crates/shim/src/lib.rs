@@ -105,7 +105,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use cgroup::{cgroups_available, remove_cgroup};
+pub use cgroup::{cgroup_layout, cgroups_available, remove_cgroup, CgroupLayout};
 pub use enter::exec_main;
 pub use handle::ShimHandle;
 pub use sandbox::{make_sandbox_base, Sandbox};
@@ -160,6 +160,10 @@ pub struct ShimSpec {
     /// `isolate`).
     #[serde(default)]
     pub sandbox: Option<Sandbox>,
+    /// The cgroup hierarchies as the agent found them ([`cgroup_layout`]), so the shim does
+    /// not read the host's mount table again; `None`: the shim finds them itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_layout: Option<CgroupLayout>,
 }
 
 impl ShimSpec {

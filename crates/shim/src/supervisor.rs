@@ -277,6 +277,7 @@ impl Run {
         launch::prepare_workdir(&spec.workdir, creds.as_ref())?;
         let log = LogWriter::open(&spec.log_path, spec.log_max_bytes)
             .map_err(|err| format!("log {}: {}", spec.log_path.display(), describe(&err)))?;
+        crate::cgroup::adopt(spec.cgroup_layout.as_ref());
         let cgroup = match &spec.cgroup {
             None => None,
             Some(rel) => {
