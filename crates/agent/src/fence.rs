@@ -40,11 +40,13 @@ pub(crate) async fn superseded_by(
     if !can_move(config) {
         return None;
     }
-    if !opted_in(&config.metadata) {
-        let current = agent.catalog()?.machine(id)?;
-        return (current.record.host_id != agent.host_id()).then_some(current.record.host_id);
-    }
-    let deadline = tokio::time::Instant::now() + CATCH_UP_WAIT;
+    // Only an opted-in machine is worth waiting for a catalog that is catching up.
+    let deadline = tokio::time::Instant::now()
+        + if opted_in(&config.metadata) {
+            CATCH_UP_WAIT
+        } else {
+            Duration::ZERO
+        };
     let catalog = loop {
         match agent.catalog() {
             Some(c) if !c.catching_up() => break c,

@@ -66,3 +66,29 @@ pub fn lines(path: &std::path::Path) -> usize {
 /// The Machines API client (not every test binary uses it).
 #[allow(unused_imports)]
 pub use bazaar_testkit::Fly;
+
+/// A process machine's config in the Machines API's JSON: `cmd`, 1 shared cpu, 256 MB.
+pub fn process_config(cmd: &[&str]) -> serde_json::Value {
+    serde_json::json!({"image": "process", "driver": "process", "init": {"exec": cmd},
+        "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256}})
+}
+
+/// Waits (≤ 30 s, through the API) until machine `id` of `app` is started.
+pub async fn wait_started(fly: &Fly, app: &str, id: &str) {
+    let (s, v) = fly
+        .get(&format!(
+            "/apps/{app}/machines/{id}/wait?state=started&timeout=30"
+        ))
+        .await;
+    assert_eq!(s, reqwest::StatusCode::OK, "{v}");
+}
+
+/// Waits until `fly`'s node knows `hosts` hosts in region `local`.
+pub async fn wait_for_hosts(fly: &Fly, hosts: usize) {
+    bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let (_, r) = fly.get("/platform/regions").await;
+        (r["regions"][0]["hosts"] == hosts).then_some(())
+    })
+    .await
+    .expect("every host in the region");
+}

@@ -166,6 +166,7 @@ impl Driver {
             env.insert("BAZAAR_VOLUME_ID".into(), mount.volume);
             env.insert("BAZAAR_VOLUME_MOUNT_PATH".into(), mount.path);
         }
+        let cgroup = self.cgroup(rec.id);
         ShimSpec {
             machine_id: rec.id.to_owned(),
             run_id,
@@ -181,13 +182,11 @@ impl Driver {
             isolate: self.isolate,
             memory_mb: rec.resources.memory_mb,
             cpus: rec.resources.cpus as f64,
-            cgroup: self.cgroup(rec.id),
+            cgroup_layout: cgroup.as_ref().and_then(|_| bazaar_shim::cgroup_layout()),
+            cgroup,
             log_path: self.log_path(rec.id),
             log_max_bytes: self.log_max_bytes,
             sandbox,
-            cgroup_layout: self
-                .cgroup(rec.id)
-                .and_then(|_| bazaar_shim::cgroup_layout()),
         }
     }
 
