@@ -82,6 +82,9 @@ async fn killing_a_shim_kills_its_workload_and_the_restart_policy_applies() {
     let pid = m.pid.unwrap();
     let shim = shim_pid(&agent.data_dir, &m.id);
     assert!(pid_alive(shim));
+    // Shims run from the small `bazaar-shim` that cargo builds beside `bazaar`.
+    let exe = std::fs::read_link(format!("/proc/{shim}/exe")).unwrap();
+    assert_eq!(exe.file_name().unwrap(), "bazaar-shim", "{}", exe.display());
     bazaar_testkit::signal(shim, libc::SIGKILL);
     bazaar_testkit::eventually(Duration::from_secs(5), || async {
         (!pid_alive(pid)).then_some(())
