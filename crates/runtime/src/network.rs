@@ -21,8 +21,8 @@
 //! `runc exec` adds joins the user namespace first, and then may only join a network
 //! namespace it owns). The agent sets one up for each address it hands out, and a pool
 //! ahead in the background (as many as addresses were handed out in the last 10 s, 4 to
-//! 64), so a launch usually finds its namespace ready; when a machine is destroyed its
-//! address gets a fresh one.
+//! 64, at a lower CPU priority than launches), so a launch usually finds its namespace
+//! ready; when a machine is destroyed its address gets a fresh one.
 //!
 //! A namespace is wired by [`crate::netlink`] requests from the agent itself (veth pair,
 //! bridge port, address, route: no execs); the namespaces themselves are made by a
@@ -513,6 +513,7 @@ impl Network {
     /// Replaces `ip`'s namespace with a fresh one (a machine that had the address is gone;
     /// the next one to get it starts clean and without waiting).
     pub fn renew(&self, ip: Ipv4Addr) {
+        let _yielding = LowPriority::this_thread();
         self.release(ip);
         if let Err(err) = self.attach(ip) {
             tracing::warn!(%ip, error = %err, "setting up a network namespace ahead");
@@ -532,6 +533,10 @@ impl Network {
         let Ok(_filler) = self.pool.filling.try_lock() else {
             return;
         };
+        // Machines starting now come first: on a busy host the pool is filled with what
+        // CPU they leave (a launch that finds no namespace ready makes its own, at its
+        // own priority).
+        let _yielding = LowPriority::this_thread();
         loop {
             let wanted = self.pool.wanted(std::time::Instant::now());
             let used = used();
@@ -579,6 +584,41 @@ impl Network {
                 &format!("delete table {family} {table}\n"),
             );
         }
+    }
+}
+
+/// Lowers the calling thread's scheduling priority (nice +10) until dropped: for work done
+/// ahead, in a thread of the blocking pool that goes back to other work afterwards.
+struct LowPriority {
+    tid: libc::id_t,
+    before: libc::c_int,
+}
+
+impl LowPriority {
+    const NICENESS: libc::c_int = 10;
+
+    fn this_thread() -> Option<LowPriority> {
+        let tid = rustix::thread::gettid().as_raw_nonzero().get() as libc::id_t;
+        // SAFETY: getpriority and setpriority take plain integers. -1 is also a valid
+        // niceness, so errno tells an error apart; a failure leaves the priority as it was.
+        unsafe {
+            *libc::__errno_location() = 0;
+            let before = libc::getpriority(libc::PRIO_PROCESS, tid);
+            if *libc::__errno_location() != 0 {
+                return None;
+            }
+            let lower = (before + Self::NICENESS).min(19);
+            (libc::setpriority(libc::PRIO_PROCESS, tid, lower) == 0)
+                .then_some(LowPriority { tid, before })
+        }
+    }
+}
+
+impl Drop for LowPriority {
+    fn drop(&mut self) {
+        // SAFETY: as above. Raising the priority back needs CAP_SYS_NICE, which a root
+        // agent (the only one with a machine network) has.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, self.tid, self.before) };
     }
 }
 
@@ -815,6 +855,26 @@ mod tests {
             1,
             "old hand-outs are forgotten"
         );
+    }
+
+    #[test]
+    fn work_ahead_runs_at_a_lower_priority_and_gives_the_thread_back_as_it_was() {
+        // In a thread of its own: the niceness is per thread.
+        std::thread::spawn(|| {
+            let tid = rustix::thread::gettid().as_raw_nonzero().get() as libc::id_t;
+            // SAFETY: getpriority takes plain integers.
+            let niceness = || unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+            let before = niceness();
+            let guard = LowPriority::this_thread().expect("lowering one's own priority");
+            assert_eq!(niceness(), (before + LowPriority::NICENESS).min(19));
+            drop(guard);
+            // Raising it back needs CAP_SYS_NICE: a root agent's.
+            if rustix::process::geteuid().is_root() {
+                assert_eq!(niceness(), before);
+            }
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
