@@ -1,7 +1,9 @@
 //! Agent benchmark (issue 2): create→started latency of a process machine through the host
 //! interface (p50/p99) beside a bare fork+exec of `sleep` measured in the same run; machines
 //! per second sustained over 1,000 machines; re-adoption time of 1,000 running machines after
-//! a kill -9 of the agent; agent RSS with 1,000 machines; RSS of one shim.
+//! a kill -9 of the agent; agent RSS with 1,000 machines; RSS of one shim; the host's CPU
+//! time per machine while they are created (all processes and the kernel: run it on a
+//! quiet machine).
 //!
 //! Run: `cargo bench -p bazaar --bench agent` (prints a Markdown table for BENCHMARKS.md).
 //! `BAZAAR_BENCH_MACHINES` changes the machine count (default 1000);
@@ -103,7 +105,7 @@ fn main() {
     let c = agent.client();
 
     let bare_before = bare_spawn(100);
-    let (lat, rate) = rt.block_on(async {
+    let (lat, rate, cpu_ms_per_machine) = rt.block_on(async {
         // Warm-up.
         for _ in 0..5 {
             let m = c
@@ -126,6 +128,7 @@ fn main() {
         lat.sort();
         // Sustained: the rest, 32 at a time.
         let rest = total - latency_samples;
+        let cpu_before = host_cpu_ticks();
         let t0 = Instant::now();
         let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
         let mut tasks = Vec::new();
@@ -144,7 +147,8 @@ fn main() {
             t.await.unwrap();
         }
         let rate = rest as f64 / t0.elapsed().as_secs_f64();
-        (lat, rate)
+        let cpu = host_cpu_ticks().saturating_sub(cpu_before);
+        (lat, rate, cpu as f64 * 10.0 / rest.max(1) as f64)
     });
     let bare = bare_spawn(100);
     let mut bare_all: Vec<Duration> = bare_before.into_iter().chain(bare).collect();
@@ -214,6 +218,9 @@ fn main() {
         rate
     );
     println!(
+        "| host CPU per machine in that phase (every process and the kernel) | {cpu_ms_per_machine:.1} ms | — |"
+    );
+    println!(
         "| re-adoption of {running} running machines (exec → serving) | {} | ≤ 1 s |",
         ms(readopt)
     );
@@ -237,6 +244,22 @@ fn main() {
         );
     }
     drop(agent);
+}
+
+/// CPU time the whole host spent busy so far (user, nice, system, irq, softirq), in
+/// clock ticks of 10 ms (`/proc/stat`'s first line).
+fn host_cpu_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq: all but idle and iowait.
+    [0, 1, 2, 5, 6].iter().filter_map(|&i| fields.get(i)).sum()
 }
 
 fn hostname() -> String {

@@ -5,6 +5,7 @@
 //! created the container (its `--pid-file`), the moment the agent calls the machine started.
 //!
 //! Run: `cargo bench -p bazaar --bench oci` (prints a Markdown table for BENCHMARKS.md).
+//! `BAZAAR_BENCH_EXE` runs another `bazaar` executable (to compare builds in one sitting).
 
 use bazaar_testkit::images::{
     busybox_rootfs_layer, config_with, ensure_packages, push_with_config, TestRegistry,
@@ -136,7 +137,8 @@ fn main() {
         .build()
         .unwrap();
     let registry = TestRegistry::start(None);
-    let mut opts = AgentOptions::new(EXE);
+    let exe = std::env::var_os("BAZAAR_BENCH_EXE").map_or_else(|| EXE.into(), PathBuf::from);
+    let mut opts = AgentOptions::new(exe);
     opts.memory_mb = 1_000_000;
     opts.cpus = 1000;
     let agent = TestAgent::start(opts).expect("agent");
