@@ -29,12 +29,27 @@ use std::time::Duration;
 /// plus `extra_routes` (the Machines API, `/metrics`), then leaves the cluster and shuts down
 /// cleanly. `extra_routes` runs once the catalog is attached and may start services of its
 /// own (the edge proxy); an error from it stops the agent from starting.
+/// A root agent that does not isolate runs its process machines as root: no other user
+/// reaches their work directories in the private (0700) data dir, and nothing confines
+/// them. That is the operator's call (`--allow-root-machines`, like Nomad's `raw_exec`),
+/// not a side effect of `--no-isolate`.
+fn refuse_root_without_isolation(config: &AgentConfig) -> anyhow::Result<()> {
+    if rustix::process::geteuid().is_root() && !config.isolate && !config.allow_root_machines {
+        anyhow::bail!(
+            "--no-isolate on a root agent runs process machines as root, unconfined: \
+             say so with --allow-root-machines as well (or run the agent as another user)"
+        );
+    }
+    Ok(())
+}
+
 pub async fn run_agent(
     config: AgentConfig,
     extra_routes: impl FnOnce(Agent) -> anyhow::Result<axum::Router>,
     shutdown_signal: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     raise_fd_limit();
+    refuse_root_without_isolation(&config)?;
     let listener = tokio::net::TcpListener::bind(config.api_listen)
         .await
         .with_context(|| format!("binding the API listener on {}", config.api_listen))?;

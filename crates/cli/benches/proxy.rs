@@ -70,9 +70,14 @@ fn main() {
         .build()
         .unwrap();
     let agents = start_cluster(&exe, 1, |_, o| {
+        // Without isolation (to compare the proxies alone), which a root agent allows
+        // only with root machines.
         o.isolate = false;
-        o.extra_args
-            .extend(["--autostop-idle-ms".into(), "3600000".into()]);
+        o.extra_args.extend([
+            "--autostop-idle-ms".into(),
+            "3600000".into(),
+            "--allow-root-machines".into(),
+        ]);
     })
     .expect("agent");
     let agent = &agents[0];
@@ -83,13 +88,6 @@ fn main() {
             .expect("the agent's HTTPS listener")
             .port()
     });
-    // The backend runs as a machine uid of its own: it must reach its work directory in
-    // the agent's data directory (a private temporary directory).
-    std::fs::set_permissions(
-        &agent.data_dir,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
     let base = agent.url();
     let proxy = agent.proxy_addr();
     let http = reqwest::Client::new();

@@ -150,7 +150,8 @@ struct AgentArgs {
     /// A file holding the public token key.
     #[arg(long)]
     token_public_key_file: Option<PathBuf>,
-    /// Run workloads without namespaces, user switch or cgroups.
+    /// Run workloads without namespaces, user switch or cgroups. On a root agent that
+    /// means as root, unconfined: it needs --allow-root-machines too.
     #[arg(long)]
     no_isolate: bool,
     /// Let process machines run as root (`init.user = "root"`); refused by default.

@@ -323,3 +323,32 @@ async fn a_private_data_dir_runs_and_serves_process_machines() {
     .expect("served through the proxy");
     assert_eq!(body.trim(), "served");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_agent_runs_unisolated_machines_only_as_root_and_only_when_allowed() {
+    assert!(is_root(), "these tests need root (CI runs as root)");
+    // --no-isolate alone: refused at start, saying what to do.
+    let mut opts = AgentOptions::new(EXE);
+    opts.isolate = false;
+    let err = TestAgent::start(opts)
+        .map(|_| ())
+        .expect_err("a root agent with --no-isolate alone starts");
+    assert!(
+        format!("{err:#}").contains("--allow-root-machines"),
+        "{err:#}"
+    );
+    // With --allow-root-machines: a process machine starts (its work directory is in the
+    // private data dir) and runs as root, without a user switch, as the flag says.
+    let agent = root_agent_with(&["--allow-root-machines"], |o| o.isolate = false);
+    assert_eq!(
+        std::fs::metadata(&agent.data_dir)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o700
+    );
+    let c = agent.client();
+    let (_, pid) = started(&c, &create_request("bare", &["sleep", "1000"])).await;
+    assert_eq!(status_field(pid, "Uid"), "0");
+}

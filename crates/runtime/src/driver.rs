@@ -176,6 +176,15 @@ impl Driver {
             user: match (&sandbox, rec.uid) {
                 (Some(_), Some(_)) if self.runs_as_root(rec) => Some("0:0".into()),
                 (Some(_), Some(uid)) => Some(format!("{uid}:{uid}")),
+                // A root agent that does not isolate (only with --allow-root-machines):
+                // no user switch, as the flag says; nobody could not reach the work
+                // directory in the private data dir.
+                (None, _) if !self.isolate && rustix::process::geteuid().is_root() => rec
+                    .config
+                    .init
+                    .as_ref()
+                    .and_then(|i| i.user.clone())
+                    .or_else(|| Some("0:0".into())),
                 _ => rec.config.init.as_ref().and_then(|i| i.user.clone()),
             },
             hostname: rec.id.to_owned(),
