@@ -101,6 +101,10 @@ fn main() {
     opts.cpus = total as u32 + 10;
     // BAZAAR_BENCH_NO_ISOLATE=1 measures without namespaces and cgroups, to attribute cost.
     opts.isolate = std::env::var("BAZAAR_BENCH_NO_ISOLATE").is_err();
+    if !opts.isolate {
+        // A root agent runs unisolated machines only as root, when allowed.
+        opts.extra_args.push("--allow-root-machines".into());
+    }
     let mut agent = TestAgent::start(opts).expect("agent");
     let c = agent.client();
 
