@@ -24,11 +24,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Runs an agent until `shutdown_signal` completes: binds the listener, starts the catalog
-/// (writing `data_dir/gossip.addr`), writes `data_dir/api.addr`, serves the host interface
-/// plus `extra_routes` (the Machines API, `/metrics`), then leaves the cluster and shuts down
-/// cleanly. `extra_routes` runs once the catalog is attached and may start services of its
-/// own (the edge proxy); an error from it stops the agent from starting.
 /// A root agent that does not isolate runs its process machines as root: no other user
 /// reaches their work directories in the private (0700) data dir, and nothing confines
 /// them. That is the operator's call (`--allow-root-machines`, like Nomad's `raw_exec`),
@@ -43,6 +38,11 @@ fn refuse_root_without_isolation(config: &AgentConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs an agent until `shutdown_signal` completes: binds the listener, starts the catalog
+/// (writing `data_dir/gossip.addr`), writes `data_dir/api.addr`, serves the host interface
+/// plus `extra_routes` (the Machines API, `/metrics`), then leaves the cluster and shuts down
+/// cleanly. `extra_routes` runs once the catalog is attached and may start services of its
+/// own (the edge proxy); an error from it stops the agent from starting.
 pub async fn run_agent(
     config: AgentConfig,
     extra_routes: impl FnOnce(Agent) -> anyhow::Result<axum::Router>,
