@@ -192,7 +192,7 @@ pub fn remove_unused_namespaces(network: &Network, keep: &HashSet<Ipv4Addr>) -> 
             continue;
         }
         let _ = std::fs::remove_file(Path::new(READY_DIR).join(&name));
-        n += run("ip", &["netns", "delete", &name]) as usize;
+        n += unbind_namespace(&Path::new(NETNS_DIR).join(&name)) as usize;
     }
     n
 }
@@ -333,13 +333,25 @@ fn unmount_below(dir: &Path) -> usize {
 /// Unmounts `target`; while it is busy (workloads killed a moment ago still exiting) for up
 /// to a second, then lazily.
 fn unmount(target: &str) -> bool {
+    use rustix::mount::UnmountFlags;
     for _ in 0..10 {
-        if run("umount", &[target]) {
-            return true;
+        match rustix::mount::unmount(target, UnmountFlags::empty()) {
+            Ok(()) => return true,
+            Err(rustix::io::Errno::BUSY) => {
+                std::thread::sleep(std::time::Duration::from_millis(100))
+            }
+            Err(_) => break,
         }
-        std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    run("umount", &["-l", target])
+    rustix::mount::unmount(target, UnmountFlags::DETACH).is_ok()
+}
+
+/// Removes a namespace bound at `path` (as `ip netns delete` does: a lazy unmount, then the
+/// file); the kernel frees the namespace once nothing else holds it. True when it was bound.
+fn unbind_namespace(path: &Path) -> bool {
+    let unbound = rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH).is_ok();
+    let _ = std::fs::remove_file(path);
+    unbound
 }
 
 /// Detaches loop devices whose backing file is below `dir`, waiting (up to 5 s) for those
@@ -384,7 +396,7 @@ fn detach_loops_below(dir: &Path) -> usize {
 fn remove_network(bridge: &str, done: &mut Released) {
     for name in namespaces_with_prefix(&format!("{bridge}-")) {
         let _ = std::fs::remove_file(Path::new(READY_DIR).join(&name));
-        done.namespaces += run("ip", &["netns", "delete", &name]) as usize;
+        done.namespaces += unbind_namespace(&Path::new(NETNS_DIR).join(&name)) as usize;
     }
     // Host-side veths (`b<hash><n>`) go with their namespace; any left, and the bridge.
     let veth_prefix = format!("b{}", &bridge[3..]);
@@ -409,9 +421,7 @@ fn remove_network(bridge: &str, done: &mut Released) {
             .to_string_lossy()
             .starts_with(&format!("{bridge}-"))
         {
-            let path = e.path().display().to_string();
-            unmount(&path);
-            let _ = std::fs::remove_file(e.path());
+            unbind_namespace(&e.path());
         }
     }
     let table = format!("bazaar_{}", bridge.replace('-', "_"));
