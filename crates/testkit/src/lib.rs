@@ -392,11 +392,15 @@ impl TestAgent {
 /// A port that is free for TCP and UDP on `ip`, picked at random below the kernel's
 /// ephemeral range (32768 and up on Linux). An agent restarted on its old ports must find
 /// them free: a port the kernel handed out would be fair game for any outgoing connection
-/// of the tests running alongside while the agent is down.
+/// of the tests running alongside while the agent is down. For the same reason a port is
+/// claimed for the life of the test process ([`claim_port`]): another test must not be
+/// handed it while this one's agent is down between a kill and a restart.
 pub fn free_port(ip: std::net::Ipv4Addr) -> u16 {
     use std::hash::{BuildHasher, RandomState};
     let free = |p: u16| {
-        std::net::TcpListener::bind((ip, p)).is_ok() && std::net::UdpSocket::bind((ip, p)).is_ok()
+        std::net::TcpListener::bind((ip, p)).is_ok()
+            && std::net::UdpSocket::bind((ip, p)).is_ok()
+            && claim_port(p)
     };
     let random = RandomState::new();
     for attempt in 0u32..10_000 {
@@ -406,6 +410,46 @@ pub fn free_port(ip: std::net::Ipv4Addr) -> u16 {
         }
     }
     panic!("no free port on {ip} between 20000 and 32000");
+}
+
+/// Claims `port` for this process until it exits, across the test processes of the
+/// machine: an open-file-description lock on byte `port` of one file,
+/// `$TMPDIR/bazaar-test-ports.lock`, which the kernel drops when the process ends, however
+/// it ends. False when another live process holds it.
+fn claim_port(port: u16) -> bool {
+    use std::os::fd::AsRawFd;
+    static LOCKS: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    let file = LOCKS.get_or_init(|| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(std::env::temp_dir().join("bazaar-test-ports.lock"))
+            .ok()
+    });
+    // Locks of one open file never conflict with each other: this process's own claims
+    // are remembered here.
+    static MINE: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut mine = MINE.lock().unwrap_or_else(|e| e.into_inner());
+    if mine.contains(&port) {
+        return false;
+    }
+    mine.push(port);
+    // No lock file to be had (a read-only temp dir): the bind checks alone decide.
+    let Some(file) = file else { return true };
+    // SAFETY: a zeroed flock is a valid value; the fields that matter are set below.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock.l_start = libc::off_t::from(port);
+    lock.l_len = 1;
+    // SAFETY: F_OFD_SETLK reads the flock passed and the fd stays open for the process's
+    // life (the lock with it).
+    let claimed = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) == 0 };
+    if !claimed {
+        mine.pop();
+    }
+    claimed
 }
 
 /// The host id of the agent listening on `port` (`GET /host/v1/info`), over a plain
@@ -590,4 +634,48 @@ pub fn can_run(available: bool, what: &str) -> bool {
     );
     eprintln!("skipped: needs {what}");
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    /// Locks byte `port` of the claims file through an open file of its own, as another
+    /// test process would.
+    fn hold_elsewhere(port: u16) -> std::fs::File {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(std::env::temp_dir().join("bazaar-test-ports.lock"))
+            .unwrap();
+        // SAFETY: as in claim_port.
+        let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+        lock.l_type = libc::F_WRLCK as libc::c_short;
+        lock.l_whence = libc::SEEK_SET as libc::c_short;
+        lock.l_start = libc::off_t::from(port);
+        lock.l_len = 1;
+        // SAFETY: as in claim_port.
+        assert_eq!(
+            unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) },
+            0
+        );
+        file
+    }
+
+    #[test]
+    fn a_port_is_handed_out_once_across_test_processes() {
+        let port = free_port(std::net::Ipv4Addr::LOCALHOST);
+        // Not again to this process, though nothing listens on it.
+        assert!(!claim_port(port));
+        // Not to a port another process claimed, and free again once that one is gone.
+        let other = (20_000..32_000)
+            .find(|p| *p != port && std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+            .unwrap();
+        let held = hold_elsewhere(other);
+        assert!(!claim_port(other));
+        drop(held);
+        assert!(claim_port(other));
+    }
 }
