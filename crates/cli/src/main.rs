@@ -263,17 +263,9 @@ struct AgentArgs {
 fn main() {
     // The shim must start single-threaded and small: dispatch to it before anything else
     // (no runtime, no argument parser, no logging set-up).
-    let mut args = std::env::args_os();
-    if let (Some(_), Some(cmd)) = (args.next(), args.next()) {
-        if cmd == "shim" {
-            let run_dir = args.next().unwrap_or_default();
-            bazaar_shim::shim_main(std::path::Path::new(&run_dir));
-        }
-        if cmd == "shim-exec" {
-            let run_dir = args.next().unwrap_or_default();
-            let argv: Vec<String> = args.map(|a| a.to_string_lossy().into_owned()).collect();
-            bazaar_shim::exec_main(std::path::Path::new(&run_dir), &argv);
-        }
+    let mut args = std::env::args_os().skip(1);
+    if let Some(cmd) = args.next() {
+        bazaar_shim::dispatch(&cmd, args);
     }
     let cli = Cli::parse();
     let result = match cli.command {

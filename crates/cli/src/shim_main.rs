@@ -8,8 +8,6 @@
 //! - `bazaar-shim shim-exec RUN_DIR ARGV...`
 //! - `bazaar-shim --version`: `bazaar-shim <version> spec <format>`, which the agent checks.
 
-use std::path::Path;
-
 fn main() {
     let mut args = std::env::args_os().skip(1);
     let command = args.next().unwrap_or_default();
@@ -17,14 +15,7 @@ fn main() {
         println!("{}", bazaar_shim::version_line());
         return;
     }
-    let run_dir = args.next().unwrap_or_default();
-    if command == "shim" {
-        bazaar_shim::shim_main(Path::new(&run_dir));
-    }
-    if command == "shim-exec" {
-        let argv: Vec<String> = args.map(|a| a.to_string_lossy().into_owned()).collect();
-        bazaar_shim::exec_main(Path::new(&run_dir), &argv);
-    }
+    bazaar_shim::dispatch(&command, args);
     eprintln!(
         "bazaar-shim is started by the bazaar agent (commands: shim RUN_DIR, shim-exec RUN_DIR ARGV..., --version)"
     );

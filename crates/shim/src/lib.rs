@@ -140,6 +140,23 @@ pub fn version_line() -> String {
     )
 }
 
+/// Runs the internal command named by `command` and never returns when it is one:
+/// `shim RUN_DIR` ([`shim_main`]) or `shim-exec RUN_DIR ARGV...` ([`exec_main`]), the rest
+/// of `args` being their arguments. Returns for any other command. Both executables that
+/// host the shim (`bazaar` and `bazaar-shim`) call it first thing, before any thread or
+/// runtime exists.
+pub fn dispatch(command: &std::ffi::OsStr, mut args: impl Iterator<Item = std::ffi::OsString>) {
+    if command != "shim" && command != "shim-exec" {
+        return;
+    }
+    let run_dir = std::path::PathBuf::from(args.next().unwrap_or_default());
+    if command == "shim" {
+        shim_main(&run_dir);
+    }
+    let argv: Vec<String> = args.map(|a| a.to_string_lossy().into_owned()).collect();
+    exec_main(&run_dir, &argv);
+}
+
 /// What to run and how: written by the agent into `RUN_DIR/spec.json` before exec.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ShimSpec {
