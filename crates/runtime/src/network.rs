@@ -208,8 +208,8 @@ pub struct Network {
     pub nat: bool,
     /// One address's namespace is set up or removed by one thread at a time (a launch
     /// waits for the namespace being made ahead for its address instead of making it
-    /// twice); different addresses go in parallel (locks striped by address).
-    setup_locks: Arc<Vec<Mutex<()>>>,
+    /// twice); different addresses go in parallel.
+    setup_locks: Arc<AddressLocks>,
     /// The id range of each address (its namespaces' owner).
     pub id_ranges: Arc<IdRanges>,
     /// Namespaces made ahead for the next addresses.
@@ -300,7 +300,7 @@ impl Network {
             bridge,
             subnet,
             nat,
-            setup_locks: stripes(),
+            setup_locks: Arc::default(),
             id_ranges,
             pool: Arc::default(),
         };
@@ -431,11 +431,8 @@ impl Network {
         format!("b{}", &self.bridge[3..])
     }
 
-    fn lock(&self, ip: Ipv4Addr) -> std::sync::MutexGuard<'_, ()> {
-        let stripe = self.index(ip) as usize % self.setup_locks.len();
-        self.setup_locks[stripe]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+    fn lock(&self, ip: Ipv4Addr) -> AddressGuard<'_> {
+        self.setup_locks.lock(ip)
     }
 
     fn index(&self, ip: Ipv4Addr) -> u32 {
@@ -691,8 +688,40 @@ fn link_exists(name: &str) -> bool {
     netlink::link_index(name).is_some()
 }
 
-fn stripes() -> Arc<Vec<Mutex<()>>> {
-    Arc::new((0..64).map(|_| Mutex::new(())).collect())
+/// A lock per address, for setting up or removing its namespaces. Exact, not striped: the
+/// pool makes the namespace of the address as many ahead as it keeps, and a stripe shared
+/// with it would make a launch wait for that namespace instead of taking its own ready one.
+#[derive(Debug, Default)]
+struct AddressLocks {
+    /// The addresses held now.
+    held: Mutex<HashSet<Ipv4Addr>>,
+    /// Signalled whenever one is let go.
+    released: std::sync::Condvar,
+}
+
+impl AddressLocks {
+    /// Waits until no other thread holds `ip`, and holds it until the guard is dropped.
+    fn lock(&self, ip: Ipv4Addr) -> AddressGuard<'_> {
+        let mut held = locked(&self.held);
+        while held.contains(&ip) {
+            held = self.released.wait(held).unwrap_or_else(|e| e.into_inner());
+        }
+        held.insert(ip);
+        AddressGuard { locks: self, ip }
+    }
+}
+
+/// `ip` held in [`AddressLocks`] until dropped.
+struct AddressGuard<'a> {
+    locks: &'a AddressLocks,
+    ip: Ipv4Addr,
+}
+
+impl Drop for AddressGuard<'_> {
+    fn drop(&mut self) {
+        locked(&self.locks.held).remove(&self.ip);
+        self.locks.released.notify_all();
+    }
 }
 
 /// Hex of a short hash of `s` (stable across runs).
@@ -804,6 +833,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_address_lock_holds_up_that_address_only() {
+        use std::sync::mpsc;
+        use std::time::Duration;
+        let locks = Arc::new(AddressLocks::default());
+        let ip = Ipv4Addr::new(10, 0, 0, 2);
+        let held = locks.lock(ip);
+        let lock_in_thread = |other: Ipv4Addr| {
+            let (locks, (tx, rx)) = (locks.clone(), mpsc::channel());
+            std::thread::spawn(move || {
+                let _guard = locks.lock(other);
+                tx.send(()).unwrap();
+            });
+            rx
+        };
+        // Another address, the pool's 64 ahead included (which shared a striped lock), goes.
+        let ahead = lock_in_thread(Ipv4Addr::new(10, 0, 0, 66));
+        assert!(ahead.recv_timeout(Duration::from_secs(5)).is_ok());
+        // The same address waits until it is let go.
+        let same = lock_in_thread(ip);
+        assert!(same.recv_timeout(Duration::from_millis(200)).is_err());
+        drop(held);
+        assert!(same.recv_timeout(Duration::from_secs(5)).is_ok());
+    }
+
+    #[test]
     fn subnets_parse_and_hand_out_addresses() {
         let s: Subnet = "10.213.7.9/24".parse().unwrap();
         assert_eq!(s.to_string(), "10.213.7.0/24");
@@ -813,7 +867,7 @@ mod tests {
             bridge: "bz-0a1b2c3d".into(),
             subnet: s,
             nat: false,
-            setup_locks: stripes(),
+            setup_locks: Arc::default(),
             id_ranges: Arc::new(IdRanges::new("test")),
             pool: Arc::default(),
         };
@@ -884,7 +938,7 @@ mod tests {
             bridge: format!("bz-{}", &hex_of("host")[..8]),
             subnet: "10.0.0.0/16".parse().unwrap(),
             nat: false,
-            setup_locks: stripes(),
+            setup_locks: Arc::default(),
             id_ranges: Arc::new(IdRanges::new("test")),
             pool: Arc::default(),
         };
