@@ -393,7 +393,7 @@ impl TestAgent {
 /// ephemeral range (32768 and up on Linux). An agent restarted on its old ports must find
 /// them free: a port the kernel handed out would be fair game for any outgoing connection
 /// of the tests running alongside while the agent is down. For the same reason a port is
-/// claimed for the life of the test process ([`claim_port`]): another test must not be
+/// claimed for the life of the test process (`claim_port`): another test must not be
 /// handed it while this one's agent is down between a kill and a restart.
 pub fn free_port(ip: std::net::Ipv4Addr) -> u16 {
     use std::hash::{BuildHasher, RandomState};
