@@ -413,43 +413,31 @@ pub fn free_port(ip: std::net::Ipv4Addr) -> u16 {
 }
 
 /// Claims `port` for this process until it exits, across the test processes of the
-/// machine: an open-file-description lock on byte `port` of one file,
-/// `$TMPDIR/bazaar-test-ports.lock`, which the kernel drops when the process ends, however
-/// it ends. False when another live process holds it.
+/// machine: a Unix socket bound to the abstract name `bazaar-test-port-<port>`, which the
+/// kernel lets go when the process ends, however it ends, and which leaves no file behind.
+/// False when a live process (this one included) holds it.
 fn claim_port(port: u16) -> bool {
-    use std::os::fd::AsRawFd;
-    static LOCKS: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
-    let file = LOCKS.get_or_init(|| {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(std::env::temp_dir().join("bazaar-test-ports.lock"))
-            .ok()
-    });
-    // Locks of one open file never conflict with each other: this process's own claims
-    // are remembered here.
-    static MINE: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut mine = MINE.lock().unwrap_or_else(|e| e.into_inner());
-    if mine.contains(&port) {
-        return false;
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    static CLAIMED: std::sync::Mutex<Vec<UnixDatagram>> = std::sync::Mutex::new(Vec::new());
+    let Ok(name) = SocketAddr::from_abstract_name(claim_name(port)) else {
+        return true;
+    };
+    match UnixDatagram::bind_addr(&name) {
+        Ok(socket) => {
+            CLAIMED
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(socket);
+            true
+        }
+        Err(err) => err.kind() != std::io::ErrorKind::AddrInUse,
     }
-    mine.push(port);
-    // No lock file to be had (a read-only temp dir): the bind checks alone decide.
-    let Some(file) = file else { return true };
-    // SAFETY: a zeroed flock is a valid value; the fields that matter are set below.
-    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
-    lock.l_type = libc::F_WRLCK as libc::c_short;
-    lock.l_whence = libc::SEEK_SET as libc::c_short;
-    lock.l_start = libc::off_t::from(port);
-    lock.l_len = 1;
-    // SAFETY: F_OFD_SETLK reads the flock passed and the fd stays open for the process's
-    // life (the lock with it).
-    let claimed = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) == 0 };
-    if !claimed {
-        mine.pop();
-    }
-    claimed
+}
+
+/// The abstract socket name that claims `port` ([`claim_port`]).
+fn claim_name(port: u16) -> String {
+    format!("bazaar-test-port-{port}")
 }
 
 /// The host id of the agent listening on `port` (`GET /host/v1/info`), over a plain
@@ -639,29 +627,12 @@ pub fn can_run(available: bool, what: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsRawFd;
 
-    /// Locks byte `port` of the claims file through an open file of its own, as another
-    /// test process would.
-    fn hold_elsewhere(port: u16) -> std::fs::File {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(std::env::temp_dir().join("bazaar-test-ports.lock"))
-            .unwrap();
-        // SAFETY: as in claim_port.
-        let mut lock: libc::flock = unsafe { std::mem::zeroed() };
-        lock.l_type = libc::F_WRLCK as libc::c_short;
-        lock.l_whence = libc::SEEK_SET as libc::c_short;
-        lock.l_start = libc::off_t::from(port);
-        lock.l_len = 1;
-        // SAFETY: as in claim_port.
-        assert_eq!(
-            unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) },
-            0
-        );
-        file
+    /// Claims `port` as another test process would (`None` if one already has).
+    fn hold_elsewhere(port: u16) -> Option<std::os::unix::net::UnixDatagram> {
+        use std::os::linux::net::SocketAddrExt;
+        let name = std::os::unix::net::SocketAddr::from_abstract_name(claim_name(port)).ok()?;
+        std::os::unix::net::UnixDatagram::bind_addr(&name).ok()
     }
 
     #[test]
@@ -670,10 +641,10 @@ mod tests {
         // Not again to this process, though nothing listens on it.
         assert!(!claim_port(port));
         // Not to a port another process claimed, and free again once that one is gone.
-        let other = (20_000..32_000)
-            .find(|p| *p != port && std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        let (other, held) = (20_000..32_000)
+            .filter(|p| *p != port && std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+            .find_map(|p| Some((p, hold_elsewhere(p)?)))
             .unwrap();
-        let held = hold_elsewhere(other);
         assert!(!claim_port(other));
         drop(held);
         assert!(claim_port(other));
