@@ -178,3 +178,20 @@ async fn commitments_survive_an_agent_restart_and_open_reservations_are_returned
     assert_eq!(late.status(), Some(404), "{late:?}");
     assert_eq!(c.info().await.unwrap().committed.memory_mb, 256);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_on_a_port_held_a_moment_longer_still_comes_up() {
+    // The test kit's restart tries again for a second when the agent's old port is still
+    // taken (twice in CI, a restarted agent found its API port in use).
+    let mut agent = TestAgent::start(AgentOptions::new(EXE)).unwrap();
+    agent.kill9();
+    let api = agent.url().trim_start_matches("http://").to_string();
+    let holder = std::net::TcpListener::bind(api).unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        drop(holder);
+    });
+    agent.spawn(&[]).unwrap();
+    release.join().unwrap();
+    agent.client().info().await.unwrap();
+}

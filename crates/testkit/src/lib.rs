@@ -168,8 +168,11 @@ impl TestAgent {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        let log_path = self.data_dir.join("agent.log");
+        let mut log_start = std::fs::metadata(&log_path).map_or(0, |m| m.len());
         self.child = Some(cmd.spawn()?);
         let deadline = Instant::now() + Duration::from_secs(20);
+        let mut port_retries = 0;
         loop {
             if let Ok(text) = std::fs::read_to_string(&addr_file) {
                 if let Ok(addr) = text.trim().parse::<std::net::SocketAddr>() {
@@ -195,6 +198,25 @@ impl TestAgent {
             if let Some(child) = self.child.as_mut() {
                 if let Some(status) = child.try_wait()? {
                     self.child = None;
+                    // A port of a restarted agent still held for a moment after its old
+                    // process was reaped (seen twice in CI, holder not yet known): try
+                    // again for a second, and say who held it.
+                    let this_run = std::fs::read(&log_path).unwrap_or_default();
+                    let this_run = String::from_utf8_lossy(
+                        this_run.get(log_start as usize..).unwrap_or_default(),
+                    );
+                    if this_run.contains("Address already in use") && port_retries < 5 {
+                        port_retries += 1;
+                        eprintln!(
+                            "testkit: agent on {} could not bind a port at start ({this_run}); sockets then:\n{}",
+                            self.data_dir.display(),
+                            sockets_on_ports(&[self.port, self.gossip_port, self.proxy_port])
+                        );
+                        std::thread::sleep(Duration::from_millis(200));
+                        log_start = std::fs::metadata(&log_path).map_or(0, |m| m.len());
+                        self.child = Some(cmd.spawn()?);
+                        continue;
+                    }
                     anyhow::bail!(
                         "agent exited at start ({status}); log:\n{}",
                         self.log_tail()
@@ -410,6 +432,20 @@ pub fn free_port(ip: std::net::Ipv4Addr) -> u16 {
         }
     }
     panic!("no free port on {ip} between 20000 and 32000");
+}
+
+/// What `ss` lists on `ports` (any state, with the owning processes), for diagnostics.
+fn sockets_on_ports(ports: &[u16]) -> String {
+    let filter = ports
+        .iter()
+        .map(|p| format!("sport = :{p}"))
+        .collect::<Vec<_>>()
+        .join(" or ");
+    Command::new("ss")
+        .args(["-tuanp", &filter])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_else(|e| format!("(ss: {e})"))
 }
 
 /// Claims `port` for this process until it exits, across the test processes of the
