@@ -15,7 +15,7 @@
 //! a host taken out of service). At start an agent removes what an earlier run left that no
 //! machine uses any more ([`unmount_stale_roots`], [`remove_unused_namespaces`]).
 
-use crate::network::{bridge_name, Network, NETNS_DIR, READY_DIR};
+use crate::network::{bridge_name, unbind_namespace, Network, NETNS_DIR, READY_DIR};
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -344,14 +344,6 @@ fn unmount(target: &str) -> bool {
         }
     }
     rustix::mount::unmount(target, UnmountFlags::DETACH).is_ok()
-}
-
-/// Removes a namespace bound at `path` (as `ip netns delete` does: a lazy unmount, then the
-/// file); the kernel frees the namespace once nothing else holds it. True when it was bound.
-fn unbind_namespace(path: &Path) -> bool {
-    let unbound = rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH).is_ok();
-    let _ = std::fs::remove_file(path);
-    unbound
 }
 
 /// Detaches loop devices whose backing file is below `dir`, waiting (up to 5 s) for those

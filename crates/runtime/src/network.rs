@@ -674,10 +674,12 @@ fn netns_dir_is_a_mount() -> Result<(), String> {
     .clone()
 }
 
-/// Unmounts and removes a namespace bound at `path` (if it is). Idempotent.
-fn unbind_namespace(path: &Path) {
-    let _ = rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH);
+/// Unmounts and removes a namespace bound at `path`, as `ip netns delete` does (the kernel
+/// frees it once nothing else holds it). Idempotent; true when it was bound.
+pub fn unbind_namespace(path: &Path) -> bool {
+    let unbound = rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH).is_ok();
     let _ = std::fs::remove_file(path);
+    unbound
 }
 
 /// Whether this network namespace has a link named `name`. Asked of the kernel, not read
