@@ -142,6 +142,9 @@ pub struct AgentConfig {
     /// Resolvers that names outside `.internal` are forwarded to; empty reads the
     /// host's `/etc/resolv.conf`.
     pub dns_upstreams: Vec<SocketAddr>,
+    /// What this host says of its region (`[region_info]`: name, latitude, longitude,
+    /// geo_region, gateway), published in its host row for `GET /v1/platform/regions`.
+    pub region_info: bazaar_types::region::RegionInfo,
 }
 
 impl Default for AgentConfig {
@@ -200,6 +203,7 @@ impl Default for AgentConfig {
             replace_after: Duration::from_secs(60),
             dns_listen: None,
             dns_upstreams: Vec::new(),
+            region_info: Default::default(),
         }
     }
 }
@@ -221,7 +225,13 @@ impl AgentConfig {
     pub fn from_file(path: &std::path::Path) -> anyhow::Result<AgentConfig> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+        let config: AgentConfig =
+            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        config
+            .region_info
+            .validate()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        Ok(config)
     }
 
     /// The capacity this host offers.

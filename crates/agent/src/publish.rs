@@ -111,6 +111,7 @@ impl Agent {
                     )
                 }))
                 .chain(lock(&self.0.mesh_labels).clone())
+                .chain(self.0.config.region_info.to_labels())
                 .collect::<BTreeMap<_, _>>(),
             draining: self.0.shutdown.is_cancelled(),
             disk_gb,

@@ -10,6 +10,7 @@
 //! - [`exchange`]: asking hosts for bids, claiming the best, releasing the rest.
 //! - [`audit`]: an app's changes, gathered from every host.
 //! - [`secrets`]: an app's secrets (sealed catalog rows; values never answered).
+//! - [`orgs`]: an organization's machines and volumes across its apps (catalog).
 //! - [`platform`]: regions and placement dry runs.
 //! - [`catalog`]: the cluster catalog as this node sees it (cluster secret only).
 //! - [`openapi`]: the document of all of them, derived from the routes and their types.
@@ -27,6 +28,7 @@ pub mod exchange;
 pub mod guardian;
 pub mod machines;
 pub mod openapi;
+pub mod orgs;
 pub mod platform;
 pub mod secrets;
 pub mod volumes;
@@ -260,6 +262,14 @@ fn routes(doc: Arc<OnceLock<Arc<str>>>) -> Routes {
             "/v1/apps/{app}/certificates/{hostname}",
             get_with(certificates::show, certificates::show_docs)
                 .delete_with(certificates::remove, certificates::remove_docs),
+        )
+        .api_route(
+            "/v1/orgs/{org}/machines",
+            get_with(orgs::machines, orgs::machines_docs),
+        )
+        .api_route(
+            "/v1/orgs/{org}/volumes",
+            get_with(orgs::volumes, orgs::volumes_docs),
         )
         .api_route(
             "/v1/platform/regions",

@@ -268,7 +268,7 @@ pub(crate) fn create_batch_docs(t: TransformOperation<'_>) -> TransformOperation
 }
 
 /// A machine shown from the catalog only (its host did not answer).
-fn from_catalog(v: &bazaar_catalog::MachineView) -> serde_json::Value {
+pub(crate) fn from_catalog(v: &bazaar_catalog::MachineView) -> serde_json::Value {
     let r = &v.record;
     serde_json::json!({
         "id": r.id,

@@ -12,12 +12,16 @@ use bazaar_placement::exchange::PlacementRecord;
 use bazaar_types::api::{PlacementsRequest, PlacementsResponse, Region, RegionCount, RegionList};
 use bazaar_types::guest::Guest;
 use bazaar_types::host::ClaimRequest;
+use bazaar_types::region::RegionInfo;
 use std::collections::BTreeMap;
 
-/// `GET /v1/platform/regions`.
+/// `GET /v1/platform/regions`: every region of the catalog's hosts, with what its agents
+/// say of it (`[region_info]` in their config, published as host labels; the host with the
+/// smallest id that says a field wins, so every node answers alike).
 pub async fn regions(State(api): State<Api>) -> Result<Json<RegionList>, ApiError> {
-    let (cands, _) = api.market_view()?;
-    let mut by_region: BTreeMap<String, (usize, u64, u64)> = BTreeMap::new();
+    let (mut cands, _) = api.market_view()?;
+    cands.sort_by(|a, b| a.host_id.cmp(&b.host_id));
+    let mut by_region: BTreeMap<String, (usize, u64, u64, RegionInfo)> = BTreeMap::new();
     for c in &cands {
         let e = by_region.entry(c.region.clone()).or_default();
         if c.alive {
@@ -25,15 +29,19 @@ pub async fn regions(State(api): State<Api>) -> Result<Json<RegionList>, ApiErro
             e.1 += c.free.memory_mb;
             e.2 += c.capacity.memory_mb;
         }
+        e.3 = std::mem::take(&mut e.3).or(RegionInfo::from_labels(&c.labels));
     }
     let regions = by_region
         .into_iter()
-        .map(|(code, (hosts, free, cap))| Region {
-            name: code.clone(),
+        .map(|(code, (hosts, free, cap, info))| Region {
+            name: info.name.unwrap_or_else(|| code.clone()),
             code,
-            gateway_available: true,
+            gateway_available: info.gateway.unwrap_or(true),
             requires_paid_plan: false,
             deprecated: false,
+            latitude: info.latitude,
+            longitude: info.longitude,
+            geo_region: info.geo_region,
             hosts: hosts as u64,
             free_memory_mb: free,
             capacity_memory_mb: cap,

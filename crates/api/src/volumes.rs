@@ -30,7 +30,7 @@ use bazaar_types::volume::{
 };
 
 /// A volume shown from the catalog (lists, and gets while its host does not answer).
-fn from_catalog(v: &bazaar_catalog::VolumeView) -> Volume {
+pub(crate) fn from_catalog(v: &bazaar_catalog::VolumeView) -> Volume {
     let r = &v.record;
     let blocks = r.size_gb * 1024 * 1024 * 1024 / BLOCK_SIZE;
     Volume {

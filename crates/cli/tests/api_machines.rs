@@ -617,3 +617,183 @@ async fn a_batch_is_asked_for_in_one_round_and_spread_over_the_hosts() {
         wait_started(&fly, "many", m["id"].as_str().unwrap()).await;
     }
 }
+
+/// Fly's organization-wide lists (`/v1/orgs/{org}/machines`, `/volumes`: across the
+/// org's apps, paged by `updated_at`, filtered by what the token may read) and what the
+/// agents say of their region (`[region_info]` in their config files, merged per region)
+/// in `/v1/platform/regions`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn org_wide_lists_and_what_agents_say_of_their_region() {
+    let dir = scratch();
+    let configs: Vec<String> = [
+        "[region_info]\nname = \"Local, Loopback\"\nlatitude = 52.37\nlongitude = 4.89\n",
+        "[region_info]\ngeo_region = \"eu\"\ngateway = false\n",
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, text)| {
+        let path = dir.path().join(format!("agent{i}.toml"));
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    })
+    .collect();
+    let agents = start_cluster(std::path::Path::new(EXE), 2, |i, o| {
+        o.extra_args.extend(["--config".into(), configs[i].clone()]);
+    })
+    .unwrap();
+    let fly = Fly::new(&agents[0]);
+
+    // Each host says part of the region; every field someone said is answered.
+    let region = bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let (_, v) = fly.get("/platform/regions").await;
+        let r = v["regions"][0].clone();
+        (r["hosts"] == 2 && r["geo_region"] == "eu" && r["latitude"].is_number()).then_some(r)
+    })
+    .await
+    .unwrap();
+    assert_eq!(region["code"], "local");
+    assert_eq!(region["name"], "Local, Loopback");
+    assert_eq!(region["latitude"], 52.37);
+    assert_eq!(region["longitude"], 4.89);
+    assert_eq!(region["gateway_available"], false);
+
+    // Apps in two orgs, machines in each.
+    let mut ids: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    for (app, org, machines) in [("a1", "acme", 2), ("a2", "acme", 1), ("b1", "other", 1)] {
+        let (s, v) = fly
+            .post("/apps", json!({"app_name": app, "org_slug": org}))
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+        for _ in 0..machines {
+            let (s, m) = fly
+                .post(
+                    &format!("/apps/{app}/machines"),
+                    json!({"config": process_config(&["sleep", "100"]), "skip_launch": true}),
+                )
+                .await;
+            assert_eq!(s, StatusCode::OK, "{m}");
+            ids.entry(app)
+                .or_default()
+                .push(m["id"].as_str().unwrap().to_string());
+        }
+    }
+    let (s, v) = fly
+        .post(
+            "/apps/a1/volumes",
+            json!({"name": "data", "size_gb": 1, "region": "local"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let volume = v["id"].as_str().unwrap().to_string();
+
+    let acme = bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let (_, v) = fly.get("/orgs/acme/machines").await;
+        (v["machines"].as_array()?.len() == 3).then_some(v)
+    })
+    .await
+    .unwrap();
+    let listed: Vec<&str> = acme["machines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    let mut expected: Vec<&str> = ids["a1"]
+        .iter()
+        .chain(&ids["a2"])
+        .map(String::as_str)
+        .collect();
+    let mut sorted = listed.clone();
+    sorted.sort();
+    expected.sort();
+    assert_eq!(sorted, expected, "only acme's machines: {acme}");
+    let updated: Vec<&str> = acme["machines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["updated_at"].as_str().unwrap())
+        .collect();
+    assert!(updated.windows(2).all(|w| w[0] <= w[1]), "{updated:?}");
+    assert_eq!(acme["last_machine_id"], *listed.last().unwrap());
+    assert_eq!(acme["next_cursor"], Value::Null);
+    assert_eq!(acme["error_regions"], json!([]));
+
+    // Pages: two, then the rest from the cursor, together the whole list.
+    let (s, first) = fly.get("/orgs/acme/machines?limit=2").await;
+    assert_eq!(s, StatusCode::OK, "{first}");
+    assert_eq!(first["machines"].as_array().unwrap().len(), 2);
+    let cursor = first["next_cursor"]
+        .as_str()
+        .expect("a next page")
+        .to_string();
+    let (s, rest) = fly
+        .get(&format!("/orgs/acme/machines?limit=2&cursor={cursor}"))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{rest}");
+    assert_eq!(rest["next_cursor"], Value::Null);
+    let paged: Vec<&str> = first["machines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(rest["machines"].as_array().unwrap())
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(paged, listed);
+    let (s, v) = fly
+        .get("/orgs/acme/machines?updated_after=2999-01-01T00:00:00Z")
+        .await;
+    assert_eq!((s, v["machines"].clone()), (StatusCode::OK, json!([])));
+    for bad in ["updated_after=soon", "limit=0", "limit=501", "cursor=nope"] {
+        let (s, v) = fly.get(&format!("/orgs/acme/machines?{bad}")).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {v}");
+        assert!(v["error"].is_string(), "{bad}: {v}");
+    }
+
+    // Another org's list shows only its own.
+    let (_, other) = fly.get("/orgs/other/machines").await;
+    assert_eq!(other["machines"][0]["id"], ids["b1"][0].as_str());
+    assert_eq!(other["machines"].as_array().unwrap().len(), 1);
+
+    // A token for a1 sees a1's machines and volumes only.
+    let token = bazaar_testkit::tokens::mint(&bazaar_auth::Scope {
+        apps: ["a1".to_string()].into(),
+        ..Default::default()
+    });
+    let scoped = reqwest::Client::new();
+    let get_as = |path: String| {
+        let req = scoped
+            .get(format!("{}/v1{path}", agents[0].url()))
+            .bearer_auth(&token);
+        async move {
+            let resp = req.send().await.unwrap();
+            (resp.status(), resp.json::<Value>().await.unwrap())
+        }
+    };
+    let (s, v) = get_as("/orgs/acme/machines".into()).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let mut seen: Vec<&str> = v["machines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    seen.sort();
+    let mut a1: Vec<&str> = ids["a1"].iter().map(String::as_str).collect();
+    a1.sort();
+    assert_eq!(seen, a1);
+    let (_, v) = get_as("/orgs/other/machines".into()).await;
+    assert_eq!(v["machines"], json!([]));
+
+    // Volumes, org-wide.
+    let vols = bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let (_, v) = fly.get("/orgs/acme/volumes").await;
+        (v.as_array()?.len() == 1).then_some(v)
+    })
+    .await
+    .unwrap();
+    assert_eq!(vols[0]["id"], volume.as_str());
+    let (_, v) = fly.get("/orgs/other/volumes").await;
+    assert_eq!(v, json!([]));
+    let (_, v) = get_as("/orgs/acme/volumes".into()).await;
+    assert_eq!(v[0]["id"], volume.as_str());
+}

@@ -260,12 +260,35 @@ pub struct Region {
     pub gateway_available: bool,
     pub requires_paid_plan: bool,
     pub deprecated: bool,
+    /// Latitude in decimal degrees, when an agent of the region says it (`[region_info]`).
+    pub latitude: Option<f64>,
+    /// Longitude in decimal degrees, when an agent of the region says it.
+    pub longitude: Option<f64>,
+    /// The wider area the region belongs to (`eu`, `na`, ...), when an agent says it.
+    pub geo_region: Option<String>,
     /// bazaar extension: live hosts in the region.
     pub hosts: u64,
     /// bazaar extension: free memory of its live hosts.
     pub free_memory_mb: u64,
     /// bazaar extension: memory capacity of its live hosts.
     pub capacity_memory_mb: u64,
+}
+
+/// Answer of `GET /v1/orgs/{org}/machines`: one page of an organization's machines,
+/// oldest update first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct OrgMachineList {
+    /// The machines as the catalog knows them (each with its `app`).
+    pub machines: Vec<serde_json::Value>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    pub next_cursor: Option<String>,
+    /// The id of the last machine of this page.
+    pub last_machine_id: Option<String>,
+    /// The `updated_at` of the last machine of this page (poll with `updated_after`).
+    pub last_updated_at: Option<String>,
+    /// Regions that could not be read (always empty: the answer comes from this node's
+    /// replica of the catalog).
+    pub error_regions: Vec<String>,
 }
 
 /// Answer of `GET /v1/platform/regions`.

@@ -12,6 +12,7 @@
 //! - [`host`]: the host-to-host interface (bids, reservations, claims, host info).
 //! - [`error`]: the Fly error body `{"error": ..., "status": ...}`.
 //! - [`signal`]: signals by name or number.
+//! - [`region`]: what an operator says of a region (name, coordinates, gateway).
 //! - [`volume`]: volumes (the API objects, host-interface requests, mounts, validation).
 //! - [`seccomp`]: the system calls a workload may make (both drivers' allowlist).
 //!
@@ -26,6 +27,7 @@ pub mod guest;
 pub mod host;
 pub mod ids;
 pub mod machine;
+pub mod region;
 pub mod replacement;
 pub mod seccomp;
 pub mod signal;

@@ -56,6 +56,8 @@ const IDS: &[&str] = &[
     "MachinesUpdatePut",
     "MachinesUpsertMetadata",
     "MachinesWait",
+    "OrgMachinesList",
+    "OrgVolumesList",
     "PlatformPlacements",
     "PlatformRegions",
     "VolumesCreate",
