@@ -76,6 +76,8 @@ pub fn router(agent: Agent) -> Router {
         )
         .route("/machines/{id}/exec", post(exec))
         .route("/machines/{id}/ps", get(ps))
+        .route("/machines/{id}/memory", get(memory_get).put(memory_set))
+        .route("/machines/{id}/memory/reclaim", post(memory_reclaim))
         .route("/machines/{id}/placement", get(placement))
         .route("/volumes", get(volume_list).post(volume_create))
         .route(
@@ -760,6 +762,28 @@ async fn ps(
 ) -> ApiResult<Response> {
     let sort = crate::ps::Sort::parse(q.sort_by.as_deref(), q.order.as_deref())?;
     Ok(Json(agent.ps(&id, sort).await?).into_response())
+}
+
+async fn memory_get(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
+    Ok(Json(agent.machine_memory(&id).await?).into_response())
+}
+
+async fn memory_set(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: bazaar_types::api::MemoryLimitRequest = parse_body(&body)?;
+    Ok(Json(agent.set_machine_memory(&id, req.limit_mb).await?).into_response())
+}
+
+async fn memory_reclaim(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: bazaar_types::api::ReclaimMemoryRequest = parse_body(&body)?;
+    Ok(Json(agent.reclaim_machine_memory(&id, req.amount_mb).await?).into_response())
 }
 
 async fn exec(

@@ -39,7 +39,8 @@
 //!   (the host interface over mTLS).
 //! - [`api_tls`]: HTTPS on the API port (`--api-tls`), with a certificate of the cluster CA
 //!   or one given.
-//! - [`exec`]: running a command inside a machine; [`ps`]: its processes.
+//! - [`exec`]: running a command inside a machine; [`ps`]: its processes; [`memory`]:
+//!   its memory limit changed live, and memory reclaimed.
 //! - [`images`]: this host's images over the host interface (list, pull with progress,
 //!   import, prune) and their background pruning.
 //! - [`standby`]: starts stopped standbys when their primary's host is declared dead.
@@ -85,6 +86,7 @@ pub mod images;
 pub mod leases;
 pub mod ledger_dump;
 pub mod market;
+pub mod memory;
 pub mod mesh;
 pub mod metrics;
 pub mod node;

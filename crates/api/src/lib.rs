@@ -6,6 +6,7 @@
 //! - [`access`]: who may do what (tokens and their scopes), and the audit record of changes.
 //! - [`apps`]: apps (records spread through the catalog).
 //! - [`machines`]: create (market), list (catalog), everything else forwarded to the owner.
+//! - [`memory`]: a started machine's memory limit changed live, and memory reclaimed.
 //! - [`volumes`]: the same for volumes (created through the market for disk).
 //! - [`exchange`]: asking hosts for bids, claiming the best, releasing the rest.
 //! - [`audit`]: an app's changes, gathered from every host.
@@ -27,6 +28,7 @@ pub mod error;
 pub mod exchange;
 pub mod guardian;
 pub mod machines;
+pub mod memory;
 pub mod openapi;
 pub mod orgs;
 pub mod platform;
@@ -217,6 +219,7 @@ fn routes(doc: Arc<OnceLock<Arc<str>>>) -> Routes {
             post_with(machines::create_batch, machines::create_batch_docs),
         )
         .merge(machines::forwarded())
+        .merge(memory::routes())
         .api_route(
             "/v1/apps/{app}/volumes",
             get_with(volumes::list, volumes::list_docs)

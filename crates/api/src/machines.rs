@@ -520,7 +520,7 @@ async fn locate(
 /// its answer relayed; `R` is what the owner answers when the call succeeds, `B` the body
 /// it takes. `PUT` on the machine is an update, as `POST`. A `GET` of the machine while its
 /// host is unreachable is answered from the catalog.
-async fn forward<R, B: RelayedBody>(
+pub(crate) async fn forward<R, B: RelayedBody>(
     State(api): State<Api>,
     Path(params): Path<HashMap<String, String>>,
     method: Method,

@@ -406,3 +406,112 @@ async fn update_renames_leases_cordons_and_refuses_a_region_change() {
     let (_, now) = fly.get(&path).await;
     assert_eq!(now["cordoned"], true, "{now}");
 }
+
+/// The memory limit of machine `id` (on host `host_id`) as its cgroup says, in MiB.
+fn cgroup_limit_mb(host_id: &str, id: &str) -> u64 {
+    let v1 = format!("/sys/fs/cgroup/memory/bazaar/{host_id}/{id}/memory.limit_in_bytes");
+    let v2 = format!("/sys/fs/cgroup/bazaar/{host_id}/{id}/memory.max");
+    let text = std::fs::read_to_string(&v1)
+        .or_else(|_| std::fs::read_to_string(&v2))
+        .expect("the machine's memory cgroup");
+    text.trim().parse::<u64>().unwrap() >> 20
+}
+
+/// Fly's `/memory` calls: a started machine's limit read, lowered live in its cgroup (and
+/// never above its guest size), memory reclaimed from its page cache, and the guest size's
+/// limit back when it starts again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_limit_changes_live_and_reclaim_takes_page_cache() {
+    if !is_root() {
+        eprintln!("skipped: cgroups need root");
+        return;
+    }
+    let agents = start_cluster(Path::new(EXE), 1, |_, _| {}).unwrap();
+    let fly = Fly::new(&agents[0]);
+    fly.create_app("mem").await;
+    // 32 MiB of clean page cache charged to the machine, then idle.
+    let script = "dd if=/dev/zero of=fill bs=1M count=32 conv=fsync 2>/dev/null; \
+                  touch filled; while true; do sleep 0.2; done";
+    let (s, m) = fly
+        .post(
+            "/apps/mem/machines",
+            json!({"config": process_config(&["sh", "-c", script])}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    let id = m["id"].as_str().unwrap().to_string();
+    let host_id = m["host_id"].as_str().unwrap().to_string();
+    fly.wait_state("mem", &id, "started").await;
+    let filled = work_file(&agents[0], &id, "filled");
+    bazaar_testkit::eventually(std::time::Duration::from_secs(20), || async {
+        filled.exists().then_some(())
+    })
+    .await
+    .expect("the machine wrote its file");
+    let memory = format!("/apps/mem/machines/{id}/memory");
+
+    let (s, v) = fly.get(&memory).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["limit_mb"], 256);
+    assert!(v["available_mb"].as_u64().unwrap() <= 256, "{v}");
+
+    let (s, v) = fly.put(&memory, json!({"limit_mb": 128})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["limit_mb"], 128);
+    assert_eq!(
+        cgroup_limit_mb(&host_id, &id),
+        128,
+        "the kernel's limit moved"
+    );
+
+    for bad in [
+        json!({"limit_mb": 512}),
+        json!({"limit_mb": 0}),
+        json!({"limit_mb": "a lot"}),
+        json!({"limit": 64}),
+    ] {
+        let (s, v) = fly.put(&memory, bad.clone()).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {v}");
+        assert!(v["error"].is_string(), "{bad}: {v}");
+    }
+    assert_eq!(
+        cgroup_limit_mb(&host_id, &id),
+        128,
+        "a refused change changes nothing"
+    );
+
+    let (s, v) = fly
+        .post(&format!("{memory}/reclaim"), json!({"amount_mb": 16}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let taken = v["actual_mb"].as_u64().unwrap();
+    assert!(
+        (1..=32).contains(&taken),
+        "reclaimed {taken} MiB of 32 MiB of page cache"
+    );
+    assert_eq!(
+        cgroup_limit_mb(&host_id, &id),
+        128,
+        "reclaiming keeps the limit"
+    );
+
+    // Stopped: no memory to read; started again: the guest size's limit.
+    let (s, v) = fly
+        .post(&format!("/apps/mem/machines/{id}/stop"), json!({}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    fly.wait_state("mem", &id, "stopped").await;
+    let (s, v) = fly.get(&memory).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    let (s, v) = fly
+        .post(&format!("/apps/mem/machines/{id}/start"), json!({}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    fly.wait_state("mem", &id, "started").await;
+    let (s, v) = fly.get(&memory).await;
+    assert_eq!(
+        (s, v["limit_mb"].clone()),
+        (StatusCode::OK, json!(256)),
+        "{v}"
+    );
+}

@@ -363,6 +363,15 @@ impl Driver {
         format!("bazaar/{}/{}", self.host_id, id)
     }
 
+    /// The cgroup of machine `id` (an image machine when `image`), if it has one.
+    pub fn machine_cgroup(&self, id: &str, image: bool) -> Option<String> {
+        if image {
+            Some(self.image_cgroup(id))
+        } else {
+            self.cgroup(id)
+        }
+    }
+
     /// The argv that runs `argv` inside image machine `id`'s run `run_id` (`runc exec`),
     /// or `None` for a process machine.
     pub fn exec_argv(

@@ -286,6 +286,12 @@ impl Cgroup {
         }
     }
 
+    /// The run's directory in the memory hierarchy, and whether it is the unified (v2)
+    /// layout.
+    pub(crate) fn memory_dir(&self) -> Option<(&Path, bool)> {
+        Some((self.dir_with("memory")?, self.v2_root.is_some()))
+    }
+
     fn exists(&self) -> bool {
         self.dirs.iter().any(|(p, _)| p.exists())
     }

@@ -274,6 +274,39 @@ pub struct Region {
     pub capacity_memory_mb: u64,
 }
 
+/// Answer of `GET` and `PUT /v1/apps/{app}/machines/{id}/memory`: the running machine's
+/// memory limit (its guest size's, unless changed live) and how much of it is free.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MemoryResponse {
+    pub limit_mb: u64,
+    /// The limit less the machine's working set (its use less reclaimable page cache).
+    pub available_mb: u64,
+}
+
+/// Body of `PUT /v1/apps/{app}/machines/{id}/memory`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryLimitRequest {
+    /// The new limit in MiB: at least 1, at most the machine's guest `memory_mb`. It holds
+    /// until the machine next starts.
+    pub limit_mb: u64,
+}
+
+/// Body of `POST /v1/apps/{app}/machines/{id}/memory/reclaim`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReclaimMemoryRequest {
+    /// How much to take back, in MiB (at least 1).
+    pub amount_mb: u64,
+}
+
+/// Answer of `POST /v1/apps/{app}/machines/{id}/memory/reclaim`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ReclaimMemoryResponse {
+    /// How much the kernel took back, in MiB (page cache first; it may be less than asked).
+    pub actual_mb: u64,
+}
+
 /// Answer of `GET /v1/orgs/{org}/machines`: one page of an organization's machines,
 /// oldest update first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
