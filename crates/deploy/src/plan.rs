@@ -200,7 +200,7 @@ pub fn plan(targets: &BTreeMap<String, GroupTarget>, existing: &[Existing]) -> P
             step.create = want.saturating_sub(here.len());
             here.sort_by(|a, b| a.id.cmp(&b.id));
             for m in here {
-                if same_config(&m.config, &t.config) {
+                if same_config(&m.config, &crate::volumes::desired(&t.config, m)) {
                     step.keep.push(m.id.clone());
                 } else {
                     step.update.push(m.id.clone());

@@ -3,10 +3,12 @@
 //! process group.
 //!
 //! Invalid values fail with `file:line:col: message` (toml's spans); keys bazaar does not
-//! know or act on are collected as warnings, never silently dropped.
+//! act on are refused with an error naming them, or, when purely cosmetic, reported as
+//! warnings (`keys.rs`), never silently dropped.
 //!
 //! Here: the file's sections and loading; [`values`] the value types read as fly.toml
-//! writes them; `machine.rs` the translation into machine configs.
+//! writes them; [`mounts`] `[mounts]` / `[[mounts]]`; `machine.rs` the translation into
+//! machine configs.
 
 use bazaar_types::config::{
     Autostop, CheckConfig, Concurrency, InitConfig, MachineConfig, MachinePort, MachineService,
@@ -19,9 +21,12 @@ use serde::{Deserialize, Deserializer};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+mod keys;
 mod machine;
+pub mod mounts;
 pub mod values;
 
+pub use mounts::{Mount, Mounts, VolumeSize};
 pub use values::*;
 
 /// The default process group when the file has no `[processes]`.
@@ -59,6 +64,28 @@ pub struct AppConfig {
     pub deploy: DeploySection,
     #[serde(default)]
     pub restart: Vec<Restart>,
+    /// `[mounts]` or `[[mounts]]`.
+    #[serde(default)]
+    pub mounts: Mounts,
+    #[serde(default)]
+    pub experimental: Experimental,
+}
+
+/// `[experimental]`: the keys bazaar acts on (the others are refused).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Experimental {
+    /// Overrides the image's CMD (a group's `[processes]` command wins).
+    #[serde(default)]
+    pub cmd: Option<Command>,
+    /// Overrides the image's ENTRYPOINT.
+    #[serde(default)]
+    pub entrypoint: Option<Command>,
+    /// Runs this instead of the image's ENTRYPOINT and CMD.
+    #[serde(default)]
+    pub exec: Option<Command>,
+    /// `false`: a failed deploy is left as it is (as `--no-rollback`).
+    #[serde(default)]
+    pub auto_rollback: Option<bool>,
 }
 
 /// `[build]`: an image, or `driver = "process"` (bazaar) to run `[processes]` commands.
@@ -246,6 +273,13 @@ pub struct DeploySection {
     /// their host dies (the guardian); sets `metadata.bazaar_replace_on_host_failure`.
     #[serde(default)]
     pub replace_on_host_failure: bool,
+    /// Run once per release in a temporary machine before any machine changes; the deploy
+    /// stops if it fails (`crate::release_command`).
+    #[serde(default)]
+    pub release_command: Option<Command>,
+    /// How long the release command may run (default 5 min).
+    #[serde(default)]
+    pub release_command_timeout: Option<Millis>,
 }
 
 /// How a deploy replaces machines.
@@ -393,10 +427,29 @@ pub fn parse(file: &str, text: &str) -> Result<Loaded, ConfigError> {
     let mut ignored = Vec::new();
     let config: AppConfig = serde_ignored::deserialize(de, |path| ignored.push(path.to_string()))
         .map_err(|e: toml::de::Error| at(e.span(), e.message().to_string()))?;
-    let mut warnings: Vec<String> = ignored
-        .into_iter()
-        .map(|k| format!("{file}: key `{k}` is not known to bazaar; ignored"))
-        .collect();
+    let mut warnings = Vec::new();
+    let mut refused = Vec::new();
+    for k in ignored {
+        match keys::judge(&k) {
+            keys::Verdict::Warn(w) => warnings.push(format!("{file}: {w}")),
+            keys::Verdict::Refuse(r) => refused.push(r),
+        }
+    }
+    if !refused.is_empty() {
+        return Err(at(
+            None,
+            format!(
+                "bazaar cannot honour {}: {}; remove {}",
+                if refused.len() == 1 {
+                    "this key"
+                } else {
+                    "these keys"
+                },
+                refused.join(", "),
+                if refused.len() == 1 { "it" } else { "them" },
+            ),
+        ));
+    }
     validate(&config, &mut warnings).map_err(|m| at(None, m))?;
     Ok(Loaded { config, warnings })
 }
@@ -444,6 +497,26 @@ fn validate(c: &AppConfig, warnings: &mut Vec<String>) -> Result<(), String> {
     }
     for g in &groups {
         c.guest(g)?;
+    }
+    mounts::validate(c, &groups)?;
+    let checks = c.http_service.iter().flat_map(|h| &h.checks).chain(
+        c.services
+            .iter()
+            .flat_map(|s| s.http_checks.iter().chain(&s.tcp_checks)),
+    );
+    for ch in checks {
+        if let Some(p) = ch.protocol.as_deref().filter(|p| *p != "http") {
+            return Err(format!(
+                "a service check's `protocol = {p:?}` cannot be honoured: checks are made over plain http"
+            ));
+        }
+    }
+    let e = &c.experimental;
+    if process && (e.cmd.is_some() || e.entrypoint.is_some() || e.exec.is_some()) {
+        return Err(
+            "[experimental] cmd, entrypoint and exec apply to images; with driver = \"process\" put the command in [processes]"
+                .into(),
+        );
     }
     if !c.checks.is_empty() {
         warnings.push(
@@ -529,7 +602,6 @@ console_command = "/code/manage.py shell"
   strategy = "canary"
   max_unavailable = 0.5
   wait_timeout = "2m"
-  release_command = "python manage.py migrate"
 
 [[restart]]
   policy = "always"
@@ -555,13 +627,15 @@ console_command = "/code/manage.py shell"
         assert!(!bazaar_types::replacement::opted_in(
             &c.machine_config("web").unwrap().metadata
         ));
-        for key in ["console_command", "deploy.release_command", "mounts"] {
-            assert!(
-                l.warnings.iter().any(|w| w.contains(&format!("`{key}`"))),
-                "{key}: {:?}",
-                l.warnings
-            );
-        }
+        assert!(
+            l.warnings.iter().any(|w| w.contains("`console_command`")),
+            "{:?}",
+            l.warnings
+        );
+        assert_eq!(
+            c.machine_config("worker").unwrap().mounts,
+            vec![serde_json::json!({"name": "data", "path": "/data", "size_gb": 1})]
+        );
         let web = c.machine_config("web").unwrap();
         assert_eq!(web.image, "registry.fly.io/hello:deployment-01HQ");
         assert_eq!(
