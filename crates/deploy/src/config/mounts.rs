@@ -85,7 +85,7 @@ impl<'de> Deserialize<'de> for VolumeSize {
                 };
                 let n: u64 = num.trim().parse().map_err(|_| bad(&s))?;
                 if mb {
-                    if n % 1024 != 0 {
+                    if !n.is_multiple_of(1024) {
                         return Err(bad(&s));
                     }
                     n / 1024
