@@ -4,7 +4,7 @@
 //! that names it. Each fixture says what is expected in a comment: `# expect: groups=a,b
 //! mount=GROUP:NAME:PATH:GB nomount=GROUP` or `# refused: TEXT`.
 
-use bazaar_deploy::config::{parse, AppConfig};
+use bazaar_deploy::config::{load, parse, AppConfig};
 use bazaar_deploy::plan::{plan, Existing, GroupTarget};
 use bazaar_deploy::volumes;
 use std::collections::BTreeMap;
@@ -59,7 +59,7 @@ fn targets(c: &AppConfig) -> BTreeMap<String, GroupTarget> {
 fn real_world_files_parse_mount_their_volumes_and_plan() {
     for (path, text) in fixtures("ok") {
         let name = path.display().to_string();
-        let loaded = parse(&name, &text).unwrap_or_else(|e| panic!("{e}"));
+        let loaded = load(&path).unwrap_or_else(|e| panic!("{e}"));
         let c = &loaded.config;
         let expect = expectation(&text, "expect");
         for item in expect.split_whitespace() {
@@ -81,6 +81,12 @@ fn real_world_files_parse_mount_their_volumes_and_plan() {
                     );
                     assert!(bazaar_types::volume::mount_of(&cfg).is_err(), "no id yet");
                 }
+                "files" => {
+                    let (g, paths) = value.split_once(':').unwrap();
+                    let files = c.machine_config(g).unwrap().files;
+                    let got: Vec<&str> = files.iter().map(|f| f.guest_path.as_str()).collect();
+                    assert_eq!(got.join(","), paths, "{name}");
+                }
                 "nomount" => {
                     assert!(c.machine_config(value).unwrap().mounts.is_empty(), "{name}")
                 }
@@ -93,6 +99,14 @@ fn real_world_files_parse_mount_their_volumes_and_plan() {
         let t = targets(c);
         let first = plan(&t, &[]);
         assert_eq!(first.totals(), (2 * t.len(), 0, 0, 0), "{name}");
+        for (step, line) in first.steps.iter().zip(first.lines()) {
+            let w = volumes::wanted(&t[&step.group].config);
+            let said = w.map(|w| format!("{} at {}", w.name, w.path));
+            assert_eq!(step.volume, said, "{name}");
+            if let Some(v) = &step.volume {
+                assert!(line.ends_with(&format!("(each with volume {v})")), "{line}");
+            }
+        }
         let mut existing = Vec::new();
         for (g, target) in &t {
             for i in 0..2 {
@@ -146,9 +160,7 @@ fn ok(name: &str) -> AppConfig {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/ok")
         .join(name);
-    parse(name, &std::fs::read_to_string(path).unwrap())
-        .unwrap()
-        .config
+    load(&path).unwrap().config
 }
 
 #[test]
@@ -222,4 +234,47 @@ fn a_release_command_is_read_with_its_timeout() {
         c.deploy.release_command_timeout.unwrap().0,
         std::time::Duration::from_secs(600)
     );
+}
+
+#[test]
+fn files_come_from_beside_the_config_file_or_inline() {
+    use base64::Engine;
+    let c = ok("nginx-files.toml");
+    let files = c.machine_config("app").unwrap().files;
+    let decode = |f: &bazaar_types::config::FileConfig| {
+        let raw = f.raw_value.as_deref().unwrap();
+        String::from_utf8(
+            base64::engine::general_purpose::STANDARD
+                .decode(raw)
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    assert!(decode(&files[0]).contains("listen 8080;"), "{files:?}");
+    assert_eq!(decode(&files[1]), "hello\n");
+    // Given to `parse` alone, a local_path is not read: making the config says so.
+    let text = "app = \"x\"\n[build]\nimage = \"i\"\n[[files]]\nguest_path = \"/a\"\nlocal_path = \"a.txt\"\n";
+    let e = parse("fly.toml", text)
+        .unwrap()
+        .config
+        .machine_config("app");
+    assert!(e.unwrap_err().contains("local_path"));
+    // One that cannot be read stops the load, naming it.
+    let dir = std::env::temp_dir().join(format!("bazaar-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("fly.toml");
+    std::fs::write(&path, text).unwrap();
+    let e = load(&path).unwrap_err();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(e.to_string().contains("a.txt"), "{e}");
+    for bad in [
+        "guest_path = \"etc/x\"\nraw_value = \"aGk=\"",
+        "guest_path = \"/x\"\nraw_value = \"not base64!\"",
+        "guest_path = \"/x\"",
+        "guest_path = \"/x\"\nraw_value = \"aGk=\"\nlocal_path = \"a\"",
+    ] {
+        let text = format!("app = \"x\"\n[build]\nimage = \"i\"\n[[files]]\n{bad}\n");
+        let e = parse("fly.toml", &text).unwrap_err();
+        assert!(e.to_string().contains("[[files]]"), "{bad}: {e}");
+    }
 }

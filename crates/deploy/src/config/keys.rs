@@ -17,7 +17,7 @@ pub(super) enum Verdict {
 const REFUSED: &[(&str, &str)] = &[
     ("swap_size_mb", "machines run without swap (their memory limit is the [[vm]] memory); size the memory to fit instead"),
     ("statics", "the proxy does not serve static files from the image; serve them from the app"),
-    ("files", "[[files]] are not written into machines by bazaar deploy"),
+    ("files.secret_name", "the agent does not write app secrets into files; read the secret from the environment"),
     ("host_dedication_id", "bazaar has no dedicated hosts"),
     ("deploy.release_command_vm", "the release command runs at the size of the app's [[vm]]"),
     ("deploy.seed_command", "bazaar does not run seed commands"),

@@ -237,6 +237,7 @@ impl AppConfig {
                 timeout: self.kill_timeout.map(|s| GoDuration(s.0)),
             });
         }
+        cfg.files = super::files::of_group(self, group)?;
         if let Some(m) = self.mount(group) {
             cfg.mounts = vec![super::mounts::mount_value(m)];
         }

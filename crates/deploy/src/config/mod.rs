@@ -7,12 +7,12 @@
 //! warnings (`keys.rs`), never silently dropped.
 //!
 //! Here: the file's sections and loading; [`values`] the value types read as fly.toml
-//! writes them; [`mounts`] `[mounts]` / `[[mounts]]`; `machine.rs` the translation into
-//! machine configs.
+//! writes them; [`mounts`] `[mounts]` / `[[mounts]]`; [`files`] `[[files]]`; `machine.rs`
+//! the translation into machine configs.
 
 use bazaar_types::config::{
-    Autostop, CheckConfig, Concurrency, InitConfig, MachineConfig, MachinePort, MachineService,
-    RestartConfig, RestartPolicyKind, StopConfig,
+    Autostop, CheckConfig, Concurrency, FileConfig, InitConfig, MachineConfig, MachinePort,
+    MachineService, RestartConfig, RestartPolicyKind, StopConfig,
 };
 use bazaar_types::duration::GoDuration;
 use bazaar_types::guest::Guest;
@@ -21,6 +21,7 @@ use serde::{Deserialize, Deserializer};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub mod files;
 mod keys;
 mod machine;
 pub mod mounts;
@@ -69,6 +70,9 @@ pub struct AppConfig {
     pub mounts: Mounts,
     #[serde(default)]
     pub experimental: Experimental,
+    /// `[[files]]`.
+    #[serde(default)]
+    pub files: Vec<files::File>,
 }
 
 /// `[experimental]`: the keys bazaar acts on (the others are refused).
@@ -401,7 +405,15 @@ pub fn load(path: &std::path::Path) -> Result<Loaded, ConfigError> {
         col: None,
         message: format!("cannot read: {e}"),
     })?;
-    parse(&file, &text)
+    let mut loaded = parse(&file, &text)?;
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    files::read_local(&mut loaded.config, dir).map_err(|message| ConfigError {
+        file,
+        line: None,
+        col: None,
+        message,
+    })?;
+    Ok(loaded)
 }
 
 /// Parses config text; `file` names it in errors and warnings.
@@ -499,6 +511,7 @@ fn validate(c: &AppConfig, warnings: &mut Vec<String>) -> Result<(), String> {
         c.guest(g)?;
     }
     mounts::validate(c, &groups)?;
+    files::validate(c, &groups)?;
     let checks = c.http_service.iter().flat_map(|h| &h.checks).chain(
         c.services
             .iter()
