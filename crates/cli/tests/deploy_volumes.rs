@@ -198,6 +198,23 @@ async fn release_machines(env: &Env, app: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The release command's machines once there are `n`, all destroyed (the list is read
+/// from agent 0's catalog, which hears of the destroy by gossip).
+async fn destroyed_release_machines(env: &Env, app: &str, n: usize) -> Vec<serde_json::Value> {
+    let got = bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let ran = release_machines(env, app).await;
+        (ran.len() == n && ran.iter().all(|m| m["state"] == "destroyed")).then_some(ran)
+    })
+    .await;
+    match got {
+        Ok(ran) => ran,
+        Err(_) => panic!(
+            "not {n} destroyed release command machine(s): {:#?}",
+            release_machines(env, app).await
+        ),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_release_command_runs_once_per_release_and_a_failing_one_stops_the_deploy() {
     let env = Env::start();
@@ -213,10 +230,8 @@ async fn a_release_command_runs_once_per_release_and_a_failing_one_stops_the_dep
         "{err}"
     );
     assert!(err.contains("migrating"), "its output: {err}");
-    assert!(env.machines(app).await.is_empty());
-    let ran = release_machines(&env, app).await;
-    assert_eq!(ran.len(), 1, "{ran:#?}");
-    assert_eq!(ran[0]["state"], "destroyed", "{ran:#?}");
+    let ran = destroyed_release_machines(&env, app, 1).await;
+    assert!(env.machines(app).await.is_empty(), "{ran:#?}");
 
     // It succeeds: the release goes out, and the temporary machine is gone.
     let passing = "  release_command = \"sh -c 'echo migrated'\"\n";
@@ -226,9 +241,8 @@ async fn a_release_command_runs_once_per_release_and_a_failing_one_stops_the_dep
     let ms = env.machines(app).await;
     assert_eq!(ms.len(), 1, "{ms:#?}");
     assert_eq!(ms[0]["config"]["metadata"]["fly_process_group"], "app");
-    let ran = release_machines(&env, app).await;
-    assert_eq!(ran.len(), 2, "once per release: {ran:#?}");
-    assert!(ran.iter().all(|m| m["state"] == "destroyed"), "{ran:#?}");
+    // Once per release: one more, destroyed too.
+    destroyed_release_machines(&env, app, 2).await;
     // Not a release of its own: the history has the one release.
     let (ok, out, err) = env.cli_json(&["releases", "-a", app]);
     assert!(ok, "{out}\n{err}");

@@ -73,7 +73,13 @@ pub async fn run(
     let _ = client
         .wait(app, &m.id, "stopped", None, Duration::from_secs(30))
         .await;
-    if let Err(e) = client.destroy(app, &m.id, None).await {
+    let destroyed = async {
+        client.destroy(app, &m.id, None).await?;
+        client
+            .wait(app, &m.id, "destroyed", None, Duration::from_secs(30))
+            .await
+    };
+    if let Err(e) = destroyed.await {
         progress.event(Event::Note {
             message: format!("release command machine {} was not destroyed: {e:#}", m.id),
         });
