@@ -173,15 +173,19 @@ async fn mounts_put_the_data_on_a_volume_and_keys_bazaar_cannot_honour_stop_the_
     assert_eq!(vols.as_array().map(Vec::len), Some(1), "{vols}");
     assert_eq!(sh(&env, app, &id, "cat /data/marker").await, "kept\n");
 
-    // Scaling up gives the new machine a volume of its own.
-    let (ok, out, err) = env.cli_json(&["scale", "count", "2", "-a", app]);
+    // Scaling up gives each new machine a volume of its own: spread over the two ams
+    // hosts, then, with no host left without one, beside another.
+    let (ok, out, err) = env.cli_json(&["scale", "count", "3", "-a", app]);
     assert!(ok, "{out}\n{err}");
     let ms = env.machines(app).await;
     let vols: std::collections::BTreeSet<&str> = ms
         .iter()
         .map(|m| m["config"]["mounts"][0]["volume"].as_str().unwrap())
         .collect();
-    assert_eq!(vols.len(), 2, "{out}\n{ms:#?}");
+    assert_eq!(vols.len(), 3, "{out}\n{ms:#?}");
+    let hosts: std::collections::BTreeSet<&str> =
+        ms.iter().map(|m| m["host_id"].as_str().unwrap()).collect();
+    assert_eq!(hosts.len(), 2, "both ams hosts: {ms:#?}");
 }
 
 /// The app's machines, destroyed ones too, of the release command's group.

@@ -198,7 +198,7 @@ impl Run<'_> {
                 v.id
             }
             None => {
-                let req = bazaar_types::volume::CreateVolumeRequest {
+                let mut req = bazaar_types::volume::CreateVolumeRequest {
                     name: wanted.name.clone(),
                     region: Some(region.to_string()).filter(|r| !r.is_empty()),
                     size_gb: Some(wanted.size_gb),
@@ -206,7 +206,23 @@ impl Run<'_> {
                     snapshot_retention: self.opts.snapshot_retention.get(&wanted.name).copied(),
                     ..Default::default()
                 };
-                let v = self.client.fly().create_volume(self.app(), &req).await?;
+                // Spread over hosts where the region has room (Fly's default), else beside
+                // another volume of the name rather than not at all.
+                let v = match self.client.fly().create_volume(self.app(), &req).await {
+                    Err(e) if e.to_string().contains("require_unique_zone") => {
+                        self.say(
+                            "",
+                            region,
+                            format!(
+                                "every host of the region has a volume {:?}: this one goes beside one",
+                                wanted.name
+                            ),
+                        );
+                        req.require_unique_zone = Some(false);
+                        self.client.fly().create_volume(self.app(), &req).await?
+                    }
+                    r => r?,
+                };
                 lock(&self.done).volumes_created.push(v.id.clone());
                 self.say(
                     &v.id,
