@@ -11,7 +11,10 @@
 //! - [`execute`]: running a plan with a strategy, draining, automatic rollback.
 //! - [`ops`]: deploy, rollback, scale: plan, then (unless a dry run) execute.
 //! - [`release`]: release numbers and history, read back from machine config versions.
+//! - [`release_command`]: `[deploy] release_command`, run once per release in a temporary
+//!   machine.
 //! - [`progress`]: what a deploy reports while it works.
+//! - [`volumes`]: which volume each machine of a group with `[mounts]` mounts.
 
 pub mod api;
 pub mod config;
@@ -22,6 +25,8 @@ pub mod ops;
 pub mod plan;
 pub mod progress;
 pub mod release;
+pub mod release_command;
+pub mod volumes;
 
 /// Metadata key: the release a machine's config belongs to.
 pub const META_RELEASE: &str = "fly_release_version";

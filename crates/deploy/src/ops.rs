@@ -69,6 +69,23 @@ fn with_release(mut c: MachineConfig, release: Option<u64>) -> MachineConfig {
     c
 }
 
+/// Refuses a plan that cannot be carried out without losing data: one that changes an
+/// existing machine's volume, or a bluegreen deploy of machines with volumes (the new set
+/// would need the old set's volumes).
+fn refuse(
+    targets: &BTreeMap<String, GroupTarget>,
+    existing: &[Existing],
+    strategy: Strategy,
+) -> anyhow::Result<()> {
+    crate::volumes::check(targets, existing).map_err(anyhow::Error::msg)?;
+    if strategy == Strategy::Bluegreen && crate::volumes::any(targets) {
+        anyhow::bail!(
+            "the bluegreen strategy cannot be used with [mounts]: the new machines would need the old ones' volumes; use rolling, canary or immediate"
+        );
+    }
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn run(
     client: &Client,
@@ -81,8 +98,10 @@ async fn run(
     max_unavailable: MaxUnavailable,
     wait_timeout: Duration,
     s: &Settings,
+    snapshot_retention: BTreeMap<String, u32>,
     progress: Arc<dyn Progress>,
-) -> Outcome {
+) -> anyhow::Result<Outcome> {
+    refuse(&targets, &existing, strategy)?;
     let mut out = Outcome {
         app: app.to_string(),
         release,
@@ -93,10 +112,10 @@ async fn run(
     if out.plan.is_empty() {
         // Nothing changes: no new release either.
         out.release = None;
-        return out;
+        return Ok(out);
     }
     if s.dry_run {
-        return out;
+        return Ok(out);
     }
     // Show the plan before carrying it out.
     progress.event(crate::progress::Event::Note {
@@ -118,9 +137,10 @@ async fn run(
         drain: s.drain,
         rollback: s.rollback,
         relabel: release.is_some(),
+        snapshot_retention,
     };
     out.report = Some(execute(client, &opts, &targets, &existing, &out.plan, progress).await);
-    out
+    Ok(out)
 }
 
 /// Where a first deploy puts a group's machines.
@@ -187,7 +207,29 @@ pub async fn deploy(
         .or(config.deploy.max_unavailable)
         .unwrap_or(DEFAULT_MAX_UNAVAILABLE);
     let wait = s.wait_timeout.unwrap_or(config.wait_timeout());
-    Ok(run(
+    if let Some(crate::config::Command(command)) = &config.deploy.release_command {
+        if !s.dry_run && !p.is_empty() {
+            refuse(&targets, &existing, strategy)?;
+            let base = targets
+                .get(crate::config::DEFAULT_GROUP)
+                .or_else(|| targets.values().next())
+                .map(|t| &t.config)
+                .ok_or_else(|| anyhow::anyhow!("{app} has no process group"))?;
+            let timeout = config
+                .deploy
+                .release_command_timeout
+                .map_or(crate::release_command::DEFAULT_TIMEOUT, |t| t.0);
+            let region = config.primary_region.clone().unwrap_or_default();
+            crate::release_command::run(client, app, base, command, &region, timeout, &progress)
+                .await?;
+        }
+    }
+    // `[experimental] auto_rollback = false` is `--no-rollback`.
+    let s = &Settings {
+        rollback: s.rollback && config.experimental.auto_rollback != Some(false),
+        ..s.clone()
+    };
+    run(
         client,
         app,
         Some(release),
@@ -198,9 +240,10 @@ pub async fn deploy(
         mu,
         wait,
         s,
+        config.snapshot_retention(),
         progress,
     )
-    .await)
+    .await
 }
 
 /// Deploys the config of release `version` (default: the one before the current) again,
@@ -252,7 +295,7 @@ pub async fn rollback(
         );
     }
     let p = plan(&targets, &existing);
-    Ok(run(
+    run(
         client,
         app,
         Some(release),
@@ -263,9 +306,10 @@ pub async fn rollback(
         s.max_unavailable.unwrap_or(DEFAULT_MAX_UNAVAILABLE),
         s.wait_timeout.unwrap_or(Duration::from_secs(300)),
         s,
+        BTreeMap::new(),
         progress,
     )
-    .await)
+    .await
 }
 
 /// The config new machines of a group get: the newest release's config among its live
@@ -352,7 +396,7 @@ pub async fn scale_count(
         step.keep.extend(kept);
         step.keep.sort();
     }
-    Ok(run(
+    run(
         client,
         app,
         None,
@@ -363,9 +407,10 @@ pub async fn scale_count(
         MaxUnavailable::Count(1),
         s.wait_timeout.unwrap_or(Duration::from_secs(300)),
         s,
+        BTreeMap::new(),
         progress,
     )
-    .await)
+    .await
 }
 
 /// `scale vm SIZE`: every machine of the group(s) gets the new guest, rolling.
@@ -404,7 +449,7 @@ pub async fn scale_vm(
         );
     }
     let p = plan(&targets, &existing);
-    Ok(run(
+    run(
         client,
         app,
         None,
@@ -415,7 +460,8 @@ pub async fn scale_vm(
         s.max_unavailable.unwrap_or(DEFAULT_MAX_UNAVAILABLE),
         s.wait_timeout.unwrap_or(Duration::from_secs(300)),
         s,
+        BTreeMap::new(),
         progress,
     )
-    .await)
+    .await
 }

@@ -37,6 +37,10 @@ pub struct Step {
     pub keep: Vec<String>,
     /// Machines to drain and destroy (ids).
     pub destroy: Vec<String>,
+    /// The volume each machine of the group mounts (`[mounts]`: `NAME at PATH`); a new
+    /// machine gets a free one of that name, else a new one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
 }
 
 /// A whole plan, ordered by group then region.
@@ -70,8 +74,12 @@ impl Plan {
         self.steps
             .iter()
             .map(|s| {
+                let volume = match &s.volume {
+                    Some(v) => format!(" (each with volume {v})"),
+                    None => String::new(),
+                };
                 format!(
-                    "{:<10} {:<8} create {}, update {}, keep {}, destroy {}",
+                    "{:<10} {:<8} create {}, update {}, keep {}, destroy {}{volume}",
                     s.group,
                     s.region,
                     s.create,
@@ -191,6 +199,8 @@ pub fn plan(targets: &BTreeMap<String, GroupTarget>, existing: &[Existing]) -> P
                 steps.push(step);
                 continue;
             };
+            step.volume =
+                crate::volumes::wanted(&t.config).map(|w| format!("{} at {}", w.name, w.path));
             let want = t.regions.get(&region).copied().unwrap_or(0);
             if here.len() > want {
                 destroy_order(&mut here);
@@ -200,7 +210,7 @@ pub fn plan(targets: &BTreeMap<String, GroupTarget>, existing: &[Existing]) -> P
             step.create = want.saturating_sub(here.len());
             here.sort_by(|a, b| a.id.cmp(&b.id));
             for m in here {
-                if same_config(&m.config, &t.config) {
+                if same_config(&m.config, &crate::volumes::desired(&t.config, m)) {
                     step.keep.push(m.id.clone());
                 } else {
                     step.update.push(m.id.clone());

@@ -7,6 +7,11 @@ fn applies(list: &[String], group: &str) -> bool {
 }
 
 fn check_config(kind: &str, c: &ServiceCheck) -> CheckConfig {
+    let mut extra = BTreeMap::new();
+    if !c.headers.is_empty() {
+        // fly.toml's spelling ({"X": "a"}), which the agent reads as Fly's.
+        extra.insert("headers".to_string(), serde_json::json!(c.headers.clone()));
+    }
     CheckConfig {
         kind: Some(kind.into()),
         port: None,
@@ -15,7 +20,7 @@ fn check_config(kind: &str, c: &ServiceCheck) -> CheckConfig {
         grace_period: c.grace_period.map(|d| GoDuration(d.0)),
         method: c.method.as_ref().map(|m| m.to_ascii_uppercase()),
         path: c.path.clone(),
-        extra: Default::default(),
+        extra,
     }
 }
 
@@ -100,6 +105,16 @@ impl AppConfig {
             guest: Some(self.guest(group)?),
             ..Default::default()
         };
+        let e = &self.experimental;
+        if e.cmd.is_some() || e.entrypoint.is_some() || e.exec.is_some() {
+            let argv = |c: &Option<Command>| c.as_ref().map(|c| c.0.clone()).unwrap_or_default();
+            cfg.init = Some(InitConfig {
+                exec: argv(&e.exec),
+                entrypoint: argv(&e.entrypoint),
+                cmd: argv(&e.cmd),
+                ..Default::default()
+            });
+        }
         if let Some(Command(argv)) = self.processes.get(group) {
             cfg.init = Some(if process {
                 InitConfig {
@@ -109,7 +124,7 @@ impl AppConfig {
             } else {
                 InitConfig {
                     cmd: argv.clone(),
-                    ..Default::default()
+                    ..cfg.init.take().unwrap_or_default()
                 }
             });
         }
@@ -221,6 +236,10 @@ impl AppConfig {
                 signal: self.kill_signal.map(|s| s.0),
                 timeout: self.kill_timeout.map(|s| GoDuration(s.0)),
             });
+        }
+        cfg.files = super::files::of_group(self, group)?;
+        if let Some(m) = self.mount(group) {
+            cfg.mounts = vec![super::mounts::mount_value(m)];
         }
         cfg.metadata
             .insert(crate::META_GROUP.into(), group.to_string());

@@ -3,14 +3,16 @@
 //! process group.
 //!
 //! Invalid values fail with `file:line:col: message` (toml's spans); keys bazaar does not
-//! know or act on are collected as warnings, never silently dropped.
+//! act on are refused with an error naming them, or, when purely cosmetic, reported as
+//! warnings (`keys.rs`), never silently dropped.
 //!
 //! Here: the file's sections and loading; [`values`] the value types read as fly.toml
-//! writes them; `machine.rs` the translation into machine configs.
+//! writes them; [`mounts`] `[mounts]` / `[[mounts]]`; [`files`] `[[files]]`; `machine.rs`
+//! the translation into machine configs.
 
 use bazaar_types::config::{
-    Autostop, CheckConfig, Concurrency, InitConfig, MachineConfig, MachinePort, MachineService,
-    RestartConfig, RestartPolicyKind, StopConfig,
+    Autostop, CheckConfig, Concurrency, FileConfig, InitConfig, MachineConfig, MachinePort,
+    MachineService, RestartConfig, RestartPolicyKind, StopConfig,
 };
 use bazaar_types::duration::GoDuration;
 use bazaar_types::guest::Guest;
@@ -19,9 +21,13 @@ use serde::{Deserialize, Deserializer};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub mod files;
+mod keys;
 mod machine;
+pub mod mounts;
 pub mod values;
 
+pub use mounts::{Mount, Mounts, VolumeSize};
 pub use values::*;
 
 /// The default process group when the file has no `[processes]`.
@@ -43,8 +49,8 @@ pub struct AppConfig {
     pub build: Build,
     #[serde(default)]
     pub env: BTreeMap<String, Scalar>,
-    /// Process groups: name → command line.
-    #[serde(default)]
+    /// Process groups: name → command line (older templates write `processes = []`).
+    #[serde(default, deserialize_with = "values::process_groups")]
     pub processes: BTreeMap<String, Command>,
     #[serde(default)]
     pub http_service: Option<HttpService>,
@@ -59,6 +65,34 @@ pub struct AppConfig {
     pub deploy: DeploySection,
     #[serde(default)]
     pub restart: Vec<Restart>,
+    /// `[mounts]` or `[[mounts]]`.
+    #[serde(default)]
+    pub mounts: Mounts,
+    #[serde(default)]
+    pub experimental: Experimental,
+    /// `[[files]]`.
+    #[serde(default)]
+    pub files: Vec<files::File>,
+}
+
+/// `[experimental]`: the keys bazaar acts on (the others are refused).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Experimental {
+    /// Overrides the image's CMD (a group's `[processes]` command wins).
+    #[serde(default)]
+    pub cmd: Option<Command>,
+    /// Overrides the image's ENTRYPOINT.
+    #[serde(default)]
+    pub entrypoint: Option<Command>,
+    /// Runs this instead of the image's ENTRYPOINT and CMD.
+    #[serde(default)]
+    pub exec: Option<Command>,
+    /// `false`: a failed deploy is left as it is (as `--no-rollback`).
+    #[serde(default)]
+    pub auto_rollback: Option<bool>,
+    /// Older templates write `allowed_public_ports = []`; only empty.
+    #[serde(default)]
+    pub allowed_public_ports: Vec<u16>,
 }
 
 /// `[build]`: an image, or `driver = "process"` (bazaar) to run `[processes]` commands.
@@ -120,6 +154,9 @@ pub struct Service {
     pub tcp_checks: Vec<ServiceCheck>,
     #[serde(default)]
     pub http_checks: Vec<ServiceCheck>,
+    /// Older templates write `script_checks = []`; bazaar runs none, so only empty.
+    #[serde(default)]
+    pub script_checks: Vec<serde_json::Value>,
 }
 
 fn tcp() -> String {
@@ -179,6 +216,10 @@ pub struct ServiceCheck {
     pub tls_skip_verify: Option<bool>,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// Restart the machine after this many failures (older templates): bazaar's checks
+    /// never restart a machine, so only 0.
+    #[serde(default)]
+    pub restart_limit: Option<u32>,
 }
 
 /// `[checks.NAME]`.
@@ -246,6 +287,13 @@ pub struct DeploySection {
     /// their host dies (the guardian); sets `metadata.bazaar_replace_on_host_failure`.
     #[serde(default)]
     pub replace_on_host_failure: bool,
+    /// Run once per release in a temporary machine before any machine changes; the deploy
+    /// stops if it fails (`crate::release_command`).
+    #[serde(default)]
+    pub release_command: Option<Command>,
+    /// How long the release command may run (default 5 min).
+    #[serde(default)]
+    pub release_command_timeout: Option<Millis>,
 }
 
 /// How a deploy replaces machines.
@@ -367,7 +415,15 @@ pub fn load(path: &std::path::Path) -> Result<Loaded, ConfigError> {
         col: None,
         message: format!("cannot read: {e}"),
     })?;
-    parse(&file, &text)
+    let mut loaded = parse(&file, &text)?;
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    files::read_local(&mut loaded.config, dir).map_err(|message| ConfigError {
+        file,
+        line: None,
+        col: None,
+        message,
+    })?;
+    Ok(loaded)
 }
 
 /// Parses config text; `file` names it in errors and warnings.
@@ -393,10 +449,29 @@ pub fn parse(file: &str, text: &str) -> Result<Loaded, ConfigError> {
     let mut ignored = Vec::new();
     let config: AppConfig = serde_ignored::deserialize(de, |path| ignored.push(path.to_string()))
         .map_err(|e: toml::de::Error| at(e.span(), e.message().to_string()))?;
-    let mut warnings: Vec<String> = ignored
-        .into_iter()
-        .map(|k| format!("{file}: key `{k}` is not known to bazaar; ignored"))
-        .collect();
+    let mut warnings = Vec::new();
+    let mut refused = Vec::new();
+    for k in ignored {
+        match keys::judge(&k) {
+            keys::Verdict::Warn(w) => warnings.push(format!("{file}: {w}")),
+            keys::Verdict::Refuse(r) => refused.push(r),
+        }
+    }
+    if !refused.is_empty() {
+        return Err(at(
+            None,
+            format!(
+                "bazaar cannot honour {}: {}; remove {}",
+                if refused.len() == 1 {
+                    "this key"
+                } else {
+                    "these keys"
+                },
+                refused.join(", "),
+                if refused.len() == 1 { "it" } else { "them" },
+            ),
+        ));
+    }
     validate(&config, &mut warnings).map_err(|m| at(None, m))?;
     Ok(Loaded { config, warnings })
 }
@@ -445,6 +520,38 @@ fn validate(c: &AppConfig, warnings: &mut Vec<String>) -> Result<(), String> {
     for g in &groups {
         c.guest(g)?;
     }
+    mounts::validate(c, &groups)?;
+    files::validate(c, &groups)?;
+    let checks = c.http_service.iter().flat_map(|h| &h.checks).chain(
+        c.services
+            .iter()
+            .flat_map(|s| s.http_checks.iter().chain(&s.tcp_checks)),
+    );
+    for ch in checks {
+        if let Some(p) = ch.protocol.as_deref().filter(|p| *p != "http") {
+            return Err(format!(
+                "a service check's `protocol = {p:?}` cannot be honoured: checks are made over plain http"
+            ));
+        }
+        if let Some(n) = ch.restart_limit.filter(|n| *n > 0) {
+            return Err(format!(
+                "a service check's `restart_limit = {n}` cannot be honoured: failing checks never restart a machine (as on Fly Machines); remove it or set it to 0"
+            ));
+        }
+    }
+    if c.services.iter().any(|s| !s.script_checks.is_empty()) {
+        return Err("`services.script_checks` cannot be honoured: bazaar runs no script checks; remove them".into());
+    }
+    if !c.experimental.allowed_public_ports.is_empty() {
+        return Err("`experimental.allowed_public_ports` cannot be honoured: public ports are the services' ports; remove it".into());
+    }
+    let e = &c.experimental;
+    if process && (e.cmd.is_some() || e.entrypoint.is_some() || e.exec.is_some()) {
+        return Err(
+            "[experimental] cmd, entrypoint and exec apply to images; with driver = \"process\" put the command in [processes]"
+                .into(),
+        );
+    }
     if !c.checks.is_empty() {
         warnings.push(
             "[checks] become machine checks; deploys are gated on service checks ([http_service.checks], [[services.*_checks]])".into(),
@@ -454,224 +561,4 @@ fn validate(c: &AppConfig, warnings: &mut Vec<String>) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const FLY_TOML: &str = r#"
-# fly.toml app configuration file generated for hello on 2024-03-01T10:00:00Z
-app = "hello"
-primary_region = "ams"
-kill_signal = "SIGTERM"
-kill_timeout = 10
-console_command = "/code/manage.py shell"
-
-[build]
-  image = "registry.fly.io/hello:deployment-01HQ"
-
-[env]
-  PORT = "8080"
-  WORKERS = 4
-
-[processes]
-  web = "gunicorn --bind :8080 'hello.wsgi:application'"
-  worker = "python -m celery -A hello worker"
-
-[http_service]
-  internal_port = 8080
-  force_https = true
-  auto_stop_machines = "stop"
-  auto_start_machines = true
-  min_machines_running = 1
-  processes = ["web"]
-  [http_service.concurrency]
-    type = "requests"
-    soft_limit = 200
-    hard_limit = 250
-  [[http_service.checks]]
-    grace_period = "10s"
-    interval = "30s"
-    method = "GET"
-    timeout = "5s"
-    path = "/healthz"
-
-[[services]]
-  protocol = "tcp"
-  internal_port = 5432
-  processes = ["worker"]
-  [[services.ports]]
-    port = 5432
-  [[services.tcp_checks]]
-    interval = 15000
-    timeout = "2s"
-
-[checks]
-  [checks.status]
-    port = 8080
-    type = "http"
-    interval = "10s"
-    timeout = "2s"
-    grace_period = "5s"
-    method = "GET"
-    path = "/status"
-    processes = ["web"]
-
-[[vm]]
-  size = "shared-cpu-2x"
-  memory = "1gb"
-  processes = ["web"]
-
-[[vm]]
-  cpu_kind = "shared"
-  cpus = 1
-  memory_mb = 512
-
-[deploy]
-  strategy = "canary"
-  max_unavailable = 0.5
-  wait_timeout = "2m"
-  release_command = "python manage.py migrate"
-
-[[restart]]
-  policy = "always"
-  retries = 5
-  processes = ["worker"]
-
-[mounts]
-  source = "data"
-  destination = "/data"
-"#;
-
-    #[test]
-    fn a_real_fly_toml_loads_with_the_documented_mapping() {
-        let l = parse("fly.toml", FLY_TOML).unwrap();
-        let c = &l.config;
-        assert_eq!(c.app, "hello");
-        assert_eq!(c.primary_region.as_deref(), Some("ams"));
-        assert_eq!(c.groups(), vec!["web", "worker"]);
-        assert_eq!(c.strategy(), Strategy::Canary);
-        assert_eq!(c.wait_timeout(), Duration::from_secs(120));
-        assert_eq!(c.deploy.max_unavailable.unwrap().of(10), 5);
-        assert!(!c.deploy.replace_on_host_failure);
-        assert!(!bazaar_types::replacement::opted_in(
-            &c.machine_config("web").unwrap().metadata
-        ));
-        for key in ["console_command", "deploy.release_command", "mounts"] {
-            assert!(
-                l.warnings.iter().any(|w| w.contains(&format!("`{key}`"))),
-                "{key}: {:?}",
-                l.warnings
-            );
-        }
-        let web = c.machine_config("web").unwrap();
-        assert_eq!(web.image, "registry.fly.io/hello:deployment-01HQ");
-        assert_eq!(
-            web.init.as_ref().unwrap().cmd,
-            vec!["gunicorn", "--bind", ":8080", "hello.wsgi:application"]
-        );
-        assert_eq!(web.env["WORKERS"], "4");
-        let g = web.guest.as_ref().unwrap();
-        assert_eq!((g.cpus, g.memory_mb), (2, 1024));
-        assert_eq!(web.services.len(), 1);
-        let s = &web.services[0];
-        assert_eq!(s.internal_port, 8080);
-        assert_eq!(s.autostop, Some(Autostop::Stop));
-        assert_eq!(s.autostart, Some(true));
-        assert_eq!(s.min_machines_running, Some(1));
-        assert_eq!(s.concurrency.as_ref().unwrap().hard_limit, Some(250));
-        assert_eq!(s.checks[0].path.as_deref(), Some("/healthz"));
-        assert_eq!(s.checks[0].kind.as_deref(), Some("http"));
-        assert_eq!(s.ports[0].force_https, Some(true));
-        assert!(web.checks.contains_key("status"));
-        let (sig, t) = web.stop_signal_and_timeout();
-        assert_eq!((sig, t), (Signal::TERM, Duration::from_secs(10)));
-        assert_eq!(web.metadata[crate::META_GROUP], "web");
-        assert!(web.restart.is_none());
-
-        let worker = c.machine_config("worker").unwrap();
-        assert_eq!(worker.services[0].internal_port, 5432);
-        assert_eq!(
-            worker.services[0].checks[0].interval.unwrap().get(),
-            Duration::from_secs(15)
-        );
-        let g = worker.guest.as_ref().unwrap();
-        assert_eq!((g.cpus, g.memory_mb), (1, 512));
-        assert_eq!(worker.restart.unwrap().policy, RestartPolicyKind::Always);
-        assert!(worker.checks.is_empty());
-    }
-
-    #[test]
-    fn process_driver_runs_the_commands() {
-        let l = parse(
-            "bazaar.toml",
-            "app = \"p\"\n[build]\ndriver = \"process\"\n[processes]\napp = [\"python3\", \"-m\", \"http.server\"]\n",
-        )
-        .unwrap();
-        let cfg = l.config.machine_config("app").unwrap();
-        assert_eq!(cfg.driver.as_deref(), Some("process"));
-        assert_eq!(cfg.init.unwrap().exec, vec!["python3", "-m", "http.server"]);
-        assert!(l.warnings.is_empty(), "{:?}", l.warnings);
-    }
-
-    fn error(text: &str) -> ConfigError {
-        parse("fly.toml", text).unwrap_err()
-    }
-
-    #[test]
-    fn broken_files_say_file_line_and_what() {
-        let e = error("app = \"x\"\n[build]\nimage = \"i\"\n[deploy]\nstrategy = \"fast\"\n");
-        assert_eq!((e.line, e.col), (Some(5), Some(12)), "{e}");
-        assert!(e.to_string().starts_with("fly.toml:5:12: "), "{e}");
-        assert!(e.message.contains("fast"), "{e}");
-
-        let e =
-            error("app = \"x\"\n[build]\nimage = \"i\"\n\n[[vm]]\n  size = \"shared-cpu-3x\"\n");
-        assert_eq!(e.line, Some(6), "{e}");
-        assert!(e.message.contains("shared-cpu-3x"), "{e}");
-
-        let e = error(
-            "app = \"x\"\n[build]\nimage = \"i\"\n[http_service]\ninternal_port = \"eighty\"\n",
-        );
-        assert_eq!(e.line, Some(5), "{e}");
-
-        let e = error("app = \"x\"\nkill_timeout = \"forever\"\n[build]\nimage = \"i\"\n");
-        assert_eq!(e.line, Some(2), "{e}");
-        assert!(e.message.contains("forever"), "{e}");
-
-        let e = error("app = \"x\"\n[build\nimage = \"i\"\n");
-        assert_eq!(e.line, Some(2), "{e}");
-
-        let e = error("app = \"x\"\n[build]\nimage = \"i\"\n[[vm]]\nmemory = \"lots\"\n");
-        assert_eq!(e.line, Some(5), "{e}");
-
-        let e = error("[build]\nimage = \"i\"\n");
-        assert!(e.message.contains("`app`"), "{e}");
-
-        let e = error("app = \"x\"\n[build]\ndriver = \"process\"\n");
-        assert!(e.message.contains("[processes]"), "{e}");
-    }
-
-    #[test]
-    fn command_lines_split_like_a_shell() {
-        assert_eq!(
-            split_command(r#"sh -c 'echo "hi there"' a\ b"#).unwrap(),
-            vec!["sh", "-c", "echo \"hi there\"", "a b"]
-        );
-        assert!(split_command("sh 'open").is_err());
-    }
-
-    #[test]
-    fn replace_on_host_failure_opts_every_machine_in() {
-        let l = parse(
-            "fly.toml",
-            "app = \"x\"\n[build]\nimage = \"i\"\n[deploy]\nreplace_on_host_failure = true\n",
-        )
-        .unwrap();
-        assert!(l.warnings.is_empty(), "{:?}", l.warnings);
-        let cfg = l.config.machine_config("app").unwrap();
-        assert_eq!(
-            cfg.metadata[bazaar_types::replacement::METADATA_KEY],
-            "true"
-        );
-        assert!(bazaar_types::replacement::validate(&cfg).is_ok());
-    }
-}
+mod tests;

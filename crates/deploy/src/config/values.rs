@@ -80,6 +80,34 @@ impl<'de> Deserialize<'de> for Command {
     }
 }
 
+/// `[processes]`: a table of commands, or the empty list older templates write.
+pub fn process_groups<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, Command>, D::Error> {
+    struct V;
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = BTreeMap<String, Command>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a [processes] table of process group commands")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            BTreeMap::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            match seq.next_element::<serde::de::IgnoredAny>()? {
+                None => Ok(BTreeMap::new()),
+                Some(_) => Err(serde::de::Error::custom(
+                    "processes must be a table (name = command); only an empty list is read as none",
+                )),
+            }
+        }
+    }
+    d.deserialize_any(V)
+}
+
 /// Splits a command line as a POSIX shell would (quotes and backslashes; no expansion).
 pub fn split_command(line: &str) -> Result<Vec<String>, String> {
     let mut out = Vec::new();

@@ -133,8 +133,111 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Creates `count` machines in a region and waits until they are up.
+    /// Creates `count` machines in a region and waits until they are up. With a mount,
+    /// one at a time, each on a volume of its own ([`crate::volumes`]).
     pub(super) async fn create(
+        &self,
+        region: &str,
+        config: &MachineConfig,
+        count: usize,
+        cordoned: bool,
+        gate: bool,
+    ) -> Result<Vec<String>, Failure> {
+        let Some(wanted) = crate::volumes::wanted(config) else {
+            return self
+                .create_batch(region, config, count, cordoned, gate)
+                .await;
+        };
+        let mut ids = Vec::new();
+        for _ in 0..count {
+            let volume = self
+                .volume_for(region, &wanted, config)
+                .await
+                .map_err(|error| Failure {
+                    id: String::new(),
+                    region: region.to_string(),
+                    error: error.context(format!("volume {:?}", wanted.name)),
+                })?;
+            let on = crate::volumes::mount_on(config, &volume);
+            ids.extend(self.create_batch(region, &on, 1, cordoned, gate).await?);
+        }
+        Ok(ids)
+    }
+
+    /// A volume named as `wanted` in `region` for a new machine: a free one (not attached
+    /// and not taken by this deploy), else a new one of `wanted.size_gb` on a host that can
+    /// also run the machine.
+    async fn volume_for(
+        &self,
+        region: &str,
+        wanted: &crate::volumes::Wanted,
+        config: &MachineConfig,
+    ) -> anyhow::Result<String> {
+        let _choosing = self.choosing_volume.lock().await;
+        let taken = lock(&self.done).volumes_taken.clone();
+        let free = self
+            .client
+            .fly()
+            .volumes(self.app())
+            .await?
+            .into_iter()
+            .find(|v| {
+                v.name == wanted.name
+                    && (region.is_empty() || v.region == region)
+                    && v.attached_machine_id.is_none()
+                    && v.state == "created"
+                    && !taken.contains(&v.id)
+            });
+        let id = match free {
+            Some(v) => {
+                self.say(
+                    &v.id,
+                    region,
+                    format!("free volume {:?} reused", wanted.name),
+                );
+                v.id
+            }
+            None => {
+                let mut req = bazaar_types::volume::CreateVolumeRequest {
+                    name: wanted.name.clone(),
+                    region: Some(region.to_string()).filter(|r| !r.is_empty()),
+                    size_gb: Some(wanted.size_gb),
+                    compute: config.guest.clone(),
+                    snapshot_retention: self.opts.snapshot_retention.get(&wanted.name).copied(),
+                    ..Default::default()
+                };
+                // Spread over hosts where the region has room (Fly's default), else beside
+                // another volume of the name rather than not at all.
+                let v = match self.client.fly().create_volume(self.app(), &req).await {
+                    Err(e) if e.to_string().contains("require_unique_zone") => {
+                        self.say(
+                            "",
+                            region,
+                            format!(
+                                "every host of the region has a volume {:?}: this one goes beside one",
+                                wanted.name
+                            ),
+                        );
+                        req.require_unique_zone = Some(false);
+                        self.client.fly().create_volume(self.app(), &req).await?
+                    }
+                    r => r?,
+                };
+                lock(&self.done).volumes_created.push(v.id.clone());
+                self.say(
+                    &v.id,
+                    &v.region,
+                    format!("volume {:?} created ({} GB)", wanted.name, v.size_gb),
+                );
+                v.id
+            }
+        };
+        lock(&self.done).volumes_taken.push(id.clone());
+        Ok(id)
+    }
+
+    /// Creates `count` machines of one config in a region and waits until they are up.
+    async fn create_batch(
         &self,
         region: &str,
         config: &MachineConfig,

@@ -44,6 +44,9 @@ pub struct Options {
     pub rollback: bool,
     /// Label machines whose config does not change with the new release.
     pub relabel: bool,
+    /// Volume name → days its snapshots are kept, for volumes the deploy creates
+    /// (`[mounts] snapshot_retention`; the API's default when absent).
+    pub snapshot_retention: BTreeMap<String, u32>,
 }
 
 /// What a deploy did.
@@ -55,6 +58,9 @@ pub struct Report {
     pub updated: Vec<String>,
     pub relabeled: Vec<String>,
     pub destroyed: Vec<String>,
+    /// Volumes made for new machines (a deploy never deletes one, a rollback neither).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub volumes_created: Vec<String>,
     /// The first failure: what and where.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -98,6 +104,8 @@ struct Run<'a> {
     done: Mutex<Done>,
     /// Set while rolling back: waits get at least a minute, whatever `wait_timeout`.
     rolling_back: std::sync::atomic::AtomicBool,
+    /// Held while a new machine's volume is chosen, so that two never take the same.
+    choosing_volume: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug, Default)]
@@ -108,6 +116,10 @@ struct Done {
     updated: Vec<Change>,
     relabeled: Vec<(String, Option<String>)>,
     destroyed: Vec<String>,
+    /// Volumes given to new machines of this deploy.
+    volumes_taken: Vec<String>,
+    /// Volumes this deploy created.
+    volumes_created: Vec<String>,
     /// Bluegreen switched traffic to the new machines: a rollback keeps them.
     switched: bool,
 }
@@ -133,6 +145,7 @@ pub async fn execute(
         progress,
         done: Mutex::new(Done::default()),
         rolling_back: Default::default(),
+        choosing_volume: Default::default(),
     };
     let result = match opts.strategy {
         Strategy::Bluegreen => bluegreen(&run, targets, existing, plan).await,
@@ -178,6 +191,7 @@ pub async fn execute(
     report.updated = done.updated.iter().map(|c| c.id.clone()).collect();
     report.relabeled = done.relabeled.iter().map(|(id, _)| id.clone()).collect();
     report.destroyed = done.destroyed.clone();
+    report.volumes_created = done.volumes_created.clone();
     report.seconds = started.elapsed().as_secs_f64();
     report
 }
@@ -200,7 +214,7 @@ fn changes(
                     Change {
                         id: id.clone(),
                         region: s.region.clone(),
-                        to: t.config.clone(),
+                        to: crate::volumes::desired(&t.config, m),
                         from: m.config.clone(),
                         stopped: matches!(m.state.as_str(), "stopped" | "suspended"),
                     },
