@@ -797,3 +797,52 @@ async fn org_wide_lists_and_what_agents_say_of_their_region() {
     let (_, v) = get_as("/orgs/acme/volumes".into()).await;
     assert_eq!(v[0]["id"], volume.as_str());
 }
+
+/// fly-admin (a third-party Fly Machines API client from npm, installed by `scripts/test`
+/// into `tests/clients/fly-admin`), unchanged, through create → lease → get lease (with its
+/// nonce) → release → update → stop → start → delete app: every step passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fly_admin_drives_the_machine_lifecycle_unchanged() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/fly-admin");
+    assert!(
+        dir.join("node_modules/fly-admin").is_dir(),
+        "fly-admin is not installed: run scripts/test, or `npm ci --prefix {}`",
+        dir.display()
+    );
+    let agents = start_cluster(std::path::Path::new(EXE), 2, |_, _| {}).unwrap();
+    let out = tokio::process::Command::new("node")
+        .arg(dir.join("run.js"))
+        .env("BAZAAR_API_URL", agents[1].url())
+        .env("BAZAAR_TOKEN", TEST_SECRET)
+        .output()
+        .await
+        .expect("node runs (scripts/test installs it)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let steps: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|_| panic!("not a step: {l}")))
+        .collect();
+    let names: Vec<&str> = steps.iter().map(|s| s["step"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "create app",
+            "create machine",
+            "acquire lease",
+            "get lease",
+            "release lease",
+            "update machine",
+            "stop machine",
+            "start machine",
+            "delete app"
+        ],
+        "{stdout}"
+    );
+    let failed: Vec<&Value> = steps.iter().filter(|s| s["ok"] != true).collect();
+    assert!(failed.is_empty(), "fly-admin steps failed: {failed:?}");
+}
