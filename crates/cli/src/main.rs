@@ -28,6 +28,7 @@ mod lab_cmd;
 mod machine_wait;
 mod node_main;
 mod secrets_cmd;
+mod term;
 mod token_cmd;
 mod volumes_cmd;
 
