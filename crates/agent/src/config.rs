@@ -93,8 +93,12 @@ pub struct AgentConfig {
     /// without it (the market's `bid_deadline`).
     #[serde(with = "millis")]
     pub bid_deadline: Duration,
-    /// Registries (`host[:port]`) pulled from over plain HTTP (loopback ones always are).
+    /// Registries (`host[:port]`) pulled from over plain HTTP, on any address (private
+    /// ones too); others are reached on public addresses only (`bazaar_image::egress`).
     pub insecure_registries: Vec<String>,
+    /// Registries on loopback addresses may be pulled from, over plain HTTP (`bazaar dev`,
+    /// tests): the agent then fetches from this host's own services.
+    pub allow_loopback_registries: bool,
     /// The subnet of this host's machine network (CIDR); `None` keeps the one used before,
     /// or picks the first free /24 of 10.213.0.0/16.
     pub machine_subnet: Option<String>,
@@ -183,6 +187,7 @@ impl Default for AgentConfig {
             proxy_queue_timeout: Duration::from_secs(5),
             bid_deadline: bazaar_placement::exchange::MarketConfig::default().bid_deadline,
             insecure_registries: Vec::new(),
+            allow_loopback_registries: false,
             machine_subnet: None,
             machine_nat: false,
             mesh_listen: None,
@@ -210,6 +215,7 @@ impl AgentConfig {
         bazaar_runtime::oci::OciSettings {
             data_dir: &self.data_dir,
             insecure_registries: &self.insecure_registries,
+            allow_loopback_registries: self.allow_loopback_registries,
             machine_subnet: self.machine_subnet.as_deref(),
             machine_nat: self.machine_nat,
             runc: self.runc.as_deref(),

@@ -158,6 +158,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             .arg("--token-public-key-file")
             .arg(crate::token_cmd::public_key_path(&token_key))
             .arg("--stop-machines-on-shutdown")
+            // A local cluster pulls from a local registry (`docker run registry`).
+            .arg("--allow-loopback-registries")
             .env("BAZAAR_CLUSTER_SECRET", &state.cluster_secret)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

@@ -192,10 +192,15 @@ struct AgentArgs {
     /// Place without a host whose bid has not come within this long (ms; default 250).
     #[arg(long)]
     bid_deadline_ms: Option<u64>,
-    /// Pull from this registry (`host[:port]`) over plain HTTP (repeatable; loopback
-    /// registries always are).
+    /// Pull from this registry (`host[:port]`) over plain HTTP, whatever its address
+    /// (repeatable). Other registries are reached on public addresses only.
     #[arg(long = "insecure-registry")]
     insecure_registries: Vec<String>,
+    /// Let pulls reach registries on loopback addresses (over plain HTTP): development
+    /// and tests. Any caller who may create a machine then makes the agent fetch
+    /// `/v2/...` from this host's own services.
+    #[arg(long)]
+    allow_loopback_registries: bool,
     /// Subnet of this host's machine network (image machines), e.g. 10.213.4.0/24
     /// (default: the one used before, or the first free /24 of 10.213.0.0/16).
     #[arg(long)]
@@ -421,6 +426,7 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
         config.bid_deadline = std::time::Duration::from_millis(ms);
     }
     config.insecure_registries.extend(a.insecure_registries);
+    config.allow_loopback_registries |= a.allow_loopback_registries;
     if let Some(s) = a.machine_subnet {
         config.machine_subnet = Some(s);
     }

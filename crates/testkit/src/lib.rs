@@ -147,6 +147,8 @@ impl TestAgent {
             .arg(self.opts.cpus.to_string())
             .arg("--memory-mb")
             .arg(self.opts.memory_mb.to_string())
+            // Tests pull from a registry on loopback (`images::TestRegistry`).
+            .arg("--allow-loopback-registries")
             // Through the environment: a command line shows in `ps`.
             .env("BAZAAR_CLUSTER_SECRET", TEST_SECRET)
             .env("BAZAAR_TOKEN_PUBLIC_KEY", tokens::public_key_hex())
