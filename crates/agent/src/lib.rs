@@ -101,6 +101,7 @@ pub mod standby;
 pub mod store;
 pub mod sync;
 pub mod tokens;
+pub mod uid_claims;
 pub mod views;
 pub mod volume_record;
 pub mod volumes;
