@@ -146,6 +146,16 @@ pub struct AgentConfig {
     /// Resolvers that names outside `.internal` are forwarded to; empty reads the
     /// host's `/etc/resolv.conf`.
     pub dns_upstreams: Vec<SocketAddr>,
+    /// Connections the API port and the host listener hold at once, together; at most half
+    /// the agent's open-file limit (`bazaar_node::listen`).
+    pub max_connections: usize,
+    /// Connections from one source address that have not yet carried a token the agent
+    /// accepts.
+    pub max_connections_per_source: usize,
+    /// Longest a request head (or TLS handshake) may take on the API port and the host
+    /// listener, and a kept-alive connection may idle there.
+    #[serde(with = "millis")]
+    pub request_head_timeout: Duration,
 }
 
 impl Default for AgentConfig {
@@ -205,6 +215,10 @@ impl Default for AgentConfig {
             replace_after: Duration::from_secs(60),
             dns_listen: None,
             dns_upstreams: Vec::new(),
+            max_connections: bazaar_node::listen::Limits::default().max_connections,
+            max_connections_per_source: bazaar_node::listen::Limits::default()
+                .max_untrusted_per_source,
+            request_head_timeout: bazaar_node::listen::Limits::default().head_timeout,
         }
     }
 }

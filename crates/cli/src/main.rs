@@ -261,6 +261,19 @@ struct AgentArgs {
     /// The key of --api-tls-cert (PEM).
     #[arg(long, requires = "api_tls_cert")]
     api_tls_key: Option<PathBuf>,
+    /// Connections the API port and the host listener hold at once, together (default
+    /// 16384; never more than half the agent's open-file limit). Past it, the oldest
+    /// connection that has not carried an accepted token is closed to make room.
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Connections from one address that have not yet carried an accepted token (default
+    /// 256); past it, that address's oldest is closed to make room.
+    #[arg(long)]
+    max_connections_per_source: Option<usize>,
+    /// Longest a request head or TLS handshake may take on the API port and the host
+    /// listener, and a kept-alive connection may idle there (ms; default 10000).
+    #[arg(long)]
+    request_head_timeout_ms: Option<u64>,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: String,
@@ -462,6 +475,15 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     config.api_tls = a.api_tls || a.api_tls_cert.is_some();
     config.api_tls_cert = a.api_tls_cert;
     config.api_tls_key = a.api_tls_key;
+    if let Some(n) = a.max_connections {
+        config.max_connections = n;
+    }
+    if let Some(n) = a.max_connections_per_source {
+        config.max_connections_per_source = n;
+    }
+    if let Some(ms) = a.request_head_timeout_ms {
+        config.request_head_timeout = std::time::Duration::from_millis(ms.max(1));
+    }
     if let Some(ms) = a.cert_validity_ms {
         config.cert_validity = std::time::Duration::from_millis(ms.max(1000));
     }
