@@ -273,7 +273,7 @@ mod tests {
             br#"{"schemaVersion": "root:x:0:0"}"#,
             br#"{"mediaType": "application/vnd.oci.image.manifest.v1+json", "config": "root:x:0:0"}"#,
         ] {
-            let err = Document::parse(None, doc).err().expect("refused").to_string();
+            let err = Document::parse(None, doc).expect_err("refused").to_string();
             assert!(!err.contains("root:x"), "{err}");
             assert!(err.contains("\"…\""), "{err}");
         }

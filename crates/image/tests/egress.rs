@@ -41,8 +41,7 @@ async fn pull(store: &ImageStore, reference: &str) -> Error {
     store
         .pull(&reference, &Auth::Anonymous, &|_| {})
         .await
-        .err()
-        .expect("the pull fails")
+        .expect_err("the pull fails")
 }
 
 #[tokio::test]
