@@ -6,14 +6,16 @@
 //! id range is its address's ([`crate::idranges`]).
 //!
 //! `Addresses` is the agent's part that holds what is handed out: host ports, machine
-//! network addresses and process machines' uids.
+//! network addresses and process machines' uids (claimed machine-wide:
+//! [`crate::uid_claims`]).
 
 use crate::driver::{self, Driver};
 use crate::error::AgentError;
 use crate::network::LazyNetwork;
 use crate::record::MachineRecord;
 use crate::sync::lock;
-use std::collections::HashSet;
+use crate::uid_claims::UidClaims;
+use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 
@@ -84,15 +86,28 @@ pub(crate) struct Addresses {
     ips: Arc<Mutex<HashSet<Ipv4Addr>>>,
     /// Uids held by this host's process machines ([`crate::identity`]).
     pub(crate) uids: Mutex<HashSet<u32>>,
+    /// Their machine-wide claims, when machines get uids of their own (a root agent that
+    /// isolates).
+    pub(crate) uid_claims: Option<UidClaims>,
 }
 
 impl Addresses {
-    /// What the machines of a store already hold, at start.
-    pub(crate) fn restore(ports: HashSet<u16>, ips: HashSet<Ipv4Addr>, uids: HashSet<u32>) -> Self {
+    /// What the machines of a store already hold, at start; `uid_claims` holds their uids'
+    /// claims (made again here).
+    pub(crate) fn restore(
+        ports: HashSet<u16>,
+        ips: HashSet<Ipv4Addr>,
+        uids: HashMap<u32, String>,
+        uid_claims: Option<UidClaims>,
+    ) -> Self {
+        if let Some(claims) = &uid_claims {
+            claims.restore(uids.iter().map(|(uid, id)| (*uid, id.as_str())));
+        }
         Addresses {
             ports: Mutex::new(ports),
             ips: Arc::new(Mutex::new(ips)),
-            uids: Mutex::new(uids),
+            uids: Mutex::new(uids.into_keys().collect()),
+            uid_claims,
         }
     }
 

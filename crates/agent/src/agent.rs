@@ -153,7 +153,7 @@ impl Agent {
         let machines = store.machines()?;
         let mut ports = HashSet::new();
         let mut addresses = HashSet::new();
-        let mut uids = HashSet::new();
+        let mut uids = HashMap::new();
         for m in machines
             .iter()
             .filter(|m| m.state != MachineState::Destroyed)
@@ -161,8 +161,14 @@ impl Agent {
             ledger.restore(&m.id, m.resources);
             ports.extend(m.host_ports.values().copied());
             addresses.extend(m.private_ip);
-            uids.extend(m.uid);
+            if let Some(uid) = m.uid {
+                uids.insert(uid, m.id.clone());
+            }
         }
+        // Machine uids are claimed machine-wide where machines get their own (root,
+        // isolating): other agents on this kernel skip them.
+        let uid_claims = (driver.isolate && rustix::process::geteuid().is_root())
+            .then(|| crate::uid_claims::UidClaims::new(&host_id));
         crate::addresses::restore_machine_network(&driver, &addresses);
         if let Some(network) = &driver.network {
             network.id_ranges.restore(
@@ -192,7 +198,7 @@ impl Agent {
             tracker: TaskTracker::new(),
             tokens,
             audit: crate::audit::AuditLog::new(&config.data_dir),
-            addresses: Addresses::restore(ports, addresses, uids),
+            addresses: Addresses::restore(ports, addresses, uids, uid_claims),
             catalog: std::sync::OnceLock::new(),
             last_host_record: Mutex::new(None),
             proxy_addr: std::sync::OnceLock::new(),

@@ -6,10 +6,11 @@
 
 use crate::agent::Agent;
 use crate::config::AgentConfig;
+use crate::connections;
 use crate::host_tls::HostTls;
 use anyhow::Context;
-use axum::extract::Request;
 use axum::Router;
+use bazaar_node::listen::{spawn_accept_loop, Admission, Admitted, Limits};
 use bazaar_pki::IdentityHandle;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -76,36 +77,27 @@ impl ApiTls {
         }))
     }
 
-    /// Serves `app` on `listener` over TLS until the agent shuts down.
+    /// Serves `app` on `listener` over TLS until the agent shuts down, its connections
+    /// counted by `admission`.
     pub fn serve(
         &self,
         agent: &Agent,
         listener: tokio::net::TcpListener,
+        admission: Arc<Admission>,
         app: Router,
-    ) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    ) -> tokio::task::JoinHandle<()> {
         let acceptor = self.acceptor.clone();
-        let stop = agent.0.shutdown.clone();
-        agent.0.tracker.spawn(async move {
-            loop {
-                let (stream, peer) = tokio::select! {
-                    _ = stop.cancelled() => return Ok(()),
-                    accepted = listener.accept() => match accepted {
-                        Ok(a) => a,
-                        Err(err) => {
-                            tracing::warn!(error = %err, "API accept");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    },
-                };
-                tokio::spawn(serve_connection(
-                    acceptor.clone(),
-                    stream,
-                    peer,
-                    app.clone(),
-                ));
-            }
-        })
+        let limits = admission.limits();
+        spawn_accept_loop(
+            "API (TLS)",
+            listener,
+            admission,
+            agent.0.shutdown.clone(),
+            &agent.0.tracker,
+            move |stream, peer, conn| {
+                serve_connection(acceptor.clone(), stream, peer, conn, app.clone(), limits)
+            },
+        )
     }
 }
 
@@ -140,17 +132,19 @@ fn spawn_renewal(
     });
 }
 
-/// One client connection: plain HTTP is answered 400; TLS is served by the API router.
+/// One client connection: plain HTTP is answered 400; TLS is served by the API router. The
+/// first byte and the handshake each have the head timeout.
 async fn serve_connection(
     acceptor: tokio_rustls::TlsAcceptor,
     mut stream: tokio::net::TcpStream,
     peer: SocketAddr,
+    conn: Arc<Admitted>,
     app: Router,
+    limits: Limits,
 ) {
-    let _ = stream.set_nodelay(true);
     // A TLS connection starts with a handshake record (0x16).
     let mut first = [0u8; 1];
-    match tokio::time::timeout(Duration::from_secs(10), stream.peek(&mut first)).await {
+    match tokio::time::timeout(limits.head_timeout, stream.peek(&mut first)).await {
         Ok(Ok(1)) if first[0] == 0x16 => {}
         Ok(Ok(1)) => {
             let body = r#"{"error":"this API is served over HTTPS"}"#;
@@ -165,7 +159,7 @@ async fn serve_connection(
         }
         _ => return,
     }
-    let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await {
+    let tls = match tokio::time::timeout(limits.head_timeout, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(err)) => {
             tracing::debug!(error = %err, %peer, "API handshake");
@@ -173,21 +167,5 @@ async fn serve_connection(
         }
         Err(_) => return,
     };
-    let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
-        // The peer's address, for the audit record (as `axum::serve` gives it).
-        req.extensions_mut()
-            .insert(axum::extract::ConnectInfo(peer));
-        let mut app = app.clone();
-        async move {
-            use tower::Service;
-            app.call(req.map(axum::body::Body::new)).await
-        }
-    });
-    if let Err(err) = hyper::server::conn::http1::Builder::new()
-        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
-        .with_upgrades()
-        .await
-    {
-        tracing::debug!(error = %err, %peer, "API connection");
-    }
+    connections::serve(tls, peer, conn, app, limits, |_| {}).await;
 }

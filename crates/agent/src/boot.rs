@@ -12,9 +12,11 @@ use crate::record::Operation;
 use crate::store::{Batch, Store};
 use crate::sync::lock;
 use crate::{
-    api_tls, cluster_security, dns, fence, host_tls, http, images, mesh, secrets, standby,
+    api_tls, cluster_security, connections, dns, fence, host_tls, http, images, mesh, secrets,
+    standby,
 };
 use anyhow::Context;
+use bazaar_node::listen::{spawn_accept_loop, Admission};
 use bazaar_runtime::MachineDriver;
 use bazaar_types::ids;
 use bazaar_types::now_ms;
@@ -124,7 +126,16 @@ pub async fn run_agent(
         .merge(extra)
         .layer(axum::middleware::map_response(
             http::fly_shaped_method_errors,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            agent.clone(),
+            trust_callers,
         ));
+    // One count of connections for the API port and the host listener: they share the
+    // process's file descriptors.
+    let limits = connections::limits(&config);
+    let admission = Admission::new(limits);
+    tracing::debug!(?limits, "connection limits");
     if let Some((tls, listener, host_addr)) = host_listener {
         // The same interfaces, to other hosts, over mTLS.
         tls.serve(
@@ -132,6 +143,7 @@ pub async fn run_agent(
             &agent.0.tracker,
             agent.catalog().cloned(),
             listener,
+            admission.clone(),
             tls.router(app.clone()),
         )?;
         tls.spawn_renewal(
@@ -148,16 +160,17 @@ pub async fn run_agent(
     tracing::info!(api.addr = %addr, api.tls = api_tls.is_some(), host.id = agent.host_id(), region = %config.region, "listening");
     give_back_start_up_heap(&agent);
     let server = match &api_tls {
-        Some(tls) => tls.serve(&agent, listener, app),
-        None => {
-            let server = axum::serve(
-                listener,
-                // The peer's address, for the audit record.
-                app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-            )
-            .with_graceful_shutdown(async move { stop.cancelled().await });
-            tokio::spawn(async move { server.await })
-        }
+        Some(tls) => tls.serve(&agent, listener, admission, app),
+        None => spawn_accept_loop(
+            "API",
+            listener,
+            admission,
+            stop,
+            &agent.0.tracker,
+            move |stream, peer, conn| {
+                connections::serve(stream, peer, conn, app.clone(), limits, |_| {})
+            },
+        ),
     };
     shutdown_signal.await;
     tracing::info!("shutting down");
@@ -165,16 +178,34 @@ pub async fn run_agent(
     catalog.leave().await;
     agent.shutdown().await;
     match tokio::time::timeout(std::time::Duration::from_secs(5), server).await {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(err))) => tracing::warn!(error = %err, "server error"),
+        Ok(Ok(())) => {}
         Ok(Err(err)) => tracing::warn!(error = %err, "server task"),
         Err(_) => tracing::warn!("server did not stop within 5 s"),
     }
     Ok(())
 }
 
+/// Trusts the connection of a request whose bearer token the agent accepts (the cluster
+/// secret, a token-file token, a scoped token): from then on it is never evicted for a
+/// newer connection (`bazaar_node::listen`).
+async fn trust_callers(
+    axum::extract::State(agent): axum::extract::State<Agent>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if let Some(connections::Connection(conn)) = req.extensions().get() {
+        if !conn.is_trusted()
+            && bazaar_node::access::bearer(&req).is_some_and(|t| agent.0.tokens.caller(t).is_ok())
+        {
+            conn.trust();
+        }
+    }
+    next.run(req).await
+}
+
 /// Each supervised machine holds a few pidfds; lift the soft limit on open files to the hard
-/// limit so a host with thousands of machines does not run out.
+/// limit so a host with thousands of machines does not run out. The API port and the host
+/// listener then take at most half of it (`connections::limits`).
 fn raise_fd_limit() {
     use rustix::process::{getrlimit, setrlimit, Resource};
     let mut limit = getrlimit(Resource::Nofile);

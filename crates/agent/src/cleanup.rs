@@ -429,7 +429,7 @@ const USERNS_DIR: &str = "/run/bazaar/userns";
 
 /// Unmounts and removes host `host_id`'s runtime dir (`/run/bazaar/<host id>`, where its
 /// image machines' root filesystems are mounted for runc) and gives back the user
-/// namespace id ranges its machines claimed. Returns how many mounts it removed.
+/// namespace id ranges and the uids its machines claimed. Returns how many mounts it removed.
 fn release_runtime_dir(host_id: &str) -> usize {
     let dir = Path::new("/run/bazaar").join(host_id);
     let removed = unmount_below(&dir);
@@ -444,6 +444,7 @@ fn release_runtime_dir(host_id: &str) -> usize {
             let _ = std::fs::remove_file(claim.path());
         }
     }
+    crate::uid_claims::release_all(host_id);
     removed
 }
 

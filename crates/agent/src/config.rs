@@ -93,8 +93,12 @@ pub struct AgentConfig {
     /// without it (the market's `bid_deadline`).
     #[serde(with = "millis")]
     pub bid_deadline: Duration,
-    /// Registries (`host[:port]`) pulled from over plain HTTP (loopback ones always are).
+    /// Registries (`host[:port]`) pulled from over plain HTTP, on any address (private
+    /// ones too); others are reached on public addresses only (`bazaar_image::egress`).
     pub insecure_registries: Vec<String>,
+    /// Registries on loopback addresses may be pulled from, over plain HTTP (`bazaar dev`,
+    /// tests): the agent then fetches from this host's own services.
+    pub allow_loopback_registries: bool,
     /// The subnet of this host's machine network (CIDR); `None` keeps the one used before,
     /// or picks the first free /24 of 10.213.0.0/16.
     pub machine_subnet: Option<String>,
@@ -142,6 +146,16 @@ pub struct AgentConfig {
     /// Resolvers that names outside `.internal` are forwarded to; empty reads the
     /// host's `/etc/resolv.conf`.
     pub dns_upstreams: Vec<SocketAddr>,
+    /// Connections the API port and the host listener hold at once, together; at most half
+    /// the agent's open-file limit (`bazaar_node::listen`).
+    pub max_connections: usize,
+    /// Connections from one source address that have not yet carried a token the agent
+    /// accepts.
+    pub max_connections_per_source: usize,
+    /// Longest a request head (or TLS handshake) may take on the API port and the host
+    /// listener, and a kept-alive connection may idle there.
+    #[serde(with = "millis")]
+    pub request_head_timeout: Duration,
     /// What this host says of its region (`[region_info]`: name, latitude, longitude,
     /// geo_region, gateway), published in its host row for `GET /v1/platform/regions`.
     pub region_info: bazaar_types::region::RegionInfo,
@@ -186,6 +200,7 @@ impl Default for AgentConfig {
             proxy_queue_timeout: Duration::from_secs(5),
             bid_deadline: bazaar_placement::exchange::MarketConfig::default().bid_deadline,
             insecure_registries: Vec::new(),
+            allow_loopback_registries: false,
             machine_subnet: None,
             machine_nat: false,
             mesh_listen: None,
@@ -203,6 +218,10 @@ impl Default for AgentConfig {
             replace_after: Duration::from_secs(60),
             dns_listen: None,
             dns_upstreams: Vec::new(),
+            max_connections: bazaar_node::listen::Limits::default().max_connections,
+            max_connections_per_source: bazaar_node::listen::Limits::default()
+                .max_untrusted_per_source,
+            request_head_timeout: bazaar_node::listen::Limits::default().head_timeout,
             region_info: Default::default(),
         }
     }
@@ -214,6 +233,7 @@ impl AgentConfig {
         bazaar_runtime::oci::OciSettings {
             data_dir: &self.data_dir,
             insecure_registries: &self.insecure_registries,
+            allow_loopback_registries: self.allow_loopback_registries,
             machine_subnet: self.machine_subnet.as_deref(),
             machine_nat: self.machine_nat,
             runc: self.runc.as_deref(),

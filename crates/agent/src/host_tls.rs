@@ -12,6 +12,7 @@
 //! `DATA/tls/row-key.endorsement`.
 
 use crate::config::AgentConfig;
+use crate::connections;
 use crate::error::AgentError;
 use anyhow::Context;
 use axum::extract::{Request, State};
@@ -19,6 +20,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
+use bazaar_node::listen::{spawn_accept_loop, Admission, Admitted, Limits};
 use bazaar_pki::{ClusterCa, HostIdentity, HostRequest, IdentityHandle, JoinToken};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -142,43 +144,41 @@ impl HostTls {
     }
 
     /// Serves `router` on `listener` over TLS until `stop` (the agent's shutdown); the
-    /// accept loop is counted by `tracker`. `catalog` tells which hosts the CA revoked.
+    /// accept loop is counted by `tracker`, the connections by `admission` (a connection
+    /// whose peer is a host of the cluster is trusted). `catalog` tells which hosts the CA
+    /// revoked.
     pub fn serve(
         &self,
         stop: CancellationToken,
         tracker: &TaskTracker,
         catalog: Option<bazaar_catalog::Catalog>,
         listener: tokio::net::TcpListener,
+        admission: Arc<Admission>,
         router: Router,
     ) -> anyhow::Result<()> {
         let acceptor = tokio_rustls::TlsAcceptor::from(bazaar_pki::server_config(
             &self.identity,
             &self.ca_pem,
         )?);
-        tracker.spawn(async move {
-            loop {
-                let (stream, peer_addr) = tokio::select! {
-                    _ = stop.cancelled() => return,
-                    accepted = listener.accept() => match accepted {
-                        Ok(a) => a,
-                        Err(err) => {
-                            tracing::warn!(error = %err, "host listener accept");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    },
-                };
-                let acceptor = acceptor.clone();
-                let router = router.clone();
-                tokio::spawn(serve_connection(
-                    acceptor,
+        let limits = admission.limits();
+        spawn_accept_loop(
+            "host listener",
+            listener,
+            admission,
+            stop,
+            tracker,
+            move |stream, peer_addr, conn| {
+                serve_connection(
+                    acceptor.clone(),
                     stream,
                     peer_addr,
-                    router,
+                    conn,
+                    router.clone(),
                     catalog.clone(),
-                ));
-            }
-        });
+                    limits,
+                )
+            },
+        );
         Ok(())
     }
 
@@ -306,11 +306,12 @@ async fn serve_connection(
     acceptor: tokio_rustls::TlsAcceptor,
     stream: tokio::net::TcpStream,
     peer_addr: SocketAddr,
+    conn: Arc<Admitted>,
     router: Router,
     catalog: Option<bazaar_catalog::Catalog>,
+    limits: Limits,
 ) {
-    let _ = stream.set_nodelay(true);
-    let tls = match tokio::time::timeout(Duration::from_secs(5), acceptor.accept(stream)).await {
+    let tls = match tokio::time::timeout(limits.head_timeout, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(err)) => {
             tracing::debug!(error = %err, "host listener handshake refused");
@@ -330,29 +331,19 @@ async fn serve_connection(
             return;
         }
     }
-    let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+    // A host of the cluster (its certificate verified): never evicted for a stranger.
+    if peer.is_some() {
+        conn.trust();
+    }
+    connections::serve(tls, peer_addr, conn, router, limits, move |req| {
         // Checked per request too: a connection opened before the host was revoked
         // carries its requests unauthenticated from then on.
         let revoked = |p: &PeerHost| catalog.as_ref().is_some_and(|c| c.is_revoked(&p.0));
         if let Some(peer) = peer.as_ref().filter(|p| !revoked(p)) {
             req.extensions_mut().insert(peer.clone());
         }
-        req.extensions_mut()
-            .insert(axum::extract::ConnectInfo(peer_addr));
-        let mut router = router.clone();
-        async move {
-            use tower::Service;
-            router.call(req.map(axum::body::Body::new)).await
-        }
-    });
-    let io = hyper_util::rt::TokioIo::new(tls);
-    if let Err(err) = hyper::server::conn::http1::Builder::new()
-        .serve_connection(io, service)
-        .with_upgrades()
-        .await
-    {
-        tracing::debug!(error = %err, "host listener connection");
-    }
+    })
+    .await;
 }
 
 /// Only a verified peer gets through, but for a join (which carries its token).

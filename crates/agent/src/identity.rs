@@ -1,7 +1,7 @@
 //! A process machine's own user: when the agent is root and isolates workloads, every
 //! process machine runs as a uid (and gid) of its own, `FIRST_UID + n`, allocated when the
 //! machine is accepted, recorded with it (a restart or re-adoption keeps it) and unique among
-//! this host's machines; it owns the machine's work directory and volume. A machine asking
+//! the machines of every agent on this kernel ([`crate::uid_claims`]); it owns the machine's work directory and volume. A machine asking
 //! for root (`init.user` naming uid 0) is refused unless the operator allows it
 //! (`--allow-root-machines`); any other `init.user` only names the machine's own uid inside
 //! its sandbox. Agents that are not root run every workload as themselves, as before.
@@ -44,9 +44,15 @@ impl Agent {
             return Ok(());
         }
         let mut used = lock(&self.0.addresses.uids);
-        let uid = (FIRST_UID..FIRST_UID + UID_COUNT)
-            .find(|uid| !used.contains(uid))
-            .ok_or_else(|| AgentError::Capacity("no machine uid left on this host".into()))?;
+        let range = FIRST_UID..FIRST_UID + UID_COUNT;
+        let uid = match &self.0.addresses.uid_claims {
+            // Other agents on this kernel hand out uids too: only one nobody claimed.
+            Some(claims) => claims
+                .claim_free(&rec.id, &used, range)
+                .map_err(|e| AgentError::Internal(format!("claiming a machine uid: {e}")))?,
+            None => range.into_iter().find(|uid| !used.contains(uid)),
+        }
+        .ok_or_else(|| AgentError::Capacity("no machine uid left on this host".into()))?;
         used.insert(uid);
         rec.uid = Some(uid);
         Ok(())
@@ -67,6 +73,9 @@ impl Agent {
     pub(crate) fn release_user(&self, rec: &MachineRecord) {
         if let Some(uid) = rec.uid {
             lock(&self.0.addresses.uids).remove(&uid);
+            if let Some(claims) = &self.0.addresses.uid_claims {
+                claims.release(uid, &rec.id);
+            }
         }
     }
 }

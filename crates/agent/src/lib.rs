@@ -19,7 +19,9 @@
 //!   [`audit`], [`metrics`], [`host_tls`]; and [`record`], [`config`], [`error`],
 //!   [`sync`].
 //! - [`addresses`]: host ports, machine-network addresses and uids, handed out and given
-//!   back.
+//!   back; [`uid_claims`]: the uids claimed machine-wide, beside other agents' on the kernel.
+//! - [`connections`]: the agent's router served on the connections its listeners admit
+//!   (`bazaar_node::listen`: caps, eviction, head timeout).
 //! - [`market`]: bids, reservations, claims and creates (the host's side of the market).
 //! - [`leases`]: leases, cordons and metadata.
 //! - [`publish`]: this host's rows in the catalog (host record, machines) and the live state
@@ -75,6 +77,7 @@ pub mod checks;
 pub mod cleanup;
 pub mod cluster_security;
 pub mod config;
+pub mod connections;
 pub mod dns;
 pub mod error;
 pub mod fault;
@@ -103,6 +106,7 @@ pub mod standby;
 pub mod store;
 pub mod sync;
 pub mod tokens;
+pub mod uid_claims;
 pub mod views;
 pub mod volume_record;
 pub mod volumes;

@@ -65,6 +65,8 @@ impl Api {
     pub fn new(node: NodeHandle) -> Api {
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(32)
+            // Agents close connections idle for their head timeout (10 s).
+            .pool_idle_timeout(std::time::Duration::from_secs(5))
             .connect_timeout(std::time::Duration::from_millis(500))
             .build()
             .unwrap_or_default();

@@ -445,9 +445,11 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
                 pending.push_str(&String::from_utf8_lossy(&chunk));
                 while let Some(pos) = pending.find('\n') {
                     let line: String = pending.drain(..=pos).collect();
+                    // A workload's own bytes: escaped on a terminal (`crate::term`).
                     match serde_json::from_str::<LogLine>(line.trim()) {
-                        Ok(l) if !c.json => println!("{}", l.line),
-                        _ => print!("{line}"),
+                        Ok(l) if !c.json => println!("{}", crate::term::for_stdout(&l.line)),
+                        Ok(_) => print!("{}", crate::term::json_for_stdout(&line)),
+                        Err(_) => println!("{}", crate::term::for_stdout(line.trim_end())),
                     }
                 }
             }

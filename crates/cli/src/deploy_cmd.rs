@@ -496,10 +496,17 @@ pub async fn logs(a: LogsArgs) -> anyhow::Result<()> {
                         Some(mut v) if json => {
                             v["machine"] = Value::String(id.clone());
                             v["region"] = Value::String(region.clone());
-                            println!("{v}");
+                            println!("{}", crate::term::json_for_stdout(&v.to_string()));
                         }
-                        Some(v) => println!("{id} {region} | {}", text(&v["line"])),
-                        None => print!("{id} {region} | {line}"),
+                        // A workload's own bytes: escaped on a terminal (`crate::term`).
+                        Some(v) => println!(
+                            "{id} {region} | {}",
+                            crate::term::for_stdout(&text(&v["line"]))
+                        ),
+                        None => println!(
+                            "{id} {region} | {}",
+                            crate::term::for_stdout(line.trim_end())
+                        ),
                     }
                 }
             }

@@ -42,6 +42,10 @@ pub struct DevArgs {
     /// Internal DNS of the first host (UDP and TCP); host i answers on base + i.
     #[arg(long, default_value_t = 4580)]
     dns_port: u16,
+    /// Proxy hop listener (mTLS, other hosts' proxies) of the first host; host i listens
+    /// on base + i.
+    #[arg(long, default_value_t = 4680)]
+    proxy_hop_port: u16,
     /// Memory (MB) each host offers; default: what this machine has.
     #[arg(long)]
     memory_mb: Option<u64>,
@@ -147,11 +151,15 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             .arg(format!("127.0.0.1:{}", args.proxy_tls_port as usize + i))
             .arg("--dns-listen")
             .arg(format!("127.0.0.1:{}", args.dns_port as usize + i))
+            .arg("--proxy-hop-listen")
+            .arg(format!("127.0.0.1:{}", args.proxy_hop_port as usize + i))
             .arg("--token-file")
             .arg(&token_file)
             .arg("--token-public-key-file")
             .arg(crate::token_cmd::public_key_path(&token_key))
             .arg("--stop-machines-on-shutdown")
+            // A local cluster pulls from a local registry (`docker run registry`).
+            .arg("--allow-loopback-registries")
             .env("BAZAAR_CLUSTER_SECRET", &state.cluster_secret)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

@@ -28,6 +28,7 @@ mod lab_cmd;
 mod machine_wait;
 mod node_main;
 mod secrets_cmd;
+mod term;
 mod token_cmd;
 mod volumes_cmd;
 
@@ -191,10 +192,15 @@ struct AgentArgs {
     /// Place without a host whose bid has not come within this long (ms; default 250).
     #[arg(long)]
     bid_deadline_ms: Option<u64>,
-    /// Pull from this registry (`host[:port]`) over plain HTTP (repeatable; loopback
-    /// registries always are).
+    /// Pull from this registry (`host[:port]`) over plain HTTP, whatever its address
+    /// (repeatable). Other registries are reached on public addresses only.
     #[arg(long = "insecure-registry")]
     insecure_registries: Vec<String>,
+    /// Let pulls reach registries on loopback addresses (over plain HTTP): development
+    /// and tests. Any caller who may create a machine then makes the agent fetch
+    /// `/v2/...` from this host's own services.
+    #[arg(long)]
+    allow_loopback_registries: bool,
     /// Subnet of this host's machine network (image machines), e.g. 10.213.4.0/24
     /// (default: the one used before, or the first free /24 of 10.213.0.0/16).
     #[arg(long)]
@@ -255,6 +261,19 @@ struct AgentArgs {
     /// The key of --api-tls-cert (PEM).
     #[arg(long, requires = "api_tls_cert")]
     api_tls_key: Option<PathBuf>,
+    /// Connections the API port and the host listener hold at once, together (default
+    /// 16384; never more than half the agent's open-file limit). Past it, the oldest
+    /// connection that has not carried an accepted token is closed to make room.
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Connections from one address that have not yet carried an accepted token (default
+    /// 256); past it, that address's oldest is closed to make room.
+    #[arg(long)]
+    max_connections_per_source: Option<usize>,
+    /// Longest a request head or TLS handshake may take on the API port and the host
+    /// listener, and a kept-alive connection may idle there (ms; default 10000).
+    #[arg(long)]
+    request_head_timeout_ms: Option<u64>,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: String,
@@ -420,6 +439,7 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
         config.bid_deadline = std::time::Duration::from_millis(ms);
     }
     config.insecure_registries.extend(a.insecure_registries);
+    config.allow_loopback_registries |= a.allow_loopback_registries;
     if let Some(s) = a.machine_subnet {
         config.machine_subnet = Some(s);
     }
@@ -455,6 +475,15 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     config.api_tls = a.api_tls || a.api_tls_cert.is_some();
     config.api_tls_cert = a.api_tls_cert;
     config.api_tls_key = a.api_tls_key;
+    if let Some(n) = a.max_connections {
+        config.max_connections = n;
+    }
+    if let Some(n) = a.max_connections_per_source {
+        config.max_connections_per_source = n;
+    }
+    if let Some(ms) = a.request_head_timeout_ms {
+        config.request_head_timeout = std::time::Duration::from_millis(ms.max(1));
+    }
     if let Some(ms) = a.cert_validity_ms {
         config.cert_validity = std::time::Duration::from_millis(ms.max(1000));
     }

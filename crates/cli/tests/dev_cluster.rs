@@ -12,9 +12,9 @@ use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Finds a base port such that `base..base + n`, `base + 10..base + 10 + n` and
-/// `base + 20..base + 20 + n` (the API, proxy and host listener ports `start_dev` uses) are
-/// free for TCP and UDP on loopback. Bases are picked
+/// Finds a base port such that `base + 10k..base + 10k + n` for k in 0..5 (the API, proxy,
+/// host listener, proxy TLS and proxy hop ports `start_dev` uses) are free for TCP and UDP
+/// on loopback. Bases are picked
 /// below the kernel's ephemeral range, where outgoing connections of tests running
 /// alongside cannot take them in the meantime.
 fn free_ports(n: u16) -> u16 {
@@ -24,11 +24,7 @@ fn free_ports(n: u16) -> u16 {
     };
     for _ in 0..1000 {
         let base = bazaar_testkit::free_port(std::net::Ipv4Addr::LOCALHOST);
-        if base < 31_900
-            && (0..n).all(|i| {
-                free(base + i) && free(base + 10 + i) && free(base + 20 + i) && free(base + 30 + i)
-            })
-        {
+        if base < 31_900 && (0..n).all(|i| (0..5).all(|k| free(base + 10 * k + i))) {
             return base;
         }
     }
@@ -73,6 +69,8 @@ fn start_dev_with(dir: &std::path::Path, base: u16, gossip: u16, extra: &[&str])
             &(base + 20).to_string(),
             "--proxy-tls-port",
             &(base + 30).to_string(),
+            "--proxy-hop-port",
+            &(base + 40).to_string(),
         ])
         .args(extra)
         .stdin(Stdio::null())
@@ -169,7 +167,24 @@ async fn dev_starts_three_hosts_stops_cleanly_and_resumes() {
         );
     }
 
+    // Every listener is on dev's port plan, the proxy's hop listener too (no port the
+    // kernel picks): host i's on base + 40 + i, published in its host row.
     let c = HostClient::new(&env["BAZAAR_API_URL"], &secret);
+    for (i, id) in host_ids_in_order(base, &secret).await.iter().enumerate() {
+        let want = format!("127.0.0.1:{}", base + 40 + i as u16);
+        let hop = bazaar_testkit::eventually(Duration::from_secs(10), || async {
+            let hosts = c.catalog_hosts().await.ok()?;
+            let h = hosts.into_iter().find(|h| &h.id == id)?;
+            h.labels.get("proxy_hop_addr").cloned()
+        })
+        .await
+        .ok();
+        assert_eq!(
+            hop.as_deref(),
+            Some(want.as_str()),
+            "host {i}'s hop listener"
+        );
+    }
     let m = c
         .create(&create_request("devapp", &["sleep", "1000"]))
         .await

@@ -96,6 +96,8 @@ impl FlyClient {
     pub fn new(base: &str, token: &str) -> FlyClient {
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(64)
+            // Agents close connections idle for their head timeout (10 s).
+            .pool_idle_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(90))
             .build()
             .unwrap_or_default();
@@ -108,7 +110,9 @@ impl FlyClient {
         token: &str,
         options: &FlyOptions,
     ) -> Result<FlyClient, ApiError> {
-        let mut builder = reqwest::Client::builder().pool_max_idle_per_host(64);
+        let mut builder = reqwest::Client::builder()
+            .pool_max_idle_per_host(64)
+            .pool_idle_timeout(Duration::from_secs(5));
         if let Some(pem) = &options.ca_pem {
             let certs = reqwest::Certificate::from_pem_bundle(pem)
                 .map_err(|e| ApiError::Setup(format!("not a PEM certificate: {e}")))?;

@@ -62,6 +62,8 @@ impl HostClient {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(64)
+            // Agents close connections idle for their head timeout (10 s).
+            .pool_idle_timeout(Duration::from_secs(5))
             .build()
             .unwrap_or_default();
         HostClient {

@@ -60,6 +60,14 @@
   function readOnly() { return sessionStorage.getItem(READ_ONLY) === "1"; }
   if (readOnly()) hideActions();
 
+  // Capacity bars: their width comes as data-pct (the page's policy allows no inline style).
+  function sizeBars() {
+    document.querySelectorAll(".fill[data-pct]").forEach(function (el) {
+      el.style.width = Math.min(100, Number(el.dataset.pct) || 0) + "%";
+    });
+  }
+  sizeBars();
+
   // Swaps the page's <main> for a fresh copy, keeping the log tail as it is.
   var refreshing = null, again = false;
   function refresh() {
@@ -74,6 +82,7 @@
         var newLog = next.querySelector("#log");
         if (log && newLog) newLog.replaceWith(log);
         live.replaceChildren.apply(live, Array.prototype.slice.call(next.childNodes));
+        sizeBars();
         if (readOnly()) hideActions();
       })
       .catch(function () {})

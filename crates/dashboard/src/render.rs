@@ -64,13 +64,14 @@ pub fn sign_in(message: Option<&str>) -> String {
     )
 }
 
-/// A bar of `used` out of `total`, with its numbers.
+/// A bar of `used` out of `total`, with its numbers. The fill's width is set by the script
+/// from `data-pct`: the Content-Security-Policy allows no inline style.
 fn capacity_bar(label: &str, used: u64, total: u64, unit: &str) -> Markup {
     let pct = (used * 100).checked_div(total).unwrap_or(0).min(100);
     html! {
         div.cap {
             span.caplabel { (label) }
-            span.bar { span.fill style=(format!("width:{pct}%")) {} }
+            span.bar { span.fill data-pct=(pct) {} }
             span.capnum { (used) " / " (total) " " (unit) " committed" }
         }
     }
@@ -389,6 +390,40 @@ mod tests {
         assert_eq!(utc(0), "1970-01-01 00:00:00.000");
         assert_eq!(utc(951_782_400_123), "2000-02-29 00:00:00.123");
         assert_eq!(utc(1_795_616_989_665), "2026-11-25 14:29:49.665");
+    }
+
+    /// The Content-Security-Policy (`shell::CONTENT_SECURITY_POLICY`) allows scripts and
+    /// styles from files only: a page with an inline script, handler or style would break.
+    #[test]
+    fn pages_carry_no_inline_script_or_style() {
+        let mut record = bazaar_catalog::HostRecord {
+            id: "h1".into(),
+            region: "ams".into(),
+            ..Default::default()
+        };
+        record.capacity.cpus = 8;
+        record.free.cpus = 2;
+        let hosts = [HostView {
+            record,
+            status: bazaar_catalog::HostStatus::Alive,
+            version: 1,
+        }];
+        let page = fleet(&hosts, &BTreeMap::new());
+        assert!(page.contains("data-pct=\"75\""), "{page}");
+        for page in [page, sign_in(Some("x")), failure("a", "b")] {
+            assert!(!page.contains("style="), "{page}");
+            // No event handler attribute (` onclick=`, ...).
+            let handler = page.split(" on").skip(1).any(|rest| {
+                let name_len = rest.bytes().take_while(u8::is_ascii_lowercase).count();
+                name_len > 0 && rest[name_len..].starts_with('=')
+            });
+            assert!(!handler, "{page}");
+            assert_eq!(
+                page.matches("<script").count(),
+                page.matches("<script src=").count(),
+                "{page}"
+            );
+        }
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! in-process with the viewer's token, so every check and forward of the API applies),
 //! the actions (a POST that calls the Machines API; it needs the `x-bazaar-ui` header,
 //! which a cross-site form cannot send, on top of the cookie's `SameSite=Strict`), the live
-//! log tail and the change stream as server-sent events.
+//! log tail and the change stream as server-sent events. Every answer carries
+//! [`CONTENT_SECURITY_POLICY`] (scripts and styles from this origin's files only, no
+//! framing), `X-Content-Type-Options: nosniff` and `Referrer-Policy: no-referrer`.
 
 use crate::access;
 use crate::render::{self, MachineDetail, Viewer};
@@ -24,6 +26,12 @@ use tower::ServiceExt;
 
 /// The cookie holding the signed-in token.
 const COOKIE: &str = "bazaar_ui";
+
+/// What a dashboard page may load: its own script and style files, nothing inline (the
+/// pages carry no inline script, handler or style), no plugins, and no page may frame it.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
+     style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; \
+     base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
 /// Largest API answer read into a page (a machine's events, its config).
 const MAX_API_BODY: usize = 8 * 1024 * 1024;
@@ -54,6 +62,25 @@ pub fn router(node: NodeHandle, api: Router) -> Router {
         .route("/ui/events", get(events))
         .route("/ui/assets/{name}", get(asset))
         .with_state(Ui { node, api })
+        .layer(axum::middleware::map_response(security_headers))
+}
+
+/// The headers of every `/ui` answer (see [`CONTENT_SECURITY_POLICY`]).
+async fn security_headers(mut resp: Response) -> Response {
+    let headers = resp.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        header::HeaderValue::from_static("no-referrer"),
+    );
+    resp
 }
 
 /// The token of the request's cookie, if the API accepts it.

@@ -34,6 +34,10 @@ pub enum Error {
         #[source]
         source: reqwest::Error,
     },
+    /// A registry this host does not pull from (a loopback, private or link-local
+    /// address the operator did not allow: [`crate::egress`]).
+    #[error("{0}")]
+    Egress(String),
     /// The registry asked for credentials in a way this client cannot answer.
     #[error("registry {url}: authentication failed: {reason}")]
     Auth { url: String, reason: String },

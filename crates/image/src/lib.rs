@@ -14,7 +14,9 @@
 //! use std::collections::BTreeMap;
 //! use std::path::Path;
 //!
-//! let store = ImageStore::open("/var/lib/bazaar/images", StoreOptions::default())?;
+//! // A registry on loopback is pulled from only when allowed (`crate::egress`).
+//! let options = StoreOptions { allow_loopback_registries: true, ..StoreOptions::default() };
+//! let store = ImageStore::open("/var/lib/bazaar/images", options)?;
 //! let reference = "127.0.0.1:5000/app:v1".parse()?;
 //! let image = store
 //!     .pull(&reference, &Auth::Anonymous, &|p| println!("{:?} {}/{}", p.phase, p.done, p.total))
@@ -30,6 +32,7 @@
 pub mod archive;
 pub mod config;
 pub mod digest;
+pub mod egress;
 pub mod error;
 pub mod gc;
 pub mod idmap;

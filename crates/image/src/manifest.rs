@@ -160,7 +160,7 @@ impl Document {
             manifests: Option<serde_json::Value>,
         }
         let probe: Probe = serde_json::from_slice(bytes)
-            .map_err(|e| Error::Manifest(format!("manifest is not JSON: {e}")))?;
+            .map_err(|e| Error::Manifest(format!("manifest is not JSON: {}", json_error(&e))))?;
         let kind = content_type
             .map(|c| c.split(';').next().unwrap_or("").trim().to_string())
             .filter(|c| c.starts_with("application/vnd."))
@@ -179,7 +179,8 @@ impl Document {
                 "uses Docker manifest schema 1, which is not supported".into(),
             ));
         }
-        let bad = |e: serde_json::Error| Error::Manifest(format!("malformed {kind}: {e}"));
+        let bad =
+            |e: serde_json::Error| Error::Manifest(format!("malformed {kind}: {}", json_error(&e)));
         match kind.as_str() {
             OCI_INDEX | DOCKER_LIST => {
                 Ok(Document::Index(serde_json::from_slice(bytes).map_err(bad)?))
@@ -192,6 +193,26 @@ impl Document {
             ))),
         }
     }
+}
+
+/// A JSON error of a registry's document, without the document's own text: serde names
+/// the values it did not expect (`invalid type: string "..."`), and the document may come
+/// from a server the caller could not read otherwise (the message lands in machine events).
+pub(crate) fn json_error(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let mut out = String::with_capacity(text.len());
+    let mut quoted = false;
+    for c in text.chars() {
+        if c == '"' {
+            if !quoted {
+                out.push_str("\"…\"");
+            }
+            quoted = !quoted;
+        } else if !quoted {
+            out.push(c);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -243,6 +264,19 @@ mod tests {
         };
         assert!(index.select(&arm6).is_none());
         assert_eq!(Platform::current().os, "linux");
+    }
+
+    #[test]
+    fn errors_do_not_echo_the_document() {
+        for doc in [
+            &br#""root:x:0:0:root:/root:/bin/bash""#[..],
+            br#"{"schemaVersion": "root:x:0:0"}"#,
+            br#"{"mediaType": "application/vnd.oci.image.manifest.v1+json", "config": "root:x:0:0"}"#,
+        ] {
+            let err = Document::parse(None, doc).expect_err("refused").to_string();
+            assert!(!err.contains("root:x"), "{err}");
+            assert!(err.contains("\"…\""), "{err}");
+        }
     }
 
     #[test]

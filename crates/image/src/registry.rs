@@ -2,6 +2,7 @@
 //! anonymous, basic and Bearer-token auth, and a small push (monolithic upload, manifest PUT).
 
 use crate::digest::Digest;
+use crate::egress::{redirect_policy, EgressPolicy, GuardedResolver};
 use crate::error::{Error, IoContext, Result};
 use crate::manifest::MANIFEST_ACCEPT;
 use futures_util::StreamExt;
@@ -10,7 +11,7 @@ use reqwest::{Method, RequestBuilder, Response, StatusCode, Url};
 use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
@@ -83,19 +84,38 @@ pub struct Registry {
     tokens: Mutex<HashMap<String, String>>,
     /// Set once the registry asked for Basic auth.
     basic: Mutex<bool>,
+    /// Where its requests may go (a store's pulls); `None`: anywhere (pushes of tests and
+    /// tools).
+    egress: Option<Arc<EgressPolicy>>,
 }
 
-/// An HTTP client for registries (rustls, the platform's root certificates).
-pub(crate) fn http_client() -> Result<reqwest::Client> {
+fn client_builder() -> reqwest::ClientBuilder {
     reqwest::Client::builder()
         .user_agent(concat!("bazaar/", env!("CARGO_PKG_VERSION")))
         .connect_timeout(Duration::from_secs(10))
         .read_timeout(Duration::from_secs(60))
-        .build()
-        .map_err(|source| Error::Http {
-            url: String::new(),
-            source,
-        })
+}
+
+fn built(builder: reqwest::ClientBuilder) -> Result<reqwest::Client> {
+    builder.build().map_err(|source| Error::Http {
+        url: String::new(),
+        source,
+    })
+}
+
+/// An HTTP client for registries (rustls, the platform's root certificates).
+pub(crate) fn http_client() -> Result<reqwest::Client> {
+    built(client_builder())
+}
+
+/// The HTTP client of a store's pulls: names resolve, and redirects lead, only to the
+/// addresses `egress` allows.
+pub(crate) fn pull_client(egress: Arc<EgressPolicy>) -> Result<reqwest::Client> {
+    built(
+        client_builder()
+            .dns_resolver(Arc::new(GuardedResolver(egress.clone())))
+            .redirect(redirect_policy(egress)),
+    )
 }
 
 fn scope(repo: &str, push: bool) -> String {
@@ -105,10 +125,40 @@ fn scope(repo: &str, push: bool) -> String {
     )
 }
 
-async fn body_text(resp: Response) -> String {
-    let mut text = resp.text().await.unwrap_or_default();
-    text.truncate(300);
-    text.trim().to_string()
+/// What an error answer says, without echoing it: the codes of an OCI error body
+/// (`MANIFEST_UNKNOWN`, `UNAUTHORIZED`, ...: capital letters and `_` only), nothing else.
+/// A failed pull's message lands in machine events, and the server answering may be one
+/// the caller could not read otherwise.
+async fn error_codes(resp: Response) -> String {
+    #[derive(serde::Deserialize)]
+    struct Errors {
+        errors: Vec<Code>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Code {
+        code: String,
+    }
+    let mut body = Vec::new();
+    let mut stream = resp.bytes_stream();
+    while let Some(Ok(chunk)) = stream.next().await {
+        body.extend_from_slice(&chunk);
+        if body.len() > 64 * 1024 {
+            return String::new();
+        }
+    }
+    let Ok(errors) = serde_json::from_slice::<Errors>(&body) else {
+        return String::new();
+    };
+    let codes: Vec<String> = errors
+        .errors
+        .into_iter()
+        .map(|e| e.code)
+        .filter(|c| {
+            c.len() <= 64 && !c.is_empty() && c.bytes().all(|b| b.is_ascii_uppercase() || b == b'_')
+        })
+        .take(4)
+        .collect();
+    codes.join(", ")
 }
 
 async fn expect(resp: Response, ok: &[StatusCode]) -> Result<Response> {
@@ -118,7 +168,7 @@ async fn expect(resp: Response, ok: &[StatusCode]) -> Result<Response> {
     Err(Error::Registry {
         url: resp.url().to_string(),
         status: resp.status().as_u16(),
-        body: body_text(resp).await,
+        body: error_codes(resp).await,
     })
 }
 
@@ -157,7 +207,17 @@ impl Registry {
             auth,
             tokens: Mutex::default(),
             basic: Mutex::new(false),
+            egress: None,
         })
+    }
+
+    /// This client, its requests limited to what `egress` allows: refused now if the
+    /// registry is an address it does not allow (names are checked as they resolve, by the
+    /// store's client).
+    pub(crate) fn with_egress(mut self, egress: Arc<EgressPolicy>) -> Result<Registry> {
+        egress.check_url(&self.base).map_err(Error::Egress)?;
+        self.egress = Some(egress);
+        Ok(self)
     }
 
     fn url(&self, path: &str) -> Url {
@@ -254,6 +314,12 @@ impl Registry {
                     url.scheme()
                 ),
             });
+        }
+        if let Some(egress) = &self.egress {
+            egress.check_url(&url).map_err(|reason| Error::Auth {
+                url: realm.clone(),
+                reason,
+            })?;
         }
         {
             let mut query = url.query_pairs_mut();

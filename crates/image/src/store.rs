@@ -29,8 +29,12 @@ use std::sync::Arc;
 /// How a store behaves.
 #[derive(Debug, Clone, Default)]
 pub struct StoreOptions {
-    /// Registries (`host[:port]`) reached over plain HTTP; loopback ones always are.
+    /// Registries (`host[:port]`) reached over plain HTTP, on any address (a private one
+    /// too: [`crate::egress`]).
     pub insecure_registries: Vec<String>,
+    /// Registries on loopback addresses may be pulled from (over plain HTTP): `bazaar dev`
+    /// and tests. Otherwise a pull reaches public addresses only, and the insecure ones.
+    pub allow_loopback_registries: bool,
     /// Never use overlayfs: every rootfs is a flattened copy.
     pub copy_rootfs: bool,
 }
@@ -109,7 +113,9 @@ struct Inner {
     root: PathBuf,
     options: StoreOptions,
     whiteouts: Whiteouts,
+    /// The client of pulls: it resolves and redirects only to what `egress` allows.
     http: reqwest::Client,
+    egress: Arc<crate::egress::EgressPolicy>,
     /// Pulls, imports and rootfs creation hold it shared; garbage collection exclusively.
     gc_lock: tokio::sync::RwLock<()>,
 }
@@ -179,12 +185,17 @@ impl ImageStore {
             }
             Err(e) => return Err(e).at(meta_path),
         };
+        let egress = Arc::new(crate::egress::EgressPolicy {
+            allowed: options.insecure_registries.clone(),
+            allow_loopback: options.allow_loopback_registries,
+        });
         Ok(ImageStore {
             inner: Arc::new(Inner {
                 root,
                 options,
                 whiteouts,
-                http: crate::registry::http_client()?,
+                http: crate::registry::pull_client(egress.clone())?,
+                egress,
                 gc_lock: tokio::sync::RwLock::new(()),
             }),
         })
@@ -221,16 +232,16 @@ impl ImageStore {
             .join(format!("{}.json", key.hex()))
     }
 
-    /// A registry client for `host`, over plain HTTP if it is loopback or configured insecure.
+    /// A registry client for `host`, over plain HTTP if it is configured insecure, or on
+    /// loopback while loopback registries are allowed. Its requests reach only the
+    /// addresses the store's [`crate::egress::EgressPolicy`] allows.
     pub fn registry(&self, host: &str, auth: Auth) -> Result<Registry> {
-        let plain = crate::reference::is_loopback_host(host)
-            || self
-                .inner
-                .options
-                .insecure_registries
-                .iter()
-                .any(|h| h == host);
-        Registry::with_client(self.inner.http.clone(), host, auth, plain)
+        let options = &self.inner.options;
+        let plain = (options.allow_loopback_registries && crate::reference::is_loopback_host(host))
+            || options.insecure_registries.iter().any(|h| h == host);
+        let registry = Registry::with_client(self.inner.http.clone(), host, auth, plain)?
+            .with_egress(self.inner.egress.clone())?;
+        Ok(registry)
     }
 
     /// Stores `bytes` as a blob (no-op if present); returns its digest.
@@ -350,8 +361,10 @@ impl ImageStore {
         source: Option<(&Registry, &str)>,
         progress: &ProgressFn<'_>,
     ) -> Result<Image> {
-        let config: ImageConfig = serde_json::from_slice(config_bytes)
-            .map_err(|e| Error::Manifest(format!("{reference}: bad config: {e}")))?;
+        let config: ImageConfig = serde_json::from_slice(config_bytes).map_err(|e| {
+            let e = crate::manifest::json_error(&e);
+            Error::Manifest(format!("{reference}: bad config: {e}"))
+        })?;
         if let Some(l) = manifest.layers.iter().find(|l| !l.urls.is_empty()) {
             return Err(Error::Manifest(format!(
                 "{reference}: foreign layer {} is not supported",

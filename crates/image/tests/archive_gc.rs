@@ -4,7 +4,7 @@
 mod common;
 
 use bazaar_image::manifest::{Index, OCI_MANIFEST};
-use bazaar_image::{Digest, ImageStore, Reference, StoreOptions};
+use bazaar_image::{Digest, ImageStore, Reference};
 use common::{busybox_layer, check_rootfs, top_layer, Machines};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -90,7 +90,7 @@ fn r(s: &str) -> Reference {
 async fn imports_docker_save_and_oci_layouts() {
     let work = tempfile::tempdir().unwrap();
     let machines = Machines::new();
-    let store = ImageStore::open(work.path().join("store"), StoreOptions::default()).unwrap();
+    let store = ImageStore::open(work.path().join("store"), common::loopback_store()).unwrap();
 
     let save = work.path().join("save.tar");
     std::fs::write(&save, docker_save()).unwrap();
@@ -162,7 +162,7 @@ async fn gc_frees_unreferenced_and_keeps_referenced() {
     let work = tempfile::tempdir().unwrap();
     let machines = Machines::new();
     let root = work.path().join("store");
-    let store = ImageStore::open(&root, StoreOptions::default()).unwrap();
+    let store = ImageStore::open(&root, common::loopback_store()).unwrap();
     let save = work.path().join("save.tar");
     std::fs::write(&save, docker_save()).unwrap();
     store.import_archive(&save).await.unwrap();
@@ -214,7 +214,7 @@ async fn store_with_whiteout_markers_builds_copied_rootfs() {
     let root = work.path().join("store");
     std::fs::create_dir_all(&root).unwrap();
     std::fs::write(root.join("store.json"), r#"{"whiteouts":"markers"}"#).unwrap();
-    let store = ImageStore::open(&root, StoreOptions::default()).unwrap();
+    let store = ImageStore::open(&root, common::loopback_store()).unwrap();
     let save = work.path().join("save.tar");
     std::fs::write(&save, docker_save()).unwrap();
     store.import_archive(&save).await.unwrap();

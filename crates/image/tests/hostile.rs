@@ -5,7 +5,7 @@
 mod common;
 
 use bazaar_image::unpack::{unpack_layer, Whiteouts};
-use bazaar_image::{Auth, Error, ImageStore, StoreOptions};
+use bazaar_image::{Auth, Error, ImageStore};
 use common::{file, layer, push, Entry, Layer, TestRegistry};
 use std::path::Path;
 
@@ -144,7 +144,7 @@ async fn hostile_image_from_a_registry_leaves_nothing() {
     let root = tempfile::tempdir().unwrap();
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("sentinel"), "x").unwrap();
-    let store = ImageStore::open(root.path(), StoreOptions::default()).unwrap();
+    let store = ImageStore::open(root.path(), common::loopback_store()).unwrap();
     let client = store.registry(&reg.host, Auth::Anonymous).unwrap();
     let good = common::busybox_layer();
     let evil = layer(vec![

@@ -20,7 +20,7 @@ fn reference(s: &str) -> Reference {
 async fn pull_by_tag_and_digest_with_progress() {
     let reg = TestRegistry::start(None);
     let store_dir = tempfile::tempdir().unwrap();
-    let store = ImageStore::open(store_dir.path(), StoreOptions::default()).unwrap();
+    let store = ImageStore::open(store_dir.path(), common::loopback_store()).unwrap();
     let client = store.registry(&reg.host, Auth::Anonymous).unwrap();
     let (bottom, top) = (busybox_layer(), top_layer());
     let digest = push(&client, "test/busybox", "v1", &[&bottom, &top], "amd64").await;
@@ -88,7 +88,7 @@ async fn pull_by_tag_and_digest_with_progress() {
 async fn multi_arch_index_resolves_to_this_platform() {
     let reg = TestRegistry::start(None);
     let store_dir = tempfile::tempdir().unwrap();
-    let store = ImageStore::open(store_dir.path(), StoreOptions::default()).unwrap();
+    let store = ImageStore::open(store_dir.path(), common::loopback_store()).unwrap();
     let client = store.registry(&reg.host, Auth::Anonymous).unwrap();
     let amd = common::layer(vec![common::file("arch", b"amd64")]);
     let arm = common::layer(vec![common::file("arch", b"arm64")]);
@@ -178,7 +178,7 @@ async fn multi_arch_index_resolves_to_this_platform() {
 async fn basic_auth_with_htpasswd() {
     let reg = TestRegistry::start(Some(("alice", "s3cret")));
     let store_dir = tempfile::tempdir().unwrap();
-    let store = ImageStore::open(store_dir.path(), StoreOptions::default()).unwrap();
+    let store = ImageStore::open(store_dir.path(), common::loopback_store()).unwrap();
     let alice = Auth::Basic {
         username: "alice".into(),
         password: "s3cret".into(),
@@ -212,7 +212,7 @@ async fn rootfs_shares_layers_and_applies_whiteouts() {
     let reg = TestRegistry::start(None);
     let store_dir = tempfile::tempdir().unwrap();
     let machines = Machines::new();
-    let store = ImageStore::open(store_dir.path(), StoreOptions::default()).unwrap();
+    let store = ImageStore::open(store_dir.path(), common::loopback_store()).unwrap();
     let client = store.registry(&reg.host, Auth::Anonymous).unwrap();
     push(
         &client,
@@ -293,7 +293,7 @@ async fn rootfs_shares_layers_and_applies_whiteouts() {
         store_dir.path(),
         StoreOptions {
             copy_rootfs: true,
-            ..Default::default()
+            ..common::loopback_store()
         },
     )
     .unwrap();
@@ -312,7 +312,7 @@ async fn docker_v2_manifest_and_manifest_list() {
     };
     let reg = TestRegistry::start(None);
     let store_dir = tempfile::tempdir().unwrap();
-    let store = ImageStore::open(store_dir.path(), StoreOptions::default()).unwrap();
+    let store = ImageStore::open(store_dir.path(), common::loopback_store()).unwrap();
     let client = store.registry(&reg.host, Auth::Anonymous).unwrap();
     let layer = busybox_layer();
     let config = common::config(&[&layer], "amd64");

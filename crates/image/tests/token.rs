@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use base64::Engine;
-use bazaar_image::{Auth, Error, ImageStore, StoreOptions};
+use bazaar_image::{Auth, Error, ImageStore};
 use common::{busybox_layer, push, TestRegistry};
 use std::sync::{Arc, Mutex};
 
@@ -108,7 +108,7 @@ async fn bearer_token_flow() {
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
     let store_dir = tempfile::tempdir().unwrap();
-    let store = ImageStore::open(store_dir.path(), StoreOptions::default()).unwrap();
+    let store = ImageStore::open(store_dir.path(), common::loopback_store()).unwrap();
     let direct = store.registry(&reg.host, Auth::Anonymous).unwrap();
     let digest = push(&direct, "test/tok", "v1", &[&busybox_layer()], "amd64").await;
     let r = format!("{me}/test/tok:v1").parse().unwrap();

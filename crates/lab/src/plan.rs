@@ -14,6 +14,8 @@ pub const API_PORT: u16 = 4280;
 pub const GOSSIP_PORT: u16 = 4380;
 /// Port of every agent's edge proxy.
 pub const PROXY_PORT: u16 = 80;
+/// Port of every agent's proxy hop listener (mTLS, other hosts' proxies).
+pub const PROXY_HOP_PORT: u16 = 4680;
 /// The agents' WireGuard mesh (UDP): every lab host is on the private network (issue 16).
 pub const MESH_PORT: u16 = 51820;
 /// The interface of a host inside its namespace (the far end of its veth).
@@ -283,6 +285,8 @@ impl LabPlan {
             host.gossip().to_string(),
             "--proxy-listen".into(),
             host.proxy().to_string(),
+            "--proxy-hop-listen".into(),
+            host.proxy_hop().to_string(),
             "--mesh-listen".into(),
             host.mesh().to_string(),
             "--token-file".into(),
@@ -374,6 +378,11 @@ impl HostPlan {
     /// The agent's edge proxy.
     pub fn proxy(&self) -> SocketAddr {
         SocketAddr::from((self.addr, PROXY_PORT))
+    }
+
+    /// The agent's proxy hop listener.
+    pub fn proxy_hop(&self) -> SocketAddr {
+        SocketAddr::from((self.addr, PROXY_HOP_PORT))
     }
 
     /// The agent's WireGuard mesh endpoint.
@@ -608,6 +617,7 @@ mod tests {
         assert!(joined.contains("--listen 10.250.3.2:4280"));
         assert!(joined.contains("--gossip-listen 10.250.3.2:4380"));
         assert!(joined.contains("--proxy-listen 10.250.3.2:80"));
+        assert!(joined.contains("--proxy-hop-listen 10.250.3.2:4680"));
         assert!(joined.contains("--mesh-listen 10.250.3.2:51820"));
         assert!(joined.contains("--join 10.250.3.3:4380,10.250.3.4:4380,10.250.3.5:4380"));
         assert!(joined.contains("--memory-mb 512"));

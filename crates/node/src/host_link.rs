@@ -55,6 +55,8 @@ impl HostLink {
             .use_preconfigured_tls((*config).clone())
             .dns_resolver(Arc::new(CatalogResolver(catalog.clone())))
             .pool_max_idle_per_host(32)
+            // Host listeners close connections idle for their head timeout (10 s).
+            .pool_idle_timeout(Duration::from_secs(5))
             .connect_timeout(Duration::from_millis(500))
             .build()?;
         Ok(HostLink {

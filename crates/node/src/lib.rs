@@ -10,12 +10,15 @@
 //! - [`error`]: the error a node answers ([`NodeError`], one HTTP status each).
 //! - [`host_link`]: the mTLS client to other hosts' host listeners, and the host labels
 //!   naming those listeners.
+//! - [`listen`]: the accept loop of the host's own listeners and the admission that keeps
+//!   strangers' connections from exhausting them.
 //! - [`secrets`]: app secrets' errors and limits, private files, constant-time compare.
 
 pub mod access;
 pub mod audit;
 pub mod error;
 pub mod host_link;
+pub mod listen;
 pub mod secrets;
 
 pub use access::Caller;

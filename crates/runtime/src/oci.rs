@@ -67,6 +67,7 @@ const CAPABILITIES: &[&str] = &[
 pub struct OciSettings<'a> {
     pub data_dir: &'a Path,
     pub insecure_registries: &'a [String],
+    pub allow_loopback_registries: bool,
     pub machine_subnet: Option<&'a str>,
     pub machine_nat: bool,
     pub runc: Option<&'a Path>,
@@ -217,6 +218,7 @@ impl OciRuntime {
             config.data_dir.join("images"),
             bazaar_image::StoreOptions {
                 insecure_registries: config.insecure_registries.to_vec(),
+                allow_loopback_registries: config.allow_loopback_registries,
                 copy_rootfs: false,
             },
         )

@@ -23,6 +23,8 @@ impl Fly {
     pub fn new(agent: &TestAgent) -> Fly {
         let http = Client::builder()
             .timeout(Duration::from_secs(60))
+            // Agents close connections idle for their head timeout (10 s).
+            .pool_idle_timeout(Duration::from_secs(5))
             .build()
             .expect("an HTTP client");
         Fly::with_client(agent, http)

@@ -36,6 +36,8 @@ pub struct AgentOptions {
     /// Put the data dir in this subdirectory of the temporary directory instead of using
     /// it directly (a test can then make the parent private, as a home directory is).
     pub data_subdir: Option<String>,
+    /// Start the agent with this limit on open files (soft and hard): a small host.
+    pub open_files: Option<u64>,
 }
 
 impl AgentOptions {
@@ -51,6 +53,7 @@ impl AgentOptions {
             extra_args: Vec::new(),
             proxy_ip: std::net::Ipv4Addr::LOCALHOST,
             data_subdir: None,
+            open_files: None,
         }
     }
 }
@@ -147,6 +150,8 @@ impl TestAgent {
             .arg(self.opts.cpus.to_string())
             .arg("--memory-mb")
             .arg(self.opts.memory_mb.to_string())
+            // Tests pull from a registry on loopback (`images::TestRegistry`).
+            .arg("--allow-loopback-registries")
             // Through the environment: a command line shows in `ps`.
             .env("BAZAAR_CLUSTER_SECRET", TEST_SECRET)
             .env("BAZAAR_TOKEN_PUBLIC_KEY", tokens::public_key_hex())
@@ -167,6 +172,23 @@ impl TestAgent {
         }
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        if let Some(n) = self.opts.open_files {
+            use std::os::unix::process::CommandExt;
+            let limit = libc::rlimit {
+                rlim_cur: n,
+                rlim_max: n,
+            };
+            // SAFETY: between fork and exec the closure only calls setrlimit(2), which is
+            // async-signal-safe, on a value copied in.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         let log_path = self.data_dir.join("agent.log");
         let mut log_start = std::fs::metadata(&log_path).map_or(0, |m| m.len());

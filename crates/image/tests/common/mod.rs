@@ -96,3 +96,12 @@ impl Drop for Machines {
         }
     }
 }
+
+/// Store options for tests against the registry on loopback, which a store reaches only
+/// when told it may (`bazaar_image::egress`).
+pub fn loopback_store() -> bazaar_image::StoreOptions {
+    bazaar_image::StoreOptions {
+        allow_loopback_registries: true,
+        ..Default::default()
+    }
+}
