@@ -252,6 +252,71 @@ async fn deleting_an_app_passes_over_machines_already_destroyed() {
     assert_eq!(s, StatusCode::NOT_FOUND);
 }
 
+/// An app's delete asked of a node that did not make the app goes to the node that did,
+/// before anything is done: all or nothing there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_delete_through_another_node_is_all_or_nothing_too() {
+    let agents = start_cluster(std::path::Path::new(EXE), 2, |_, _: &mut AgentOptions| {})
+        .expect("agents start");
+    let (maker, other) = (Fly::new(&agents[0]), Fly::new(&agents[1]));
+    maker.create_app("far").await;
+    bazaar_testkit::eventually(std::time::Duration::from_secs(10), || async {
+        (other.get("/apps/far").await.0 == StatusCode::OK).then_some(())
+    })
+    .await
+    .expect("the other node learns the app");
+    let config = process_config(&["sleep", "1000"]);
+    let free = create(&other, "far", json!({"config": config})).await;
+    let leased = create(&other, "far", json!({"config": config})).await;
+    other.wait_state("far", &free, "started").await;
+    let (s, l) = other
+        .post(
+            &format!("/apps/far/machines/{leased}/lease"),
+            json!({"ttl": 120}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{l}");
+    let nonce = l["data"]["nonce"].as_str().unwrap().to_string();
+
+    let (s, v) = other.delete("/apps/far").await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    let why = v["error"].as_str().unwrap();
+    assert!(
+        why.contains(&leased) && why.contains("nothing was changed"),
+        "{why}"
+    );
+    let (_, v) = other.get(&format!("/apps/far/machines/{free}")).await;
+    assert_eq!(v["state"], "started", "{v}");
+
+    let (s, _) = other
+        .call_leased(
+            Method::DELETE,
+            &format!("/apps/far/machines/{leased}/lease"),
+            None,
+            Some(&nonce),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, v) = other.delete("/apps/far").await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let (s, _) = maker.get("/apps/far").await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "the maker deleted its record");
+    bazaar_testkit::eventually(std::time::Duration::from_secs(10), || async {
+        let (_, rows) = other
+            .get("/catalog/machines?app=far&include_deleted=true")
+            .await;
+        let destroyed = |id: &str| {
+            rows.as_array()?
+                .iter()
+                .find(|r| r["id"] == id)
+                .map(|r| r["state"] == "destroyed")
+        };
+        (destroyed(&free)? && destroyed(&leased)?).then_some(())
+    })
+    .await
+    .expect("both machines are destroyed");
+}
+
 /// Issue 31 item 2: an app made again under a deleted app's name, by another
 /// organization, starts empty: no machine history (the release record), no audit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
