@@ -1,6 +1,10 @@
 //! `GET /v1/apps/{app}/audit`: the changes made to an app, from every host's audit record
 //! (each host keeps the changes it handled: `bazaar_agent::audit`), merged oldest first.
 //! Hosts that cannot be reached are named in `unreachable_hosts`, so a partial answer says so.
+//! Only the app as it is now: changes made before it was created were an earlier app's of
+//! the same name (deleted, maybe of another organization), and a deleted app's record is
+//! not answered here (404); hosts keep it for operators (`/host/v1/audit/{app}`, cluster
+//! secret).
 
 use crate::error::ApiError;
 use crate::openapi::op;
@@ -21,7 +25,12 @@ pub async fn list(
     Path(app): Path<String>,
 ) -> Result<Json<AuditList>, ApiError> {
     bazaar_types::ids::validate_name("app", &app).map_err(ApiError::BadRequest)?;
-    let hosts = api.catalog()?.hosts();
+    let catalog = api.catalog()?;
+    let created_at_ms = catalog
+        .app(&app)
+        .ok_or_else(|| ApiError::NotFound(format!("app {app} not found")))?
+        .created_at_ms;
+    let hosts = catalog.hosts();
     let asks = hosts.iter().map(|h| {
         let req = api
             .to_node(
@@ -43,7 +52,7 @@ pub async fn list(
     let mut unreachable = Vec::new();
     for (host, answer) in futures_util::future::join_all(asks).await {
         match answer {
-            Some(e) => entries.extend(e),
+            Some(e) => entries.extend(e.into_iter().filter(|e| e.time_ms >= created_at_ms)),
             None => unreachable.push(host),
         }
     }

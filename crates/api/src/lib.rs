@@ -4,7 +4,8 @@
 //! through the market ([`exchange`]).
 //!
 //! - [`access`]: who may do what (tokens and their scopes), and the audit record of changes.
-//! - [`apps`]: apps (records spread through the catalog).
+//! - [`apps`]: apps (records spread through the catalog); [`app_delete`]: deleting one,
+//!   all or nothing.
 //! - [`machines`]: create (market), list (catalog), everything else forwarded to the owner.
 //! - [`memory`]: a started machine's memory limit changed live, and memory reclaimed.
 //! - [`volumes`]: the same for volumes (created through the market for disk).
@@ -20,6 +21,7 @@
 //! Entry point: [`router`].
 
 pub mod access;
+pub mod app_delete;
 pub mod apps;
 pub mod audit;
 pub mod catalog;
@@ -209,7 +211,8 @@ fn routes(doc: Arc<OnceLock<Arc<str>>>) -> Routes {
         )
         .api_route(
             "/v1/apps/{app}",
-            get_with(apps::get, apps::get_docs).delete_with(apps::destroy, apps::destroy_docs),
+            get_with(apps::get, apps::get_docs)
+                .delete_with(app_delete::destroy, app_delete::destroy_docs),
         )
         .api_route(
             "/v1/apps/{app}/machines",

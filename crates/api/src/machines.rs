@@ -503,7 +503,8 @@ async fn locate(
         row = catalog.machine(id);
     }
     if let Some(r) = &row {
-        if r.record.app != app {
+        // Another app's, or an earlier app's of the same name (deleted, then made again).
+        if r.record.app != app || catalog.machine_of_app(id, app).is_none() {
             return Err(not_found());
         }
     }

@@ -450,7 +450,8 @@ impl Catalog {
         })
     }
 
-    /// Machines matching the filter, ordered by (app, id).
+    /// Machines matching the filter, ordered by (app, id). With an app, only its machines as
+    /// it is now: not those destroyed before it was created (an earlier app of that name's).
     pub fn machines(&self, filter: &MachineFilter) -> Vec<MachineView> {
         self.machines_where(filter, |_| true)
     }
@@ -476,7 +477,8 @@ impl Catalog {
                 };
                 (filter.matches(m, row.deleted)
                     && keep(m)
-                    && st.replica.is_current_machine_row(row))
+                    && st.replica.is_current_machine_row(row)
+                    && (filter.app.is_none() || st.replica.is_of_current_app(row)))
                 .then(|| self.machine_view(&st, row, m))
             })
             .collect();
@@ -492,6 +494,17 @@ impl Catalog {
             return None;
         };
         Some(self.machine_view(&st, row, m))
+    }
+
+    /// One machine of `app` (a tombstone too, until collected): not one of another app,
+    /// nor one destroyed before `app` was created (an earlier app of the same name's).
+    pub fn machine_of_app(&self, id: &str, app: &str) -> Option<MachineView> {
+        let st = self.shared().read();
+        let row = st.replica.machine(id)?;
+        let Record::Machine(m) = &row.record else {
+            return None;
+        };
+        (m.app == app && st.replica.is_of_current_app(row)).then(|| self.machine_view(&st, row, m))
     }
 
     fn machine_view(&self, st: &node::State, row: &Row, m: &MachineRecord) -> MachineView {

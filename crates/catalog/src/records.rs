@@ -157,6 +157,11 @@ pub struct CheckRecord {
 /// An app, published by the host whose API created it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct AppRecord {
+    /// Made at creation and never reused: what the app owns (certificates, hostnames) is
+    /// bound to it, not to the name, so an app made again under a deleted app's name (by
+    /// any organization) starts empty.
+    #[serde(default)]
+    pub id: String,
     pub name: String,
     pub org_slug: String,
     pub created_at_ms: u64,
@@ -194,12 +199,16 @@ pub struct SecretRecord {
 /// took it over, or removed it). Several hosts may hold a row for one hostname: the one
 /// written last (`updated_at_ms`, then host id) is the hostname's certificate, a tombstone
 /// included (a removed hostname). The private key travels sealed with the cluster's
-/// `certificate-keys` key, bound to `app/<app>/certificate/<hostname>`.
+/// `certificate-keys` key, bound to `app/<app>/<app id>/certificate/<hostname>`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct CertificateRecord {
     /// The hostname (lowercase), the row's key.
     pub hostname: String,
     pub app: String,
+    /// The id of the app ([`AppRecord::id`]) the hostname is attached to: a row counts only
+    /// while the app of that name has this id (a deleted app's rows attach nothing).
+    #[serde(default)]
+    pub app_id: String,
     /// The owning host: it renews the certificate. Always the publishing node's id.
     pub host_id: String,
     /// `acme` or `custom` (given by the user as PEM).

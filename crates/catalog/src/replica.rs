@@ -523,6 +523,19 @@ impl Replica {
         }
     }
 
+    /// Whether a machine row is of the app now of its name. A machine destroyed before that
+    /// app was created belonged to an earlier app of the same name (deleted, then made
+    /// again, maybe by another organization): its history is not the new app's.
+    pub fn is_of_current_app(&self, row: &Row) -> bool {
+        let Record::Machine(m) = &row.record else {
+            return false;
+        };
+        !row.deleted
+            || self
+                .app(&m.app)
+                .is_none_or(|a| m.updated_at_ms >= a.created_at_ms)
+    }
+
     /// The machine rows of an app (tombstones included).
     pub fn app_machines(&self, app: &str) -> impl Iterator<Item = &Row> + '_ {
         self.app_machines
@@ -657,6 +670,7 @@ mod tests {
                 org_slug: "personal".into(),
                 created_at_ms: version,
                 created_by_host: owner.into(),
+                ..Default::default()
             }),
             Kind::Volume => Record::Volume(VolumeRecord {
                 id: key.into(),
@@ -836,6 +850,29 @@ mod tests {
     /// machine whatever was written last (the old host's row, republished when it comes
     /// back, and its tombstone never win); two re-placements of one epoch that raced are
     /// ordered by host id, the same on every node.
+    /// A machine destroyed before the app of its name was made belonged to an earlier app
+    /// of that name; a live one, or one destroyed since, is the app's.
+    #[test]
+    fn a_machine_destroyed_before_its_app_was_made_is_an_earlier_apps() {
+        let mut r = Replica::new();
+        let machine = |id: &str, updated: u64, deleted: bool| {
+            let mut m = row("a", Kind::Machine, id, 1, deleted);
+            if let Record::Machine(x) = &mut m.record {
+                x.app = "web".into();
+                x.updated_at_ms = updated;
+            }
+            m
+        };
+        assert!(
+            r.is_of_current_app(&machine("m0", 10, true)),
+            "no app of that name: nothing to mistake it for"
+        );
+        r.apply(row("a", Kind::App, "web", 100, false));
+        assert!(!r.is_of_current_app(&machine("m1", 99, true)));
+        assert!(r.is_of_current_app(&machine("m2", 100, true)));
+        assert!(r.is_of_current_app(&machine("m3", 50, false)));
+    }
+
     #[test]
     fn the_row_of_the_highest_epoch_is_the_machine() {
         let with_epoch = |owner: &str, version: u64, deleted: bool, epoch: u64| {

@@ -411,6 +411,7 @@ async fn duplicate_app_names_resolve_the_same_everywhere() {
         org_slug: "personal".into(),
         created_at_ms: at,
         created_by_host: host.into(),
+        ..Default::default()
     };
     nodes[0].publish_app(app("n0", 200));
     nodes[1].publish_app(app("n1", 100));
@@ -448,6 +449,7 @@ async fn rows_forged_for_another_host_are_refused_everywhere() {
         org_slug: "personal".into(),
         created_at_ms: 100,
         created_by_host: "n1".into(),
+        ..Default::default()
     });
     eventually("n1's rows reach everyone", PATIENCE, || {
         nodes
@@ -473,6 +475,7 @@ async fn rows_forged_for_another_host_are_refused_everywhere() {
         org_slug: "evil".into(),
         created_at_ms: 1,
         created_by_host: "n1".into(),
+        ..Default::default()
     });
     eventually("every node refuses forged rows", PATIENCE, || {
         nodes.iter().all(|n| n.stats().rows_refused >= 3)

@@ -2,8 +2,12 @@
 //!
 //! - A certificate is a catalog row ([`bazaar_catalog::CertificateRecord`]) owned by the host
 //!   that issued it: the chain in clear, the private key sealed with the cluster's
-//!   `certificate-keys` key ([`bazaar_seal`]) bound to `app/<app>/certificate/<hostname>`.
-//!   Every host's proxy reads the rows and serves them ([`store::CertStore`]).
+//!   `certificate-keys` key ([`bazaar_seal`]) bound to
+//!   `app/<app>/<app id>/certificate/<hostname>`. Every host's proxy reads the rows and
+//!   serves them ([`store::CertStore`]).
+//! - A row belongs to an app by its id ([`bazaar_catalog::AppRecord::id`]), not its name:
+//!   only rows of a live app count ([`attached`]), so a deleted app's hostnames are served
+//!   by nobody, and an app made again under its name (by any organization) starts empty.
 //! - Several hosts may hold a row for one hostname (a takeover, a removal made elsewhere):
 //!   the row written last is the hostname's certificate ([`current`]), a tombstone included.
 //! - Issuance by ACME with the HTTP-01 challenge ([`acme`]): the key authorization is a
@@ -20,7 +24,7 @@ pub mod store;
 pub use manager::{spawn_renewal, CertInfo, Certs};
 pub use store::CertStore;
 
-use bazaar_catalog::{CertificateRecord, CertificateView};
+use bazaar_catalog::{Catalog, CertificateRecord, CertificateView};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
@@ -30,9 +34,14 @@ use std::sync::Arc;
 /// The sealing purpose of certificate keys.
 pub const SEAL_PURPOSE: &str = "certificate-keys";
 
-/// What a sealed certificate key is bound to.
-pub fn key_aad(app: &str, hostname: &str) -> String {
-    format!("app/{app}/certificate/{hostname}")
+/// What a sealed certificate key is bound to: the app (its name and id) and the hostname.
+/// A row of an app made before apps had ids (no id) keeps the binding it was sealed with.
+pub fn key_aad(app: &str, app_id: &str, hostname: &str) -> String {
+    if app_id.is_empty() {
+        format!("app/{app}/certificate/{hostname}")
+    } else {
+        format!("app/{app}/{app_id}/certificate/{hostname}")
+    }
 }
 
 /// The certificate of each hostname among every host's rows: the row written last
@@ -52,6 +61,23 @@ pub fn current(rows: &[CertificateView]) -> HashMap<&str, &CertificateView> {
     }
     out.retain(|_, row| !row.deleted);
     out
+}
+
+/// Of the [`current`] rows, those attached to a live app: the row's app id is the id of the
+/// app now of that name in `catalog`. A row of a deleted app, or of an earlier app of the
+/// same name, attaches nothing: it is not served, routed, listed or renewed.
+pub fn attached<'a>(
+    catalog: &Catalog,
+    rows: &'a [CertificateView],
+) -> HashMap<&'a str, &'a CertificateView> {
+    let apps: HashMap<String, String> =
+        catalog.apps().into_iter().map(|a| (a.name, a.id)).collect();
+    let mut cur = current(rows);
+    cur.retain(|_, v| {
+        apps.get(&v.record.app)
+            .is_some_and(|id| *id == v.record.app_id)
+    });
+    cur
 }
 
 /// Checks a hostname users may attach to an app: a DNS name of at least two labels,
@@ -142,7 +168,7 @@ pub fn open_row(
     r: &CertificateRecord,
 ) -> Result<Arc<CertifiedKey>, String> {
     let key = seal
-        .open(&key_aad(&r.app, &r.hostname), &r.sealed_key)
+        .open(&key_aad(&r.app, &r.app_id, &r.hostname), &r.sealed_key)
         .map_err(|e| e.to_string())?;
     certified_key(&r.chain_pem, &key).map(Arc::new)
 }

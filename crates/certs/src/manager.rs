@@ -3,7 +3,7 @@
 //! owner is down (dead or left in the catalog), by the live host with the lowest id.
 
 use crate::acme::{self, AcmeConfig};
-use crate::{check_pem, current, key_aad, normalize_hostname, SEAL_PURPOSE};
+use crate::{attached, check_pem, current, key_aad, normalize_hostname, SEAL_PURPOSE};
 use bazaar_catalog::{Catalog, CertificateRecord, CertificateView, HostStatus};
 use bazaar_node::NodeHandle;
 use std::collections::{HashMap, HashSet};
@@ -56,6 +56,9 @@ pub struct Certs {
     host_id: String,
     seal: Arc<bazaar_seal::SealKey>,
     acme: Option<AcmeConfig>,
+    /// The domain apps are served under (`<app>.<domain>`): of its names, an app may
+    /// attach only its own.
+    proxy_domain: String,
     /// The node's tracker, which issuances are spawned through.
     tasks: tokio_util::task::TaskTracker,
 }
@@ -71,6 +74,10 @@ impl Certs {
         Ok(Certs {
             catalog,
             host_id: node.host_id().to_string(),
+            proxy_domain: config
+                .proxy_domain
+                .trim_end_matches('.')
+                .to_ascii_lowercase(),
             tasks: node.tasks().clone(),
             seal: Arc::new(bazaar_seal::SealKey::derive(
                 node.cluster_secret().as_bytes(),
@@ -87,7 +94,7 @@ impl Certs {
     /// The certificates of `app`, by hostname.
     pub fn list(&self, app: &str) -> Vec<CertInfo> {
         let rows = self.catalog.certificates();
-        let mut out: Vec<CertInfo> = current(&rows)
+        let mut out: Vec<CertInfo> = attached(&self.catalog, &rows)
             .into_values()
             .filter(|v| v.record.app == app)
             .map(|v| cert_info(&v.record))
@@ -100,31 +107,49 @@ impl Certs {
     pub fn show(&self, app: &str, hostname: &str) -> Option<CertInfo> {
         let hostname = normalize_hostname(hostname).ok()?;
         let rows = self.catalog.certificates();
-        let cur = current(&rows);
+        let cur = attached(&self.catalog, &rows);
         cur.get(hostname.as_str())
             .filter(|v| v.record.app == app)
             .map(|v| cert_info(&v.record))
     }
 
-    /// Checks that `hostname` may be (re)attached to `app`; returns it normalized.
-    fn claim(&self, app: &str, hostname: &str) -> Result<String, CertError> {
+    /// Checks that `hostname` may be (re)attached to `app`; returns it normalized and the
+    /// app's id. Refused: a name under the proxy domain other than the app's own
+    /// `<app>.<domain>` (another app's address, now or once it exists), and a hostname
+    /// attached to another app.
+    fn claim(&self, app: &str, hostname: &str) -> Result<(String, String), CertError> {
         let hostname = normalize_hostname(hostname).map_err(CertError::Invalid)?;
+        let app_id = self
+            .catalog
+            .app(app)
+            .map(|a| a.id)
+            .ok_or_else(|| CertError::Invalid(format!("app {app} not found")))?;
+        let domain = &self.proxy_domain;
+        let under_domain = hostname == *domain
+            || hostname
+                .strip_suffix(domain.as_str())
+                .is_some_and(|head| head.ends_with('.'));
+        if under_domain && hostname != format!("{app}.{domain}") {
+            return Err(CertError::Taken(format!(
+                "hostname {hostname} is under the cluster's app domain {domain}, where app {app} may attach only its own name, {app}.{domain}"
+            )));
+        }
         let rows = self.catalog.certificates();
-        if let Some(v) = current(&rows).get(hostname.as_str()) {
-            if v.record.app != app {
+        if let Some(v) = attached(&self.catalog, &rows).get(hostname.as_str()) {
+            if v.record.app_id != app_id {
                 return Err(CertError::Taken(format!(
                     "hostname {hostname} already has a certificate of app {:?}",
                     v.record.app
                 )));
             }
         }
-        Ok(hostname)
+        Ok((hostname, app_id))
     }
 
     /// Attaches `hostname` to `app` and issues its certificate by ACME in the background
     /// (`pending` until then, `issued` or `failed` after).
     pub fn add_acme(&self, app: &str, hostname: &str) -> Result<CertInfo, CertError> {
-        let hostname = self.claim(app, hostname)?;
+        let (hostname, app_id) = self.claim(app, hostname)?;
         let Some(acme) = self.acme.clone() else {
             return Err(CertError::Invalid(
                 "this host has no ACME directory (agent flag --acme-directory); give the certificate as PEM (--cert, --key) instead".into(),
@@ -134,6 +159,7 @@ impl Certs {
         let record = CertificateRecord {
             hostname: hostname.clone(),
             app: app.to_string(),
+            app_id,
             host_id: self.host_id.clone(),
             source: "acme".into(),
             status: "pending".into(),
@@ -155,7 +181,7 @@ impl Certs {
         chain_pem: &str,
         key_pem: &str,
     ) -> Result<CertInfo, CertError> {
-        let hostname = self.claim(app, hostname)?;
+        let (hostname, app_id) = self.claim(app, hostname)?;
         let (not_before_ms, not_after_ms) =
             check_pem(chain_pem, key_pem, &hostname).map_err(CertError::Invalid)?;
         if not_after_ms <= bazaar_types::now_ms() {
@@ -169,7 +195,10 @@ impl Certs {
             source: "custom".into(),
             status: "issued".into(),
             chain_pem: chain_pem.to_string(),
-            sealed_key: self.seal.seal(&key_aad(app, &hostname), key_pem.as_bytes()),
+            sealed_key: self
+                .seal
+                .seal(&key_aad(app, &app_id, &hostname), key_pem.as_bytes()),
+            app_id,
             not_before_ms,
             not_after_ms,
             created_at_ms: now,
@@ -188,6 +217,24 @@ impl Certs {
         };
         self.catalog.delete_certificate(&info.hostname, app);
         true
+    }
+
+    /// Removes every hostname of `app` (being deleted): a tombstone of this host, newer
+    /// than every row, for each, so every proxy stops serving them and each owner retires
+    /// its own row ([`Certs::renew_due`]); a pending issuance publishes nothing. Rows of
+    /// an earlier app of the name go too. Answers the hostnames removed.
+    pub fn forget_app(&self, app: &str) -> Vec<String> {
+        let rows = self.catalog.certificates();
+        let mut gone: Vec<String> = current(&rows)
+            .into_values()
+            .filter(|v| v.record.app == app)
+            .map(|v| v.record.hostname.clone())
+            .collect();
+        gone.sort();
+        for hostname in &gone {
+            self.catalog.delete_certificate(hostname, app);
+        }
+        gone
     }
 
     /// Issues `record`'s certificate in the background (one issuance per hostname at a
@@ -228,9 +275,9 @@ impl Certs {
         outcome: anyhow::Result<acme::Issued>,
     ) {
         let rows = self.catalog.certificates();
-        let still = current(&rows)
+        let still = attached(&self.catalog, &rows)
             .get(record.hostname.as_str())
-            .is_some_and(|v| v.record.app == record.app);
+            .is_some_and(|v| v.record.app_id == record.app_id);
         if !still {
             return;
         }
@@ -246,7 +293,7 @@ impl Certs {
                 record.status = "issued".into();
                 record.error = None;
                 record.sealed_key = self.seal.seal(
-                    &key_aad(&record.app, &record.hostname),
+                    &key_aad(&record.app, &record.app_id, &record.hostname),
                     issued.key_pem.as_bytes(),
                 );
                 record.chain_pem = issued.chain_pem;
@@ -287,7 +334,8 @@ impl Certs {
         };
         let renewer = lowest_live_host(&self.catalog);
         retry_at.retain(|_, at| *at > now_ms);
-        for v in cur.values() {
+        // Only hostnames of live apps: a deleted app's are not renewed.
+        for v in attached(&self.catalog, &rows).values() {
             let r = &v.record;
             if r.source != "acme" || !self.responsible(v, renewer.as_deref()) {
                 continue;

@@ -1,8 +1,8 @@
 //! What a proxy serves: the certificate of each app hostname, read from the catalog's
-//! certificate rows and rebuilt when they change, as rustls's certificate resolver (SNI),
-//! and which app a hostname routes to.
+//! certificate rows of live apps ([`crate::attached`]) and rebuilt when they or the apps
+//! change, as rustls's certificate resolver (SNI), and which app a hostname routes to.
 
-use crate::{current, open_row, SEAL_PURPOSE};
+use crate::{attached, open_row, SEAL_PURPOSE};
 use bazaar_catalog::{Catalog, Change};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -63,7 +63,8 @@ impl CertStore {
                 tokio::select! {
                     () = shutdown.cancelled() => break,
                     r = rx.recv() => match r {
-                        Ok(Change::Certificate(_)) => s.rebuild(),
+                        // An app's deletion detaches its hostnames.
+                        Ok(Change::Certificate(_) | Change::App(_)) => s.rebuild(),
                         Ok(_) => {}
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => s.rebuild(),
                         Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
@@ -80,7 +81,7 @@ impl CertStore {
         let rows = self.catalog.certificates();
         let before = self.snapshot();
         let mut served = HashMap::new();
-        for (hostname, row) in current(&rows) {
+        for (hostname, row) in attached(&self.catalog, &rows) {
             let r = &row.record;
             let row_id = (r.host_id.clone(), r.updated_at_ms);
             let reuse = before

@@ -161,12 +161,15 @@ async fn destroying_a_running_machine_needs_force() {
     fly.wait_state("force", &id, "destroyed").await;
 }
 
+/// Issue 32 item 3: a refused app delete changes nothing (it used to destroy the machines
+/// it could before answering 409).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_app_with_a_machine_that_cannot_be_destroyed_is_kept() {
+async fn an_app_with_a_machine_that_cannot_be_destroyed_is_kept_whole() {
     let (_agent, fly, _dir) = agent_with_app("keep").await;
     let config = process_config(&["sleep", "1000"]);
     let free = create(&fly, "keep", json!({"config": config})).await;
     let leased = create(&fly, "keep", json!({"config": config})).await;
+    fly.wait_state("keep", &free, "started").await;
     let (s, l) = fly
         .post(
             &format!("/apps/keep/machines/{leased}/lease"),
@@ -181,13 +184,25 @@ async fn an_app_with_a_machine_that_cannot_be_destroyed_is_kept() {
     let why = v["error"].as_str().unwrap();
     assert!(why.contains(&leased), "names the machine: {why}");
     assert!(why.contains("lease"), "says why: {why}");
+    assert!(why.contains("nothing was changed"), "{why}");
     assert!(!why.contains(&free), "{why}");
-    // The app and the leased machine stay; what could be destroyed was.
+    // The app and every machine stay, the free one running and not leased by the delete.
     let (s, _) = fly.get("/apps/keep").await;
     assert_eq!(s, StatusCode::OK);
     let (_, v) = fly.get(&format!("/apps/keep/machines/{leased}")).await;
     assert_ne!(v["state"], "destroyed", "{v}");
-    fly.wait_state("keep", &free, "destroyed").await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let (_, v) = fly
+        .get(&format!("/apps/keep/machines/{free}?include_leases=true"))
+        .await;
+    assert_eq!(
+        v["state"], "started",
+        "the free machine was not touched: {v}"
+    );
+    assert!(
+        v.get("lease").is_none(),
+        "the delete let go of its lease: {v}"
+    );
 
     // Once the lease is let go, the app goes.
     let (s, _) = fly
@@ -203,6 +218,153 @@ async fn an_app_with_a_machine_that_cannot_be_destroyed_is_kept() {
     assert_eq!(s, StatusCode::ACCEPTED, "{v}");
     let (s, _) = fly.get("/apps/keep").await;
     assert_eq!(s, StatusCode::NOT_FOUND);
+    fly.wait_state("keep", &free, "destroyed").await;
+}
+
+/// Issue 32 item 2: machines destroyed just before (their destroy still running, as when a
+/// client destroys every machine and then the app) are not in the way of the app's delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_an_app_passes_over_machines_already_destroyed() {
+    let (_agent, fly, _dir) = agent_with_app("gone").await;
+    let config = process_config(&["sleep", "1000"]);
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(create(&fly, "gone", json!({"config": config})).await);
+    }
+    let settled = create(&fly, "gone", json!({"config": config})).await;
+    for id in &ids {
+        fly.wait_state("gone", id, "started").await;
+    }
+    let (s, v) = fly
+        .delete(&format!("/apps/gone/machines/{settled}?force=true"))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    fly.wait_state("gone", &settled, "destroyed").await;
+    for id in &ids {
+        let (s, v) = fly
+            .delete(&format!("/apps/gone/machines/{id}?force=true"))
+            .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+    }
+    let (s, v) = fly.delete("/apps/gone").await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let (s, _) = fly.get("/apps/gone").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+/// An app's delete asked of a node that did not make the app goes to the node that did,
+/// before anything is done: all or nothing there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_delete_through_another_node_is_all_or_nothing_too() {
+    let agents = start_cluster(std::path::Path::new(EXE), 2, |_, _: &mut AgentOptions| {})
+        .expect("agents start");
+    let (maker, other) = (Fly::new(&agents[0]), Fly::new(&agents[1]));
+    maker.create_app("far").await;
+    bazaar_testkit::eventually(std::time::Duration::from_secs(10), || async {
+        (other.get("/apps/far").await.0 == StatusCode::OK).then_some(())
+    })
+    .await
+    .expect("the other node learns the app");
+    let config = process_config(&["sleep", "1000"]);
+    let free = create(&other, "far", json!({"config": config})).await;
+    let leased = create(&other, "far", json!({"config": config})).await;
+    other.wait_state("far", &free, "started").await;
+    let (s, l) = other
+        .post(
+            &format!("/apps/far/machines/{leased}/lease"),
+            json!({"ttl": 120}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{l}");
+    let nonce = l["data"]["nonce"].as_str().unwrap().to_string();
+
+    let (s, v) = other.delete("/apps/far").await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    let why = v["error"].as_str().unwrap();
+    assert!(
+        why.contains(&leased) && why.contains("nothing was changed"),
+        "{why}"
+    );
+    let (_, v) = other.get(&format!("/apps/far/machines/{free}")).await;
+    assert_eq!(v["state"], "started", "{v}");
+
+    let (s, _) = other
+        .call_leased(
+            Method::DELETE,
+            &format!("/apps/far/machines/{leased}/lease"),
+            None,
+            Some(&nonce),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, v) = other.delete("/apps/far").await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let (s, _) = maker.get("/apps/far").await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "the maker deleted its record");
+    bazaar_testkit::eventually(std::time::Duration::from_secs(10), || async {
+        let (_, rows) = other
+            .get("/catalog/machines?app=far&include_deleted=true")
+            .await;
+        let destroyed = |id: &str| {
+            rows.as_array()?
+                .iter()
+                .find(|r| r["id"] == id)
+                .map(|r| r["state"] == "destroyed")
+        };
+        (destroyed(&free)? && destroyed(&leased)?).then_some(())
+    })
+    .await
+    .expect("both machines are destroyed");
+}
+
+/// Issue 31 item 2: an app made again under a deleted app's name, by another
+/// organization, starts empty: no machine history (the release record), no audit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_made_again_under_a_deleted_apps_name_starts_empty() {
+    let (_agent, fly, _dir) = agent_with_app("shop").await;
+    let id = create(
+        &fly,
+        "shop",
+        json!({"config": process_config(&["sleep", "1000"]), "skip_launch": true}),
+    )
+    .await;
+    let (s, v) = fly.delete(&format!("/apps/shop/machines/{id}")).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    fly.wait_state("shop", &id, "destroyed").await;
+    let (_, v) = fly.get("/apps/shop/machines?include_deleted=true").await;
+    assert_eq!(
+        v.as_array().map(Vec::len),
+        Some(1),
+        "the history is there: {v}"
+    );
+    let (s, v) = fly.delete("/apps/shop").await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let (s, v) = fly.get("/apps/shop/audit").await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "a deleted app's audit: {v}");
+
+    let (s, v) = fly
+        .post("/apps", json!({"app_name": "shop", "org_slug": "beta"}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (s, v) = fly.get("/apps/shop/machines?include_deleted=true").await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v, json!([]), "the old machines are not the new app's");
+    for path in [
+        format!("/apps/shop/machines/{id}"),
+        format!("/apps/shop/machines/{id}/versions"),
+        format!("/apps/shop/machines/{id}/events"),
+    ] {
+        let (s, v) = fly.get(&path).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{path}: {v}");
+    }
+    let (s, v) = fly.get("/apps/shop/audit").await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let entries = v["entries"].as_array().unwrap();
+    let paths: Vec<&str> = entries
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["/v1/apps"], "only the new app's creation: {v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,6 +20,13 @@ pub fn new_host_id() -> String {
     format!("h{}", hex::encode(bytes))
 }
 
+/// Returns a new app id: `app_` followed by 16 hex characters, never reused (an app made
+/// again under a deleted app's name gets a new one).
+pub fn new_app_id() -> String {
+    let bytes: [u8; 8] = rand::rng().random();
+    format!("app_{}", hex::encode(bytes))
+}
+
 /// Returns a new reservation id.
 pub fn new_reservation_id() -> String {
     format!("res_{}", ulid::Ulid::new())
