@@ -122,9 +122,7 @@ pub async fn run_agent(
     let stop = agent.0.shutdown.clone();
     let app = http::router(agent.clone())
         .merge(extra)
-        .layer(axum::middleware::map_response(
-            http::fly_shaped_method_errors,
-        ));
+        .layer(axum::middleware::map_response(http::fly_shaped_errors));
     if let Some((tls, listener, host_addr)) = host_listener {
         // The same interfaces, to other hosts, over mTLS.
         tls.serve(
