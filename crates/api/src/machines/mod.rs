@@ -5,33 +5,24 @@
 
 use crate::error::ApiError;
 use crate::exchange::{describe_attempts, HostAddr, Order};
-use crate::openapi::{
-    nonce, op, query, Body, Ndjson, NoBody, RawJson, Relayed, RelayedBody, Ty, FWD, FWD_CHANGE,
-};
+use crate::openapi::{op, query, CarriesConfig, Checked, Ty};
 use crate::Api;
-use aide::axum::routing::{get_with, post_with};
-use aide::axum::ApiRouter;
 use aide::transform::TransformOperation;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, Method, Uri};
-use axum::response::{IntoResponse, NoContent, Response};
+use axum::http::Method;
 use axum::Json;
 use bazaar_placement::exchange::PlacementRecord;
-use bazaar_types::api::{
-    BatchCreateResponse, LeaseInfoResponse, LeaseResponse, MachineSummary, MachineTraffic,
-    MachineVersion, MetadataValue, OkResponse, StartResponse, StatusResponse,
-};
+use bazaar_types::api::{BatchCreateResponse, MachineSummary};
 use bazaar_types::config::MachineConfig;
-use bazaar_types::event::MachineEvent;
-use bazaar_types::host::{
-    ClaimRequest, ExecRequest, ExecResponse, LeaseRequest, MetadataUpdate, ProcessStat,
-    SignalRequest, StopRequest, UpdateRequest, WaitResponse,
-};
+use bazaar_types::host::{ClaimRequest, UpdateRequest};
 use bazaar_types::machine::Machine;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+
+mod forward;
+pub(crate) use forward::forwarded;
 
 /// Fly's CreateMachineRequest (unknown fields are ignored); with `count`, bazaar's batch
 /// create.
@@ -58,6 +49,18 @@ pub struct CreateMachineRequest {
     /// Batch create only: how many machines (1 to 1000, default 1).
     #[serde(default)]
     pub count: Option<usize>,
+}
+
+impl CarriesConfig for CreateMachineRequest {
+    fn config(&self) -> Option<&MachineConfig> {
+        self.config.as_ref()
+    }
+}
+
+impl CarriesConfig for UpdateRequest {
+    fn config(&self) -> Option<&MachineConfig> {
+        Some(&self.config)
+    }
 }
 
 pub(crate) fn require_app(api: &Api, app: &str) -> Result<(), ApiError> {
@@ -156,7 +159,7 @@ fn volume_host(api: &Api, app: &str, volume_id: &str) -> Result<String, ApiError
 pub async fn create(
     State(api): State<Api>,
     Path(app): Path<String>,
-    Body(req): Body<CreateMachineRequest>,
+    Checked(req): Checked<CreateMachineRequest>,
 ) -> Result<Json<Machine>, ApiError> {
     require_app(&api, &app)?;
     let order = order_for(&api, &app, req, 1)?;
@@ -223,7 +226,7 @@ pub(crate) fn create_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
         "MachinesCreate",
         "machines",
         "Create a machine, placed by the market.",
-        &[400, 401, 404, 409, 413, 503],
+        &[400, 401, 403, 404, 409, 413, 503],
     )
 }
 
@@ -232,7 +235,7 @@ pub(crate) fn create_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
 pub async fn create_batch(
     State(api): State<Api>,
     Path(app): Path<String>,
-    Body(req): Body<CreateMachineRequest>,
+    Checked(req): Checked<CreateMachineRequest>,
 ) -> Result<Json<BatchCreateResponse<PlacementRecord>>, ApiError> {
     require_app(&api, &app)?;
     let count = req.count.unwrap_or(1);
@@ -263,7 +266,7 @@ pub(crate) fn create_batch_docs(t: TransformOperation<'_>) -> TransformOperation
         "machines",
         "bazaar extension: create `count` machines of one config, placed in one round \
          (maybe fewer than asked).",
-        &[400, 401, 404, 409, 413, 503],
+        &[400, 401, 403, 404, 409, 413, 503],
     )
 }
 
@@ -277,7 +280,7 @@ fn from_catalog(v: &bazaar_catalog::MachineView) -> serde_json::Value {
         "region": r.region,
         "instance_id": r.instance_id,
         "version": r.instance_id,
-        "private_ip": r.services.first().map(|s| s.address.clone()).unwrap_or_else(|| "127.0.0.1".into()),
+        "private_ip": r.private_ip.clone().unwrap_or_else(|| "127.0.0.1".into()),
         "created_at": bazaar_types::rfc3339(r.updated_at_ms),
         "updated_at": bazaar_types::rfc3339(r.updated_at_ms),
         "config": {"metadata": r.metadata},
@@ -485,489 +488,45 @@ fn host_addr(api: &Api, host_id: &str) -> Option<HostAddr> {
     })
 }
 
-/// Where a machine lives: `(host, reachable, catalog row)`.
-async fn locate(
-    api: &Api,
-    app: &str,
-    id: &str,
-) -> Result<(HostAddr, Option<bazaar_catalog::MachineView>), ApiError> {
-    let not_found = || ApiError::NotFound(format!("machine {id} not found"));
-    if !bazaar_types::ids::is_valid_machine_id(id) {
-        return Err(not_found());
-    }
-    let catalog = api.catalog()?;
-    let mut row = catalog.machine(id);
-    // Just restarted: other hosts' machines arrive with the first sync (a moment).
-    while row.is_none() && api.recent_host(id).is_none() && catalog.catching_up() {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        row = catalog.machine(id);
-    }
-    if let Some(r) = &row {
-        if r.record.app != app {
-            return Err(not_found());
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(private_ip: Option<&str>, services_at: Option<&str>) -> bazaar_catalog::MachineView {
+        bazaar_catalog::MachineView {
+            record: bazaar_catalog::MachineRecord {
+                id: "0123456789abcd".into(),
+                app: "web".into(),
+                state: "started".into(),
+                private_ip: private_ip.map(str::to_string),
+                services: services_at
+                    .map(|at| bazaar_catalog::ServiceRecord {
+                        service: Default::default(),
+                        address: at.into(),
+                        port: 41000,
+                    })
+                    .into_iter()
+                    .collect(),
+                updated_at_ms: 1_700_000_000_000,
+                ..Default::default()
+            },
+            host_status: "ok",
+            deleted: false,
+            version: 1,
         }
     }
-    let host_id = match (&row, api.recent_host(id)) {
-        (Some(r), _) => r.record.host_id.clone(),
-        (None, Some(h)) => h,
-        (None, None) => return Err(not_found()),
-    };
-    let api_addr = api.host_addr(&host_id).await?;
-    Ok((HostAddr { host_id, api_addr }, row))
-}
 
-/// Every machine call: forwarded to the machine's owner (`/host/v1/machines/{id}...`) and
-/// its answer relayed; `R` is what the owner answers when the call succeeds, `B` the body
-/// it takes. `PUT` on the machine is an update, as `POST`. A `GET` of the machine while its
-/// host is unreachable is answered from the catalog.
-async fn forward<R, B: RelayedBody>(
-    State(api): State<Api>,
-    Path(params): Path<HashMap<String, String>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: B,
-) -> Result<Relayed<R>, ApiError> {
-    let param = |name: &str| params.get(name).cloned().unwrap_or_default();
-    let (app, id) = (param("app"), param("id"));
-    // `/v1/apps/{app}/machines/{id}` and what follows, as it was sent.
-    let rest = match uri.path().splitn(7, '/').nth(6) {
-        Some(rest) => format!("/{rest}"),
-        None => String::new(),
-    };
-    // A key of `..` (or `%2e%2e`) would be resolved away by the URL to the owner.
-    if rest
-        .split('/')
-        .skip(1)
-        .any(|seg| matches!(decode(seg).as_deref(), None | Some("" | "." | "..")))
-    {
-        return Err(ApiError::NotFound("no such endpoint".into()));
+    #[test]
+    fn a_machine_from_the_catalog_shows_its_own_address() {
+        // A machine with an address of its own and no services.
+        let v = from_catalog(&row(Some("10.213.4.7"), None));
+        assert_eq!(v["private_ip"], "10.213.4.7");
+        let v = from_catalog(&row(Some("10.213.4.7"), Some("10.213.4.7")));
+        assert_eq!(v["private_ip"], "10.213.4.7");
+        // A process machine without an address of its own: its services listen on the
+        // host's ports, and the host's address is not the machine's.
+        let v = from_catalog(&row(None, Some("192.0.2.10")));
+        assert_eq!(v["private_ip"], "127.0.0.1");
+        assert_eq!(v["updated_at"], bazaar_types::rfc3339(1_700_000_000_000));
     }
-    let method = if method == Method::PUT && rest.is_empty() {
-        Method::POST
-    } else {
-        method
-    };
-    let query = uri.query().map(str::to_string);
-    let body = body.into_bytes();
-    let (host, row) = locate(&api, &app, &id).await?;
-    let unreachable = |why: String| -> Result<Response, ApiError> {
-        if method == Method::GET && rest.is_empty() {
-            if let Some(row) = &row {
-                let mut v = from_catalog(row);
-                v["host_status"] = "unreachable".into();
-                return Ok(Json(v).into_response());
-            }
-        }
-        Err(ApiError::Unavailable(format!(
-            "the host {} of machine {id} is unreachable ({why}); it cannot be changed until the host is back",
-            host.host_id
-        )))
-    };
-    let mut path = format!("/host/v1/machines/{id}{rest}");
-    if let Some(q) = query.filter(|q| !q.is_empty()) {
-        path.push('?');
-        path.push_str(&q);
-    }
-    let mut req = api.to_node(method.clone(), &host.api_addr, &path);
-    if let Some(n) = headers.get("fly-machine-lease-nonce") {
-        req = req.header("fly-machine-lease-nonce", n);
-    }
-    if method != Method::GET {
-        if let Some(v) = api.0.node.secrets_version_header(&app) {
-            req = req.header(bazaar_node::secrets::SECRETS_VERSION_HEADER, v);
-        }
-    }
-    if !body.is_empty() {
-        req = req.header("content-type", "application/json").body(body);
-    }
-    match api.relay(req, &host).await? {
-        Ok(resp) => Ok(Relayed::new(resp)),
-        Err(why) => unreachable(why).map(Relayed::new),
-    }
-}
-
-/// The docs of a forwarded call that changes a machine and takes its lease's nonce.
-fn change(
-    id: &'static str,
-    summary: &'static str,
-) -> impl for<'a> FnOnce(TransformOperation<'a>) -> TransformOperation<'a> {
-    move |t| nonce(op(t, id, "machines", summary, FWD_CHANGE))
-}
-
-/// The machine calls, each forwarded to the machine's owner by [`forward`] and documented
-/// with what the owner answers. Only these are forwarded: another path under a machine is
-/// not a route (404).
-pub(crate) fn forwarded() -> ApiRouter<Api> {
-    const M: &str = "/v1/apps/{app}/machines/{id}";
-    ApiRouter::new()
-        .api_route(
-            M,
-            get_with(forward::<Json<Machine>, NoBody>, |t| {
-                let t = op(
-                    t,
-                    "MachinesShow",
-                    "machines",
-                    "Get a machine (from the catalog, with `host_status: unreachable`, while \
-                     its host is down).",
-                    FWD,
-                );
-                query(
-                    t,
-                    "include_leases",
-                    Ty::Bool,
-                    "Show the machine's lease (without its nonce).",
-                )
-            })
-            .post_with(forward::<Json<Machine>, RawJson<UpdateRequest>>, |t| {
-                nonce(op(
-                    t,
-                    "MachinesUpdate",
-                    "machines",
-                    "Update a machine's config (a new version). `name` renames it, `lease_ttl` \
-                     takes or refreshes a lease (its nonce is answered), \
-                     `skip_service_registration` cordons it; `region` must be its own (a \
-                     machine does not move: 400).",
-                    FWD_CHANGE,
-                ))
-            })
-            .put_with(
-                forward::<Json<Machine>, RawJson<UpdateRequest>>,
-                change("MachinesUpdatePut", "Same as `POST` (update)."),
-            )
-            .delete_with(forward::<Json<OkResponse>, NoBody>, |t| {
-                let t = op(
-                    t,
-                    "MachinesDelete",
-                    "machines",
-                    "Destroy a machine (it must be stopped unless `force`).",
-                    FWD_CHANGE,
-                );
-                let t = query(t, "force", Ty::Bool, "Kill the machine if it runs.");
-                nonce(query(t, "kill", Ty::Bool, "Same as `force`."))
-            }),
-        )
-        .api_route(
-            "/v1/apps/{app}/machines/{id}/start",
-            post_with(
-                forward::<Json<StartResponse>, NoBody>,
-                change("MachinesStart", "Start a machine."),
-            ),
-        )
-        .api_route(
-            "/v1/apps/{app}/machines/{id}/stop",
-            post_with(
-                forward::<Json<OkResponse>, RawJson<StopRequest>>,
-                change(
-                    "MachinesStop",
-                    "Stop a machine: its stop signal, then SIGKILL after the timeout.",
-                ),
-            ),
-        )
-        .api_route(
-            "/v1/apps/{app}/machines/{id}/restart",
-            post_with(forward::<Json<OkResponse>, RawJson<StopRequest>>, |t| {
-                let t = op(
-                    t,
-                    "MachinesRestart",
-                    "machines",
-                    "Restart a machine (the signal and timeout may also be given in the query).",
-                    FWD_CHANGE,
-                );
-                let t = query(
-                    t,
-                    "timeout",
-                    Ty::Str,
-                    "How long to wait before SIGKILL (Go duration or seconds).",
-                );
-                nonce(query(
-                    t,
-                    "signal",
-                    Ty::Str,
-                    "The stop signal (name or number).",
-                ))
-            }),
-        )
-        .api_route(
-            "/v1/apps/{app}/machines/{id}/signal",
-            post_with(
-                forward::<Json<OkResponse>, RawJson<SignalRequest>>,
-                change("MachinesSignal", "Send a signal to a machine's process."),
-            ),
-        )
-        .api_route(
-            "/v1/apps/{app}/machines/{id}/suspend",
-            post_with(
-                forward::<Json<OkResponse>, NoBody>,
-                change(
-                    "MachinesSuspend",
-                    "Suspend a machine (its processes are frozen).",
-                ),
-            ),
-        )
-        .api_route(
-            "/v1/apps/{app}/machines/{id}/wait",
-            get_with(forward::<Json<WaitResponse>, NoBody>, |t| {
-                let t = op(
-                    t,
-                    "MachinesWait",
-                    "machines",
-                    "Wait until a machine is in one of the given states (default `started`).",
-                    &[400, 401, 404, 408, 503],
-                );
-                let t = query(
-                    t,
-                    "state",
-                    Ty::Str,
-                    "States to wait for: repeated or comma-separated; `settled` means any \
-                     resting state.",
-                );
-                let t = query(
-                    t,
-                    "timeout",
-                    Ty::Str,
-                    "Seconds or a Go duration (default and maximum 60 s).",
-                );
-                let t = query(t, "instance_id", Ty::Str, "Wait for this version.");
-                let t = query(t, "version", Ty::Str, "Same as `instance_id`.");
-                query(
-                    t,
-                    "from_event_id",
-                    Ty::Str,
-                    "Wait for the state to be reached by an event after this one (an event \
-                     id); the answer's `event_id` is the event that satisfied the wait.",
-                )
-            }),
-        )
-        .api_route(
-            "/v1/apps/{app}/machines/{id}/lease",
-            get_with(forward::<Json<LeaseInfoResponse>, NoBody>, |t| {
-                op(
-                    t,
-                    "MachinesShowLease",
-                    "leases",
-                    "Get the lease held on a machine (without its nonce).",
-                    FWD,
-                )
-            })
-            .post_with(
-                forward::<crate::openapi::Answer<201, LeaseResponse>, RawJson<LeaseRequest>>,
-                |t| {
-                    let t = op(
-                        t,
-                        "MachinesCreateLease",
-                        "leases",
-                        "Take a lease on a machine, or renew the one whose nonce is given \
-                         (201: a new lease; 200: the lease, renewed).",
-                        FWD_CHANGE,
-                    )
-                    .response::<200, Json<LeaseResponse>>();
-                    let t = query(
-                        t,
-                        "ttl",
-                        Ty::Int,
-                        "Seconds (default 30); the body's `ttl` wins.",
-                    );
-                    nonce(t)
-                },
-            )
-            .delete_with(forward::<Json<StatusResponse>, NoBody>, |t| {
-                nonce(op(
-                    t,
-                    "MachinesReleaseLease",
-                    "leases",
-                    "Release the lease (its nonce is required).",
-                    FWD_CHANGE,
-                ))
-            }),
-        )
-        .api_route(
-            "/v1/apps/{app}/machines/{id}/cordon",
-            post_with(
-                forward::<Json<OkResponse>, NoBody>,
-                change(
-                    "MachinesCordon",
-                    "Take a machine out of its services' rotation.",
-                ),
-            ),
-        )
-        .api_route(
-            "/v1/apps/{app}/machines/{id}/uncordon",
-            post_with(
-                forward::<Json<OkResponse>, NoBody>,
-                change(
-                    "MachinesUncordon",
-                    "Put a machine back into its services' rotation.",
-                ),
-            ),
-        )
-        .api_route(
-            "/v1/apps/{app}/machines/{id}/metadata",
-            get_with(forward::<Json<BTreeMap<String, String>>, NoBody>, |t| {
-                op(
-                    t,
-                    "MachinesShowMetadata",
-                    "metadata",
-                    "A machine's metadata.",
-                    FWD,
-                )
-            })
-            .put_with(forward::<NoContent, RawJson<MetadataUpdate>>, |t| {
-                nonce(op(
-                    t,
-                    "MachinesUpdateMetadata",
-                    "metadata",
-                    "Set and remove several metadata keys at once.",
-                    FWD_CHANGE,
-                ))
-            })
-            .patch_with(forward::<NoContent, RawJson<MetadataUpdate>>, |t| {
-                nonce(op(
-                    t,
-                    "MachinesPatchMetadata",
-                    "metadata",
-                    "Same as `PUT`.",
-                    FWD_CHANGE,
-                ))
-            }),
-        )
-        .api_route(
-            "/v1/apps/{app}/machines/{id}/metadata/{key}",
-            get_with(forward::<Json<MetadataValue>, NoBody>, |t| {
-                op(
-                    t,
-                    "MachinesShowMetadataKey",
-                    "metadata",
-                    "One metadata value.",
-                    FWD,
-                )
-            })
-            .post_with(forward::<NoContent, RawJson<MetadataValue>>, |t| {
-                nonce(op(
-                    t,
-                    "MachinesUpsertMetadata",
-                    "metadata",
-                    "Set one metadata key.",
-                    FWD_CHANGE,
-                ))
-            })
-            .delete_with(forward::<NoContent, NoBody>, |t| {
-                nonce(op(
-                    t,
-                    "MachinesDeleteMetadata",
-                    "metadata",
-                    "Remove one metadata key.",
-                    FWD_CHANGE,
-                ))
-            }),
-        )
-        .api_route(
-            "/v1/apps/{app}/machines/{id}/events",
-            get_with(forward::<Json<Vec<MachineEvent>>, NoBody>, |t| {
-                let t = op(
-                    t,
-                    "MachinesListEvents",
-                    "machines",
-                    "A machine's events, newest first.",
-                    FWD,
-                );
-                query(
-                    t,
-                    "limit",
-                    Ty::Int,
-                    "At most this many (default 20, 1 to 50).",
-                )
-            }),
-        )
-        .api_route(
-            "/v1/apps/{app}/machines/{id}/versions",
-            get_with(forward::<Json<Vec<MachineVersion>>, NoBody>, |t| {
-                op(
-                    t,
-                    "MachinesListVersions",
-                    "machines",
-                    "A machine's config versions.",
-                    FWD,
-                )
-            }),
-        )
-        .api_route(
-            "/v1/apps/{app}/machines/{id}/exec",
-            post_with(forward::<Json<ExecResponse>, RawJson<ExecRequest>>, |t| {
-                op(
-                    t,
-                    "MachinesExec",
-                    "machines",
-                    "Run a command in a running machine and wait for it.",
-                    FWD_CHANGE,
-                )
-            }),
-        )
-        .api_route(
-            "/v1/apps/{app}/machines/{id}/ps",
-            get_with(forward::<Json<Vec<ProcessStat>>, NoBody>, |t| {
-                let t = op(
-                    t,
-                    "MachinesListProcesses",
-                    "machines",
-                    "The processes of a started machine (its workload and every descendant), \
-                     read from `/proc` on its host; 409 when it is not started.",
-                    &[400, 401, 404, 409, 503],
-                );
-                let t = query(
-                    t,
-                    "sort_by",
-                    Ty::Str,
-                    "pid (default), stime, rtime, cpu, rss or command.",
-                );
-                query(t, "order", Ty::Str, "asc (default) or desc.")
-            }),
-        )
-        .api_route(
-            "/v1/apps/{app}/machines/{id}/logs",
-            get_with(forward::<Ndjson, NoBody>, |t| {
-                let t = op(
-                    t,
-                    "MachinesLogs",
-                    "machines",
-                    "bazaar extension: the machine's output as JSON lines; with \
-                     `follow=true`, a stream.",
-                    &[400, 401, 404, 503],
-                );
-                let t = query(
-                    t,
-                    "max_bytes",
-                    Ty::Int,
-                    "The last this many bytes (default 64 KiB, at most 8 MiB).",
-                );
-                query(t, "follow", Ty::Bool, "Keep streaming new lines.")
-            }),
-        )
-        .api_route(
-            "/v1/apps/{app}/machines/{id}/placement",
-            get_with(forward::<Json<PlacementRecord>, NoBody>, |t| {
-                op(
-                    t,
-                    "MachinesPlacement",
-                    "machines",
-                    "bazaar extension: how the market placed the machine.",
-                    FWD,
-                )
-            }),
-        )
-        .api_route(
-            "/v1/apps/{app}/machines/{id}/traffic",
-            get_with(forward::<Json<MachineTraffic>, NoBody>, |t| {
-                op(
-                    t,
-                    "MachinesTraffic",
-                    "machines",
-                    "bazaar extension: the requests and connections the machine is serving \
-                     right now (counted by its host's proxy, through which every proxy reaches \
-                     it); deploys wait for a cordoned machine's `in_flight` to reach 0 before \
-                     stopping it.",
-                    FWD,
-                )
-            }),
-        )
 }
