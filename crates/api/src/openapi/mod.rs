@@ -243,8 +243,9 @@ pub(crate) fn op<'a>(
     t
 }
 
-/// Errors of every call forwarded to a machine's owner.
-pub(crate) const FWD: &[u16] = &[401, 404, 503];
+/// Errors of every call forwarded to a machine's owner (400: a path or query parameter
+/// that does not parse).
+pub(crate) const FWD: &[u16] = &[400, 401, 404, 503];
 /// Errors of a forwarded call that changes a machine (403: a token without the operation).
 pub(crate) const FWD_CHANGE: &[u16] = &[400, 401, 403, 404, 409, 412, 503];
 
