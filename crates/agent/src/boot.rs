@@ -124,9 +124,7 @@ pub async fn run_agent(
     let stop = agent.0.shutdown.clone();
     let app = http::router(agent.clone())
         .merge(extra)
-        .layer(axum::middleware::map_response(
-            http::fly_shaped_method_errors,
-        ))
+        .layer(axum::middleware::map_response(http::fly_shaped_errors))
         .layer(axum::middleware::from_fn_with_state(
             agent.clone(),
             trust_callers,

@@ -109,8 +109,8 @@ async fn change_key(
     State(agent): State<Agent>,
     body: axum::body::Bytes,
 ) -> Result<Json<GossipKeys>, AgentError> {
-    let change: GossipKeyChange = serde_json::from_slice(&body)
-        .map_err(|e| AgentError::Invalid(format!("invalid request: {e}")))?;
+    let change: GossipKeyChange =
+        bazaar_types::json::from_body(&body).map_err(AgentError::Invalid)?;
     let catalog = catalog(&agent)?;
     let done = match change.action.as_str() {
         "install" => catalog.install_gossip_key(&change.key),
@@ -140,8 +140,8 @@ async fn revoke(
     State(agent): State<Agent>,
     body: axum::body::Bytes,
 ) -> Result<Json<Vec<Revocation>>, AgentError> {
-    let revocation: Revocation = serde_json::from_slice(&body)
-        .map_err(|e| AgentError::Invalid(format!("invalid revocation: {e}")))?;
+    let revocation: Revocation = bazaar_types::json::from_body(&body)
+        .map_err(|e| AgentError::Invalid(format!("revocation: {e}")))?;
     let catalog = catalog(&agent)?;
     catalog
         .revoke(&revocation)

@@ -16,7 +16,6 @@ use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use bazaar_node::access::bearer;
 use bazaar_types::host::{BidRequest, ClaimRequest, SignalRequest, StopRequest, UpdateRequest};
-use bazaar_types::state::MachineState;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use std::time::Duration;
@@ -34,8 +33,6 @@ async fn audit_for_app(
 
 /// Largest request body accepted (a machine config is a few KB).
 const MAX_BODY_BYTES: usize = 1024 * 1024;
-/// Longest wait a client may ask for (Fly's limit).
-const MAX_WAIT: Duration = Duration::from_secs(60);
 
 /// The router of the host interface.
 pub fn router(agent: Agent) -> Router {
@@ -115,6 +112,7 @@ pub fn router(agent: Agent) -> Router {
                 .status(StatusCode::NOT_FOUND)
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::map_response(fly_shaped_errors))
         .with_state(agent)
 }
 
@@ -129,30 +127,10 @@ async fn detached(req: Request, next: Next) -> Response {
     })
 }
 
-/// A wrong method (the router's bare 405) answered in the Fly shape, `{"error": "method not
-/// allowed"}`, keeping the router's `Allow` header. Every HTTP interface of the agent goes
-/// through it ([`crate::run_agent`]).
-pub async fn fly_shaped_method_errors(resp: Response) -> Response {
-    let is_json = resp
-        .headers()
-        .get(axum::http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if Response::status(&resp) != StatusCode::METHOD_NOT_ALLOWED || is_json {
-        return resp;
-    }
-    let (mut parts, _) = resp.into_parts();
-    let body = serde_json::to_vec(&bazaar_types::error::ErrorBody {
-        error: "method not allowed".into(),
-        status: None,
-    })
-    .unwrap_or_default();
-    parts.headers.insert(
-        axum::http::header::CONTENT_TYPE,
-        axum::http::HeaderValue::from_static("application/json"),
-    );
-    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
-    Response::from_parts(parts, axum::body::Body::from(body))
-}
+/// Every error answer in the Fly shape, axum's own refusals included (a query that does
+/// not parse, a wrong method with its `Allow` header, ...). Every HTTP interface of the
+/// agent goes through it ([`crate::run_agent`]).
+pub use bazaar_node::error::fly_shaped_errors;
 
 trait WithStatus {
     fn status(self, status: StatusCode) -> Response;
@@ -191,22 +169,10 @@ pub async fn require_cluster_secret(
     }
 }
 
-/// Parses a JSON body into `T`, or a 400 saying what is wrong. An empty body is `{}`.
+/// Parses a JSON object body into `T` (empty is `{}`; a key given twice, or anything but
+/// an object, is refused), or a 400 saying what is wrong: `bazaar_types::json`.
 fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, AgentError> {
-    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
-        b"{}"
-    } else {
-        body
-    };
-    let value: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| AgentError::Invalid(format!("invalid JSON body: {e}")))?;
-    // serde would read a struct from an array too; only objects are accepted.
-    if !value.is_object() {
-        return Err(AgentError::Invalid(
-            "invalid JSON body: expected a JSON object".into(),
-        ));
-    }
-    serde_json::from_value(value).map_err(|e| AgentError::Invalid(format!("invalid request: {e}")))
+    bazaar_types::json::from_body(body).map_err(AgentError::Invalid)
 }
 
 type ApiResult<T> = Result<T, AgentError>;
@@ -456,66 +422,21 @@ async fn signal(
     Ok(Json(serde_json::json!({"ok": true})).into_response())
 }
 
-/// `state` may be repeated or comma-separated; `timeout` is in seconds (or a Go duration);
-/// `instance_id` and `version` are the same thing; `from_event_id` waits for a state reached
-/// by a later event.
+/// `GET .../wait`: its query is read by [`crate::views::WaitQuery::parse`].
 async fn wait(
     State(agent): State<Agent>,
     Path(id): Path<String>,
     Query(params): Query<Vec<(String, String)>>,
 ) -> ApiResult<Response> {
-    let mut states = Vec::new();
-    let mut timeout = MAX_WAIT;
-    let mut version = None;
-    let mut from_event_id = None;
-    for (k, v) in &params {
-        match k.as_str() {
-            "state" => {
-                for s in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-                    if s == "settled" {
-                        states.extend([
-                            MachineState::Created,
-                            MachineState::Started,
-                            MachineState::Stopped,
-                            MachineState::Suspended,
-                            MachineState::Failed,
-                            MachineState::Destroyed,
-                        ]);
-                    } else {
-                        states.push(MachineState::parse(s).ok_or_else(|| {
-                            AgentError::Invalid(format!("invalid state {s:?} to wait for"))
-                        })?);
-                    }
-                }
-            }
-            "timeout" => {
-                timeout = bazaar_types::duration::parse_go_duration(v)
-                    .map_err(|e| AgentError::Invalid(format!("invalid timeout: {e}")))?
-                    .min(MAX_WAIT);
-            }
-            "instance_id" | "version" => version = Some(v.clone()),
-            "from_event_id" => {
-                if !bazaar_types::event::is_valid_event_id(v) {
-                    return Err(AgentError::Invalid(format!(
-                        "from_event_id {v:?} is not an event id (a ULID from the machine's events)"
-                    )));
-                }
-                from_event_id = Some(v.clone());
-            }
-            _ => {}
-        }
-    }
-    if states.is_empty() {
-        states.push(MachineState::Started);
-    }
+    let q = crate::views::WaitQuery::parse(&params)?;
     Ok(Json(
         agent
             .wait(
                 &id,
-                &states,
-                timeout,
-                version.as_deref(),
-                from_event_id.as_deref(),
+                &q.states,
+                q.timeout,
+                q.version.as_deref(),
+                q.from_event_id.as_deref(),
             )
             .await?,
     )
@@ -664,12 +585,11 @@ async fn lease_acquire(
     Ok((status, Json(wrapped(&lease))).into_response())
 }
 
+/// The lease held, with its nonce: the host interface answers only hosts and operators, and
+/// the API leaves the nonce out for a caller whose token may not use leases.
 async fn lease_get(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
-    // The nonce goes only to the client that acquired the lease (its acquire answer).
     match agent.lease_get(&id).await? {
-        Some(lease) => {
-            Ok(Json(wrapped(&bazaar_types::machine::LeaseInfo::from(&lease))).into_response())
-        }
+        Some(lease) => Ok(Json(wrapped(&lease)).into_response()),
         None => Err(AgentError::LeaseNotFound(id)),
     }
 }

@@ -75,10 +75,8 @@ struct PullRequest {
 
 /// Pulls an image; the answer is a stream of JSON lines: one per layer phase
 /// (`{"layer", "of", "phase", "done", "total"}`), then `{"image": ...}` or `{"error": ...}`.
-async fn pull(
-    State(agent): State<Agent>,
-    Json(req): Json<PullRequest>,
-) -> Result<Response, AgentError> {
+async fn pull(State(agent): State<Agent>, body: Bytes) -> Result<Response, AgentError> {
+    let req: PullRequest = bazaar_types::json::from_body(&body).map_err(AgentError::Invalid)?;
     let runtime = runtime(&agent)?;
     let store = runtime.images.clone();
     let reference: Reference = req

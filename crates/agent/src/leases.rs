@@ -124,6 +124,7 @@ impl Agent {
                 None => rec.config.metadata.remove(&k),
             };
         }
+        bazaar_types::limits::check_config(&rec.config).map_err(AgentError::Invalid)?;
         bazaar_types::replacement::validate(&rec.config).map_err(AgentError::Invalid)?;
         rec.updated_at_ms = now_ms();
         let mut b = Batch::default();
@@ -176,7 +177,8 @@ impl Agent {
     }
 }
 
-/// A new lease (or a refresh keeping `keep_nonce`) of `ttl` seconds (1 s to 1 h).
+/// A new lease (or a refresh keeping `keep_nonce`) of `ttl` seconds (1 s to 1 h). A refresh
+/// without a description keeps the lease's own.
 pub(crate) fn new_lease(
     rec: &MachineRecord,
     ttl: u64,
@@ -194,7 +196,10 @@ pub(crate) fn new_lease(
             .unwrap_or_else(|| ids::new_secret(6)),
         expires_at: now_ms() / 1000 + ttl,
         owner: "api".into(),
-        description: description.chars().take(256).collect(),
+        description: match (keep_nonce, &rec.lease) {
+            (Some(_), Some(held)) if description.is_empty() => held.description.clone(),
+            _ => description.chars().take(256).collect(),
+        },
         version: rec.instance_id.clone(),
     })
 }

@@ -137,9 +137,13 @@ impl Agent {
                 )));
             }
         }
-        let name = req.name.as_deref().filter(|n| !n.is_empty());
-        if let Some(name) = name {
-            ids::validate_name("machine", name).map_err(AgentError::Invalid)?;
+        if let Some(name) = req.name.as_deref().filter(|n| !n.is_empty()) {
+            if name != rec.name {
+                return Err(AgentError::Invalid(format!(
+                    "name {name:?}: a machine's name cannot be changed by an update (it is {:?}); create a machine with the new name",
+                    rec.name
+                )));
+            }
         }
         if let Some(ttl) = req.lease_ttl {
             crate::leases::new_lease(&rec, ttl, "", None)?;
@@ -171,9 +175,6 @@ impl Agent {
             desired
         };
         rec.updated_at_ms = now_ms();
-        if let Some(name) = name {
-            rec.name = name.to_string();
-        }
         if req.skip_service_registration {
             rec.cordoned = true;
         }
@@ -362,6 +363,7 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
         (None, None) => Guest::default(),
     };
     let size = guest.validate().map_err(AgentError::Invalid)?;
+    bazaar_types::limits::check_config(config).map_err(AgentError::Invalid)?;
     refuse_unsupported(config, &guest)?;
     bazaar_types::replacement::validate(config).map_err(AgentError::Invalid)?;
     match config.driver() {

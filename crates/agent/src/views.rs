@@ -13,6 +13,87 @@ use bazaar_types::state::MachineState;
 use bazaar_types::{ids, now_ms, rfc3339};
 use std::time::Duration;
 
+/// Longest wait a client may ask for (Fly's limit).
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// What `GET .../wait` waits for, read from its query: `state` repeated or comma-separated
+/// (`settled`: any resting state; default `started`), `timeout` in seconds or a Go duration
+/// (default and at most 60 s), `version` (or `instance_id`) a config version, and
+/// `from_event_id` an event id. A value that cannot be one of these is a 400, never a wait
+/// that can only time out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WaitQuery {
+    pub states: Vec<MachineState>,
+    pub timeout: Duration,
+    pub version: Option<String>,
+    pub from_event_id: Option<String>,
+}
+
+impl WaitQuery {
+    /// Reads the query's `(name, value)` pairs; unknown names are ignored.
+    pub fn parse(params: &[(String, String)]) -> Result<WaitQuery, AgentError> {
+        let mut q = WaitQuery {
+            states: Vec::new(),
+            timeout: MAX_WAIT,
+            version: None,
+            from_event_id: None,
+        };
+        for (k, v) in params {
+            match k.as_str() {
+                "state" => {
+                    for s in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                        if s == "settled" {
+                            q.states.extend([
+                                MachineState::Created,
+                                MachineState::Started,
+                                MachineState::Stopped,
+                                MachineState::Suspended,
+                                MachineState::Failed,
+                                MachineState::Destroyed,
+                            ]);
+                        } else {
+                            q.states.push(MachineState::parse(s).ok_or_else(|| {
+                                AgentError::Invalid(format!("invalid state {s:?} to wait for"))
+                            })?);
+                        }
+                    }
+                }
+                "timeout" => {
+                    q.timeout = bazaar_types::duration::parse_go_duration(v)
+                        .map_err(|e| AgentError::Invalid(format!("invalid timeout: {e}")))?;
+                    if q.timeout > MAX_WAIT {
+                        return Err(AgentError::Invalid(format!(
+                            "timeout {v:?} is too long: a wait lasts at most {} seconds (wait again to wait longer)",
+                            MAX_WAIT.as_secs()
+                        )));
+                    }
+                }
+                "instance_id" | "version" => {
+                    if !ids::is_valid_instance_id(v) {
+                        return Err(AgentError::Invalid(format!(
+                            "{k} {v:?} is not a machine version (a 26-character ULID, the machine's instance_id)"
+                        )));
+                    }
+                    q.version = Some(v.clone());
+                }
+                "from_event_id" => {
+                    if !bazaar_types::event::is_valid_event_id(v) {
+                        return Err(AgentError::Invalid(format!(
+                            "from_event_id {v:?} is not an event id (a ULID from the machine's events)"
+                        )));
+                    }
+                    q.from_event_id = Some(v.clone());
+                }
+                _ => {}
+            }
+        }
+        if q.states.is_empty() {
+            q.states.push(MachineState::Started);
+        }
+        Ok(q)
+    }
+}
+
 impl Agent {
     /// One machine (tombstones included), with its latest events.
     pub async fn machine(&self, id: &str) -> Result<Machine, AgentError> {
@@ -219,4 +300,52 @@ fn join_states(states: &[MachineState]) -> String {
         .map(|s| s.as_str())
         .collect::<Vec<_>>()
         .join(" or ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(query: &[(&str, &str)]) -> Result<WaitQuery, String> {
+        let params: Vec<(String, String)> = query
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        WaitQuery::parse(&params).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_wait_that_could_only_time_out_is_refused() {
+        let q = parse(&[]).unwrap();
+        assert_eq!(
+            (q.states, q.timeout),
+            (vec![MachineState::Started], MAX_WAIT)
+        );
+        let version = ids::new_instance_id();
+        let q = parse(&[
+            ("state", "stopped,destroyed"),
+            ("timeout", "60"),
+            ("version", &version),
+        ])
+        .unwrap();
+        assert_eq!(q.states, [MachineState::Stopped, MachineState::Destroyed]);
+        assert_eq!(q.version.as_deref(), Some(version.as_str()));
+        assert_eq!(parse(&[("timeout", "1m")]).unwrap().timeout, MAX_WAIT);
+        for (k, v, says) in [
+            ("timeout", "61", "at most 60 seconds"),
+            ("timeout", "2m", "at most 60 seconds"),
+            ("timeout", "soon", "invalid timeout"),
+            ("version", "zzz", "not a machine version"),
+            (
+                "instance_id",
+                "01ARZ3NDEKTSV4RRFFQ69G5FA",
+                "not a machine version",
+            ),
+            ("state", "running", "invalid state"),
+            ("from_event_id", "x", "not an event id"),
+        ] {
+            let err = parse(&[(k, v)]).unwrap_err();
+            assert!(err.contains(says), "{k}={v}: {err}");
+        }
+    }
 }

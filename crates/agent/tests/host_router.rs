@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 /// The host interface as `run_agent` serves it (wrong methods answered in Fly's shape).
 fn host_router(node: &InProcessAgent) -> Router {
     bazaar_agent::http::router(node.agent.clone()).layer(axum::middleware::map_response(
-        bazaar_agent::http::fly_shaped_method_errors,
+        bazaar_agent::http::fly_shaped_errors,
     ))
 }
 

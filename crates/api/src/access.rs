@@ -5,9 +5,15 @@
 //! other apps gets 404 (as if the app did not exist), one that does not allow the operation
 //! 403, an invalid, expired or revoked one 401. Every change (any method but `GET`/`HEAD`) by
 //! a known caller is written to this host's audit record with its answer's status.
+//!
+//! The check reads the request as its handler does: the route as the router matched it and
+//! its path parameters decoded (`/v1/apps/%61pp` is app `app` to both), never the body (the
+//! audit record only takes a new app's name from it). What a body asks for (a machine
+//! config's driver) is authorized by [`authorize_config`] on the value the handler acts on,
+//! parsed once (`openapi::Checked`).
 
 use crate::error::ApiError;
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{ConnectInfo, FromRequestParts, MatchedPath, RawPathParams, Request, State};
 use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -22,9 +28,6 @@ pub struct RouteAccess {
     pub app: Option<String>,
     pub machine_id: Option<String>,
     pub op: Op,
-    /// Whether its body may carry a machine config (create, batch, update), whose driver
-    /// the token must allow.
-    pub has_config: bool,
 }
 
 /// The app, machine and operation of a Machines API request.
@@ -35,7 +38,6 @@ pub fn route_access(method: &Method, path: &str) -> RouteAccess {
         app: None,
         machine_id: None,
         op: if read { Op::Read } else { Op::Create },
-        has_config: false,
     };
     match segments.as_slice() {
         // `/v1/apps` (list, create), `/v1/platform/...` (reads and dry runs).
@@ -48,15 +50,12 @@ pub fn route_access(method: &Method, path: &str) -> RouteAccess {
             }
             access.op = match rest {
                 [] => Op::Destroy,
-                ["machines"] | ["machines", "batch"] => {
-                    access.has_config = true;
-                    Op::Create
-                }
+                ["machines"] | ["machines", "batch"] => Op::Create,
                 ["volumes", ..] => Op::Volumes,
                 ["secrets", ..] => Op::Secrets,
                 ["machines", id, action @ ..] => {
                     access.machine_id = Some(id.to_string());
-                    machine_op(method, action, &mut access.has_config)
+                    machine_op(method, action)
                 }
                 _ => Op::Update,
             };
@@ -71,13 +70,10 @@ pub fn route_access(method: &Method, path: &str) -> RouteAccess {
 }
 
 /// The operation of a change to one machine (`action`: the path after its id).
-fn machine_op(method: &Method, action: &[&str], has_config: &mut bool) -> Op {
+fn machine_op(method: &Method, action: &[&str]) -> Op {
     match action {
         [] if *method == Method::DELETE => Op::Destroy,
-        [] => {
-            *has_config = true;
-            Op::Update
-        }
+        [] => Op::Update,
         ["start"] => Op::Start,
         ["stop"] => Op::Stop,
         ["restart"] => Op::Restart,
@@ -89,12 +85,38 @@ fn machine_op(method: &Method, action: &[&str], has_config: &mut bool) -> Op {
     }
 }
 
+/// The access of a request as its handler sees it: the route the router matched (its
+/// template, so a parameter's value never changes the operation) with the app and machine
+/// of its decoded path parameters; a request no route matched by its raw path.
+async fn access_of(req: Request) -> Result<(RouteAccess, Request), ApiError> {
+    let Some(template) = req.extensions().get::<MatchedPath>().cloned() else {
+        let route = route_access(req.method(), req.uri().path());
+        return Ok((route, req));
+    };
+    let (mut parts, body) = req.into_parts();
+    let params = match RawPathParams::from_request_parts(&mut parts, &()).await {
+        Ok(params) => params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        Err(axum::extract::rejection::RawPathParamsRejection::MissingPathParams(_)) => Vec::new(),
+        Err(rejection) => return Err(ApiError::BadRequest(rejection.body_text())),
+    };
+    let param = |name: &str| {
+        params
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let mut route = route_access(&parts.method, template.as_str());
+    route.app = route.app.map(|_| param("app"));
+    route.machine_id = route.machine_id.map(|_| param("id"));
+    Ok((route, Request::from_parts(parts, body)))
+}
+
 /// The middleware of the Machines API (state: the node).
-pub async fn require_access(
-    State(node): State<NodeHandle>,
-    mut req: Request,
-    next: Next,
-) -> Response {
+pub async fn require_access(State(node): State<NodeHandle>, req: Request, next: Next) -> Response {
     let peer_host = req
         .extensions()
         .get::<bazaar_node::host_link::PeerHost>()
@@ -106,37 +128,16 @@ pub async fn require_access(
         (None, Some(Err(denied))) => return refusal(denied, None).into_response(),
         (None, Some(Ok(caller))) => caller,
     };
-    let route = route_access(req.method(), req.uri().path());
+    let (route, mut req) = match access_of(req).await {
+        Ok(found) => found,
+        Err(err) => return err.into_response(),
+    };
     let is_change = !(req.method() == Method::GET || req.method() == Method::HEAD);
-    let mut access = Access {
+    let verdict = caller.authorize(&Access {
         app: route.app.as_deref(),
         op: route.op,
         process: false,
-    };
-    // A scoped token that does not allow the process driver has the body looked at.
-    let mut verdict = caller.authorize(&access);
-    if route.has_config && matches!(caller, Caller::Scoped(_)) {
-        let process = Access {
-            process: true,
-            ..access
-        };
-        if caller.authorize(&process).is_err() {
-            let (parts, body) = req.into_parts();
-            let bytes = match axum::body::to_bytes(body, crate::MAX_BODY_BYTES).await {
-                Ok(b) => b,
-                Err(_) => {
-                    return ApiError::TooLarge(format!(
-                        "request body too large: at most {} bytes",
-                        crate::MAX_BODY_BYTES
-                    ))
-                    .into_response()
-                }
-            };
-            access.process = runs_process_driver(&bytes);
-            verdict = caller.authorize(&access);
-            req = Request::from_parts(parts, axum::body::Body::from(bytes));
-        }
-    }
+    });
     // An app's creation is recorded under the app it creates (named in the body).
     let mut audit_app = route.app.clone();
     if route.app.is_none() && *req.method() == Method::POST && req.uri().path() == "/v1/apps" {
@@ -156,6 +157,7 @@ pub async fn require_access(
     let response = match verdict {
         Ok(()) => {
             req.extensions_mut().insert(caller.clone());
+            req.extensions_mut().insert(route.clone());
             next.run(req).await
         }
         Err(denied) => refusal(denied, route.app.as_deref()).into_response(),
@@ -177,6 +179,42 @@ pub async fn require_access(
     response
 }
 
+/// Whether the caller of a request ([`require_access`] put it and the route's access in the
+/// request) may have the machine config `config` made or acted on: a config that runs the
+/// process driver needs a token that allows it (403 otherwise). `config` is the value the
+/// handler goes on to use, parsed once.
+pub(crate) fn authorize_config(
+    caller: Option<&Caller>,
+    route: Option<&RouteAccess>,
+    config: Option<&bazaar_types::config::MachineConfig>,
+) -> Result<(), ApiError> {
+    let (Some(caller), Some(route)) = (caller, route) else {
+        return Err(ApiError::Internal(
+            "the request's token was not checked".into(),
+        ));
+    };
+    caller
+        .authorize(&Access {
+            app: route.app.as_deref(),
+            op: route.op,
+            process: config.is_some_and(|c| c.driver() == "process"),
+        })
+        .map_err(|denied| refusal(denied, route.app.as_deref()))
+}
+
+/// Whether the caller of a request (set by [`require_access`]) may use leases on `app`
+/// (and so see a lease's nonce).
+pub(crate) fn may_lease(caller: Option<&Caller>, app: &str) -> bool {
+    caller.is_some_and(|c| {
+        c.authorize(&Access {
+            app: Some(app),
+            op: Op::Lease,
+            process: false,
+        })
+        .is_ok()
+    })
+}
+
 /// The answer to a refused request.
 fn refusal(denied: Denied, app: Option<&str>) -> ApiError {
     match denied {
@@ -187,20 +225,12 @@ fn refusal(denied: Denied, app: Option<&str>) -> ApiError {
     }
 }
 
-/// Whether a create or update body asks for a process machine (`config.driver`, or no
-/// image). A body that does not parse is left to the handler, which refuses it.
-fn runs_process_driver(body: &[u8]) -> bool {
-    #[derive(serde::Deserialize)]
-    struct WithConfig {
-        #[serde(default)]
-        config: bazaar_types::config::MachineConfig,
-    }
-    serde_json::from_slice::<WithConfig>(body).is_ok_and(|b| b.config.driver() == "process")
-}
-
-/// The app a `POST /v1/apps` body names (`app_name`, or `name`).
+/// The app a `POST /v1/apps` body names (`app_name`, or `name`), read as its handler reads
+/// it (a body with a key given twice names none: the handler refuses it).
 fn created_app_name(body: &[u8]) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let object = bazaar_types::json::parse_object(body).ok()?;
+    object.refuse_duplicates().ok()?;
+    let v = object.value;
     v.get("app_name")
         .or_else(|| v.get("name"))?
         .as_str()
@@ -236,9 +266,9 @@ pub(crate) fn may_read(caller: Option<&Caller>, app: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn op(method: Method, path: &str) -> (Option<String>, Option<String>, Op, bool) {
+    fn op(method: Method, path: &str) -> (Option<String>, Option<String>, Op) {
         let a = route_access(&method, path);
-        (a.app, a.machine_id, a.op, a.has_config)
+        (a.app, a.machine_id, a.op)
     }
 
     #[test]
@@ -246,154 +276,126 @@ mod tests {
         let web = || Some("web".to_string());
         let m = || Some("m1".to_string());
         let cases = [
-            (Method::GET, "/v1/apps", (None, None, Op::Read, false)),
-            (Method::POST, "/v1/apps", (None, None, Op::Create, false)),
-            (
-                Method::GET,
-                "/v1/platform/regions",
-                (None, None, Op::Read, false),
-            ),
+            (Method::GET, "/v1/apps", (None, None, Op::Read)),
+            (Method::POST, "/v1/apps", (None, None, Op::Create)),
+            (Method::GET, "/v1/platform/regions", (None, None, Op::Read)),
             (
                 Method::POST,
                 "/v1/platform/placements",
-                (None, None, Op::Read, false),
+                (None, None, Op::Read),
             ),
-            (Method::GET, "/v1/apps/web", (web(), None, Op::Read, false)),
-            (
-                Method::DELETE,
-                "/v1/apps/web",
-                (web(), None, Op::Destroy, false),
-            ),
+            (Method::GET, "/v1/apps/web", (web(), None, Op::Read)),
+            (Method::DELETE, "/v1/apps/web", (web(), None, Op::Destroy)),
             (
                 Method::GET,
                 "/v1/apps/web/machines",
-                (web(), None, Op::Read, false),
+                (web(), None, Op::Read),
             ),
             (
                 Method::POST,
                 "/v1/apps/web/machines",
-                (web(), None, Op::Create, true),
+                (web(), None, Op::Create),
             ),
             (
                 Method::POST,
                 "/v1/apps/web/machines/batch",
-                (web(), None, Op::Create, true),
+                (web(), None, Op::Create),
             ),
             (
                 Method::POST,
                 "/v1/apps/web/machines/m1",
-                (web(), m(), Op::Update, true),
+                (web(), m(), Op::Update),
             ),
             (
                 Method::DELETE,
                 "/v1/apps/web/machines/m1",
-                (web(), m(), Op::Destroy, false),
+                (web(), m(), Op::Destroy),
             ),
             (
                 Method::GET,
                 "/v1/apps/web/machines/m1/wait",
-                (web(), None, Op::Read, false),
+                (web(), None, Op::Read),
             ),
             (
                 Method::POST,
                 "/v1/apps/web/machines/m1/start",
-                (web(), m(), Op::Start, false),
+                (web(), m(), Op::Start),
             ),
             (
                 Method::POST,
                 "/v1/apps/web/machines/m1/stop",
-                (web(), m(), Op::Stop, false),
+                (web(), m(), Op::Stop),
             ),
             (
                 Method::POST,
                 "/v1/apps/web/machines/m1/restart",
-                (web(), m(), Op::Restart, false),
+                (web(), m(), Op::Restart),
             ),
             (
                 Method::POST,
                 "/v1/apps/web/machines/m1/signal",
-                (web(), m(), Op::Signal, false),
+                (web(), m(), Op::Signal),
             ),
             (
                 Method::POST,
                 "/v1/apps/web/machines/m1/suspend",
-                (web(), m(), Op::Suspend, false),
+                (web(), m(), Op::Suspend),
             ),
             (
                 Method::POST,
                 "/v1/apps/web/machines/m1/exec",
-                (web(), m(), Op::Exec, false),
+                (web(), m(), Op::Exec),
             ),
             (
                 Method::POST,
                 "/v1/apps/web/machines/m1/lease",
-                (web(), m(), Op::Lease, false),
+                (web(), m(), Op::Lease),
             ),
             (
                 Method::DELETE,
                 "/v1/apps/web/machines/m1/lease",
-                (web(), m(), Op::Lease, false),
+                (web(), m(), Op::Lease),
             ),
             (
                 Method::POST,
                 "/v1/apps/web/machines/m1/cordon",
-                (web(), m(), Op::Update, false),
+                (web(), m(), Op::Update),
             ),
             (
                 Method::PUT,
                 "/v1/apps/web/machines/m1/metadata",
-                (web(), m(), Op::Update, false),
+                (web(), m(), Op::Update),
             ),
             (
                 Method::POST,
                 "/v1/apps/web/volumes",
-                (web(), None, Op::Volumes, false),
+                (web(), None, Op::Volumes),
             ),
             (
                 Method::PUT,
                 "/v1/apps/web/volumes/v1/extend",
-                (web(), None, Op::Volumes, false),
+                (web(), None, Op::Volumes),
             ),
             (
                 Method::DELETE,
                 "/v1/apps/web/volumes/v1",
-                (web(), None, Op::Volumes, false),
+                (web(), None, Op::Volumes),
             ),
-            (
-                Method::GET,
-                "/v1/apps/web/audit",
-                (web(), None, Op::Read, false),
-            ),
+            (Method::GET, "/v1/apps/web/audit", (web(), None, Op::Read)),
             (
                 Method::POST,
                 "/v1/apps/web/secrets",
-                (web(), None, Op::Secrets, false),
+                (web(), None, Op::Secrets),
             ),
             (
                 Method::DELETE,
                 "/v1/apps/web/secrets/DB",
-                (web(), None, Op::Secrets, false),
+                (web(), None, Op::Secrets),
             ),
-            (
-                Method::GET,
-                "/v1/apps/web/secrets",
-                (web(), None, Op::Read, false),
-            ),
+            (Method::GET, "/v1/apps/web/secrets", (web(), None, Op::Read)),
         ];
         for (method, path, want) in cases {
             assert_eq!(op(method.clone(), path), want, "{method} {path}");
         }
-    }
-
-    #[test]
-    fn the_process_driver_is_read_from_the_config() {
-        assert!(runs_process_driver(
-            br#"{"config": {"driver": "process", "init": {"exec": ["sleep", "1"]}}}"#
-        ));
-        assert!(runs_process_driver(
-            br#"{"config": {"init": {"exec": ["sleep", "1"]}}}"#
-        ));
-        assert!(!runs_process_driver(br#"{"config": {"image": "web:1"}}"#));
-        assert!(!runs_process_driver(b"not json"));
     }
 }

@@ -315,8 +315,7 @@ pub fn router(node: NodeHandle) -> Router {
                 node.clone(),
                 access::require_access,
             ))
-            .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
-            .layer(middleware::map_response(fly_shaped_errors));
+            .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES));
         let catalog = catalog.layer(middleware::from_fn_with_state(
             node.clone(),
             bazaar_node::access::require_cluster_secret,
@@ -325,7 +324,8 @@ pub fn router(node: NodeHandle) -> Router {
         let routes = public
             .merge(machines_api)
             .merge(catalog)
-            .finish_api(&mut doc);
+            .finish_api(&mut doc)
+            .layer(middleware::map_response(fly_shaped_errors));
         (routes, openapi::complete(doc))
     });
     let _ = cell.set(document.to_string().into());
@@ -352,37 +352,25 @@ pub(crate) fn document_of_routes() -> serde_json::Value {
 /// Largest request body accepted (a machine config is a few KB).
 const MAX_BODY_BYTES: usize = 1024 * 1024;
 
-/// Errors produced by the HTTP stack itself (body too large, ...) in the Fly shape too.
+/// Errors produced by the HTTP stack itself in the Fly shape too: a body too large names the
+/// limit, and any other plain answer (a path or query parameter that does not parse, no such
+/// route, a wrong method) is wrapped by [`bazaar_node::error::fly_shaped_errors`].
 async fn fly_shaped_errors(resp: Response) -> Response {
-    if resp.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-        let is_json = resp
-            .headers()
-            .get(axum::http::header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-        if !is_json {
-            return ApiError::TooLarge(format!(
-                "request body too large: at most {MAX_BODY_BYTES} bytes"
-            ))
-            .into_response();
-        }
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if resp.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE && !is_json {
+        return ApiError::TooLarge(format!(
+            "request body too large: at most {MAX_BODY_BYTES} bytes"
+        ))
+        .into_response();
     }
-    resp
+    bazaar_node::error::fly_shaped_errors(resp).await
 }
 
 /// Parses a JSON object body (empty = `{}`), or a 400 saying what is wrong. Unknown
-/// fields are ignored, as Fly does.
+/// fields are ignored, as Fly does; a key given twice is refused (`bazaar_types::json`).
 pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
-        b"{}"
-    } else {
-        body
-    };
-    let value: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))?;
-    if !value.is_object() {
-        return Err(ApiError::BadRequest(
-            "invalid JSON body: expected a JSON object".into(),
-        ));
-    }
-    serde_json::from_value(value).map_err(|e| ApiError::BadRequest(format!("invalid request: {e}")))
+    bazaar_types::json::from_body(body).map_err(ApiError::BadRequest)
 }

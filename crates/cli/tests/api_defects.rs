@@ -1,6 +1,6 @@
 //! Defects of the Machines API (issue 19), each pinned by a test on a real agent: lease
-//! nonces shown to anyone, destroy ignoring `force`, app deletes that orphan machines, the
-//! host interface taking API tokens, config fields accepted and never acted on (`schedule`
+//! nonces shown to anyone (and then, issue 32, hidden from the lease's own GET), destroy
+//! ignoring `force`, app deletes that orphan machines, the host interface taking API tokens, config fields accepted and never acted on (`schedule`
 //! now runs machines, `files` reach process machines), and bare 405s.
 
 use bazaar_testkit::{start_cluster, AgentOptions, Fly, TestAgent, TEST_SECRET};
@@ -66,7 +66,7 @@ async fn raw(method: Method, url: &str, token: Option<&str>) -> (StatusCode, Str
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_nonce_is_only_in_the_answer_that_acquired_it() {
+async fn a_lease_nonce_is_shown_only_to_callers_that_may_use_leases() {
     let (_agent, fly, _dir) = agent_with_app("leases").await;
     let id = create(
         &fly,
@@ -80,13 +80,12 @@ async fn a_lease_nonce_is_only_in_the_answer_that_acquired_it() {
     let nonce = l["data"]["nonce"].as_str().unwrap().to_string();
     assert!(!nonce.is_empty());
 
-    // Nobody else sees it: not in the machine, the list, or the lease.
+    // Machine views never show it: not in the machine or the list.
     for path in [
         m.clone(),
         format!("{m}?include_leases=true"),
         "/apps/leases/machines".to_string(),
         "/apps/leases/machines?include_leases=true".to_string(),
-        format!("{m}/lease"),
     ] {
         let (s, v) = fly.get(&path).await;
         assert_eq!(s, StatusCode::OK, "{path}: {v}");
@@ -95,11 +94,21 @@ async fn a_lease_nonce_is_only_in_the_answer_that_acquired_it() {
             "{path} shows the lease nonce: {v}"
         );
     }
-    // GET lease: the lease without its nonce.
+    // GET lease: with its nonce for a caller that may use leases (as on Fly, where `fly
+    // machine leases clear` reads it there), without it for a read-only token.
     let (_, v) = fly.get(&format!("{m}/lease")).await;
     assert_eq!(v["status"], "success");
     assert!(v["data"]["expires_at"].as_u64().is_some(), "{v}");
     assert!(v["data"]["owner"].is_string(), "{v}");
+    assert_eq!(v["data"]["nonce"], nonce.as_str(), "{v}");
+    let read_only = bazaar_testkit::tokens::mint(&bazaar_auth::Scope {
+        read_only: true,
+        ..bazaar_auth::Scope::default()
+    });
+    let url = format!("{}{m}/lease", fly.base);
+    let (s, _, v) = raw(Method::GET, &url, Some(&read_only)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert!(v["data"]["expires_at"].as_u64().is_some(), "{v}");
     assert!(v["data"].get("nonce").is_none(), "{v}");
     // The lease is shown only with include_leases.
     let (_, v) = fly.get(&m).await;

@@ -1,8 +1,11 @@
 //! An agent started inside the test's own process, its catalog on loopback, for router
 //! tests: a test hands the agent's routers (the host interface, the Machines API) requests
 //! with `tower::ServiceExt::oneshot` and reads the answers, with no HTTP server between.
-//! It runs without isolation (nothing is made on the host outside its temporary data dir)
-//! and takes the cluster secret [`crate::TEST_SECRET`]. [`oneshot`] sends a request.
+//! It runs without isolation (nothing is made on the host outside its temporary data dir),
+//! takes the cluster secret [`crate::TEST_SECRET`] and scoped tokens of the test key
+//! ([`crate::tokens`]). [`oneshot`] sends a request. The Machines API forwards machine calls
+//! to the owner's host interface over HTTP: [`InProcessAgent::serve`] serves it on the
+//! loopback address the agent publishes, so those calls reach this same agent.
 
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
@@ -17,6 +20,9 @@ use tower::ServiceExt;
 pub struct InProcessAgent {
     pub agent: Agent,
     pub catalog: Catalog,
+    /// The agent's API address, bound at start and served by [`InProcessAgent::serve`].
+    listener: Option<tokio::net::TcpListener>,
+    server: Option<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
 }
 
@@ -27,9 +33,11 @@ impl InProcessAgent {
             .prefix("bazaar-inproc-")
             .tempdir()?;
         let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        let listener = tokio::net::TcpListener::bind(loopback).await?;
         let config = AgentConfig {
             data_dir: dir.path().join("data"),
-            api_listen: loopback,
+            api_listen: listener.local_addr()?,
+            token_public_key: Some(crate::tokens::public_key_hex()),
             gossip_listen: loopback,
             cluster_secret: Some(crate::TEST_SECRET.into()),
             isolate: false,
@@ -51,15 +59,55 @@ impl InProcessAgent {
         Ok(InProcessAgent {
             agent,
             catalog,
+            listener: Some(listener),
+            server: None,
             _dir: dir,
         })
     }
 
+    /// The host interface (`/host/v1`) as `run_agent` serves it.
+    pub fn host_router(&self) -> axum::Router {
+        bazaar_agent::http::router(self.agent.clone()).layer(axum::middleware::map_response(
+            bazaar_agent::http::fly_shaped_errors,
+        ))
+    }
+
+    /// Serves the host interface and `extra` (the Machines API) on the agent's API address,
+    /// as `run_agent` does, until [`InProcessAgent::stop`]. Once only.
+    pub fn serve(&mut self, extra: axum::Router) {
+        let Some(listener) = self.listener.take() else {
+            return;
+        };
+        let app = self.host_router().merge(extra);
+        self.server = Some(tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        }));
+    }
+
     /// Stops the agent and its catalog.
     pub async fn stop(self) {
+        if let Some(server) = &self.server {
+            server.abort();
+        }
         self.catalog.kill().await;
         self.agent.shutdown().await;
     }
+}
+
+/// Hands `router` one request and answers the status and the body, as JSON when it is
+/// (else as a JSON string).
+pub async fn send(router: &axum::Router, request: Request<Body>) -> (StatusCode, Value) {
+    let resp = match router.clone().oneshot(request).await {
+        Ok(resp) => resp,
+        Err(never) => match never {},
+    };
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap_or_default();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, value)
 }
 
 /// Hands `router` one request (`token` as a bearer token, `body` as JSON) and answers the
@@ -82,16 +130,5 @@ pub async fn oneshot(
         }
         None => Body::empty(),
     };
-    let request = req.body(body).expect("a well-formed request");
-    let resp = match router.clone().oneshot(request).await {
-        Ok(resp) => resp,
-        Err(never) => match never {},
-    };
-    let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
-        .await
-        .unwrap_or_default();
-    let value = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-    (status, value)
+    send(router, req.body(body).expect("a well-formed request")).await
 }

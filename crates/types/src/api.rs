@@ -224,12 +224,23 @@ pub struct StartResponse {
     pub new_host: String,
 }
 
-/// The lease held on a machine, as anyone sees it (no nonce), wrapped as fly-go expects.
+/// The lease held on a machine (`GET .../lease`), wrapped as fly-go expects.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct LeaseInfoResponse {
     /// `success`.
     pub status: String,
-    pub data: LeaseInfo,
+    pub data: HeldLease,
+}
+
+/// A lease as `GET .../lease` shows it: with its nonce for a caller whose token may use
+/// leases (as on Fly, where `fly machine leases clear` reads it there), without it for
+/// one that may not.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HeldLease {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
+    #[serde(flatten)]
+    pub lease: LeaseInfo,
 }
 
 /// One metadata value: the answer of `GET .../metadata/{key}` and the body that sets it.

@@ -136,7 +136,8 @@ pub struct UpdateRequest {
     /// The expected current `instance_id`; a mismatch is refused with 409.
     #[serde(default)]
     pub current_version: Option<String>,
-    /// A new name for the machine (absent or empty: unchanged).
+    /// Must be the machine's name if given (a name is immutable, as on Fly); another name is
+    /// refused with 400.
     #[serde(default)]
     pub name: Option<String>,
     /// Must be the machine's region if given: a machine does not move (as on Fly, where

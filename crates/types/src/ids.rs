@@ -14,6 +14,11 @@ pub fn new_instance_id() -> String {
     ulid::Ulid::new().to_string()
 }
 
+/// Whether `id` could be an instance id (a config version): a ULID, 26 characters.
+pub fn is_valid_instance_id(id: &str) -> bool {
+    id.len() == 26 && ulid::Ulid::from_string(id).is_ok()
+}
+
 /// Returns a new host id: `h` followed by 12 hex characters.
 pub fn new_host_id() -> String {
     let bytes: [u8; 6] = rand::rng().random();

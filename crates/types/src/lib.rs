@@ -11,6 +11,8 @@
 //! - [`api`]: the other Machines API bodies (apps, create requests, leases, secrets, ...).
 //! - [`host`]: the host-to-host interface (bids, reservations, claims, host info).
 //! - [`error`]: the Fly error body `{"error": ..., "status": ...}`.
+//! - [`json`]: request bodies read once, each key at most once.
+//! - [`limits`]: how large metadata, env, files and a whole config may be.
 //! - [`signal`]: signals by name or number.
 //! - [`region`]: what an operator says of a region (name, coordinates, gateway).
 //! - [`volume`]: volumes (the API objects, host-interface requests, mounts, validation).
@@ -26,6 +28,8 @@ pub mod event;
 pub mod guest;
 pub mod host;
 pub mod ids;
+pub mod json;
+pub mod limits;
 pub mod machine;
 pub mod region;
 pub mod replacement;

@@ -20,8 +20,8 @@ use serde::Serialize;
 use std::marker::PhantomData;
 
 /// How every JSON request body is described: optional, an empty body being `{}`.
-const BODY_TEXT: &str =
-    "A JSON object; an empty body is taken as `{}`. Unknown fields are ignored.";
+const BODY_TEXT: &str = "A JSON object; an empty body is taken as `{}`. Unknown fields are \
+     ignored; a key given twice in one object is refused (400).";
 
 fn document_body<T: JsonSchema>(ctx: &mut GenContext, operation: &mut Operation) {
     let schema = ctx.schema.subschema_for::<T>();
@@ -103,7 +103,8 @@ impl<T: JsonSchema> OperationInput for Body<T> {
 }
 
 /// A body kept as bytes (parsed by the handler itself, or relayed to the machine's owner)
-/// and documented as `T`.
+/// and documented as `T`. It is checked to be a JSON object with no key given twice (400
+/// otherwise), so whoever reads it reads the same thing.
 #[derive(Debug)]
 pub struct RawJson<T>(pub Bytes, pub PhantomData<fn() -> T>);
 
@@ -111,11 +112,56 @@ impl<T, S: Send + Sync> FromRequest<S> for RawJson<T> {
     type Rejection = Response;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        Ok(RawJson(bytes_of(req, state).await?, PhantomData))
+        let bytes = bytes_of(req, state).await?;
+        bazaar_types::json::parse_object(&bytes)
+            .and_then(|object| object.refuse_duplicates())
+            .map_err(|e| ApiError::BadRequest(e).into_response())?;
+        Ok(RawJson(bytes, PhantomData))
     }
 }
 
 impl<T: JsonSchema> OperationInput for RawJson<T> {
+    fn operation_input(ctx: &mut GenContext, operation: &mut Operation) {
+        document_body::<T>(ctx, operation);
+    }
+}
+
+/// A body that may carry a machine config (create, batch create, update), parsed once into
+/// `T` and authorized as parsed: a config that runs the process driver needs a token that
+/// allows it ([`crate::access::authorize_config`], 403), checked on this very value before
+/// the handler gets it; a key given twice is then refused (400), as in every body.
+#[derive(Debug)]
+pub struct Checked<T>(pub T);
+
+/// A request body that may carry a machine config.
+pub trait CarriesConfig {
+    /// The config it carries, if any.
+    fn config(&self) -> Option<&bazaar_types::config::MachineConfig>;
+}
+
+impl<T: DeserializeOwned + CarriesConfig + Send, S: Send + Sync> FromRequest<S> for Checked<T> {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let caller = req.extensions().get::<bazaar_node::Caller>().cloned();
+        let route = req
+            .extensions()
+            .get::<crate::access::RouteAccess>()
+            .cloned();
+        let bytes = bytes_of(req, state).await?;
+        let checked = || -> Result<T, ApiError> {
+            let object = bazaar_types::json::parse_object(&bytes).map_err(ApiError::BadRequest)?;
+            let duplicates = object.refuse_duplicates();
+            let value: T = object.into_typed().map_err(ApiError::BadRequest)?;
+            crate::access::authorize_config(caller.as_ref(), route.as_ref(), value.config())?;
+            duplicates.map_err(ApiError::BadRequest)?;
+            Ok(value)
+        };
+        checked().map(Checked).map_err(IntoResponse::into_response)
+    }
+}
+
+impl<T: JsonSchema> OperationInput for Checked<T> {
     fn operation_input(ctx: &mut GenContext, operation: &mut Operation) {
         document_body::<T>(ctx, operation);
     }
@@ -144,6 +190,13 @@ pub trait RelayedBody {
 impl<T> RelayedBody for RawJson<T> {
     fn into_bytes(self) -> Bytes {
         self.0
+    }
+}
+
+/// A checked body is relayed as the value that was authorized, not as the bytes received.
+impl<T: Serialize> RelayedBody for Checked<T> {
+    fn into_bytes(self) -> Bytes {
+        serde_json::to_vec(&self.0).unwrap_or_default().into()
     }
 }
 

@@ -17,7 +17,9 @@
 
 mod extract;
 
-pub use extract::{Answer, Body, Ndjson, NoBody, RawJson, Relayed, RelayedBody};
+pub use extract::{
+    Answer, Body, CarriesConfig, Checked, Ndjson, NoBody, RawJson, Relayed, RelayedBody,
+};
 
 use aide::openapi::{
     MediaType, OpenApi, Parameter, ParameterData, ParameterSchemaOrContent, QueryStyle,
@@ -241,10 +243,11 @@ pub(crate) fn op<'a>(
     t
 }
 
-/// Errors of every call forwarded to a machine's owner.
-pub(crate) const FWD: &[u16] = &[401, 404, 503];
-/// Errors of a forwarded call that changes a machine.
-pub(crate) const FWD_CHANGE: &[u16] = &[400, 401, 404, 409, 412, 503];
+/// Errors of every call forwarded to a machine's owner (400: a path or query parameter
+/// that does not parse).
+pub(crate) const FWD: &[u16] = &[400, 401, 404, 503];
+/// Errors of a forwarded call that changes a machine (403: a token without the operation).
+pub(crate) const FWD_CHANGE: &[u16] = &[400, 401, 403, 404, 409, 412, 503];
 
 /// A query parameter's type.
 #[derive(Debug, Clone, Copy)]
@@ -315,7 +318,7 @@ fn error_text(code: u16) -> &'static str {
     match code {
         400 => "Invalid request.",
         401 => "A valid token is required.",
-        403 => "Forbidden: a Machines API token where only the cluster secret is accepted, or a token without the operation.",
+        403 => "Forbidden: a Machines API token where only the cluster secret is accepted, a token without the operation, or one without the process driver for a config that runs it.",
         404 => "Not found.",
         408 => "Timed out waiting.",
         409 => "Conflict: a lease held by someone else, a version mismatch, no running process, or insufficient capacity (`status: insufficient_capacity`).",
