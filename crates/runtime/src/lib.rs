@@ -18,6 +18,7 @@ pub mod lifecycle;
 pub mod netlink;
 pub mod network;
 pub mod oci;
+pub mod owner;
 pub mod volume_fs;
 
 pub use lifecycle::{LaunchReport, MachineDriver, Run, RunFound, Workload};
