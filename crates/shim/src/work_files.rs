@@ -193,7 +193,7 @@ mod tests {
         // A FIFO there (whose open would block the launch) is replaced too.
         rustix::fs::mknodat(
             rustix::fs::CWD,
-            &work.join("p"),
+            work.join("p"),
             rustix::fs::FileType::Fifo,
             Mode::from_raw_mode(0o600),
             0,
