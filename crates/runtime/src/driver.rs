@@ -31,6 +31,9 @@ pub struct Driver {
     pub isolate: bool,
     pub cgroups: bool,
     pub log_max_bytes: u64,
+    /// The size (MB) of a machine's writable space when its config does not say; `None`:
+    /// by guest size; 0: no limit ([`crate::work_disk`]).
+    pub machine_disk_mb: Option<u64>,
     /// Where volumes live (a machine that mounts one is told its path).
     pub volumes: crate::volume_fs::VolumeFs,
     /// Image machines: runc, the image store and the machine network, or why this host
@@ -266,7 +269,10 @@ impl Driver {
                 .map(|n| crate::network::resolv_conf(n.subnet.gateway()));
         }
         match rec.uid.filter(|_| spec.sandbox.is_some()) {
-            Some(uid) => self.give_to_machine_user(rec, uid)?,
+            Some(uid) => {
+                self.limit_work_disk(rec).await?;
+                self.give_to_machine_user(rec, uid)?
+            }
             None => self.give_volume_to_workload(rec),
         }
         let files = work_files(rec.config).map_err(ShimError::Spec)?;
@@ -401,6 +407,41 @@ impl Driver {
         Ok(())
     }
 
+    /// The size (MB) of machine `rec`'s writable space, or `None` when it has no limit
+    /// (an agent that cannot mount file systems, or a limit turned off).
+    pub fn work_disk_mb(&self, rec: &Workload<'_>) -> Option<u64> {
+        if !self.volumes.ext4 || !self.isolate {
+            return None;
+        }
+        let asked = rec
+            .config
+            .rootfs_size_gb()
+            .ok()
+            .flatten()
+            .map(|gb| gb << 10);
+        let mb = asked
+            .or(self.machine_disk_mb)
+            .unwrap_or_else(|| crate::work_disk::default_mb(rec.resources.memory_mb));
+        (mb > 0).then_some(mb)
+    }
+
+    /// Makes the machine's work directory a file system of its size, once, and mounts it.
+    async fn limit_work_disk(&self, rec: &Workload<'_>) -> Result<(), ShimError> {
+        let Some(mb) = self.work_disk_mb(rec) else {
+            return Ok(());
+        };
+        let dir = self.machine_dir(rec.id);
+        let templates = self.machines_dir.with_file_name("disk-templates");
+        let what = format!("making the machine's {mb} MB work disk");
+        let t0 = std::time::Instant::now();
+        tokio::task::spawn_blocking(move || crate::work_disk::ensure(&dir, &templates, mb))
+            .await
+            .map_err(|e| ShimError::Launch(e.to_string()))?
+            .map_err(|e| ShimError::Io(what, e))?;
+        tracing::debug!(machine.id = %rec.id, ms = t0.elapsed().as_secs_f64() * 1e3, "work disk ready");
+        Ok(())
+    }
+
     /// An isolated workload without `init.user` runs as nobody: the root of its volume, as
     /// made (owned by root), is handed to nobody so the workload can write to it. A volume
     /// root someone already owns is left alone, and so is anything but a directory there.
@@ -432,6 +473,9 @@ impl Driver {
             }
         }
         let dir = self.machine_dir(id);
+        if let Err(err) = crate::work_disk::release(&dir) {
+            tracing::warn!(machine.id = id, error = %err, "unmounting the work disk");
+        }
         if let Err(err) = std::fs::remove_dir_all(&dir) {
             if err.kind() != std::io::ErrorKind::NotFound {
                 tracing::warn!(machine.id = id, error = %err, "removing machine directory");
@@ -502,6 +546,10 @@ impl MachineDriver for Driver {
 
     async fn destroy(&self, id: &str) {
         self.cleanup(id).await
+    }
+
+    fn disk_full(&self, id: &str) -> Option<String> {
+        crate::work_disk::full(&self.machine_dir(id))
     }
 }
 
@@ -630,6 +678,7 @@ mod tests {
             isolate: true,
             cgroups: false,
             log_max_bytes: 1 << 20,
+            machine_disk_mb: Some(0),
             volumes: crate::volume_fs::VolumeFs::new(data),
             oci: Err("no images here".into()),
             network: None,
