@@ -1,7 +1,8 @@
 //! A machine's writable space has a size the kernel enforces (issue 31 item 5): a process
 //! machine that fills its work directory gets "no space left" at its limit, not the host's
 //! disk, and its exit comes with a `disk_full` event; `config.rootfs.size_gb` sets the size
-//! (bad values are a 400); nothing of it is left after a kill -9, a restart and a destroy.
+//! (bad values are a 400); nothing of it is left after a kill -9, a restart and a destroy,
+//! nor after `bazaar host reset`.
 //! Needs root (loop devices, mounts): run under the e2e lock.
 
 mod common;
@@ -135,6 +136,35 @@ async fn a_machine_fills_only_its_own_limited_disk_and_says_so() {
             "left after destroy: mounts {:?}, loop devices {:?}",
             mounts_below(&machines),
             loops_below(&agent.data_dir)
+        )
+    });
+
+    // `bazaar host reset` after a kill -9, a machine running: nothing of its disk is left.
+    let last = create_request("disk", &["sleep", "1000"]);
+    let last = c.create(&last).await.expect("create");
+    wait_state(&c, &last.id, MachineState::Started).await;
+    assert_eq!(mounts_below(&machines).len(), 1);
+    let data_dir = std::fs::canonicalize(&agent.data_dir).unwrap();
+    agent.kill9();
+    let out = std::process::Command::new(EXE)
+        .args(["host", "reset", "--data-dir"])
+        .arg(&data_dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "reset: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bazaar_testkit::eventually(std::time::Duration::from_secs(10), || async {
+        (mounts_below(&data_dir).is_empty() && loops_below(&data_dir).is_empty()).then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "left after reset: mounts {:?}, loop devices {:?}",
+            mounts_below(&data_dir),
+            loops_below(&data_dir)
         )
     });
 }
