@@ -136,6 +136,7 @@ impl Agent {
             isolate: is_root && config.isolate,
             cgroups,
             log_max_bytes: config.log_max_bytes,
+            machine_disk_mb: config.machine_disk_mb,
             volumes: crate::volume_fs::VolumeFs::new(&config.data_dir),
             oci: crate::oci::OciRuntime::for_agent(&config.oci_settings(), &host_id, cgroups),
             network: None,

@@ -156,8 +156,9 @@ pub fn reset_host(data_dir: &Path) -> Result<Released, String> {
     Ok(done)
 }
 
-/// Unmounts the overlay root (`machines/<id>/rootfs`) of every machine under `data_dir`
-/// that is not in `running`: an earlier run of the agent left it (a root is rebuilt at
+/// Unmounts the overlay root (`machines/<id>/rootfs`) and the work disk
+/// (`machines/<id>/work`) of every machine under `data_dir` that is not in `running`: an
+/// earlier run of the agent left them (a root is rebuilt and a work disk mounted again at
 /// every start anyway). Returns how many were unmounted.
 pub fn unmount_stale_roots(data_dir: &Path, running: &HashSet<String>) -> usize {
     let Ok(machines) = std::fs::canonicalize(data_dir.join("machines")) else {

@@ -57,6 +57,11 @@ pub struct AgentConfig {
     pub stop_machines_on_shutdown: bool,
     /// Size cap of a machine's log file before it is rotated.
     pub log_max_bytes: u64,
+    /// The size of every machine's writable space (MB) when its config does not say
+    /// (`config.rootfs.size_gb`); `None`: by guest size (`work_disk::default_mb`); 0: no
+    /// limit (the work directory is on the data dir's file system).
+    #[serde(default)]
+    pub machine_disk_mb: Option<u64>,
     /// Longest time a bid's reservation is held unless claimed.
     #[serde(with = "millis")]
     pub reservation_ttl: Duration,
@@ -184,6 +189,7 @@ impl Default for AgentConfig {
             allow_root_machines: false,
             stop_machines_on_shutdown: false,
             log_max_bytes: 8 * 1024 * 1024,
+            machine_disk_mb: None,
             // Long enough for a claim round trip on a busy host, short enough that an
             // exchange that died does not hold capacity for long (DESIGN.md: "a few seconds").
             reservation_ttl: Duration::from_secs(5),

@@ -365,6 +365,7 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
     let size = guest.validate().map_err(AgentError::Invalid)?;
     bazaar_types::limits::check_config(config).map_err(AgentError::Invalid)?;
     refuse_unsupported(config, &guest)?;
+    config.rootfs_size_gb().map_err(AgentError::Invalid)?;
     bazaar_types::replacement::validate(config).map_err(AgentError::Invalid)?;
     match config.driver() {
         "process" => {

@@ -219,6 +219,10 @@ struct AgentArgs {
     /// The largest image archive `bazaar image import` may send (bytes; default 4 GiB).
     #[arg(long)]
     max_import_bytes: Option<u64>,
+    /// The size (MB) of a machine's writable space when its config.rootfs.size_gb does not
+    /// say (default: 4 MB per MB of memory, 1 to 8 GB); 0 turns the limit off.
+    #[arg(long)]
+    machine_disk_mb: Option<u64>,
     /// Credentials for a registry, `host[:port]=user:password` (repeatable).
     #[arg(
         long = "registry-auth",
@@ -452,6 +456,9 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     }
     if let Some(n) = a.max_import_bytes {
         config.max_import_bytes = n;
+    }
+    if a.machine_disk_mb.is_some() {
+        config.machine_disk_mb = a.machine_disk_mb;
     }
     config.registry_auth.extend(a.registry_auth);
     if a.cluster_ca.is_some() {

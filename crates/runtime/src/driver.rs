@@ -31,6 +31,9 @@ pub struct Driver {
     pub isolate: bool,
     pub cgroups: bool,
     pub log_max_bytes: u64,
+    /// The size (MB) of a machine's writable space when its config does not say; `None`:
+    /// by guest size; 0: no limit ([`crate::work_disk`]).
+    pub machine_disk_mb: Option<u64>,
     /// Where volumes live (a machine that mounts one is told its path).
     pub volumes: crate::volume_fs::VolumeFs,
     /// Image machines: runc, the image store and the machine network, or why this host
@@ -266,7 +269,10 @@ impl Driver {
                 .map(|n| crate::network::resolv_conf(n.subnet.gateway()));
         }
         match rec.uid.filter(|_| spec.sandbox.is_some()) {
-            Some(uid) => self.give_to_machine_user(rec, uid)?,
+            Some(uid) => {
+                self.limit_work_disk(rec).await?;
+                self.give_to_machine_user(rec, uid)?
+            }
             None => self.give_volume_to_workload(rec),
         }
         let files = work_files(rec.config).map_err(ShimError::Spec)?;
@@ -388,23 +394,11 @@ impl Driver {
     }
 
     /// A sandboxed machine's work directory and volume belong to its uid alone (mode 0700);
-    /// a volume last used by another uid is handed over, with everything in it.
+    /// a volume last used by another uid is handed over, with everything in it. Each is
+    /// changed through a descriptor of the directory itself ([`crate::owner`]): a symlink
+    /// or a file in its place is refused, never followed.
     fn give_to_machine_user(&self, rec: &Workload<'_>, uid: u32) -> Result<(), ShimError> {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let own = |path: &Path, recursive: bool| -> std::io::Result<()> {
-            let meta = std::fs::metadata(path)?;
-            if meta.uid() != uid || meta.gid() != uid {
-                if recursive {
-                    chown_tree(path, uid)?;
-                } else {
-                    std::os::unix::fs::chown(path, Some(uid), Some(uid))?;
-                }
-            }
-            if meta.mode() & 0o777 != 0o700 {
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))?;
-            }
-            Ok(())
-        };
+        use std::os::unix::fs::PermissionsExt;
         let machine_dir = self.machine_dir(rec.id);
         let work = machine_dir.join("work");
         let fail = |path: &Path| {
@@ -414,19 +408,53 @@ impl Driver {
         std::fs::create_dir_all(&work).map_err(fail(&work))?;
         std::fs::set_permissions(&machine_dir, std::fs::Permissions::from_mode(0o700))
             .map_err(fail(&machine_dir))?;
-        own(&work, false).map_err(fail(&work))?;
+        crate::owner::give_dir(&work, uid, 0o700, false).map_err(fail(&work))?;
         if let Ok(Some(mount)) = bazaar_types::volume::mount_of(rec.config) {
             let path = self.volumes.mount_path(&mount.volume);
-            own(&path, true).map_err(fail(&path))?;
+            crate::owner::give_dir(&path, uid, 0o700, true).map_err(fail(&path))?;
         }
+        Ok(())
+    }
+
+    /// The size (MB) of machine `rec`'s writable space, or `None` when it has no limit
+    /// (an agent that cannot mount file systems, or a limit turned off).
+    pub fn work_disk_mb(&self, rec: &Workload<'_>) -> Option<u64> {
+        if !self.volumes.ext4 || !self.isolate {
+            return None;
+        }
+        let asked = rec
+            .config
+            .rootfs_size_gb()
+            .ok()
+            .flatten()
+            .map(|gb| gb << 10);
+        let mb = asked
+            .or(self.machine_disk_mb)
+            .unwrap_or_else(|| crate::work_disk::default_mb(rec.resources.memory_mb));
+        (mb > 0).then_some(mb)
+    }
+
+    /// Makes the machine's work directory a file system of its size, once, and mounts it.
+    async fn limit_work_disk(&self, rec: &Workload<'_>) -> Result<(), ShimError> {
+        let Some(mb) = self.work_disk_mb(rec) else {
+            return Ok(());
+        };
+        let dir = self.machine_dir(rec.id);
+        let templates = self.machines_dir.with_file_name("disk-templates");
+        let what = format!("making the machine's {mb} MB work disk");
+        let t0 = std::time::Instant::now();
+        tokio::task::spawn_blocking(move || crate::work_disk::ensure(&dir, &templates, mb))
+            .await
+            .map_err(|e| ShimError::Launch(e.to_string()))?
+            .map_err(|e| ShimError::Io(what, e))?;
+        tracing::debug!(machine.id = %rec.id, ms = t0.elapsed().as_secs_f64() * 1e3, "work disk ready");
         Ok(())
     }
 
     /// An isolated workload without `init.user` runs as nobody: the root of its volume, as
     /// made (owned by root), is handed to nobody so the workload can write to it. A volume
-    /// root someone already owns is left alone.
+    /// root someone already owns is left alone, and so is anything but a directory there.
     fn give_volume_to_workload(&self, rec: &Workload<'_>) {
-        use std::os::unix::fs::MetadataExt;
         let user_set = rec.config.init.as_ref().is_some_and(|i| i.user.is_some());
         if !self.isolate || user_set {
             return;
@@ -435,10 +463,8 @@ impl Driver {
             return;
         };
         let path = self.volumes.mount_path(&mount.volume);
-        if std::fs::metadata(&path).is_ok_and(|m| m.uid() == 0) {
-            if let Err(err) = std::os::unix::fs::chown(&path, Some(65534), Some(65534)) {
-                tracing::warn!(machine.id = %rec.id, error = %err, "handing the volume to the workload");
-            }
+        if let Err(err) = crate::owner::give_dir_if_root(&path, 65534) {
+            tracing::warn!(machine.id = %rec.id, error = %err, "handing the volume to the workload");
         }
     }
 
@@ -456,6 +482,9 @@ impl Driver {
             }
         }
         let dir = self.machine_dir(id);
+        if let Err(err) = crate::work_disk::release(&dir) {
+            tracing::warn!(machine.id = id, error = %err, "unmounting the work disk");
+        }
         if let Err(err) = std::fs::remove_dir_all(&dir) {
             if err.kind() != std::io::ErrorKind::NotFound {
                 tracing::warn!(machine.id = id, error = %err, "removing machine directory");
@@ -527,6 +556,10 @@ impl MachineDriver for Driver {
     async fn destroy(&self, id: &str) {
         self.cleanup(id).await
     }
+
+    fn disk_full(&self, id: &str) -> Option<String> {
+        crate::work_disk::full(&self.machine_dir(id))
+    }
 }
 
 /// Whether `user` (`init.user`: a name or uid, optionally `:group`) means uid 0 on this host.
@@ -581,24 +614,6 @@ fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p)
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         .unwrap_or(false)
-}
-
-/// Gives `root` and everything under it to `uid:uid` (symlinks themselves, not their
-/// targets; other mounts are not entered).
-fn chown_tree(root: &Path, uid: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let device = std::fs::symlink_metadata(root)?.dev();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(path) = stack.pop() {
-        std::os::unix::fs::lchown(&path, Some(uid), Some(uid))?;
-        let meta = std::fs::symlink_metadata(&path)?;
-        if meta.is_dir() && meta.dev() == device {
-            for entry in std::fs::read_dir(&path)? {
-                stack.push(entry?.path());
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Picks a free loopback TCP port for a service.
@@ -661,5 +676,92 @@ mod tests {
         assert_eq!(err, "command not found: no-such-program-xyz");
         assert!(validate_command(&env, &[]).is_err());
         assert!(validate_command(&env, &["/etc/passwd".into()]).is_err());
+    }
+
+    /// A root agent's driver over `data` (no network, no images).
+    fn test_driver(data: &Path) -> Driver {
+        Driver {
+            exe: PathBuf::from("/nonexistent"),
+            machines_dir: data.join("machines"),
+            host_id: "h-test".into(),
+            isolate: true,
+            cgroups: false,
+            log_max_bytes: 1 << 20,
+            machine_disk_mb: Some(0),
+            volumes: crate::volume_fs::VolumeFs::new(data),
+            oci: Err("no images here".into()),
+            network: None,
+            seccomp: None,
+            sandbox_base: None,
+        }
+    }
+
+    /// Where a machine's volume root or work directory should be, a symlink to a host
+    /// file (as `/dev/null` was found owned by nobody after a test run, issue 31): the
+    /// host file keeps its owner and mode, and the machine's launch says why it stopped.
+    #[test]
+    fn a_symlink_in_place_of_a_volume_root_or_work_dir_changes_no_host_file() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        if !rustix::process::geteuid().is_root() {
+            return; // the driver gives directories away only as root
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let host_file = tmp.path().join("dev-null");
+        std::fs::write(&host_file, b"").unwrap();
+        std::fs::set_permissions(&host_file, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let driver = test_driver(tmp.path());
+        let volume = "vol_abc123";
+        let mnt = driver.volumes.mount_path(volume);
+        std::fs::create_dir_all(mnt.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&host_file, &mnt).unwrap();
+        let config: bazaar_types::config::MachineConfig =
+            serde_json::from_value(serde_json::json!({
+                "image": "process", "init": {"exec": ["true"]},
+                "mounts": [{"volume": volume, "path": "/data"}],
+            }))
+            .unwrap();
+        let resources = bazaar_types::host::Resources {
+            cpus: 1,
+            memory_mb: 256,
+        };
+        let ports = BTreeMap::new();
+        let rec = Workload {
+            id: "m1",
+            app: "a",
+            region: "local",
+            instance_id: "v1",
+            config: &config,
+            resources: &resources,
+            host_ports: &ports,
+            private_ip: None,
+            uid: None,
+            uid_base: None,
+        };
+        let unchanged = |what: &str| {
+            let m = std::fs::metadata(&host_file).unwrap();
+            assert_eq!(
+                (m.uid(), m.gid(), m.mode() & 0o7777),
+                (0, 0, 0o666),
+                "after {what}"
+            );
+        };
+        driver.give_volume_to_workload(&rec);
+        unchanged("handing the volume to nobody");
+        let err = driver.give_to_machine_user(&rec, 200_001).unwrap_err();
+        assert!(err.to_string().contains("symlink"), "{err}");
+        unchanged("handing the volume to the machine's uid");
+        // The work directory itself a symlink, to a host directory (as /tmp).
+        std::fs::remove_file(&mnt).unwrap();
+        let host_dir = tmp.path().join("host-tmp");
+        std::fs::create_dir(&host_dir).unwrap();
+        std::fs::set_permissions(&host_dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let work = driver.machine_dir("m2").join("work");
+        std::fs::create_dir_all(work.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&host_dir, &work).unwrap();
+        let rec = Workload { id: "m2", ..rec };
+        let err = driver.give_to_machine_user(&rec, 200_002).unwrap_err();
+        assert!(err.to_string().contains("symlink"), "{err}");
+        let m = std::fs::metadata(&host_dir).unwrap();
+        assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), (0, 0, 0o1777));
     }
 }

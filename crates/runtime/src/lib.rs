@@ -8,7 +8,8 @@
 //!   machines; [`oci`] prepares image machines (image, rootfs, bundle, `runc`) and
 //!   [`network`] gives each one a network namespace on the host's bridge (wired by
 //!   [`netlink`] requests; user namespace id ranges from [`idranges`]).
-//! - [`volume_fs`]: volumes' storage (ext4 images on loop devices, or directories).
+//! - [`volume_fs`]: volumes' storage (ext4 images on loop devices, or directories);
+//!   [`work_disk`]: a machine's writable space, limited in size the same way.
 //! - [`exec`]: running a command inside a machine.
 
 pub mod driver;
@@ -18,6 +19,8 @@ pub mod lifecycle;
 pub mod netlink;
 pub mod network;
 pub mod oci;
+pub mod owner;
 pub mod volume_fs;
+pub mod work_disk;
 
 pub use lifecycle::{LaunchReport, MachineDriver, Run, RunFound, Workload};

@@ -77,6 +77,11 @@ pub trait MachineDriver: Send + Sync + std::fmt::Debug {
 
     /// Removes everything a destroyed machine left on the host.
     async fn destroy(&self, id: &str);
+
+    /// Why machine `id`'s writable space is full, if it is ([`crate::work_disk::full`]).
+    fn disk_full(&self, _id: &str) -> Option<String> {
+        None
+    }
 }
 
 /// One run of a machine: its supervisor and workload.

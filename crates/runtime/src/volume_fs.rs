@@ -365,12 +365,12 @@ fn find_tool(name: &str) -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
-fn path_str(p: &Path) -> io::Result<&str> {
+pub(crate) fn path_str(p: &Path) -> io::Result<&str> {
     p.to_str()
         .ok_or_else(|| io::Error::other(format!("path {} is not UTF-8", p.display())))
 }
 
-fn run(tool: &str, args: &[&str]) -> io::Result<()> {
+pub(crate) fn run(tool: &str, args: &[&str]) -> io::Result<()> {
     let exe = find_tool(tool).ok_or_else(|| io::Error::other(format!("{tool} not found")))?;
     let out = Command::new(&exe).args(args).output()?;
     if !out.status.success() {

@@ -13,7 +13,6 @@ use std::fs;
 use std::io;
 use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::chown;
 use std::path::Path;
 
 use rustix::process::Signal;
@@ -116,7 +115,9 @@ impl Command {
     }
 }
 
-/// Creates `workdir` if it is missing; the directories created are chowned to `creds`.
+/// Creates `workdir` if it is missing; the directories created are chowned to `creds`,
+/// each through a descriptor of the directory made (`O_NOFOLLOW`): whatever took its place
+/// in between (a symlink to a host file) is refused, never followed.
 pub(crate) fn prepare_workdir(workdir: &Path, creds: Option<&Credentials>) -> Result<(), String> {
     let fail = |err: io::Error| format!("workdir {}: {}", workdir.display(), describe(&err));
     let missing: Vec<&Path> = workdir
@@ -127,7 +128,7 @@ pub(crate) fn prepare_workdir(workdir: &Path, creds: Option<&Credentials>) -> Re
         match fs::create_dir(dir) {
             Ok(()) => {
                 if let Some(c) = creds {
-                    chown(dir, Some(c.uid), Some(c.gid)).map_err(fail)?;
+                    give_dir(dir, c).map_err(fail)?;
                 }
             }
             Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
@@ -139,6 +140,22 @@ pub(crate) fn prepare_workdir(workdir: &Path, creds: Option<&Credentials>) -> Re
     } else {
         Err(format!("workdir {}: not a directory", workdir.display()))
     }
+}
+
+/// Gives directory `dir` itself (not what a symlink there names) to `creds`.
+fn give_dir(dir: &Path, creds: &Credentials) -> io::Result<()> {
+    use rustix::fs::{Gid, Mode, OFlags, Uid};
+    let fd = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    rustix::fs::fchown(
+        &fd,
+        Some(Uid::from_raw(creds.uid)),
+        Some(Gid::from_raw(creds.gid)),
+    )?;
+    Ok(())
 }
 
 /// How the workload process is set up between `fork` and `execve`.

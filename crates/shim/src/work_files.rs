@@ -1,8 +1,11 @@
 //! Files written into a process machine's work directory before its workload starts (Fly's
 //! `config.files`, which an image machine gets in its root filesystem). The work directory
-//! belongs to the workload, which may have left symlinks in it: every path is opened beneath
-//! it with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`, so a write never leaves it.
-//! Directories created and the files are owned by the workload user.
+//! belongs to the workload, which may have left symlinks, hard links or FIFOs in it: every
+//! path is opened beneath it with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+//! RESOLVE_NO_XDEV)`, so a write never leaves it nor enters another mount, and a file is
+//! written as a new one (`O_EXCL`) in place of whatever had its name, so a hard link to a
+//! host file is replaced, not written through (nor its owner changed). Directories created
+//! and the files are owned by the workload user.
 
 use std::io::Write;
 use std::os::fd::OwnedFd;
@@ -47,7 +50,10 @@ pub fn write_work_files(
 }
 
 fn write_one(root: &OwnedFd, f: &WorkFile, creds: Option<&Credentials>) -> Result<(), String> {
-    let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    let how = ResolveFlags::BENEATH
+        | ResolveFlags::NO_SYMLINKS
+        | ResolveFlags::NO_MAGICLINKS
+        | ResolveFlags::NO_XDEV;
     let mut names = Vec::new();
     for c in f.path.components() {
         match c {
@@ -85,10 +91,16 @@ fn write_one(root: &OwnedFd, f: &WorkFile, creds: Option<&Credentials>) -> Resul
         }
         dir = next;
     }
+    // Whatever has the name goes first (a file, a symlink, a hard link, a FIFO; a
+    // directory or a mount point is refused): the file written is always a new one.
+    match rustix::fs::unlinkat(&dir, *file, rustix::fs::AtFlags::empty()) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => return Err(format!("replacing it: {e}")),
+    }
     let fd = rustix::fs::openat2(
         &dir,
         *file,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::CLOEXEC,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::from_raw_mode(f.mode),
         how,
     )
@@ -149,8 +161,45 @@ mod tests {
         std::os::unix::fs::symlink(&outside, work.join("etc")).unwrap();
         std::os::unix::fs::symlink(outside.join("secret"), work.join("f")).unwrap();
         assert!(write_work_files(&work, None, &[file("etc/passwd", "x")]).is_err());
-        assert!(write_work_files(&work, None, &[file("f", "x")]).is_err());
         assert!(write_work_files(&work, None, &[file("../escape", "x")]).is_err());
+        // A symlink where the file goes is replaced by the file.
+        write_work_files(&work, None, &[file("f", "x")]).unwrap();
+        assert!(std::fs::symlink_metadata(work.join("f")).unwrap().is_file());
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+    }
+
+    /// A hard link the workload left where a file goes (to a host file on the same file
+    /// system) is replaced: the host file keeps its contents, owner and mode. As root the
+    /// files are given to nobody, which is how a host file could end up nobody's.
+    #[test]
+    fn a_hard_link_left_in_the_workdir_is_replaced_not_written_through() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("work");
+        std::fs::create_dir_all(&work).unwrap();
+        let host = dir.path().join("passwd");
+        std::fs::write(&host, "root:x:0:0\n").unwrap();
+        std::fs::set_permissions(&host, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let before = std::fs::metadata(&host).unwrap();
+        std::fs::hard_link(&host, work.join("f")).unwrap();
+        write_work_files(&work, None, &[file("f", "mine")]).unwrap();
+        assert_eq!(std::fs::read_to_string(work.join("f")).unwrap(), "mine");
+        let after = std::fs::metadata(&host).unwrap();
+        assert_eq!(std::fs::read_to_string(&host).unwrap(), "root:x:0:0\n");
+        assert_eq!(
+            (after.uid(), after.gid(), after.mode(), after.nlink()),
+            (before.uid(), before.gid(), before.mode(), 1)
+        );
+        // A FIFO there (whose open would block the launch) is replaced too.
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            work.join("p"),
+            rustix::fs::FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        write_work_files(&work, None, &[file("p", "x")]).unwrap();
+        assert!(std::fs::symlink_metadata(work.join("p")).unwrap().is_file());
     }
 }

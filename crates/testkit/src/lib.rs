@@ -6,11 +6,13 @@
 //! ([`start_plain_cluster`] for the old path with the cluster secret alone).
 
 mod fly;
+pub mod host_guard;
 pub mod images;
 pub mod in_process;
 pub mod tokens;
 
 pub use fly::Fly;
+pub use host_guard::HostGuard;
 
 use bazaar_client::HostClient;
 use std::path::{Path, PathBuf};
@@ -72,6 +74,9 @@ pub struct TestAgent {
     host_id: Option<String>,
     /// The cluster CA's directory, held by the first agent of a cluster with certificates.
     cluster_ca: Option<tempfile::TempDir>,
+    /// The owner and mode of host files as they were before the agent started: checked
+    /// when it is dropped ([`HostGuard`]).
+    host_guard: HostGuard,
 }
 
 impl TestAgent {
@@ -96,6 +101,7 @@ impl TestAgent {
         data_dir: PathBuf,
         tmp: Option<tempfile::TempDir>,
     ) -> anyhow::Result<TestAgent> {
+        let host_guard = HostGuard::new();
         std::fs::create_dir_all(&data_dir)?;
         let mut agent = TestAgent {
             opts,
@@ -107,6 +113,7 @@ impl TestAgent {
             proxy_port: 0,
             host_id: None,
             cluster_ca: None,
+            host_guard,
         };
         // A port found free may be taken by a test alongside before the agent binds it:
         // a first start that finds one taken tries fresh ports.
@@ -398,6 +405,15 @@ impl Drop for TestAgent {
                 "processes of the agent on {} still run after it was released: {left:?}",
                 self.data_dir.display()
             );
+        }
+        // Nothing it ran may have changed a host file's owner or mode (issue 31).
+        if let Err(changed) = self.host_guard.check() {
+            let agent = format!("agent on {}", self.data_dir.display());
+            if std::thread::panicking() {
+                eprintln!("{agent}: {changed}");
+            } else {
+                panic!("{agent}: {changed}");
+            }
         }
     }
 }

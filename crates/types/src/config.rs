@@ -318,6 +318,21 @@ pub const DEFAULT_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_
 pub const MAX_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl MachineConfig {
+    /// Fly's `config.rootfs.size_gb`: the size of the machine's writable space, when the
+    /// config asks for one (a whole number of GB, 1 to 1024).
+    pub fn rootfs_size_gb(&self) -> Result<Option<u64>, String> {
+        let Some(size) = self.extra.get("rootfs").and_then(|r| r.get("size_gb")) else {
+            return Ok(None);
+        };
+        match size.as_u64() {
+            _ if size.is_null() => Ok(None),
+            Some(gb @ 1..=1024) => Ok(Some(gb)),
+            _ => Err(format!(
+                "config.rootfs.size_gb must be a whole number of GB from 1 to 1024, got {size}"
+            )),
+        }
+    }
+
     /// The driver that runs this machine: `process` when set so or when the config has a
     /// command and no image; otherwise `oci`.
     pub fn driver(&self) -> &str {
@@ -356,6 +371,35 @@ impl MachineConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rootfs_size_gb_is_a_whole_number_of_gb_or_refused() {
+        let config = |rootfs: serde_json::Value| -> MachineConfig {
+            serde_json::from_value(serde_json::json!({"image": "process", "rootfs": rootfs}))
+                .unwrap()
+        };
+        assert_eq!(MachineConfig::default().rootfs_size_gb(), Ok(None));
+        assert_eq!(
+            config(serde_json::json!({"persist": "never"})).rootfs_size_gb(),
+            Ok(None)
+        );
+        assert_eq!(
+            config(serde_json::json!({"size_gb": 2})).rootfs_size_gb(),
+            Ok(Some(2))
+        );
+        for bad in [
+            serde_json::json!(0),
+            serde_json::json!(-1),
+            serde_json::json!(1.5),
+            serde_json::json!("8"),
+            serde_json::json!(1025),
+        ] {
+            let err = config(serde_json::json!({"size_gb": bad}))
+                .rootfs_size_gb()
+                .unwrap_err();
+            assert!(err.contains("config.rootfs.size_gb"), "{err}");
+        }
+    }
 
     #[test]
     fn unknown_fields_survive_a_round_trip() {

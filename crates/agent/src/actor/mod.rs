@@ -255,6 +255,12 @@ impl Actor {
             req.restart_count = Some(rec.restart_count);
         }
         b.event(&mut rec, event);
+        if let Some(full) = self.agent.0.machine_driver.disk_full(&self.id) {
+            b.event(
+                &mut rec,
+                MachineEvent::new("disk_full", "stopped", "flyd").with_reason(full),
+            );
+        }
         let mut new_op = None;
         if rec.config.auto_destroy {
             rec.desired = MachineState::Destroyed;

@@ -1,0 +1,370 @@
+//! A machine's writable space with a size the kernel enforces (issue 31 item 5): a
+//! sandboxed process machine's work directory is its own ext4 file system, a sparse image
+//! `machines/<id>/disk.img` on a loop device mounted at `machines/<id>/work` (`nosuid`,
+//! `nodev`), made at its first start. A workload that fills it gets `ENOSPC` there, and the
+//! host's disk, the agent's store and the other machines are untouched. The size is the
+//! machine's `config.rootfs.size_gb` (Fly's field), else the host's default for every
+//! machine (`--machine-disk-mb`), else one by guest size ([`default_mb`]). The image is
+//! sparse: a machine costs the host only what it wrote.
+//!
+//! Start speed: `mkfs.ext4` runs once per size, into `DATA/disk-templates/<MB>.img`; a
+//! machine's image is a sparse copy of it (its few MB of metadata), attached to a free loop
+//! device with `LOOP_CONFIGURE` (autoclear) and mounted with `mount(2)`, without running a
+//! program.
+//!
+//! Nothing is left on the host: destroy unmounts it (the loop device goes with the mount)
+//! before removing the machine's directory; a host reset or a test kit's release unmounts
+//! everything below the data dir and detaches the loop devices backed there
+//! (`agent/src/cleanup.rs`).
+
+use std::io;
+use std::path::Path;
+
+use crate::volume_fs::{path_str, run};
+
+/// The image file in a machine's directory.
+const IMAGE: &str = "disk.img";
+/// Written once the image holds a file system (a crash mid-mkfs makes it again).
+const FORMATTED: &str = "disk.formatted";
+/// The largest size a machine may ask for (`config.rootfs.size_gb`).
+pub const MAX_GB: u64 = 1024;
+
+/// The size of a machine's writable space by its guest memory, when nothing says
+/// otherwise: 4 MB of disk per MB of memory (1 GB for the smallest guest), at most 8 GB
+/// (Fly's default rootfs size).
+pub fn default_mb(memory_mb: u64) -> u64 {
+    (memory_mb * 4).clamp(1024, 8192)
+}
+
+/// Whether `work` is a mount point (another file system than `machine_dir`'s).
+fn is_mounted(machine_dir: &Path, work: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = |p: &Path| std::fs::symlink_metadata(p).map(|m| m.dev());
+    match dev(work) {
+        Ok(d) => Ok(d != dev(machine_dir)?),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Makes machine `machine_dir`'s work directory a file system of `size_mb` (once, from
+/// the template of that size in `templates`) and mounts it (if it is not). A work
+/// directory that already holds files on the host's file system (a machine from before
+/// limits) is left as it is. Returns whether it is limited.
+pub fn ensure(machine_dir: &Path, templates: &Path, size_mb: u64) -> io::Result<bool> {
+    let work = machine_dir.join("work");
+    if is_mounted(machine_dir, &work)? {
+        return Ok(true);
+    }
+    let image = machine_dir.join(IMAGE);
+    let formatted = machine_dir.join(FORMATTED);
+    if !formatted.exists() {
+        if std::fs::read_dir(&work).is_ok_and(|mut d| d.next().is_some()) {
+            return Ok(false);
+        }
+        sparse_copy(&template(templates, size_mb)?, &image)?;
+        std::fs::write(&formatted, b"")?;
+    }
+    std::fs::create_dir_all(&work)?;
+    mount_image(&image, &work)?;
+    // The workload's directory starts empty.
+    match std::fs::remove_dir(work.join("lost+found")) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    Ok(true)
+}
+
+/// The empty ext4 image of `size_mb` in `templates`, made now if it is not there yet
+/// (in a file of its own, renamed when complete: two launches may make it at once).
+fn template(templates: &Path, size_mb: u64) -> io::Result<std::path::PathBuf> {
+    let path = templates.join(format!("{size_mb}.img"));
+    if path.exists() {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(templates)?;
+    let partial = templates.join(format!(
+        ".{size_mb}.img.{}.{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let f = std::fs::File::create(&partial)?;
+    f.set_len(size_mb << 20)?;
+    drop(f);
+    let made = run(
+        "mkfs.ext4",
+        &[
+            "-F",
+            "-q",
+            "-m",
+            "0",
+            "-E",
+            "lazy_itable_init=1,lazy_journal_init=1",
+            path_str(&partial)?,
+        ],
+    )
+    .and_then(|()| std::fs::rename(&partial, &path));
+    if made.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    made.map(|()| path)
+}
+
+/// Copies `from` to `to` (created) with its holes: only the ranges that hold data.
+fn sparse_copy(from: &Path, to: &Path) -> io::Result<()> {
+    use rustix::fs::SeekFrom;
+    let src = std::fs::File::open(from)?;
+    let len = src.metadata()?.len();
+    let partial = to.with_extension("partial");
+    let dst = std::fs::File::create(&partial)?;
+    dst.set_len(len)?;
+    let mut at = 0u64;
+    while at < len {
+        let start = match rustix::fs::seek(&src, SeekFrom::Data(at)) {
+            Ok(s) => s,
+            Err(rustix::io::Errno::NXIO) => break, // only a hole is left
+            Err(e) => return Err(e.into()),
+        };
+        let end = rustix::fs::seek(&src, SeekFrom::Hole(start))?;
+        let (mut from_at, mut to_at) = (start, start);
+        while from_at < end {
+            let want = (end - from_at) as usize;
+            let n = rustix::fs::copy_file_range(
+                &src,
+                Some(&mut from_at),
+                &dst,
+                Some(&mut to_at),
+                want,
+            )?;
+            if n == 0 {
+                break;
+            }
+        }
+        at = end;
+    }
+    dst.sync_all()?;
+    std::fs::rename(&partial, to)
+}
+
+/// `struct loop_info64` of `<linux/loop.h>`.
+#[repr(C)]
+struct LoopInfo64 {
+    device: u64,
+    inode: u64,
+    rdevice: u64,
+    offset: u64,
+    sizelimit: u64,
+    number: u32,
+    encrypt_type: u32,
+    encrypt_key_size: u32,
+    flags: u32,
+    file_name: [u8; 64],
+    crypt_name: [u8; 64],
+    encrypt_key: [u8; 32],
+    init: [u64; 2],
+}
+
+/// `struct loop_config` of `<linux/loop.h>`.
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+
+/// Attaches `image` to a free loop device (autoclear: it goes when the mount does) and
+/// mounts its ext4 at `target`, `nosuid,nodev`.
+fn mount_image(image: &Path, target: &Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let backing = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(image)?;
+    let control = std::fs::File::open("/dev/loop-control")?;
+    let mut tries = 0;
+    let device = loop {
+        // SAFETY: LOOP_CTL_GET_FREE takes no argument and answers a device number.
+        let n = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE as _) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let path = format!("/dev/loop{n}");
+        let device = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)?;
+        let mut config = LoopConfig {
+            fd: backing.as_raw_fd() as u32,
+            block_size: 0,
+            // SAFETY: an all-zero loop_info64 is valid (plain integers and byte arrays).
+            info: unsafe { std::mem::zeroed() },
+            reserved: [0; 8],
+        };
+        config.info.flags = LO_FLAGS_AUTOCLEAR;
+        // SAFETY: LOOP_CONFIGURE reads a `struct loop_config`, which `config` is, for the
+        // length of the call.
+        let r = unsafe { libc::ioctl(device.as_raw_fd(), LOOP_CONFIGURE as _, &config) };
+        if r == 0 {
+            break (path, device);
+        }
+        let err = io::Error::last_os_error();
+        // Another process took the device between the two calls: take the next free one.
+        tries += 1;
+        if err.raw_os_error() != Some(libc::EBUSY) || tries > 8 {
+            return Err(err);
+        }
+    };
+    rustix::mount::mount(
+        device.0.as_str(),
+        target,
+        "ext4",
+        rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
+        None,
+    )?;
+    // Our descriptor closes here; the mount holds the device until it is unmounted.
+    drop(device.1);
+    Ok(())
+}
+
+/// Unmounts machine `machine_dir`'s work file system, if it is mounted (its loop device
+/// goes with it). Idempotent.
+pub fn release(machine_dir: &Path) -> io::Result<()> {
+    use rustix::mount::{unmount, UnmountFlags};
+    let work = machine_dir.join("work");
+    while is_mounted(machine_dir, &work)? {
+        match unmount(&work, UnmountFlags::NOFOLLOW) {
+            Ok(()) => {}
+            // Workloads killed a moment ago may still hold it: detach it lazily.
+            Err(rustix::io::Errno::BUSY) => unmount(&work, UnmountFlags::DETACH)?,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Why the machine's writable space counts as full (none of it left for the workload),
+/// or `None`.
+pub fn full(machine_dir: &Path) -> Option<String> {
+    let work = machine_dir.join("work");
+    if !is_mounted(machine_dir, &work).unwrap_or(false) {
+        return None;
+    }
+    let st = rustix::fs::statvfs(&work).ok()?;
+    // Full: under 1% or 1 MiB left, whichever is more (a write that no longer fits fails
+    // with some blocks still free: ext4 keeps a few back for its own metadata).
+    let free = st.f_bavail * st.f_frsize;
+    let size = st.f_blocks * st.f_frsize;
+    (free < (size / 100).max(1 << 20)).then(|| {
+        format!(
+            "disk full: the machine's writable space ({} MB, config.rootfs.size_gb) has no room left",
+            size >> 20
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_grows_with_memory_between_1_and_8_gb() {
+        assert_eq!(default_mb(256), 1024);
+        assert_eq!(default_mb(1024), 4096);
+        assert_eq!(default_mb(2048), 8192);
+        assert_eq!(default_mb(65536), 8192);
+    }
+
+    /// Loop devices backed by a file below `dir`, once those going have gone (autoclear
+    /// is not instant), within 2 s.
+    fn loops_below(dir: &Path) -> usize {
+        for _ in 0..100 {
+            if attached_below(dir) == 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        attached_below(dir)
+    }
+
+    fn attached_below(dir: &Path) -> usize {
+        std::fs::read_dir("/sys/block")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
+                    .is_ok_and(|b| Path::new(b.trim()).starts_with(dir))
+            })
+            .count()
+    }
+
+    #[test]
+    fn a_work_disk_stops_writes_at_its_size_and_leaves_nothing_once_released() {
+        use std::io::Write;
+        if !rustix::process::geteuid().is_root() || !Path::new("/dev/loop-control").exists() {
+            return; // loop devices and mounts need root
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().canonicalize().unwrap();
+        let (machine, templates) = (dir.join("m1"), dir.join("templates"));
+        std::fs::create_dir_all(&machine).unwrap();
+        // Unmounted however the test ends, so a failure leaves nothing on the host.
+        struct Released<'a>(&'a Path);
+        impl Drop for Released<'_> {
+            fn drop(&mut self) {
+                let _ = release(self.0);
+            }
+        }
+        let _released = Released(&machine);
+        assert!(ensure(&machine, &templates, 32).unwrap());
+        assert!(ensure(&machine, &templates, 32).unwrap(), "mounted once");
+        let work = machine.join("work");
+        assert_eq!(
+            std::fs::read_dir(&work).unwrap().count(),
+            0,
+            "no lost+found"
+        );
+        assert_eq!(full(&machine), None);
+        let mut f = std::fs::File::create(work.join("big")).unwrap();
+        let chunk = vec![1u8; 1 << 20];
+        let err = (0..64)
+            .find_map(|_| f.write_all(&chunk).err())
+            .expect("64 MB do not fit in 32");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC));
+        drop(f);
+        assert!(full(&machine).unwrap().contains("disk full"));
+        // The image is sparse: what the template and the machine cost is what they hold.
+        use std::os::unix::fs::MetadataExt;
+        let template = std::fs::metadata(templates.join("32.img")).unwrap();
+        assert!(
+            template.blocks() * 512 < 8 << 20,
+            "{} bytes",
+            template.blocks() * 512
+        );
+        release(&machine).unwrap();
+        release(&machine).unwrap();
+        assert!(!work.join("big").exists());
+        assert_eq!(loops_below(&dir), 0);
+        // Mounted again, it holds what was written.
+        assert!(ensure(&machine, &templates, 32).unwrap());
+        assert!(work.join("big").exists());
+        release(&machine).unwrap();
+        assert_eq!(loops_below(&dir), 0);
+        // Another machine of that size starts from the template: a copy of its metadata
+        // and a mount, no mkfs (the time is what a first start adds).
+        let other = dir.join("m2");
+        std::fs::create_dir_all(&other).unwrap();
+        let _released = Released(&other);
+        let t0 = std::time::Instant::now();
+        assert!(ensure(&other, &templates, 32).unwrap());
+        eprintln!("work disk from a template: {:?}", t0.elapsed());
+        assert_eq!(std::fs::read_dir(other.join("work")).unwrap().count(), 0);
+        release(&other).unwrap();
+        assert_eq!(loops_below(&dir), 0);
+    }
+}
