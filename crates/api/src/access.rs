@@ -9,7 +9,7 @@
 //! The check reads the request as its handler does: the route as the router matched it and
 //! its path parameters decoded (`/v1/apps/%61pp` is app `app` to both), never the body (the
 //! audit record only takes a new app's name from it). What a body asks for (a machine
-//! config's driver) is authorized by [`authorize_config`] on the value the handler acts on,
+//! config's driver) is authorized by `authorize_config` on the value the handler acts on,
 //! parsed once (`openapi::Checked`).
 
 use crate::error::ApiError;

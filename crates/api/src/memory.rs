@@ -1,6 +1,6 @@
 //! `/v1/apps/{app}/machines/{id}/memory`: a started machine's memory limit read and changed
 //! live, and memory reclaimed (Fly moves a VM's balloon; bazaar the machine's cgroup limit).
-//! Forwarded to the machine's owner like every machine call ([`crate::machines::forward`]),
+//! Forwarded to the machine's owner like every machine call (`machines::forward`),
 //! which does the work (`bazaar_agent::memory`).
 
 use crate::machines::forward;

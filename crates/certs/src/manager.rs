@@ -221,7 +221,7 @@ impl Certs {
 
     /// Removes every hostname of `app` (being deleted): a tombstone of this host, newer
     /// than every row, for each, so every proxy stops serving them and each owner retires
-    /// its own row ([`Certs::renew_due`]); a pending issuance publishes nothing. Rows of
+    /// its own row (`Certs::renew_due`); a pending issuance publishes nothing. Rows of
     /// an earlier app of the name go too. Answers the hostnames removed.
     pub fn forget_app(&self, app: &str) -> Vec<String> {
         let rows = self.catalog.certificates();

@@ -128,7 +128,7 @@ impl<T: JsonSchema> OperationInput for RawJson<T> {
 
 /// A body that may carry a machine config (create, batch create, update), parsed once into
 /// `T` and authorized as parsed: a config that runs the process driver needs a token that
-/// allows it ([`crate::access::authorize_config`], 403), checked on this very value before
+/// allows it (`access::authorize_config`, 403), checked on this very value before
 /// the handler gets it; a key given twice is then refused (400), as in every body.
 #[derive(Debug)]
 pub struct Checked<T>(pub T);
