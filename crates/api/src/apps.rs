@@ -17,15 +17,19 @@ use serde::Deserialize;
 /// Body of `POST /v1/apps` (unknown fields are ignored).
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[schemars(rename = "CreateAppRequest")]
+#[schemars(extend("anyOf" = [{"required": ["app_name"]}, {"required": ["name"]}]))]
 pub struct CreateApp {
     /// The app's name: 1-63 lowercase letters, digits and `-`.
     #[serde(default)]
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"))]
     app_name: Option<String>,
     /// Accepted in place of `app_name`.
     #[serde(default)]
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"))]
     name: Option<String>,
     /// The organization (default `personal`).
     #[serde(default)]
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"))]
     org_slug: Option<String>,
 }
 

@@ -36,6 +36,7 @@ pub struct OrgMachinesQuery {
     updated_after: Option<String>,
     /// The most machines to answer (1 to 500, default 500).
     #[serde(default)]
+    #[schemars(range(min = 1, max = 500))]
     limit: Option<usize>,
     /// Where the previous page ended (its `next_cursor`).
     #[serde(default)]

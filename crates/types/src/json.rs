@@ -92,7 +92,14 @@ impl<'de> Visitor<'de> for Noting<'_> {
         Ok(Value::from(v))
     }
 
+    /// A number written with a fraction or exponent that is a whole number (`3.0`,
+    /// `1e3`) is that integer: JSON Schema's `integer` takes it, so the fields typed as
+    /// integers do too (2^53 and beyond are not exact in an f64, and stay floats).
     fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+        if v.fract() == 0.0 && v.abs() < EXACT {
+            return Ok(Value::from(v as i64));
+        }
         Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
     }
 
@@ -181,5 +188,19 @@ mod tests {
         let err = from_body::<T>(br#"{"n": "x"}"#).unwrap_err();
         assert!(err.starts_with("invalid request:"), "{err}");
         assert!(from_body::<T>(br#"{"n": 1, "extra": 2}"#).is_ok());
+    }
+
+    #[test]
+    fn whole_numbers_written_as_floats_are_integers() {
+        #[derive(serde::Deserialize)]
+        struct Sizes {
+            a: u16,
+            b: i64,
+            c: f64,
+        }
+        let got: Sizes = from_body(br#"{"a": 154.0, "b": -1e3, "c": 2.5}"#).unwrap();
+        assert_eq!((got.a, got.b, got.c), (154, -1000, 2.5));
+        assert!(from_body::<Sizes>(br#"{"a": 1.5, "b": 1, "c": 1}"#).is_err());
+        assert!(from_body::<Sizes>(br#"{"a": 1, "b": 1e300, "c": 1}"#).is_err());
     }
 }

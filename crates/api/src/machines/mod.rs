@@ -29,7 +29,7 @@ pub(crate) use forward::{forward, forwarded};
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct CreateMachineRequest {
     /// The machine's config (required).
-    #[serde(default)]
+    #[schemars(required)]
     pub config: Option<MachineConfig>,
     /// The machine's name (generated when absent).
     #[serde(default)]

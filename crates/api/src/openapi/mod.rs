@@ -57,6 +57,7 @@ pub(crate) fn with_generator<R>(build: impl FnOnce() -> R) -> R {
 pub(crate) fn complete(api: OpenApi) -> Value {
     let mut doc = serde_json::to_value(&api).unwrap_or_else(|_| json!({}));
     let mut paths = doc["paths"].take();
+    let schemas = doc["components"]["schemas"].take();
     if let Some(paths) = paths.as_object_mut() {
         for (path, item) in paths.iter_mut() {
             let Some(item) = item.as_object_mut() else {
@@ -64,10 +65,10 @@ pub(crate) fn complete(api: OpenApi) -> Value {
             };
             for op in item.values_mut() {
                 complete_operation(path, op);
+                require_body_with_required_fields(op, &schemas);
             }
         }
     }
-    let schemas = doc["components"]["schemas"].take();
     json!({
         "openapi": "3.1.0",
         "info": {
@@ -114,6 +115,7 @@ fn complete_operation(path: &str, op: &mut Value) {
         .map(|name| {
             let description = match name {
                 "app" => "The app's name.",
+                "org" => "The organization's slug.",
                 "id" if path.contains("/volumes/") => "The volume's id.",
                 "id" => "The machine's id.",
                 "key" => "The metadata key.",
@@ -121,12 +123,23 @@ fn complete_operation(path: &str, op: &mut Value) {
                 "hostname" => "The hostname, e.g. `www.example.com`.",
                 _ => "",
             };
+            // App and organization names follow `ids::validate_name` (a DNS label), so a
+            // client knows what the server refuses (400) before sending it.
+            let schema = match name {
+                "app" | "org" => json!({
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 63,
+                    "pattern": "^[a-z0-9]([a-z0-9-]*[a-z0-9])?$",
+                }),
+                _ => json!({"type": "string"}),
+            };
             json!({
                 "name": name,
                 "in": "path",
                 "required": true,
                 "description": description,
-                "schema": {"type": "string"},
+                "schema": schema,
             })
         })
         .collect();
@@ -136,6 +149,27 @@ fn complete_operation(path: &str, op: &mut Value) {
     op["parameters"] = Value::Array(params);
     if op["operationId"] == OPENAPI_ID {
         op["security"] = json!([]);
+    }
+}
+
+/// Marks an operation's request body required when its schema has required fields: a call
+/// without a body could only be refused (400), so the document says it must have one.
+/// Bodies whose fields are all optional stay optional (no body is `{}`).
+fn require_body_with_required_fields(op: &mut Value, schemas: &Value) {
+    let Some(body) = op.get_mut("requestBody") else {
+        return;
+    };
+    let schema = &body["content"]["application/json"]["schema"];
+    let schema = match schema["$ref"].as_str() {
+        Some(r) => &schemas[r.trim_start_matches("#/components/schemas/")],
+        None => schema,
+    };
+    let has_required = |s: &Value| s["required"].as_array().is_some_and(|r| !r.is_empty());
+    let any_of_requires = schema["anyOf"]
+        .as_array()
+        .is_some_and(|alts| !alts.is_empty() && alts.iter().all(has_required));
+    if has_required(schema) || any_of_requires {
+        body["required"] = Value::Bool(true);
     }
 }
 

@@ -228,3 +228,37 @@ fn no_route_is_registered_without_its_documentation() {
     }
     assert!(checked > 10, "only {checked} files read");
 }
+
+/// What the server refuses, the document says (schemathesis finds a "valid" request the
+/// server refuses otherwise): a body with required fields is required, app and org names in
+/// paths have their pattern, and the org-wide page size its range.
+#[test]
+fn the_document_is_no_looser_than_the_server() {
+    let doc = super::document();
+    let body = |path: &str, method: &str| doc["paths"][path][method]["requestBody"].clone();
+    assert_eq!(body("/v1/apps/{app}/machines", "post")["required"], true);
+    assert_eq!(body("/v1/apps", "post")["required"], true, "app_name or name");
+    assert_eq!(body("/v1/apps/{app}/certificates", "post")["required"], true);
+    assert_ne!(
+        body("/v1/apps/{app}/machines/{id}/stop", "post")["required"],
+        true,
+        "stop takes no body as {{}}"
+    );
+    let param = |path: &str, name: &str| {
+        doc["paths"][path]["get"]["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{path} has no parameter {name}"))
+    };
+    let app = param("/v1/apps/{app}/machines", "app");
+    assert_eq!(app["schema"]["maxLength"], 63);
+    assert!(app["schema"]["pattern"].is_string());
+    let org = param("/v1/orgs/{org}/machines", "org");
+    assert!(org["schema"]["pattern"].is_string());
+    let limit = param("/v1/orgs/{org}/machines", "limit");
+    let limit = serde_json::to_string(&limit).unwrap();
+    assert!(limit.contains("\"maximum\":500"), "{limit}");
+}
