@@ -21,15 +21,24 @@ use serde::Deserialize;
 pub struct CreateApp {
     /// The app's name: 1-63 lowercase letters, digits and `-`.
     #[serde(default)]
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+    )]
     app_name: Option<String>,
     /// Accepted in place of `app_name`.
     #[serde(default)]
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+    )]
     name: Option<String>,
     /// The organization (default `personal`).
     #[serde(default)]
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+    )]
     org_slug: Option<String>,
 }
 

@@ -12,7 +12,7 @@ use axum::extract::{Path, State};
 use axum::Json;
 use bazaar_certs::manager::CertError;
 use bazaar_certs::Certs;
-use bazaar_types::api::{AddCertificateRequest, Certificate, OkResponse};
+use bazaar_types::api::{AcmeCertificateRequest, AddCertificateRequest, Certificate, OkResponse};
 
 fn certs(api: &Api) -> Result<Certs, ApiError> {
     Certs::new(&api.0.node).map_err(|e| ApiError::Unavailable(e.to_string()))
@@ -55,11 +55,65 @@ pub async fn add(
             ))
         }
     };
-    match added {
-        Ok(info) => Ok(Answer(info)),
-        Err(CertError::Invalid(why)) => Err(ApiError::BadRequest(why)),
-        Err(CertError::Taken(why)) => Err(ApiError::Conflict(why)),
+    added.map(Answer).map_err(refusal)
+}
+
+/// What a refused attach answers.
+fn refusal(err: CertError) -> ApiError {
+    match err {
+        CertError::Invalid(why) => ApiError::BadRequest(why),
+        CertError::Taken(why) => ApiError::Conflict(why),
     }
+}
+
+/// `POST /v1/apps/{app}/certificates/acme`: Fly's path to attach a hostname whose
+/// certificate is issued by ACME (as `POST .../certificates` without `cert` and `key`).
+pub async fn add_acme(
+    State(api): State<Api>,
+    Path(app): Path<String>,
+    Body(req): Body<AcmeCertificateRequest>,
+) -> Result<Answer<201, Certificate>, ApiError> {
+    require_app(&api, &app)?;
+    certs(&api)?
+        .add_acme(&app, &req.hostname)
+        .map(Answer)
+        .map_err(refusal)
+}
+
+pub(crate) fn add_acme_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "CertificatesAddAcme",
+        "certificates",
+        "Attach a hostname to the app with a certificate issued by ACME (HTTP-01, answered \
+         by every proxy) in the background: `pending`, then `issued` or `failed`. 400 on a \
+         host without an ACME directory.",
+        &[400, 401, 404, 409, 503],
+    )
+}
+
+/// `POST /v1/apps/{app}/certificates/{hostname}/check`.
+pub async fn check(
+    State(api): State<Api>,
+    Path((app, hostname)): Path<(String, String)>,
+) -> Result<Json<Certificate>, ApiError> {
+    require_app(&api, &app)?;
+    match certs(&api)?.check(&app, &hostname) {
+        Ok(Some(info)) => Ok(Json(info)),
+        Ok(None) => Err(not_found(&app, &hostname)),
+        Err(err) => Err(refusal(err)),
+    }
+}
+
+pub(crate) fn check_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "CertificatesCheck",
+        "certificates",
+        "Look at a hostname's certificate again: an ACME certificate whose issuance failed is \
+         issued again (`pending`); any other is answered with its status as it is.",
+        &[400, 401, 404, 409, 503],
+    )
 }
 
 pub(crate) fn add_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {

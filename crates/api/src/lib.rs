@@ -267,9 +267,17 @@ fn routes(doc: Arc<OnceLock<Arc<str>>>) -> Routes {
                 .post_with(certificates::add, certificates::add_docs),
         )
         .api_route(
+            "/v1/apps/{app}/certificates/acme",
+            post_with(certificates::add_acme, certificates::add_acme_docs),
+        )
+        .api_route(
             "/v1/apps/{app}/certificates/{hostname}",
             get_with(certificates::show, certificates::show_docs)
                 .delete_with(certificates::remove, certificates::remove_docs),
+        )
+        .api_route(
+            "/v1/apps/{app}/certificates/{hostname}/check",
+            post_with(certificates::check, certificates::check_docs),
         )
         .api_route(
             "/v1/orgs/{org}/machines",

@@ -188,3 +188,54 @@ async fn an_app_attaches_no_other_apps_name_under_the_app_domain_nor_its_hostnam
     shutdown.cancel();
     node.stop().await;
 }
+
+/// Fly's certificate paths: `POST .../certificates/{hostname}/check` answers a certificate
+/// with its status (404 for a hostname the app does not have, or another app's), and
+/// `POST .../certificates/acme` attaches by ACME, refused with the flag to set on a host
+/// that has no ACME directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_are_checked_and_issued_on_flys_paths() {
+    let node = InProcessAgent::start().await.unwrap();
+    let api = bazaar_api::router(node.agent.node());
+    create_app(&api, "shop", "acme").await;
+    create_app(&api, "blog", "acme").await;
+    let (s, v) = add_cert(&api, "shop", "www.shop.example", "www.shop.example").await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+
+    let check = |app: &str, hostname: &str| format!("/v1/apps/{app}/certificates/{hostname}/check");
+    let (s, v) = call(&api, Method::POST, &check("shop", "www.shop.example"), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["status"].clone(), v["source"].clone()),
+        (json!("issued"), json!("custom"))
+    );
+    for (app, hostname) in [("shop", "other.example"), ("blog", "www.shop.example")] {
+        let (s, v) = call(&api, Method::POST, &check(app, hostname), None).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{app} {hostname}: {v}");
+        assert!(v["error"].is_string(), "{v}");
+    }
+
+    let acme = "/v1/apps/shop/certificates/acme";
+    let (s, v) = call(
+        &api,
+        Method::POST,
+        acme,
+        Some(json!({"hostname": "api.shop.example"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("--acme-directory"),
+        "{v}"
+    );
+    let (s, v) = call(&api, Method::POST, acme, Some(json!({}))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let (s, v) = call(&api, Method::GET, "/v1/apps/shop/certificates", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        v.as_array().unwrap().len(),
+        1,
+        "nothing attached by a refusal: {v}"
+    );
+    node.stop().await;
+}

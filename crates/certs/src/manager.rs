@@ -172,6 +172,20 @@ impl Certs {
         Ok(cert_info(&record))
     }
 
+    /// Looks at `hostname`'s certificate again (Fly's `certs check`): an ACME certificate
+    /// whose issuance failed is issued again (`pending` until it ends); one that is issued,
+    /// pending, or given as PEM is answered as it is. `Ok(None)` when `app` has no such
+    /// hostname.
+    pub fn check(&self, app: &str, hostname: &str) -> Result<Option<CertInfo>, CertError> {
+        let Some(info) = self.show(app, hostname) else {
+            return Ok(None);
+        };
+        if info.source == "acme" && info.status == "failed" {
+            return self.add_acme(app, hostname).map(Some);
+        }
+        Ok(Some(info))
+    }
+
     /// Attaches `hostname` to `app` with a certificate given by the user (PEM chain, leaf
     /// first, and its private key). It is not renewed.
     pub fn add_pem(

@@ -167,6 +167,13 @@ pub struct AddCertificateRequest {
     pub key: Option<String>,
 }
 
+/// Body of `POST /v1/apps/{app}/certificates/acme` (Fly's path to issue by ACME).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AcmeCertificateRequest {
+    pub hostname: String,
+}
+
 /// Answer of `GET /v1/apps/{app}/audit`: the app's audit record, gathered from every host.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct AuditList {

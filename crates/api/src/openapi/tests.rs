@@ -20,6 +20,8 @@ const IDS: &[&str] = &[
     "CatalogHosts",
     "CatalogMachines",
     "CertificatesAdd",
+    "CertificatesAddAcme",
+    "CertificatesCheck",
     "CertificatesList",
     "CertificatesRemove",
     "CertificatesShow",
@@ -237,8 +239,15 @@ fn the_document_is_no_looser_than_the_server() {
     let doc = super::document();
     let body = |path: &str, method: &str| doc["paths"][path][method]["requestBody"].clone();
     assert_eq!(body("/v1/apps/{app}/machines", "post")["required"], true);
-    assert_eq!(body("/v1/apps", "post")["required"], true, "app_name or name");
-    assert_eq!(body("/v1/apps/{app}/certificates", "post")["required"], true);
+    assert_eq!(
+        body("/v1/apps", "post")["required"],
+        true,
+        "app_name or name"
+    );
+    assert_eq!(
+        body("/v1/apps/{app}/certificates", "post")["required"],
+        true
+    );
     assert_ne!(
         body("/v1/apps/{app}/machines/{id}/stop", "post")["required"],
         true,
