@@ -99,7 +99,12 @@ async fn fence(agent: &Agent, catalog: &bazaar_catalog::Catalog, fenced: &mut Ha
         let Some(current) = catalog.machine(&id) else {
             continue;
         };
-        if current.record.host_id == agent.host_id() {
+        if !superseded(
+            agent.host_id(),
+            epoch,
+            &current.record.host_id,
+            current.record.epoch,
+        ) {
             continue;
         }
         match agent.destroy_machine(&id, true, None).await {
@@ -115,5 +120,32 @@ async fn fence(agent: &Agent, catalog: &bazaar_catalog::Catalog, fenced: &mut Ha
                 tracing::warn!(machine.id = %id, error = %err, "fence: could not destroy the superseded copy")
             }
         }
+    }
+}
+
+/// Whether this host's copy of a machine (at `epoch`) has been claimed again elsewhere: the
+/// catalog's row is another host's, of this epoch or a later one (at the same epoch the
+/// catalog's rule between two hosts' rows chose the other). A row of a lower epoch is an
+/// older claim that this node's catalog still shows because this copy's own row has not
+/// spread yet (a copy just placed here sees the dead host's row for a moment): never a
+/// reason to destroy this copy.
+fn superseded(me: &str, epoch: u64, row_host: &str, row_epoch: u64) -> bool {
+    row_host != me && row_epoch >= epoch
+}
+
+#[cfg(test)]
+mod tests {
+    use super::superseded;
+
+    #[test]
+    fn a_copy_is_fenced_only_by_another_hosts_claim_of_its_epoch_or_later() {
+        // The old host's copy, once the new claim's row arrives.
+        assert!(superseded("old", 0, "new", 1));
+        // The new copy, while its node still shows the dead host's row (the race seen in
+        // CI: the fresh copy destroyed itself).
+        assert!(!superseded("new", 1, "old", 0));
+        // Its own row; at the same epoch, the row the catalog chose.
+        assert!(!superseded("new", 1, "new", 1));
+        assert!(superseded("a", 1, "b", 1));
     }
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use bazaar_testkit::{pid_alive, process_config, TestAgent};
+use bazaar_testkit::{pid_alive, process_config, AgentOptions, TestAgent};
 use bazaar_types::host::{ClaimRequest, StopRequest, UpdateRequest};
 use bazaar_types::state::MachineState;
 use common::*;
@@ -42,7 +42,14 @@ fn request(id: &str, version: &str) -> ClaimRequest {
 
 /// Runs operation `op` on a machine while the agent is set to die at `boundary`.
 async fn crash_case(op: &str, boundary: u32) {
-    let mut agent = agent();
+    // The runs are counted in a file of the work directory, read from the host: without a
+    // disk of its own (`--machine-disk-mb 0`), a stopped machine's work directory stays
+    // readable there (a restarted agent unmounts the disks of machines that are not running;
+    // `machine_disk.rs` covers those across kill -9).
+    let mut opts = AgentOptions::new(EXE);
+    opts.extra_args
+        .extend(["--machine-disk-mb".to_string(), "0".to_string()]);
+    let mut agent = TestAgent::start(opts).expect("agent starts");
     let id = format!("c{op}{boundary}").replace('_', "");
     let id = format!(
         "{:0<14}",

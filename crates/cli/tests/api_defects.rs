@@ -227,7 +227,17 @@ async fn an_app_with_a_machine_that_cannot_be_destroyed_is_kept_whole() {
     assert_eq!(s, StatusCode::ACCEPTED, "{v}");
     let (s, _) = fly.get("/apps/keep").await;
     assert_eq!(s, StatusCode::NOT_FOUND);
-    fly.wait_state("keep", &free, "destroyed").await;
+    // Its machines go with it: once destroyed, a machine of the deleted app is not found
+    // (while it still runs, its row is live and answered).
+    let gone = bazaar_testkit::eventually(std::time::Duration::from_secs(30), || async {
+        let (s, _) = fly.get(&format!("/apps/keep/machines/{free}")).await;
+        (s == StatusCode::NOT_FOUND).then_some(())
+    })
+    .await;
+    assert!(
+        gone.is_ok(),
+        "machine {free} of the deleted app was not destroyed"
+    );
 }
 
 /// Issue 32 item 2: machines destroyed just before (their destroy still running, as when a

@@ -58,11 +58,20 @@ fn fill(dir: &Path) {
 /// have yet (a small one may fit in pages freed by earlier transactions).
 fn large_create(app: &str) -> bazaar_types::host::ClaimRequest {
     let mut req = bazaar_testkit::create_request(app, &["sleep", "1000"]);
-    for i in 0..4 {
-        // Each under the kernel's limit on one string of an exec.
+    // About 300 KiB, within a config's limits (docs/API.md): env values of at most 32 KiB
+    // and 64 KiB in all, files of at most 256 KiB in all.
+    for i in 0..2 {
         req.config
             .env
-            .insert(format!("PADDING_{i}"), "x".repeat(100 * 1024));
+            .insert(format!("PADDING_{i}"), "x".repeat(30 * 1024));
+    }
+    for i in 0..3 {
+        req.config.files.push(bazaar_types::config::FileConfig {
+            guest_path: format!("/padding/{i}"),
+            raw_value: Some("eHh4".repeat(20 * 1024)),
+            mode: None,
+            extra: Default::default(),
+        });
     }
     req
 }

@@ -95,8 +95,15 @@ pub(crate) async fn forward<R, B: RelayedBody>(
     };
     let query = uri.query().map(str::to_string);
     let body = body.into_bytes();
-    require_app(&api, &app)?;
+    let app_known = require_app(&api, &app);
     let (host, row) = locate(&api, &app, &id).await?;
+    // A machine of a deleted app went with it (404, as the app). A live machine whose app
+    // has no record (made on its host directly, through the host interface) is served.
+    if let Err(gone) = app_known {
+        if row.as_ref().is_none_or(|r| r.deleted) {
+            return Err(gone);
+        }
+    }
     let unreachable = |why: String| -> Result<Response, ApiError> {
         if method == Method::GET && rest.is_empty() {
             if let Some(row) = &row {
