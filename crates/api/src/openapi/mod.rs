@@ -63,9 +63,10 @@ pub(crate) fn complete(api: OpenApi) -> Value {
             let Some(item) = item.as_object_mut() else {
                 continue;
             };
-            for op in item.values_mut() {
+            for (method, op) in item.iter_mut() {
                 complete_operation(path, op);
                 require_body_with_required_fields(op, &schemas);
+                add_common_errors(path, method, op);
             }
         }
     }
@@ -91,6 +92,10 @@ pub(crate) fn complete(api: OpenApi) -> Value {
             {"name": "catalog", "description": "bazaar extension: the cluster catalog as this node sees it."},
             {"name": "meta", "description": "This document."},
         ],
+        "servers": [{
+            "url": "/",
+            "description": "The agent that serves this document: every agent serves the whole API.",
+        }],
         "security": [{"bearer": []}],
         "paths": paths,
         "components": {
@@ -170,6 +175,32 @@ fn require_body_with_required_fields(op: &mut Value, schemas: &Value) {
         .is_some_and(|alts| !alts.is_empty() && alts.iter().all(has_required));
     if has_required(schema) || any_of_requires {
         body["required"] = Value::Bool(true);
+    }
+}
+
+/// The errors any operation of its kind can answer, whether or not its own docs name them:
+/// 403 for a change on the Machines API (a token whose scope lacks the operation), 413 for
+/// an operation that takes a body (past the 1 MiB limit). Each with Fly's error body.
+fn add_common_errors(path: &str, method: &str, op: &mut Value) {
+    let scoped = path.starts_with("/v1/apps")
+        || path.starts_with("/v1/orgs")
+        || path.starts_with("/v1/platform");
+    let mut codes = Vec::new();
+    if scoped && method != "get" {
+        codes.push(403);
+    }
+    if op.get("requestBody").is_some() {
+        codes.push(413);
+    }
+    for code in codes {
+        let key = code.to_string();
+        if op["responses"].get(&key).is_some() {
+            continue;
+        }
+        op["responses"][key] = json!({
+            "description": error_text(code),
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+        });
     }
 }
 

@@ -271,3 +271,25 @@ fn the_document_is_no_looser_than_the_server() {
     let limit = serde_json::to_string(&limit).unwrap();
     assert!(limit.contains("\"maximum\":500"), "{limit}");
 }
+
+/// Every change on the Machines API can be refused to a token without the operation
+/// (403), every body can be too large (413), and the document names its server.
+#[test]
+fn every_change_lists_403_and_every_body_413() {
+    let doc = super::document();
+    assert_eq!(doc["servers"][0]["url"], "/");
+    for (method, path, op) in operations(&doc) {
+        let has = |code: &str| op["responses"].get(code).is_some();
+        if path.starts_with("/v1/apps") && method != "get" {
+            assert!(has("403"), "{method} {path} does not list 403");
+        }
+        if op.get("requestBody").is_some() {
+            assert!(has("413"), "{method} {path} does not list 413");
+            assert_eq!(
+                op["responses"]["413"]["content"]["application/json"]["schema"]["$ref"],
+                "#/components/schemas/ErrorBody",
+                "{method} {path}"
+            );
+        }
+    }
+}
