@@ -41,21 +41,7 @@ impl UidClaims {
     /// already was) the machine's.
     fn claim(&self, uid: u32, machine: &str) -> std::io::Result<bool> {
         std::fs::create_dir_all(&self.dir)?;
-        let path = self.dir.join(uid.to_string());
-        let holder = self.holder(machine);
-        // Written aside, then linked into place (the link fails if the uid is taken): an
-        // agent killed midway leaves no claim without a holder.
-        let aside = self.dir.join(format!(".{uid}.{}", std::process::id()));
-        std::fs::write(&aside, holder.as_bytes())?;
-        let linked = std::fs::hard_link(&aside, &path);
-        let _ = std::fs::remove_file(&aside);
-        match linked {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                Ok(std::fs::read_to_string(&path).is_ok_and(|h| h == holder))
-            }
-            Err(e) => Err(e),
-        }
+        bazaar_runtime::idranges::claim_file(&self.dir, &uid.to_string(), &self.holder(machine))
     }
 
     /// At start: claims again the uids this host's machines hold (`(uid, machine id)`).

@@ -60,22 +60,7 @@ impl IdRanges {
     /// Claims `base` for `ip` unless someone else holds it; `Ok(true)` if it is now (or
     /// already was) this address's.
     fn claim(&self, base: u32, ip: Ipv4Addr) -> std::io::Result<bool> {
-        let path = self.claim_path(base);
-        let holder = self.holder(ip);
-        // The claim appears whole or not at all (written aside, then linked into place: the
-        // link fails if the range is taken), so an agent killed midway leaves no claim
-        // without a holder, which nobody could ever give back.
-        let aside = self.claims.join(format!(".{base}.{}", std::process::id()));
-        std::fs::write(&aside, holder.as_bytes())?;
-        let linked = std::fs::hard_link(&aside, &path);
-        let _ = std::fs::remove_file(&aside);
-        match linked {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                Ok(std::fs::read_to_string(&path).is_ok_and(|h| h == holder))
-            }
-            Err(e) => Err(e),
-        }
+        claim_file(&self.claims, &base.to_string(), &self.holder(ip))
     }
 
     /// At start: the ranges this agent's machines hold (`(address, base)`), claimed again.
@@ -158,6 +143,26 @@ impl IdRanges {
         for (_, base) in held.drain() {
             let _ = std::fs::remove_file(self.claim_path(base));
         }
+    }
+}
+
+/// Claims the file `dir/name` for `holder` unless someone else holds it; `Ok(true)` if it
+/// is now (or already was) `holder`'s. The claim appears whole or not at all (written
+/// aside, then linked into place: the link fails if the name is taken), so a process killed
+/// midway leaves no claim without a holder, which nobody could ever give back. Machine-wide
+/// claims (id ranges here, machine uids in the agent) are made this way.
+pub fn claim_file(dir: &Path, name: &str, holder: &str) -> std::io::Result<bool> {
+    let path = dir.join(name);
+    let aside = dir.join(format!(".{name}.{}", std::process::id()));
+    std::fs::write(&aside, holder.as_bytes())?;
+    let linked = std::fs::hard_link(&aside, &path);
+    let _ = std::fs::remove_file(&aside);
+    match linked {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            Ok(std::fs::read_to_string(&path).is_ok_and(|h| h == holder))
+        }
+        Err(e) => Err(e),
     }
 }
 
