@@ -5,7 +5,8 @@
 //! time per machine while they are created (all processes and the kernel: run it on a
 //! quiet machine).
 //!
-//! Run: `cargo bench -p bazaar --bench agent` (prints a Markdown table for BENCHMARKS.md).
+//! Run: `cargo bench -p bazaar --bench agent` (prints a Markdown table for
+//! docs/benchmarks/agent.md).
 //! `BAZAAR_BENCH_MACHINES` changes the machine count (default 1000);
 //! `BAZAAR_BENCH_NO_ISOLATE=1` runs the workloads without namespaces and cgroups;
 //! `BAZAAR_BENCH_EXE` runs another `bazaar` executable (to compare builds in one sitting).

@@ -3,7 +3,7 @@
 //! creates, and the placement round alone (bids asked → winner chosen, from the placement
 //! records).
 //!
-//! Run: `cargo bench -p bazaar --bench api` (prints Markdown tables for BENCHMARKS.md).
+//! Run: `cargo bench -p bazaar --bench api` (prints Markdown tables for docs/benchmarks/api.md).
 //! `BAZAAR_BENCH_MACHINES` changes the create count (default 1000). By default the run
 //! alternates clusters whose hosts talk over mTLS (a cluster CA, the test kit's default)
 //! and clusters whose hosts use the cluster secret over plain HTTP, `BAZAAR_BENCH_ROUNDS`

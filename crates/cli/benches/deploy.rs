@@ -3,7 +3,8 @@
 //! update of 50 (one at a time, then 10 at a time). The workload is a small Python HTTP
 //! server; deploys go through `bazaar_deploy` exactly as `bazaar deploy` runs them.
 //!
-//! Run: `cargo bench -p bazaar --bench deploy` (prints a Markdown table for BENCHMARKS.md).
+//! Run: `cargo bench -p bazaar --bench deploy` (prints a Markdown table for
+//! docs/benchmarks/deploys.md).
 
 use bazaar_deploy::api::Client;
 use bazaar_deploy::config::MaxUnavailable;

@@ -4,7 +4,7 @@
 //! on its own loopback UDP socket, asks `web.internal` and `<id>.vm.web.internal` in turn
 //! for `BAZAAR_BENCH_SECONDS` (default 10) seconds.
 //!
-//! Run: `cargo bench -p bazaar --bench dns` (prints a Markdown table for BENCHMARKS.md).
+//! Run: `cargo bench -p bazaar --bench dns` (prints a Markdown table for docs/benchmarks/dns.md).
 
 use bazaar_dns::client::{question, reply};
 use bazaar_dns::proto::rr::RecordType;

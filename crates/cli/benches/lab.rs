@@ -1,6 +1,6 @@
 //! Lab benchmark (issue 14, acceptance 4): a fleet of real agents, each in a network
 //! namespace of its own (`bazaar lab`), 50 by default. Measures, and prints as a Markdown
-//! table for BENCHMARKS.md:
+//! table for docs/benchmarks/lab.md:
 //!
 //! - propagation: an app created through one host's API (a catalog row published on that
 //!   host) until every other host's API finds it (`GET /v1/apps/{app}` answers from the

@@ -10,7 +10,7 @@
 //!
 //! Throughput: `curl` downloads a 256 MiB file from `python3 -m http.server` (best of 3).
 //! Latency: 200 sequential `GET` of a small file, curl's `time_total` (p50, p99).
-//! Prints a Markdown table for BENCHMARKS.md. Run as root:
+//! Prints a Markdown table for docs/benchmarks/mesh.md. Run as root:
 //! `cargo bench -p bazaar --bench mesh`. The lab is taken down at the end.
 
 use bazaar_lab::{AgentSettings, Lab, UpOptions};

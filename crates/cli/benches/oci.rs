@@ -4,7 +4,8 @@
 //! flight); and in the same run the floor: `runc run` of the same bundle until runc has
 //! created the container (its `--pid-file`), the moment the agent calls the machine started.
 //!
-//! Run: `cargo bench -p bazaar --bench oci` (prints a Markdown table for BENCHMARKS.md).
+//! Run: `cargo bench -p bazaar --bench oci` (prints a Markdown table for
+//! docs/benchmarks/image-machines.md).
 //! `BAZAAR_BENCH_EXE` runs another `bazaar` executable (to compare builds in one sitting).
 
 use bazaar_testkit::images::{

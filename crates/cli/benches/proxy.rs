@@ -14,7 +14,7 @@
 //! certs add --cert --key`) and hold wrk to TLS 1.3, TLS_AES_128_GCM_SHA256 and X25519.
 //!
 //! Run: `cargo bench -p bazaar --bench proxy` (installs Debian's wrk, nginx and haproxy
-//! with apt-get when missing; prints Markdown tables for BENCHMARKS.md).
+//! with apt-get when missing; prints Markdown tables for docs/benchmarks/proxy.md).
 //! `BAZAAR_BENCH_SECS` (default 3) sets each wrk run's length, `BAZAAR_BENCH_CONNS`
 //! (default 64) its connections, `BAZAAR_BENCH_WAKES` (default 40) the number of wake-ups,
 //! `BAZAAR_BENCH_ROUNDS` (default 12) the interleaved rounds (every other one in
