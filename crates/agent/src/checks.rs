@@ -98,13 +98,18 @@ impl CheckResults {
 #[derive(Debug)]
 pub(crate) struct Checker {
     machines: HashMap<String, MachineChecks>,
-    tx: mpsc::UnboundedSender<Outcome>,
+    tx: mpsc::Sender<Outcome>,
 }
+
+/// Results waiting for the check loop. A check has at most one run in flight, so this
+/// fills only when the loop is slow (a republish waits on the store); a run then waits
+/// for room rather than being lost.
+const RESULTS_QUEUE: usize = 256;
 
 impl Checker {
     /// An empty schedule, and the receiver of the results of the checks it runs.
-    pub(crate) fn new() -> (Checker, mpsc::UnboundedReceiver<Outcome>) {
-        let (tx, rx) = mpsc::unbounded_channel();
+    pub(crate) fn new() -> (Checker, mpsc::Receiver<Outcome>) {
+        let (tx, rx) = mpsc::channel(RESULTS_QUEUE);
         let checker = Checker {
             machines: HashMap::new(),
             tx,
@@ -191,7 +196,7 @@ impl Checker {
                     let output = match outcome {
                         Ok(o) | Err(o) => o,
                     };
-                    let _ = tx.send((
+                    let result = (
                         id,
                         instance,
                         CheckRecord {
@@ -200,7 +205,11 @@ impl Checker {
                             output,
                             updated_at_ms: now_ms(),
                         },
-                    ));
+                    );
+                    tokio::select! {
+                        () = stop.cancelled() => {}
+                        _ = tx.send(result) => {}
+                    }
                 });
             }
         }

@@ -36,7 +36,7 @@ pub(crate) async fn spawn(agent: &Agent) {
         agent.host_id().to_string(),
         config.region.clone(),
         upstreams,
-        agent.0.shutdown.clone(),
+        (agent.0.tracker.clone(), agent.0.shutdown.clone()),
     );
     if let Some(addr) = config.dns_listen {
         if let Err(err) = dns.serve(addr).await {
@@ -46,7 +46,7 @@ pub(crate) async fn spawn(agent: &Agent) {
     if let Some(network) = network {
         let mut ready = network.watch_ready();
         let stop = agent.0.shutdown.clone();
-        tokio::spawn(async move {
+        agent.0.tracker.spawn(async move {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 res = ready.wait_for(|up| *up) => if res.is_err() { return },

@@ -73,6 +73,9 @@ struct PullRequest {
     image: String,
 }
 
+/// Progress lines of one pull waiting for its reader.
+const PROGRESS_QUEUE: usize = 64;
+
 /// Pulls an image; the answer is a stream of JSON lines: one per layer phase
 /// (`{"layer", "of", "phase", "done", "total"}`), then `{"image": ...}` or `{"error": ...}`.
 async fn pull(State(agent): State<Agent>, body: Bytes) -> Result<Response, AgentError> {
@@ -83,12 +86,15 @@ async fn pull(State(agent): State<Agent>, body: Bytes) -> Result<Response, Agent
         .image
         .parse()
         .map_err(|e| AgentError::Invalid(format!("image {:?}: {e}", req.image)))?;
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    // Progress lines wait here for a slow reader; when it is full a progress line is
+    // dropped (the next one says as much), never the final line, which waits for room.
+    let (tx, rx) = tokio::sync::mpsc::channel::<String>(PROGRESS_QUEUE);
     let progress_tx = tx.clone();
     let last_phase = Mutex::new(HashMap::<usize, (PullPhase, u64)>::new());
     runtime.last_use.touch(&reference.to_string());
     let auth = runtime.auth_for(&reference);
-    tokio::spawn(async move {
+    let shutdown = agent.0.shutdown.clone();
+    agent.0.tracker.spawn(async move {
         let progress = move |p: bazaar_image::PullProgress| {
             // One line per phase change, and at most one per MiB while downloading.
             let mut last = last_phase.lock().unwrap_or_else(|e| e.into_inner());
@@ -102,13 +108,18 @@ async fn pull(State(agent): State<Agent>, body: Bytes) -> Result<Response, Agent
             let line = json!({"layer": p.index + 1, "of": p.count, "digest": p.layer.to_string(),
                               "phase": format!("{:?}", p.phase).to_lowercase(),
                               "done": p.done, "total": p.total});
-            let _ = progress_tx.send(format!("{line}\n"));
+            let _ = progress_tx.try_send(format!("{line}\n"));
         };
-        let last = match store.pull(&reference, &auth, &progress).await {
+        // The agent's shutdown gives the pull up (a half-pulled layer is not recorded).
+        let pulled = tokio::select! {
+            () = shutdown.cancelled() => return,
+            pulled = store.pull(&reference, &auth, &progress) => pulled,
+        };
+        let last = match pulled {
             Ok(image) => json!({"image": image_json(&image)}),
             Err(e) => json!({"error": format!("pulling {reference}: {e}")}),
         };
-        let _ = tx.send(format!("{last}\n"));
+        let _ = tx.send(format!("{last}\n")).await;
     });
     let stream = tokio_stream_of(rx).map(|line| Ok::<_, std::io::Error>(Bytes::from(line)));
     Ok((
@@ -119,7 +130,7 @@ async fn pull(State(agent): State<Agent>, body: Bytes) -> Result<Response, Agent
 }
 
 fn tokio_stream_of(
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<String>,
+    mut rx: tokio::sync::mpsc::Receiver<String>,
 ) -> impl futures_util::Stream<Item = String> {
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }

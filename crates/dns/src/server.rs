@@ -15,6 +15,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::net::{TcpListener, UdpSocket};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// Time to live of every `.internal` answer: a change in the catalog shows within it.
 pub const TTL: u32 = 5;
@@ -47,18 +48,19 @@ pub struct Dns {
     zone: SharedZone,
     upstreams: Arc<Vec<SocketAddr>>,
     shutdown: CancellationToken,
+    tasks: TaskTracker,
 }
 
 impl Dns {
     /// Starts keeping a zone of host `host_id` (in `region`) from `catalog`, forwarding
     /// other names to `upstreams`. Serves nothing until [`Dns::serve`]. Stops with
-    /// `shutdown`.
+    /// `shutdown`; its tasks run on `tasks`, so draining that tracker waits for them.
     pub fn start(
         catalog: Catalog,
         host_id: String,
         region: String,
         upstreams: Vec<SocketAddr>,
-        shutdown: CancellationToken,
+        (tasks, shutdown): (TaskTracker, CancellationToken),
     ) -> Dns {
         let zone = SharedZone::default();
         let build = {
@@ -71,7 +73,7 @@ impl Dns {
         let mut changes = catalog.subscribe();
         build();
         let stop = shutdown.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
@@ -92,6 +94,7 @@ impl Dns {
             zone,
             upstreams: Arc::new(upstreams),
             shutdown,
+            tasks,
         }
     }
 
@@ -113,7 +116,7 @@ impl Dns {
         server.register_socket(udp);
         server.register_listener(tcp, TCP_IDLE, 64 * 1024);
         let stop = self.shutdown.clone();
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             tokio::select! {
                 _ = stop.cancelled() => {
                     let _ = server.shutdown_gracefully().await;
