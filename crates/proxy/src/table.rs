@@ -230,8 +230,12 @@ pub fn build(
     let mut loads = loads.lock().unwrap_or_else(|p| p.into_inner());
     let mut live = std::collections::HashSet::new();
     let now = crate::clock::now_ms();
-    // A machine without services has nothing to route.
-    for view in catalog.machines_where(&MachineFilter::default(), |m| !m.services.is_empty()) {
+    // A machine without services has nothing to route; one of an app that lost its name
+    // (made on the other side of a partition) is not the app's of that name.
+    let losing = catalog.losing_app_ids();
+    for view in catalog.machines_where(&MachineFilter::default(), |m| {
+        !m.services.is_empty() && !losing.contains(&m.app_id)
+    }) {
         let m = &view.record;
         let http = http_service(m);
         let routed: Vec<(&ServiceRecord, bool, Vec<u16>)> = m
