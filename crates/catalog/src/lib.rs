@@ -522,8 +522,9 @@ impl Catalog {
         }
     }
 
-    /// Every app; if two hosts created the same name, the one with the smallest
-    /// (created_at_ms, created_by_host) wins, on every node alike.
+    /// Every app; if two hosts created the same name, the least by
+    /// [`AppRecord::precedence`] (created_at_ms, created_by_host, id) wins, on every node
+    /// alike; the others lost the name ([`Catalog::app_rows`], [`Catalog::lost_to`]).
     pub fn apps(&self) -> Vec<AppRecord> {
         self.shared()
             .read()
