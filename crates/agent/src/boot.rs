@@ -12,8 +12,8 @@ use crate::record::Operation;
 use crate::store::{Batch, Store};
 use crate::sync::lock;
 use crate::{
-    api_tls, cluster_security, connections, dns, fence, host_tls, http, images, mesh, secrets,
-    standby,
+    api_tls, cluster_security, connections, dns, fence, host_tls, http, images, mesh,
+    name_conflict, secrets, standby,
 };
 use anyhow::Context;
 use bazaar_node::listen::{spawn_accept_loop, Admission};
@@ -101,6 +101,7 @@ pub async fn run_agent(
     dns::spawn(&agent).await;
     mesh::spawn(&agent).await;
     standby::spawn(&agent);
+    name_conflict::spawn(&agent);
     fence::spawn(&agent);
     images::spawn_pruning(&agent);
     // The host listener is bound and the link to other hosts known before the services

@@ -46,6 +46,8 @@
 //! - [`images`]: this host's images over the host interface (list, pull with progress,
 //!   import, prune) and their background pruning.
 //! - [`standby`]: starts stopped standbys when their primary's host is declared dead.
+//! - [`name_conflict`]: stops this host's machines of an app that lost its name to an
+//!   older app of the name (both made during a partition).
 //! - [`volumes`]: volumes owned by this host (records, placement checks, attachment), on
 //!   storage from [`volume_fs`] (ext4 images on loop devices, or directories);
 //!   [`snapshots`]: their snapshots, restores and forks; [`volume_record`]: what is stored
@@ -92,6 +94,7 @@ pub mod market;
 pub mod memory;
 pub mod mesh;
 pub mod metrics;
+pub mod name_conflict;
 pub mod node;
 pub mod operations;
 pub mod ps;

@@ -160,6 +160,7 @@ impl Agent {
         req: &ClaimRequest,
     ) -> Result<(MachineRecord, Operation, Batch), AgentError> {
         ids::validate_name("app", &req.app).map_err(AgentError::Invalid)?;
+        self.refuse_losing_app(&req.app, &req.app_id)?;
         let name = match &req.name {
             Some(n) => {
                 ids::validate_name("machine", n).map_err(AgentError::Invalid)?;
@@ -187,6 +188,7 @@ impl Agent {
             id: id.clone(),
             name,
             app: req.app.clone(),
+            app_id: req.app_id.clone(),
             region: self.0.config.region.clone(),
             state: MachineState::Created,
             desired: if req.skip_launch {

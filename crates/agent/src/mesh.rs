@@ -217,12 +217,23 @@ fn wanted(
         .into_iter()
         .map(|a| (a.name, a.org_slug))
         .collect();
+    // A machine of an app that lost its name (a partition) is in its own app's
+    // organization, not in the organization of the app of that name.
+    let orgs_by_id: BTreeMap<String, String> = catalog
+        .app_rows()
+        .into_iter()
+        .filter(|a| !a.id.is_empty())
+        .map(|a| (a.id, a.org_slug))
+        .collect();
     let members = catalog
         .machines(&bazaar_catalog::MachineFilter::default())
         .into_iter()
         .filter_map(|m| {
             let ip = m.record.private_ip.as_deref()?.parse().ok()?;
-            Some((ip, orgs.get(&m.record.app)?.clone()))
+            let org = orgs_by_id
+                .get(&m.record.app_id)
+                .or_else(|| orgs.get(&m.record.app))?;
+            Some((ip, org.clone()))
         })
         .collect();
     (peers, members)

@@ -30,7 +30,21 @@ impl Agent {
         id: &str,
         nonce: Option<&str>,
     ) -> Result<Machine, AgentError> {
-        self.submit(id, nonce, OpKind::Start, |_| Ok(None)).await
+        self.submit(id, nonce, OpKind::Start, |rec| {
+            self.refuse_losing_app(&rec.app, &rec.app_id)?;
+            Ok(None)
+        })
+        .await
+    }
+
+    /// 409 for an app that lost its name to another app of the name (both made while
+    /// their hosts could not hear each other, `bazaar_catalog`'s `replica::apps`): it
+    /// takes no new machine and starts none of its own.
+    pub(crate) fn refuse_losing_app(&self, app: &str, app_id: &str) -> Result<(), AgentError> {
+        let Some(winner) = self.catalog().and_then(|c| c.lost_to(app, app_id)) else {
+            return Ok(());
+        };
+        Err(AgentError::Conflict(winner.lost_name_message(app_id)))
     }
 
     /// Suspends a started machine: its processes are frozen; `start` resumes them.

@@ -207,6 +207,7 @@ impl Agent {
         bazaar_catalog::MachineRecord {
             id: rec.id.clone(),
             app: rec.app.clone(),
+            app_id: rec.app_id.clone(),
             name: rec.name.clone(),
             region: rec.region.clone(),
             host_id: self.0.host_id.clone(),

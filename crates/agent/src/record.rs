@@ -15,6 +15,10 @@ pub struct MachineRecord {
     pub id: String,
     pub name: String,
     pub app: String,
+    /// The id of the app the machine was created in (`ClaimRequest::app_id`); empty for
+    /// machines made before apps had ids on machines.
+    #[serde(default)]
+    pub app_id: String,
     pub region: String,
     /// The state the machine is in (settled, or the state of a half-done operation).
     pub state: MachineState,

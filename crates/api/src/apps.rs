@@ -1,8 +1,9 @@
 //! `/v1/apps`: apps are records in the catalog, written by the node whose API created
 //! them. Names are unique cluster-wide; two nodes that create the same name while
 //! partitioned both succeed, and after the partition heals every node agrees on the older
-//! record (smallest creation time, then host id) — the machines of both stay under the one
-//! name (see ARCHITECTURE.md). Each app gets an id of its own at creation, never reused:
+//! record (smallest creation time, then host id, then app id); the other lost the name: it
+//! is listed under its organization with status `name_conflict` and takes no machines
+//! ([`crate::app_conflict`]). Each app gets an id of its own at creation, never reused:
 //! what it owns is bound to the id. Deleting an app: [`crate::app_delete`].
 
 use crate::error::ApiError;
@@ -42,12 +43,20 @@ pub struct CreateApp {
     org_slug: Option<String>,
 }
 
-fn app_of(api: &Api, a: &bazaar_catalog::AppRecord) -> App {
+/// The app of a record; `lost`: a record that lost its name to an older app of the name
+/// (status `name_conflict`, counting only the machines made in it).
+fn app_of(api: &Api, a: &bazaar_catalog::AppRecord, lost: bool) -> App {
     let machine_count = api
         .catalog()
-        .map(|c| {
-            c.machines(&bazaar_catalog::MachineFilter::app(&a.name))
-                .len()
+        .map(|c| match lost {
+            false => c
+                .machines(&bazaar_catalog::MachineFilter::app(&a.name))
+                .len(),
+            true => c
+                .machines_where(&bazaar_catalog::MachineFilter::default(), |m| {
+                    m.app == a.name && m.app_id == a.id
+                })
+                .len(),
         })
         .unwrap_or(0);
     App {
@@ -58,16 +67,21 @@ fn app_of(api: &Api, a: &bazaar_catalog::AppRecord) -> App {
         },
         name: a.name.clone(),
         machine_count: machine_count as u64,
-        volume_count: api
-            .catalog()
-            .map(|c| c.volumes(Some(&a.name)).len())
-            .unwrap_or(0) as u64,
+        volume_count: match lost {
+            false => api
+                .catalog()
+                .map(|c| c.volumes(Some(&a.name)).len())
+                .unwrap_or(0) as u64,
+            true => 0,
+        },
         network: "default".into(),
         organization: Organization {
             name: a.org_slug.clone(),
             slug: a.org_slug.clone(),
         },
-        status: if machine_count > 0 {
+        status: if lost {
+            "name_conflict"
+        } else if machine_count > 0 {
             "deployed"
         } else {
             "pending"
@@ -114,7 +128,7 @@ pub async fn create(
         created_by_host: api.0.node.host_id().to_string(),
     };
     catalog.publish_app(record.clone());
-    Ok(Answer(app_of(&api, &record)))
+    Ok(Answer(app_of(&api, &record, false)))
 }
 
 pub(crate) fn create_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
@@ -135,23 +149,29 @@ pub struct ListQuery {
     org_slug: Option<String>,
 }
 
-/// `GET /v1/apps?org_slug=`.
-/// A token scoped to some apps sees only those.
+/// `GET /v1/apps?org_slug=`: every app, and after a partition an app that lost its name to
+/// another (status `name_conflict`) after it. A token scoped to some apps sees only those.
 pub async fn list(
     State(api): State<Api>,
     caller: Option<axum::Extension<bazaar_node::Caller>>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<AppList>, ApiError> {
     let caller = caller.as_ref().map(|c| &c.0);
-    let mut apps: Vec<_> = api
+    let mut previous: Option<String> = None;
+    let apps: Vec<App> = api
         .catalog()?
-        .apps()
+        .app_rows()
         .into_iter()
-        .filter(|a| q.org_slug.as_ref().is_none_or(|o| *o == a.org_slug))
-        .filter(|a| crate::access::may_read(caller, &a.name))
+        .map(|a| {
+            // Rows come by name, the app of the name first.
+            let lost = previous.as_ref() == Some(&a.name);
+            previous = Some(a.name.clone());
+            (a, lost)
+        })
+        .filter(|(a, _)| q.org_slug.as_ref().is_none_or(|o| *o == a.org_slug))
+        .filter(|(a, _)| crate::access::may_read(caller, &a.name))
+        .map(|(a, lost)| app_of(&api, &a, lost))
         .collect();
-    apps.sort_by(|a, b| a.name.cmp(&b.name));
-    let apps: Vec<App> = apps.iter().map(|a| app_of(&api, a)).collect();
     Ok(Json(AppList {
         total_apps: apps.len() as u64,
         apps,
@@ -165,7 +185,7 @@ pub(crate) fn list_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
 /// `GET /v1/apps/{app}`.
 pub async fn get(State(api): State<Api>, Path(app): Path<String>) -> Result<Json<App>, ApiError> {
     match api.catalog()?.app(&app) {
-        Some(a) => Ok(Json(app_of(&api, &a))),
+        Some(a) => Ok(Json(app_of(&api, &a, false))),
         None => Err(ApiError::NotFound(format!("app {app} not found"))),
     }
 }

@@ -43,6 +43,8 @@ const RETRY_AFTER: Duration = Duration::from_secs(5);
 pub struct Replacement {
     pub machine_id: String,
     pub app: String,
+    /// The id of the app the machine was made in (kept by the new copy).
+    pub app_id: String,
     pub name: String,
     pub region: String,
     /// The dead host it was on.
@@ -100,6 +102,7 @@ pub fn to_replace(
             Some(Replacement {
                 machine_id: m.record.id.clone(),
                 app: m.record.app.clone(),
+                app_id: m.record.app_id.clone(),
                 name: m.record.name.clone(),
                 region: m.record.region.clone(),
                 from_host: m.record.host_id.clone(),
@@ -178,6 +181,7 @@ async fn replace(api: &Api, r: Replacement) {
         app: r.app.clone(),
         template: ClaimRequest {
             app: r.app.clone(),
+            app_id: r.app_id.clone(),
             name: Some(r.name.clone()),
             region: None,
             config: r.config.clone(),

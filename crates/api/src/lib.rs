@@ -5,7 +5,7 @@
 //!
 //! - [`access`]: who may do what (tokens and their scopes), and the audit record of changes.
 //! - [`apps`]: apps (records spread through the catalog); [`app_delete`]: deleting one,
-//!   all or nothing.
+//!   all or nothing; [`app_conflict`]: apps that lost their name to another (a partition).
 //! - [`machines`]: create (market), list (catalog), everything else forwarded to the owner.
 //! - [`memory`]: a started machine's memory limit changed live, and memory reclaimed.
 //! - [`volumes`]: the same for volumes (created through the market for disk).
@@ -21,6 +21,7 @@
 //! Entry point: [`router`].
 
 pub mod access;
+pub mod app_conflict;
 pub mod app_delete;
 pub mod apps;
 pub mod audit;
@@ -319,6 +320,11 @@ pub fn router(node: NodeHandle) -> Router {
             public,
         } = routes(cell.clone());
         let machines_api = machines_api
+            // Inside the token check: a stranger learns nothing of an app's id.
+            .layer(middleware::from_fn_with_state(
+                api.clone(),
+                app_conflict::require_app_id,
+            ))
             .layer(middleware::from_fn_with_state(
                 node.clone(),
                 access::require_access,

@@ -107,11 +107,14 @@ pub async fn machines(
         include_deleted: q.include_deleted.unwrap_or(false),
         ..Default::default()
     };
-    let mut rows: Vec<_> = api
-        .catalog()?
+    let catalog = api.catalog()?;
+    // A machine of an app that lost its name (a partition) is not of the app of its name,
+    // nor in that app's organization.
+    let losing = catalog.losing_app_ids();
+    let mut rows: Vec<_> = catalog
         .machines(&filter)
         .into_iter()
-        .filter(|m| apps.contains(&m.record.app))
+        .filter(|m| apps.contains(&m.record.app) && !losing.contains(&m.record.app_id))
         .filter(|m| after.is_none_or(|t| m.record.updated_at_ms > t))
         .filter(|m| {
             cursor.as_ref().is_none_or(|(ms, id)| {

@@ -81,6 +81,7 @@ pub async fn placements(
         app: String::new(),
         template: ClaimRequest {
             app: String::new(),
+            app_id: String::new(),
             name: None,
             region: None,
             config: Default::default(),

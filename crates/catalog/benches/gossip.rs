@@ -382,6 +382,7 @@ fn machine_record(id: &str, host: &str, state: &str) -> MachineRecord {
     MachineRecord {
         id: id.into(),
         app: format!("app-{}", id.len() % 7),
+        app_id: String::new(),
         name: format!("{id}-name"),
         region: "ams".into(),
         host_id: host.into(),

@@ -478,7 +478,8 @@ impl Catalog {
                 (filter.matches(m, row.deleted)
                     && keep(m)
                     && st.replica.is_current_machine_row(row)
-                    && (filter.app.is_none() || st.replica.is_of_current_app(row)))
+                    && (filter.app.is_none()
+                        || (st.replica.is_of_current_app(row) && !st.replica.is_of_losing_app(m))))
                 .then(|| self.machine_view(&st, row, m))
             })
             .collect();
@@ -521,8 +522,9 @@ impl Catalog {
         }
     }
 
-    /// Every app; if two hosts created the same name, the one with the smallest
-    /// (created_at_ms, created_by_host) wins, on every node alike.
+    /// Every app; if two hosts created the same name, the least by
+    /// [`AppRecord::precedence`] (created_at_ms, created_by_host, id) wins, on every node
+    /// alike; the others lost the name ([`Catalog::app_rows`], [`Catalog::lost_to`]).
     pub fn apps(&self) -> Vec<AppRecord> {
         self.shared()
             .read()
@@ -535,6 +537,36 @@ impl Catalog {
 
     pub fn app(&self, name: &str) -> Option<AppRecord> {
         self.shared().read().replica.app(name).cloned()
+    }
+
+    /// Every live app row, by name, each name's app first and then the apps that lost the
+    /// name to it (made on the other side of a partition; see `replica::apps`).
+    pub fn app_rows(&self) -> Vec<AppRecord> {
+        let st = self.shared().read();
+        st.replica
+            .apps()
+            .into_iter()
+            .flat_map(|a| st.replica.app_rows(&a.name))
+            .cloned()
+            .collect()
+    }
+
+    /// The app that app `id` of `name` lost the name to, if it did.
+    pub fn lost_to(&self, name: &str, id: &str) -> Option<AppRecord> {
+        self.shared().read().replica.lost_to(name, id).cloned()
+    }
+
+    /// The ids of the apps that lost their name: a machine whose `app_id` is one of them
+    /// is not the app's of its name (the proxy and the DNS leave it out).
+    pub fn losing_app_ids(&self) -> std::collections::HashSet<String> {
+        let st = self.shared().read();
+        st.replica
+            .apps()
+            .into_iter()
+            .flat_map(|a| st.replica.app_rows(&a.name).into_iter().skip(1))
+            .map(|a| a.id.clone())
+            .filter(|id| !id.is_empty())
+            .collect()
     }
 
     /// Publishes a secret of an app written through this host's API (`sealed: None` to

@@ -52,6 +52,11 @@ pub struct HostRecord {
 pub struct MachineRecord {
     pub id: String,
     pub app: String,
+    /// The id of the app ([`AppRecord::id`]) the machine was created in, as the creating
+    /// node's catalog named it: tells the machines of an app that lost its name (made on
+    /// the other side of a partition) from the app's. Empty from hosts of older versions.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub app_id: String,
     pub name: String,
     pub region: String,
     /// The owning host; always equal to the publishing node's id.
@@ -166,6 +171,29 @@ pub struct AppRecord {
     pub org_slug: String,
     pub created_at_ms: u64,
     pub created_by_host: String,
+}
+
+impl AppRecord {
+    /// The order among live rows of one app name (two hosts created it while they could
+    /// not hear each other): the least is the app, the others lost the name to it, on
+    /// every node alike (`Replica::app`): the earliest creation, then the creating host's
+    /// id (a host holds one row per name), then the app id.
+    pub fn precedence(&self) -> (u64, &str, &str) {
+        (self.created_at_ms, &self.created_by_host, &self.id)
+    }
+
+    /// What an app that lost its name to this one is told (409): the rule and the winner.
+    pub fn lost_name_message(&self, loser_id: &str) -> String {
+        format!(
+            "app {name:?} ({loser_id}) lost its name to app {id} of organization {org:?}: two \
+             apps were given the name while their hosts could not hear each other, and the one \
+             created first (then by the lower host id) keeps it; this app takes no machines. \
+             Create it again under another name",
+            name = self.name,
+            id = self.id,
+            org = self.org_slug,
+        )
+    }
 }
 
 /// One app secret as one host last wrote it: its value sealed with the cluster's

@@ -15,6 +15,8 @@
 //!   drops what the owner no longer has (rows that were deleted and collected while this
 //!   node was away for longer than the markers last).
 
+mod apps;
+
 use crate::records::{
     AppRecord, CertificateRecord, ChallengeRecord, HostRecord, MachineRecord, SecretRecord,
     VolumeRecord,
@@ -571,23 +573,6 @@ impl Replica {
         self.get(id, Kind::Host, id).filter(|r| !r.deleted)
     }
 
-    /// The app of that name: if several hosts created it, the one with the smallest
-    /// (created_at_ms, created_by_host) wins, on every node alike.
-    pub fn app(&self, name: &str) -> Option<&AppRecord> {
-        self.app_owners
-            .get(name)?
-            .iter()
-            .filter_map(|owner| self.get(owner, Kind::App, name))
-            .filter(|r| !r.deleted)
-            .filter_map(|r| match &r.record {
-                Record::App(a) => Some(a),
-                _ => None,
-            })
-            .min_by(|a, b| {
-                (a.created_at_ms, &a.created_by_host).cmp(&(b.created_at_ms, &b.created_by_host))
-            })
-    }
-
     /// The secrets of an app, one per name: of the rows several hosts wrote for a name, the
     /// greatest by [`SecretRecord::precedence`]; unset ones (no value) included. Only
     /// secrets of the app as it is now (`app_created_at_ms`) count.
@@ -618,13 +603,6 @@ impl Replica {
             }
         }
         by_name.into_values().collect()
-    }
-
-    /// Every app (resolved as [`Replica::app`] does), ordered by name.
-    pub fn apps(&self) -> Vec<&AppRecord> {
-        let mut names: Vec<&String> = self.app_owners.keys().collect();
-        names.sort();
-        names.into_iter().filter_map(|n| self.app(n)).collect()
     }
 }
 

@@ -249,6 +249,7 @@ pub async fn run(args: HostArgs) -> anyhow::Result<()> {
             let m = client
                 .create(&ClaimRequest {
                     app,
+                    app_id: String::new(),
                     name,
                     region: None,
                     config,

@@ -28,6 +28,7 @@ fn request(id: &str, version: &str) -> ClaimRequest {
     config.env.insert("VERSION".into(), version.into());
     ClaimRequest {
         app: "crash".into(),
+        app_id: String::new(),
         name: None,
         region: None,
         config,

@@ -66,7 +66,10 @@ impl Dns {
         let build = {
             let (catalog, zone) = (catalog.clone(), zone.clone());
             move || {
-                let machines = catalog.machines(&MachineFilter::default());
+                // A machine of an app that lost its name is not the app's of that name.
+                let losing = catalog.losing_app_ids();
+                let mut machines = catalog.machines(&MachineFilter::default());
+                machines.retain(|m| !losing.contains(&m.record.app_id));
                 zone.set(Zone::build(&host_id, &region, &machines, &catalog.apps()));
             }
         };

@@ -230,8 +230,12 @@ pub fn build(
     let mut loads = loads.lock().unwrap_or_else(|p| p.into_inner());
     let mut live = std::collections::HashSet::new();
     let now = crate::clock::now_ms();
-    // A machine without services has nothing to route.
-    for view in catalog.machines_where(&MachineFilter::default(), |m| !m.services.is_empty()) {
+    // A machine without services has nothing to route; one of an app that lost its name
+    // (made on the other side of a partition) is not the app's of that name.
+    let losing = catalog.losing_app_ids();
+    for view in catalog.machines_where(&MachineFilter::default(), |m| {
+        !m.services.is_empty() && !losing.contains(&m.app_id)
+    }) {
         let m = &view.record;
         let http = http_service(m);
         let routed: Vec<(&ServiceRecord, bool, Vec<u16>)> = m
@@ -343,6 +347,70 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bazaar_catalog::{AppRecord, CatalogConfig, HostRecord};
+
+    /// Two apps of one name (made on both sides of a partition) meet in a catalog: only the
+    /// machines of the app of the name (the earlier one) are routed under it, never the
+    /// loser's, whichever host holds them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_machines_of_an_app_that_lost_its_name_are_not_routed() {
+        let loopback: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let here = Catalog::start(CatalogConfig::new("h_here", "local", loopback, "s"))
+            .await
+            .unwrap();
+        let mut config = CatalogConfig::new("h_there", "local", loopback, "s");
+        config.seeds = vec![here.local_addr()];
+        config.anti_entropy_interval = std::time::Duration::from_millis(200);
+        let there = Catalog::start(config).await.unwrap();
+        let app = |id: &str, host: &str, created_at_ms: u64| AppRecord {
+            id: id.into(),
+            name: "web".into(),
+            org_slug: host.into(),
+            created_at_ms,
+            created_by_host: host.into(),
+        };
+        let machine = |id: &str, host: &str, app_id: &str| MachineRecord {
+            id: id.into(),
+            app: "web".into(),
+            app_id: app_id.into(),
+            host_id: host.into(),
+            state: "started".into(),
+            services: vec![ServiceRecord {
+                service: crate::test_node::http_service(false),
+                address: "127.0.0.1".into(),
+                port: 8080,
+            }],
+            ..Default::default()
+        };
+        for (catalog, host) in [(&here, "h_here"), (&there, "h_there")] {
+            catalog.publish_host(HostRecord {
+                id: host.into(),
+                region: "local".into(),
+                ..Default::default()
+            });
+        }
+        here.publish_app(app("app_00000000000000aa", "h_here", 200));
+        here.publish_machine(machine("m-lost-here", "h_here", "app_00000000000000aa"));
+        there.publish_app(app("app_00000000000000bb", "h_there", 100));
+        there.publish_machine(machine("m-won", "h_there", "app_00000000000000bb"));
+        there.publish_machine(machine("m-lost-there", "h_there", "app_00000000000000aa"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while here.machines(&MachineFilter::default()).len() < 3
+            || here.lost_to("web", "app_00000000000000aa").is_none()
+        {
+            assert!(std::time::Instant::now() < deadline, "the rows never met");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let table = build(&here, "h_here", "local", &Mutex::new(HashMap::new()));
+        let routed: Vec<&str> = table.apps["web"]
+            .backends
+            .iter()
+            .map(|b| b.id.as_str())
+            .collect();
+        assert_eq!(routed, ["m-won"]);
+        there.kill().await;
+        here.kill().await;
+    }
 
     fn service(ports: serde_json::Value) -> MachineService {
         serde_json::from_value(serde_json::json!({

@@ -666,6 +666,7 @@ pub fn process_config(argv: &[&str]) -> bazaar_types::config::MachineConfig {
 pub fn create_request(app: &str, argv: &[&str]) -> bazaar_types::host::ClaimRequest {
     bazaar_types::host::ClaimRequest {
         app: app.into(),
+        app_id: String::new(),
         name: None,
         region: None,
         config: process_config(argv),

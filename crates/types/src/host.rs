@@ -63,6 +63,10 @@ pub enum BidResponse {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ClaimRequest {
     pub app: String,
+    /// The id of the app as the asking node's catalog has it: the owner refuses (409) an
+    /// app that lost its name to another app of the name, and the machine carries it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub app_id: String,
     #[serde(default)]
     pub name: Option<String>,
     #[serde(default)]

@@ -116,6 +116,9 @@ fn order_for(
         app: app.to_string(),
         template: ClaimRequest {
             app: app.to_string(),
+            // The app as this node's catalog has it: the machine belongs to this app, and
+            // the owner refuses an app that lost its name (`bazaar_catalog`'s rule).
+            app_id: api.catalog()?.app(app).map(|a| a.id).unwrap_or_default(),
             name: req.name,
             region: None,
             config,
