@@ -322,7 +322,11 @@ async fn an_app_delete_through_another_node_is_all_or_nothing_too() {
     assert_eq!(s, StatusCode::NOT_FOUND, "the maker deleted its record");
     bazaar_testkit::eventually(std::time::Duration::from_secs(10), || async {
         // The catalog view: the cluster secret's, not the API token's.
-        let rows = agents[1].client().catalog_machines(Some("far"), true).await.ok()?;
+        let rows = agents[1]
+            .client()
+            .catalog_machines(Some("far"), true)
+            .await
+            .ok()?;
         let destroyed = |id: &str| {
             rows.iter()
                 .find(|r| r.id == id)
