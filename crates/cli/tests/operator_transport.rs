@@ -3,7 +3,8 @@
 //! delete handed between hosts without certificates still works (the owner's host-level
 //! route takes the secret); and the operator commands reach a host's interface and
 //! catalog over its host listener with that host's own certificate (`--host-data-dir`),
-//! no secret given, the gossip key change reaching every host that way too.
+//! no secret given, the gossip key change reaching every host that way too, or with the
+//! secret over HTTPS to an agent with `--api-tls`.
 
 mod common;
 
@@ -20,6 +21,7 @@ fn operator(args: &[&str]) -> Output {
         .args(args)
         .env_remove("BAZAAR_CLUSTER_SECRET")
         .env_remove("BAZAAR_CA_CERT")
+        .env_remove("BAZAAR_HOST_DATA_DIR")
         .env("BAZAAR_API_URL", "http://127.0.0.1:1")
         .output()
         .expect("bazaar runs")
@@ -146,7 +148,28 @@ fn check_listener_refuses_strangers(agent: &TestAgent) {
         .args(["hosts", "--json"])
         .env("BAZAAR_API_URL", format!("http://{addr}"))
         .env("BAZAAR_CLUSTER_SECRET", TEST_SECRET)
+        .env_remove("BAZAAR_HOST_DATA_DIR")
         .output()
         .unwrap();
     assert!(!out.status.success(), "{out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_commands_send_the_secret_over_https_to_an_api_tls_agent() {
+    let agents = start_cluster(std::path::Path::new(EXE), 1, |_, o| {
+        o.extra_args.push("--api-tls".into());
+    })
+    .unwrap();
+    let ca_cert = agents[0].cluster_ca_dir().unwrap().join("ca.crt");
+    let https_url = agents[0].url().replacen("http://", "https://", 1);
+    let out = Command::new(EXE)
+        .args(["hosts", "--json"])
+        .env("BAZAAR_API_URL", &https_url)
+        .env("BAZAAR_CLUSTER_SECRET", TEST_SECRET)
+        .env("BAZAAR_CA_CERT", &ca_cert)
+        .env_remove("BAZAAR_HOST_DATA_DIR")
+        .output()
+        .unwrap();
+    let hosts: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(hosts.as_array().unwrap().len(), 1, "{hosts}");
 }
