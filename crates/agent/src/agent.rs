@@ -251,15 +251,16 @@ impl Agent {
         self.0.tokens.is_cluster_secret(token)
     }
 
-    /// Checks a bearer token in constant time: the cluster secret, or an API token of the
-    /// token file that no host has revoked. The file is re-read as soon as it changes (one
+    /// Checks a bearer token in constant time: an API token of the token file that no host
+    /// has revoked (never the cluster secret). The file is re-read as soon as it changes (one
     /// `stat` per call), so adding or revoking a token here takes effect at once.
     pub fn authorized(&self, token: &str) -> bool {
         self.0.tokens.authorized(token)
     }
 
-    /// Who `token` is: a scoped token (signatures checked once and cached, then its
-    /// revocation), else the cluster secret or a token-file token ([`Agent::authorized`]).
+    /// Who `token` is on the Machines API: a scoped token (signatures checked once and
+    /// cached, then its revocation), else a token-file token ([`Agent::authorized`]); the
+    /// cluster secret is refused (401, `tokens::NOT_AN_API_TOKEN`).
     pub fn caller(&self, token: &str) -> Result<Caller, Denied> {
         self.0.tokens.caller(token)
     }

@@ -185,8 +185,8 @@ pub async fn run_agent(
 }
 
 /// Trusts the connection of a request whose bearer token the agent accepts (the cluster
-/// secret, a token-file token, a scoped token): from then on it is never evicted for a
-/// newer connection (`bazaar_node::listen`).
+/// secret on the host interface, a token-file token, a scoped token): from then on it is
+/// never evicted for a newer connection (`bazaar_node::listen`).
 async fn trust_callers(
     axum::extract::State(agent): axum::extract::State<Agent>,
     req: axum::extract::Request,
@@ -194,7 +194,9 @@ async fn trust_callers(
 ) -> axum::response::Response {
     if let Some(connections::Connection(conn)) = req.extensions().get() {
         if !conn.is_trusted()
-            && bazaar_node::access::bearer(&req).is_some_and(|t| agent.0.tokens.caller(t).is_ok())
+            && bazaar_node::access::bearer(&req).is_some_and(|t| {
+                agent.0.tokens.is_cluster_secret(t) || agent.0.tokens.caller(t).is_ok()
+            })
         {
             conn.trust();
         }

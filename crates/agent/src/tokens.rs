@@ -1,7 +1,9 @@
-//! Who is calling the Machines API ([`Caller`]): the cluster secret, a token of the token
-//! file (legacy: all-powerful organization tokens), or a scoped token (`bz1_…`) verified
-//! offline with the cluster's public token key ([`bazaar_auth`]) and refused once any host
-//! has revoked its id. The key comes from the config, else `DATA/token-public-key`.
+//! Who is calling the Machines API ([`Caller`]): a token of the token file (legacy:
+//! all-powerful organization tokens), or a scoped token (`bz1_…`) verified offline with the
+//! cluster's public token key ([`bazaar_auth`]) and refused once any host has revoked its
+//! id. The key comes from the config, else `DATA/token-public-key`. The cluster secret is
+//! not an API token: it is refused there ([`NOT_AN_API_TOKEN`]) and opens only the host
+//! interface and the catalog view (`require_cluster_secret`).
 //!
 //! `Tokens` is the agent's part that holds them: the cluster secret, the token file's
 //! tokens (re-read when the file changes), the revocations of this host and of the cluster,
@@ -32,13 +34,18 @@ pub(crate) fn verifier(config: &AgentConfig) -> anyhow::Result<Option<Verifier>>
 
 pub use bazaar_node::Caller;
 
+/// Why the cluster secret is refused as an API token (issue 31, item 8).
+pub const NOT_AN_API_TOKEN: &str = "the cluster secret is not an API token: it opens only the \
+     host interface; make an API token with `bazaar token create` (bazaar dev writes one to \
+     .bazaar-dev/dev.env as BAZAAR_TOKEN)";
+
 /// The bearer tokens this host accepts and the ones revoked.
 #[derive(Debug)]
 pub(crate) struct Tokens {
     cluster_secret: String,
     /// The token file, if the config names one.
     token_file: Option<PathBuf>,
-    /// Accepted bearer tokens: the cluster secret and API tokens.
+    /// The token file's API tokens.
     accepted: Mutex<Vec<String>>,
     /// The token file's modification time and length when last read (it is re-read when
     /// they change).
@@ -55,7 +62,7 @@ pub(crate) struct Tokens {
 impl Tokens {
     /// The tokens of `config`: its cluster secret (`secret`), its token file, its token key.
     pub(crate) fn load(config: &AgentConfig, secret: String) -> anyhow::Result<Tokens> {
-        let mut accepted = vec![secret.clone()];
+        let mut accepted = Vec::new();
         let mut revoked_here = BTreeSet::new();
         if let Some(path) = &config.token_file {
             let file = crate::secrets::read_tokens(path)?;
@@ -84,12 +91,12 @@ impl Tokens {
         crate::secrets::constant_time_eq(self.cluster_secret.as_bytes(), token.as_bytes())
     }
 
-    /// True if `token` is the cluster secret or a token of the token file that no host has
-    /// revoked (constant time; the file is re-read first if it changed).
+    /// True if `token` is a token of the token file that no host has revoked (constant
+    /// time; the file is re-read first if it changed). The cluster secret is not one.
     pub(crate) fn authorized(&self, token: &str) -> bool {
         let eq = |t: &String| crate::secrets::constant_time_eq(t.as_bytes(), token.as_bytes());
-        if eq(&self.cluster_secret) {
-            return true;
+        if self.is_cluster_secret(token) {
+            return false;
         }
         self.refresh();
         {
@@ -102,7 +109,7 @@ impl Tokens {
     }
 
     /// Re-reads the token file if its modification time or length changed. A file that
-    /// cannot be read leaves only the cluster secret.
+    /// cannot be read leaves no token-file token.
     pub(crate) fn refresh(&self) {
         let Some(path) = &self.token_file else {
             return;
@@ -116,11 +123,10 @@ impl Tokens {
         }
         *read = stamp;
         let file = crate::secrets::read_tokens(path).unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "token file unreadable: only the cluster secret is accepted");
+            tracing::warn!(error = %e, "token file unreadable: none of its tokens is accepted");
             crate::secrets::TokenFile::default()
         });
-        let secret = self.cluster_secret.clone();
-        *lock(&self.accepted) = std::iter::once(secret).chain(file.tokens).collect();
+        *lock(&self.accepted) = file.tokens;
         self.revoked
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -145,8 +151,9 @@ impl Tokens {
         }
     }
 
-    /// Who `token` is: a scoped token (signatures checked once and cached, then its
-    /// revocation), else the cluster secret or a token-file token ([`Tokens::authorized`]).
+    /// Who `token` is on the Machines API: a scoped token (signatures checked once and
+    /// cached, then its revocation), else a token-file token ([`Tokens::authorized`]). The
+    /// cluster secret is refused ([`NOT_AN_API_TOKEN`]).
     pub(crate) fn caller(&self, token: &str) -> Result<Caller, Denied> {
         if bazaar_auth::is_scoped(token) {
             let verifier = self.verifier.as_ref().ok_or_else(|| {
@@ -166,7 +173,7 @@ impl Tokens {
             return Ok(Caller::Scoped(verified));
         }
         if self.is_cluster_secret(token) {
-            return Ok(Caller::ClusterSecret);
+            return Err(Denied::Invalid(NOT_AN_API_TOKEN.into()));
         }
         if self.authorized(token) {
             return Ok(Caller::Legacy(crate::secrets::token_hash(token)));

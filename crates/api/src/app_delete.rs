@@ -140,7 +140,9 @@ pub(crate) fn destroy_docs(t: TransformOperation<'_>) -> TransformOperation<'_> 
 }
 
 /// Hands the delete to the host that wrote the app's record (only a row's owner may
-/// change it), before anything is done here.
+/// change it), before anything is done here: through its host-level route
+/// (`DELETE /v1/catalog/apps/{app}`, host certificate or cluster secret), since the
+/// Machines API takes no host credential.
 async fn forward_to_owner(
     api: &Api,
     catalog: &Catalog,
@@ -156,7 +158,7 @@ async fn forward_to_owner(
         .to_node(
             reqwest::Method::DELETE,
             &owner.record.api_addr,
-            &format!("/v1/apps/{app}"),
+            &format!("/v1/catalog/apps/{app}"),
         )
         .timeout(OWNER_TIMEOUT)
         .send()

@@ -1,12 +1,14 @@
 //! `/v1/catalog` (bazaar extension): the cluster catalog as this node sees it: hosts,
-//! machines and a digest (equal digests, same rows). The cluster secret only (operators and
-//! other nodes; an API token gets 403): the router puts
+//! machines and a digest (equal digests, same rows), and the one change another node asks
+//! of a row's owner: `DELETE /v1/catalog/apps/{app}`, an app delete handed to the node that
+//! wrote the app's record (`app_delete.rs`). The cluster secret only (operators and other
+//! nodes; an API token gets 403): the router puts
 //! `bazaar_node::access::require_cluster_secret` in front.
 
 use crate::error::ApiError;
 use crate::openapi::op;
 use crate::Api;
-use aide::axum::routing::get_with;
+use aide::axum::routing::{delete_with, get_with};
 use aide::axum::ApiRouter;
 use aide::transform::TransformOperation;
 use axum::extract::{Query, State};
@@ -20,6 +22,22 @@ pub(crate) fn routes() -> ApiRouter<Api> {
         .api_route("/v1/catalog/hosts", get_with(hosts, hosts_docs))
         .api_route("/v1/catalog/machines", get_with(machines, machines_docs))
         .api_route("/v1/catalog/digest", get_with(digest, digest_docs))
+        .api_route(
+            "/v1/catalog/apps/{app}",
+            delete_with(crate::app_delete::destroy, delete_app_docs),
+        )
+}
+
+fn delete_app_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
+    op(
+        t,
+        "CatalogAppsDelete",
+        "catalog",
+        "bazaar extension: `DELETE /v1/apps/{app}` as another node hands it to the node that \
+         wrote the app's record (all or nothing, as that call). Cluster secret or a host \
+         certificate only: the Machines API refuses the cluster secret.",
+        &[401, 403, 404, 409, 503],
+    )
 }
 
 /// Errors of every catalog call.

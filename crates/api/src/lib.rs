@@ -330,7 +330,9 @@ pub fn router(node: NodeHandle) -> Router {
                 access::require_access,
             ))
             .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES));
-        let catalog = catalog.layer(middleware::from_fn_with_state(
+        // `route_layer`: a path no route has (the router's fallback) is a 404 for every
+        // caller, not a refusal of the caller's API token.
+        let catalog = catalog.route_layer(middleware::from_fn_with_state(
             node.clone(),
             bazaar_node::access::require_cluster_secret,
         ));

@@ -18,7 +18,14 @@ async fn call(
     body: Option<Value>,
 ) -> (StatusCode, Value) {
     let body = body.map(|b| b.to_string());
-    oneshot(router, method, path, Some(TEST_SECRET), body.as_deref()).await
+    oneshot(
+        router,
+        method,
+        path,
+        Some(bazaar_testkit::api_token()),
+        body.as_deref(),
+    )
+    .await
 }
 
 async fn create_app(router: &Router, app: &str, org: &str) -> String {

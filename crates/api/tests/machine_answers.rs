@@ -7,10 +7,12 @@
 use axum::http::{Method, StatusCode};
 use axum::Router;
 use bazaar_testkit::in_process::{oneshot, InProcessAgent};
-use bazaar_testkit::TEST_SECRET;
 use serde_json::{json, Value};
 
-const ORG: Option<&str> = Some(TEST_SECRET);
+/// The Machines API's org token.
+fn org() -> Option<&'static str> {
+    Some(bazaar_testkit::api_token())
+}
 
 /// An agent serving its host interface and Machines API, with app `app`.
 async fn agent_with_app(app: &str) -> (InProcessAgent, Router) {
@@ -23,7 +25,7 @@ async fn agent_with_app(app: &str) -> (InProcessAgent, Router) {
 
 async fn create_app(api: &Router, app: &str) {
     let body = json!({"app_name": app, "org_slug": "personal"}).to_string();
-    let (s, v) = oneshot(api, Method::POST, "/v1/apps", ORG, Some(&body)).await;
+    let (s, v) = oneshot(api, Method::POST, "/v1/apps", org(), Some(&body)).await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
 }
 
@@ -35,7 +37,7 @@ fn sleeper() -> Value {
 async fn machine(api: &Router, app: &str, config: Value) -> Value {
     let body = json!({"config": config, "skip_launch": true, "name": "m-one"}).to_string();
     let path = format!("/v1/apps/{app}/machines");
-    let (s, m) = oneshot(api, Method::POST, &path, ORG, Some(&body)).await;
+    let (s, m) = oneshot(api, Method::POST, &path, org(), Some(&body)).await;
     assert_eq!(s, StatusCode::OK, "{m}");
     m
 }
@@ -107,7 +109,7 @@ async fn metadata_env_files_and_configs_are_capped_and_the_limit_is_named() {
             (Method::POST, path.as_str()),
         ] {
             assert_error(
-                oneshot(&api, method, at, ORG, Some(body)).await,
+                oneshot(&api, method, at, org(), Some(body)).await,
                 StatusCode::BAD_REQUEST,
                 says,
             );
@@ -119,7 +121,7 @@ async fn metadata_env_files_and_configs_are_capped_and_the_limit_is_named() {
             &api,
             Method::POST,
             &format!("{path}/metadata/k"),
-            ORG,
+            org(),
             Some(&json!({"value": "v".repeat(4097)}).to_string()),
         )
         .await,
@@ -131,7 +133,7 @@ async fn metadata_env_files_and_configs_are_capped_and_the_limit_is_named() {
             &api,
             Method::POST,
             &format!("{path}/metadata/k{i}"),
-            ORG,
+            org(),
             Some(&json!({"value": "v".repeat(4000)}).to_string()),
         )
         .await;
@@ -143,7 +145,7 @@ async fn metadata_env_files_and_configs_are_capped_and_the_limit_is_named() {
             &api,
             Method::PUT,
             &format!("{path}/metadata"),
-            ORG,
+            org(),
             Some(&json!({"metadata": many}).to_string()),
         )
         .await,
@@ -151,9 +153,9 @@ async fn metadata_env_files_and_configs_are_capped_and_the_limit_is_named() {
         "at most 16384 bytes per machine",
     );
     // Nothing else was made or changed: one machine, its first version, three keys.
-    let (_, list) = oneshot(&api, Method::GET, "/v1/apps/a1/machines", ORG, None).await;
+    let (_, list) = oneshot(&api, Method::GET, "/v1/apps/a1/machines", org(), None).await;
     assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
-    let (_, now) = oneshot(&api, Method::GET, &path, ORG, None).await;
+    let (_, now) = oneshot(&api, Method::GET, &path, org(), None).await;
     assert_eq!(now["instance_id"], m["instance_id"], "{now}");
     let keys: Vec<&String> = now["config"]["metadata"]
         .as_object()
@@ -173,13 +175,13 @@ async fn an_update_keeps_the_name_and_a_wait_that_could_only_time_out_is_refused
     let update =
         |name: &str| json!({"config": sleeper(), "skip_launch": true, "name": name}).to_string();
     assert_error(
-        oneshot(&api, Method::POST, &path, ORG, Some(&update("m-two"))).await,
+        oneshot(&api, Method::POST, &path, org(), Some(&update("m-two"))).await,
         StatusCode::BAD_REQUEST,
         "cannot be changed",
     );
-    let (s, v) = oneshot(&api, Method::POST, &path, ORG, Some(&update("m-one"))).await;
+    let (s, v) = oneshot(&api, Method::POST, &path, org(), Some(&update("m-one"))).await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    let (_, v) = oneshot(&api, Method::GET, &path, ORG, None).await;
+    let (_, v) = oneshot(&api, Method::GET, &path, org(), None).await;
     assert_eq!(v["name"], "m-one", "{v}");
 
     let version = v["instance_id"].as_str().unwrap().to_string();
@@ -196,7 +198,7 @@ async fn an_update_keeps_the_name_and_a_wait_that_could_only_time_out_is_refused
                 &api,
                 Method::GET,
                 &format!("{path}/wait?{query}"),
-                ORG,
+                org(),
                 None,
             )
             .await,
@@ -212,7 +214,7 @@ async fn an_update_keeps_the_name_and_a_wait_that_could_only_time_out_is_refused
         &api,
         Method::GET,
         &format!("{path}/wait?state=stopped,created&timeout=60&version={version}"),
-        ORG,
+        org(),
         None,
     )
     .await;
@@ -233,12 +235,12 @@ async fn a_cordon_moves_updated_at_and_a_deleted_apps_machine_is_not_found() {
         &api,
         Method::POST,
         &format!("{path}/cordon"),
-        ORG,
+        org(),
         Some("{}"),
     )
     .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    let (_, now) = oneshot(&api, Method::GET, &path, ORG, None).await;
+    let (_, now) = oneshot(&api, Method::GET, &path, org(), None).await;
     assert_eq!(now["cordoned"], true, "{now}");
     assert!(
         now["updated_at"].as_str() > m["updated_at"].as_str(),
@@ -250,7 +252,7 @@ async fn a_cordon_moves_updated_at_and_a_deleted_apps_machine_is_not_found() {
         &api,
         Method::GET,
         "/v1/apps/a1/machines?summary=true",
-        ORG,
+        org(),
         None,
     )
     .await;
@@ -266,7 +268,7 @@ async fn a_cordon_moves_updated_at_and_a_deleted_apps_machine_is_not_found() {
         &api,
         Method::DELETE,
         &format!("{path}?force=true"),
-        ORG,
+        org(),
         None,
     )
     .await;
@@ -275,16 +277,16 @@ async fn a_cordon_moves_updated_at_and_a_deleted_apps_machine_is_not_found() {
         &api,
         Method::GET,
         &format!("{path}/wait?state=destroyed&timeout=10"),
-        ORG,
+        org(),
         None,
     )
     .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    let (s, v) = oneshot(&api, Method::DELETE, "/v1/apps/gone", ORG, None).await;
+    let (s, v) = oneshot(&api, Method::DELETE, "/v1/apps/gone", org(), None).await;
     assert!(s.is_success(), "{s} {v}");
     for rest in ["", "/events", "/versions", "/lease", "/metadata"] {
         assert_error(
-            oneshot(&api, Method::GET, &format!("{path}{rest}"), ORG, None).await,
+            oneshot(&api, Method::GET, &format!("{path}{rest}"), org(), None).await,
             StatusCode::NOT_FOUND,
             "app gone not found",
         );
@@ -336,7 +338,7 @@ async fn bad_path_and_query_parameters_get_fly_shaped_errors() {
         ),
     ] {
         let body = (method == Method::POST).then_some("{}");
-        let (s, v) = oneshot(&api, method.clone(), &at, ORG, body).await;
+        let (s, v) = oneshot(&api, method.clone(), &at, org(), body).await;
         assert_eq!(s, status, "{method} {at}: {v}");
         assert!(
             v["error"].is_string(),
@@ -349,7 +351,7 @@ async fn bad_path_and_query_parameters_get_fly_shaped_errors() {
         &host,
         Method::GET,
         &format!("/host/v1/machines/{id}/events?limit=many"),
-        ORG,
+        Some(bazaar_testkit::TEST_SECRET),
         None,
     )
     .await;

@@ -11,7 +11,10 @@ use bazaar_testkit::in_process::{oneshot, send, InProcessAgent};
 use bazaar_testkit::{tokens, TEST_SECRET};
 use serde_json::{json, Value};
 
-const ORG: Option<&str> = Some(TEST_SECRET);
+/// The Machines API's org token.
+fn org() -> Option<&'static str> {
+    Some(bazaar_testkit::api_token())
+}
 
 /// An agent serving its host interface, its Machines API, and an app `a1`.
 async fn agent_with_app() -> (InProcessAgent, Router) {
@@ -22,7 +25,7 @@ async fn agent_with_app() -> (InProcessAgent, Router) {
         &api,
         Method::POST,
         "/v1/apps",
-        ORG,
+        org(),
         Some(r#"{"app_name": "a1", "org_slug": "personal"}"#),
     )
     .await;
@@ -46,7 +49,14 @@ fn sleeper() -> Value {
 /// A machine of `a1` created (not started) with the org token: its id.
 async fn machine(api: &Router) -> String {
     let body = json!({"config": sleeper(), "skip_launch": true}).to_string();
-    let (s, m) = oneshot(api, Method::POST, "/v1/apps/a1/machines", ORG, Some(&body)).await;
+    let (s, m) = oneshot(
+        api,
+        Method::POST,
+        "/v1/apps/a1/machines",
+        org(),
+        Some(&body),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK, "{m}");
     m["id"].as_str().unwrap().to_string()
 }
@@ -64,7 +74,7 @@ fn assert_error(got: (StatusCode, Value), status: StatusCode, says: &str) {
 
 /// The ids of `a1`'s machines.
 async fn machine_ids(api: &Router) -> Vec<String> {
-    let (s, v) = oneshot(api, Method::GET, "/v1/apps/a1/machines", ORG, None).await;
+    let (s, v) = oneshot(api, Method::GET, "/v1/apps/a1/machines", org(), None).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     let mut ids: Vec<String> = v
         .as_array()
@@ -123,43 +133,48 @@ async fn a_driver_given_twice_is_authorized_as_the_handler_reads_it() {
                       "driver": "oci", "image": "web:1"}, "skip_launch": true}"#;
     for (method, path, token, body) in [
         (Method::POST, "/v1/apps/a1/machines", scoped, last_oci),
-        (Method::POST, "/v1/apps/a1/machines", ORG, twice),
-        (Method::POST, "/v1/apps/a1/machines/batch", ORG, twice_batch),
-        (Method::POST, update.as_str(), ORG, twice),
+        (Method::POST, "/v1/apps/a1/machines", org(), twice),
+        (
+            Method::POST,
+            "/v1/apps/a1/machines/batch",
+            org(),
+            twice_batch,
+        ),
+        (Method::POST, update.as_str(), org(), twice),
         (
             Method::POST,
             "/v1/apps",
-            ORG,
+            org(),
             r#"{"app_name": "b1", "app_name": "b2", "org_slug": "personal"}"#,
         ),
         (
             Method::POST,
             "/v1/apps/a1/secrets",
-            ORG,
+            org(),
             r#"{"values": {"A": "1", "A": "2"}}"#,
         ),
         (
             Method::POST,
             &format!("{update}/lease"),
-            ORG,
+            org(),
             r#"{"ttl": 30, "ttl": 3000}"#,
         ),
         (
             Method::PUT,
             &format!("{update}/metadata"),
-            ORG,
+            org(),
             r#"{"metadata": {"k": "1", "k": "2"}}"#,
         ),
         (
             Method::POST,
             &format!("{update}/stop"),
-            ORG,
+            org(),
             r#"{"signal": "SIGTERM", "signal": "SIGKILL"}"#,
         ),
         (
             Method::POST,
             "/v1/platform/placements",
-            ORG,
+            org(),
             r#"{"region": "a", "region": "b"}"#,
         ),
     ] {
@@ -176,7 +191,7 @@ async fn a_driver_given_twice_is_authorized_as_the_handler_reads_it() {
             &host,
             Method::POST,
             &format!("/host/v1/machines/{id}/metadata/k"),
-            ORG,
+            Some(TEST_SECRET),
             Some(r#"{"value": "1", "value": "2"}"#),
         )
         .await,
@@ -185,11 +200,11 @@ async fn a_driver_given_twice_is_authorized_as_the_handler_reads_it() {
     );
     // Nothing was made or changed.
     assert_eq!(machine_ids(&api).await, before);
-    let (s, v) = oneshot(&api, Method::GET, &update, ORG, None).await;
+    let (s, v) = oneshot(&api, Method::GET, &update, org(), None).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["config"]["metadata"], Value::Null, "{v}");
     assert!(v["lease"].is_null(), "{v}");
-    let (s, v) = oneshot(&api, Method::GET, "/v1/apps/a1/secrets", ORG, None).await;
+    let (s, v) = oneshot(&api, Method::GET, "/v1/apps/a1/secrets", org(), None).await;
     assert_eq!((s, v), (StatusCode::OK, json!({"secrets": []})));
     // The same token creates what it may: an update that keeps the machine's config is
     // refused (a process machine), one the org token sends is taken.
@@ -197,7 +212,7 @@ async fn a_driver_given_twice_is_authorized_as_the_handler_reads_it() {
         &api,
         Method::POST,
         &update,
-        ORG,
+        org(),
         Some(&json!({"config": sleeper(), "skip_launch": true}).to_string()),
     )
     .await;
@@ -249,7 +264,7 @@ async fn the_lease_is_shown_with_its_nonce_to_callers_that_may_use_leases() {
         &api,
         Method::POST,
         &lease,
-        ORG,
+        org(),
         Some(r#"{"ttl": 120, "description": "deploy v7"}"#),
     )
     .await;
@@ -258,7 +273,7 @@ async fn the_lease_is_shown_with_its_nonce_to_callers_that_may_use_leases() {
 
     // A token that may use leases sees the nonce (to release a stuck lease).
     let app = app_token();
-    for token in [ORG, Some(app.as_str())] {
+    for token in [org(), Some(app.as_str())] {
         let (s, v) = oneshot(&api, Method::GET, &lease, token, None).await;
         assert_eq!(s, StatusCode::OK, "{v}");
         assert_eq!(v["status"], "success", "{v}");
@@ -279,7 +294,7 @@ async fn the_lease_is_shown_with_its_nonce_to_callers_that_may_use_leases() {
         format!("/v1/apps/a1/machines/{id}?include_leases=true"),
         "/v1/apps/a1/machines?include_leases=true".to_string(),
     ] {
-        let (s, v) = oneshot(&api, Method::GET, &path, ORG, None).await;
+        let (s, v) = oneshot(&api, Method::GET, &path, org(), None).await;
         assert_eq!(s, StatusCode::OK, "{v}");
         let text = v.to_string();
         assert!(text.contains("deploy v7"), "{path}: no lease shown: {text}");
@@ -295,7 +310,7 @@ async fn the_lease_is_shown_with_its_nonce_to_callers_that_may_use_leases() {
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["data"]["nonce"], nonce.as_str(), "{v}");
     assert_eq!(v["data"]["description"], "deploy v7", "{v}");
-    let (_, v) = oneshot(&api, Method::GET, &lease, ORG, None).await;
+    let (_, v) = oneshot(&api, Method::GET, &lease, org(), None).await;
     assert_eq!(v["data"]["description"], "deploy v7", "{v}");
     node.stop().await;
 }
@@ -305,7 +320,10 @@ fn http_request(method: Method, path: &str, body: &str) -> axum::http::Request<a
     axum::http::Request::builder()
         .method(method)
         .uri(path)
-        .header("authorization", format!("Bearer {TEST_SECRET}"))
+        .header(
+            "authorization",
+            format!("Bearer {}", bazaar_testkit::api_token()),
+        )
         .header("content-type", "application/json")
         .body(axum::body::Body::from(body.to_string()))
         .unwrap()

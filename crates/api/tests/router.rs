@@ -42,7 +42,13 @@ fn assert_error(got: (StatusCode, Value), status: StatusCode, says: &str) {
     assert!(error.contains(says), "{error:?} does not say {says:?}");
 }
 
-const AUTH: Token = Token::Bearer(TEST_SECRET);
+/// The Machines API's token (an org token of the test key).
+fn auth() -> Token<'static> {
+    Token::Bearer(bazaar_testkit::api_token())
+}
+
+/// The catalog view's credential.
+const SECRET: Token = Token::Bearer(TEST_SECRET);
 
 fn machine(config: Value) -> String {
     json!({ "config": config }).to_string()
@@ -60,7 +66,7 @@ async fn malformed_machines_api_requests_get_fly_shaped_4xx_and_change_nothing()
         &api,
         Method::POST,
         "/v1/apps",
-        AUTH,
+        auth(),
         Some(r#"{"app_name": "web", "org_slug": "personal"}"#),
     )
     .await;
@@ -69,12 +75,12 @@ async fn malformed_machines_api_requests_get_fly_shaped_4xx_and_change_nothing()
 
     // Bad JSON: cut short, not an object, not JSON at all.
     for body in [r#"{"config": "#, "[1, 2]", "config: {}"] {
-        let got = call(&api, Method::POST, create, AUTH, Some(body)).await;
+        let got = call(&api, Method::POST, create, auth(), Some(body)).await;
         assert_eq!(got.0, StatusCode::BAD_REQUEST, "{body}: {}", got.1);
         assert!(got.1["error"].is_string(), "{body}: {}", got.1);
     }
     assert_error(
-        call(&api, Method::POST, create, AUTH, Some(r#"{"config": "#)).await,
+        call(&api, Method::POST, create, auth(), Some(r#"{"config": "#)).await,
         StatusCode::BAD_REQUEST,
         "invalid JSON",
     );
@@ -90,7 +96,7 @@ async fn malformed_machines_api_requests_get_fly_shaped_4xx_and_change_nothing()
             &api,
             Method::POST,
             create,
-            AUTH,
+            auth(),
             Some(&machine(config.clone())),
         )
         .await;
@@ -98,7 +104,7 @@ async fn malformed_machines_api_requests_get_fly_shaped_4xx_and_change_nothing()
         assert!(got.1["error"].is_string(), "{}", got.1);
     }
     assert_error(
-        call(&api, Method::POST, create, AUTH, Some(r#"{"config": 5}"#)).await,
+        call(&api, Method::POST, create, auth(), Some(r#"{"config": 5}"#)).await,
         StatusCode::BAD_REQUEST,
         "invalid type",
     );
@@ -109,7 +115,7 @@ async fn malformed_machines_api_requests_get_fly_shaped_4xx_and_change_nothing()
                 &api,
                 Method::POST,
                 &format!("/v1/apps/{app}/machines"),
-                AUTH,
+                auth(),
                 Some(&machine(sleeper())),
             )
             .await,
@@ -121,7 +127,7 @@ async fn malformed_machines_api_requests_get_fly_shaped_4xx_and_change_nothing()
                 &api,
                 Method::GET,
                 &format!("/v1/apps/{app}/machines"),
-                AUTH,
+                auth(),
                 None,
             )
             .await,
@@ -143,7 +149,7 @@ async fn malformed_machines_api_requests_get_fly_shaped_4xx_and_change_nothing()
         ] {
             let body = (method == Method::POST).then_some("{}");
             assert_error(
-                call(&api, method, &path, AUTH, body).await,
+                call(&api, method, &path, auth(), body).await,
                 StatusCode::NOT_FOUND,
                 "not found",
             );
@@ -183,14 +189,14 @@ async fn malformed_machines_api_requests_get_fly_shaped_4xx_and_change_nothing()
                 "unauthorized",
             );
         }
-        let (s, v) = call(&api, Method::GET, path, AUTH, None).await;
+        let (s, v) = call(&api, Method::GET, path, SECRET, None).await;
         assert_eq!(s, StatusCode::OK, "{path}: {v}");
     }
     let (s, v) = call(
         &api,
         Method::GET,
         "/v1/catalog/machines?app=web&include_deleted=true",
-        AUTH,
+        SECRET,
         None,
     )
     .await;
@@ -199,7 +205,7 @@ async fn malformed_machines_api_requests_get_fly_shaped_4xx_and_change_nothing()
         &api,
         Method::POST,
         "/v1/apps/web/machines/00000000000000/no-such-call",
-        AUTH,
+        auth(),
         Some("{}"),
     )
     .await;
@@ -211,7 +217,7 @@ async fn malformed_machines_api_requests_get_fly_shaped_4xx_and_change_nothing()
                 &api,
                 Method::DELETE,
                 &format!("/v1/apps/web/machines/00000000000000/metadata/{key}"),
-                AUTH,
+                auth(),
                 None,
             )
             .await,
@@ -221,10 +227,17 @@ async fn malformed_machines_api_requests_get_fly_shaped_4xx_and_change_nothing()
     }
 
     // Nothing was created.
-    let (s, v) = call(&api, Method::GET, create, AUTH, None).await;
+    let (s, v) = call(&api, Method::GET, create, auth(), None).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v, json!([]));
-    let (s, v) = call(&api, Method::GET, "/v1/apps?org_slug=personal", AUTH, None).await;
+    let (s, v) = call(
+        &api,
+        Method::GET,
+        "/v1/apps?org_slug=personal",
+        auth(),
+        None,
+    )
+    .await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["total_apps"], 1, "{v}");
     node.stop().await;

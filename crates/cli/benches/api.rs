@@ -11,7 +11,7 @@
 //! `BAZAAR_BENCH_MTLS=1` (or `0`) measures only one kind. `BAZAAR_BENCH_EXE` runs another
 //! `bazaar` executable (to compare builds in one sitting).
 
-use bazaar_testkit::{start_cluster, start_plain_cluster, TEST_SECRET};
+use bazaar_testkit::{api_token, start_cluster, start_plain_cluster};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -156,7 +156,7 @@ fn measure(rt: &tokio::runtime::Runtime, mtls: bool, total: usize, sequential: u
     let body = json!({"config": {"image": "process", "driver": "process", "init": {"exec": ["sleep", "1000"]}, "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256}}, "region": "local"});
     rt.block_on(async {
         http.post(format!("{base}/v1/apps"))
-            .bearer_auth(TEST_SECRET)
+            .bearer_auth(api_token())
             .json(&json!({"app_name": "bench"}))
             .send()
             .await
@@ -165,7 +165,7 @@ fn measure(rt: &tokio::runtime::Runtime, mtls: bool, total: usize, sequential: u
         loop {
             let r: Value = http
                 .get(format!("{base}/v1/platform/regions"))
-                .bearer_auth(TEST_SECRET)
+                .bearer_auth(api_token())
                 .send()
                 .await
                 .unwrap()
@@ -180,7 +180,7 @@ fn measure(rt: &tokio::runtime::Runtime, mtls: bool, total: usize, sequential: u
         let create = |http: reqwest::Client, base: String, body: Value| async move {
             let m: Value = http
                 .post(format!("{base}/v1/apps/bench/machines"))
-                .bearer_auth(TEST_SECRET)
+                .bearer_auth(api_token())
                 .json(&body)
                 .send()
                 .await
@@ -193,7 +193,7 @@ fn measure(rt: &tokio::runtime::Runtime, mtls: bool, total: usize, sequential: u
                 .get(format!(
                     "{base}/v1/apps/bench/machines/{id}/wait?state=started&timeout=60"
                 ))
-                .bearer_auth(TEST_SECRET)
+                .bearer_auth(api_token())
                 .send()
                 .await
                 .unwrap();
@@ -232,7 +232,7 @@ fn measure(rt: &tokio::runtime::Runtime, mtls: bool, total: usize, sequential: u
         for id in ids.iter().take(200) {
             let p: Value = http
                 .get(format!("{base}/v1/apps/bench/machines/{id}/placement"))
-                .bearer_auth(TEST_SECRET)
+                .bearer_auth(api_token())
                 .send()
                 .await
                 .unwrap()

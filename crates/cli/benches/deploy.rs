@@ -10,7 +10,7 @@ use bazaar_deploy::api::Client;
 use bazaar_deploy::config::MaxUnavailable;
 use bazaar_deploy::ops::{deploy, Initial, Settings};
 use bazaar_deploy::progress::Silent;
-use bazaar_testkit::{start_cluster, TEST_SECRET};
+use bazaar_testkit::{api_token, start_cluster};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -81,7 +81,7 @@ fn main() {
         o.memory_mb = 400 * 256;
     })
     .expect("cluster");
-    let client = Client::new(&agents[0].url(), TEST_SECRET);
+    let client = Client::new(&agents[0].url(), api_token());
     let mut rows: Vec<(String, Duration, String)> = Vec::new();
     rt.block_on(async {
         // Every node must know every host first.

@@ -202,7 +202,7 @@ async fn main() {
     let api = Api {
         http: reqwest::Client::new(),
         url: lab.api_url(&h1),
-        token: lab.cluster_secret().to_string(),
+        token: lab.token().to_string(),
     };
     api.post(
         "/v1/apps",

@@ -31,7 +31,7 @@
 
 mod proxy_peers;
 
-use bazaar_testkit::{start_cluster, TEST_SECRET};
+use bazaar_testkit::{api_token, start_cluster};
 use proxy_peers::{
     bazaar_add_cert, bazaar_has_tls, ensure_packages, loadavg, millis, pin, pinned, sbin,
     start_haproxy, wrk, Load, Tls, WrkResult, CLIENT_CPU, PROXY_CPU, TLS_HOST,
@@ -95,7 +95,7 @@ fn main() {
     let api = |m: reqwest::Method, path: String, body: Option<Value>| {
         let mut r = http
             .request(m, format!("{base}/v1{path}"))
-            .bearer_auth(TEST_SECRET);
+            .bearer_auth(api_token());
         if let Some(b) = body {
             r = r.json(&b);
         }
@@ -169,7 +169,7 @@ fn main() {
     let peers_dir = tempfile::tempdir().unwrap();
     let tls = Tls::make(peers_dir.path());
     if let Some(port) = bazaar_tls_port {
-        bazaar_add_cert(&exe, &base, TEST_SECRET, "bench", &tls);
+        bazaar_add_cert(&exe, &base, api_token(), "bench", &tls);
         wait_tls_ok(&tls, port);
     }
     let nginx_ports = NginxPorts {

@@ -4,7 +4,6 @@
 
 use anyhow::{bail, Context};
 use bazaar_client::fly::{ApiError, FlyClient, FlyOptions, LeaseRequest};
-use bazaar_client::HostClient;
 use bazaar_placement::exchange::PlacementRecord;
 use bazaar_types::api::{CreateMachineRequest, UpdateMachineRequest};
 use bazaar_types::config::{InitConfig, MachineConfig, MachineService, RestartConfig};
@@ -36,25 +35,6 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// The HTTP client: trusts the cluster CA of `--ca-cert` besides the system's roots.
-    pub(crate) fn http(&self) -> anyhow::Result<reqwest::Client> {
-        let mut builder = reqwest::Client::builder();
-        if let Some(path) = &self.ca_cert {
-            let pem = std::fs::read(path)
-                .with_context(|| format!("reading the CA certificate {}", path.display()))?;
-            builder = builder.tls_certs_merge(
-                reqwest::Certificate::from_pem_bundle(&pem)
-                    .with_context(|| format!("{}: not a PEM certificate", path.display()))?,
-            );
-        }
-        Ok(builder.build()?)
-    }
-
-    /// The host interface of the same server, called with `secret` (the cluster secret).
-    pub(crate) fn host_client(&self, secret: &str) -> anyhow::Result<HostClient> {
-        Ok(HostClient::with_http(&self.api_url, secret, self.http()?))
-    }
-
     /// True when the user asked for JSON.
     pub(crate) fn json(&self) -> bool {
         self.json

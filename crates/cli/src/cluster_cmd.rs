@@ -4,22 +4,11 @@
 //! catalog) and the gossip keyring (`gossip-key`: applied to every host the catalog knows,
 //! through their host interfaces).
 
+use crate::operator::OperatorConn as AgentConn;
 use anyhow::Context;
 use bazaar_client::HostClient;
 use bazaar_types::host::GossipKeyChange;
 use std::path::PathBuf;
-
-/// How to reach an agent's host interface.
-#[derive(Debug, clap::Args)]
-struct AgentConn {
-    /// The agent's URL.
-    #[arg(long, env = "BAZAAR_API_URL", default_value = "http://127.0.0.1:4280")]
-    api_url: String,
-    /// The cluster secret (`bazaar dev` writes it to .bazaar-dev/dev.env; an agent keeps
-    /// it in DATA_DIR/cluster-secret).
-    #[arg(long, env = "BAZAAR_CLUSTER_SECRET", hide_env_values = true)]
-    cluster_secret: Option<String>,
-}
 
 #[derive(Debug, clap::Args)]
 pub struct ClusterArgs {
@@ -110,10 +99,7 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
 }
 
 fn client(conn: &AgentConn) -> anyhow::Result<HostClient> {
-    Ok(HostClient::new(
-        &conn.api_url,
-        &crate::host_cmd::require_secret(conn.cluster_secret.clone())?,
-    ))
+    conn.client()
 }
 
 /// `bazaar cluster gossip-key ACTION [KEY]`.
@@ -141,12 +127,19 @@ async fn gossip_key(action: String, key: Option<String>, conn: AgentConn) -> any
     };
     let mut failed = Vec::new();
     for host in client.catalog_hosts().await? {
+        // Each host the way the first was reached: never the secret in clear.
+        let done = match conn.peer(&host) {
+            Ok(peer) => peer
+                .change_gossip_key(&change)
+                .await
+                .map_err(anyhow::Error::from),
+            Err(e) => Err(e),
+        };
         let id = host.id;
-        let peer = client.for_base(&format!("http://{}", host.api_addr));
-        match peer.change_gossip_key(&change).await {
+        match done {
             Ok(_) => println!("{id}: {action} done"),
             Err(e) => {
-                println!("{id}: {e}");
+                println!("{id}: {e:#}");
                 failed.push(id);
             }
         }

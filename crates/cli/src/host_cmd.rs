@@ -1,6 +1,7 @@
 //! `bazaar host ...`, `bazaar hosts`, `bazaar status`: operator commands against one agent's
 //! host interface and catalog view, at `BAZAAR_API_URL` with the cluster secret
-//! (`BAZAAR_CLUSTER_SECRET`; an API token is refused there). Human tables by default,
+//! (`BAZAAR_CLUSTER_SECRET`; an API token is refused there) over HTTPS or to loopback, or
+//! with `--host-data-dir` over the host listener (`operator.rs`). Human tables by default,
 //! `--json` for scripts.
 
 use anyhow::Context;
@@ -16,13 +17,8 @@ use comfy_table::Table;
 /// Flags of `bazaar host`.
 #[derive(Debug, clap::Args)]
 pub struct HostArgs {
-    /// The agent's URL.
-    #[arg(long, env = "BAZAAR_API_URL", default_value = "http://127.0.0.1:4280")]
-    api_url: String,
-    /// The cluster secret (`bazaar dev` writes it to .bazaar-dev/dev.env; an agent keeps
-    /// it in DATA_DIR/cluster-secret).
-    #[arg(long, env = "BAZAAR_CLUSTER_SECRET", hide_env_values = true)]
-    cluster_secret: Option<String>,
+    #[command(flatten)]
+    conn: crate::operator::OperatorConn,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -151,7 +147,7 @@ pub async fn run(args: HostArgs) -> anyhow::Result<()> {
     if let HostCommand::Reset { data_dir } = &args.command {
         return reset(data_dir, args.json);
     }
-    let client = HostClient::new(&args.api_url, &require_secret(args.cluster_secret)?);
+    let client = args.conn.client()?;
     let json = args.json;
     match args.command {
         HostCommand::Info => {
@@ -425,12 +421,8 @@ fn print_events(events: &[bazaar_types::event::MachineEvent]) {
 /// Connection flags shared by the catalog commands.
 #[derive(Debug, clap::Args)]
 pub struct CatalogArgs {
-    #[arg(long, env = "BAZAAR_API_URL", default_value = "http://127.0.0.1:4280")]
-    api_url: String,
-    /// The cluster secret (`bazaar dev` writes it to .bazaar-dev/dev.env; an agent keeps
-    /// it in DATA_DIR/cluster-secret).
-    #[arg(long, env = "BAZAAR_CLUSTER_SECRET", hide_env_values = true)]
-    cluster_secret: Option<String>,
+    #[command(flatten)]
+    conn: crate::operator::OperatorConn,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -451,10 +443,7 @@ pub struct StatusArgs {
 
 /// The host-interface client of `conn`.
 fn catalog_client(conn: &CatalogArgs) -> anyhow::Result<HostClient> {
-    Ok(HostClient::new(
-        &conn.api_url,
-        &require_secret(conn.cluster_secret.clone())?,
-    ))
+    conn.conn.client()
 }
 
 /// `bazaar hosts`.

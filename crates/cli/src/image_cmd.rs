@@ -1,10 +1,11 @@
 //! `bazaar image ...`: the images of one host (the agent at `BAZAAR_API_URL`), through its
-//! host interface (`/host/v1/images`, with the cluster secret `BAZAAR_CLUSTER_SECRET`):
+//! host interface (`/host/v1/images`, with the cluster secret `BAZAAR_CLUSTER_SECRET` over
+//! HTTPS or to loopback, or with `--host-data-dir` over its host listener: `operator.rs`):
 //! list, pull with progress, import an archive made by `docker save` (or an OCI layout tar)
 //! for hosts without registry access, and prune.
 
-use crate::api_cmd::Conn;
 use crate::host_cmd::print_sorted_json;
+use crate::operator::OperatorConn;
 use anyhow::{anyhow, bail, Context};
 use bazaar_client::{ClientError, HostClient};
 use bazaar_types::host::PullLine;
@@ -15,16 +16,10 @@ use std::path::PathBuf;
 #[derive(Debug, clap::Args)]
 pub struct ImageArgs {
     #[command(flatten)]
-    conn: Conn,
-    /// The cluster secret (`bazaar dev` writes it to .bazaar-dev/dev.env; an agent keeps
-    /// it in DATA_DIR/cluster-secret).
-    #[arg(
-        long,
-        env = "BAZAAR_CLUSTER_SECRET",
-        hide_env_values = true,
-        global = true
-    )]
-    cluster_secret: Option<String>,
+    conn: OperatorConn,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: ImageCommand,
 }
@@ -43,10 +38,8 @@ enum ImageCommand {
 
 /// Runs `bazaar image`.
 pub async fn image(a: ImageArgs) -> anyhow::Result<()> {
-    let host = a
-        .conn
-        .host_client(&crate::host_cmd::require_secret(a.cluster_secret)?)?;
-    let json = a.conn.json();
+    let host = a.conn.client()?;
+    let json = a.json;
     match a.command {
         ImageCommand::List => {
             let images = host.images().await.map_err(refused)?;

@@ -27,6 +27,7 @@ mod image_cmd;
 mod lab_cmd;
 mod machine_wait;
 mod node_main;
+mod operator;
 mod secrets_cmd;
 mod term;
 mod token_cmd;

@@ -5,7 +5,7 @@
 
 mod common;
 
-use bazaar_testkit::{start_cluster, TEST_SECRET};
+use bazaar_testkit::{api_token, start_cluster};
 use common::*;
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{json, Value};
@@ -356,7 +356,7 @@ async fn fly_field_spellings_both_work() {
     // FlyV1 tokens are accepted too.
     let r = Client::new()
         .get(format!("{}/apps", fly.base))
-        .header("authorization", format!("FlyV1 {TEST_SECRET}"))
+        .header("authorization", format!("FlyV1 {}", api_token()))
         .send()
         .await
         .unwrap();
@@ -370,7 +370,7 @@ async fn bad_input_gets_the_right_4xx_and_changes_nothing() {
     fly.post("/apps", json!({"app_name": "bad"})).await;
     let bad_json = Client::new()
         .post(format!("{}/apps/bad/machines", fly.base))
-        .bearer_auth(TEST_SECRET)
+        .bearer_auth(api_token())
         .header("content-type", "application/json")
         .body("{\"config\": ")
         .send()
@@ -385,7 +385,7 @@ async fn bad_input_gets_the_right_4xx_and_changes_nothing() {
     let huge = "x".repeat(3 * 1024 * 1024);
     let r = Client::new()
         .post(format!("{}/apps/bad/machines", fly.base))
-        .bearer_auth(TEST_SECRET)
+        .bearer_auth(api_token())
         .header("content-type", "application/json")
         .body(format!("{{\"config\": {{\"image\": \"{huge}\"}}}}"))
         .send()
@@ -495,7 +495,7 @@ async fn hundred_concurrent_creates_fill_exactly_sixty_slots() {
         tasks.push(tokio::spawn(async move {
             let r = Client::new()
                 .post(format!("{base}/v1/apps/race/machines"))
-                .bearer_auth(TEST_SECRET)
+                .bearer_auth(api_token())
                 .json(&json!({"config": process_config(&["sleep", "1000"]), "region": "local"}))
                 .send()
                 .await
@@ -813,7 +813,7 @@ async fn fly_admin_drives_the_machine_lifecycle_unchanged() {
     let out = tokio::process::Command::new("node")
         .arg(dir.join("run.js"))
         .env("BAZAAR_API_URL", agents[1].url())
-        .env("BAZAAR_TOKEN", TEST_SECRET)
+        .env("BAZAAR_TOKEN", bazaar_testkit::api_token())
         .output()
         .await
         .expect("node runs (scripts/test installs it)");

@@ -3,7 +3,7 @@
 //! serves (every operation answers something other than the router's "no such endpoint"
 //! or 405, on a machine that does not exist and on one that does).
 
-use bazaar_testkit::{start_cluster, TEST_SECRET};
+use bazaar_testkit::{api_token, start_cluster, TEST_SECRET};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -110,9 +110,15 @@ async fn check_route(
         url.push_str("?state=created,started,stopped&timeout=1");
     }
     let m = Method::from_bytes(method.to_ascii_uppercase().as_bytes()).unwrap();
+    // The catalog view takes the cluster secret, the Machines API an API token.
+    let token = if path.starts_with("/v1/catalog/") {
+        TEST_SECRET
+    } else {
+        api_token()
+    };
     let mut req = http
         .request(m.clone(), &url)
-        .bearer_auth(TEST_SECRET)
+        .bearer_auth(token)
         .timeout(Duration::from_secs(30));
     if matches!(m, Method::POST | Method::PUT | Method::PATCH) {
         req = req.json(&json!({}));
@@ -240,7 +246,7 @@ async fn openapi_document_describes_the_served_routes() {
     assert_eq!(s, StatusCode::BAD_REQUEST);
     let resp = http
         .post(format!("{base}/v1/apps"))
-        .bearer_auth(TEST_SECRET)
+        .bearer_auth(api_token())
         .json(&json!({"app_name": "openapi", "org_slug": "personal"}))
         .send()
         .await
@@ -248,7 +254,7 @@ async fn openapi_document_describes_the_served_routes() {
     assert_eq!(resp.status(), StatusCode::CREATED);
     let resp = http
         .post(format!("{base}/v1/apps/openapi/machines"))
-        .bearer_auth(TEST_SECRET)
+        .bearer_auth(api_token())
         .json(&json!({
             "skip_launch": true,
             "config": {
@@ -275,7 +281,7 @@ async fn openapi_document_describes_the_served_routes() {
     // The check can fail: an undocumented sub-path reaches the owner's fallback.
     let resp = http
         .post(format!("{base}/v1/apps/openapi/machines/{id}/no-such-call"))
-        .bearer_auth(TEST_SECRET)
+        .bearer_auth(api_token())
         .send()
         .await
         .unwrap();
@@ -359,7 +365,7 @@ async fn real_answers_have_the_documented_required_properties() {
     let call = |method: Method, path: String, body: Option<Value>| {
         let mut req = http
             .request(method, format!("{base}{path}"))
-            .bearer_auth(TEST_SECRET);
+            .bearer_auth(api_token());
         if let Some(b) = body {
             req = req.json(&b);
         }

@@ -6,7 +6,7 @@
 //! Fly's `FlyV1` header; and the audit record naming the token of each change.
 
 use bazaar_auth::{Op, Scope};
-use bazaar_testkit::{start_cluster, tokens, TestAgent, TEST_SECRET};
+use bazaar_testkit::{api_token, start_cluster, tokens, TestAgent};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -64,11 +64,11 @@ fn bazaar(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
-/// Creates app `app` and a machine in it (not started) with the cluster secret; the id.
+/// Creates app `app` and a machine in it (not started) with the test org token; the id.
 async fn app_with_machine(agent: &TestAgent, app: &str) -> String {
     let (s, b) = call(
         agent,
-        TEST_SECRET,
+        api_token(),
         Method::POST,
         "/apps",
         Some(json!({"app_name": app, "org_slug": "personal"})),
@@ -77,7 +77,7 @@ async fn app_with_machine(agent: &TestAgent, app: &str) -> String {
     assert!(s.is_success(), "{s} {b}");
     let (s, m) = call(
         agent,
-        TEST_SECRET,
+        api_token(),
         Method::POST,
         &format!("/apps/{app}/machines"),
         Some(json!({"config": process_config(), "skip_launch": true})),
@@ -539,13 +539,13 @@ async fn the_audit_record_names_the_token_of_each_change() {
     assert!(by_operator[0]["time"].as_str().unwrap().ends_with('Z'));
     assert_eq!(by_operator[1]["method"], "DELETE");
     assert_eq!(by_operator[1]["status"], 403);
-    // The app's creation and first machine, by the cluster secret, are there too.
-    let by_secret: Vec<&str> = entries
+    // The app's creation and first machine, by the org token, are there too.
+    let by_admin: Vec<&str> = entries
         .iter()
-        .filter(|e| e["token_id"] == "cluster-secret")
+        .filter(|e| e["token_id"] == tokens::admin_id())
         .map(|e| e["path"].as_str().unwrap())
         .collect();
-    assert_eq!(by_secret, ["/v1/apps", "/v1/apps/web/machines"], "{audit}");
+    assert_eq!(by_admin, ["/v1/apps", "/v1/apps/web/machines"], "{audit}");
     // The CLI shows the same.
     let out = std::process::Command::new(EXE)
         .args(["audit", "-a", "web", "--json"])

@@ -11,7 +11,7 @@
 mod common;
 
 use bazaar_auth::{Op, Scope};
-use bazaar_testkit::{eventually, start_cluster, tokens, TestAgent, TEST_SECRET};
+use bazaar_testkit::{api_token, eventually, start_cluster, tokens, TestAgent, TEST_SECRET};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -59,7 +59,7 @@ fn bazaar(agent: &TestAgent, args: &[&str]) -> String {
     let out = std::process::Command::new(EXE)
         .args(args)
         .env("BAZAAR_API_URL", agent.url())
-        .env("BAZAAR_TOKEN", TEST_SECRET)
+        .env("BAZAAR_TOKEN", bazaar_testkit::api_token())
         .output()
         .unwrap();
     assert!(out.status.success(), "bazaar {args:?}: {out:?}");
@@ -115,14 +115,14 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
     .expect("agents start");
     let (a, b) = (&hosts[0], &hosts[1]);
     eventually(Duration::from_secs(10), || async {
-        let (_, v) = call_json(a, TEST_SECRET, Method::GET, "/v1/platform/regions", None).await;
+        let (_, v) = call_json(a, api_token(), Method::GET, "/v1/platform/regions", None).await;
         (v["regions"].as_array().map_or(0, |r| r.len()) == 2).then_some(())
     })
     .await
     .expect("both hosts in the catalog");
     let (s, v) = call_json(
         a,
-        TEST_SECRET,
+        api_token(),
         Method::POST,
         "/v1/apps",
         Some(json!({"app_name": "web", "org_slug": "personal"})),
@@ -133,7 +133,7 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
     // Set through host A.
     let (s, v) = call_json(
         a,
-        TEST_SECRET,
+        api_token(),
         Method::POST,
         "/v1/apps/web/secrets",
         Some(json!({"values": {"DB_URL": FIRST, "GREETING": "from-secret"}})),
@@ -147,7 +147,7 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
                   echo \"$GREETING\" > $HOME/greeting; echo started; exec sleep 1000";
     let (s, m) = call_json(
         a,
-        TEST_SECRET,
+        api_token(),
         Method::POST,
         "/v1/apps/web/machines",
         Some(json!({"region": "ord", "config": {
@@ -170,7 +170,7 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
     // `machine exec` runs with the environment the workload started with.
     let (s, v) = call_json(
         a,
-        TEST_SECRET,
+        api_token(),
         Method::POST,
         &format!("{machine}/exec"),
         Some(json!({"command": ["sh", "-c", "echo \"$DB_URL\" | sha256sum; echo $GREETING"]})),
@@ -182,7 +182,7 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
     assert!(stdout.ends_with("from-secret\n"), "{v}");
 
     // Lists: names and digests (16 hex), never values; through either host.
-    let (s, list) = call_json(b, TEST_SECRET, Method::GET, "/v1/apps/web/secrets", None).await;
+    let (s, list) = call_json(b, api_token(), Method::GET, "/v1/apps/web/secrets", None).await;
     assert_eq!(s, StatusCode::OK);
     let names: Vec<&str> = list["secrets"]
         .as_array()
@@ -206,7 +206,7 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
     let mut child = std::process::Command::new(EXE)
         .args(["secrets", "set", "-a", "web", "DB_URL=-"])
         .env("BAZAAR_API_URL", a.url())
-        .env("BAZAAR_TOKEN", TEST_SECRET)
+        .env("BAZAAR_TOKEN", bazaar_testkit::api_token())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -226,7 +226,7 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
     })
     .await
     .expect("the rolled machine sees the new value");
-    let (_, list) = call_json(a, TEST_SECRET, Method::GET, "/v1/apps/web/secrets", None).await;
+    let (_, list) = call_json(a, api_token(), Method::GET, "/v1/apps/web/secrets", None).await;
     assert_ne!(list["secrets"][0]["digest"], digest_before);
 
     // `unset --stage` leaves the machine; its next start no longer has the secret (config.env
@@ -235,7 +235,7 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
     assert_eq!(seen_by_machine(b, &id).unwrap().1, "from-secret");
     let (s, v) = call_json(
         a,
-        TEST_SECRET,
+        api_token(),
         Method::POST,
         &format!("{machine}/restart"),
         Some(json!({})),
@@ -249,7 +249,7 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
     .expect("after an unset, the next start has config.env's value");
     let (s, _) = call(
         a,
-        TEST_SECRET,
+        api_token(),
         Method::DELETE,
         "/v1/apps/web/secrets/GREETING",
         None,
@@ -323,7 +323,7 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
     for body in bad_bodies {
         let (s, answer) = call(
             a,
-            TEST_SECRET,
+            api_token(),
             Method::POST,
             "/v1/apps/web/secrets",
             Some(body.clone()),
@@ -336,7 +336,7 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
     let truncated = format!("{{\"values\": {{\"A\": \"{THIRD}");
     let resp = Client::new()
         .post(format!("{}/v1/apps/web/secrets", a.url()))
-        .bearer_auth(TEST_SECRET)
+        .bearer_auth(api_token())
         .header("content-type", "application/json")
         .body(truncated)
         .send()
@@ -344,7 +344,7 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
         .unwrap();
     assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
     assert!(!resp.text().await.unwrap().contains(THIRD));
-    let (_, list) = call_json(a, TEST_SECRET, Method::GET, "/v1/apps/web/secrets", None).await;
+    let (_, list) = call_json(a, api_token(), Method::GET, "/v1/apps/web/secrets", None).await;
     let names: Vec<&str> = list["secrets"]
         .as_array()
         .unwrap()
@@ -352,7 +352,7 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
         .map(|x| x["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["DB_URL", "EXTRA"], "refused calls changed nothing");
-    let (s, _) = call(a, TEST_SECRET, Method::POST, "/v1/apps/nope/secrets", set()).await;
+    let (s, _) = call(a, api_token(), Method::POST, "/v1/apps/nope/secrets", set()).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
 
     // No value on any read path.
@@ -371,7 +371,13 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
             "/v1/catalog/hosts".to_string(),
             "/metrics".to_string(),
         ] {
-            let (s, body) = call(host, TEST_SECRET, Method::GET, &path, None).await;
+            // The catalog view and `/metrics` take the cluster secret.
+            let token = if path.starts_with("/v1/catalog/") || path == "/metrics" {
+                TEST_SECRET
+            } else {
+                api_token()
+            };
+            let (s, body) = call(host, token, Method::GET, &path, None).await;
             assert!(s.is_success(), "{path}: {s} {body}");
             answers.push((path, body));
         }
@@ -424,7 +430,7 @@ async fn image_machines_get_app_secrets_in_their_environment() {
         .remove(0);
     let (s, v) = call_json(
         &agent,
-        TEST_SECRET,
+        api_token(),
         Method::POST,
         "/v1/apps",
         Some(json!({"app_name": "img", "org_slug": "personal"})),
@@ -433,7 +439,7 @@ async fn image_machines_get_app_secrets_in_their_environment() {
     assert_eq!(s, StatusCode::CREATED, "{v}");
     let (s, v) = call_json(
         &agent,
-        TEST_SECRET,
+        api_token(),
         Method::POST,
         "/v1/apps/img/secrets",
         Some(json!({"values": {"DB_URL": FIRST, "GREETING": "from-secret"}})),
@@ -442,7 +448,7 @@ async fn image_machines_get_app_secrets_in_their_environment() {
     assert_eq!(s, StatusCode::OK, "{v}");
     let (s, m) = call_json(
         &agent,
-        TEST_SECRET,
+        api_token(),
         Method::POST,
         "/v1/apps/img/machines",
         Some(
@@ -487,7 +493,7 @@ async fn image_machines_get_app_secrets_in_their_environment() {
     }
     let (_, body) = call(
         &agent,
-        TEST_SECRET,
+        api_token(),
         Method::GET,
         &format!("/v1/apps/img/machines/{id}"),
         None,
@@ -503,7 +509,7 @@ async fn secrets_survive_a_restart_of_the_host_that_set_them() {
     let mut hosts = start_cluster(Path::new(EXE), 2, |_, _| {}).expect("agents start");
     let (s, v) = call_json(
         &hosts[0],
-        TEST_SECRET,
+        api_token(),
         Method::POST,
         "/v1/apps",
         Some(json!({"app_name": "kept", "org_slug": "personal"})),
@@ -512,7 +518,7 @@ async fn secrets_survive_a_restart_of_the_host_that_set_them() {
     assert_eq!(s, StatusCode::CREATED, "{v}");
     let (s, v) = call_json(
         &hosts[1],
-        TEST_SECRET,
+        api_token(),
         Method::POST,
         "/v1/apps/kept/secrets",
         Some(json!({"values": {"TOKEN": FIRST}})),
@@ -540,7 +546,7 @@ async fn secrets_survive_a_restart_of_the_host_that_set_them() {
 async fn lists_only_token(agent: &TestAgent) -> Option<()> {
     let (s, v) = call_json(
         agent,
-        TEST_SECRET,
+        api_token(),
         Method::GET,
         "/v1/apps/kept/secrets",
         None,

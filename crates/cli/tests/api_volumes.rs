@@ -703,7 +703,7 @@ async fn volumes_cli_commands() {
             .args(args)
             .args(["--app", "clivol", "--json"])
             .env("BAZAAR_API_URL", agents[0].url())
-            .env("BAZAAR_TOKEN", TEST_SECRET)
+            .env("BAZAAR_TOKEN", bazaar_testkit::api_token())
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).to_string();

@@ -5,7 +5,7 @@
 
 mod common;
 
-use bazaar_testkit::{TestAgent, TEST_SECRET};
+use bazaar_testkit::TestAgent;
 use common::*;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -16,7 +16,7 @@ fn bazaar(agent: &TestAgent, args: &[&str]) -> (Output, Duration) {
     let out = Command::new(EXE)
         .args(args)
         .env("BAZAAR_API_URL", agent.url())
-        .env("BAZAAR_TOKEN", TEST_SECRET)
+        .env("BAZAAR_TOKEN", bazaar_testkit::api_token())
         .output()
         .expect("bazaar runs");
     (out, t0.elapsed())

@@ -265,7 +265,7 @@ async fn scale_to_zero_and_back_across_regions_and_dry_runs_change_nothing() {
             "{}/v1/apps/{app}/machines/{stopped}/stop",
             env.agents[0].url()
         ))
-        .bearer_auth(bazaar_testkit::TEST_SECRET)
+        .bearer_auth(bazaar_testkit::api_token())
         .send()
         .await
         .unwrap();
@@ -311,7 +311,7 @@ async fn scale_to_zero_and_back_across_regions_and_dry_runs_change_nothing() {
             "{}/v1/apps/{app}/machines/{stopped}/start",
             env.agents[0].url()
         ))
-        .bearer_auth(bazaar_testkit::TEST_SECRET)
+        .bearer_auth(bazaar_testkit::api_token())
         .send()
         .await
         .unwrap();

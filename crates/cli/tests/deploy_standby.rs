@@ -4,7 +4,7 @@
 
 mod deploy_support;
 
-use bazaar_testkit::{start_cluster, TEST_SECRET};
+use bazaar_testkit::start_cluster;
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -13,7 +13,11 @@ async fn call(http: &reqwest::Client, url: &str, body: Option<Value>) -> Value {
         Some(b) => http.post(url).json(&b),
         None => http.get(url),
     };
-    let r = req.bearer_auth(TEST_SECRET).send().await.unwrap();
+    let r = req
+        .bearer_auth(bazaar_testkit::api_token())
+        .send()
+        .await
+        .unwrap();
     let s = r.status();
     let v: Value = r.json().await.unwrap_or(Value::Null);
     assert!(s.is_success(), "{url}: {s} {v}");

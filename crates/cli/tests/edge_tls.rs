@@ -364,7 +364,7 @@ fn cli(c: &Cluster, args: &[&str]) -> (bool, String) {
         .arg("certs")
         .args(args)
         .env("BAZAAR_API_URL", c.agents[0].url())
-        .env("BAZAAR_TOKEN", bazaar_testkit::TEST_SECRET)
+        .env("BAZAAR_TOKEN", bazaar_testkit::api_token())
         .output()
         .unwrap();
     (

@@ -354,7 +354,7 @@ fn cli(api_url: &str, ca_cert: Option<&std::path::Path>, args: &[&str]) -> std::
     let mut cmd = std::process::Command::new(EXE);
     cmd.args(args)
         .env("BAZAAR_API_URL", api_url)
-        .env("BAZAAR_TOKEN", bazaar_testkit::TEST_SECRET)
+        .env("BAZAAR_TOKEN", bazaar_testkit::api_token())
         .env_remove("BAZAAR_CA_CERT");
     if let Some(ca) = ca_cert {
         cmd.env("BAZAAR_CA_CERT", ca);
@@ -377,7 +377,7 @@ async fn api_tls_refuses_plain_http_and_serves_the_cli() {
     let plain = reqwest::Client::new();
     let r = plain
         .post(format!("{plain_url}/v1/apps"))
-        .bearer_auth(bazaar_testkit::TEST_SECRET)
+        .bearer_auth(bazaar_testkit::api_token())
         .json(&json!({"app_name": "plaintext", "org_slug": "personal"}))
         .send()
         .await

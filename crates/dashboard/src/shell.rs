@@ -214,7 +214,12 @@ async fn session(State(ui): State<Ui>, body: Bytes) -> Response {
         );
     }
     if !access::may_view(&*ui.node, token) {
-        return error(StatusCode::UNAUTHORIZED, "this token is not accepted here");
+        // Say why a token the API refuses is refused (the cluster secret: not an API token).
+        let why = match ui.node.caller(token) {
+            Err(denied) => format!("this token is not accepted here: {denied}"),
+            Ok(_) => "this token is not accepted here".to_string(),
+        };
+        return error(StatusCode::UNAUTHORIZED, &why);
     }
     (
         StatusCode::NO_CONTENT,

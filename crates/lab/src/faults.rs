@@ -198,12 +198,13 @@ fn nodes(lab: &Lab) -> Vec<Node> {
 fn start_web(lab: &Lab) -> anyhow::Result<BTreeMap<String, String>> {
     let secret = lab.cluster_secret().to_string();
     let first = &nodes(lab)[0];
+    // The Machines API takes an API token, the host interface the cluster secret.
     let (s, b) = answer(request(
         first.api,
         "POST",
         "/v1/apps",
         None,
-        &secret,
+        lab.token(),
         Some(&json!({"app_name": "web", "org_slug": "personal"}).to_string()),
         CALL_TIMEOUT,
     ))?;
@@ -311,12 +312,13 @@ fn run_one(
     let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
     let target = names.last().expect("a lab has hosts").clone();
     let app = format!("load-{round}-{fault}");
+    let token = lab.token().to_string();
     let (s, b) = answer(request(
         nodes[0].api,
         "POST",
         "/v1/apps",
         None,
-        &secret,
+        &token,
         Some(&json!({"app_name": app, "org_slug": "personal"}).to_string()),
         CALL_TIMEOUT,
     ))?;
@@ -346,11 +348,11 @@ fn run_one(
     let mut threads = Vec::new();
     for n in &nodes {
         for _ in 0..opts.clients_per_node {
-            let (n, sh, secret, app) = (n.clone(), shared.clone(), secret.clone(), app.clone());
+            let (n, sh, token, app) = (n.clone(), shared.clone(), token.clone(), app.clone());
             let client = threads.len() + 1;
             let live = opts.live_per_client;
             threads.push(std::thread::spawn(move || {
-                workload(client, &n, &sh, &secret, &app, live)
+                workload(client, &n, &sh, &token, &app, live)
             }));
         }
         let (n2, sh) = (n.clone(), shared.clone());
@@ -528,7 +530,7 @@ fn clean_up(lab: &Lab, nodes: &[Node], secret: &str, app: &str) -> anyhow::Resul
             "DELETE",
             &format!("/v1/apps/{app}/machines/{}?force=true", m.id),
             None,
-            secret,
+            lab.token(),
             None,
             CALL_TIMEOUT,
         );
@@ -668,8 +670,9 @@ fn pids_of(id: &str) -> Vec<u32> {
 }
 
 /// One workload client: creates machines of `app` through node `n` (up to `live`), and
-/// updates, stops, starts and destroys the ones it made, until told to stop.
-fn workload(client: usize, n: &Node, sh: &Shared, secret: &str, app: &str, live: usize) {
+/// updates, stops, starts and destroys the ones it made, until told to stop. `token` is
+/// an API token of the lab.
+fn workload(client: usize, n: &Node, sh: &Shared, token: &str, app: &str, live: usize) {
     let mut mine: Vec<String> = Vec::new();
     let mut made = 0;
     while !sh.stop.load(Ordering::SeqCst) {
@@ -715,7 +718,7 @@ fn workload(client: usize, n: &Node, sh: &Shared, secret: &str, app: &str, live:
             method,
             &path,
             None,
-            secret,
+            token,
             body.map(|b| b.to_string()).as_deref(),
             CALL_TIMEOUT,
         );

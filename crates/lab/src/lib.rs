@@ -235,12 +235,16 @@ impl Lab {
         }
         self.save()?;
         let first = &self.state.plan.hosts[0];
+        // Operator commands reach host 1 over its host listener with its certificate
+        // (`--host-data-dir`): the lab's addresses are not loopback, and the cluster secret
+        // is not sent over plain HTTP to them.
         let env = format!(
-            "BAZAAR_API_URL=http://{}\nBAZAAR_PROXY_URL=http://{}\nBAZAAR_TOKEN={}\nBAZAAR_CLUSTER_SECRET={}\nBAZAAR_LAB_DIR={}\n",
+            "BAZAAR_API_URL=http://{}\nBAZAAR_PROXY_URL=http://{}\nBAZAAR_TOKEN={}\nBAZAAR_CLUSTER_SECRET={}\nBAZAAR_HOST_DATA_DIR={}\nBAZAAR_LAB_DIR={}\n",
             first.api(),
             first.proxy(),
             self.state.token,
             self.state.cluster_secret,
+            self.data_dir(first).display(),
             self.dir.display()
         );
         write_private(&self.env_file(), &env)?;

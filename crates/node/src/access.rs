@@ -1,7 +1,7 @@
-//! Who is calling ([`Caller`]: the cluster secret, another host, a token-file token or a
-//! scoped token; the agent tells which), and [`require_cluster_secret`], the check of the
-//! routes only hosts and operators may call (the host interface and the services' own
-//! host-level routes).
+//! Who is calling the Machines API ([`Caller`]: another host, a token-file token or a
+//! scoped token; the agent tells which: never the cluster secret, which is not an API
+//! token), and [`require_cluster_secret`], the check of the routes only hosts and operators
+//! may call (the host interface and the services' own host-level routes).
 
 use crate::error::NodeError;
 use crate::NodeHandle;
@@ -13,13 +13,12 @@ use bazaar_auth::{Access, Denied, Verified};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-/// The credential a request came with.
+/// The credential a Machines API request came with. The cluster secret is none of them:
+/// it opens the host interface and the catalog view only ([`require_cluster_secret`]).
 #[derive(Debug, Clone)]
 pub enum Caller {
-    /// The cluster secret (other nodes, operators): may do everything.
-    ClusterSecret,
     /// Another host, by the cluster certificate the host listener verified (the API's
-    /// calls between hosts): may do everything, like the cluster secret.
+    /// calls between hosts): may do everything.
     Host(String),
     /// A token of the token file, named by its hash: may do everything.
     Legacy(String),
@@ -28,11 +27,10 @@ pub enum Caller {
 }
 
 impl Caller {
-    /// Who, in the audit record: the scoped token's id, `token-file:<hash prefix>`,
-    /// `cluster-secret` or `host:<id>`.
+    /// Who, in the audit record: the scoped token's id, `token-file:<hash prefix>` or
+    /// `host:<id>`.
     pub fn id(&self) -> String {
         match self {
-            Caller::ClusterSecret => "cluster-secret".into(),
             Caller::Host(id) => format!("host:{id}"),
             Caller::Legacy(hash) => format!("token-file:{}", &hash[..16]),
             Caller::Scoped(token) => token.id().to_string(),
@@ -42,7 +40,7 @@ impl Caller {
     /// Whether this caller may do `access` now.
     pub fn authorize(&self, access: &Access<'_>) -> Result<(), Denied> {
         match self {
-            Caller::ClusterSecret | Caller::Host(_) | Caller::Legacy(_) => Ok(()),
+            Caller::Host(_) | Caller::Legacy(_) => Ok(()),
             Caller::Scoped(token) => token.authorize(access, SystemTime::now()),
         }
     }

@@ -85,7 +85,8 @@ pub trait Node: std::fmt::Debug + Send + Sync + 'static {
     fn host_link(&self) -> Option<&HostLink>;
     /// Cancelled when the host shuts down.
     fn shutdown_token(&self) -> CancellationToken;
-    /// Who `token` is (the cluster secret, a token-file token or a scoped token).
+    /// Who `token` is on the Machines API (a token-file token or a scoped token; the
+    /// cluster secret is refused: it is not an API token).
     fn caller(&self, token: &str) -> Result<Caller, bazaar_auth::Denied>;
     /// Appends a change to this host's audit record.
     fn record_audit(&self, entry: &AuditEntry);

@@ -1,9 +1,10 @@
-//! The Machines API of one agent for tests and benchmarks, authenticated with
-//! [`TEST_SECRET`]: the typed client ([`Fly::client`]), and raw calls that answer
+//! The Machines API of one agent for tests and benchmarks, authenticated with the test
+//! org token ([`crate::tokens::admin`]; the cluster secret is not an API token): the typed
+//! client ([`Fly::client`]), and raw calls that answer
 //! `(status, body)`, the body parsed as JSON (a body that is not JSON comes back as a JSON
 //! string), so a test can assert on both. Both go through [`FlyClient`].
 
-use crate::{TestAgent, TEST_SECRET};
+use crate::TestAgent;
 use bazaar_client::FlyClient;
 use reqwest::{Client, Method, StatusCode};
 use serde_json::Value;
@@ -34,7 +35,7 @@ impl Fly {
     pub fn with_client(agent: &TestAgent, http: Client) -> Fly {
         Fly {
             base: format!("{}/v1", agent.url()),
-            client: FlyClient::with_http(&agent.url(), TEST_SECRET, http),
+            client: FlyClient::with_http(&agent.url(), crate::tokens::admin(), http),
         }
     }
 

@@ -2,8 +2,9 @@
 //! tests: a test hands the agent's routers (the host interface, the Machines API) requests
 //! with `tower::ServiceExt::oneshot` and reads the answers, with no HTTP server between.
 //! It runs without isolation (nothing is made on the host outside its temporary data dir),
-//! takes the cluster secret [`crate::TEST_SECRET`] and scoped tokens of the test key
-//! ([`crate::tokens`]). [`oneshot`] sends a request. The Machines API forwards machine calls
+//! takes the cluster secret [`crate::TEST_SECRET`] on its host interface and scoped tokens of
+//! the test key ([`crate::tokens`], [`crate::api_token`]) on the Machines API. [`oneshot`]
+//! sends a request. The Machines API forwards machine calls
 //! to the owner's host interface over HTTP: [`InProcessAgent::serve`] serves it on the
 //! loopback address the agent publishes, so those calls reach this same agent.
 

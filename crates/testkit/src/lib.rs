@@ -19,8 +19,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The cluster secret test agents share.
+/// The cluster secret test agents share: it opens their host interface and catalog view
+/// (`TestAgent::client`), never the Machines API (use [`api_token`]).
 pub const TEST_SECRET: &str = "test-cluster-secret-0123456789";
+
+/// The org token test agents accept on the Machines API ([`tokens::admin`]).
+pub fn api_token() -> &'static str {
+    tokens::admin()
+}
 
 /// How to start a test agent.
 #[derive(Debug, Clone)]

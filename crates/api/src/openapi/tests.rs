@@ -16,6 +16,7 @@ const IDS: &[&str] = &[
     "AppsDelete",
     "AppsList",
     "AppsShow",
+    "CatalogAppsDelete",
     "CatalogDigest",
     "CatalogHosts",
     "CatalogMachines",

@@ -3,7 +3,7 @@
 //! proxies.
 #![allow(dead_code)]
 
-use bazaar_testkit::{start_cluster, Fly, TestAgent, TEST_SECRET};
+use bazaar_testkit::{start_cluster, Fly, TestAgent};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -158,7 +158,7 @@ kill_timeout = 5
         let out = std::process::Command::new(EXE)
             .args(args)
             .env("BAZAAR_API_URL", self.agents[0].url())
-            .env("BAZAAR_TOKEN", TEST_SECRET)
+            .env("BAZAAR_TOKEN", bazaar_testkit::api_token())
             .env_remove("BAZAAR_APP")
             .current_dir(self.dir.path())
             .output()

@@ -1,6 +1,7 @@
 //! What the lab tests (`lab.rs`, `mesh.rs`, `guardian.rs`) share: a lab in a temporary
 //! directory, taken down when the test ends (passed or not, with the hosts' logs shown on
-//! a failure), one lab host's API with the cluster secret, and waiting for a condition.
+//! a failure), one lab host's API (the lab's API token on the Machines API, the cluster
+//! secret on the host interface and the catalog view), and waiting for a condition.
 //! Each test adds the calls it needs to [`LabApi`] in an `impl` block of its own.
 #![allow(dead_code)]
 
@@ -114,11 +115,13 @@ impl Drop for TestLab {
     }
 }
 
-/// The Machines API, host interface and catalog of one lab host, with the cluster secret.
+/// The Machines API, host interface and catalog of one lab host: the lab's API token on
+/// the Machines API, the cluster secret on the rest (it is not an API token).
 pub struct LabApi {
     pub http: reqwest::Client,
     pub base: String,
     pub token: String,
+    pub secret: String,
 }
 
 impl LabApi {
@@ -126,7 +129,8 @@ impl LabApi {
         LabApi {
             http: reqwest::Client::new(),
             base: lab.api_url(&lab.host(host).unwrap()),
-            token: lab.cluster_secret().to_string(),
+            token: lab.token().to_string(),
+            secret: lab.cluster_secret().to_string(),
         }
     }
 
@@ -137,10 +141,17 @@ impl LabApi {
         path: &str,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
+        let host_level =
+            path.starts_with("/host/") || path.starts_with("/v1/catalog/") || path == "/metrics";
+        let credential = if host_level {
+            &self.secret
+        } else {
+            &self.token
+        };
         let mut req = self
             .http
             .request(method, format!("{}{path}", self.base))
-            .bearer_auth(&self.token)
+            .bearer_auth(credential)
             .timeout(Duration::from_secs(40));
         if let Some(b) = body {
             req = req.json(&b);
