@@ -11,11 +11,10 @@ use axum::http::{header, Method, Request, StatusCode};
 use axum::Router;
 use bazaar_catalog::{AppRecord, Catalog, CatalogConfig, HostRecord};
 use bazaar_testkit::in_process::{oneshot, send, InProcessAgent};
-use bazaar_testkit::TEST_SECRET;
+use bazaar_testkit::{api_token, TEST_SECRET};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
-const ORG: Option<&str> = Some(TEST_SECRET);
 
 /// A call that names the app it means by id (`bazaar-app-id`).
 async fn call_as(
@@ -28,7 +27,7 @@ async fn call_as(
     let req = Request::builder()
         .method(method)
         .uri(path)
-        .header(header::AUTHORIZATION, format!("Bearer {TEST_SECRET}"))
+        .header(header::AUTHORIZATION, format!("Bearer {}", api_token()))
         .header("bazaar-app-id", app_id)
         .header(header::CONTENT_TYPE, "application/json");
     let body = body.map(|b| Body::from(b.to_string())).unwrap_or_default();
@@ -72,7 +71,7 @@ async fn the_app_that_lost_its_name_is_told_and_takes_no_machines() {
 
     // This side of the partition: org-a makes race2 and a machine in it.
     let body = json!({"app_name": "race2", "org_slug": "org-a"}).to_string();
-    let (s, a) = oneshot(&api, Method::POST, "/v1/apps", ORG, Some(&body)).await;
+    let (s, a) = oneshot(&api, Method::POST, "/v1/apps", Some(api_token()), Some(&body)).await;
     assert_eq!(s, StatusCode::CREATED, "{a}");
     let (lost_id, created) = (
         a["id"].as_str().unwrap().to_string(),
@@ -104,7 +103,7 @@ async fn the_app_that_lost_its_name_is_told_and_takes_no_machines() {
     }
 
     // Every reader names the earlier app the app of the name.
-    let (s, app) = oneshot(&api, Method::GET, "/v1/apps/race2", ORG, None).await;
+    let (s, app) = oneshot(&api, Method::GET, "/v1/apps/race2", Some(api_token()), None).await;
     assert_eq!(s, StatusCode::OK, "{app}");
     assert_eq!(app["id"], "app_00000000000000b0");
     assert_eq!(app["organization"]["slug"], "org-b");
@@ -114,13 +113,13 @@ async fn the_app_that_lost_its_name_is_told_and_takes_no_machines() {
     );
 
     // The loser's organization sees its app marked.
-    let (s, list) = oneshot(&api, Method::GET, "/v1/apps?org_slug=org-a", ORG, None).await;
+    let (s, list) = oneshot(&api, Method::GET, "/v1/apps?org_slug=org-a", Some(api_token()), None).await;
     assert_eq!(s, StatusCode::OK, "{list}");
     assert_eq!(list["apps"][0]["id"], lost_id.as_str(), "{list}");
     assert_eq!(list["apps"][0]["status"], "name_conflict", "{list}");
     assert_eq!(list["apps"][0]["created_at"], created);
     assert_eq!(list["apps"][0]["machine_count"], 1, "{list}");
-    let (_, all) = oneshot(&api, Method::GET, "/v1/apps", ORG, None).await;
+    let (_, all) = oneshot(&api, Method::GET, "/v1/apps", Some(api_token()), None).await;
     assert_eq!(all["total_apps"], 2, "both rows, the app first: {all}");
     assert_eq!(all["apps"][0]["status"], "pending");
 
@@ -142,11 +141,11 @@ async fn the_app_that_lost_its_name_is_told_and_takes_no_machines() {
         );
     }
     // A new app of the name still answers name_taken at once.
-    let (s, v) = oneshot(&api, Method::POST, "/v1/apps", ORG, Some(&body)).await;
+    let (s, v) = oneshot(&api, Method::POST, "/v1/apps", Some(api_token()), Some(&body)).await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
 
     // Its machine is not the app's, and its owner refuses to start it.
-    let (s, list) = oneshot(&api, Method::GET, "/v1/apps/race2/machines", ORG, None).await;
+    let (s, list) = oneshot(&api, Method::GET, "/v1/apps/race2/machines", Some(api_token()), None).await;
     assert_eq!(s, StatusCode::OK, "{list}");
     assert_eq!(
         list,
@@ -154,7 +153,7 @@ async fn the_app_that_lost_its_name_is_told_and_takes_no_machines() {
         "the loser's machine listed as the winner's"
     );
     let start = format!("/v1/apps/race2/machines/{loser_machine}/start");
-    let (s, v) = oneshot(&api, Method::POST, &start, ORG, None).await;
+    let (s, v) = oneshot(&api, Method::POST, &start, Some(api_token()), None).await;
     assert_eq!(s, StatusCode::CONFLICT, "{v}");
     assert!(
         v["error"].as_str().unwrap().contains("lost its name"),
@@ -184,7 +183,7 @@ async fn the_app_that_lost_its_name_is_told_and_takes_no_machines() {
     let (s, v) = call_as(&api, Method::GET, "/v1/apps/race2", "race2", None).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "not an app id: {v}");
     let destroy = format!("/v1/apps/race2/machines/{loser_machine}?force=true");
-    let (s, v) = oneshot(&api, Method::DELETE, &destroy, ORG, None).await;
+    let (s, v) = oneshot(&api, Method::DELETE, &destroy, Some(api_token()), None).await;
     assert_eq!(s, StatusCode::OK, "{v}");
 
     other.kill().await;
