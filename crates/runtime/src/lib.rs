@@ -11,6 +11,7 @@
 //! - [`volume_fs`]: volumes' storage (ext4 images on loop devices, or directories);
 //!   [`work_disk`]: a machine's writable space, limited in size the same way.
 //! - [`exec`]: running a command inside a machine.
+//! - [`prerequisites`]: what this host lacks to run each driver's machines.
 
 pub mod driver;
 pub mod exec;
@@ -20,6 +21,7 @@ pub mod netlink;
 pub mod network;
 pub mod oci;
 pub mod owner;
+pub mod prerequisites;
 pub mod volume_fs;
 pub mod work_disk;
 
