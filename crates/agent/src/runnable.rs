@@ -10,14 +10,17 @@ use bazaar_runtime::prerequisites::{self, Facts};
 use std::collections::BTreeMap;
 
 /// For each driver this host cannot run, what it lacks (joined into one line). Logged
-/// here, once, with what it runs without (a missing `nft`).
+/// here, once, with what it runs without (a missing `nft`, loop devices, or the mesh's `ip`).
 pub(crate) fn check(config: &AgentConfig, driver: &Driver) -> BTreeMap<String, String> {
-    let facts = Facts::probe(
-        config.isolate,
-        driver.cgroups,
-        config.machine_disk_mb != Some(0),
-        config.runc.as_deref(),
-    );
+    let facts = Facts {
+        mesh: config.mesh_listen.is_some(),
+        ..Facts::probe(
+            config.isolate,
+            driver.cgroups,
+            config.machine_disk_mb != Some(0),
+            config.runc.as_deref(),
+        )
+    };
     let mut missing: BTreeMap<String, String> = prerequisites::missing(&facts)
         .into_iter()
         .map(|(d, what)| (d.to_string(), what.join(", ")))

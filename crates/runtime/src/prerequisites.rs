@@ -30,6 +30,11 @@ pub const MKFS_EXT4: Program = Program {
     name: "mkfs.ext4",
     package: "e2fsprogs",
 };
+/// `ip`: the mesh's device addresses and routes (the machine network needs no `ip`).
+pub const IP: Program = Program {
+    name: "ip",
+    package: "iproute2",
+};
 /// `nft`: the machine network's firewall (without it machines can reach the host).
 pub const NFT: Program = Program {
     name: "nft",
@@ -51,8 +56,10 @@ pub struct Facts {
     pub loop_devices: bool,
     /// Machines get a work disk of their own (the config's `machine_disk_mb` is not 0).
     pub work_disks: bool,
-    /// The programs of [`RUNC`], [`MKFS_EXT4`], [`NFT`] that were found. (The machine
-    /// network needs no `ip`: the agent sends its own netlink requests.)
+    /// The host runs the mesh between hosts (`mesh_listen`).
+    pub mesh: bool,
+    /// The programs of [`RUNC`], [`MKFS_EXT4`], [`NFT`], [`IP`] that were found. (The
+    /// machine network needs no `ip`: the agent sends its own netlink requests.)
     pub programs: BTreeSet<&'static str>,
 }
 
@@ -78,8 +85,10 @@ impl Facts {
         runc: Option<&Path>,
     ) -> Facts {
         let mut programs = BTreeSet::new();
-        if in_path(path, NFT.name) {
-            programs.insert(NFT.name);
+        for p in [NFT, IP] {
+            if in_path(path, p.name) {
+                programs.insert(p.name);
+            }
         }
         if runc.map_or_else(|| in_path(path, RUNC.name), Path::is_file) {
             programs.insert(RUNC.name);
@@ -101,6 +110,8 @@ impl Facts {
             user_namespaces,
             loop_devices: Path::new("/dev/loop-control").exists(),
             work_disks,
+            // Said by the caller: whether it is configured.
+            mesh: false,
             programs,
         }
     }
@@ -172,6 +183,12 @@ pub fn warnings(facts: &Facts) -> Vec<String> {
             ));
         }
     }
+    if facts.mesh && !facts.has(IP) {
+        out.push(format!(
+            "{} (package {}) is missing: the mesh cannot start, machines of other hosts are out of reach",
+            IP.name, IP.package
+        ));
+    }
     if facts.root && facts.isolate && !facts.has(NFT) {
         out.push(format!(
             "{} (package {}) is missing: machines are not firewalled from this host's listeners",
@@ -193,7 +210,8 @@ mod tests {
             user_namespaces: true,
             loop_devices: true,
             work_disks: true,
-            programs: [RUNC, MKFS_EXT4, NFT].map(|p| p.name).into(),
+            mesh: true,
+            programs: [RUNC, MKFS_EXT4, NFT, IP].map(|p| p.name).into(),
         }
     }
 
@@ -285,6 +303,21 @@ mod tests {
             m["process"],
             ["user namespaces (/proc/sys/user/max_user_namespaces is 0)"]
         );
+    }
+
+    #[test]
+    fn without_ip_machines_run_and_only_a_mesh_is_warned_of() {
+        let mut facts = full();
+        facts.programs.remove("ip");
+        assert!(missing(&facts).is_empty());
+        let w = warnings(&facts);
+        assert_eq!(w.len(), 1);
+        assert!(
+            w[0].starts_with("ip (package iproute2) is missing: the mesh"),
+            "{w:?}"
+        );
+        facts.mesh = false;
+        assert!(warnings(&facts).is_empty());
     }
 
     #[test]
