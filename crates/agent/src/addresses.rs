@@ -52,9 +52,7 @@ pub(crate) fn machine_network(
 /// again at once (after a reboot the bridge is gone); others wait for their first machine
 /// that needs it.
 pub(crate) fn restore_machine_network(driver: &Driver, used: &HashSet<Ipv4Addr>) {
-    if let Err(reason) = &driver.oci {
-        tracing::info!(%reason, "image machines are not available on this host");
-    }
+    // (Why image machines cannot run here, if they cannot, `runnable` said at start.)
     let Some(network) = driver.network.clone() else {
         return;
     };

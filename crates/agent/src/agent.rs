@@ -97,6 +97,9 @@ pub(crate) struct Inner {
     pub checks: CheckResults,
     /// Disk offered to volumes, in GB.
     pub disk_gb: u64,
+    /// The drivers this host cannot run, with what it lacks ([`crate::runnable`]): bids
+    /// and creates for them are refused, and the host row says so.
+    pub cannot_run: std::collections::BTreeMap<String, String>,
     /// Held while a volume's storage step runs (one at a time per host, so a retried create
     /// never formats or mounts the same image twice at once).
     pub volume_steps: tokio::sync::Mutex<()>,
@@ -183,6 +186,11 @@ impl Agent {
             ledger.restore_reservation(r);
         }
         let ops = store.operations()?;
+        // A driver given by a test runs whatever it is given.
+        let cannot_run = match machine_driver {
+            Some(_) => Default::default(),
+            None => crate::runnable::check(&config, &driver),
+        };
         let next_op_id = ops.iter().map(|o| o.id).max().unwrap_or(0) + 1;
         let inner = Arc::new(Inner {
             host_id,
@@ -208,6 +216,7 @@ impl Agent {
             mesh_labels: Mutex::default(),
             checks: CheckResults::default(),
             disk_gb,
+            cannot_run,
             volume_steps: tokio::sync::Mutex::new(()),
             metrics: Default::default(),
             config,
@@ -238,6 +247,11 @@ impl Agent {
     /// The agent's config.
     pub fn config(&self) -> &AgentConfig {
         &self.0.config
+    }
+
+    /// Why this host cannot run `driver` machines, if it cannot ([`crate::runnable`]).
+    pub fn cannot_run(&self, driver: &str) -> Option<&str> {
+        self.0.cannot_run.get(driver).map(String::as_str)
     }
 
     /// This host's link to other hosts' host listeners, once it has a cluster certificate.

@@ -401,7 +401,7 @@ fn remove_network(bridge: &str, done: &mut Released) {
         .filter(|l| l == bridge || l.starts_with(&veth_prefix))
         .collect();
     for link in links {
-        done.links += run("ip", &["link", "delete", &link]) as usize;
+        done.links += bazaar_runtime::netlink::delete_link(&link).is_ok() as usize;
     }
     // The user namespaces that own the machines' network namespaces (bind-mounted to keep
     // them alive).

@@ -303,3 +303,48 @@ mod millis {
         Ok(Duration::from_millis(u64::deserialize(d)?))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example the Debian package installs as /etc/bazaar/agent.toml.
+    const PACKAGED: &str = include_str!("../../../packaging/debian/agent.toml");
+
+    fn load(text: &str) -> anyhow::Result<AgentConfig> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, text)?;
+        AgentConfig::from_file(&path)
+    }
+
+    #[test]
+    fn the_packaged_example_is_accepted_as_it_is_and_with_every_key_uncommented() {
+        let config = load(PACKAGED).unwrap();
+        assert_eq!(config.data_dir, PathBuf::from("/var/lib/bazaar"));
+        assert_eq!(config.region, "local");
+        // Each commented key, uncommented, is one the agent knows and a value it takes.
+        let uncommented: String = PACKAGED
+            .lines()
+            .map(|line| match line.strip_prefix("# ") {
+                Some(rest)
+                    if rest.starts_with('[')
+                        || rest.split_once(" = ").is_some_and(|(k, _)| {
+                            k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                        }) =>
+                {
+                    rest
+                }
+                _ => line,
+            })
+            .map(|line| format!("{line}\n"))
+            .collect();
+        assert!(uncommented.contains("\n[region_info]\n"), "{uncommented}");
+        let config = load(&uncommented).unwrap_or_else(|e| panic!("{e:#}\n{uncommented}"));
+        assert_eq!(config.cpus, Some(16));
+        assert_eq!(config.join.len(), 1);
+        assert_eq!(config.region_info.geo_region.as_deref(), Some("eu"));
+        // An unknown key is refused (so the test above would see a misspelt one).
+        assert!(load("no_such_key = 1\n").is_err());
+    }
+}

@@ -23,6 +23,7 @@
 //! - [`connections`]: the agent's router served on the connections its listeners admit
 //!   (`bazaar_node::listen`: caps, eviction, head timeout).
 //! - [`market`]: bids, reservations, claims and creates (the host's side of the market).
+//! - [`runnable`]: what this host can run, checked at start (the drivers it bids for).
 //! - [`leases`]: leases, cordons and metadata.
 //! - [`publish`]: this host's rows in the catalog (host record, machines) and the live state
 //!   `wait` watches.
@@ -102,6 +103,7 @@ pub mod publish;
 pub mod record;
 pub mod registry;
 pub mod restart;
+pub mod runnable;
 pub mod schedule;
 pub mod secrets;
 pub mod snapshots;

@@ -35,6 +35,17 @@ impl Agent {
                 retryable: false,
             });
         }
+        if let Some((driver, why)) = req
+            .driver
+            .as_deref()
+            .and_then(|d| Some((d, self.cannot_run(d)?)))
+        {
+            return Ok(BidResponse::Refusal {
+                host_id: self.0.host_id.clone(),
+                reason: format!("cannot run {driver} machines: missing {why}"),
+                retryable: false,
+            });
+        }
         let ttl = Duration::from_millis(req.ttl_ms.unwrap_or(u64::MAX))
             .min(self.0.config.reservation_ttl);
         let want = Resources {
@@ -182,6 +193,12 @@ impl Agent {
             None => ids::new_machine_id(),
         };
         let resources = validate_config(&req.config)?;
+        let driver = req.config.driver();
+        if let Some(why) = self.cannot_run(driver) {
+            return Err(AgentError::Invalid(format!(
+                "this host cannot run {driver} machines: missing {why}"
+            )));
+        }
         let now = now_ms();
         let instance_id = ids::new_instance_id();
         let mut rec = MachineRecord {

@@ -112,6 +112,9 @@ impl Agent {
                 }))
                 .chain(lock(&self.0.mesh_labels).clone())
                 .chain(self.0.config.region_info.to_labels())
+                .chain(self.0.cannot_run.iter().map(|(driver, why)| {
+                    (bazaar_types::host::cannot_run_label(driver), why.clone())
+                }))
                 .collect::<BTreeMap<_, _>>(),
             draining: self.0.shutdown.is_cancelled(),
             disk_gb,

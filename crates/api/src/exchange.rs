@@ -147,6 +147,7 @@ impl Api {
                     size: order.size,
                     count: remaining,
                     pinned_host: order.pinned_host.clone(),
+                    driver: Some(order.template.config.driver().to_string()),
                     ..Default::default()
                 };
                 let (ok, excluded) = candidates(&cands, group, &preq);
@@ -363,6 +364,7 @@ impl Api {
                 cpus: order.size.cpus,
                 memory_mb: order.size.memory_mb,
                 ttl_ms: Some(ttl),
+                driver: Some(order.template.config.driver().to_string()),
             };
             let host_id = host_id.clone();
             let api = self.clone();

@@ -462,8 +462,14 @@ pub async fn hosts(a: CatalogArgs) -> anyhow::Result<()> {
         "free mem (MB)",
         "free cpus",
         "updated",
+        "cannot run",
     ]);
     for h in hosts {
+        // What the host said it lacks for a driver (its `cannot_run_<driver>` labels).
+        let cannot_run = bazaar_types::host::cannot_run_any(&h.labels)
+            .map(|(driver, why)| format!("{driver}: missing {why}"))
+            .collect::<Vec<_>>()
+            .join("; ");
         t.add_row([
             h.id,
             h.region,
@@ -473,6 +479,7 @@ pub async fn hosts(a: CatalogArgs) -> anyhow::Result<()> {
             format!("{} / {}", h.free.memory_mb, h.capacity.memory_mb),
             format!("{} / {}", h.free.cpus, h.capacity.cpus),
             h.updated_at,
+            cannot_run,
         ]);
     }
     println!("{t}");

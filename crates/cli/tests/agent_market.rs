@@ -17,6 +17,7 @@ fn bid_req(ttl_ms: Option<u64>) -> BidRequest {
         cpus: 1,
         memory_mb: 256,
         ttl_ms,
+        driver: None,
     }
 }
 

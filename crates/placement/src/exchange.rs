@@ -63,6 +63,9 @@ pub struct PlacementRequest {
     pub pinned_host: Option<String>,
     /// Labels a host must have.
     pub labels: BTreeMap<String, String>,
+    /// The machine's driver (`process`, `oci`): a host whose labels say it cannot run it
+    /// (`bazaar_types::host::cannot_run`) is left out, with its reason.
+    pub driver: Option<String>,
 }
 
 /// Parses a region expression: `ams`, `ams,ord` (tried in order), `any`, or `ams,any`.
@@ -130,6 +133,12 @@ pub fn candidates<'a>(
             Some("host is not alive".to_string())
         } else if h.draining {
             Some("host is draining".to_string())
+        } else if let Some((driver, why)) = req
+            .driver
+            .as_deref()
+            .and_then(|d| bazaar_types::host::cannot_run(&h.labels, d).map(|why| (d, why)))
+        {
+            Some(format!("cannot run {driver} machines: missing {why}"))
         } else if req.pinned_host.as_ref().is_some_and(|p| *p != h.host_id) {
             Some("not the host the machine is pinned to".to_string())
         } else if let Some((k, v)) = req
@@ -375,6 +384,40 @@ mod tests {
             ok.is_empty(),
             "a pinned host that is down leaves no candidate"
         );
+    }
+
+    #[test]
+    fn hosts_that_cannot_run_the_driver_are_left_out_with_why() {
+        let mut hosts = vec![host("a", "ams", 4096), host("b", "ams", 4096)];
+        hosts[0].labels.insert(
+            bazaar_types::host::cannot_run_label("oci"),
+            "runc (package runc)".into(),
+        );
+        let req = |driver: &str| PlacementRequest {
+            size: Resources {
+                cpus: 1,
+                memory_mb: 256,
+            },
+            count: 1,
+            driver: Some(driver.into()),
+            ..Default::default()
+        };
+        let ams = ["ams".to_string()];
+        let (ok, ex) = candidates(&hosts, &ams, &req("oci"));
+        assert_eq!(ok.iter().map(|c| &c.host_id).collect::<Vec<_>>(), ["b"]);
+        assert_eq!(ex.len(), 1);
+        assert_eq!(ex[0].host_id, "a");
+        assert_eq!(
+            ex[0].reason,
+            "cannot run oci machines: missing runc (package runc)"
+        );
+        // Process machines, and a request that names no driver, may go to either.
+        assert_eq!(candidates(&hosts, &ams, &req("process")).0.len(), 2);
+        let any = PlacementRequest {
+            driver: None,
+            ..req("oci")
+        };
+        assert_eq!(candidates(&hosts, &ams, &any).0.len(), 2);
     }
 
     #[test]

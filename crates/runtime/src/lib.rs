@@ -7,10 +7,11 @@
 //! - [`driver`]: the real driver (command, environment, ports, shims) of process and image
 //!   machines; [`oci`] prepares image machines (image, rootfs, bundle, `runc`) and
 //!   [`network`] gives each one a network namespace on the host's bridge (wired by
-//!   [`netlink`] requests; user namespace id ranges from [`idranges`]).
+//!   [`netlink`] requests; user namespace id ranges from [`idranges`]; its [`subnet`]).
 //! - [`volume_fs`]: volumes' storage (ext4 images on loop devices, or directories);
 //!   [`work_disk`]: a machine's writable space, limited in size the same way.
 //! - [`exec`]: running a command inside a machine.
+//! - [`prerequisites`]: what this host lacks to run each driver's machines.
 
 pub mod driver;
 pub mod exec;
@@ -20,6 +21,8 @@ pub mod netlink;
 pub mod network;
 pub mod oci;
 pub mod owner;
+pub mod prerequisites;
+pub mod subnet;
 pub mod volume_fs;
 pub mod work_disk;
 

@@ -1,7 +1,9 @@
-//! The few rtnetlink requests that wire a machine's network namespace to the bridge, sent
-//! by the agent itself on a `NETLINK_ROUTE` socket ([`crate::network`] made them with
-//! `ip` executions before: a fork and exec each, most of a namespace's cost). Each request
-//! asks for an acknowledgement and fails with the kernel's errno.
+//! The few rtnetlink requests of the machine network, sent by the agent itself on a
+//! `NETLINK_ROUTE` socket ([`crate::network`] made them with `ip` executions before: a fork
+//! and exec each, most of a namespace's cost, and a host without iproute2 could run no
+//! machine): the bridge and its address, each namespace's veth pair and addresses, and the
+//! routes a free subnet is picked among. Each request asks for an acknowledgement and fails
+//! with the kernel's errno.
 //!
 //! Requests that act inside a namespace run on a short-lived thread that joins it
 //! (`in_namespace`): a network namespace is per thread, and the caller's thread stays
@@ -12,12 +14,16 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
 const RTM_NEWLINK: u16 = 16;
 const RTM_DELLINK: u16 = 17;
 const RTM_NEWADDR: u16 = 20;
 const RTM_NEWROUTE: u16 = 24;
+const RTM_GETROUTE: u16 = 26;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
+const NLM_F_DUMP: u16 = 0x300;
+const NLM_F_REPLACE: u16 = 0x100;
 const NLM_F_EXCL: u16 = 0x200;
 const NLM_F_CREATE: u16 = 0x400;
 const IFF_UP: u32 = 0x1;
@@ -33,6 +39,7 @@ const IFLA_BRPORT_ISOLATED: u16 = 33;
 const VETH_INFO_PEER: u16 = 1;
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
+const RTA_DST: u16 = 1;
 const RTA_OIF: u16 = 4;
 const RTA_GATEWAY: u16 = 5;
 const RT_TABLE_MAIN: u8 = 254;
@@ -210,6 +217,91 @@ impl Rtnl {
         self.request(&mut msg)
     }
 
+    /// Makes bridge `name` (down).
+    pub(crate) fn add_bridge(&mut self, name: &str) -> io::Result<()> {
+        let mut msg = Message::new(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL);
+        msg.link(0, 0).name(IFLA_IFNAME, name);
+        let info = msg.nest(IFLA_LINKINFO);
+        msg.name(IFLA_INFO_KIND, "bridge");
+        msg.end(info);
+        self.request(&mut msg)
+    }
+
+    /// The IPv4 routes of every table (as `ip -4 route show table all`).
+    pub(crate) fn routes(&mut self) -> io::Result<Vec<Route>> {
+        let mut rtm = [0u8; 12];
+        rtm[0] = libc::AF_INET as u8;
+        let mut msg = Message::new(RTM_GETROUTE, NLM_F_DUMP);
+        msg.put(&rtm);
+        let mut routes = Vec::new();
+        self.dump(&mut msg, |kind, body| {
+            if kind == RTM_NEWROUTE && body.len() >= 12 && body[0] == libc::AF_INET as u8 {
+                routes.push(Route::parse(body));
+            }
+        })?;
+        Ok(routes)
+    }
+
+    /// Sends dump request `msg` and hands each answer's type and body to `each`, until the
+    /// kernel says it is done.
+    fn dump(&mut self, msg: &mut Message, mut each: impl FnMut(u16, &[u8])) -> io::Result<()> {
+        self.seq += 1;
+        let len = msg.0.len() as u32;
+        msg.0[0..4].copy_from_slice(&len.to_ne_bytes());
+        msg.0[8..12].copy_from_slice(&self.seq.to_ne_bytes());
+        // SAFETY: the buffer lives across the call and `len` bytes of it are read.
+        let sent = unsafe {
+            libc::send(
+                self.socket.as_raw_fd(),
+                msg.0.as_ptr().cast(),
+                msg.0.len(),
+                0,
+            )
+        };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // A dump's datagrams hold whole messages, each at most a page or so.
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+            let n = unsafe {
+                libc::recv(
+                    self.socket.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    0,
+                )
+            };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let n = n as usize;
+            let mut at = 0usize;
+            while at + 16 <= n {
+                let field =
+                    |o: usize| u32::from_ne_bytes(buf[at + o..at + o + 4].try_into().unwrap());
+                let (len, kind, seq) = (field(0) as usize, field(4) as u16, field(8));
+                if len < 16 || at + len > n {
+                    break;
+                }
+                if seq == self.seq {
+                    match kind {
+                        NLMSG_DONE => return Ok(()),
+                        NLMSG_ERROR if len >= 20 => {
+                            let errno = field(16) as i32;
+                            if errno != 0 {
+                                return Err(io::Error::from_raw_os_error(-errno));
+                            }
+                        }
+                        _ => each(kind, &buf[at + 16..at + len]),
+                    }
+                }
+                at += (len + 3) & !3;
+            }
+        }
+    }
+
     /// Brings link `index` up.
     pub(crate) fn set_up(&mut self, index: u32) -> io::Result<()> {
         self.request(Message::new(RTM_NEWLINK, 0).link(index, IFF_UP))
@@ -226,13 +318,27 @@ impl Rtnl {
 
     /// Gives link `index` address `ip/prefix`.
     pub(crate) fn add_address(&mut self, index: u32, ip: Ipv4Addr, prefix: u8) -> io::Result<()> {
+        self.address(index, ip, prefix, NLM_F_CREATE | NLM_F_EXCL)
+    }
+
+    /// Gives link `index` address `ip/prefix`, whether or not it had it (`ip addr replace`).
+    pub(crate) fn replace_address(
+        &mut self,
+        index: u32,
+        ip: Ipv4Addr,
+        prefix: u8,
+    ) -> io::Result<()> {
+        self.address(index, ip, prefix, NLM_F_CREATE | NLM_F_REPLACE)
+    }
+
+    fn address(&mut self, index: u32, ip: Ipv4Addr, prefix: u8, flags: u16) -> io::Result<()> {
         let mut ifa = [0u8; 8];
         ifa[0] = libc::AF_INET as u8;
         ifa[1] = prefix;
         ifa[3] = RT_SCOPE_UNIVERSE;
         ifa[4..8].copy_from_slice(&index.to_ne_bytes());
         self.request(
-            Message::new(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL)
+            Message::new(RTM_NEWADDR, flags)
                 .put(&ifa)
                 .attr(IFA_LOCAL, &ip.octets())
                 .attr(IFA_ADDRESS, &ip.octets()),
@@ -262,6 +368,48 @@ impl Rtnl {
                 .attr(RTA_OIF, &index.to_ne_bytes()),
         )
     }
+}
+
+/// An IPv4 route: where to (`dst/prefix`; prefix 0 is a default route) and through which
+/// link (none for a multipath or unreachable route).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Route {
+    pub dst: Ipv4Addr,
+    pub prefix: u8,
+    pub oif: Option<u32>,
+}
+
+impl Route {
+    /// Reads a route message's body: `struct rtmsg` (12 bytes), then attributes.
+    fn parse(body: &[u8]) -> Route {
+        let mut route = Route {
+            dst: Ipv4Addr::UNSPECIFIED,
+            prefix: body[1],
+            oif: None,
+        };
+        let mut at = 12;
+        while at + 4 <= body.len() {
+            let len = u16::from_ne_bytes([body[at], body[at + 1]]) as usize;
+            let kind = u16::from_ne_bytes([body[at + 2], body[at + 3]]);
+            if len < 4 || at + len > body.len() {
+                break;
+            }
+            let data = &body[at + 4..at + len];
+            match (kind, data.len()) {
+                (RTA_DST, 4) => route.dst = Ipv4Addr::new(data[0], data[1], data[2], data[3]),
+                (RTA_OIF, 4) => route.oif = Some(u32::from_ne_bytes(data.try_into().unwrap())),
+                _ => {}
+            }
+            at += (len + 3) & !3;
+        }
+        route
+    }
+}
+
+/// Removes link `name` of the calling thread's network namespace (a veth's peer goes with
+/// it), as `ip link delete` does.
+pub fn delete_link(name: &str) -> io::Result<()> {
+    Rtnl::open()?.delete_link(name)
 }
 
 /// The index of link `name` in the calling thread's network namespace (asked of the

@@ -25,13 +25,16 @@
 //! ready; when a machine is destroyed its address gets a fresh one.
 //!
 //! A namespace is wired by [`crate::netlink`] requests from the agent itself (veth pair,
-//! bridge port, address, route: no execs); the namespaces themselves are made by a
-//! short-lived child process ([`bazaar_image::IdMap`]). The bridge (`bz-<8 hex of the host
-//! id>`, once per host) is made with iproute2 and the firewall with nftables (`nft`, once
-//! per host, and once per namespace only in subnets larger than a /20).
+//! bridge port, address, route: no execs), and so is the bridge (`bz-<8 hex of the host
+//! id>`, once per host, in a subnet no route of the host covers): the machine network needs
+//! no iproute2. The namespaces themselves are made by a short-lived child process
+//! ([`bazaar_image::IdMap`]); the firewall with nftables (`nft`, once per host, and once per
+//! namespace only in subnets larger than a /20).
 
 use crate::idranges::{IdRanges, RANGE_SIZE};
 use crate::netlink::{self, Rtnl};
+use crate::subnet::pick_subnet;
+pub use crate::subnet::Subnet;
 use std::collections::HashSet;
 use std::io::Write;
 use std::net::Ipv4Addr;
@@ -55,67 +58,6 @@ const USERNS_DIR: &str = "/run/bazaar/userns";
 /// Subnets with at most this many machine addresses have all of them in the anti-spoofing
 /// set from the start ([`Network::anti_spoofing_rules`]).
 const PREFILLED_SOURCES: usize = 4094;
-/// Default subnets are /24s picked from here (the first one no route on the host covers).
-const DEFAULT_POOL: (u8, u8) = (10, 213);
-
-/// A subnet in CIDR form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Subnet {
-    pub base: Ipv4Addr,
-    pub prefix: u8,
-}
-
-impl std::str::FromStr for Subnet {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Subnet, String> {
-        let (ip, prefix) = s
-            .split_once('/')
-            .ok_or_else(|| format!("subnet {s:?}: expected a.b.c.d/prefix"))?;
-        let ip: Ipv4Addr = ip.parse().map_err(|e| format!("subnet {s:?}: {e}"))?;
-        let prefix: u8 = prefix
-            .parse()
-            .ok()
-            .filter(|p| (8..=29).contains(p))
-            .ok_or_else(|| format!("subnet {s:?}: the prefix must be between 8 and 29"))?;
-        let mask = u32::MAX << (32 - prefix);
-        Ok(Subnet {
-            base: Ipv4Addr::from(u32::from(ip) & mask),
-            prefix,
-        })
-    }
-}
-
-impl std::fmt::Display for Subnet {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.base, self.prefix)
-    }
-}
-
-impl Subnet {
-    /// The host's address on the bridge (the first one).
-    pub fn gateway(&self) -> Ipv4Addr {
-        Ipv4Addr::from(u32::from(self.base) + 1)
-    }
-
-    /// Addresses machines can have: all but the network, the gateway and the broadcast.
-    fn machine_addresses(&self) -> impl Iterator<Item = Ipv4Addr> {
-        let base = u32::from(self.base);
-        let size = 1u32 << (32 - self.prefix);
-        (base + 2..base + size - 1).map(Ipv4Addr::from)
-    }
-
-    fn contains(&self, ip: Ipv4Addr) -> bool {
-        let mask = u32::MAX << (32 - self.prefix);
-        u32::from(ip) & mask == u32::from(self.base)
-    }
-
-    fn overlaps(&self, other: &Subnet) -> bool {
-        let p = self.prefix.min(other.prefix);
-        let mask = u32::MAX.checked_shl(32 - p as u32).unwrap_or(0);
-        u32::from(self.base) & mask == u32::from(other.base) & mask
-    }
-}
-
 /// This host's machine network, set up the first time an image machine needs it (a host
 /// that never runs one creates no bridge), or at start when it already has image machines.
 #[derive(Debug)]
@@ -157,7 +99,7 @@ impl LazyNetwork {
     }
 
     /// The network, set up now if it is not yet (a failure is retried next time). Blocks
-    /// while `ip` runs, the first time.
+    /// while the bridge and the firewall are made, the first time.
     pub fn get(&self) -> Result<&Network, String> {
         if let Some(n) = self.cell.get() {
             return Ok(n);
@@ -310,15 +252,20 @@ impl Network {
     }
 
     fn create_bridge(&self) -> Result<(), String> {
-        let exists = link_exists(&self.bridge);
-        let gw = format!("{}/{}", self.subnet.gateway(), self.subnet.prefix);
-        let mut cmds = String::new();
-        if !exists {
-            cmds += &format!("link add {} type bridge\n", self.bridge);
+        let err = |what: &str, e: std::io::Error| format!("{what} bridge {}: {e}", self.bridge);
+        let mut rtnl = netlink::Rtnl::open().map_err(|e| err("making", e))?;
+        if !link_exists(&self.bridge) {
+            match rtnl.add_bridge(&self.bridge) {
+                // Made meanwhile by an agent of the same host id: it is the same bridge.
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+                other => other.map_err(|e| err("making", e))?,
+            }
         }
-        cmds += &format!("addr replace {gw} dev {}\n", self.bridge);
-        cmds += &format!("link set {} up\n", self.bridge);
-        ip_batch(None, &cmds)
+        let index = netlink::link_index(&self.bridge)
+            .ok_or_else(|| format!("bridge {} is gone", self.bridge))?;
+        rtnl.replace_address(index, self.subnet.gateway(), self.subnet.prefix)
+            .map_err(|e| err("addressing", e))?;
+        rtnl.set_up(index).map_err(|e| err("bringing up", e))
     }
 
     /// nftables: nothing routed from the bridge back into it; nothing from the bridge to
@@ -572,7 +519,7 @@ impl Network {
     /// gives back the id ranges.
     pub fn teardown(&self) {
         self.id_ranges.release_all();
-        let _ = ip_batch(None, &format!("link delete {}\n", self.bridge));
+        let _ = netlink::delete_link(&self.bridge);
         let table = self.table();
         for family in ["ip", "bridge"] {
             let _ = run_stdin(
@@ -737,51 +684,6 @@ fn hex_of(s: &str) -> String {
     format!("{h:016x}")
 }
 
-/// The first /24 of the default pool that no route of this host covers, except one that
-/// is already `bridge`'s.
-fn pick_subnet(bridge: &str) -> Result<Subnet, String> {
-    let out = Command::new("ip")
-        .args(["-4", "-o", "route", "show", "table", "all"])
-        .output()
-        .map_err(|e| format!("running ip route: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut taken = Vec::new();
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        let Some(first) = words.next() else { continue };
-        if line.contains(&format!("dev {bridge} ")) {
-            continue;
-        }
-        let dst = if first == "local" || first == "broadcast" {
-            words.next().unwrap_or("")
-        } else {
-            first
-        };
-        if dst == "default" {
-            continue;
-        }
-        let (ip, prefix) = dst.split_once('/').unwrap_or((dst, "32"));
-        if let (Ok(ip), Ok(prefix)) = (ip.parse::<Ipv4Addr>(), prefix.parse::<u8>()) {
-            if prefix <= 32 {
-                let mask = u32::MAX.checked_shl(32 - prefix as u32).unwrap_or(0);
-                taken.push(Subnet {
-                    base: Ipv4Addr::from(u32::from(ip) & mask),
-                    prefix,
-                });
-            }
-        }
-    }
-    (0..=255u8)
-        .map(|third| Subnet {
-            base: Ipv4Addr::new(DEFAULT_POOL.0, DEFAULT_POOL.1, third, 0),
-            prefix: 24,
-        })
-        .find(|s| !taken.iter().any(|t| t.overlaps(s)))
-        .ok_or_else(|| {
-            "no free /24 left in 10.213.0.0/16 for the machine network; set --machine-subnet".into()
-        })
-}
-
 /// An exclusive lock on `/run/bazaar/network.lock` (agents of one machine set up their
 /// networks one at a time).
 fn host_lock() -> Result<std::fs::File, String> {
@@ -791,16 +693,6 @@ fn host_lock() -> Result<std::fs::File, String> {
     rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
         .map_err(|e| format!("locking /run/bazaar/network.lock: {e}"))?;
     Ok(f)
-}
-
-/// Runs `ip [-n NS] -batch -` with `cmds` on stdin.
-fn ip_batch(netns: Option<&str>, cmds: &str) -> Result<(), String> {
-    let mut args = Vec::new();
-    if let Some(ns) = netns {
-        args.extend(["-n", ns]);
-    }
-    args.extend(["-batch", "-"]);
-    run_stdin("ip", &args, cmds)
 }
 
 fn run_stdin(program: &str, args: &[&str], input: &str) -> Result<(), String> {
@@ -857,6 +749,64 @@ mod tests {
         assert!(same.recv_timeout(Duration::from_millis(200)).is_err());
         drop(held);
         assert!(same.recv_timeout(Duration::from_secs(5)).is_ok());
+    }
+
+    /// Runs `work` on a thread in a network namespace of its own (gone with the thread),
+    /// where only root may make one.
+    fn in_fresh_namespace<T: Send>(work: impl FnOnce() -> T + Send) -> Option<T> {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: needs root (a network namespace)");
+            return None;
+        }
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    // SAFETY: unshare takes a flag and moves this thread alone, which ends
+                    // with `work`.
+                    assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+                    work()
+                })
+                .join()
+                .unwrap()
+        })
+        .into()
+    }
+
+    #[test]
+    fn the_bridge_is_made_and_subnets_picked_without_iproute2() {
+        in_fresh_namespace(|| {
+            // Nothing routed yet: the pool's first /24.
+            let first: Subnet = "10.213.0.0/24".parse().unwrap();
+            assert_eq!(pick_subnet("bz-test0").unwrap(), first);
+            let net = Network {
+                bridge: "bz-test0".into(),
+                subnet: first,
+                nat: false,
+                setup_locks: Arc::default(),
+                id_ranges: Arc::new(IdRanges::new("test")),
+                pool: Arc::default(),
+            };
+            net.create_bridge().unwrap();
+            // Again: it is found, its address replaced (a restarted agent does so).
+            net.create_bridge().unwrap();
+            let index = netlink::link_index("bz-test0").expect("the bridge exists");
+            let routes = Rtnl::open().unwrap().routes().unwrap();
+            assert!(
+                routes.iter().any(|r| r.dst == Ipv4Addr::new(10, 213, 0, 0)
+                    && r.prefix == 24
+                    && r.oif == Some(index)),
+                "{routes:?}"
+            );
+            // Another host's bridge skips the /24 now routed; this one keeps its own.
+            assert_eq!(
+                pick_subnet("bz-test1").unwrap(),
+                "10.213.1.0/24".parse().unwrap()
+            );
+            assert_eq!(pick_subnet("bz-test0").unwrap(), first);
+            net.teardown();
+            assert!(netlink::link_index("bz-test0").is_none());
+            assert_eq!(pick_subnet("bz-test1").unwrap(), first);
+        });
     }
 
     #[test]

@@ -23,6 +23,34 @@ impl From<Size> for Resources {
     }
 }
 
+/// The host label prefix saying why a host cannot run machines of a driver:
+/// `cannot_run_<driver>` = what it lacks (`cannot_run_oci` = `runc (package runc)`). A host
+/// publishes one for each driver it cannot run; the exchange asks it for no such machine.
+pub const CANNOT_RUN_LABEL: &str = "cannot_run_";
+
+/// The label of a host that cannot run `driver` machines.
+pub fn cannot_run_label(driver: &str) -> String {
+    format!("{CANNOT_RUN_LABEL}{driver}")
+}
+
+/// Why a host with `labels` cannot run `driver` machines, if it cannot.
+pub fn cannot_run<'a>(
+    labels: &'a std::collections::BTreeMap<String, String>,
+    driver: &str,
+) -> Option<&'a str> {
+    labels.get(&cannot_run_label(driver)).map(String::as_str)
+}
+
+/// Every driver a host with `labels` cannot run, with why: `(driver, reason)`.
+pub fn cannot_run_any(
+    labels: &std::collections::BTreeMap<String, String>,
+) -> impl Iterator<Item = (&str, &str)> {
+    labels.iter().filter_map(|(k, v)| {
+        k.strip_prefix(CANNOT_RUN_LABEL)
+            .map(|driver| (driver, v.as_str()))
+    })
+}
+
 /// A request for a bid: "could you host a machine of this size?"
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct BidRequest {
@@ -34,6 +62,10 @@ pub struct BidRequest {
     /// How long the reservation should be held, in ms (bounded by the host).
     #[serde(default)]
     pub ttl_ms: Option<u64>,
+    /// The machine's driver (`process`, `oci`): a host that cannot run it refuses.
+    /// `None`: not said (any host may bid).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
 }
 
 /// A host's answer to a bid request.
