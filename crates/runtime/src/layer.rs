@@ -2,7 +2,8 @@
 //! and `work` dirs, or the flattened copy where overlayfs is missing), in
 //! `machines/<id>/layer`. On an agent that limits machines' disks that directory is the
 //! machine's own ext4 disk ([`crate::work_disk::ensure_layer`], the size rules of a process
-//! machine's work disk), made at its first start and kept, mounted, until it is destroyed.
+//! machine's work disk), made at its first start and kept, mounted, until it is destroyed
+//! (or the agent restarts: a layer disk that is not mounted is made afresh).
 //! Every start begins from the image as it is (what a run wrote to its root file system is
 //! gone at the next start: volumes are for data that must stay), so the layer is emptied
 //! at each start.
@@ -31,7 +32,7 @@ impl OciRuntime {
                 .map_err(removing)?;
         }
         let layer = crate::work_disk::layer_dir(machine_dir);
-        // The previous run's (on its disk, or on the host while the disk is not mounted).
+        // The previous run's (on its mounted disk; one not mounted is made afresh).
         self.images.remove_rootfs(&layer).await.map_err(removing)?;
         let Some(mb) = disk_mb else {
             std::fs::create_dir_all(&layer)
@@ -51,8 +52,6 @@ impl OciRuntime {
                 "the writable layer holds files: no disk limit"
             );
         }
-        // A disk mounted again (after a reboot) holds the run before it.
-        self.images.remove_rootfs(&layer).await.map_err(removing)?;
         Ok(layer)
     }
 }
