@@ -105,6 +105,8 @@ pub(crate) struct Inner {
     pub volume_steps: tokio::sync::Mutex<()>,
     /// Operations and steps run.
     pub metrics: crate::metrics::AgentMetrics,
+    /// The machines whose full disk was reported (`disk_watch.rs`).
+    pub full_disks: crate::disk_watch::FullDisks,
 }
 
 /// What a store holds at start that the agent has not acted on yet: its machines and its
@@ -219,6 +221,7 @@ impl Agent {
             cannot_run,
             volume_steps: tokio::sync::Mutex::new(()),
             metrics: Default::default(),
+            full_disks: Default::default(),
             config,
         });
         Ok((Agent(inner), Stored { machines, ops }))

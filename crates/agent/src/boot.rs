@@ -18,6 +18,7 @@ use crate::{
 use anyhow::Context;
 use bazaar_node::listen::{spawn_accept_loop, Admission};
 use bazaar_runtime::MachineDriver;
+use bazaar_types::event::MachineEvent;
 use bazaar_types::ids;
 use bazaar_types::now_ms;
 use bazaar_types::state::MachineState;
@@ -343,13 +344,14 @@ impl Agent {
 
     /// Refreshes the revoked tokens, expires unclaimed reservations, collects old
     /// tombstones, republishes the host record, puts this host's catalog rows back in line
-    /// with its store, starts scheduled machines that are due.
+    /// with its store, starts scheduled machines that are due, reports full disks.
     async fn housekeeping(&self) {
         self.refresh_revocations();
         self.publish_host().await;
         self.reconcile_catalog();
         let now = now_ms();
         crate::schedule::start_due(self, now).await;
+        self.watch_disks().await;
         {
             let mut ledger = self.0.ledger.lock().await;
             // Claimed reservations are kept a minute past expiry to answer repeated claims.
@@ -393,6 +395,57 @@ impl Agent {
                 for id in &old {
                     live.remove(id);
                 }
+            }
+        }
+    }
+}
+
+impl Agent {
+    /// Records a `disk_full` event, with a log line, for each started machine whose disk
+    /// has just become full (`disk_watch.rs`), every few seconds.
+    async fn watch_disks(&self) {
+        if !self.0.full_disks.due(std::time::Instant::now()) {
+            return;
+        }
+        let started: Vec<String> = self
+            .0
+            .store
+            .select(|m| (m.state == MachineState::Started).then(|| m.id.clone()));
+        // A machine's next run is told of its full disk again.
+        let running: HashSet<&str> = started.iter().map(String::as_str).collect();
+        self.0.full_disks.retain(|id| running.contains(id));
+        let driver = self.0.machine_driver.clone();
+        let Ok(seen) = tokio::task::spawn_blocking(move || {
+            started
+                .into_iter()
+                .map(|id| {
+                    let full = driver.disk_full(&id);
+                    (id, full)
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        else {
+            return;
+        };
+        for (id, full) in seen {
+            if !self.0.full_disks.saw(&id, full.is_some()) {
+                continue;
+            }
+            let reason = full.unwrap_or_default();
+            tracing::warn!(machine.id = %id, %reason, "a machine's disk is full");
+            let _ledger = self.0.ledger.lock().await;
+            let Ok(Some(mut rec)) = self.0.store.machine(&id) else {
+                continue;
+            };
+            let mut b = Batch::default();
+            b.event(
+                &mut rec,
+                MachineEvent::new("disk_full", "started", "flyd").with_reason(reason),
+            );
+            b.machine(&rec);
+            if let Err(err) = self.commit(b).await {
+                tracing::warn!(machine.id = %id, error = %err, "recording a full disk");
             }
         }
     }

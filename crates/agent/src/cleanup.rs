@@ -156,10 +156,11 @@ pub fn reset_host(data_dir: &Path) -> Result<Released, String> {
     Ok(done)
 }
 
-/// Unmounts the overlay root (`machines/<id>/rootfs`) and the work disk
-/// (`machines/<id>/work`) of every machine under `data_dir` that is not in `running`: an
-/// earlier run of the agent left them (a root is rebuilt and a work disk mounted again at
-/// every start anyway). Returns how many were unmounted.
+/// Unmounts the overlay root (`machines/<id>/layer/rootfs`), the layer disk under it
+/// (`machines/<id>/layer`) and the work disk (`machines/<id>/work`) of every machine under
+/// `data_dir` that is not in `running`: an earlier run of the agent left them (a root is
+/// rebuilt and a disk mounted, or made, again at every start anyway). Returns how many
+/// were unmounted.
 pub fn unmount_stale_roots(data_dir: &Path, running: &HashSet<String>) -> usize {
     let Ok(machines) = std::fs::canonicalize(data_dir.join("machines")) else {
         return 0;

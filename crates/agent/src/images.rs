@@ -237,9 +237,11 @@ pub async fn prune_unused(agent: &Agent, idle: Duration) -> Result<serde_json::V
             }
         }
     }
+    // A rootfs is in the machine's writable layer (or, made before layers, its directory).
     let live: Vec<std::path::PathBuf> = machines
         .iter()
         .map(|m| agent.0.driver.machine_dir(&m.id))
+        .flat_map(|dir| [bazaar_runtime::work_disk::layer_dir(&dir), dir])
         .collect();
     let report = store
         .gc(&live)

@@ -81,6 +81,7 @@ pub mod cleanup;
 pub mod cluster_security;
 pub mod config;
 pub mod connections;
+pub mod disk_watch;
 pub mod dns;
 pub mod error;
 pub mod fault;

@@ -579,7 +579,11 @@ async fn an_agent_started_again_removes_what_its_killed_run_left() {
     // namespace leaves.
     let stray = format!("{bridge}-200");
     run_text("ip", &["netns", "add", &stray]);
-    let rootfs = agent.data_dir.join("machines").join(kept).join("rootfs");
+    let rootfs = agent
+        .data_dir
+        .join("machines")
+        .join(kept)
+        .join("layer/rootfs");
     let mounted = || {
         let target = rootfs.display().to_string();
         std::fs::read_to_string("/proc/mounts")

@@ -168,3 +168,47 @@ async fn a_machine_fills_only_its_own_limited_disk_and_says_so() {
         )
     });
 }
+
+/// A process machine whose disk fills and that keeps running is told so while it runs:
+/// one `disk_full` event (not only at its exit), the machine still started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_reported_while_the_machine_runs() {
+    assert!(is_root(), "this test needs root (CI runs as root)");
+    let mut opts = AgentOptions::new(EXE);
+    opts.extra_args = vec!["--machine-disk-mb".into(), "32".into()];
+    let agent = TestAgent::start(opts).expect("agent starts");
+    let c = agent.client();
+    let req = create_request(
+        "disk",
+        &[
+            "sh",
+            "-c",
+            "dd if=/dev/zero of=big bs=1M count=100 2>&1; echo dd=$?; exec sleep 1000",
+        ],
+    );
+    let m = c.create(&req).await.expect("create");
+    wait_state(&c, &m.id, MachineState::Started).await;
+    let full = |events: Vec<bazaar_types::event::MachineEvent>| -> Vec<_> {
+        events
+            .into_iter()
+            .filter(|e| e.kind == "disk_full")
+            .collect()
+    };
+    let event = bazaar_testkit::eventually(std::time::Duration::from_secs(15), || async {
+        full(c.events(&m.id).await.ok()?).into_iter().next()
+    })
+    .await
+    .expect("a disk_full event while the machine runs");
+    assert_eq!(event.status, "started");
+    let reason = event.request.and_then(|r| r.reason).unwrap_or_default();
+    assert!(reason.contains("disk full"), "{reason}");
+    assert_eq!(c.machine(&m.id).await.unwrap().state, MachineState::Started);
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    assert_eq!(
+        full(c.events(&m.id).await.unwrap()).len(),
+        1,
+        "one event per crossing"
+    );
+    c.destroy(&m.id, true).await.expect("destroy");
+    wait_state(&c, &m.id, MachineState::Destroyed).await;
+}

@@ -3,7 +3,7 @@
 //! Process machines run their command directly under the shim; image machines
 //! (`config.image`) run `runc` under it, prepared by [`crate::oci`].
 //! Layout under `data_dir/machines/<id>/`: `work/` (a process workload's directory),
-//! `rootfs/` (an image machine's root), `output.log` (stdout/stderr), `runs/<run_id>/`
+//! `layer/` (an image machine's writable layer, with its root at `layer/rootfs`), `output.log` (stdout/stderr), `runs/<run_id>/`
 //! (one shim's files).
 
 use crate::lifecycle::{LaunchReport, MachineDriver, Run, RunFound, Workload};
@@ -322,15 +322,14 @@ impl Driver {
         let cgroup = self.image_cgroup(rec.id);
         let mut env = self.machine_env(rec);
         env.extend(secret_env.iter().cloned());
+        let t_layer = std::time::Instant::now();
+        let layer = oci
+            .fresh_layer(rec.id, &self.machine_dir(rec.id), self.work_disk_mb(rec))
+            .await
+            .map_err(ShimError::Launch)?;
+        tracing::debug!(machine.id = %rec.id, ms = t_layer.elapsed().as_secs_f64() * 1e3, "writable layer ready");
         let prepared = oci
-            .prepare(
-                rec,
-                &self.machine_dir(rec.id),
-                run_dir,
-                &cgroup,
-                volume,
-                &env,
-            )
+            .prepare(rec, &layer, run_dir, &cgroup, volume, &env)
             .await
             .map_err(ShimError::Launch)?;
         events.extend(prepared.events);

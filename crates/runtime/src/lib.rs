@@ -9,13 +9,15 @@
 //!   [`network`] gives each one a network namespace on the host's bridge (wired by
 //!   [`netlink`] requests; user namespace id ranges from [`idranges`]; its [`subnet`]).
 //! - [`volume_fs`]: volumes' storage (ext4 images on loop devices, or directories);
-//!   [`work_disk`]: a machine's writable space, limited in size the same way.
+//!   [`work_disk`]: a machine's writable space, limited in size the same way ([`layer`]:
+//!   an image machine's, emptied at each start).
 //! - [`exec`]: running a command inside a machine.
 //! - [`prerequisites`]: what this host lacks to run each driver's machines.
 
 pub mod driver;
 pub mod exec;
 pub mod idranges;
+pub mod layer;
 pub mod lifecycle;
 pub mod netlink;
 pub mod network;

@@ -24,8 +24,9 @@
 //! The run counts as started once runc has created the container (its `--pid-file`).
 //!
 //! Layout of a run: `runs/<run_id>/bundle/config.json`, `runs/<run_id>/runc/` (runc's
-//! state), `runs/<run_id>/container.pid`; the rootfs is `machines/<id>/rootfs`, mounted
-//! again at `/run/bazaar/<host id>/rootfs/<id>`.
+//! state), `runs/<run_id>/container.pid`; the rootfs is `machines/<id>/layer/rootfs` (over
+//! the machine's writable layer, [`crate::layer`]), mounted again at
+//! `/run/bazaar/<host id>/rootfs/<id>`.
 
 use crate::idranges::{IdRanges, RANGE_SIZE};
 use crate::lifecycle::Workload;
@@ -111,6 +112,8 @@ pub struct OciRuntime {
     pub runtime_dir: PathBuf,
     /// `bazaar/<host id>`, the parent of the machines' cgroups (the driver's naming).
     cgroup_parent: String,
+    /// `DATA/disk-templates`: the empty disks machines' writable layers are copied from.
+    pub(crate) disk_templates: PathBuf,
 }
 
 /// What [`OciRuntime::prepare`] made for a run.
@@ -193,6 +196,7 @@ impl OciRuntime {
             credentials,
             runtime_dir: Path::new("/run/bazaar").join(host_id),
             cgroup_parent: format!("bazaar/{host_id}"),
+            disk_templates: PathBuf::from("disk-templates"),
         })
     }
 
@@ -234,18 +238,21 @@ impl OciRuntime {
             config.machine_nat,
             Arc::new(IdRanges::new(host_id)),
         );
-        OciRuntime::detect(host_id, config.runc, config.registry_auth, images, network)
-            .map(Arc::new)
+        let mut runtime =
+            OciRuntime::detect(host_id, config.runc, config.registry_auth, images, network)?;
+        runtime.disk_templates = config.data_dir.join("disk-templates");
+        Ok(Arc::new(runtime))
     }
 
     /// Everything a run needs before the shim starts: image, rootfs, files, network,
-    /// bundle. `cgroup` is the machine's cgroup (the container goes in `<cgroup>/ctr`);
-    /// `volume` the host path and mount point of its volume. Idempotent (a redone launch
-    /// step rebuilds it all).
+    /// bundle. `layer` is the machine's writable layer, emptied for this run
+    /// ([`OciRuntime::fresh_layer`]); `cgroup` is the machine's cgroup (the container goes
+    /// in `<cgroup>/ctr`); `volume` the host path and mount point of its volume.
+    /// Idempotent (a redone launch step rebuilds it all).
     pub async fn prepare(
         &self,
         rec: &Workload<'_>,
-        machine_dir: &Path,
+        layer: &Path,
         run_dir: &Path,
         cgroup: &str,
         volume: Option<(PathBuf, String)>,
@@ -289,22 +296,11 @@ impl OciRuntime {
         };
         let t_network = t0.elapsed();
         let gateway = self.network.get()?.subnet.gateway();
-        // Every run starts from the image as it is: what a run wrote to its root
-        // filesystem is gone at the next start (volumes are for data that must stay).
+        // Every run starts from the image as it is, in its emptied layer.
         let exposed = self.exposed_rootfs(rec.id);
-        unexpose_rootfs(&exposed)?;
-        self.images
-            .remove_rootfs(machine_dir)
-            .await
-            .map_err(|e| format!("removing the previous root filesystem: {e}"))?;
         let rootfs = self
             .images
-            .rootfs_mapped(
-                &image,
-                machine_dir,
-                Some(ids),
-                Some(namespaces.userns.clone()),
-            )
+            .rootfs_mapped(&image, layer, Some(ids), Some(namespaces.userns.clone()))
             .await
             .map_err(|e| format!("making the root filesystem: {e}"))?;
         let t_rootfs = t0.elapsed();
@@ -462,12 +458,13 @@ impl OciRuntime {
     }
 
     /// Where machine `id`'s rootfs is mounted for runc.
-    fn exposed_rootfs(&self, id: &str) -> PathBuf {
+    pub(crate) fn exposed_rootfs(&self, id: &str) -> PathBuf {
         self.runtime_dir.join("rootfs").join(id)
     }
 
     /// Removes what a destroyed machine had: its cgroups (runc's `<cgroup>/ctr`, left by
-    /// `runc run --keep`, and the machine's, in every hierarchy), its rootfs (unmounted, at both places). Its network namespace
+    /// `runc run --keep`, and the machine's, in every hierarchy), its rootfs (unmounted, at
+    /// both places; its layer's disk is unmounted by the driver). Its network namespace
     /// goes with its address ([`crate::network::Network::renew`]), its id range with its
     /// record.
     pub async fn cleanup(&self, id: &str, machine_dir: &Path) {
@@ -475,10 +472,16 @@ impl OciRuntime {
         if let Err(err) = unexpose_rootfs(&self.exposed_rootfs(id)) {
             tracing::warn!(machine.id = id, error = %err, "removing the root filesystem");
         }
-        if !machine_dir.join("rootfs").exists() {
-            // A process machine (or one whose rootfs is already gone).
-        } else if let Err(err) = self.images.remove_rootfs(machine_dir).await {
-            tracing::warn!(machine.id = id, error = %err, "removing the root filesystem");
+        // Where the rootfs is: in the layer, or (made before layers) the machine directory.
+        for dir in [
+            crate::work_disk::layer_dir(machine_dir),
+            machine_dir.to_path_buf(),
+        ] {
+            if !dir.join("rootfs").exists() {
+                // A process machine (or one whose rootfs is already gone).
+            } else if let Err(err) = self.images.remove_rootfs(&dir).await {
+                tracing::warn!(machine.id = id, error = %err, "removing the root filesystem");
+            }
         }
     }
 }
@@ -714,7 +717,7 @@ fn expose_rootfs(rootfs: &Path, exposed: &Path) -> Result<(), String> {
 }
 
 /// Unmounts and removes the rootfs mounted by [`expose_rootfs`] (if it is). Idempotent.
-fn unexpose_rootfs(exposed: &Path) -> Result<(), String> {
+pub(crate) fn unexpose_rootfs(exposed: &Path) -> Result<(), String> {
     use rustix::mount::{unmount, UnmountFlags};
     loop {
         match unmount(exposed, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW) {

@@ -1,18 +1,30 @@
-//! A machine's writable space with a size the kernel enforces (issue 31 item 5): a
-//! sandboxed process machine's work directory is its own ext4 file system, a sparse image
-//! `machines/<id>/disk.img` on a loop device mounted at `machines/<id>/work` (`nosuid`,
-//! `nodev`), made at its first start. A workload that fills it gets `ENOSPC` there, and the
-//! host's disk, the agent's store and the other machines are untouched. The size is the
-//! machine's `config.rootfs.size_gb` (Fly's field), else the host's default for every
-//! machine (`--machine-disk-mb`), else one by guest size ([`default_mb`]). The image is
-//! sparse: a machine costs the host only what it wrote.
+//! A machine's writable space with a size the kernel enforces (issue 31 item 5): its own
+//! ext4 file system, a sparse image in the machine's directory on a loop device, mounted
+//! `nosuid,nodev`:
+//!
+//! - a sandboxed process machine's work directory: `machines/<id>/disk.img` at
+//!   `machines/<id>/work`, made at its first start;
+//! - an image machine's writable layer: `machines/<id>/layer.img` at `machines/<id>/layer`,
+//!   which holds the overlay's `upper` and `work` (or the flattened copy of the image where
+//!   overlayfs is missing), made at its first start ([`ensure_layer`]).
+//!
+//! A workload that fills it gets `ENOSPC` there, and the host's disk, the agent's store and
+//! the other machines are untouched. The size is the machine's `config.rootfs.size_gb`
+//! (Fly's field), else the host's default for every machine (`--machine-disk-mb`), else one
+//! by guest size ([`default_mb`]). The image is sparse: a machine costs the host only what
+//! it wrote. [`full`] says when one has no room left (the agent checks its started machines
+//! every few seconds).
 //!
 //! Start speed: `mkfs.ext4` runs once per size, into `DATA/disk-templates/<MB>.img`; a
 //! machine's image is a sparse copy of it (its few MB of metadata), attached to a free loop
 //! device with `LOOP_CONFIGURE` (autoclear) and mounted with `mount(2)`, without running a
-//! program.
+//! program; `noinit_itable`: the template's inode tables are holes, which read as zeros,
+//! so the kernel need not write them. An image machine's layer disk, emptied at every
+//! start anyway, is not synced after its copy (one that does not mount after a crash is
+//! made again). (Copies made ahead on a thread were tried and dropped: their writes and
+//! syncs slowed the next starts more than the copy costs.)
 //!
-//! Nothing is left on the host: destroy unmounts it (the loop device goes with the mount)
+//! Nothing is left on the host: destroy unmounts them (the loop device goes with the mount)
 //! before removing the machine's directory; a host reset or a test kit's release unmounts
 //! everything below the data dir and detaches the loop devices backed there
 //! (`agent/src/cleanup.rs`).
@@ -22,10 +34,44 @@ use std::path::Path;
 
 use crate::volume_fs::{path_str, run};
 
-/// The image file in a machine's directory.
-const IMAGE: &str = "disk.img";
-/// Written once the image holds a file system (a crash mid-mkfs makes it again).
-const FORMATTED: &str = "disk.formatted";
+/// One of a machine's disks, by its names in the machine's directory.
+struct Disk {
+    /// The image file.
+    image: &'static str,
+    /// Written once the image holds a file system (a crash mid-copy makes it again).
+    formatted: &'static str,
+    /// Where it is mounted.
+    mount: &'static str,
+    /// Whether what it holds is thrown away at each start: its copy is not synced (a start
+    /// saves the time), and one that does not mount (the host went down before the copy
+    /// reached its disk) is made again.
+    disposable: bool,
+}
+
+/// A process machine's work directory.
+const WORK: Disk = Disk {
+    image: "disk.img",
+    formatted: "disk.formatted",
+    mount: "work",
+    disposable: false,
+};
+
+/// An image machine's writable layer (overlay upper and work, or the copied rootfs).
+const LAYER: Disk = Disk {
+    image: "layer.img",
+    formatted: "layer.formatted",
+    mount: LAYER_DIR,
+    disposable: true,
+};
+
+/// Where an image machine's writable layer is, in its machine directory.
+pub const LAYER_DIR: &str = "layer";
+
+/// Image machine `machine_dir`'s writable layer directory (the mount of its disk, when it
+/// has a limit).
+pub fn layer_dir(machine_dir: &Path) -> std::path::PathBuf {
+    machine_dir.join(LAYER_DIR)
+}
 /// The largest size a machine may ask for (`config.rootfs.size_gb`).
 pub const MAX_GB: u64 = 1024;
 
@@ -52,21 +98,48 @@ fn is_mounted(machine_dir: &Path, work: &Path) -> io::Result<bool> {
 /// directory that already holds files on the host's file system (a machine from before
 /// limits) is left as it is. Returns whether it is limited.
 pub fn ensure(machine_dir: &Path, templates: &Path, size_mb: u64) -> io::Result<bool> {
-    let work = machine_dir.join("work");
+    ensure_disk(&WORK, machine_dir, templates, size_mb)
+}
+
+/// Makes image machine `machine_dir`'s writable layer directory ([`layer_dir`]) a file
+/// system of `size_mb` and mounts it, as [`ensure`] does the work directory. It must hold
+/// nothing on the host's file system (the caller removed an earlier rootfs).
+pub fn ensure_layer(machine_dir: &Path, templates: &Path, size_mb: u64) -> io::Result<bool> {
+    ensure_disk(&LAYER, machine_dir, templates, size_mb)
+}
+
+fn ensure_disk(
+    disk: &Disk,
+    machine_dir: &Path,
+    templates: &Path,
+    size_mb: u64,
+) -> io::Result<bool> {
+    let work = machine_dir.join(disk.mount);
     if is_mounted(machine_dir, &work)? {
         return Ok(true);
     }
-    let image = machine_dir.join(IMAGE);
-    let formatted = machine_dir.join(FORMATTED);
-    if !formatted.exists() {
+    let image = machine_dir.join(disk.image);
+    let formatted = machine_dir.join(disk.formatted);
+    let made = !formatted.exists();
+    if made {
         if std::fs::read_dir(&work).is_ok_and(|mut d| d.next().is_some()) {
             return Ok(false);
         }
-        sparse_copy(&template(templates, size_mb)?, &image)?;
+        sparse_copy(&template(templates, size_mb)?, &image, !disk.disposable)?;
         std::fs::write(&formatted, b"")?;
     }
     std::fs::create_dir_all(&work)?;
-    mount_image(&image, &work)?;
+    match mount_image(&image, &work) {
+        Ok(()) => {}
+        Err(err) if disk.disposable && !made => {
+            tracing::warn!(error = %err, image = %image.display(), "a machine's disk does not mount: made again");
+            std::fs::remove_file(&formatted)?;
+            sparse_copy(&template(templates, size_mb)?, &image, false)?;
+            std::fs::write(&formatted, b"")?;
+            mount_image(&image, &work)?;
+        }
+        Err(err) => return Err(err),
+    }
     // The workload's directory starts empty.
     match std::fs::remove_dir(work.join("lost+found")) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
@@ -110,8 +183,9 @@ fn template(templates: &Path, size_mb: u64) -> io::Result<std::path::PathBuf> {
     made.map(|()| path)
 }
 
-/// Copies `from` to `to` (created) with its holes: only the ranges that hold data.
-fn sparse_copy(from: &Path, to: &Path) -> io::Result<()> {
+/// Copies `from` to `to` (created) with its holes: only the ranges that hold data; synced
+/// to the disk before it is renamed into place when `durable`.
+fn sparse_copy(from: &Path, to: &Path, durable: bool) -> io::Result<()> {
     use rustix::fs::SeekFrom;
     let src = std::fs::File::open(from)?;
     let len = src.metadata()?.len();
@@ -142,7 +216,9 @@ fn sparse_copy(from: &Path, to: &Path) -> io::Result<()> {
         }
         at = end;
     }
-    dst.sync_all()?;
+    if durable {
+        dst.sync_all()?;
+    }
     std::fs::rename(&partial, to)
 }
 
@@ -224,18 +300,24 @@ fn mount_image(image: &Path, target: &Path) -> io::Result<()> {
         target,
         "ext4",
         rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
-        None,
+        Some(c"noinit_itable"),
     )?;
     // Our descriptor closes here; the mount holds the device until it is unmounted.
     drop(device.1);
     Ok(())
 }
 
-/// Unmounts machine `machine_dir`'s work file system, if it is mounted (its loop device
-/// goes with it). Idempotent.
+/// Unmounts machine `machine_dir`'s disks (work directory, writable layer), those mounted
+/// (their loop devices go with them). An image machine's rootfs mounted over its layer must
+/// be unmounted first. Idempotent.
 pub fn release(machine_dir: &Path) -> io::Result<()> {
+    release_disk(&WORK, machine_dir)?;
+    release_disk(&LAYER, machine_dir)
+}
+
+fn release_disk(disk: &Disk, machine_dir: &Path) -> io::Result<()> {
     use rustix::mount::{unmount, UnmountFlags};
-    let work = machine_dir.join("work");
+    let work = machine_dir.join(disk.mount);
     while is_mounted(machine_dir, &work)? {
         match unmount(&work, UnmountFlags::NOFOLLOW) {
             Ok(()) => {}
@@ -250,10 +332,10 @@ pub fn release(machine_dir: &Path) -> io::Result<()> {
 /// Why the machine's writable space counts as full (none of it left for the workload),
 /// or `None`.
 pub fn full(machine_dir: &Path) -> Option<String> {
-    let work = machine_dir.join("work");
-    if !is_mounted(machine_dir, &work).unwrap_or(false) {
-        return None;
-    }
+    let work = [WORK.mount, LAYER.mount]
+        .map(|m| machine_dir.join(m))
+        .into_iter()
+        .find(|w| is_mounted(machine_dir, w).unwrap_or(false))?;
     let st = rustix::fs::statvfs(&work).ok()?;
     // Full: under 1% or 1 MiB left, whichever is more (a write that no longer fits fails
     // with some blocks still free: ext4 keeps a few back for its own metadata).
@@ -365,6 +447,66 @@ mod tests {
         eprintln!("work disk from a template: {:?}", t0.elapsed());
         assert_eq!(std::fs::read_dir(other.join("work")).unwrap().count(), 0);
         release(&other).unwrap();
+        assert_eq!(loops_below(&dir), 0);
+    }
+
+    #[test]
+    fn an_image_machines_layer_is_a_disk_of_its_own_that_says_when_it_is_full() {
+        use std::io::Write;
+        if !rustix::process::geteuid().is_root() || !Path::new("/dev/loop-control").exists() {
+            return; // loop devices and mounts need root
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().canonicalize().unwrap();
+        let (machine, templates) = (dir.join("m1"), dir.join("templates"));
+        std::fs::create_dir_all(&machine).unwrap();
+        struct Released<'a>(&'a Path);
+        impl Drop for Released<'_> {
+            fn drop(&mut self) {
+                let _ = release(self.0);
+            }
+        }
+        let _released = Released(&machine);
+        assert!(ensure_layer(&machine, &templates, 32).unwrap());
+        let layer = layer_dir(&machine);
+        assert!(is_mounted(&machine, &layer).unwrap());
+        assert!(machine.join("layer.img").exists());
+        assert!(!machine.join("work").exists(), "not the work disk");
+        assert_eq!(full(&machine), None);
+        let mut f = std::fs::File::create(layer.join("big")).unwrap();
+        let chunk = vec![1u8; 1 << 20];
+        let err = (0..64)
+            .find_map(|_| f.write_all(&chunk).err())
+            .expect("64 MB do not fit in 32");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC));
+        drop(f);
+        assert!(full(&machine).unwrap().contains("disk full"));
+        release(&machine).unwrap();
+        assert!(!is_mounted(&machine, &layer).unwrap());
+        assert_eq!(full(&machine), None, "not mounted: nothing to say");
+        assert_eq!(loops_below(&dir), 0);
+        // Its copy is not synced: one lost in a crash (here: emptied) is made again.
+        std::fs::File::create(machine.join("layer.img")).unwrap();
+        assert!(ensure_layer(&machine, &templates, 32).unwrap());
+        assert!(is_mounted(&machine, &layer).unwrap());
+        assert_eq!(std::fs::read_dir(&layer).unwrap().count(), 0);
+        release(&machine).unwrap();
+        assert_eq!(loops_below(&dir), 0);
+        // What a start costs at the default size of the smallest guest, template made.
+        let first = dir.join("m3");
+        std::fs::create_dir_all(&first).unwrap();
+        let _released_first = Released(&first);
+        ensure_layer(&first, &templates, 1024).unwrap();
+        release(&first).unwrap();
+        for n in 0..3 {
+            let m = dir.join(format!("t{n}"));
+            std::fs::create_dir_all(&m).unwrap();
+            let _released = Released(&m);
+            let t0 = std::time::Instant::now();
+            assert!(ensure_layer(&m, &templates, 1024).unwrap());
+            eprintln!("a 1 GB layer disk from its template: {:?}", t0.elapsed());
+            release(&m).unwrap();
+        }
         assert_eq!(loops_below(&dir), 0);
     }
 }

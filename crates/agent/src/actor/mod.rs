@@ -255,7 +255,9 @@ impl Actor {
             req.restart_count = Some(rec.restart_count);
         }
         b.event(&mut rec, event);
-        if let Some(full) = self.agent.0.machine_driver.disk_full(&self.id) {
+        // A full disk the housekeeping loop has not reported yet (`disk_watch.rs`).
+        let full = self.agent.0.machine_driver.disk_full(&self.id);
+        if let Some(full) = full.filter(|_| self.agent.0.full_disks.saw(&self.id, true)) {
             b.event(
                 &mut rec,
                 MachineEvent::new("disk_full", "stopped", "flyd").with_reason(full),
