@@ -82,24 +82,29 @@ async fn operator_commands_use_the_hosts_certificate_over_its_host_listener() {
         "{out:?}"
     );
 
-    // The catalog view and the host interface, as host 0, with its certificate.
-    let hosts: Value = serde_json::from_str(&stdout(&operator(&[
-        "hosts",
-        "--json",
-        "--host-data-dir",
-        &dir,
-    ])))
-    .unwrap();
-    let mut listed: Vec<String> = hosts
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| h["id"].as_str().unwrap().to_string())
-        .collect();
-    listed.sort();
+    // The catalog view and the host interface, as host 0, with its certificate: every
+    // host, once host 0's catalog has heard of the other.
     let mut want = ids.clone();
     want.sort();
-    assert_eq!(listed, want, "{hosts}");
+    let listed = bazaar_testkit::eventually(std::time::Duration::from_secs(20), || {
+        let hosts: Value = serde_json::from_str(&stdout(&operator(&[
+            "hosts",
+            "--json",
+            "--host-data-dir",
+            &dir,
+        ])))
+        .unwrap();
+        let mut listed: Vec<String> = hosts
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["id"].as_str().unwrap().to_string())
+            .collect();
+        listed.sort();
+        std::future::ready((listed == want).then_some(listed))
+    })
+    .await;
+    assert!(listed.is_ok(), "host 0's catalog never listed {want:?}");
     let info: Value = serde_json::from_str(&stdout(&operator(&[
         "host",
         "info",
