@@ -102,6 +102,8 @@ pub(crate) struct Inner {
     pub volume_steps: tokio::sync::Mutex<()>,
     /// Operations and steps run.
     pub metrics: crate::metrics::AgentMetrics,
+    /// The last samples of machines' own metrics pages (`config.metrics`).
+    pub machine_metrics: Arc<crate::machine_metrics::MachineMetrics>,
 }
 
 /// What a store holds at start that the agent has not acted on yet: its machines and its
@@ -210,6 +212,7 @@ impl Agent {
             disk_gb,
             volume_steps: tokio::sync::Mutex::new(()),
             metrics: Default::default(),
+            machine_metrics: Default::default(),
             config,
         });
         Ok((Agent(inner), Stored { machines, ops }))
@@ -292,6 +295,7 @@ impl Agent {
         if let Some(catalog) = self.0.catalog.get() {
             catalog.encode_metrics(&mut out);
         }
+        self.0.machine_metrics.encode(&mut out);
         out.into_string()
     }
 

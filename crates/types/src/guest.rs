@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// A machine's size.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = close_guest)]
 pub struct Guest {
     #[serde(default = "default_cpu_kind")]
     pub cpu_kind: String,
@@ -15,6 +16,10 @@ pub struct Guest {
     pub memory_mb: i64,
     #[serde(flatten)]
     pub extra: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+fn close_guest(schema: &mut schemars::Schema) {
+    crate::config_fields::close_schema(schema, crate::config_fields::GUEST_FIELDS);
 }
 
 fn default_cpu_kind() -> String {

@@ -82,6 +82,7 @@ fn order_for(
         .config
         .ok_or_else(|| ApiError::BadRequest("config is required".into()))?;
     let size = api.0.node.validate_config(&config)?;
+    check_standbys(api, app, &config, None)?;
     let pinned_host = match bazaar_types::volume::mount_of(&config).map_err(ApiError::BadRequest)? {
         Some(mount) => {
             if count > 1 {
@@ -132,6 +133,38 @@ fn order_for(
         dry_run: false,
         pinned_host,
     })
+}
+
+/// `config.standbys` must name live machines of the same app, other than the machine itself
+/// (`own`, on an update): a standby of nothing would never start (400 naming the id).
+pub(crate) fn check_standbys(
+    api: &Api,
+    app: &str,
+    config: &bazaar_types::config::MachineConfig,
+    own: Option<&str>,
+) -> Result<(), ApiError> {
+    if config.standbys.is_empty() {
+        return Ok(());
+    }
+    let catalog = api.catalog()?;
+    for id in &config.standbys {
+        if own == Some(id.as_str()) {
+            return Err(ApiError::BadRequest(format!(
+                "config.standbys: machine {id} cannot be a standby for itself"
+            )));
+        }
+        let known = bazaar_types::ids::is_valid_machine_id(id)
+            && (catalog
+                .machine_of_app(id, app)
+                .is_some_and(|m| !m.deleted && m.record.state != "destroyed")
+                || (catalog.machine(id).is_none() && api.recent_host(id).is_some()));
+        if !known {
+            return Err(ApiError::BadRequest(format!(
+                "config.standbys: {id:?} is not a machine of app {app}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The host of a volume a new machine mounts: the volume must be of the app and free
