@@ -67,9 +67,11 @@ pub struct MachineConfig {
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
     /// The port the machine serves them on (on its own address).
+    #[schemars(range(min = 1))]
     pub port: u16,
-    /// The path of the page (default `/metrics`).
+    /// The path of the page (default `/metrics`): absolute, no space or control character.
     #[serde(default = "default_metrics_path")]
+    #[schemars(regex(pattern = r"^/[^\x00-\x20\x7f]*$"))]
     pub path: String,
     /// Fly's: scrape over HTTPS. Not supported: only `false`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -111,8 +113,6 @@ pub struct InitConfig {
     )]
     #[schemars(schema_with = "str_or_vec_schema")]
     pub cmd: Vec<String>,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub tty: bool,
     /// bazaar extension: the user to run as (`root`, a name, `uid` or `uid:gid`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,

@@ -127,8 +127,8 @@ const GUEST: &[Field] = &[
     used("cpus", Any),
     used("memory_mb", Any),
     // Refused as capacity no host has (`insufficient_capacity`), when asked for.
-    used("gpus", Any),
-    used("gpu_kind", Any),
+    unused("gpus", Any),
+    unused("gpu_kind", Any),
     unused("max_memory_mb", Any),
     unused("host_dedication_id", Any),
     unused("kernel_args", Any),
@@ -268,7 +268,12 @@ pub const MOUNT_FIELDS: &[Field] = MOUNT;
 /// its default; the message names the field (`config.services[0].ports[1].tls_options`).
 pub fn check(config: &MachineConfig) -> Result<(), String> {
     let value = serde_json::to_value(config).map_err(|e| format!("config: {e}"))?;
-    check_object(&value, CONFIG, "config")
+    check_value(&value)
+}
+
+/// [`check`] of a config as JSON.
+pub fn check_value(config: &Value) -> Result<(), String> {
+    check_object(config, CONFIG, "config")
 }
 
 fn check_object(value: &Value, fields: &[Field], path: &str) -> Result<(), String> {

@@ -57,12 +57,17 @@ pub struct Volume {
 /// Fly's CreateVolumeRequest. `snapshot_id` restores a snapshot and `source_volume_id` forks
 /// a volume; both put the new volume on the host that holds the source.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(extend("required" = ["name"]))]
 pub struct CreateVolumeRequest {
+    /// 1-30 lowercase letters, digits and `_` (required: a volume without a name is refused).
     #[serde(default)]
+    #[schemars(length(min = 1, max = 30), regex(pattern = r"^[a-z0-9_]+$"))]
     pub name: String,
     #[serde(default)]
     pub region: Option<String>,
+    /// 1 to 500 (default 3).
     #[serde(default)]
+    #[schemars(range(min = 1, max = 500))]
     pub size_gb: Option<u64>,
     #[serde(default)]
     pub encrypted: Option<bool>,
