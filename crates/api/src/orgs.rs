@@ -38,8 +38,9 @@ pub struct OrgMachinesQuery {
     #[serde(default)]
     #[schemars(range(min = 1, max = 500))]
     limit: Option<usize>,
-    /// Where the previous page ended (its `next_cursor`).
+    /// Where the previous page ended (its `next_cursor`: `<unix ms>.<machine id>`).
     #[serde(default)]
+    #[schemars(regex(pattern = r"^[0-9]{1,19}\.[a-z0-9]{1,64}$"))]
     cursor: Option<String>,
 }
 

@@ -207,3 +207,41 @@ async fn standbys_must_name_other_machines_of_the_app() {
     }
     node.stop().await;
 }
+
+/// A guest size given alone (a placement dry run's or a volume's `compute`) is judged as a
+/// config's `guest` (found by schemathesis: `kernel_args` was taken there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compute_size_takes_only_a_guests_keys() {
+    let (node, api) = agent_with_apps(&["c1"]).await;
+    let body = json!({"compute": {"cpus": 1, "memory_mb": 256, "kernel_args": ["quiet"]}});
+    let got = oneshot(
+        &api,
+        Method::POST,
+        "/v1/platform/placements",
+        ORG,
+        Some(&body.to_string()),
+    )
+    .await;
+    assert_bad_request(got, "compute.kernel_args is not supported");
+    let body = json!({"name": "data", "compute": {"cpus": 1, "memroy_mb": 256}});
+    let got = oneshot(
+        &api,
+        Method::POST,
+        "/v1/apps/c1/volumes",
+        ORG,
+        Some(&body.to_string()),
+    )
+    .await;
+    assert_bad_request(got, "compute.memroy_mb is not a field");
+    let body = json!({"compute": {"cpus": 1, "memory_mb": 256}});
+    let (s, v) = oneshot(
+        &api,
+        Method::POST,
+        "/v1/platform/placements",
+        ORG,
+        Some(&body.to_string()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    node.stop().await;
+}

@@ -49,7 +49,9 @@ pub struct MachineConfig {
     pub mounts: Vec<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<FileConfig>,
+    /// Machines of the same app (ids) this one stands by for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(regex(pattern = r"^[a-z0-9]{1,64}$")))]
     pub standbys: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<String>,

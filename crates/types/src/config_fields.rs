@@ -271,6 +271,13 @@ pub fn check(config: &MachineConfig) -> Result<(), String> {
     check_value(&value)
 }
 
+/// [`check`] of a guest size given alone (`compute` of a placement or a volume): its keys
+/// are those of a config's `guest`.
+pub fn check_guest(guest: &crate::guest::Guest, path: &str) -> Result<(), String> {
+    let value = serde_json::to_value(guest).map_err(|e| format!("{path}: {e}"))?;
+    check_object(&value, GUEST, path)
+}
+
 /// [`check`] of a config as JSON.
 pub fn check_value(config: &Value) -> Result<(), String> {
     check_object(config, CONFIG, "config")

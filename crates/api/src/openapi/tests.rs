@@ -351,4 +351,19 @@ fn the_machine_config_and_its_parts_are_as_strict_as_the_server() {
         .cloned()
         .unwrap();
     assert!(secret["schema"]["pattern"].is_string(), "{secret}");
+    assert!(config["standbys"]["items"]["pattern"].is_string());
+    assert!(schemas["AddCertificateRequest"]["properties"]["hostname"]["pattern"].is_string());
+    assert_eq!(
+        schemas["UpdateSecretsRequest"]["properties"]["values"]["minProperties"],
+        1
+    );
+    assert!(schemas["PlacementsRequest"]["properties"]["region"]["pattern"].is_string());
+    let cursor = doc["paths"]["/v1/orgs/{org}/machines"]["get"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "cursor")
+        .cloned()
+        .unwrap();
+    assert!(cursor.to_string().contains("pattern"), "{cursor}");
 }
