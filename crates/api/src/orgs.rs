@@ -33,6 +33,7 @@ pub struct OrgMachinesQuery {
     region: Option<String>,
     /// Only machines updated after this instant (RFC 3339).
     #[serde(default)]
+    #[schemars(extend("format" = "date-time"))]
     updated_after: Option<String>,
     /// The most machines to answer (1 to 500, default 500).
     #[serde(default)]
