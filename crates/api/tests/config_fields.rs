@@ -245,3 +245,18 @@ async fn a_compute_size_takes_only_a_guests_keys() {
     assert_eq!(s, StatusCode::OK, "{v}");
     node.stop().await;
 }
+
+/// A list's boolean parameters are booleans (found by schemathesis: `include_deleted=c` was
+/// read as false).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lists_flags_are_true_or_false() {
+    let (node, api) = agent_with_apps(&["l1"]).await;
+    for flag in ["include_deleted", "summary", "include_leases"] {
+        let path = format!("/v1/apps/l1/machines?{flag}=c");
+        assert_bad_request(oneshot(&api, Method::GET, &path, ORG, None).await, flag);
+        let path = format!("/v1/apps/l1/machines?{flag}=true");
+        let (s, v) = oneshot(&api, Method::GET, &path, ORG, None).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+    }
+    node.stop().await;
+}

@@ -327,6 +327,18 @@ pub(crate) fn from_catalog(v: &bazaar_catalog::MachineView) -> serde_json::Value
     })
 }
 
+/// A boolean query parameter: `true`/`1` or `false`/`0`/empty; anything else is a 400
+/// (found by schemathesis: `include_deleted=c` was read as false).
+fn flag(name: &str, value: &str) -> Result<bool, ApiError> {
+    match value {
+        "true" | "1" => Ok(true),
+        "false" | "0" | "" => Ok(false),
+        other => Err(ApiError::BadRequest(format!(
+            "{name} must be true or false, got {other:?}"
+        ))),
+    }
+}
+
 /// `GET /v1/apps/{app}/machines`: the catalog's list (filters `region`, `state`,
 /// `include_deleted`, `metadata.KEY=VALUE`), with each machine's full object from its owner
 /// unless `summary=true`, and its lease (without the nonce) with `include_leases=true`.
@@ -359,9 +371,9 @@ pub async fn list(
                     .map(|s| s.trim().to_string())
                     .filter(|s| !s.is_empty()),
             ),
-            "include_deleted" => filter.include_deleted = v == "true" || v == "1",
-            "summary" => summary = v == "true" || v == "1",
-            "include_leases" => include_leases = v == "true" || v == "1",
+            "include_deleted" => filter.include_deleted = flag(k, v)?,
+            "summary" => summary = flag(k, v)?,
+            "include_leases" => include_leases = flag(k, v)?,
             _ => {
                 if let Some(key) = k.strip_prefix("metadata.") {
                     metadata.insert(key.to_string(), v.clone());
