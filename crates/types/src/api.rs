@@ -373,6 +373,7 @@ pub struct PlacementsRequest {
     pub compute: Option<Guest>,
     /// A preset name (`shared-cpu-1x`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(shared-cpu-(1|2|4|6|8)x|performance-(1|2|4|8|16)x)$"))]
     pub size: Option<String>,
     /// A region expression (default: this node's region, then any): regions separated by
     /// `,`, at least one.

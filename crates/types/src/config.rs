@@ -27,6 +27,7 @@ pub struct MachineConfig {
     pub guest: Option<Guest>,
     /// Deprecated preset name (`shared-cpu-1x`); mutually exclusive with `guest`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(shared-cpu-(1|2|4|6|8)x|performance-(1|2|4|8|16)x)$"))]
     pub size: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init: Option<InitConfig>,

@@ -456,7 +456,7 @@ pub(crate) fn list_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
         "machines",
         "List an app's machines (from the catalog; each one's full object from its owner \
          unless `summary=true`). Also filters by metadata: `metadata.KEY=VALUE`.",
-        &[401, 404, 503],
+        &[400, 401, 404, 503],
     );
     let t = query(t, "region", Ty::Str, "Only machines in this region.");
     let t = query(

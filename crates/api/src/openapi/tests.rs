@@ -368,6 +368,9 @@ fn the_machine_config_and_its_parts_are_as_strict_as_the_server() {
     assert!(cursor.to_string().contains("pattern"), "{cursor}");
     let extend = &schemas["ExtendVolumeRequest"];
     assert_eq!(extend["required"], serde_json::json!(["size_gb"]));
-    assert_eq!(extend["properties"]["size_gb"]["type"], "integer", "{extend}");
+    assert_eq!(
+        extend["properties"]["size_gb"]["type"], "integer",
+        "{extend}"
+    );
     assert_eq!(extend["properties"]["size_gb"]["maximum"], 500, "{extend}");
 }
