@@ -1,7 +1,9 @@
 //! The machine config decoder, as the Machines API reads a create request
 //! (`bazaar_api::parse_body` into `CreateMachineRequest`) and the agent checks it
 //! (`validate_config`). Properties: a config that decodes re-encodes to JSON that decodes to
-//! the same value, and is judged the same (valid or not) both times; nothing panics.
+//! the same value, and is judged the same (valid or not) both times; a config accepted has
+//! no key that is not Fly's or bazaar's, and Fly's keys bazaar does not act on only at their
+//! defaults (`config_fields`, judged again on the re-encoded JSON); nothing panics.
 #![no_main]
 
 use bazaar_agent::operations::validate_config;
@@ -25,4 +27,14 @@ fuzz_target!(|body: &[u8]| {
         .expect("the config is still there");
     assert_eq!(again, config, "the config changed through JSON");
     assert_eq!(validate_config(&again).map_err(|e| e.to_string()), verdict);
+    if verdict.is_ok() {
+        let fields = bazaar_types::config_fields::check_value(&json_config(&json));
+        assert!(fields.is_ok(), "an accepted config has {fields:?}");
+    }
 });
+
+/// The `config` of an encoded create request, as JSON.
+fn json_config(json: &[u8]) -> serde_json::Value {
+    let mut request: serde_json::Value = serde_json::from_slice(json).expect("it was encoded");
+    request["config"].take()
+}

@@ -58,7 +58,10 @@ configs = [
     b' "min_machines_running": 1}], "checks": {"alive": {"type": "http", "port": 8080, "interval": "1s", "timeout": "500ms",'
     b' "grace_period": "2s", "method": "GET", "path": "/"}}, "restart": {"policy": "on-failure", "max_retries": 3},'
     b' "stop_config": {"signal": "SIGTERM", "timeout": "5s"}, "files": [{"guest_path": "/etc/x", "raw_value": "aGk=", "mode": 420}],'
-    b' "auto_destroy": true, "schedule": "hourly", "standbys": ["m1"], "x_extra": [1.5, null, {"k": "v"}]}}',
+    b' "auto_destroy": true, "schedule": "hourly", "standbys": ["m1"], "dns": {"skip_registration": false},'
+    b' "containers": [], "rootfs": {"size_gb": 2, "persist": null}, "metrics": {"port": 9091, "path": "/m"}}}',
+    b'{"config": {"image": "process", "init": {"exec": ["true"], "tty": true},'
+    b' "services": [{"internal_port": 80, "ports": [{"port": 80, "tls_options": {"alpn": ["h2"]}, "x_extra": [1.5, null]}]}]}}',
     b'{"config": {"size": "shared-cpu-2x", "image": "process", "init": {"cmd": "sh -c true", "entrypoint": ["/bin/sh"]},'
     b' "mounts": [{"volume": "vol_1", "path": "/data"}]}}',
     b'{"config": {"driver": "process", "guest": {"cpus": 1}, "size": "shared-cpu-1x"}}',

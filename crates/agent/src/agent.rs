@@ -107,6 +107,8 @@ pub(crate) struct Inner {
     pub metrics: crate::metrics::AgentMetrics,
     /// The machines whose full disk was reported (`disk_watch.rs`).
     pub full_disks: crate::disk_watch::FullDisks,
+    /// The last samples of machines' own metrics pages (`config.metrics`).
+    pub machine_metrics: Arc<crate::machine_metrics::MachineMetrics>,
 }
 
 /// What a store holds at start that the agent has not acted on yet: its machines and its
@@ -222,6 +224,7 @@ impl Agent {
             volume_steps: tokio::sync::Mutex::new(()),
             metrics: Default::default(),
             full_disks: Default::default(),
+            machine_metrics: Default::default(),
             config,
         });
         Ok((Agent(inner), Stored { machines, ops }))
@@ -310,6 +313,7 @@ impl Agent {
         if let Some(catalog) = self.0.catalog.get() {
             catalog.encode_metrics(&mut out);
         }
+        self.0.machine_metrics.encode(&mut out);
         out.into_string()
     }
 

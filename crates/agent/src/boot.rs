@@ -301,6 +301,7 @@ impl Agent {
         agent.spawn_housekeeping();
         agent.spawn_snapshot_pruning();
         spawn_checks(&agent);
+        spawn_machine_metrics(&agent);
         tracing::info!(
             host.id = %agent.0.host_id,
             num_machines,
@@ -476,6 +477,39 @@ fn spawn_checks(agent: &Agent) {
                     }
                 }
             }
+        }
+    });
+}
+
+/// Starts the agent's scrape loop: the metrics pages of this host's started machines that
+/// have `config.metrics` (`machine_metrics.rs`), on their own address, else on loopback.
+fn spawn_machine_metrics(agent: &Agent) {
+    let agent = agent.clone();
+    let shutdown = agent.0.shutdown.clone();
+    agent.0.tracker.clone().spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            let targets = agent.0.store.select(|r| {
+                let metrics = r.config.metrics.as_ref()?;
+                let ip = r.private_ip.unwrap_or(std::net::Ipv4Addr::LOCALHOST);
+                (r.state == bazaar_types::state::MachineState::Started).then(|| {
+                    crate::machine_metrics::Target {
+                        id: r.id.clone(),
+                        app: r.app.clone(),
+                        addr: format!("{ip}:{}", metrics.port),
+                        path: metrics.path.clone(),
+                    }
+                })
+            });
+            agent
+                .0
+                .machine_metrics
+                .schedule(targets, (&agent.0.tracker, &shutdown));
         }
     });
 }

@@ -55,6 +55,8 @@
 //!   of one.
 //! - [`metrics`]: operations, steps, store commits and machines by state, with the
 //!   catalog's, as Prometheus text (served at `/metrics` with the proxy's).
+//! - [`machine_metrics`]: machines' own metrics pages (`config.metrics`), scraped and
+//!   served with the agent's (the loop that scrapes is in [`boot`]).
 //! - [`checks`]: service health checks of this host's machines (results go in the catalog;
 //!   the loop that runs them is in [`boot`]).
 //! - [`cleanup`]: what a host made on the machine outside its store (mounts, loop devices,
@@ -92,6 +94,7 @@ pub mod identity;
 pub mod images;
 pub mod leases;
 pub mod ledger_dump;
+pub mod machine_metrics;
 pub mod market;
 pub mod memory;
 pub mod mesh;

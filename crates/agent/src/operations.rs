@@ -13,6 +13,7 @@ use crate::registry::ActorMsg;
 use crate::store::Batch;
 use crate::sync::lock;
 use bazaar_types::config::MachineConfig;
+use bazaar_types::config_fields;
 use bazaar_types::event::MachineEvent;
 use bazaar_types::guest::Guest;
 use bazaar_types::host::{Resources, StopRequest, UpdateRequest};
@@ -316,38 +317,41 @@ fn stop_params(config: &MachineConfig, req: &StopRequest) -> (Signal, Duration) 
 }
 
 /// Refuses what a config asks for and no host here can do, rather than accept it silently:
-/// GPUs (no host has one: a placement refusal, `insufficient_capacity`), and fields bazaar
-/// does not act on (400 naming the field).
+/// GPUs (no host has one: a placement refusal, `insufficient_capacity`), keys that are no
+/// Fly config's and Fly's fields bazaar does not act on set to other than their default
+/// (400 naming the field: `bazaar_types::config_fields`).
 fn refuse_unsupported(config: &MachineConfig, guest: &Guest) -> Result<(), AgentError> {
-    let set = |v: Option<&serde_json::Value>| match v {
-        None | Some(serde_json::Value::Null) => false,
-        Some(serde_json::Value::Object(o)) => !o.is_empty(),
-        Some(serde_json::Value::Array(a)) => !a.is_empty(),
-        Some(serde_json::Value::String(s)) => !s.is_empty(),
-        Some(serde_json::Value::Number(n)) => n.as_f64() != Some(0.0),
-        Some(serde_json::Value::Bool(b)) => *b,
+    let set = |v: Option<&serde_json::Value>| {
+        v.is_some_and(|v| !config_fields::is_default(v, config_fields::Shape::Any))
     };
     if set(guest.extra.get("gpus")) || set(guest.extra.get("gpu_kind")) {
         return Err(AgentError::Capacity(
             "no host in this cluster has GPUs (guest.gpus / guest.gpu_kind)".into(),
         ));
     }
-    for field in ["dns", "statics", "processes"] {
-        if set(config.extra.get(field)) {
+    config_fields::check(config).map_err(AgentError::Invalid)?;
+    if let Some(metrics) = &config.metrics {
+        if metrics.port == 0 {
+            return Err(AgentError::Invalid(
+                "config.metrics.port must be between 1 and 65535".into(),
+            ));
+        }
+        if !metrics.path.starts_with('/')
+            || metrics
+                .path
+                .chars()
+                .any(|c| c.is_ascii_control() || c == ' ')
+        {
             return Err(AgentError::Invalid(format!(
-                "config.{field} is not supported by bazaar; leave it out"
+                "config.metrics.path must be an absolute URL path, got {:?}",
+                metrics.path
             )));
         }
-    }
-    if set(config
-        .init
-        .as_ref()
-        .and_then(|i| i.extra.get("swap_size_mb")))
-    {
-        return Err(AgentError::Invalid(
-            "config.init.swap_size_mb is not supported by bazaar (machines run without swap); leave it out"
-                .into(),
-        ));
+        if metrics.https {
+            return Err(AgentError::Invalid(
+                "config.metrics.https is not supported by bazaar (metrics are scraped over HTTP on the machine's own address); leave it out".into(),
+            ));
+        }
     }
     if let Some(schedule) = config.schedule.as_deref().filter(|s| !s.is_empty()) {
         if !crate::schedule::SCHEDULES.contains(&schedule) {

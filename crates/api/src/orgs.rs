@@ -33,13 +33,15 @@ pub struct OrgMachinesQuery {
     region: Option<String>,
     /// Only machines updated after this instant (RFC 3339).
     #[serde(default)]
+    #[schemars(extend("format" = "date-time"))]
     updated_after: Option<String>,
     /// The most machines to answer (1 to 500, default 500).
     #[serde(default)]
     #[schemars(range(min = 1, max = 500))]
     limit: Option<usize>,
-    /// Where the previous page ended (its `next_cursor`).
+    /// Where the previous page ended (its `next_cursor`: `<unix ms>.<machine id>`).
     #[serde(default)]
+    #[schemars(regex(pattern = r"^[0-9]{1,19}\.[a-z0-9]{1,64}$"))]
     cursor: Option<String>,
 }
 

@@ -69,7 +69,11 @@ pub async fn placements(
     Body(req): Body<PlacementsRequest>,
 ) -> Result<Json<PlacementsResponse<PlacementRecord>>, ApiError> {
     let guest = match (req.compute, req.size) {
-        (Some(g), _) => g,
+        (Some(g), _) => {
+            bazaar_types::config_fields::check_guest(&g, "compute")
+                .map_err(ApiError::BadRequest)?;
+            g
+        }
         (None, Some(s)) => Guest::preset(&s).map_err(ApiError::BadRequest)?,
         (None, None) => Guest::default(),
     };

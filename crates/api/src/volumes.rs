@@ -82,6 +82,8 @@ fn host_request(app: &str, req: &CreateVolumeRequest) -> Result<HostVolumeCreate
     }
     let compute = match &req.compute {
         Some(guest) => {
+            bazaar_types::config_fields::check_guest(guest, "compute")
+                .map_err(ApiError::BadRequest)?;
             Some(Resources::from(guest.validate().map_err(|e| {
                 ApiError::BadRequest(format!("compute: {e}"))
             })?))

@@ -122,3 +122,66 @@ async fn a_create_and_a_stop_move_the_agent_and_catalog_metrics() {
     assert_eq!(after.matches("# EOF").count(), 1, "{after}");
     assert!(after.ends_with("# EOF\n"));
 }
+
+/// Fly's `config.metrics`: the agent scrapes a started machine's own page (a real machine
+/// serving it with busybox httpd) and serves its samples with the machine's `app` and
+/// `machine` labels; a stopped machine's are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machines_metrics_page_is_scraped_and_served_with_its_app_and_id() {
+    let agent = agent();
+    let c = agent.client();
+    let port = bazaar_testkit::free_port(std::net::Ipv4Addr::LOCALHOST);
+    let script = format!(
+        "mkdir -p www && printf 'app_requests_total{{path=\"/\"}} 7\\napp_temp{{machine=\"x\"}} 21.5\\nbazaar_agent_machines 99\\n' > www/metrics && exec /usr/bin/busybox httpd -f -p {port} -h www"
+    );
+    let mut req = bazaar_testkit::create_request("mx", &["sh", "-c", &script]);
+    req.config.metrics = Some(bazaar_types::config::MetricsConfig {
+        port,
+        path: "/metrics".into(),
+        https: false,
+    });
+    let m = c.create(&req).await.unwrap();
+    wait_state(&c, &m.id, MachineState::Started).await;
+
+    let labels = format!("app=\"mx\",machine=\"{}\"", m.id);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let text = loop {
+        let text = scrape(&agent).await;
+        if value(&text, &format!("bazaar_machine_metrics_up{{{labels}}}")) == 1.0 {
+            break text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never scraped: {text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    };
+    assert_eq!(
+        value(&text, &format!("app_requests_total{{{labels},path=\"/\"}}")),
+        7.0,
+        "{text}"
+    );
+    // Its own `machine` label is kept apart; bazaar's own families are not its to write.
+    assert_eq!(
+        value(
+            &text,
+            &format!("app_temp{{{labels},exported_machine=\"x\"}}")
+        ),
+        21.5,
+        "{text}"
+    );
+    assert!(!text.contains("bazaar_agent_machines 99"), "{text}");
+    assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+    assert!(text.ends_with("# EOF\n"));
+
+    c.stop(&m.id, &StopRequest::default()).await.unwrap();
+    wait_state(&c, &m.id, MachineState::Stopped).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while scrape(&agent).await.contains(&m.id) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a stopped machine's samples stay"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}

@@ -159,6 +159,13 @@ pub struct Certificate {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddCertificateRequest {
+    /// A DNS name of at least two labels (letters, digits, `-`), at most 253 characters.
+    #[schemars(
+        length(max = 253),
+        regex(
+            pattern = r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
+        )
+    )]
     pub hostname: String,
     /// A PEM chain to serve instead of issuing one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -171,6 +178,13 @@ pub struct AddCertificateRequest {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AcmeCertificateRequest {
+    /// A DNS name of at least two labels (letters, digits, `-`), at most 253 characters.
+    #[schemars(
+        length(max = 253),
+        regex(
+            pattern = r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
+        )
+    )]
     pub hostname: String,
 }
 
@@ -259,7 +273,8 @@ pub struct MetadataValue {
 /// Body of `POST /v1/apps/{app}/secrets`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct UpdateSecretsRequest {
-    /// NAME → value to set it, or `null` to unset it. All or nothing.
+    /// NAME → value to set it, or `null` to unset it (at least one). All or nothing.
+    #[schemars(extend("minProperties" = 1, "propertyNames" = {"pattern": "^(?!FLY_|BAZAAR_)[A-Za-z_][A-Za-z0-9_]*$", "maxLength": 128}))]
     pub values: BTreeMap<String, Option<String>>,
 }
 
@@ -358,9 +373,12 @@ pub struct PlacementsRequest {
     pub compute: Option<Guest>,
     /// A preset name (`shared-cpu-1x`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(shared-cpu-(1|2|4|6|8)x|performance-(1|2|4|8|16)x)$"))]
     pub size: Option<String>,
-    /// A region expression (default: this node's region, then any).
+    /// A region expression (default: this node's region, then any): regions separated by
+    /// `,`, at least one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"[^,\s]"))]
     pub region: Option<String>,
     /// How many machines (1 to 1000, default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]

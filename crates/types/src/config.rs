@@ -1,6 +1,7 @@
 //! `MachineConfig` and its parts, spelled as the Fly Machines API spells them
-//! (reference/fly.md §2.5). Unknown fields are kept (`extra`) and echoed back, so a client's
-//! config survives a round trip even where bazaar does not act on a field yet.
+//! (reference/fly.md §2.5). Fields of Fly's that bazaar has no type for are kept (`extra`)
+//! and echoed back; which keys a config may carry at all, and which only at their default
+//! (those bazaar does not act on), is [`crate::config_fields`]'s to say.
 //!
 //! bazaar extensions: `driver` (`"process"` runs `init.exec` or `init.entrypoint` + `init.cmd`
 //! as a supervised process on the host; `"oci"` runs `image`), and `init.user`.
@@ -14,6 +15,7 @@ use std::collections::BTreeMap;
 
 /// A machine's configuration: one version of it is named by an `instance_id`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = close_config)]
 pub struct MachineConfig {
     /// OCI image reference; for process machines, a label (defaults to `"process"`).
     #[serde(default)]
@@ -25,6 +27,7 @@ pub struct MachineConfig {
     pub guest: Option<Guest>,
     /// Deprecated preset name (`shared-cpu-1x`); mutually exclusive with `guest`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(shared-cpu-(1|2|4|6|8)x|performance-(1|2|4|8|16)x)$"))]
     pub size: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init: Option<InitConfig>,
@@ -43,20 +46,53 @@ pub struct MachineConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_config: Option<StopConfig>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "mounts_schema")]
     pub mounts: Vec<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<FileConfig>,
+    /// Machines of the same app (ids) this one stands by for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(regex(pattern = r"^[a-z0-9]{1,64}$")))]
     pub standbys: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<String>,
-    /// Fields bazaar does not interpret, echoed back unchanged.
+    /// A Prometheus endpoint of the machine that its agent scrapes (docs/METRICS.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<MetricsConfig>,
+    /// Fly's fields kept untyped (`rootfs`, and those bazaar takes only at their default),
+    /// echoed back unchanged.
     #[serde(flatten)]
     pub extra: BTreeMap<String, serde_json::Value>,
 }
 
+/// `metrics`: where the machine serves Prometheus metrics, on its own address.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// The port the machine serves them on (on its own address).
+    #[schemars(range(min = 1))]
+    pub port: u16,
+    /// The path of the page (default `/metrics`): absolute, no space or control character.
+    #[serde(default = "default_metrics_path")]
+    #[schemars(regex(pattern = r"^/[^\x00-\x20\x7f]*$"))]
+    pub path: String,
+    /// Fly's: scrape over HTTPS. Not supported: only `false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schemars(schema_with = "false_only")]
+    pub https: bool,
+}
+
+fn default_metrics_path() -> String {
+    "/metrics".into()
+}
+
+fn false_only(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"description": "Not supported: only `false`.", "const": false})
+}
+
 /// How the machine's main process is started.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = close_init)]
 pub struct InitConfig {
     /// Replaces everything: the exact argv to run.
     #[serde(
@@ -80,8 +116,6 @@ pub struct InitConfig {
     )]
     #[schemars(schema_with = "str_or_vec_schema")]
     pub cmd: Vec<String>,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub tty: bool,
     /// bazaar extension: the user to run as (`root`, a name, `uid` or `uid:gid`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
@@ -105,6 +139,7 @@ impl InitConfig {
 
 /// A service: an internal port the proxy routes to, with its public ports and limits.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = close_service)]
 pub struct MachineService {
     #[serde(default = "default_protocol")]
     pub protocol: String,
@@ -131,6 +166,7 @@ fn default_protocol() -> String {
 
 /// A public port of a service.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = close_port)]
 pub struct MachinePort {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
@@ -148,6 +184,7 @@ pub struct MachinePort {
 
 /// Load limits of a service (`soft_limit` defaults to 20, as on Fly).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Concurrency {
     #[serde(rename = "type", default = "default_concurrency_type")]
     pub kind: String,
@@ -221,6 +258,7 @@ impl JsonSchema for Autostop {
 
 /// A health check (top-level `checks` map, or a service's `checks`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = close_check)]
 pub struct CheckConfig {
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
@@ -253,6 +291,7 @@ pub enum RestartPolicyKind {
 
 /// `restart`: the policy and, for `on-failure`, how many retries (default 10 within 5 minutes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RestartConfig {
     #[serde(default = "default_policy")]
     pub policy: RestartPolicyKind,
@@ -266,6 +305,7 @@ fn default_policy() -> RestartPolicyKind {
 
 /// Graceful stop: the signal to send, then SIGKILL after `timeout`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct StopConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<Signal>,
@@ -275,6 +315,7 @@ pub struct StopConfig {
 
 /// A file written into the machine at boot.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = close_file)]
 pub struct FileConfig {
     pub guest_path: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -283,6 +324,41 @@ pub struct FileConfig {
     pub mode: Option<u32>,
     #[serde(flatten)]
     pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+fn close_config(schema: &mut schemars::Schema) {
+    crate::config_fields::close_schema(schema, crate::config_fields::CONFIG);
+}
+fn close_init(schema: &mut schemars::Schema) {
+    crate::config_fields::close_schema(schema, crate::config_fields::INIT_FIELDS);
+}
+fn close_service(schema: &mut schemars::Schema) {
+    crate::config_fields::close_schema(schema, crate::config_fields::SERVICE_FIELDS);
+}
+fn close_port(schema: &mut schemars::Schema) {
+    crate::config_fields::close_schema(schema, crate::config_fields::PORT_FIELDS);
+}
+fn close_check(schema: &mut schemars::Schema) {
+    crate::config_fields::close_schema(schema, crate::config_fields::CHECK_FIELDS);
+}
+fn close_file(schema: &mut schemars::Schema) {
+    crate::config_fields::close_schema(schema, crate::config_fields::FILE_FIELDS);
+}
+
+/// Schema of `mounts`: volume mounts, as Fly spells them (one at most).
+fn mounts_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut mount = schemars::json_schema!({
+        "type": "object",
+        "required": ["volume", "path"],
+        "properties": {
+            "volume": {"type": "string", "description": "The volume's id."},
+            "path": {"type": "string", "description": "Where it is mounted: an absolute path."},
+            "name": {"type": ["string", "null"], "description": "The volume's name (a label)."},
+            "size_gb": {"type": ["integer", "null"], "description": "The volume's size (a label)."}
+        }
+    });
+    crate::config_fields::close_schema(&mut mount, crate::config_fields::MOUNT_FIELDS);
+    schemars::json_schema!({"type": "array", "items": mount, "maxItems": 1})
 }
 
 /// Schema of a field read by [`str_or_vec`]: one string, a list of strings, or null.

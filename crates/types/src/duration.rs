@@ -59,11 +59,24 @@ pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
             .filter(|n| *n <= MAX_NANOS)
             .ok_or_else(|| format!("duration {text:?} out of range or invalid"))?;
     }
-    Ok(Duration::from_nanos(total_ns as u64))
+    Ok(Duration::new(
+        (total_ns / 1_000_000_000) as u64,
+        (total_ns % 1_000_000_000) as u32,
+    ))
 }
 
-/// Longest duration read from a string (1e9 s, as for bare numbers).
-const MAX_NANOS: u128 = 1_000_000_000 * 1_000_000_000;
+/// Longest duration read from a Go string: 10^7 hours, so that every duration the API
+/// writes back (at most `u64::MAX` nanoseconds, 5124095h...) reads again.
+const MAX_NANOS: u128 = 10_000_000 * 3_600 * 1_000_000_000;
+
+/// The Go strings the document promises are read (a subset of what is: units in Go's own
+/// order, minutes and seconds below 60 after a larger unit), every one of them in range.
+pub const GO_DURATION_PATTERN: &str = concat!(
+    r"^(?:[0-9]{1,9}(?:\.[0-9]{1,9})?",
+    r"|[0-9]{1,7}h(?:[0-5]?[0-9]m)?(?:[0-5]?[0-9](?:\.[0-9]{1,9})?s)?",
+    r"|[0-9]{1,6}m(?:[0-5]?[0-9](?:\.[0-9]{1,9})?s)?",
+    r"|[0-9]{1,6}(?:\.[0-9]{1,9})?(?:s|ms|us|µs|ns))$"
+);
 
 /// `number` (digits with at most one `.`) of a unit of `unit_ns` nanoseconds, in whole
 /// nanoseconds (digits below a nanosecond dropped).
@@ -167,8 +180,8 @@ impl schemars::JsonSchema for GoDuration {
         schemars::json_schema!({
             "description": "A duration: a Go duration string (`\"10s\"`, `\"1m30s\"`, `\"500ms\"`; a bare number is seconds) or an integer number of nanoseconds. Written back as a Go duration string.",
             "oneOf": [
-                {"type": "string", "examples": ["10s", "1m30s", "500ms"]},
-                {"type": "integer", "minimum": 0, "description": "nanoseconds"}
+                {"type": "string", "examples": ["10s", "1m30s", "500ms"], "pattern": GO_DURATION_PATTERN},
+                {"type": "integer", "minimum": 0, "maximum": u64::MAX, "description": "nanoseconds"}
             ]
         })
     }
@@ -222,5 +235,43 @@ mod tests {
         assert!(parse_go_duration("1.2.3s").is_err());
         assert!(parse_go_duration(".s").is_err());
         assert!(parse_go_duration("99999999999999999999999999h").is_err());
+    }
+
+    /// Every duration written back (to `u64::MAX` nanoseconds) matches the document's
+    /// pattern, and reads back the same.
+    #[test]
+    fn what_is_written_matches_the_documented_pattern() {
+        let pattern = regex::Regex::new(GO_DURATION_PATTERN).unwrap();
+        for ns in [
+            u64::MAX,
+            0,
+            1,
+            999,
+            1_500_000,
+            59_999_999_999,
+            3_600_000_000_000 * 24,
+        ] {
+            let written = format_go_duration(Duration::from_nanos(ns));
+            assert!(pattern.is_match(&written), "{written}");
+            assert_eq!(
+                parse_go_duration(&written).unwrap(),
+                Duration::from_nanos(ns)
+            );
+        }
+        assert!(
+            !pattern.is_match("10 parsecs") && !pattern.is_match("") && !pattern.is_match("1h1h")
+        );
+    }
+
+    proptest::proptest! {
+        /// Every string the document's pattern admits is read (none is out of range).
+        #[test]
+        fn every_string_the_documented_pattern_admits_is_read(
+            text in proptest::string::string_regex(
+                GO_DURATION_PATTERN.trim_start_matches('^').trim_end_matches('$')
+            ).unwrap()
+        ) {
+            proptest::prop_assert!(parse_go_duration(&text).is_ok(), "{text:?}");
+        }
     }
 }

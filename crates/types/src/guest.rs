@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// A machine's size.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = close_guest)]
 pub struct Guest {
     #[serde(default = "default_cpu_kind")]
     pub cpu_kind: String,
@@ -15,6 +16,44 @@ pub struct Guest {
     pub memory_mb: i64,
     #[serde(flatten)]
     pub extra: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+/// The schema says what [`Guest::validate`] takes: for each CPU kind and count, the
+/// memory range and step (a branch each), with the defaults (shared, 1 CPU, 256 MB).
+fn close_guest(schema: &mut schemars::Schema) {
+    crate::config_fields::close_schema(schema, crate::config_fields::GUEST_FIELDS);
+    let mut branches = Vec::new();
+    for (performance, cpus, per_cpu, step) in [
+        (false, &[1, 2, 4, 6, 8][..], (256, 2048), 256),
+        (true, &[1, 2, 4, 8, 16][..], (2048, 8192), 1024),
+    ] {
+        for &n in cpus {
+            let kind = if performance {
+                serde_json::json!({"const": "performance"})
+            } else {
+                serde_json::json!({"enum": ["shared", ""]})
+            };
+            let mut required = Vec::new();
+            if performance {
+                required.push("cpu_kind");
+            }
+            if n != 1 {
+                required.push("cpus");
+            }
+            if performance || n != 1 {
+                required.push("memory_mb");
+            }
+            branches.push(serde_json::json!({
+                "properties": {
+                    "cpu_kind": kind,
+                    "cpus": {"const": n},
+                    "memory_mb": {"minimum": per_cpu.0 * n, "maximum": per_cpu.1 * n, "multipleOf": step},
+                },
+                "required": required,
+            }));
+        }
+    }
+    schema.insert("anyOf".into(), serde_json::Value::Array(branches));
 }
 
 fn default_cpu_kind() -> String {

@@ -22,6 +22,7 @@
 
 pub mod api;
 pub mod config;
+pub mod config_fields;
 pub mod duration;
 pub mod error;
 pub mod event;

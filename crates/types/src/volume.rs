@@ -57,12 +57,17 @@ pub struct Volume {
 /// Fly's CreateVolumeRequest. `snapshot_id` restores a snapshot and `source_volume_id` forks
 /// a volume; both put the new volume on the host that holds the source.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(extend("required" = ["name"]))]
 pub struct CreateVolumeRequest {
+    /// 1-30 lowercase letters, digits and `_` (required: a volume without a name is refused).
     #[serde(default)]
+    #[schemars(length(min = 1, max = 30), regex(pattern = r"^[a-z0-9_]+$"))]
     pub name: String,
     #[serde(default)]
     pub region: Option<String>,
+    /// 1 to 500 (default 3).
     #[serde(default)]
+    #[schemars(range(min = 1, max = 500))]
     pub size_gb: Option<u64>,
     #[serde(default)]
     pub encrypted: Option<bool>,
@@ -78,9 +83,13 @@ pub struct CreateVolumeRequest {
     pub auto_backup_enabled: Option<bool>,
     #[serde(default)]
     pub fstype: Option<String>,
+    /// A snapshot of the app's (`vs_...`).
     #[serde(default)]
+    #[schemars(regex(pattern = r"^vs_[a-z0-9]{1,40}$"))]
     pub snapshot_id: Option<String>,
+    /// A volume of the app (`vol_...`).
     #[serde(default)]
+    #[schemars(regex(pattern = r"^vol_[a-z0-9]{1,40}$"))]
     pub source_volume_id: Option<String>,
 }
 
@@ -95,8 +104,11 @@ pub struct UpdateVolumeRequest {
 
 /// Fly's ExtendVolumeRequest.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(extend("required" = ["size_gb"]))]
 pub struct ExtendVolumeRequest {
+    /// The new size (required), 1 to 500.
     #[serde(default)]
+    #[schemars(with = "u64", range(min = 1, max = 500))]
     pub size_gb: Option<u64>,
 }
 

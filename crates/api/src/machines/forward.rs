@@ -171,6 +171,21 @@ async fn lease_show(
     Ok(Relayed::new(Json(lease).into_response()))
 }
 
+/// `POST`/`PUT .../machines/{id}`: an update, its standbys checked here (they are other
+/// hosts' machines), then forwarded.
+async fn update(
+    api: State<Api>,
+    params: Path<HashMap<String, String>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Checked<UpdateRequest>,
+) -> Result<Relayed<Json<Machine>>, ApiError> {
+    let param = |name: &str| params.get(name).map(String::as_str).unwrap_or_default();
+    super::check_standbys(&api, param("app"), &body.0.config, Some(param("id")))?;
+    forward(api, params, method, uri, headers, body).await
+}
+
 /// The docs of a forwarded call that changes a machine and takes its lease's nonce.
 fn change(
     id: &'static str,
@@ -203,7 +218,7 @@ pub(crate) fn forwarded() -> ApiRouter<Api> {
                     "Show the machine's lease (without its nonce).",
                 )
             })
-            .post_with(forward::<Json<Machine>, Checked<UpdateRequest>>, |t| {
+            .post_with(update, |t| {
                 nonce(op(
                     t,
                     "MachinesUpdate",
@@ -216,7 +231,7 @@ pub(crate) fn forwarded() -> ApiRouter<Api> {
                 ))
             })
             .put_with(
-                forward::<Json<Machine>, Checked<UpdateRequest>>,
+                update,
                 change("MachinesUpdatePut", "Same as `POST` (update)."),
             )
             .delete_with(forward::<Json<OkResponse>, NoBody>, |t| {

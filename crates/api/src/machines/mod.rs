@@ -82,6 +82,7 @@ fn order_for(
         .config
         .ok_or_else(|| ApiError::BadRequest("config is required".into()))?;
     let size = api.0.node.validate_config(&config)?;
+    check_standbys(api, app, &config, None)?;
     let pinned_host = match bazaar_types::volume::mount_of(&config).map_err(ApiError::BadRequest)? {
         Some(mount) => {
             if count > 1 {
@@ -135,6 +136,38 @@ fn order_for(
         dry_run: false,
         pinned_host,
     })
+}
+
+/// `config.standbys` must name live machines of the same app, other than the machine itself
+/// (`own`, on an update): a standby of nothing would never start (400 naming the id).
+pub(crate) fn check_standbys(
+    api: &Api,
+    app: &str,
+    config: &bazaar_types::config::MachineConfig,
+    own: Option<&str>,
+) -> Result<(), ApiError> {
+    if config.standbys.is_empty() {
+        return Ok(());
+    }
+    let catalog = api.catalog()?;
+    for id in &config.standbys {
+        if own == Some(id.as_str()) {
+            return Err(ApiError::BadRequest(format!(
+                "config.standbys: machine {id} cannot be a standby for itself"
+            )));
+        }
+        let known = bazaar_types::ids::is_valid_machine_id(id)
+            && (catalog
+                .machine_of_app(id, app)
+                .is_some_and(|m| !m.deleted && m.record.state != "destroyed")
+                || (catalog.machine(id).is_none() && api.recent_host(id).is_some()));
+        if !known {
+            return Err(ApiError::BadRequest(format!(
+                "config.standbys: {id:?} is not a machine of app {app}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The host of a volume a new machine mounts: the volume must be of the app and free
@@ -297,6 +330,18 @@ pub(crate) fn from_catalog(v: &bazaar_catalog::MachineView) -> serde_json::Value
     })
 }
 
+/// A boolean query parameter: `true`/`1` or `false`/`0`/empty; anything else is a 400
+/// (found by schemathesis: `include_deleted=c` was read as false).
+fn flag(name: &str, value: &str) -> Result<bool, ApiError> {
+    match value {
+        "true" | "1" => Ok(true),
+        "false" | "0" | "" => Ok(false),
+        other => Err(ApiError::BadRequest(format!(
+            "{name} must be true or false, got {other:?}"
+        ))),
+    }
+}
+
 /// `GET /v1/apps/{app}/machines`: the catalog's list (filters `region`, `state`,
 /// `include_deleted`, `metadata.KEY=VALUE`), with each machine's full object from its owner
 /// unless `summary=true`, and its lease (without the nonce) with `include_leases=true`.
@@ -329,9 +374,9 @@ pub async fn list(
                     .map(|s| s.trim().to_string())
                     .filter(|s| !s.is_empty()),
             ),
-            "include_deleted" => filter.include_deleted = v == "true" || v == "1",
-            "summary" => summary = v == "true" || v == "1",
-            "include_leases" => include_leases = v == "true" || v == "1",
+            "include_deleted" => filter.include_deleted = flag(k, v)?,
+            "summary" => summary = flag(k, v)?,
+            "include_leases" => include_leases = flag(k, v)?,
             _ => {
                 if let Some(key) = k.strip_prefix("metadata.") {
                     metadata.insert(key.to_string(), v.clone());
@@ -414,7 +459,7 @@ pub(crate) fn list_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
         "machines",
         "List an app's machines (from the catalog; each one's full object from its owner \
          unless `summary=true`). Also filters by metadata: `metadata.KEY=VALUE`.",
-        &[401, 404, 503],
+        &[400, 401, 404, 503],
     );
     let t = query(t, "region", Ty::Str, "Only machines in this region.");
     let t = query(

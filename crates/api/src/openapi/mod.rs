@@ -54,8 +54,34 @@ pub(crate) fn with_generator<R>(build: impl FnOnce() -> R) -> R {
 
 /// The document of `api` (the routes' part, from [`aide::axum::ApiRouter::finish_api`]),
 /// completed: info, tags, security, path parameters. A JSON value.
+/// Gives every integer of a fixed width its range (`minimum`/`maximum`) where the schema
+/// lacks it: a number beyond the width does not decode (400), so the document says so.
+fn bound_integers(value: &mut Value) {
+    match value {
+        Value::Object(object) => {
+            let range: Option<(Value, Value)> = match object.get("format").and_then(Value::as_str) {
+                Some("uint8") => Some((0.into(), u8::MAX.into())),
+                Some("uint16") => Some((0.into(), u16::MAX.into())),
+                Some("uint32") => Some((0.into(), u32::MAX.into())),
+                Some("uint64" | "uint") => Some((0.into(), u64::MAX.into())),
+                Some("int32") => Some((i32::MIN.into(), i32::MAX.into())),
+                Some("int64" | "int") => Some((i64::MIN.into(), i64::MAX.into())),
+                _ => None,
+            };
+            if let Some((min, max)) = range {
+                object.entry("minimum").or_insert(min);
+                object.entry("maximum").or_insert(max);
+            }
+            object.values_mut().for_each(bound_integers);
+        }
+        Value::Array(items) => items.iter_mut().for_each(bound_integers),
+        _ => {}
+    }
+}
+
 pub(crate) fn complete(api: OpenApi) -> Value {
     let mut doc = serde_json::to_value(&api).unwrap_or_else(|_| json!({}));
+    bound_integers(&mut doc);
     let mut paths = doc["paths"].take();
     let schemas = doc["components"]["schemas"].take();
     if let Some(paths) = paths.as_object_mut() {
@@ -136,6 +162,13 @@ fn complete_operation(path: &str, op: &mut Value) {
                     "minLength": 1,
                     "maxLength": 63,
                     "pattern": "^[a-z0-9]([a-z0-9-]*[a-z0-9])?$",
+                }),
+                // `bazaar_node::secrets::validate_name`: an environment variable's name.
+                "name" => json!({
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": bazaar_node::secrets::MAX_NAME_LEN,
+                    "pattern": "^(?!FLY_|BAZAAR_)[A-Za-z_][A-Za-z0-9_]*$",
                 }),
                 _ => json!({"type": "string"}),
             };

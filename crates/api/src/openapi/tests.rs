@@ -294,3 +294,84 @@ fn every_change_lists_403_and_every_body_413() {
         }
     }
 }
+
+/// A machine config's schemas are as closed as the server (issue 32 items 4 and 9): no key
+/// beyond Fly's and bazaar's, Fly's unused keys default-only, durations, names, guest sizes
+/// and integer widths with the ranges the server takes.
+#[test]
+fn the_machine_config_and_its_parts_are_as_strict_as_the_server() {
+    let doc = super::document();
+    let schemas = &doc["components"]["schemas"];
+    for name in [
+        "MachineConfig",
+        "Guest",
+        "InitConfig",
+        "MachineService",
+        "MachinePort",
+        "CheckConfig",
+        "FileConfig",
+        "RestartConfig",
+        "StopConfig",
+        "Concurrency",
+        "MetricsConfig",
+    ] {
+        assert_eq!(schemas[name]["additionalProperties"], false, "{name}");
+    }
+    let config = &schemas["MachineConfig"]["properties"];
+    let default_only = &config["containers"]["anyOf"];
+    assert!(
+        default_only
+            .as_array()
+            .is_some_and(|a| a.contains(&serde_json::json!({"const": ""}))),
+        "{default_only}"
+    );
+    assert!(
+        !default_only.to_string().contains("\"type\":\"string\""),
+        "{default_only}"
+    );
+    assert!(schemas["InitConfig"]["properties"]["tty"]["anyOf"].is_array());
+    assert_eq!(config["rootfs"]["properties"]["size_gb"]["maximum"], 1024);
+    assert_eq!(config["mounts"]["items"]["additionalProperties"], false);
+    assert!(schemas["GoDuration"]["oneOf"][0]["pattern"].is_string());
+    assert!(schemas["Guest"]["anyOf"]
+        .as_array()
+        .is_some_and(|a| a.len() == 10));
+    assert_eq!(schemas["MetricsConfig"]["properties"]["port"]["minimum"], 1);
+    assert_eq!(
+        schemas["RestartConfig"]["properties"]["max_retries"]["maximum"],
+        u32::MAX
+    );
+    let volume = &schemas["CreateVolumeRequest"];
+    assert_eq!(volume["properties"]["name"]["maxLength"], 30);
+    assert_eq!(volume["required"], serde_json::json!(["name"]));
+    let secret = doc["paths"]["/v1/apps/{app}/secrets/{name}"]["get"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "name")
+        .cloned()
+        .unwrap();
+    assert!(secret["schema"]["pattern"].is_string(), "{secret}");
+    assert!(config["standbys"]["items"]["pattern"].is_string());
+    assert!(schemas["AddCertificateRequest"]["properties"]["hostname"]["pattern"].is_string());
+    assert_eq!(
+        schemas["UpdateSecretsRequest"]["properties"]["values"]["minProperties"],
+        1
+    );
+    assert!(schemas["PlacementsRequest"]["properties"]["region"]["pattern"].is_string());
+    let cursor = doc["paths"]["/v1/orgs/{org}/machines"]["get"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "cursor")
+        .cloned()
+        .unwrap();
+    assert!(cursor.to_string().contains("pattern"), "{cursor}");
+    let extend = &schemas["ExtendVolumeRequest"];
+    assert_eq!(extend["required"], serde_json::json!(["size_gb"]));
+    assert_eq!(
+        extend["properties"]["size_gb"]["type"], "integer",
+        "{extend}"
+    );
+    assert_eq!(extend["properties"]["size_gb"]["maximum"], 500, "{extend}");
+}
