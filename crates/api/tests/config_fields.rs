@@ -7,10 +7,9 @@
 use axum::http::{Method, StatusCode};
 use axum::Router;
 use bazaar_testkit::in_process::{oneshot, InProcessAgent};
-use bazaar_testkit::TEST_SECRET;
+use bazaar_testkit::api_token;
 use serde_json::{json, Value};
 
-const ORG: Option<&str> = Some(TEST_SECRET);
 
 async fn agent_with_apps(apps: &[&str]) -> (InProcessAgent, Router) {
     let mut node = InProcessAgent::start().await.unwrap();
@@ -18,7 +17,7 @@ async fn agent_with_apps(apps: &[&str]) -> (InProcessAgent, Router) {
     node.serve(api.clone());
     for app in apps {
         let body = json!({"app_name": app, "org_slug": "personal"}).to_string();
-        let (s, v) = oneshot(&api, Method::POST, "/v1/apps", ORG, Some(&body)).await;
+        let (s, v) = oneshot(&api, Method::POST, "/v1/apps", Some(api_token()), Some(&body)).await;
         assert_eq!(s, StatusCode::CREATED, "{v}");
     }
     (node, api)
@@ -32,12 +31,12 @@ fn sleeper() -> Value {
 async fn create(api: &Router, app: &str, config: Value) -> (StatusCode, Value) {
     let body = json!({"config": config, "skip_launch": true}).to_string();
     let path = format!("/v1/apps/{app}/machines");
-    oneshot(api, Method::POST, &path, ORG, Some(&body)).await
+    oneshot(api, Method::POST, &path, Some(api_token()), Some(&body)).await
 }
 
 async fn machines(api: &Router, app: &str) -> Vec<Value> {
     let path = format!("/v1/apps/{app}/machines");
-    let (s, v) = oneshot(api, Method::GET, &path, ORG, None).await;
+    let (s, v) = oneshot(api, Method::GET, &path, Some(api_token()), None).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     v.as_array().unwrap().clone()
 }
@@ -164,9 +163,9 @@ async fn keys_no_fly_config_has_and_unused_keys_set_are_refused_naming_them() {
     let id = m["id"].as_str().unwrap();
     let path = format!("/v1/apps/f1/machines/{id}");
     let body = json!({"config": with(sleeper(), "statics", json!([{"guest_path": "/s", "url_prefix": "/"}]))});
-    let got = oneshot(&api, Method::POST, &path, ORG, Some(&body.to_string())).await;
+    let got = oneshot(&api, Method::POST, &path, Some(api_token()), Some(&body.to_string())).await;
     assert_bad_request(got, "config.statics[0].guest_path is not supported");
-    let (_, after) = oneshot(&api, Method::GET, &path, ORG, None).await;
+    let (_, after) = oneshot(&api, Method::GET, &path, Some(api_token()), None).await;
     assert_eq!(after["instance_id"], m["instance_id"], "{after}");
     node.stop().await;
 }
@@ -202,7 +201,7 @@ async fn standbys_must_name_other_machines_of_the_app() {
     let path = format!("/v1/apps/s1/machines/{id}");
     for standbys in [json!([id]), json!([elsewhere])] {
         let body = json!({"config": with(sleeper(), "standbys", standbys)}).to_string();
-        let got = oneshot(&api, Method::POST, &path, ORG, Some(&body)).await;
+        let got = oneshot(&api, Method::POST, &path, Some(api_token()), Some(&body)).await;
         assert_bad_request(got, "config.standbys");
     }
     node.stop().await;
@@ -218,7 +217,7 @@ async fn a_compute_size_takes_only_a_guests_keys() {
         &api,
         Method::POST,
         "/v1/platform/placements",
-        ORG,
+        Some(api_token()),
         Some(&body.to_string()),
     )
     .await;
@@ -228,7 +227,7 @@ async fn a_compute_size_takes_only_a_guests_keys() {
         &api,
         Method::POST,
         "/v1/apps/c1/volumes",
-        ORG,
+        Some(api_token()),
         Some(&body.to_string()),
     )
     .await;
@@ -238,7 +237,7 @@ async fn a_compute_size_takes_only_a_guests_keys() {
         &api,
         Method::POST,
         "/v1/platform/placements",
-        ORG,
+        Some(api_token()),
         Some(&body.to_string()),
     )
     .await;
@@ -253,9 +252,9 @@ async fn a_lists_flags_are_true_or_false() {
     let (node, api) = agent_with_apps(&["l1"]).await;
     for flag in ["include_deleted", "summary", "include_leases"] {
         let path = format!("/v1/apps/l1/machines?{flag}=c");
-        assert_bad_request(oneshot(&api, Method::GET, &path, ORG, None).await, flag);
+        assert_bad_request(oneshot(&api, Method::GET, &path, Some(api_token()), None).await, flag);
         let path = format!("/v1/apps/l1/machines?{flag}=true");
-        let (s, v) = oneshot(&api, Method::GET, &path, ORG, None).await;
+        let (s, v) = oneshot(&api, Method::GET, &path, Some(api_token()), None).await;
         assert_eq!(s, StatusCode::OK, "{v}");
     }
     node.stop().await;
