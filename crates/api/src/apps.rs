@@ -18,7 +18,11 @@ use serde::Deserialize;
 /// Body of `POST /v1/apps` (unknown fields are ignored).
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[schemars(rename = "CreateAppRequest")]
-#[schemars(extend("anyOf" = [{"required": ["app_name"]}, {"required": ["name"]}]))]
+// One of the two names, given as a string (a `null` name is no name).
+#[schemars(extend("anyOf" = [
+    {"required": ["app_name"], "properties": {"app_name": {"type": "string"}}},
+    {"required": ["name"], "properties": {"name": {"type": "string"}}}
+]))]
 pub struct CreateApp {
     /// The app's name: 1-63 lowercase letters, digits and `-`.
     #[serde(default)]
