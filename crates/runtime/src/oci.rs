@@ -28,6 +28,11 @@
 //! the machine's writable layer, [`crate::layer`]), mounted again at
 //! `/run/bazaar/<host id>/rootfs/<id>`.
 
+mod rootfs;
+
+pub(crate) use rootfs::unexpose_rootfs;
+use rootfs::{expose_rootfs, give_volume_to_ids, open_root, resolve_user, write_in_root, InRoot};
+
 use crate::idranges::{IdRanges, RANGE_SIZE};
 use crate::lifecycle::Workload;
 use crate::network::LazyNetwork;
@@ -38,7 +43,6 @@ use bazaar_types::seccomp;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -687,217 +691,6 @@ fn native_seccomp_arch() -> &'static str {
     }
 }
 
-/// Mounts machine `rootfs` again at `exposed` (under `/run/bazaar`, whose parents anyone
-/// may traverse), for runc to enter as the machine's root.
-fn expose_rootfs(rootfs: &Path, exposed: &Path) -> Result<(), String> {
-    use rustix::mount::{move_mount, open_tree, MoveMountFlags, OpenTreeFlags};
-    use std::os::unix::fs::PermissionsExt;
-    let err =
-        |e: &dyn std::fmt::Display| format!("mounting the rootfs at {}: {e}", exposed.display());
-    std::fs::create_dir_all(exposed).map_err(|e| err(&e))?;
-    // /run/bazaar/<host id>/rootfs: traversable, not listable.
-    for dir in exposed.ancestors().skip(1).take(3) {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
-            .map_err(|e| err(&e))?;
-    }
-    let tree = open_tree(
-        rustix::fs::CWD,
-        rootfs,
-        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-    )
-    .map_err(|e| err(&e))?;
-    move_mount(
-        &tree,
-        "",
-        rustix::fs::CWD,
-        exposed,
-        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-    )
-    .map_err(|e| err(&e))
-}
-
-/// Unmounts and removes the rootfs mounted by [`expose_rootfs`] (if it is). Idempotent.
-pub(crate) fn unexpose_rootfs(exposed: &Path) -> Result<(), String> {
-    use rustix::mount::{unmount, UnmountFlags};
-    loop {
-        match unmount(exposed, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW) {
-            Ok(()) => continue,
-            Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => break,
-            Err(e) => return Err(format!("unmounting {}: {e}", exposed.display())),
-        }
-    }
-    match std::fs::remove_dir(exposed) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(format!("removing {}: {e}", exposed.display()))
-        }
-        _ => Ok(()),
-    }
-}
-
-/// Gives the volume at `path` to the machine's ids: a volume whose root is not already its
-/// root's (new, or last used by a machine with another range) has every file's owner
-/// shifted into the range.
-fn give_volume_to_ids(path: &Path, ids: IdMap) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    let root = ids.to_host(0);
-    let meta =
-        std::fs::symlink_metadata(path).map_err(|e| format!("volume {}: {e}", path.display()))?;
-    if meta.uid() == root && meta.gid() == root {
-        return Ok(());
-    }
-    fn walk(path: &Path, ids: IdMap) -> std::io::Result<()> {
-        let meta = std::fs::symlink_metadata(path)?;
-        std::os::unix::fs::lchown(
-            path,
-            Some(ids.shift_from_host(meta.uid())),
-            Some(ids.shift_from_host(meta.gid())),
-        )?;
-        if meta.is_dir() {
-            for entry in std::fs::read_dir(path)? {
-                walk(&entry?.path(), ids)?;
-            }
-        }
-        Ok(())
-    }
-    walk(path, ids).map_err(|e| format!("giving volume {} to the machine: {e}", path.display()))
-}
-
-/// Opens a rootfs directory to resolve paths inside it.
-fn open_root(rootfs: &Path) -> Result<OwnedFd, String> {
-    rustix::fs::open(
-        rootfs,
-        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )
-    .map_err(|e| format!("opening {}: {e}", rootfs.display()))
-}
-
-/// Opens `path` inside `root` with every symlink resolved as if `root` were `/` (an
-/// image's symlink can never lead out of its rootfs).
-fn open_in_root(
-    root: &OwnedFd,
-    path: &str,
-    flags: rustix::fs::OFlags,
-    mode: u32,
-) -> rustix::io::Result<OwnedFd> {
-    let relative = path.trim_start_matches('/');
-    rustix::fs::openat2(
-        root,
-        if relative.is_empty() { "." } else { relative },
-        flags | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::from_raw_mode(mode),
-        rustix::fs::ResolveFlags::IN_ROOT | rustix::fs::ResolveFlags::NO_MAGICLINKS,
-    )
-}
-
-/// A machine's rootfs opened for writing into it: what is written belongs to `owner` (the
-/// host id of the machine's root).
-struct InRoot {
-    fd: OwnedFd,
-    owner: u32,
-}
-
-/// Writes a file at `guest_path` inside the rootfs, creating its directories; the file and
-/// the directories made belong to the machine's root.
-fn write_in_root(root: &InRoot, guest_path: &str, data: &[u8], mode: u32) -> Result<(), String> {
-    let owner = Some(rustix::fs::Uid::from_raw(root.owner));
-    let group = Some(rustix::fs::Gid::from_raw(root.owner));
-    let root_fd = &root.fd;
-    let err = |e: &dyn std::fmt::Display| format!("writing {guest_path} into the machine: {e}");
-    if !guest_path.starts_with('/') || guest_path.ends_with('/') {
-        return Err(format!("{guest_path:?}: a file path must be absolute"));
-    }
-    if guest_path.split('/').any(|c| c == "..") {
-        return Err(format!("{guest_path:?}: .. is not allowed"));
-    }
-    let (parent, _) = guest_path.rsplit_once('/').unwrap_or(("", guest_path));
-    let mut dir = String::new();
-    for component in parent.split('/').filter(|c| !c.is_empty()) {
-        dir.push('/');
-        dir.push_str(component);
-        let parent_fd = open_in_root(
-            root_fd,
-            dir.rsplit_once('/').map(|(p, _)| p).unwrap_or(""),
-            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
-            0,
-        )
-        .map_err(|e| err(&e))?;
-        match rustix::fs::mkdirat(
-            &parent_fd,
-            component,
-            rustix::fs::Mode::from_raw_mode(0o755),
-        ) {
-            Ok(()) => rustix::fs::chownat(
-                &parent_fd,
-                component,
-                owner,
-                group,
-                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-            )
-            .map_err(|e| err(&e))?,
-            Err(rustix::io::Errno::EXIST) => {}
-            Err(e) => return Err(err(&e)),
-        }
-    }
-    let fd = open_in_root(
-        root_fd,
-        guest_path,
-        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CREATE | rustix::fs::OFlags::TRUNC,
-        mode,
-    )
-    .map_err(|e| err(&e))?;
-    // chown before chmod: chown clears setuid bits.
-    rustix::fs::fchown(&fd, owner, group).map_err(|e| err(&e))?;
-    rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(mode & 0o7777)).map_err(|e| err(&e))?;
-    let mut f = std::fs::File::from(fd);
-    f.write_all(data).map_err(|e| err(&e))
-}
-
-/// Reads a file inside the rootfs ("" when it is missing).
-fn read_in_root(root: &OwnedFd, path: &str) -> String {
-    open_in_root(root, path, rustix::fs::OFlags::RDONLY, 0)
-        .ok()
-        .and_then(|fd| std::io::read_to_string(std::fs::File::from(fd)).ok())
-        .unwrap_or_default()
-}
-
-/// The uid and gid of an image's `User` (`name`, `uid`, `name:group`, `uid:gid`), looked up
-/// in the image's own `/etc/passwd` and `/etc/group`. `None` is root.
-fn resolve_user(root: &OwnedFd, user: Option<&str>) -> Result<(u32, u32), String> {
-    let Some(user) = user.filter(|u| !u.is_empty()) else {
-        return Ok((0, 0));
-    };
-    let (u, g) = match user.split_once(':') {
-        Some((u, g)) => (u, Some(g)),
-        None => (user, None),
-    };
-    let passwd = read_in_root(root, "/etc/passwd");
-    let entry = passwd
-        .lines()
-        .map(|l| l.split(':').collect::<Vec<_>>())
-        .find(|f| f.len() > 3 && (f[0] == u || f[2] == u));
-    let uid = match (u.parse::<u32>(), &entry) {
-        (Ok(uid), _) => uid,
-        (Err(_), Some(f)) => f[2]
-            .parse()
-            .map_err(|_| format!("user {u}: bad /etc/passwd entry"))?,
-        (Err(_), None) => return Err(format!("user {u:?} is not in the image's /etc/passwd")),
-    };
-    let gid = match g {
-        None => entry.and_then(|f| f[3].parse().ok()).unwrap_or(0),
-        Some(g) => match g.parse::<u32>() {
-            Ok(gid) => gid,
-            Err(_) => read_in_root(root, "/etc/group")
-                .lines()
-                .map(|l| l.split(':').collect::<Vec<_>>())
-                .find(|f| f.len() > 2 && f[0] == g)
-                .and_then(|f| f[2].parse().ok())
-                .ok_or_else(|| format!("group {g:?} is not in the image's /etc/group"))?,
-        },
-    };
-    Ok((uid, gid))
-}
-
 /// Writes a file readable by the agent's user only: a bundle's `config.json` holds the
 /// machine's environment, its app secrets included.
 fn write_file(path: &Path, data: &[u8]) -> Result<(), String> {
@@ -917,68 +710,4 @@ fn find_in_path(program: &str) -> Option<PathBuf> {
     path.split(':')
         .map(|d| Path::new(d).join(program))
         .find(|p| p.is_file())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn files_stay_inside_the_root_even_through_symlinks() {
-        let outside = tempfile::tempdir().unwrap();
-        let rootfs = tempfile::tempdir().unwrap();
-        std::fs::create_dir(rootfs.path().join("etc")).unwrap();
-        // An image's absolute symlink pointing at a host directory.
-        std::os::unix::fs::symlink(outside.path(), rootfs.path().join("escape")).unwrap();
-        let root = InRoot {
-            fd: open_root(rootfs.path()).unwrap(),
-            owner: rustix::process::geteuid().as_raw(),
-        };
-        // The link's target, read inside the rootfs, does not exist: refused.
-        assert!(write_in_root(&root, "/escape/x", b"data", 0o600).is_err());
-        assert!(
-            !outside.path().join("x").exists(),
-            "written outside the rootfs"
-        );
-        // Once it exists inside the rootfs, the file lands there.
-        let inside_dir = rootfs
-            .path()
-            .join(outside.path().strip_prefix("/").unwrap());
-        std::fs::create_dir_all(&inside_dir).unwrap();
-        write_in_root(&root, "/escape/x", b"data", 0o600).unwrap();
-        assert!(
-            !outside.path().join("x").exists(),
-            "written outside the rootfs"
-        );
-        let inside = inside_dir.join("x");
-        assert_eq!(std::fs::read(inside).unwrap(), b"data");
-        write_in_root(&root, "/a/b/c.txt", b"hi", 0o640).unwrap();
-        assert_eq!(
-            std::fs::read(rootfs.path().join("a/b/c.txt")).unwrap(),
-            b"hi"
-        );
-        assert!(write_in_root(&root, "relative", b"", 0o644).is_err());
-        assert!(write_in_root(&root, "/../x", b"", 0o644).is_err());
-    }
-
-    #[test]
-    fn users_resolve_against_the_image() {
-        let rootfs = tempfile::tempdir().unwrap();
-        std::fs::create_dir(rootfs.path().join("etc")).unwrap();
-        std::fs::write(
-            rootfs.path().join("etc/passwd"),
-            "root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n",
-        )
-        .unwrap();
-        std::fs::write(rootfs.path().join("etc/group"), "root:x:0:\nstaff:x:50:\n").unwrap();
-        let root = open_root(rootfs.path()).unwrap();
-        assert_eq!(resolve_user(&root, None).unwrap(), (0, 0));
-        assert_eq!(resolve_user(&root, Some("app")).unwrap(), (1000, 1001));
-        assert_eq!(resolve_user(&root, Some("1000")).unwrap(), (1000, 1001));
-        assert_eq!(resolve_user(&root, Some("app:staff")).unwrap(), (1000, 50));
-        assert_eq!(resolve_user(&root, Some("4242:7")).unwrap(), (4242, 7));
-        assert!(resolve_user(&root, Some("ghost"))
-            .unwrap_err()
-            .contains("not in the image"));
-    }
 }
