@@ -1,0 +1,175 @@
+//! The network's tests: address locks, veth names, and (as root) the bridge, routes and
+//! namespaces on a real host.
+
+use super::*;
+
+#[test]
+fn an_address_lock_holds_up_that_address_only() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let locks = Arc::new(AddressLocks::default());
+    let ip = Ipv4Addr::new(10, 0, 0, 2);
+    let held = locks.lock(ip);
+    let lock_in_thread = |other: Ipv4Addr| {
+        let (locks, (tx, rx)) = (locks.clone(), mpsc::channel());
+        std::thread::spawn(move || {
+            let _guard = locks.lock(other);
+            tx.send(()).unwrap();
+        });
+        rx
+    };
+    // Another address, the pool's 64 ahead included (which shared a striped lock), goes.
+    let ahead = lock_in_thread(Ipv4Addr::new(10, 0, 0, 66));
+    assert!(ahead.recv_timeout(Duration::from_secs(5)).is_ok());
+    // The same address waits until it is let go.
+    let same = lock_in_thread(ip);
+    assert!(same.recv_timeout(Duration::from_millis(200)).is_err());
+    drop(held);
+    assert!(same.recv_timeout(Duration::from_secs(5)).is_ok());
+}
+
+/// Runs `work` on a thread in a network namespace of its own (gone with the thread),
+/// where only root may make one.
+fn in_fresh_namespace<T: Send>(work: impl FnOnce() -> T + Send) -> Option<T> {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: needs root (a network namespace)");
+        return None;
+    }
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                // SAFETY: unshare takes a flag and moves this thread alone, which ends
+                // with `work`.
+                assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+                work()
+            })
+            .join()
+            .unwrap()
+    })
+    .into()
+}
+
+#[test]
+fn the_bridge_is_made_and_subnets_picked_without_iproute2() {
+    in_fresh_namespace(|| {
+        // Nothing routed yet: the pool's first /24.
+        let first: Subnet = "10.213.0.0/24".parse().unwrap();
+        assert_eq!(pick_subnet("bz-test0").unwrap(), first);
+        let net = Network {
+            bridge: "bz-test0".into(),
+            subnet: first,
+            nat: false,
+            setup_locks: Arc::default(),
+            id_ranges: Arc::new(IdRanges::new("test")),
+            pool: Arc::default(),
+        };
+        net.create_bridge().unwrap();
+        // Again: it is found, its address replaced (a restarted agent does so).
+        net.create_bridge().unwrap();
+        let index = netlink::link_index("bz-test0").expect("the bridge exists");
+        let routes = Rtnl::open().unwrap().routes().unwrap();
+        assert!(
+            routes.iter().any(|r| r.dst == Ipv4Addr::new(10, 213, 0, 0)
+                && r.prefix == 24
+                && r.oif == Some(index)),
+            "{routes:?}"
+        );
+        // Another host's bridge skips the /24 now routed; this one keeps its own.
+        assert_eq!(
+            pick_subnet("bz-test1").unwrap(),
+            "10.213.1.0/24".parse().unwrap()
+        );
+        assert_eq!(pick_subnet("bz-test0").unwrap(), first);
+        net.teardown();
+        assert!(netlink::link_index("bz-test0").is_none());
+        assert_eq!(pick_subnet("bz-test1").unwrap(), first);
+    });
+}
+
+#[test]
+fn subnets_parse_and_hand_out_addresses() {
+    let s: Subnet = "10.213.7.9/24".parse().unwrap();
+    assert_eq!(s.to_string(), "10.213.7.0/24");
+    assert_eq!(s.gateway(), Ipv4Addr::new(10, 213, 7, 1));
+    let mut used = HashSet::new();
+    let net = Network {
+        bridge: "bz-0a1b2c3d".into(),
+        subnet: s,
+        nat: false,
+        setup_locks: Arc::default(),
+        id_ranges: Arc::new(IdRanges::new("test")),
+        pool: Arc::default(),
+    };
+    assert_eq!(
+        net.netns_name(Ipv4Addr::new(10, 213, 7, 254)),
+        "bz-0a1b2c3d-254"
+    );
+    assert!(net.veth_name(Ipv4Addr::new(10, 213, 7, 254)).len() <= 15);
+    let a = net.allocate(&used).unwrap();
+    assert_eq!(a, Ipv4Addr::new(10, 213, 7, 2));
+    used.insert(a);
+    assert_eq!(net.allocate(&used), Some(Ipv4Addr::new(10, 213, 7, 3)));
+    assert_eq!(s.machine_addresses().count(), 253);
+    assert!("10.0.0.0/33".parse::<Subnet>().is_err());
+    assert!("10.0.0.0".parse::<Subnet>().is_err());
+    let other: Subnet = "10.213.0.0/16".parse().unwrap();
+    assert!(s.overlaps(&other) && other.overlaps(&s));
+    assert!(!s.overlaps(&"10.213.8.0/24".parse().unwrap()));
+}
+
+#[test]
+fn the_pool_follows_recent_demand_within_its_bounds() {
+    let pool = Pool::default();
+    let start = std::time::Instant::now();
+    assert_eq!(pool.wanted(start), POOL_MIN);
+    for _ in 0..20 {
+        pool.count(start);
+    }
+    assert_eq!(pool.wanted(start), 20);
+    for _ in 0..100 {
+        pool.count(start);
+    }
+    assert_eq!(pool.wanted(start), POOL_MAX);
+    let later = start + DEMAND_WINDOW + std::time::Duration::from_secs(1);
+    assert_eq!(pool.wanted(later), POOL_MIN);
+    pool.count(later);
+    assert_eq!(
+        locked(&pool.handed_out).len(),
+        1,
+        "old hand-outs are forgotten"
+    );
+}
+
+#[test]
+fn work_ahead_runs_at_a_lower_priority_and_gives_the_thread_back_as_it_was() {
+    // In a thread of its own: the niceness is per thread.
+    std::thread::spawn(|| {
+        let tid = rustix::thread::gettid().as_raw_nonzero().get() as libc::id_t;
+        // SAFETY: getpriority takes plain integers.
+        let niceness = || unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+        let before = niceness();
+        let guard = LowPriority::this_thread().expect("lowering one's own priority");
+        assert_eq!(niceness(), (before + LowPriority::NICENESS).min(19));
+        drop(guard);
+        // Raising it back needs CAP_SYS_NICE: a root agent's.
+        if rustix::process::geteuid().is_root() {
+            assert_eq!(niceness(), before);
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn names_fit_the_kernel_limits() {
+    assert_eq!(format!("bz-{}", &hex_of("host")[..8]).len(), 11);
+    let net = Network {
+        bridge: format!("bz-{}", &hex_of("host")[..8]),
+        subnet: "10.0.0.0/16".parse().unwrap(),
+        nat: false,
+        setup_locks: Arc::default(),
+        id_ranges: Arc::new(IdRanges::new("test")),
+        pool: Arc::default(),
+    };
+    assert!(net.veth_name(Ipv4Addr::new(10, 0, 255, 254)).len() <= 15);
+}
