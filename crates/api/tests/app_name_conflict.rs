@@ -15,7 +15,6 @@ use bazaar_testkit::{api_token, TEST_SECRET};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
-
 /// A call that names the app it means by id (`bazaar-app-id`).
 async fn call_as(
     api: &Router,
@@ -71,7 +70,14 @@ async fn the_app_that_lost_its_name_is_told_and_takes_no_machines() {
 
     // This side of the partition: org-a makes race2 and a machine in it.
     let body = json!({"app_name": "race2", "org_slug": "org-a"}).to_string();
-    let (s, a) = oneshot(&api, Method::POST, "/v1/apps", Some(api_token()), Some(&body)).await;
+    let (s, a) = oneshot(
+        &api,
+        Method::POST,
+        "/v1/apps",
+        Some(api_token()),
+        Some(&body),
+    )
+    .await;
     assert_eq!(s, StatusCode::CREATED, "{a}");
     let (lost_id, created) = (
         a["id"].as_str().unwrap().to_string(),
@@ -113,7 +119,14 @@ async fn the_app_that_lost_its_name_is_told_and_takes_no_machines() {
     );
 
     // The loser's organization sees its app marked.
-    let (s, list) = oneshot(&api, Method::GET, "/v1/apps?org_slug=org-a", Some(api_token()), None).await;
+    let (s, list) = oneshot(
+        &api,
+        Method::GET,
+        "/v1/apps?org_slug=org-a",
+        Some(api_token()),
+        None,
+    )
+    .await;
     assert_eq!(s, StatusCode::OK, "{list}");
     assert_eq!(list["apps"][0]["id"], lost_id.as_str(), "{list}");
     assert_eq!(list["apps"][0]["status"], "name_conflict", "{list}");
@@ -141,11 +154,25 @@ async fn the_app_that_lost_its_name_is_told_and_takes_no_machines() {
         );
     }
     // A new app of the name still answers name_taken at once.
-    let (s, v) = oneshot(&api, Method::POST, "/v1/apps", Some(api_token()), Some(&body)).await;
+    let (s, v) = oneshot(
+        &api,
+        Method::POST,
+        "/v1/apps",
+        Some(api_token()),
+        Some(&body),
+    )
+    .await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
 
     // Its machine is not the app's, and its owner refuses to start it.
-    let (s, list) = oneshot(&api, Method::GET, "/v1/apps/race2/machines", Some(api_token()), None).await;
+    let (s, list) = oneshot(
+        &api,
+        Method::GET,
+        "/v1/apps/race2/machines",
+        Some(api_token()),
+        None,
+    )
+    .await;
     assert_eq!(s, StatusCode::OK, "{list}");
     assert_eq!(
         list,

@@ -6,10 +6,9 @@
 
 use axum::http::{Method, StatusCode};
 use axum::Router;
-use bazaar_testkit::in_process::{oneshot, InProcessAgent};
 use bazaar_testkit::api_token;
+use bazaar_testkit::in_process::{oneshot, InProcessAgent};
 use serde_json::{json, Value};
-
 
 async fn agent_with_apps(apps: &[&str]) -> (InProcessAgent, Router) {
     let mut node = InProcessAgent::start().await.unwrap();
@@ -17,7 +16,14 @@ async fn agent_with_apps(apps: &[&str]) -> (InProcessAgent, Router) {
     node.serve(api.clone());
     for app in apps {
         let body = json!({"app_name": app, "org_slug": "personal"}).to_string();
-        let (s, v) = oneshot(&api, Method::POST, "/v1/apps", Some(api_token()), Some(&body)).await;
+        let (s, v) = oneshot(
+            &api,
+            Method::POST,
+            "/v1/apps",
+            Some(api_token()),
+            Some(&body),
+        )
+        .await;
         assert_eq!(s, StatusCode::CREATED, "{v}");
     }
     (node, api)
@@ -163,7 +169,14 @@ async fn keys_no_fly_config_has_and_unused_keys_set_are_refused_naming_them() {
     let id = m["id"].as_str().unwrap();
     let path = format!("/v1/apps/f1/machines/{id}");
     let body = json!({"config": with(sleeper(), "statics", json!([{"guest_path": "/s", "url_prefix": "/"}]))});
-    let got = oneshot(&api, Method::POST, &path, Some(api_token()), Some(&body.to_string())).await;
+    let got = oneshot(
+        &api,
+        Method::POST,
+        &path,
+        Some(api_token()),
+        Some(&body.to_string()),
+    )
+    .await;
     assert_bad_request(got, "config.statics[0].guest_path is not supported");
     let (_, after) = oneshot(&api, Method::GET, &path, Some(api_token()), None).await;
     assert_eq!(after["instance_id"], m["instance_id"], "{after}");
@@ -252,7 +265,10 @@ async fn a_lists_flags_are_true_or_false() {
     let (node, api) = agent_with_apps(&["l1"]).await;
     for flag in ["include_deleted", "summary", "include_leases"] {
         let path = format!("/v1/apps/l1/machines?{flag}=c");
-        assert_bad_request(oneshot(&api, Method::GET, &path, Some(api_token()), None).await, flag);
+        assert_bad_request(
+            oneshot(&api, Method::GET, &path, Some(api_token()), None).await,
+            flag,
+        );
         let path = format!("/v1/apps/l1/machines?{flag}=true");
         let (s, v) = oneshot(&api, Method::GET, &path, Some(api_token()), None).await;
         assert_eq!(s, StatusCode::OK, "{v}");
