@@ -155,9 +155,11 @@ pub struct Certificate {
     pub updated_at: String,
 }
 
-/// Body of `POST /v1/apps/{app}/certificates` (unknown fields are refused).
+/// Body of `POST /v1/apps/{app}/certificates` (unknown fields are refused): `cert` and `key`
+/// both or neither.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("dependentRequired" = {"cert": ["key"], "key": ["cert"]}))]
 pub struct AddCertificateRequest {
     /// A DNS name of at least two labels (letters, digits, `-`), at most 253 characters.
     #[schemars(

@@ -77,7 +77,9 @@ pub struct CreateVolumeRequest {
     /// Place the volume on a host that can also run a machine of this size.
     #[serde(default)]
     pub compute: Option<Guest>,
+    /// Days a snapshot is kept: 1 to 60 (default 5).
     #[serde(default)]
+    #[schemars(range(min = 1, max = 60))]
     pub snapshot_retention: Option<u32>,
     #[serde(default)]
     pub auto_backup_enabled: Option<bool>,
@@ -96,7 +98,9 @@ pub struct CreateVolumeRequest {
 /// Fly's UpdateVolumeRequest.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct UpdateVolumeRequest {
+    /// Days a snapshot is kept: 1 to 60 (default 5).
     #[serde(default)]
+    #[schemars(range(min = 1, max = 60))]
     pub snapshot_retention: Option<u32>,
     #[serde(default)]
     pub auto_backup_enabled: Option<bool>,
