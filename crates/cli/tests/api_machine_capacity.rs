@@ -22,6 +22,16 @@ async fn hundred_concurrent_creates_fill_exactly_sixty_slots() {
     })
     .await
     .unwrap();
+    // Every API node the creates go to knows the app.
+    for agent in &agents {
+        let other = Fly::new(agent);
+        bazaar_testkit::eventually(Duration::from_secs(10), || async {
+            let (s, _) = other.get("/apps/race").await;
+            (s == StatusCode::OK).then_some(())
+        })
+        .await
+        .expect("every node knows the app");
+    }
     let mut tasks = Vec::new();
     for i in 0..100 {
         let base = agents[i % 3].url();

@@ -198,10 +198,11 @@ async fn dashboard_in_a_browser() {
         .click()
         .await
         .unwrap();
-    until_text(
+    // The message says why (here: a token no key signed).
+    until(
         &browser,
         "#flash",
-        "this token is not accepted here",
+        |t| t.starts_with("this token is not accepted here"),
         Duration::from_secs(5),
     )
     .await;
