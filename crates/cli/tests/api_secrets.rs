@@ -82,6 +82,61 @@ fn seen_by_machine(host: &TestAgent, id: &str) -> Option<(String, String)> {
 }
 
 /// Every file under `dir` that contains `needle`.
+/// Whether the bytes of file `path` hold `needle`. Only the parts that hold data are read
+/// (`SEEK_DATA`/`SEEK_HOLE`): a machine's disk image is a sparse file of a gigabyte or more,
+/// mostly holes, that a plain read would scan byte by byte.
+fn data_contains(path: &Path, needle: &[u8]) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::fd::AsRawFd;
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let fd = file.as_raw_fd();
+    let mut at: libc::off_t = 0;
+    loop {
+        // SAFETY: lseek on a descriptor this function owns; no memory is passed.
+        let data = unsafe { libc::lseek(fd, at, libc::SEEK_DATA) };
+        if data < 0 {
+            return false; // no data past `at` (ENXIO)
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        if hole <= data {
+            return false;
+        }
+        // One extent of data (a hole between two holds only zeros, so no needle spans it).
+        let mut bytes = Vec::with_capacity((hole - data) as usize);
+        if file.seek(SeekFrom::Start(data as u64)).is_err()
+            || (&mut file)
+                .take((hole - data) as u64)
+                .read_to_end(&mut bytes)
+                .is_err()
+        {
+            return false;
+        }
+        if contains(&bytes, needle) {
+            return true;
+        }
+        at = hole;
+    }
+}
+
+/// Whether `haystack` holds `needle`: the first byte found with `position`, then compared.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    let Some((&first, _)) = needle.split_first() else {
+        return true;
+    };
+    let mut i = 0;
+    while let Some(p) = haystack[i..].iter().position(|&b| b == first) {
+        let at = i + p;
+        if haystack[at..].starts_with(needle) {
+            return true;
+        }
+        i = at + 1;
+    }
+    false
+}
+
 fn files_containing(dir: &Path, needle: &str) -> Vec<String> {
     let mut found = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -96,11 +151,8 @@ fn files_containing(dir: &Path, needle: &str) -> Vec<String> {
             };
             if meta.is_dir() {
                 stack.push(path);
-            } else if meta.is_file() {
-                let bytes = std::fs::read(&path).unwrap_or_default();
-                if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
-                    found.push(path.display().to_string());
-                }
+            } else if meta.is_file() && data_contains(&path, needle.as_bytes()) {
+                found.push(path.display().to_string());
             }
         }
     }
