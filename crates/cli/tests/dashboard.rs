@@ -142,6 +142,32 @@ async fn until(
     }
 }
 
+/// Clicks element `css`, found afresh: the page re-renders a row whenever its machine's
+/// catalog row changes, so an element found a moment earlier may be gone (stale) by the
+/// click; a stale one is looked up again, for at most 5 s.
+async fn click(browser: &Client, css: &str) {
+    let start = Instant::now();
+    loop {
+        let clicked = match browser.find(Locator::Css(css)).await {
+            Ok(el) => el.click().await,
+            Err(e) => Err(e),
+        };
+        match clicked {
+            Ok(()) => return,
+            // Only a stale or missing element is tried again (never a click that may have
+            // landed).
+            Err(e)
+                if start.elapsed() < Duration::from_secs(5)
+                    && (e.to_string().contains("stale element") || e.is_no_such_element()) =>
+            {
+                eprintln!("clicking {css} again: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("clicking {css}: {e}"),
+        }
+    }
+}
+
 /// Waits (at most `within`) until the element `css` shows `want`; the time it took.
 async fn until_text(browser: &Client, css: &str, want: &str, within: Duration) -> Duration {
     until(browser, css, |t| t == want, within).await
@@ -288,22 +314,10 @@ async fn dashboard_in_a_browser() {
 
     // The start and stop buttons work (and the page follows without a reload).
     let button = |action: &str| format!("tr[data-machine='{id}'] button[data-action='{action}']");
-    browser
-        .find(Locator::Css(&button("start")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&browser, &button("start")).await;
     fly.wait_state("web", &id, "started").await;
     until_text(&browser, &state, "started", Duration::from_secs(5)).await;
-    browser
-        .find(Locator::Css(&button("stop")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&browser, &button("stop")).await;
     fly.wait_state("web", &id, "stopped").await;
     until_text(&browser, &state, "stopped", Duration::from_secs(5)).await;
     let (_, v) = fly.get(&format!("/apps/web/machines/{id}")).await;
