@@ -127,8 +127,8 @@ impl Rtnl {
         Ok(Rtnl { socket, seq: 0 })
     }
 
-    /// Sends `msg` and waits for the kernel's acknowledgement.
-    fn request(&mut self, msg: &mut Message) -> io::Result<()> {
+    /// Numbers `msg` with the next sequence number, sets its length and sends it.
+    fn send(&mut self, msg: &mut Message) -> io::Result<()> {
         self.seq += 1;
         let len = msg.0.len() as u32;
         msg.0[0..4].copy_from_slice(&len.to_ne_bytes());
@@ -145,6 +145,12 @@ impl Rtnl {
         if sent < 0 {
             return Err(io::Error::last_os_error());
         }
+        Ok(())
+    }
+
+    /// Sends `msg` and waits for the kernel's acknowledgement.
+    fn request(&mut self, msg: &mut Message) -> io::Result<()> {
+        self.send(msg)?;
         let mut buf = [0u8; 8192];
         loop {
             // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
@@ -245,22 +251,7 @@ impl Rtnl {
     /// Sends dump request `msg` and hands each answer's type and body to `each`, until the
     /// kernel says it is done.
     fn dump(&mut self, msg: &mut Message, mut each: impl FnMut(u16, &[u8])) -> io::Result<()> {
-        self.seq += 1;
-        let len = msg.0.len() as u32;
-        msg.0[0..4].copy_from_slice(&len.to_ne_bytes());
-        msg.0[8..12].copy_from_slice(&self.seq.to_ne_bytes());
-        // SAFETY: the buffer lives across the call and `len` bytes of it are read.
-        let sent = unsafe {
-            libc::send(
-                self.socket.as_raw_fd(),
-                msg.0.as_ptr().cast(),
-                msg.0.len(),
-                0,
-            )
-        };
-        if sent < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        self.send(msg)?;
         // A dump's datagrams hold whole messages, each at most a page or so.
         let mut buf = vec![0u8; 64 * 1024];
         loop {

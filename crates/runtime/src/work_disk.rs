@@ -385,6 +385,15 @@ mod tests {
             .count()
     }
 
+    /// A machine's disk unmounted however the test ends, so a failure leaves nothing on
+    /// the host.
+    struct Released<'a>(&'a Path);
+    impl Drop for Released<'_> {
+        fn drop(&mut self) {
+            let _ = release(self.0);
+        }
+    }
+
     #[test]
     fn a_work_disk_stops_writes_at_its_size_and_leaves_nothing_once_released() {
         use std::io::Write;
@@ -395,13 +404,6 @@ mod tests {
         let dir = tmp.path().canonicalize().unwrap();
         let (machine, templates) = (dir.join("m1"), dir.join("templates"));
         std::fs::create_dir_all(&machine).unwrap();
-        // Unmounted however the test ends, so a failure leaves nothing on the host.
-        struct Released<'a>(&'a Path);
-        impl Drop for Released<'_> {
-            fn drop(&mut self) {
-                let _ = release(self.0);
-            }
-        }
         let _released = Released(&machine);
         assert!(ensure(&machine, &templates, 32).unwrap());
         assert!(ensure(&machine, &templates, 32).unwrap(), "mounted once");
@@ -460,12 +462,6 @@ mod tests {
         let dir = tmp.path().canonicalize().unwrap();
         let (machine, templates) = (dir.join("m1"), dir.join("templates"));
         std::fs::create_dir_all(&machine).unwrap();
-        struct Released<'a>(&'a Path);
-        impl Drop for Released<'_> {
-            fn drop(&mut self) {
-                let _ = release(self.0);
-            }
-        }
         let _released = Released(&machine);
         assert!(ensure_layer(&machine, &templates, 32).unwrap());
         let layer = layer_dir(&machine);
