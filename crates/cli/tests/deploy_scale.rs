@@ -6,6 +6,7 @@ mod deploy_support;
 
 use deploy_support::*;
 use serde_json::Value;
+use std::time::Duration;
 
 fn ids_and_versions(ms: &[Value]) -> Vec<(String, String)> {
     let mut v: Vec<(String, String)> = ms
@@ -194,7 +195,14 @@ async fn scale_to_zero_and_back_across_regions_and_dry_runs_change_nothing() {
     assert_eq!(versions(&ms), vec![("1".into(), "1".into()); 4]);
     let (ok, out, err) = env.cli_json(&["scale", "count", "2", "--region", "ord", "-a", app]);
     assert!(ok, "{out}\n{err}");
-    let ms = env.machines(app).await;
+    // The list is this node's catalog: a machine destroyed on another host leaves it once
+    // that host's row arrives.
+    let ms = bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let ms = env.machines(app).await;
+        (regions(&ms).len() == 1).then_some(ms)
+    })
+    .await
+    .expect("only ord's machines are listed");
     assert_eq!(regions(&ms).len(), 1, "{ms:#?}");
     assert_eq!(regions(&ms).get("ord"), Some(&2), "{ms:#?}");
 
