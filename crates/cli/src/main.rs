@@ -480,9 +480,14 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     if !a.dns_upstreams.is_empty() {
         config.dns_upstreams = a.dns_upstreams;
     }
-    config.api_tls = a.api_tls || a.api_tls_cert.is_some();
-    config.api_tls_cert = a.api_tls_cert;
-    config.api_tls_key = a.api_tls_key;
+    // The flags add to the file's `api_tls`, `api_tls_cert` and `api_tls_key`; they do
+    // not turn them off.
+    config.api_tls |= a.api_tls || a.api_tls_cert.is_some();
+    if a.api_tls_cert.is_some() {
+        config.api_tls_cert = a.api_tls_cert;
+        config.api_tls_key = a.api_tls_key;
+    }
+    config.api_tls |= config.api_tls_cert.is_some();
     if let Some(n) = a.max_connections {
         config.max_connections = n;
     }

@@ -20,7 +20,7 @@ mod disk;
 pub mod faults;
 pub mod history;
 mod http;
-mod net;
+pub mod net;
 pub mod plan;
 mod procs;
 mod wire;
