@@ -36,6 +36,19 @@ fn block(lang: &str, needle: &str) -> &'static str {
         .unwrap_or_else(|| panic!("no {lang} install-guide block with {needle:?}"))
 }
 
+/// Polls `probe` with the test kit's `eventually` until it answers `Some`, for `within`.
+fn eventually<T>(within: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(bazaar_testkit::eventually(within, || {
+        let v = probe();
+        async move { v }
+    }))
+    .ok()
+}
+
 struct Cluster {
     dir: PathBuf,
     plan: LabPlan,
@@ -166,18 +179,17 @@ impl Cluster {
     }
 
     fn wait_alive(&self, n: usize) {
-        let until = std::time::Instant::now() + Duration::from_secs(60);
-        while self.alive_hosts() != n {
-            assert!(
-                std::time::Instant::now() < until,
-                "{n} hosts never alive; logs:\n{}",
-                (1..=self.plan.hosts.len())
-                    .map(|i| format!("h{i}: {}", self.log(i)))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
+        let alive = eventually(Duration::from_secs(60), || {
+            (self.alive_hosts() == n).then_some(())
+        });
+        assert!(
+            alive.is_some(),
+            "{n} hosts never alive; logs:\n{}",
+            (1..=self.plan.hosts.len())
+                .map(|i| format!("h{i}: {}", self.log(i)))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
     }
 }
 
@@ -305,10 +317,9 @@ fn the_install_guide_builds_a_cluster_that_grows_and_shrinks() {
         .replace("10.0.0.2", &c.addr(4));
     let line = line.replace("curl ", "curl -fsS ");
     // Alive in the catalog comes before its proxy listens.
-    let until = std::time::Instant::now() + Duration::from_secs(30);
-    while !c.try_sh(1, &line, &[]).status.success() && std::time::Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    eventually(Duration::from_secs(30), || {
+        c.try_sh(1, &line, &[]).status.success().then_some(())
+    });
     c.sh(1, &line, &[]);
 
     // One removed: stopped and reset as the guide says, then revoked from the first.
@@ -335,4 +346,13 @@ fn the_install_guide_builds_a_cluster_that_grows_and_shrinks() {
         .replace("<host id>", &h3);
     c.sh(1, &format!("{env}\n{revoke}"), &[]);
     c.wait_alive(3);
+    // The revoked host is dropped from the catalog.
+    let listed = || {
+        let out = c.sh(1, &format!("{env}\nbazaar hosts --json"), &[]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let gone = eventually(Duration::from_secs(30), || {
+        (!listed().contains(&h3)).then_some(())
+    });
+    assert!(gone.is_some(), "{h3} still listed: {}", listed());
 }
