@@ -161,28 +161,51 @@ fn the_install_guide_uses_commands_the_binary_has_and_configs_the_agent_takes() 
     let tree = command_tree();
     let scripts = guide_blocks(&doc, "sh").join("\n").replace("\\\n", " ");
     let mut checked = 0;
-    for line in scripts.lines() {
-        // The bazaar commands of the line, also those inside `$(...)`.
-        for part in line.split("$(") {
-            let Some(at) = part.find("bazaar ") else {
-                continue;
-            };
-            if at > 0 && !part[..at].ends_with(' ') {
-                continue;
-            }
-            let words: Vec<&str> = part[at..]
-                .split('#')
-                .next()
-                .unwrap()
+    for (line, path, words) in bazaar_commands(&scripts, &tree) {
+        let known = flags(&tree[&path]);
+        for w in words.iter().filter(|w| w.starts_with("--")) {
+            let flag = w.split('=').next().unwrap();
+            assert!(
+                known.iter().any(|f| f == flag),
+                "`bazaar {}` takes no {flag}: {line}",
+                path.join(" ")
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked >= 8, "only {checked} bazaar commands in the guide");
+}
+
+/// The `bazaar` commands of a shell text (also those inside `$(...)`): each line, the
+/// longest command path its words name, and its words up to `--`.
+fn bazaar_commands(
+    text: &str,
+    tree: &BTreeMap<Vec<String>, String>,
+) -> Vec<(String, Vec<String>, Vec<String>)> {
+    let mut found = Vec::new();
+    for line in text.lines() {
+        let line = line.split(" # ").next().unwrap();
+        let segments = line
+            .split("$(")
+            .flat_map(|p| p.split("; "))
+            .flat_map(|p| p.split("&& "))
+            .flat_map(|p| p.split("| "));
+        for segment in segments {
+            // A command starts the segment, after `do` or environment assignments.
+            let words: Vec<String> = segment
                 .split([' ', ')'])
                 .filter(|w| !w.is_empty())
+                .skip_while(|w| *w == "do" || *w == "then" || w.contains('='))
                 .take_while(|w| *w != "--")
+                .map(str::to_string)
                 .collect();
-            // The longest command path these words name.
+            if words.first().map(String::as_str) != Some("bazaar") {
+                continue;
+            }
             let mut path: Vec<String> = Vec::new();
             for w in &words[1..] {
                 let mut p = path.clone();
-                p.push(w.to_string());
+                p.push(w.clone());
                 if tree.contains_key(&p) {
                     path = p;
                 } else {
@@ -190,19 +213,31 @@ fn the_install_guide_uses_commands_the_binary_has_and_configs_the_agent_takes() 
                 }
             }
             assert!(!path.is_empty(), "not a bazaar command: {line}");
-            let known = flags(&tree[&path]);
-            for w in words.iter().filter(|w| w.starts_with("--")) {
-                let flag = w.split('=').next().unwrap();
-                assert!(
-                    known.iter().any(|f| f == flag),
-                    "`bazaar {}` takes no {flag}: {line}",
-                    path.join(" ")
-                );
-            }
-            checked += 1;
+            found.push((line.to_string(), path, words));
         }
     }
-    assert!(checked >= 8, "only {checked} bazaar commands in the guide");
+    found
+}
+
+#[test]
+fn scripts_tour_runs_every_command_of_the_readme_tour() {
+    let readme = read("README.md");
+    let tour = readme
+        .split("## A 5-minute tour")
+        .nth(1)
+        .and_then(|t| t.split("```sh\n").nth(1))
+        .and_then(|t| t.split("```").next())
+        .expect("the README's tour block");
+    let script = read("scripts/tour");
+    let tree = command_tree();
+    let commands = bazaar_commands(tour, &tree);
+    assert!(commands.len() > 30, "{} commands", commands.len());
+    let missing: Vec<String> = commands
+        .into_iter()
+        .map(|(_, path, _)| format!("bazaar {}", path.join(" ")))
+        .filter(|c| !script.contains(c.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "scripts/tour does not run {missing:?}");
 }
 
 #[test]
