@@ -173,13 +173,13 @@ fn main() {
         wait_tls_ok(&tls, port);
     }
     let nginx_ports = NginxPorts {
-        like: free_port(),
-        plain: free_port(),
-        tls: free_port(),
-        tls_close: free_port(),
+        like: bazaar_testkit::free_port(std::net::Ipv4Addr::LOCALHOST),
+        plain: bazaar_testkit::free_port(std::net::Ipv4Addr::LOCALHOST),
+        tls: bazaar_testkit::free_port(std::net::Ipv4Addr::LOCALHOST),
+        tls_close: bazaar_testkit::free_port(std::net::Ipv4Addr::LOCALHOST),
     };
     let mut nginx = start_nginx(peers_dir.path(), &nginx_ports, &tls, &direct);
-    let haproxy_port = free_port();
+    let haproxy_port = bazaar_testkit::free_port(std::net::Ipv4Addr::LOCALHOST);
     let mut haproxy = start_haproxy(peers_dir.path(), haproxy_port, &direct);
     wait_ok(
         &rt,
@@ -339,14 +339,6 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// nginx's ports: like for like (bazaar's header work), X-Forwarded-For only, and HTTPS

@@ -125,21 +125,12 @@ async fn wait_answers_the_event_and_waits_past_from_event_id() {
     }
 }
 
-/// A free TCP port on loopback.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ps_lists_the_machines_processes_with_their_sockets() {
     let agents = start_cluster(Path::new(EXE), 2, |_, _| {}).unwrap();
     let fly = Fly::new(&agents[1]);
     fly.create_app("p").await;
-    let port = free_port();
+    let port = bazaar_testkit::free_port(std::net::Ipv4Addr::LOCALHOST);
     // A listener, a CPU burner and the shell that started them.
     let script = format!(
         "python3 -c 'import socket,time; s=socket.socket(); s.bind((\"127.0.0.1\", {port})); \

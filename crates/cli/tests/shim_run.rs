@@ -72,16 +72,6 @@ fn alive(pid: i32) -> bool {
     }
 }
 
-/// Whether `probe` becomes true within `within`.
-async fn eventually(within: Duration, mut probe: impl FnMut() -> bool) -> bool {
-    bazaar_testkit::eventually(within, || {
-        let holds = probe();
-        async move { holds.then_some(()) }
-    })
-    .await
-    .is_ok()
-}
-
 async fn bounded<T>(what: &str, fut: impl Future<Output = T>) -> T {
     tokio::time::timeout(PATIENCE, fut)
         .await
@@ -260,7 +250,7 @@ async fn killing_the_shim_kills_the_workload() {
         // SAFETY: kill has no memory-safety preconditions.
         unsafe { libc::kill(handle.shim_pid(), libc::SIGKILL) };
         assert!(
-            eventually(Duration::from_secs(2), || !alive(workload)).await,
+            bazaar_testkit::holds_within(Duration::from_secs(2), || !alive(workload)).await,
             "isolate={isolate}"
         );
         bounded("shim exit", handle.wait()).await;
@@ -295,7 +285,7 @@ async fn leftover_background_processes_are_killed() {
     assert_eq!(exit.exit_code, Some(0));
     let pid: i32 = stdout_lines(&spec.log_path)[0].parse().unwrap();
     assert!(
-        eventually(Duration::from_secs(2), || !alive(pid)).await,
+        bazaar_testkit::holds_within(Duration::from_secs(2), || !alive(pid)).await,
         "background sleep {pid} survived"
     );
 }

@@ -1,7 +1,11 @@
 //! The import graph of a crate's top-level modules, read from its sources, for tests that
 //! keep a crate layered (issue 21): a module imports only modules below it, so the graph
 //! has no circle. A module's imports are the names its code takes from the crate root
-//! (`crate::a::...`, `crate::{a, b::c}`); comments, doc links included, are not imports.
+//! (`crate::a::...`, `crate::{a, b::c}`, and `super::` paths that climb out of the
+//! top-level module: `super::b` in `a.rs`, `super::super::b` in `a/c.rs`); comments, doc
+//! links included, are not imports. The graph also knows which types each module defines
+//! and the self types of its `impl` blocks, so a test can find a module adding methods to
+//! a type of another module ([`Graph::foreign_impls`]), a way around the import order.
 //! Every file under `src/` counts for the top-level module it sits in (`a.rs`, `a/...`);
 //! the crate root (`lib.rs`, `main.rs`) is the composition above every module and is left
 //! out.
@@ -18,6 +22,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+mod tokens;
+
 /// The crate root's files: not modules.
 const ROOTS: [&str; 2] = ["lib", "main"];
 
@@ -25,6 +31,21 @@ const ROOTS: [&str; 2] = ["lib", "main"];
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Graph {
     uses: BTreeMap<String, BTreeSet<String>>,
+    /// The types each module defines.
+    defines: BTreeMap<String, BTreeSet<String>>,
+    /// The self types of each module's `impl` blocks.
+    impls: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// An `impl` block in one top-level module for a type another one defines.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ForeignImpl {
+    /// The module the `impl` block is in.
+    pub module: String,
+    /// The type's name.
+    pub ty: String,
+    /// The module defining the type.
+    pub owner: String,
 }
 
 impl Graph {
@@ -43,19 +64,67 @@ impl Graph {
             if ROOTS.contains(&module) && rel.components().count() == 1 {
                 continue;
             }
-            graph.add(module, &std::fs::read_to_string(&file)?);
+            // `a.rs` and `a/mod.rs` are one level below the root, `a/b.rs` two.
+            let mut depth = rel.components().count();
+            if rel.file_name().is_some_and(|f| f == "mod.rs") {
+                depth -= 1;
+            }
+            graph.add_at(module, depth, &std::fs::read_to_string(&file)?);
         }
         Ok(graph)
     }
 
-    /// Adds `code` to `module` (tests build graphs from strings).
+    /// Adds `code` to `module`, as the file of the module itself (`a.rs`; tests build
+    /// graphs from strings).
     pub fn add(&mut self, module: &str, code: &str) {
+        self.add_at(module, 1, code);
+    }
+
+    /// Adds `code` to `module`, from a file `depth` levels below the crate root (`a.rs`:
+    /// 1, `a/b.rs`: 2), which says how far `super::` climbs.
+    pub fn add_at(&mut self, module: &str, depth: usize, code: &str) {
         let used = self.uses.entry(module.to_string()).or_default();
         for line in code.lines() {
             // Comments (doc links included) are not imports.
             let code = line.split("//").next().unwrap_or_default();
             used.extend(crate_paths(code));
         }
+        let facts = tokens::facts(code, depth);
+        used.extend(facts.supers);
+        self.defines
+            .entry(module.to_string())
+            .or_default()
+            .extend(facts.defines);
+        self.impls
+            .entry(module.to_string())
+            .or_default()
+            .extend(facts.impls);
+    }
+
+    /// The `impl` blocks in one top-level module for a type defined in another (a type
+    /// named the same in the module itself counts as its own).
+    pub fn foreign_impls(&self) -> Vec<ForeignImpl> {
+        let mut out = Vec::new();
+        for (module, types) in &self.impls {
+            for ty in types {
+                if self.defines.get(module).is_some_and(|d| d.contains(ty)) {
+                    continue;
+                }
+                let owner = self
+                    .defines
+                    .iter()
+                    .find(|(_, defined)| defined.contains(ty))
+                    .map(|(owner, _)| owner);
+                if let Some(owner) = owner {
+                    out.push(ForeignImpl {
+                        module: module.clone(),
+                        ty: ty.clone(),
+                        owner: owner.clone(),
+                    });
+                }
+            }
+        }
+        out
     }
 
     /// The top-level modules.
@@ -232,5 +301,56 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(g.modules(), BTreeSet::from(["a", "b"]));
         assert_eq!(g.circle().unwrap(), ["a", "b", "a"]);
+    }
+
+    #[test]
+    fn super_paths_that_leave_the_module_are_imports() {
+        let mut g = graph(&[("b", ""), ("c", ""), ("d", "")]);
+        // `a.rs`: `super::` is the crate root; inside `mod tests`, it is `a` itself.
+        g.add_at(
+            "a",
+            1,
+            "use super::b::X;\n#[cfg(test)]\nmod tests {\n    use super::*;\n    use super::Helper;\n    fn f() { let s = \"}\"; }\n}\nfn g() { super::c::h() }",
+        );
+        // `a/e.rs`: one `super` is `a`, two are the root.
+        g.add_at(
+            "a",
+            2,
+            "use super::Inner;\nuse super::super::{d, Root as R};",
+        );
+        g.add_at("b", 1, "pub(super) fn f() {}");
+        assert_eq!(g.imports("a"), BTreeSet::from(["b", "c", "d"]));
+        assert_eq!(g.root_names(), [("a", "Root")]);
+        assert!(g.imports("b").is_empty());
+    }
+
+    #[test]
+    fn impls_of_another_modules_types_are_found() {
+        let g = graph(&[
+            (
+                "agent",
+                "pub struct Agent { inner: Inner }\npub(crate) struct Inner;",
+            ),
+            (
+                "ops",
+                "impl Agent {\n    fn f(&self) -> impl Iterator<Item = u8> { todo!() }\n}\n\
+                 #[cfg(test)]\nimpl<T: Into<u8>> From<T> for crate::agent::Inner { }\n\
+                 impl Drop for Local { }\nstruct Local;",
+            ),
+            ("own", "struct Agent;\nimpl<'a> Agent { }"),
+            (
+                "quiet",
+                "// impl Agent {}\nconst S: &str = \"impl Inner {\";\n/* impl Agent { */\n\
+                 fn f(x: impl Fn() -> Agent) -> Box<dyn Fn(u8)> { todo!() }",
+            ),
+        ]);
+        let found: Vec<(String, String, String)> = g
+            .foreign_impls()
+            .into_iter()
+            .map(|f| (f.module, f.ty, f.owner))
+            .collect();
+        let want = [("ops", "Agent", "agent"), ("ops", "Inner", "agent")]
+            .map(|(m, t, o)| (m.to_string(), t.to_string(), o.to_string()));
+        assert_eq!(found, want);
     }
 }

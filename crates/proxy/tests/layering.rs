@@ -1,7 +1,7 @@
 //! The proxy is a pipeline (issue 21): its modules import downward only. This reads the
 //! crate's sources ([`bazaar_layering`]) and fails on an import circle between its
 //! top-level modules, or on a module that imports from the crate root (the root is the
-//! composition, above every stage).
+//! composition, above every stage), or on an `impl` block for another module's type.
 
 use bazaar_layering::Graph;
 use std::collections::BTreeSet;
@@ -37,4 +37,14 @@ fn no_module_imports_one_that_imports_it_back() {
         BTreeSet::from(["balance", "table"]),
         "route imports"
     );
+}
+
+#[test]
+fn no_module_adds_methods_to_another_modules_types() {
+    let foreign: Vec<String> = graph()
+        .foreign_impls()
+        .into_iter()
+        .map(|f| format!("{} has impl {} (from {})", f.module, f.ty, f.owner))
+        .collect();
+    assert!(foreign.is_empty(), "{foreign:?}");
 }

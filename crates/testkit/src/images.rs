@@ -5,7 +5,6 @@ use bazaar_image::manifest::{Descriptor, Manifest, OCI_CONFIG, OCI_LAYER_GZIP, O
 use bazaar_image::{Digest, Registry};
 use flate2::write::GzEncoder;
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Once;
@@ -44,20 +43,12 @@ pub struct TestRegistry {
     _dir: tempfile::TempDir,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 impl TestRegistry {
     /// Starts a registry; with `basic`, it requires those credentials (htpasswd, bcrypt).
     pub fn start(basic: Option<(&str, &str)>) -> TestRegistry {
         ensure_packages();
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
+        let port = crate::free_port(std::net::Ipv4Addr::LOCALHOST);
         let mut auth = String::new();
         if let Some((user, pass)) = basic {
             let hash = bcrypt::hash(pass, 5).unwrap();

@@ -655,6 +655,16 @@ where
     }
 }
 
+/// Whether the synchronous `probe` becomes true within `within` ([`eventually`]'s pacing).
+pub async fn holds_within(within: Duration, mut probe: impl FnMut() -> bool) -> bool {
+    eventually(within, || {
+        let holds = probe();
+        async move { holds.then_some(()) }
+    })
+    .await
+    .is_ok()
+}
+
 /// A process-machine config running `argv`.
 pub fn process_config(argv: &[&str]) -> bazaar_types::config::MachineConfig {
     bazaar_types::config::MachineConfig {
