@@ -7,6 +7,7 @@
 //! The policy is a bazaar extension of the machine config (`config.placement`, documented
 //! in docs/PLACEMENT.md when wired); this module holds the rules only, no I/O.
 
+use crate::exchange::{Candidate, Exclusion, Offer};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -322,6 +323,45 @@ pub fn refusal(constraints: &[Constraint], hosts: &[HostView<'_>]) -> String {
         })
         .collect();
     format!("no host meets the constraints: {}", parts.join(", "))
+}
+
+/// Applies `policy` to the exchange's candidates (`exchange::candidates`): a host failing a
+/// constraint joins the exclusions with the reason naming it; the others come with their
+/// verdict. `counts` is the app's machines per spread key, from the catalog.
+pub fn apply<'a>(
+    policy: &PlacementPolicy,
+    cands: &[&'a Candidate],
+    counts: &BTreeMap<String, usize>,
+) -> (Vec<(&'a Candidate, HostVerdict)>, Vec<Exclusion>) {
+    let views: Vec<HostView<'_>> = cands
+        .iter()
+        .map(|c| HostView {
+            host_id: &c.host_id,
+            labels: &c.labels,
+        })
+        .collect();
+    let mut ok = Vec::new();
+    let mut excluded = Vec::new();
+    for (c, v) in cands.iter().zip(verdicts(policy, &views, counts)) {
+        match &v.excluded {
+            Some(reason) => excluded.push(Exclusion {
+                host_id: c.host_id.clone(),
+                reason: reason.clone(),
+            }),
+            None => ok.push((*c, v)),
+        }
+    }
+    (ok, excluded)
+}
+
+/// Adds each host's policy bonus (affinity + spread) to its offers' scores, before
+/// `exchange::choose_winners` ranks them. Offers of hosts without a verdict are unchanged.
+pub fn adjust_offers(offers: &mut [Offer], verdicts: &[HostVerdict]) {
+    for o in offers {
+        if let Some(v) = verdicts.iter().find(|v| v.host_id == o.host_id) {
+            o.score += v.bonus();
+        }
+    }
 }
 
 /// What to do so that a per-host machine runs once on every live host meeting its

@@ -249,6 +249,67 @@ fn per_host_machines_follow_hosts_that_join_and_stop_matching() {
     assert_eq!(plan, PerHostPlan::default());
 }
 
+#[test]
+fn the_market_filters_candidates_and_spread_changes_the_winner() {
+    use crate::exchange::{choose_winners, Candidate, Offer};
+    use bazaar_types::host::Resources;
+    let r = Resources {
+        cpus: 8,
+        memory_mb: 8192,
+    };
+    let host = |id: &str, pairs: &[(&str, &str)]| Candidate {
+        host_id: id.into(),
+        region: "local".into(),
+        capacity: r,
+        free: r,
+        alive: true,
+        draining: false,
+        labels: labels(pairs),
+    };
+    let hosts = [
+        host("h1", &[("disk", "nvme"), ("zone", "a")]),
+        host("h2", &[("disk", "nvme"), ("zone", "b")]),
+        host("h3", &[("disk", "ssd"), ("zone", "c")]),
+    ];
+    let cands: Vec<&Candidate> = hosts.iter().collect();
+    let policy = PlacementPolicy {
+        constraints: vec![c("disk", Op::Eq, Some("nvme"))],
+        spread: Some(Spread {
+            by: "label:zone".into(),
+        }),
+        ..Default::default()
+    };
+    let counts: BTreeMap<String, usize> = [("a".to_string(), 1)].into();
+    let (ok, excluded) = apply(&policy, &cands, &counts);
+    assert_eq!(
+        ok.iter()
+            .map(|(c, _)| c.host_id.as_str())
+            .collect::<Vec<_>>(),
+        ["h1", "h2"]
+    );
+    assert_eq!(excluded.len(), 1);
+    assert_eq!(excluded[0].host_id, "h3");
+    assert!(excluded[0].reason.contains("disk = nvme"));
+
+    // h1 bids a little better on load, but zone a already has the app's machine.
+    let mut offers = vec![
+        Offer {
+            host_id: "h1".into(),
+            reservation_id: "r1".into(),
+            score: 0.9,
+        },
+        Offer {
+            host_id: "h2".into(),
+            reservation_id: "r2".into(),
+            score: 0.8,
+        },
+    ];
+    let verdicts: Vec<HostVerdict> = ok.into_iter().map(|(_, v)| v).collect();
+    adjust_offers(&mut offers, &verdicts);
+    let (winners, _) = choose_winners(offers, 1);
+    assert_eq!(winners[0].host_id, "h2");
+}
+
 fn arb_labels() -> impl Strategy<Value = BTreeMap<String, String>> {
     prop::collection::btree_map(
         prop::sample::select(vec!["disk", "zone", "gpu"]).prop_map(String::from),
