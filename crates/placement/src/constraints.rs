@@ -215,11 +215,11 @@ impl Constraint {
 /// The first constraint a host with `labels` does not meet, as a reason naming it.
 pub fn unmet(constraints: &[Constraint], labels: &BTreeMap<String, String>) -> Option<String> {
     constraints.iter().find(|c| !c.holds(labels)).map(|c| {
-        let have = match labels.get(&c.label) {
-            Some(v) => format!("{}={v}", c.label),
-            None => format!("no label {}", c.label),
-        };
-        format!("constraint {} not met (host has {have})", c.describe())
+        let what = c.describe();
+        match labels.get(&c.label) {
+            Some(v) => format!("constraint {what} not met (host has {}={v})", c.label),
+            None => format!("constraint {what} not met (host has no label {})", c.label),
+        }
     })
 }
 
@@ -342,11 +342,11 @@ pub fn apply<'a>(
         .collect();
     let mut ok = Vec::new();
     let mut excluded = Vec::new();
-    for (c, v) in cands.iter().zip(verdicts(policy, &views, counts)) {
-        match &v.excluded {
+    for (c, mut v) in cands.iter().zip(verdicts(policy, &views, counts)) {
+        match v.excluded.take() {
             Some(reason) => excluded.push(Exclusion {
-                host_id: c.host_id.clone(),
-                reason: reason.clone(),
+                host_id: v.host_id,
+                reason,
             }),
             None => ok.push((*c, v)),
         }
