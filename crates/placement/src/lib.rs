@@ -6,8 +6,11 @@
 //! - [`score`]: how a bid is scored (the default spreads load).
 //! - [`exchange`]: the exchange's side: region expressions, candidates, which hosts to ask
 //!   (power of d choices, batch sampling), ranking bids, the placement record.
+//! - [`constraints`]: host-label constraints, affinities and spread of an app's machines,
+//!   each host's verdict, and the per-host machines rule.
 //! - [`volume`]: where a volume may go (disk, `require_unique_zone`, the compute hint).
 
+pub mod constraints;
 pub mod exchange;
 pub mod ledger;
 pub mod score;
