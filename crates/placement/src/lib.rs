@@ -9,12 +9,10 @@
 //! - [`volume`]: where a volume may go (disk, `require_unique_zone`, the compute hint).
 //! - [`preemption`]: which lower-priority machines a full host would stop, which host's
 //!   preemption bid wins, and the ledger's side of such a bid.
-//! - [`quota`]: per-org and per-app quotas and the check of a create against them.
 
 pub mod exchange;
 pub mod ledger;
 pub mod preemption;
-pub mod quota;
 pub mod score;
 pub mod volume;
 

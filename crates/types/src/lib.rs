@@ -33,6 +33,7 @@ pub mod json;
 pub mod limits;
 pub mod machine;
 pub mod priority;
+pub mod quota;
 pub mod region;
 pub mod replacement;
 pub mod seccomp;

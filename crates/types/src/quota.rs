@@ -82,6 +82,15 @@ impl fmt::Display for Scope {
     }
 }
 
+/// An org's or app's quota as the API answers it: the limits and what is in use, as the
+/// answering node's catalog counts it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct QuotaStatus {
+    pub scope: Scope,
+    pub limits: Limits,
+    pub usage: Usage,
+}
+
 /// A create the quota refuses: which quota, its limit, what is used and what the create adds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Exceeded {
