@@ -90,9 +90,9 @@ async fn a_quota_refuses_the_next_create_on_every_node() {
     let set: Value = serde_json::from_str(&set).unwrap();
     assert_eq!(set["limits"], json!({"machines": 2}), "{set}");
 
-    for i in 0..2 {
+    for h in &hosts[..2] {
         let (s, v) = call(
-            &hosts[i],
+            h,
             Method::POST,
             "/v1/apps/quota/machines",
             Some(create_body()),
