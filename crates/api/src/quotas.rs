@@ -81,6 +81,25 @@ pub(crate) fn check_machines(
     check_add(api, app, add)
 }
 
+/// Refuses (403) an update that grows machine `id` to `size` past the app's or its org's
+/// CPU or memory quota (what it held before, as the catalog has it, is already counted).
+pub(crate) fn check_growth(
+    api: &Api,
+    app: &str,
+    id: &str,
+    size: Resources,
+) -> Result<(), ApiError> {
+    let Some(now) = api.catalog()?.machine(id).map(|m| m.record.resources) else {
+        return Ok(());
+    };
+    let add = Usage {
+        cpus: u64::from(size.cpus.saturating_sub(now.cpus)),
+        memory_mb: size.memory_mb.saturating_sub(now.memory_mb),
+        ..Usage::default()
+    };
+    check_add(api, app, add)
+}
+
 /// Refuses (403) a volume of `size_gb` that would take the app or its org past a quota.
 pub(crate) fn check_volume(api: &Api, app: &str, size_gb: u64) -> Result<(), ApiError> {
     check_add(api, app, Usage::volume(size_gb))

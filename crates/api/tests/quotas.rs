@@ -101,7 +101,37 @@ async fn a_create_past_a_quota_is_refused_with_403_naming_it() {
         "forbidden: quota exceeded: org acme allows 1024 memory_mb, 768 in use, this request adds 512",
         "{v}"
     );
-    let (s, v) = create(&api, "qb", 256).await;
+    let (s, grown) = create(&api, "qb", 256).await;
+    assert_eq!(s, StatusCode::OK, "{grown}");
+    wait_usage(&api, org_quota, 4).await;
+    // An update that grows a machine past the org's memory is refused too; one that keeps
+    // its size is not.
+    let id = grown["id"].as_str().unwrap();
+    let path = format!("/v1/apps/qb/machines/{id}");
+    let mut config = grown["config"].clone();
+    config["guest"]["memory_mb"] = json!(512);
+    let (s, v) = call(
+        &api,
+        Method::POST,
+        &path,
+        Some(json!({"config": config, "skip_launch": true})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{v}");
+    assert_eq!(
+        v["error"],
+        "forbidden: quota exceeded: org acme allows 1024 memory_mb, 1024 in use, this request adds 256",
+        "{v}"
+    );
+    config["guest"]["memory_mb"] = json!(256);
+    config["env"] = json!({"SAME": "size"});
+    let (s, v) = call(
+        &api,
+        Method::POST,
+        &path,
+        Some(json!({"config": config, "skip_launch": true})),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK, "{v}");
     // Another org is not held by acme's quota.
     let (s, v) = call(&api, Method::GET, "/v1/orgs/other/quota", None).await;
