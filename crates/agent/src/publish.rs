@@ -227,6 +227,7 @@ impl Agent {
             metadata: rec.config.metadata.clone(),
             updated_at_ms: rec.updated_at_ms,
             epoch: rec.epoch,
+            resources: rec.resources,
             config: bazaar_types::replacement::opted_in(&rec.config.metadata)
                 .then(|| Box::new(rec.config.clone())),
         }

@@ -393,6 +393,18 @@ mod tests {
                 (web(), None, Op::Secrets),
             ),
             (Method::GET, "/v1/apps/web/secrets", (web(), None, Op::Read)),
+            // Quotas are set under the org, never as a change to the app: a token scoped
+            // to the app cannot raise its own.
+            (
+                Method::POST,
+                "/v1/orgs/acme/apps/web/quota",
+                (None, None, Op::Update),
+            ),
+            (
+                Method::POST,
+                "/v1/orgs/acme/quota",
+                (None, None, Op::Update),
+            ),
         ];
         for (method, path, want) in cases {
             assert_eq!(op(method.clone(), path), want, "{method} {path}");

@@ -13,6 +13,7 @@
 //! - [`audit`]: an app's changes, gathered from every host.
 //! - [`secrets`]: an app's secrets (sealed catalog rows; values never answered).
 //! - [`orgs`]: an organization's machines and volumes across its apps (catalog).
+//! - [`quotas`]: quotas per org and app (catalog rows) and the check of creates against them.
 //! - [`platform`]: regions and placement dry runs.
 //! - [`catalog`]: the cluster catalog as this node sees it (cluster secret only).
 //! - [`openapi`]: the document of all of them, derived from the routes and their types.
@@ -35,6 +36,7 @@ pub mod memory;
 pub mod openapi;
 pub mod orgs;
 pub mod platform;
+pub mod quotas;
 pub mod secrets;
 pub mod volumes;
 
@@ -287,6 +289,16 @@ fn routes(doc: Arc<OnceLock<Arc<str>>>) -> Routes {
         .api_route(
             "/v1/orgs/{org}/volumes",
             get_with(orgs::volumes, orgs::volumes_docs),
+        )
+        .api_route(
+            "/v1/orgs/{org}/quota",
+            get_with(quotas::show_org, quotas::show_org_docs)
+                .post_with(quotas::set_org, quotas::set_org_docs),
+        )
+        .api_route(
+            "/v1/orgs/{org}/apps/{app}/quota",
+            get_with(quotas::show_app, quotas::show_app_docs)
+                .post_with(quotas::set_app, quotas::set_app_docs),
         )
         .api_route(
             "/v1/platform/regions",

@@ -115,6 +115,7 @@ pub async fn create(
         return create_from_source(&api, &app, &req).await.map(Json);
     }
     let template = host_request(&app, &req)?;
+    crate::quotas::check_volume(&api, &app, template.size_gb)?;
     let (hosts, addrs) = api.market_view()?;
     let volumes = api.catalog()?.volumes(Some(&app));
     let cands: Vec<VolumeCandidate> = {

@@ -380,6 +380,7 @@ fn machine_record(id: &str, host: &str, state: &str) -> MachineRecord {
     }))
     .expect("service");
     MachineRecord {
+        resources: Default::default(),
         id: id.into(),
         app: format!("app-{}", id.len() % 7),
         app_id: String::new(),

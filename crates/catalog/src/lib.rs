@@ -35,8 +35,8 @@ pub mod wire;
 pub use config::{CatalogConfig, ClusterIdentity};
 pub use records::{
     AppRecord, CertificateRecord, CertificateView, ChallengeRecord, Change, CheckRecord,
-    HostRecord, HostStatus, HostView, MachineFilter, MachineRecord, MachineView, SecretRecord,
-    ServiceRecord, VolumeRecord, VolumeView,
+    HostRecord, HostStatus, HostView, MachineFilter, MachineRecord, MachineView, QuotaRecord,
+    SecretRecord, ServiceRecord, VolumeRecord, VolumeView,
 };
 
 use anyhow::Context;
@@ -573,6 +573,16 @@ impl Catalog {
     /// unset it); `record.set_by_host` must be this host.
     pub fn publish_secret(&self, record: SecretRecord) {
         self.shared().publish(Record::Secret(record), false);
+    }
+
+    /// Publishes a quota set through this host's API; `record.set_by_host` must be this host.
+    pub fn publish_quota(&self, record: QuotaRecord) {
+        self.shared().publish(Record::Quota(record), false);
+    }
+
+    /// The quota of an org or app as every node resolves it ([`QuotaRecord`]).
+    pub fn quota(&self, scope: &bazaar_types::quota::Scope) -> Option<QuotaRecord> {
+        self.shared().read().replica.quota(scope).cloned()
     }
 
     /// The version of an app's secrets: the time of their latest set or unset (0: none).

@@ -63,10 +63,11 @@ fn kind_name(kind: Kind) -> &'static str {
         Kind::Secret => "secret",
         Kind::Certificate => "certificate",
         Kind::Challenge => "challenge",
+        Kind::Quota => "quota",
     }
 }
 
-const KINDS: [Kind; 7] = [
+const KINDS: [Kind; 8] = [
     Kind::Host,
     Kind::Machine,
     Kind::App,
@@ -74,6 +75,7 @@ const KINDS: [Kind; 7] = [
     Kind::Secret,
     Kind::Certificate,
     Kind::Challenge,
+    Kind::Quota,
 ];
 
 const STATUSES: [HostStatus; 4] = [

@@ -503,6 +503,8 @@ fn change_of(row: &Row) -> Change {
         Record::Secret(x) => Change::App(x.app.clone()),
         Record::Certificate(c) => Change::Certificate(c.hostname.clone()),
         Record::Challenge(c) => Change::Challenge(c.token.clone()),
+        // A quota changed: subscribers re-read the app (an org's: nothing to re-read).
+        Record::Quota(q) => Change::App(q.id.clone()),
     }
 }
 

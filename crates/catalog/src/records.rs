@@ -81,6 +81,10 @@ pub struct MachineRecord {
     /// id, [`MachineRecord::precedence`] says which is the machine.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub epoch: u64,
+    /// What the machine holds on its host (CPUs and memory of its size): what quotas count
+    /// (docs/POLICY.md). Zero from hosts of older versions.
+    #[serde(default)]
+    pub resources: bazaar_types::host::Resources,
     /// The machine's config, carried only by machines that opted in to re-placement
     /// (`bazaar_types::replacement`): the guardian re-creates the machine from it when its
     /// host is dead and cannot be asked.
@@ -221,6 +225,39 @@ pub struct SecretRecord {
     pub app_created_at_ms: u64,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
+}
+
+/// The quota of an org or an app (docs/POLICY.md), set through any node's API: that node
+/// writes a row of its own, keyed `org/<org>` or `app/<app>`; of the rows for one key, the
+/// latest `updated_at_ms` (then host id) wins on every node alike. A row without limits
+/// lifts the quota. An app's quota belongs to the app as it is now (`app_created_at_ms`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct QuotaRecord {
+    /// `org/<org>` or `app/<app>`: the row's key ([`QuotaRecord::key_of`]).
+    pub id: String,
+    pub scope: bazaar_types::quota::Scope,
+    pub limits: bazaar_types::quota::Limits,
+    /// The host that wrote it; always equal to the publishing node's id.
+    pub set_by_host: String,
+    /// For an app's quota, the creation time of the app it was set for (0 for an org).
+    #[serde(default)]
+    pub app_created_at_ms: u64,
+    pub updated_at_ms: u64,
+}
+
+impl QuotaRecord {
+    /// The row key of a scope's quota.
+    pub fn key_of(scope: &bazaar_types::quota::Scope) -> String {
+        match scope {
+            bazaar_types::quota::Scope::Org(o) => format!("org/{o}"),
+            bazaar_types::quota::Scope::App(a) => format!("app/{a}"),
+        }
+    }
+
+    /// The order among rows of one key: the latest write wins, then the higher host id.
+    pub fn precedence(&self) -> (u64, &str) {
+        (self.updated_at_ms, &self.set_by_host)
+    }
 }
 
 /// The edge certificate of one app hostname, published by the host that issued it (or

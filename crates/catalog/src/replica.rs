@@ -18,8 +18,8 @@
 mod apps;
 
 use crate::records::{
-    AppRecord, CertificateRecord, ChallengeRecord, HostRecord, MachineRecord, SecretRecord,
-    VolumeRecord,
+    AppRecord, CertificateRecord, ChallengeRecord, HostRecord, MachineRecord, QuotaRecord,
+    SecretRecord, VolumeRecord,
 };
 use crate::trust::{RowIdentity, Seal};
 use serde::{Deserialize, Serialize};
@@ -36,6 +36,7 @@ pub enum Kind {
     Secret,
     Certificate,
     Challenge,
+    Quota,
 }
 
 impl Kind {
@@ -48,6 +49,7 @@ impl Kind {
             Kind::Secret => 5,
             Kind::Certificate => 6,
             Kind::Challenge => 7,
+            Kind::Quota => 8,
         }
     }
 }
@@ -62,6 +64,7 @@ pub enum Record {
     Secret(SecretRecord),
     Certificate(CertificateRecord),
     Challenge(ChallengeRecord),
+    Quota(QuotaRecord),
 }
 
 impl Record {
@@ -74,6 +77,7 @@ impl Record {
             Record::Secret(_) => Kind::Secret,
             Record::Certificate(_) => Kind::Certificate,
             Record::Challenge(_) => Kind::Challenge,
+            Record::Quota(_) => Kind::Quota,
         }
     }
 
@@ -88,6 +92,7 @@ impl Record {
             Record::Secret(x) => &x.id,
             Record::Certificate(c) => &c.hostname,
             Record::Challenge(c) => &c.token,
+            Record::Quota(q) => &q.id,
         }
     }
 }
@@ -362,8 +367,11 @@ impl Replica {
                     .or_default()
                     .insert((owner.clone(), x.id.clone()));
             }
-            Record::Host(_) | Record::Volume(_) | Record::Certificate(_) | Record::Challenge(_) => {
-            }
+            Record::Host(_)
+            | Record::Volume(_)
+            | Record::Certificate(_)
+            | Record::Challenge(_)
+            | Record::Quota(_) => {}
         }
         if row.deleted {
             self.tombstones
@@ -405,8 +413,11 @@ impl Replica {
                 &x.app,
                 &(owner.to_owned(), x.id.clone()),
             ),
-            Record::Host(_) | Record::Volume(_) | Record::Certificate(_) | Record::Challenge(_) => {
-            }
+            Record::Host(_)
+            | Record::Volume(_)
+            | Record::Certificate(_)
+            | Record::Challenge(_)
+            | Record::Quota(_) => {}
         }
         if row.deleted {
             self.tombstones
@@ -603,6 +614,29 @@ impl Replica {
             }
         }
         by_name.into_values().collect()
+    }
+
+    /// The quota of a scope as every node resolves it: of the rows hosts wrote for its key,
+    /// the greatest by [`QuotaRecord::precedence`]; an app's only if set for the app as it
+    /// is now.
+    pub fn quota(&self, scope: &bazaar_types::quota::Scope) -> Option<&QuotaRecord> {
+        let key = QuotaRecord::key_of(scope);
+        let app_created = match scope {
+            bazaar_types::quota::Scope::App(a) => Some(self.app(a)?.created_at_ms),
+            bazaar_types::quota::Scope::Org(_) => None,
+        };
+        self.owners
+            .keys()
+            .filter_map(|owner| match self.get(owner, Kind::Quota, &key) {
+                Some(Row {
+                    deleted: false,
+                    record: Record::Quota(q),
+                    ..
+                }) => Some(q),
+                _ => None,
+            })
+            .filter(|q| app_created.is_none_or(|c| q.app_created_at_ms == c))
+            .max_by(|a, b| a.precedence().cmp(&b.precedence()))
     }
 }
 

@@ -94,6 +94,7 @@ pub fn record_json(record: &Record) -> Vec<u8> {
         Record::Secret(x) => serde_json::to_vec(x),
         Record::Certificate(c) => serde_json::to_vec(c),
         Record::Challenge(c) => serde_json::to_vec(c),
+        Record::Quota(q) => serde_json::to_vec(q),
     }
     .expect("records serialize to JSON")
 }

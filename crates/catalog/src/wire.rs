@@ -23,8 +23,8 @@
 //! Anything that fails the tag or does not decode is dropped by the caller, never trusted.
 
 use crate::records::{
-    AppRecord, CertificateRecord, ChallengeRecord, HostRecord, MachineRecord, SecretRecord,
-    VolumeRecord,
+    AppRecord, CertificateRecord, ChallengeRecord, HostRecord, MachineRecord, QuotaRecord,
+    SecretRecord, VolumeRecord,
 };
 use crate::replica::{DigestEntry, Kind, Record, Row};
 use crate::trust::{Seal, SignedEntry};
@@ -362,6 +362,20 @@ impl WireRow {
                     bail!("secret row {} does not name its app and secret", x.id);
                 }
                 Record::Secret(x)
+            }
+            Kind::Quota => {
+                let q: QuotaRecord = serde_json::from_slice(&self.body)?;
+                if q.set_by_host != self.owner {
+                    bail!(
+                        "quota of host {} published by {}",
+                        q.set_by_host,
+                        self.owner
+                    );
+                }
+                if q.id != QuotaRecord::key_of(&q.scope) {
+                    bail!("quota row {} does not name its scope", q.id);
+                }
+                Record::Quota(q)
             }
             Kind::Certificate => {
                 let c: CertificateRecord = serde_json::from_slice(&self.body)?;

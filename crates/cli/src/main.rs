@@ -28,6 +28,7 @@ mod lab_cmd;
 mod machine_wait;
 mod node_main;
 mod operator;
+mod quota_cmd;
 mod secrets_cmd;
 mod term;
 mod token_cmd;
@@ -80,6 +81,8 @@ enum Command {
     Audit(token_cmd::AuditArgs),
     /// Set, list and unset an app's secrets (environment variables of its machines).
     Secrets(secrets_cmd::SecretsArgs),
+    /// Set and show quotas of an organization or an app (machines, cpus, memory, volume GB).
+    Quota(quota_cmd::QuotaArgs),
     /// Deploy the app config file (bazaar.toml or fly.toml) as a new release.
     Deploy(deploy_cmd::DeployArgs),
     /// List an app's releases.
@@ -314,6 +317,7 @@ fn main() {
         Command::Token(a) => run_async(token_cmd::token(a)),
         Command::Audit(a) => run_async(token_cmd::audit(a)),
         Command::Secrets(a) => run_async(secrets_cmd::secrets(a)),
+        Command::Quota(a) => run_async(quota_cmd::quota(a)),
         Command::Deploy(a) => run_async(deploy_cmd::deploy(a)),
         Command::Releases(a) => run_async(deploy_cmd::releases(a)),
         Command::Rollback(a) => run_async(deploy_cmd::rollback(a)),

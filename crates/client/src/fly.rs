@@ -572,6 +572,28 @@ impl FlyClient {
         self.get(&format!("/apps/{app}/secrets")).await
     }
 
+    /// bazaar extension: the quota of organization `org`, or of its app `app`, with what is
+    /// in use as the answering node counts it.
+    pub async fn quota(
+        &self,
+        org: &str,
+        app: Option<&str>,
+    ) -> Result<bazaar_types::quota::QuotaStatus, ApiError> {
+        self.get(&quota_path(org, app)).await
+    }
+
+    /// bazaar extension: replaces the limits of organization `org`'s quota, or of its app
+    /// `app` (a resource left out has none).
+    pub async fn set_quota(
+        &self,
+        org: &str,
+        app: Option<&str>,
+        limits: &bazaar_types::quota::Limits,
+    ) -> Result<bazaar_types::quota::QuotaStatus, ApiError> {
+        self.send(Method::POST, &quota_path(org, app), limits, None)
+            .await
+    }
+
     /// Sets (a string) or removes (`null`) secrets in one change: the server's answer.
     pub async fn update_secrets(
         &self,
@@ -629,5 +651,12 @@ impl FlyClient {
             None,
         )
         .await
+    }
+}
+
+fn quota_path(org: &str, app: Option<&str>) -> String {
+    match app {
+        Some(app) => format!("/orgs/{org}/apps/{app}/quota"),
+        None => format!("/orgs/{org}/quota"),
     }
 }

@@ -9,10 +9,13 @@
 //! - [`constraints`]: host-label constraints, affinities and spread of an app's machines,
 //!   each host's verdict, and the per-host machines rule.
 //! - [`volume`]: where a volume may go (disk, `require_unique_zone`, the compute hint).
+//! - [`preemption`]: which lower-priority machines a full host would stop, which host's
+//!   preemption bid wins, and the ledger's side of such a bid.
 
 pub mod constraints;
 pub mod exchange;
 pub mod ledger;
+pub mod preemption;
 pub mod score;
 pub mod volume;
 

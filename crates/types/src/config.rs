@@ -4,7 +4,8 @@
 //! (those bazaar does not act on), is [`crate::config_fields`]'s to say.
 //!
 //! bazaar extensions: `driver` (`"process"` runs `init.exec` or `init.entrypoint` + `init.cmd`
-//! as a supervised process on the host; `"oci"` runs `image`), and `init.user`.
+//! as a supervised process on the host; `"oci"` runs `image`), `init.user`, and `priority`
+//! (`crate::priority`).
 
 use crate::duration::GoDuration;
 use crate::guest::Guest;
@@ -59,6 +60,11 @@ pub struct MachineConfig {
     /// A Prometheus endpoint of the machine that its agent scrapes (docs/METRICS.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<MetricsConfig>,
+    /// bazaar extension: the machine's priority class (`batch`, `default`, `critical`;
+    /// absent is `default`). A machine may displace machines of a lower class when no host
+    /// has room for it (docs/POLICY.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<crate::priority::Priority>,
     /// Fly's fields kept untyped (`rootfs`, and those bazaar takes only at their default),
     /// echoed back unchanged.
     #[serde(flatten)]
@@ -394,6 +400,11 @@ pub const DEFAULT_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_
 pub const MAX_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl MachineConfig {
+    /// The machine's priority class (`default` when the config names none).
+    pub fn priority(&self) -> crate::priority::Priority {
+        self.priority.unwrap_or_default()
+    }
+
     /// Fly's `config.rootfs.size_gb`: the size of the machine's writable space, when the
     /// config asks for one (a whole number of GB, 1 to 1024).
     pub fn rootfs_size_gb(&self) -> Result<Option<u64>, String> {

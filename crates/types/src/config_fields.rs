@@ -232,6 +232,7 @@ pub const CONFIG: &[Field] = &[
     used("standbys", Any),
     used("schedule", Any),
     used("metrics", Any),
+    used("priority", Any),
     Field {
         doc: Some(|| {
             json!({"description": "The machine's root filesystem: `size_gb` sizes its writable space.",

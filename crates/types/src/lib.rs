@@ -32,6 +32,8 @@ pub mod ids;
 pub mod json;
 pub mod limits;
 pub mod machine;
+pub mod priority;
+pub mod quota;
 pub mod region;
 pub mod replacement;
 pub mod seccomp;

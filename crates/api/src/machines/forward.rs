@@ -183,6 +183,12 @@ async fn update(
 ) -> Result<Relayed<Json<Machine>>, ApiError> {
     let param = |name: &str| params.get(name).map(String::as_str).unwrap_or_default();
     super::check_standbys(&api, param("app"), &body.0.config, Some(param("id")))?;
+    // A config the owner will refuse is left to it; one that grows the machine is checked
+    // against the quotas here.
+    let State(this) = &api;
+    if let Ok(size) = this.0.node.validate_config(&body.0.config) {
+        crate::quotas::check_growth(this, param("app"), param("id"), size)?;
+    }
     forward(api, params, method, uri, headers, body).await
 }
 

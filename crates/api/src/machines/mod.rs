@@ -83,6 +83,7 @@ fn order_for(
         .ok_or_else(|| ApiError::BadRequest("config is required".into()))?;
     let size = api.0.node.validate_config(&config)?;
     check_standbys(api, app, &config, None)?;
+    crate::quotas::check_machines(api, app, size, count)?;
     let pinned_host = match bazaar_types::volume::mount_of(&config).map_err(ApiError::BadRequest)? {
         Some(mount) => {
             if count > 1 {

@@ -114,6 +114,7 @@ pub(crate) fn complete(api: OpenApi) -> Value {
             {"name": "volumes", "description": "Volumes: host-local storage; a machine that mounts one lives on its host."},
             {"name": "secrets", "description": "App secrets: sealed with the cluster's key, given to machines as environment variables; values are never answered."},
             {"name": "certificates", "description": "bazaar extension: TLS certificates of app hostnames, served by every proxy."},
+            {"name": "quotas", "description": "bazaar extension: quotas per organization and app, checked by every node from its catalog (docs/POLICY.md)."},
             {"name": "platform", "description": "Regions and placement dry runs."},
             {"name": "catalog", "description": "bazaar extension: the cluster catalog as this node sees it."},
             {"name": "meta", "description": "This document."},

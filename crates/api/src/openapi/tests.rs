@@ -6,6 +6,8 @@ use std::collections::BTreeSet;
 
 /// Every operation id the document has had: Fly's names, which generated clients use.
 const IDS: &[&str] = &[
+    "AppQuotaSet",
+    "AppQuotaShow",
     "AppSecretDelete",
     "AppSecretSet",
     "AppSecretShow",
@@ -63,6 +65,8 @@ const IDS: &[&str] = &[
     "MachinesUpsertMetadata",
     "MachinesWait",
     "OrgMachinesList",
+    "OrgQuotaSet",
+    "OrgQuotaShow",
     "OrgVolumesList",
     "PlatformPlacements",
     "PlatformRegions",

@@ -63,6 +63,20 @@ fn row(owner: &str, kind: Kind, key: &str, version: u64, deleted: bool) -> Row {
             created_at_ms: version,
             ..Default::default()
         }),
+        Kind::Quota => {
+            let scope = bazaar_types::quota::Scope::Org(key.into());
+            Record::Quota(QuotaRecord {
+                id: QuotaRecord::key_of(&scope),
+                scope,
+                limits: bazaar_types::quota::Limits {
+                    machines: Some(version),
+                    ..Default::default()
+                },
+                set_by_host: owner.into(),
+                app_created_at_ms: 0,
+                updated_at_ms: version,
+            })
+        }
     };
     Row {
         owner: owner.into(),
@@ -355,4 +369,26 @@ proptest! {
             prop_assert_eq!(e.count as usize, rows.len());
         }
     }
+}
+
+/// Quotas: any host writes its own row for an org or app; the latest write wins on every
+/// node, then the higher host id.
+#[test]
+fn the_latest_write_of_a_quota_wins_across_hosts() {
+    let mut r = Replica::new();
+    let acme = bazaar_types::quota::Scope::Org("acme".into());
+    assert!(r.quota(&acme).is_none());
+    r.apply(row("a", Kind::Quota, "acme", 4, false));
+    r.apply(row("b", Kind::Quota, "acme", 7, false));
+    r.apply(row("c", Kind::Quota, "acme", 6, false));
+    let q = r.quota(&acme).unwrap();
+    assert_eq!((q.set_by_host.as_str(), q.limits.machines), ("b", Some(7)));
+    r.apply(row("b", Kind::Quota, "acme", 8, true));
+    assert_eq!(
+        r.quota(&acme).unwrap().set_by_host,
+        "c",
+        "a deleted row no longer counts"
+    );
+    let web = bazaar_types::quota::Scope::App("web".into());
+    assert!(r.quota(&web).is_none(), "no app, no quota");
 }

@@ -80,6 +80,16 @@ impl AppConfig {
         Ok(guest)
     }
 
+    /// The priority class of a group's machines: its `[[vm]]`'s (or the one without
+    /// `processes`) `priority`, if set.
+    pub fn priority(&self, group: &str) -> Option<bazaar_types::priority::Priority> {
+        self.vm
+            .iter()
+            .find(|v| v.processes.iter().any(|g| g == group))
+            .or_else(|| self.vm.iter().find(|v| v.processes.is_empty()))
+            .and_then(|v| v.priority)
+    }
+
     /// The strategy (`[deploy] strategy`, default rolling).
     pub fn strategy(&self) -> Strategy {
         self.deploy.strategy.unwrap_or(Strategy::Rolling)
@@ -103,6 +113,7 @@ impl AppConfig {
                 Driver::Oci => "oci".to_string(),
             }),
             guest: Some(self.guest(group)?),
+            priority: self.priority(group),
             ..Default::default()
         };
         let e = &self.experimental;

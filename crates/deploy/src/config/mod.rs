@@ -262,6 +262,10 @@ pub struct Vm {
     pub cpus: Option<u32>,
     #[serde(default)]
     pub cpu_kind: Option<CpuKind>,
+    /// bazaar extension: the machines' priority class (`batch`, `default`, `critical`;
+    /// docs/POLICY.md), set as `config.priority`.
+    #[serde(default)]
+    pub priority: Option<bazaar_types::priority::Priority>,
     #[serde(default)]
     pub processes: Vec<String>,
 }

@@ -219,3 +219,29 @@ fn replace_on_host_failure_opts_every_machine_in() {
     );
     assert!(bazaar_types::replacement::validate(&cfg).is_ok());
 }
+
+#[test]
+fn a_vm_priority_becomes_the_groups_config_priority() {
+    use bazaar_types::priority::Priority;
+    let text = "app = \"x\"\n[build]\nimage = \"i\"\n[processes]\nweb = \"serve\"\nworker = \"work\"\n\n[[vm]]\n  priority = \"batch\"\n  processes = [\"worker\"]\n\n[[vm]]\n  priority = \"critical\"\n";
+    let c = parse("fly.toml", text).unwrap().config;
+    assert_eq!(
+        c.machine_config("worker").unwrap().priority,
+        Some(Priority::Batch)
+    );
+    assert_eq!(
+        c.machine_config("web").unwrap().priority,
+        Some(Priority::Critical)
+    );
+    let plain = parse("fly.toml", "app = \"x\"\n[build]\nimage = \"i\"\n")
+        .unwrap()
+        .config;
+    assert_eq!(plain.machine_config("app").unwrap().priority, None);
+
+    let e = error("app = \"x\"\n[build]\nimage = \"i\"\n[[vm]]\npriority = \"urgent\"\n");
+    assert_eq!(e.line, Some(5), "{e}");
+    assert!(
+        e.message.contains("urgent") && e.message.contains("critical"),
+        "{e}"
+    );
+}
