@@ -26,6 +26,7 @@ pub mod config_fields;
 pub mod duration;
 pub mod error;
 pub mod event;
+pub mod failure;
 pub mod guest;
 pub mod host;
 pub mod ids;
