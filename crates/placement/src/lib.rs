@@ -7,6 +7,7 @@
 //! - [`exchange`]: the exchange's side: region expressions, candidates, which hosts to ask
 //!   (power of d choices, batch sampling), ranking bids, the placement record.
 //! - [`volume`]: where a volume may go (disk, `require_unique_zone`, the compute hint).
+#![forbid(unsafe_code)]
 
 pub mod exchange;
 pub mod ledger;

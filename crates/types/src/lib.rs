@@ -19,6 +19,7 @@
 //! - [`seccomp`]: the system calls a workload may make (both drivers' allowlist).
 //!
 //! This crate does no I/O.
+#![forbid(unsafe_code)]
 
 pub mod api;
 pub mod config;
