@@ -197,11 +197,14 @@ impl Agent {
                 states: join_states(states),
             });
         };
-        // A launch that fails while we wait for another state ends the wait with the
-        // failure's status (507 for a full disk, 404 for a missing image, ...), not a
-        // timeout; a machine already failed before the wait is waited on as before.
+        // A launch that fails while we wait for another state (or after `from_event_id`)
+        // ends the wait with the failure's status (507 for a full disk, 404 for a missing
+        // image, ...), not a timeout; a machine that failed before is waited on as before.
         let waits_for_failed = states.contains(&MachineState::Failed);
-        let since = rx.borrow().event_id.clone();
+        let since = match from_event_id {
+            Some(e) => e.to_string(),
+            None => rx.borrow().event_id.clone(),
+        };
         let failed_now = |s: &Snapshot| {
             !waits_for_failed && s.state == MachineState::Failed && s.event_id > since
         };
