@@ -306,10 +306,11 @@ impl Driver {
                 "this host has no machine network",
             )
         })?;
+        // The network's errors end with their errno's text: classified by it.
         let failed = |e: String| {
             LaunchError::new(
                 LaunchStep::Network,
-                FailureKind::Io,
+                bazaar_shim::kind_of_message(&e),
                 format!("machine network: {e}"),
             )
         };

@@ -291,7 +291,9 @@ impl OciRuntime {
                 "the machine has no private address (recreate it)",
             )
         })?;
-        let network_error = |e: String| LaunchError::new(S::Network, FailureKind::Io, e);
+        // The network's errors end with their errno's text: classified by it.
+        let network_error =
+            |e: String| LaunchError::new(S::Network, bazaar_shim::kind_of_message(&e), e);
         // The address's namespaces: the network's, and the user namespace that owns it,
         // whose range the machine's files are given.
         let namespaces = tokio::task::spawn_blocking({

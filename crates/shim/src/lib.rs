@@ -374,3 +374,31 @@ pub fn read_exit(run_dir: &Path) -> Option<ExitRecord> {
     let bytes = std::fs::read(run_dir.join(EXIT_FILE)).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_the_shim_reports_say_their_kind() {
+        let kind = |m: &str| kind_of_message(m);
+        assert_eq!(
+            kind("workdir /w: No space left on device (os error 28)"),
+            FailureKind::NoSpace
+        );
+        assert_eq!(kind("command not found: x"), FailureKind::NotFound);
+        assert_eq!(kind("permission denied: /bin/x"), FailureKind::Permission);
+        assert_eq!(
+            kind("creating the veth: Operation not permitted (os error 1)"),
+            FailureKind::Permission
+        );
+        assert_eq!(kind("unknown user: bob"), FailureKind::Config);
+        assert_eq!(kind("workdir /x: not a directory"), FailureKind::Config);
+        assert_eq!(kind("netlink: Device or resource busy"), FailureKind::Busy);
+        assert_eq!(kind("the shim exited without reporting"), FailureKind::Io);
+        let f = Fault::io("writing /w/f", &io::Error::from_raw_os_error(28));
+        assert_eq!(f.kind, FailureKind::NoSpace);
+        assert!(f.message.starts_with("writing /w/f: "), "{f}");
+        assert_eq!(f.context("config.files f").kind, FailureKind::NoSpace);
+    }
+}
