@@ -94,12 +94,8 @@ impl Actor {
                             "not launched: the machine was claimed again on host {host} (re-placed while this host was dead, or its claim here went unanswered)"
                         )),
                     };
-                    let failure = Failure {
-                        kind: FailureKind::Config,
-                        step: LaunchStep::Prepare.as_str().into(),
-                        retryable: false,
-                    };
-                    return self.launch_failed(rec, run_id, exit, Some(failure), b);
+                    // Not a failure of this host's launch: no kind.
+                    return self.launch_failed(rec, run_id, exit, None, b);
                 }
                 let mut report = LaunchReport::default();
                 let launched = match self.agent.app_secret_env(&rec.app) {
