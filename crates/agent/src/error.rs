@@ -44,6 +44,16 @@ pub enum AgentError {
     /// Too many operations wait for the machine's actor ([`crate::registry::QUEUE`]).
     #[error("{0}")]
     Busy(String),
+    /// The machine's launch failed (while a client waited for it to start): answered with
+    /// its kind's status ([`bazaar_types::failure::FailureKind::http_status`]: 507 for a full
+    /// disk, 503 busy, 404 a missing image or command, 403 refused, 422 a config that
+    /// cannot run, 500 else) and the kind as the Fly `status` code.
+    #[error("machine {id} failed to launch: {message}")]
+    LaunchFailed {
+        id: String,
+        message: String,
+        failure: Option<bazaar_types::failure::Failure>,
+    },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -99,6 +109,14 @@ impl AgentError {
             ),
             Self::ShuttingDown | Self::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, None),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, Some("unknown")),
+            Self::LaunchFailed { failure, .. } => match failure {
+                Some(f) => (
+                    StatusCode::from_u16(f.kind.http_status())
+                        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                    Some(f.kind.as_str()),
+                ),
+                None => (StatusCode::INTERNAL_SERVER_ERROR, Some("launch_failed")),
+            },
         }
     }
 }

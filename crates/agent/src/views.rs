@@ -197,7 +197,24 @@ impl Agent {
                 states: join_states(states),
             });
         };
-        let result = tokio::time::timeout(timeout, rx.wait_for(|s| matches(s))).await;
+        // A launch that fails while we wait for another state (or after `from_event_id`)
+        // ends the wait with the failure's status (507 for a full disk, 404 for a missing
+        // image, ...), not a timeout; a machine that failed before is waited on as before.
+        let waits_for_failed = states.contains(&MachineState::Failed);
+        let since = match from_event_id {
+            Some(e) => e.to_string(),
+            None => rx.borrow().event_id.clone(),
+        };
+        let failed_now = |s: &Snapshot| {
+            !waits_for_failed && s.state == MachineState::Failed && s.event_id > since
+        };
+        let result =
+            tokio::time::timeout(timeout, rx.wait_for(|s| matches(s) || failed_now(s))).await;
+        if let Ok(Ok(snap)) = &result {
+            if !matches(snap) {
+                return Err(self.launch_failure(id));
+            }
+        }
         match result {
             Ok(Ok(snap)) => Ok(WaitResponse {
                 ok: true,
@@ -209,6 +226,22 @@ impl Agent {
                 id: id.into(),
                 states: join_states(states),
             }),
+        }
+    }
+
+    /// Why machine `id`'s last launch failed, from its newest `exit` event.
+    fn launch_failure(&self, id: &str) -> AgentError {
+        let events = self.0.store.events(id, 16).unwrap_or_default();
+        let exit = events.into_iter().find(|e| e.kind == "exit");
+        let request = exit.and_then(|e| e.request).unwrap_or_default();
+        let message = request
+            .exit_event
+            .and_then(|x| x.error)
+            .unwrap_or_else(|| "the machine failed".into());
+        AgentError::LaunchFailed {
+            id: id.into(),
+            message,
+            failure: request.failure,
         }
     }
 

@@ -4,9 +4,11 @@
 
 use async_trait::async_trait;
 use bazaar_agent::{Agent, AgentConfig};
+use bazaar_runtime::launch_error::{LaunchError, LaunchStep};
 use bazaar_runtime::{LaunchReport, MachineDriver, Run, RunFound, Workload};
 use bazaar_shim::{ExitRecord, ShimError};
 use bazaar_types::event::MachineEvent;
+use bazaar_types::failure::FailureKind;
 use bazaar_types::host::{ClaimRequest, StopRequest};
 use bazaar_types::now_ms;
 use bazaar_types::state::MachineState;
@@ -87,11 +89,13 @@ impl Run for FakeRun {
     }
 }
 
-/// Launches fake runs; `fail_launch` makes the next launches fail with that message.
+/// Launches fake runs; `fail_launch` makes the next launches fail with that error, `gate`
+/// holds each launch until it has a permit.
 #[derive(Debug, Default)]
 struct FakeDriver {
     runs: Mutex<HashMap<(String, u64), Arc<RunState>>>,
-    fail_launch: Mutex<Option<String>>,
+    fail_launch: Mutex<Option<LaunchError>>,
+    gate: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
     /// Signals new runs ignore (a workload that does not stop on SIGTERM).
     ignore: Mutex<Vec<i32>>,
     destroyed: Mutex<Vec<String>>,
@@ -120,12 +124,16 @@ impl MachineDriver for FakeDriver {
         run_id: u64,
         _secret_env: &[(String, String)],
         report: &mut LaunchReport,
-    ) -> Result<Box<dyn Run>, ShimError> {
+    ) -> Result<Box<dyn Run>, LaunchError> {
         report
             .events
             .push(MachineEvent::new("launch", "created", "flyd"));
-        if let Some(message) = self.fail_launch.lock().unwrap().clone() {
-            return Err(ShimError::Launch(message));
+        let gate = self.gate.lock().unwrap().clone();
+        if let Some(gate) = gate {
+            gate.acquire().await.unwrap().forget();
+        }
+        if let Some(err) = self.fail_launch.lock().unwrap().clone() {
+            return Err(err);
         }
         let state = Arc::new(RunState {
             run_id,
@@ -254,7 +262,11 @@ async fn create_start_stop_destroy_go_through_the_driver() {
 #[tokio::test]
 async fn a_launch_that_fails_leaves_the_machine_failed_with_the_error() {
     let driver = Arc::new(FakeDriver::default());
-    *driver.fail_launch.lock().unwrap() = Some("image not found: nope:latest".into());
+    *driver.fail_launch.lock().unwrap() = Some(LaunchError::new(
+        LaunchStep::Image,
+        FailureKind::NotFound,
+        "image not found: nope:latest",
+    ));
     let (agent, _dir) = start_agent(&driver).await;
     let id = create(&agent, "always").await;
     wait_for(&agent, &id, MachineState::Failed).await;
@@ -265,14 +277,57 @@ async fn a_launch_that_fails_leaves_the_machine_failed_with_the_error() {
         .find(|e| e.kind == "exit")
         .expect("an exit event");
     assert_eq!(exit.status, "failed");
-    let error = exit.request.unwrap().exit_event.unwrap().error;
+    let request = exit.request.unwrap();
+    let error = request.exit_event.unwrap().error;
     assert_eq!(error.as_deref(), Some("image not found: nope:latest"));
+    // The event says what kind of failure it was, at which step, and that trying again
+    // would not help.
+    let failure = request.failure.expect("the failure's kind");
+    assert_eq!(failure.kind, FailureKind::NotFound);
+    assert_eq!(failure.step, "image");
+    assert!(!failure.retryable);
     // A launch failure is not an exit the restart policy retries.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         agent.machine(&id).await.unwrap().state,
         MachineState::Failed
     );
+    agent.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_wait_for_started_is_answered_with_the_kind_of_the_launch_failure() {
+    let driver = Arc::new(FakeDriver::default());
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    *driver.gate.lock().unwrap() = Some(gate.clone());
+    *driver.fail_launch.lock().unwrap() = Some(LaunchError::new(
+        LaunchStep::WorkDisk,
+        FailureKind::NoSpace,
+        "making the machine's 64 MB work disk: No space left on device (os error 28)",
+    ));
+    let (agent, _dir) = start_agent(&driver).await;
+    let id = create(&agent, "no").await;
+    let wait = agent.wait(
+        &id,
+        &[MachineState::Started],
+        Duration::from_secs(10),
+        None,
+        None,
+    );
+    tokio::pin!(wait);
+    // Polled once: the wait is watching before the launch goes on.
+    tokio::select! {
+        biased;
+        _ = &mut wait => panic!("the wait ended before the launch"),
+        _ = std::future::ready(()) => {}
+    }
+    gate.add_permits(1);
+    let err = wait.await.expect_err("the launch failed");
+    assert_eq!(err.status().0.as_u16(), 507, "{err}");
+    assert_eq!(err.status().1, Some("no_space"));
+    assert!(err.to_string().contains("No space left on device"), "{err}");
+    // A wait for `failed` is answered as always.
+    wait_for(&agent, &id, MachineState::Failed).await;
     agent.shutdown().await;
 }
 

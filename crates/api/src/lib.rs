@@ -20,6 +20,7 @@
 //! - [`error`]: errors in the Fly shape.
 //!
 //! Entry point: [`router`].
+#![forbid(unsafe_code)]
 
 pub mod access;
 pub mod app_conflict;

@@ -12,6 +12,7 @@
 //! holder, only adds checks, so a token can be narrowed and never widened. Its id is the
 //! revocation id of its last block (hex): tokens narrowed from it carry it too, so revoking
 //! it revokes them all.
+#![forbid(unsafe_code)]
 
 pub mod scope;
 pub mod token;

@@ -19,6 +19,7 @@
 //! [`Catalog::subscribe`] to changes. The replica is soft state: after a restart the agent
 //! republishes its rows (their versions come from the clock, so they win over the old
 //! ones), and gossip brings the rest back.
+#![forbid(unsafe_code)]
 
 pub mod config;
 pub mod gossip;

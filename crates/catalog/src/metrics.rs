@@ -9,9 +9,9 @@ use crate::{Catalog, HostStatus};
 use std::fmt::{Display, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Metrics in the OpenMetrics text format (what `/metrics` serves, with the proxy's
-/// families from prometheus-client), written family by family; the caller ends the whole
-/// text with `# EOF`.
+/// Metrics in the OpenMetrics text format (what `/metrics` serves: the proxy's, the agent's
+/// and the catalog's; the one metrics writer of the binary), written family by family; the
+/// caller ends the whole text with `# EOF`.
 #[derive(Debug, Default)]
 pub struct Exposition(String);
 
@@ -26,8 +26,7 @@ impl Exposition {
         let _ = writeln!(self.0, "# HELP {family} {help}\n# TYPE {family} {kind}");
     }
 
-    /// One sample of the current family. Label values are ours (names of kinds, states,
-    /// steps), never user input, so they need no escaping.
+    /// One sample of the current family; label values are escaped (`\\`, `\"`, `\n`).
     pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl Display) {
         self.0.push_str(name);
         if !labels.is_empty() {
@@ -36,7 +35,16 @@ impl Exposition {
                 if i > 0 {
                     self.0.push(',');
                 }
-                let _ = write!(self.0, "{k}=\"{v}\"");
+                let _ = write!(self.0, "{k}=\"");
+                for c in v.chars() {
+                    match c {
+                        '\\' => self.0.push_str("\\\\"),
+                        '"' => self.0.push_str("\\\""),
+                        '\n' => self.0.push_str("\\n"),
+                        c => self.0.push(c),
+                    }
+                }
+                self.0.push('"');
             }
             self.0.push('}');
         }
@@ -190,10 +198,11 @@ mod tests {
         out.family("x_total", "counter", "Things");
         out.sample("x_total", &[("kind", "a"), ("outcome", "ok")], 3);
         out.single("y", "gauge", "One", 1.5);
+        out.sample("z", &[("app", "a\"b\\c\nd")], 1);
         assert_eq!(
             out.into_string(),
             "# HELP x Things\n# TYPE x counter\nx_total{kind=\"a\",outcome=\"ok\"} 3\n\
-             # HELP y One\n# TYPE y gauge\ny 1.5\n"
+             # HELP y One\n# TYPE y gauge\ny 1.5\nz{app=\"a\\\"b\\\\c\\nd\"} 1\n"
         );
     }
 }

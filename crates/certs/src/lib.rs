@@ -16,6 +16,7 @@
 //! - Renewal ([`manager`]) by the owner at 2/3 of the certificate's life; when the owner is
 //!   down (dead or left in the catalog), the live host with the lowest id renews instead
 //!   and its row, newer, becomes the certificate.
+#![forbid(unsafe_code)]
 
 pub mod acme;
 pub mod manager;

@@ -333,6 +333,41 @@ async fn hostile_image_fails_the_machine_with_a_clear_error() {
     );
     let data = &agents[0].data_dir;
     assert!(!data.join("escaped").exists() && !data.parent().unwrap().join("escaped").exists());
+    // The exit event says what kind of failure it was and where: a bad image, for good.
+    let exit = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["type"] == "exit")
+        .expect("an exit event");
+    let failure = &exit["request"]["failure"];
+    assert_eq!(failure["kind"], "config", "{exit}");
+    assert_eq!(failure["step"], "image", "{exit}");
+    assert_eq!(failure["retryable"], false, "{exit}");
+
+    // An image the registry lacks: a wait for `started` from the machine's first event is
+    // answered 404 `not_found` with the registry's word, not a timeout.
+    let (s, m) = fly
+        .post(
+            "/apps/evil/machines",
+            json!({"config": {"image": format!("{}/nope:1", registry.host)}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    let id = m["id"].as_str().unwrap().to_string();
+    let (_, events) = fly.get(&format!("/apps/evil/machines/{id}/events")).await;
+    let first = events.as_array().unwrap().last().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (s, v) = fly
+        .get(&format!(
+            "/apps/evil/machines/{id}/wait?state=started&timeout=30&from_event_id={first}"
+        ))
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+    assert_eq!(v["status"], "not_found", "{v}");
+    assert!(v["error"].as_str().unwrap().contains("nope"), "{v}");
 
     // Bad input is refused before anything is created.
     let (s, v) = fly

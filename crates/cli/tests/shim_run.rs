@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use common::is_root;
 
-use bazaar_shim::{read_exit, remove_cgroup, ExitRecord, ShimError, ShimHandle, ShimSpec};
+use bazaar_shim::{
+    read_exit, remove_cgroup, ExitRecord, FailureKind, ShimError, ShimHandle, ShimSpec,
+};
 
 /// Upper bound for anything in these tests to happen; they normally take milliseconds.
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -190,6 +192,8 @@ async fn launch_failures_are_reported() {
     let err = ShimHandle::spawn(exe(), &rd, &spec(dir.path(), &["no-such-command-xyz"]))
         .await
         .unwrap_err();
+    // Each failure says its kind: what is missing, what is refused, what is misconfigured.
+    assert_eq!(err.kind(), FailureKind::NotFound, "{err:?}");
     let ShimError::Launch(msg) = err else {
         panic!("{err:?}")
     };
@@ -207,6 +211,7 @@ async fn launch_failures_are_reported() {
         matches!(&err, ShimError::Launch(m) if m.starts_with("permission denied")),
         "{err:?}"
     );
+    assert_eq!(err.kind(), FailureKind::Permission, "{err:?}");
 
     let mut bad_user = spec(dir.path(), &["true"]);
     bad_user.user = Some("no-such-user-xyz".into());
@@ -215,6 +220,7 @@ async fn launch_failures_are_reported() {
         matches!(&err, ShimError::Launch(m) if m == "unknown user: no-such-user-xyz"),
         "{err:?}"
     );
+    assert_eq!(err.kind(), FailureKind::Config, "{err:?}");
 
     let mut bad_workdir = spec(dir.path(), &["true"]);
     bad_workdir.workdir = script.clone();
@@ -225,11 +231,13 @@ async fn launch_failures_are_reported() {
         matches!(&err, ShimError::Launch(m) if m.contains("not a directory")),
         "{err:?}"
     );
+    assert_eq!(err.kind(), FailureKind::Config, "{err:?}");
 
     let err = ShimHandle::spawn(exe(), &rd, &spec(dir.path(), &[]))
         .await
         .unwrap_err();
     assert!(matches!(err, ShimError::Spec(_)), "{err:?}");
+    assert_eq!(err.kind(), FailureKind::Config);
 }
 
 #[tokio::test]

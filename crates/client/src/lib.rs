@@ -2,6 +2,7 @@
 //! by the CLI, the test kit and the benchmarks, and [`fly::FlyClient`] for its Machines API
 //! (`/v1`), used by the CLI, deploys and the test kit. Errors carry the server's Fly-shaped
 //! message.
+#![forbid(unsafe_code)]
 
 pub mod fly;
 

@@ -5,6 +5,7 @@
 //! server-sent events ([`shell`]: the axum routes, reading the catalog and calling the
 //! Machines API in-process with the signed-in token). [`access`] decides who may act.
 //! Assets are embedded in the binary: no CDN.
+#![forbid(unsafe_code)]
 
 pub mod access;
 pub mod render;

@@ -15,6 +15,7 @@
 //!   machine.
 //! - [`progress`]: what a deploy reports while it works.
 //! - [`volumes`]: which volume each machine of a group with `[mounts]` mounts.
+#![forbid(unsafe_code)]
 
 pub mod api;
 pub mod config;

@@ -6,6 +6,7 @@
 //! The pure part is [`zone`] (catalog rows → answers); [`server`] is the hickory-dns shell
 //! that the agent runs on the machines' gateway and, for the host, on a loopback address;
 //! [`client`] asks one question over UDP (tests, the benchmark).
+#![forbid(unsafe_code)]
 
 pub mod client;
 pub mod server;

@@ -18,6 +18,7 @@
 //! ```
 //!
 //! Pure and without dependencies: only layering tests (dev-dependencies) use it.
+#![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

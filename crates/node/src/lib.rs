@@ -13,6 +13,7 @@
 //! - [`listen`]: the accept loop of the host's own listeners and the admission that keeps
 //!   strangers' connections from exhausting them.
 //! - [`secrets`]: app secrets' errors and limits, private files, constant-time compare.
+#![forbid(unsafe_code)]
 
 pub mod access;
 pub mod audit;

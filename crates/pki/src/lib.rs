@@ -7,6 +7,7 @@
 //! and what the CA signs besides certificates (`authority.rs`: the catalog key of each host,
 //! revocations of hosts). Pure but for the files of the CA's directory and of a host's
 //! `DATA/tls/`.
+#![forbid(unsafe_code)]
 
 mod authority;
 mod ca;

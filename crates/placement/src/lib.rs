@@ -11,6 +11,7 @@
 //! - [`volume`]: where a volume may go (disk, `require_unique_zone`, the compute hint).
 //! - [`preemption`]: which lower-priority machines a full host would stop, which host's
 //!   preemption bid wins, and the ledger's side of such a bid.
+#![forbid(unsafe_code)]
 
 pub mod constraints;
 pub mod exchange;

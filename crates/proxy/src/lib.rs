@@ -31,6 +31,7 @@
 //!   (`certs.rs`); `force_https` redirects plain HTTP.
 //!
 //! Entry point: [`Proxy::start`].
+#![forbid(unsafe_code)]
 
 // A pipeline: ingress -> route -> upstream -> egress, driven by the request paths (`http`,
 // `tcp`). Modules import downward only, never in a circle (`tests/layering.rs` checks it);

@@ -1,33 +1,129 @@
-//! The proxy's Prometheus metrics (prometheus-client), served as text at `/metrics` on the
-//! agent's API listener.
+//! The proxy's Prometheus metrics, served as text at `/metrics` on the agent's API listener
+//! with the agent's and the catalog's: families of labelled counters, gauges and latency
+//! histograms kept in atomics, written with the catalog's [`Exposition`] (the one metrics
+//! writer of the binary).
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::{MetricType, TypedMetric};
-use prometheus_client::registry::Registry;
+use bazaar_catalog::metrics::Exposition;
 use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 /// Labels: the app.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub struct AppLabel {
     pub app: String,
 }
 
 /// Labels: the app and the response status code.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub struct StatusLabels {
     pub app: String,
     pub status: u16,
 }
 
 /// Labels: the app and a kind (of error, of wake result, of autostop action).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub struct KindLabels {
     pub app: String,
     pub kind: &'static str,
+}
+
+/// A set of labels, as `(name, value)` pairs in their order on a sample.
+pub trait Labels: Clone + Hash + Eq + Ord {
+    fn pairs(&self) -> Vec<(&'static str, String)>;
+}
+
+impl Labels for AppLabel {
+    fn pairs(&self) -> Vec<(&'static str, String)> {
+        vec![("app", self.app.clone())]
+    }
+}
+
+impl Labels for StatusLabels {
+    fn pairs(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("app", self.app.clone()),
+            ("status", self.status.to_string()),
+        ]
+    }
+}
+
+impl Labels for KindLabels {
+    fn pairs(&self) -> Vec<(&'static str, String)> {
+        vec![("app", self.app.clone()), ("kind", self.kind.to_string())]
+    }
+}
+
+/// A metric that writes its samples for one label set.
+pub trait Metric: Clone + Default {
+    /// `counter`, `gauge` or `histogram`.
+    const KIND: &'static str;
+    /// Writes this metric's samples of family `name` with `labels`.
+    fn write(&self, out: &mut Exposition, name: &str, labels: &[(&str, &str)]);
+}
+
+/// A metric per label set, made when a label set is first asked for.
+#[derive(Debug)]
+pub struct Family<L, M>(Arc<RwLock<HashMap<L, M>>>);
+
+impl<L, M> Clone for Family<L, M> {
+    fn clone(&self) -> Self {
+        Family(self.0.clone())
+    }
+}
+
+impl<L, M> Default for Family<L, M> {
+    fn default() -> Self {
+        Family(Arc::default())
+    }
+}
+
+impl<L: Labels, M: Metric> Family<L, M> {
+    /// The metric of `labels` (a handle on it: counting through it counts in the family).
+    pub fn get_or_create(&self, labels: &L) -> M {
+        if let Some(m) = self.0.read().unwrap_or_else(|e| e.into_inner()).get(labels) {
+            return m.clone();
+        }
+        let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
+        map.entry(labels.clone()).or_default().clone()
+    }
+
+    /// Writes the family: its `HELP` and `TYPE`, then its samples ordered by labels.
+    fn write(&self, out: &mut Exposition, name: &str, help: &str) {
+        out.family(name, M::KIND, help);
+        let map = self.0.read().unwrap_or_else(|e| e.into_inner());
+        let mut entries: Vec<(&L, &M)> = map.iter().collect();
+        entries.sort_by(|a, b| a.0.cmp(b.0));
+        for (labels, metric) in entries {
+            let pairs = labels.pairs();
+            let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            metric.write(out, name, &pairs);
+        }
+    }
+}
+
+/// A counter.
+#[derive(Debug, Clone, Default)]
+pub struct Counter(Arc<AtomicU64>);
+
+impl Counter {
+    /// Adds one; answers the count before.
+    pub fn inc(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl Metric for Counter {
+    const KIND: &'static str = "counter";
+    fn write(&self, out: &mut Exposition, name: &str, labels: &[(&str, &str)]) {
+        out.sample(&format!("{name}_total"), labels, self.get());
+    }
 }
 
 /// How many cells a per-thread metric has: each thread adds to its own cell (on its own
@@ -64,17 +160,10 @@ impl ShardedCounter {
     }
 }
 
-impl TypedMetric for ShardedCounter {
-    const TYPE: MetricType = MetricType::Counter;
-}
-
-impl EncodeMetric for ShardedCounter {
-    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        encoder.encode_counter::<NoLabelSet, _, u64>(&self.get(), None)
-    }
-
-    fn metric_type(&self) -> MetricType {
-        MetricType::Counter
+impl Metric for ShardedCounter {
+    const KIND: &'static str = "counter";
+    fn write(&self, out: &mut Exposition, name: &str, labels: &[(&str, &str)]) {
+        out.sample(&format!("{name}_total"), labels, self.get());
     }
 }
 
@@ -97,17 +186,10 @@ impl ShardedGauge {
     }
 }
 
-impl TypedMetric for ShardedGauge {
-    const TYPE: MetricType = MetricType::Gauge;
-}
-
-impl EncodeMetric for ShardedGauge {
-    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        encoder.encode_gauge(&self.get())
-    }
-
-    fn metric_type(&self) -> MetricType {
-        MetricType::Gauge
+impl Metric for ShardedGauge {
+    const KIND: &'static str = "gauge";
+    fn write(&self, out: &mut Exposition, name: &str, labels: &[(&str, &str)]) {
+        out.sample(name, labels, self.get());
     }
 }
 
@@ -116,7 +198,7 @@ const LATENCY_BOUNDS: usize = 20;
 
 /// A latency histogram (seconds; buckets from 50 µs doubling to ~26 s) that records without
 /// locks and per thread (`SHARDS`): every request of every proxy thread observes one, and
-/// prometheus-client's own histogram takes a mutex per observation, which makes proxy
+/// a histogram behind a mutex (as prometheus-client's) would make proxy
 /// threads wait on each other (and on a thread preempted while holding it).
 #[derive(Debug, Clone)]
 pub struct Latency(Arc<LatencyBuckets>);
@@ -156,12 +238,10 @@ impl Latency {
     }
 }
 
-impl TypedMetric for Latency {
-    const TYPE: MetricType = MetricType::Histogram;
-}
-
-impl EncodeMetric for Latency {
-    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+impl Metric for Latency {
+    const KIND: &'static str = "histogram";
+    /// `_sum` and `_count`, then the cumulative `_bucket`s (`le` first).
+    fn write(&self, out: &mut Exposition, name: &str, labels: &[(&str, &str)]) {
         let b = &self.0;
         let total = |i: usize| -> u64 {
             b.shards
@@ -169,26 +249,37 @@ impl EncodeMetric for Latency {
                 .map(|s| s.0.counts[i].load(Ordering::Relaxed))
                 .sum()
         };
-        let buckets: Vec<(f64, u64)> = b
-            .bounds
-            .iter()
-            .copied()
-            .chain(std::iter::once(f64::INFINITY))
-            .enumerate()
-            .map(|(i, bound)| (bound, total(i)))
-            .collect();
-        let count = buckets.iter().map(|(_, n)| n).sum();
+        let counts: Vec<u64> = (0..=LATENCY_BOUNDS).map(total).collect();
         let sum = b
             .shards
             .iter()
             .map(|s| s.0.sum_ns.load(Ordering::Relaxed))
             .sum::<u64>() as f64
             / 1e9;
-        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+        out.sample(&format!("{name}_sum"), labels, float(sum));
+        out.sample(&format!("{name}_count"), labels, counts.iter().sum::<u64>());
+        let bucket = format!("{name}_bucket");
+        let mut cumulative = 0;
+        for (i, n) in counts.iter().enumerate() {
+            cumulative += n;
+            let le = match b.bounds.get(i) {
+                Some(bound) => float(*bound),
+                None => "+Inf".to_string(),
+            };
+            let mut with_le = vec![("le", le.as_str())];
+            with_le.extend_from_slice(labels);
+            out.sample(&bucket, &with_le, cumulative);
+        }
     }
+}
 
-    fn metric_type(&self) -> MetricType {
-        MetricType::Histogram
+/// A float as OpenMetrics writes it: always with a fraction or an exponent (`1.0`).
+fn float(v: f64) -> String {
+    let s = v.to_string();
+    if v.is_finite() && !s.contains(['.', 'e']) {
+        format!("{s}.0")
+    } else {
+        s
     }
 }
 
@@ -215,7 +306,6 @@ const MAX_CACHED_APPS: usize = 4096;
 pub struct Metrics {
     /// Tells proxies apart in per-thread caches.
     id: u64,
-    pub registry: Registry,
     pub requests: Family<StatusLabels, ShardedCounter>,
     pub latency: Family<AppLabel, Latency>,
     pub upstream_errors: Family<KindLabels, Counter>,
@@ -236,74 +326,18 @@ impl Default for Metrics {
 impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("bazaar_proxy");
-        let requests = Family::<StatusLabels, ShardedCounter>::default();
-        let latency = Family::<AppLabel, Latency>::default();
-        let upstream_errors = Family::<KindLabels, Counter>::default();
-        let retries = Family::<AppLabel, Counter>::default();
-        let in_flight = Family::<AppLabel, ShardedGauge>::default();
-        let wakes = Family::<KindLabels, Counter>::default();
-        let wake_latency = Family::<AppLabel, Latency>::default();
-        let autostops = Family::<KindLabels, Counter>::default();
-        let tcp_connections = Family::<AppLabel, Counter>::default();
-        registry.register(
-            "requests",
-            "HTTP requests answered by this proxy, by app and status",
-            requests.clone(),
-        );
-        registry.register(
-            "request_duration_seconds",
-            "Time from request to response head, by app",
-            latency.clone(),
-        );
-        registry.register(
-            "upstream_errors",
-            "Failed attempts to reach a machine (connect, request, refused by its host)",
-            upstream_errors.clone(),
-        );
-        registry.register(
-            "retries",
-            "Requests sent to another machine after a failed attempt",
-            retries.clone(),
-        );
-        registry.register(
-            "in_flight",
-            "Requests being served by this host's machines",
-            in_flight.clone(),
-        );
-        registry.register(
-            "wakes",
-            "Machines started by the proxy (autostart), by result",
-            wakes.clone(),
-        );
-        registry.register(
-            "wake_duration_seconds",
-            "Time from a wake-up to the machine accepting connections",
-            wake_latency.clone(),
-        );
-        registry.register(
-            "autostops",
-            "Idle machines stopped or suspended by the proxy",
-            autostops.clone(),
-        );
-        registry.register(
-            "tcp_connections",
-            "TCP connections delivered to this host's machines, by app",
-            tcp_connections.clone(),
-        );
         static NEXT: AtomicU64 = AtomicU64::new(0);
         Metrics {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
-            registry,
-            requests,
-            latency,
-            upstream_errors,
-            retries,
-            in_flight,
-            wakes,
-            wake_latency,
-            autostops,
-            tcp_connections,
+            requests: Family::default(),
+            latency: Family::default(),
+            upstream_errors: Family::default(),
+            retries: Family::default(),
+            in_flight: Family::default(),
+            wakes: Family::default(),
+            wake_latency: Family::default(),
+            autostops: Family::default(),
+            tcp_connections: Family::default(),
         }
     }
 
@@ -319,8 +353,8 @@ impl Metrics {
                     app: app.to_string(),
                 };
                 let handles = AppHandles {
-                    latency: self.latency.get_or_create(&label).clone(),
-                    in_flight: self.in_flight.get_or_create(&label).clone(),
+                    latency: self.latency.get_or_create(&label),
+                    in_flight: self.in_flight.get_or_create(&label),
                     statuses: Vec::new(),
                 };
                 apps.insert(app.to_string(), handles);
@@ -338,13 +372,10 @@ impl Metrics {
                     c.inc();
                 }
                 None => {
-                    let c = self
-                        .requests
-                        .get_or_create(&StatusLabels {
-                            app: app.to_string(),
-                            status,
-                        })
-                        .clone();
+                    let c = self.requests.get_or_create(&StatusLabels {
+                        app: app.to_string(),
+                        status,
+                    });
                     c.inc();
                     h.statuses.push((status, c));
                 }
@@ -357,13 +388,56 @@ impl Metrics {
         self.with_app(app, |h| h.in_flight.clone())
     }
 
-    /// The Prometheus text exposition.
+    /// The Prometheus text exposition of every family (without the closing `# EOF`).
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        if let Err(err) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
-            tracing::warn!(error = %err, "encoding metrics");
-        }
-        out
+        let mut out = Exposition::default();
+        let p = "bazaar_proxy";
+        self.requests.write(
+            &mut out,
+            &format!("{p}_requests"),
+            "HTTP requests answered by this proxy, by app and status.",
+        );
+        self.latency.write(
+            &mut out,
+            &format!("{p}_request_duration_seconds"),
+            "Time from request to response head, by app.",
+        );
+        self.upstream_errors.write(
+            &mut out,
+            &format!("{p}_upstream_errors"),
+            "Failed attempts to reach a machine (connect, request, refused by its host).",
+        );
+        self.retries.write(
+            &mut out,
+            &format!("{p}_retries"),
+            "Requests sent to another machine after a failed attempt.",
+        );
+        self.in_flight.write(
+            &mut out,
+            &format!("{p}_in_flight"),
+            "Requests being served by this host's machines.",
+        );
+        self.wakes.write(
+            &mut out,
+            &format!("{p}_wakes"),
+            "Machines started by the proxy (autostart), by result.",
+        );
+        self.wake_latency.write(
+            &mut out,
+            &format!("{p}_wake_duration_seconds"),
+            "Time from a wake-up to the machine accepting connections.",
+        );
+        self.autostops.write(
+            &mut out,
+            &format!("{p}_autostops"),
+            "Idle machines stopped or suspended by the proxy.",
+        );
+        self.tcp_connections.write(
+            &mut out,
+            &format!("{p}_tcp_connections"),
+            "TCP connections delivered to this host's machines, by app.",
+        );
+        out.into_string()
     }
 }
 
@@ -375,7 +449,7 @@ mod tests {
     fn latency_is_encoded_as_a_cumulative_histogram() {
         let m = Metrics::new();
         let app = AppLabel { app: "web".into() };
-        let h = m.latency.get_or_create(&app).clone();
+        let h = m.latency.get_or_create(&app);
         h.observe(0.000_01); // first bucket (le 5e-5)
         h.observe(0.000_05); // a bound is inclusive: still the first bucket
         h.observe(0.003); // le 0.0032

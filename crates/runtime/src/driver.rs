@@ -6,10 +6,11 @@
 //! `layer/` (an image machine's writable layer, with its root at `layer/rootfs`), `output.log` (stdout/stderr), `runs/<run_id>/`
 //! (one shim's files).
 
+use crate::launch_error::{LaunchError, LaunchStep};
 use crate::lifecycle::{LaunchReport, MachineDriver, Run, RunFound, Workload};
 use crate::network::LazyNetwork;
 use crate::oci::OciRuntime;
-use bazaar_shim::{Sandbox, ShimError, ShimHandle, ShimSpec};
+use bazaar_shim::{FailureKind, Sandbox, ShimError, ShimHandle, ShimSpec};
 use bazaar_types::event::MachineEvent;
 use bazaar_types::machine::ImageRef;
 use std::collections::BTreeMap;
@@ -250,10 +251,15 @@ impl Driver {
         secret_env: &[(String, String)],
         events: &mut Vec<MachineEvent>,
         image: &mut Option<ImageRef>,
-    ) -> Result<ShimHandle, ShimError> {
+    ) -> Result<ShimHandle, LaunchError> {
         let run_dir = self.run_dir(rec.id, run_id);
-        std::fs::create_dir_all(&run_dir)
-            .map_err(|e| ShimError::Io(format!("creating {}", run_dir.display()), e))?;
+        std::fs::create_dir_all(&run_dir).map_err(|e| {
+            LaunchError::io(
+                LaunchStep::Prepare,
+                format_args!("creating {}", run_dir.display()),
+                &e,
+            )
+        })?;
         if rec.config.driver() == "oci" {
             return self
                 .launch_image(rec, run_id, &run_dir, secret_env, events, image)
@@ -275,29 +281,43 @@ impl Driver {
             }
             None => self.give_volume_to_workload(rec),
         }
-        let files = work_files(rec.config).map_err(ShimError::Spec)?;
+        let files = work_files(rec.config)
+            .map_err(|e| LaunchError::new(LaunchStep::Files, FailureKind::Config, e))?;
         if !files.is_empty() {
             let (workdir, user) = (spec.workdir.clone(), spec.user.clone());
             tokio::task::spawn_blocking(move || {
                 bazaar_shim::write_work_files(&workdir, user.as_deref(), &files)
             })
             .await
-            .map_err(|e| ShimError::Launch(e.to_string()))?
-            .map_err(ShimError::Launch)?;
+            .map_err(|e| LaunchError::new(LaunchStep::Files, FailureKind::Io, e.to_string()))?
+            .map_err(|e| LaunchError::fault(LaunchStep::Files, e))?;
         }
-        ShimHandle::spawn_with_env(&self.exe, &run_dir, &spec, secret_env).await
+        ShimHandle::spawn_with_env(&self.exe, &run_dir, &spec, secret_env)
+            .await
+            .map_err(|e| LaunchError::shim(LaunchStep::Spawn, e))
     }
 
     /// The network namespace of address `ip` (set up now unless it was ahead of time).
-    async fn attach_network(&self, ip: std::net::Ipv4Addr) -> Result<PathBuf, ShimError> {
-        let network = self
-            .network
-            .clone()
-            .ok_or_else(|| ShimError::Launch("this host has no machine network".into()))?;
+    async fn attach_network(&self, ip: std::net::Ipv4Addr) -> Result<PathBuf, LaunchError> {
+        let network = self.network.clone().ok_or_else(|| {
+            LaunchError::new(
+                LaunchStep::Network,
+                FailureKind::Unsupported,
+                "this host has no machine network",
+            )
+        })?;
+        // The network's errors end with their errno's text: classified by it.
+        let failed = |e: String| {
+            LaunchError::new(
+                LaunchStep::Network,
+                bazaar_shim::kind_of_message(&e),
+                format!("machine network: {e}"),
+            )
+        };
         tokio::task::spawn_blocking(move || Ok::<_, String>(network.get()?.attach(ip)?.netns))
             .await
-            .map_err(|e| ShimError::Launch(e.to_string()))?
-            .map_err(|e| ShimError::Launch(format!("machine network: {e}")))
+            .map_err(|e| failed(e.to_string()))?
+            .map_err(failed)
     }
 
     /// An image machine's run: `runc run` of a bundle made by [`OciRuntime::prepare`], in
@@ -310,11 +330,10 @@ impl Driver {
         secret_env: &[(String, String)],
         events: &mut Vec<MachineEvent>,
         image: &mut Option<ImageRef>,
-    ) -> Result<ShimHandle, ShimError> {
-        let oci = self
-            .oci
-            .as_ref()
-            .map_err(|e| ShimError::Launch(e.clone()))?;
+    ) -> Result<ShimHandle, LaunchError> {
+        let oci = self.oci.as_ref().map_err(|e| {
+            LaunchError::new(LaunchStep::Prepare, FailureKind::Unsupported, e.clone())
+        })?;
         let volume = match bazaar_types::volume::mount_of(rec.config) {
             Ok(Some(m)) => Some((self.volumes.mount_path(&m.volume), m.path)),
             _ => None,
@@ -325,13 +344,11 @@ impl Driver {
         let t_layer = std::time::Instant::now();
         let layer = oci
             .fresh_layer(rec.id, &self.machine_dir(rec.id), self.work_disk_mb(rec))
-            .await
-            .map_err(ShimError::Launch)?;
+            .await?;
         tracing::debug!(machine.id = %rec.id, ms = t_layer.elapsed().as_secs_f64() * 1e3, "writable layer ready");
         let prepared = oci
             .prepare(rec, &layer, run_dir, &cgroup, volume, &env)
-            .await
-            .map_err(ShimError::Launch)?;
+            .await?;
         events.extend(prepared.events);
         *image = Some(prepared.image_ref);
         let spec = ShimSpec {
@@ -344,7 +361,9 @@ impl Driver {
             ..self.spec(rec, run_id)
         };
         let t0 = std::time::Instant::now();
-        let handle = ShimHandle::spawn(&self.exe, run_dir, &spec).await?;
+        let handle = ShimHandle::spawn(&self.exe, run_dir, &spec)
+            .await
+            .map_err(|e| LaunchError::shim(LaunchStep::Spawn, e))?;
         let spawned = t0.elapsed();
         match crate::oci::wait_created(run_dir, &self.log_path(rec.id)).await {
             Ok(_) => {
@@ -358,7 +377,7 @@ impl Driver {
             }
             Err(err) => {
                 let _ = handle.kill();
-                Err(ShimError::Launch(err))
+                Err(err)
             }
         }
     }
@@ -396,13 +415,13 @@ impl Driver {
     /// a volume last used by another uid is handed over, with everything in it. Each is
     /// changed through a descriptor of the directory itself ([`crate::owner`]): a symlink
     /// or a file in its place is refused, never followed.
-    fn give_to_machine_user(&self, rec: &Workload<'_>, uid: u32) -> Result<(), ShimError> {
+    fn give_to_machine_user(&self, rec: &Workload<'_>, uid: u32) -> Result<(), LaunchError> {
         use std::os::unix::fs::PermissionsExt;
         let machine_dir = self.machine_dir(rec.id);
         let work = machine_dir.join("work");
         let fail = |path: &Path| {
             let what = format!("giving {} to uid {uid}", path.display());
-            move |err| ShimError::Io(what, err)
+            move |err: std::io::Error| LaunchError::io(LaunchStep::Ownership, what, &err)
         };
         std::fs::create_dir_all(&work).map_err(fail(&work))?;
         std::fs::set_permissions(&machine_dir, std::fs::Permissions::from_mode(0o700))
@@ -434,7 +453,7 @@ impl Driver {
     }
 
     /// Makes the machine's work directory a file system of its size, once, and mounts it.
-    async fn limit_work_disk(&self, rec: &Workload<'_>) -> Result<(), ShimError> {
+    async fn limit_work_disk(&self, rec: &Workload<'_>) -> Result<(), LaunchError> {
         let Some(mb) = self.work_disk_mb(rec) else {
             return Ok(());
         };
@@ -444,8 +463,8 @@ impl Driver {
         let t0 = std::time::Instant::now();
         tokio::task::spawn_blocking(move || crate::work_disk::ensure(&dir, &templates, mb))
             .await
-            .map_err(|e| ShimError::Launch(e.to_string()))?
-            .map_err(|e| ShimError::Io(what, e))?;
+            .map_err(|e| LaunchError::new(LaunchStep::WorkDisk, FailureKind::Io, e.to_string()))?
+            .map_err(|e| LaunchError::io(LaunchStep::WorkDisk, what, &e))?;
         tracing::debug!(machine.id = %rec.id, ms = t0.elapsed().as_secs_f64() * 1e3, "work disk ready");
         Ok(())
     }
@@ -504,7 +523,7 @@ impl MachineDriver for Driver {
         run_id: u64,
         secret_env: &[(String, String)],
         report: &mut LaunchReport,
-    ) -> Result<Box<dyn Run>, ShimError> {
+    ) -> Result<Box<dyn Run>, LaunchError> {
         let handle = Driver::launch(
             self,
             machine,

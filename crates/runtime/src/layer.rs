@@ -8,7 +8,9 @@
 //! gone at the next start: volumes are for data that must stay), so the layer is emptied
 //! at each start.
 
+use crate::launch_error::{LaunchError, LaunchStep};
 use crate::oci::{unexpose_rootfs, OciRuntime};
+use bazaar_types::failure::FailureKind;
 use std::path::{Path, PathBuf};
 
 impl OciRuntime {
@@ -20,10 +22,12 @@ impl OciRuntime {
         id: &str,
         machine_dir: &Path,
         disk_mb: Option<u64>,
-    ) -> Result<PathBuf, String> {
-        unexpose_rootfs(&self.exposed_rootfs(id))?;
-        let removing =
-            |e: bazaar_image::Error| format!("removing the previous root filesystem: {e}");
+    ) -> Result<PathBuf, LaunchError> {
+        const STEP: LaunchStep = LaunchStep::Layer;
+        unexpose_rootfs(&self.exposed_rootfs(id)).map_err(|f| LaunchError::fault(STEP, f))?;
+        let removing = |e: bazaar_image::Error| {
+            LaunchError::image(STEP, "removing the previous root filesystem", &e)
+        };
         // A rootfs made before layers had a directory of their own sits in the machine's.
         if machine_dir.join("rootfs.json").exists() {
             self.images
@@ -35,8 +39,9 @@ impl OciRuntime {
         // The previous run's (on its mounted disk; one not mounted is made afresh).
         self.images.remove_rootfs(&layer).await.map_err(removing)?;
         let Some(mb) = disk_mb else {
-            std::fs::create_dir_all(&layer)
-                .map_err(|e| format!("creating {}: {e}", layer.display()))?;
+            std::fs::create_dir_all(&layer).map_err(|e| {
+                LaunchError::io(STEP, format_args!("creating {}", layer.display()), &e)
+            })?;
             return Ok(layer);
         };
         let (dir, templates) = (machine_dir.to_path_buf(), self.disk_templates.clone());
@@ -44,8 +49,10 @@ impl OciRuntime {
             crate::work_disk::ensure_layer(&dir, &templates, mb)
         })
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("making the machine's {mb} MB disk: {e}"))?;
+        .map_err(|e| LaunchError::new(STEP, FailureKind::Io, e.to_string()))?
+        .map_err(|e| {
+            LaunchError::io(STEP, format_args!("making the machine's {mb} MB disk"), &e)
+        })?;
         if !limited {
             tracing::warn!(
                 machine.id = id,

@@ -17,6 +17,7 @@
 pub mod driver;
 pub mod exec;
 pub mod idranges;
+pub mod launch_error;
 pub mod layer;
 pub mod lifecycle;
 pub mod netlink;

@@ -4,6 +4,7 @@
 //! The real implementation is [`crate::driver::Driver`] over shims; the agent's tests run
 //! the actor against a fake one, without root and without touching the host.
 
+use crate::launch_error::LaunchError;
 use async_trait::async_trait;
 use bazaar_shim::{ExitRecord, ShimError, ShimHandle};
 use bazaar_types::config::MachineConfig;
@@ -56,14 +57,15 @@ pub enum RunFound {
 #[async_trait]
 pub trait MachineDriver: Send + Sync + std::fmt::Debug {
     /// Starts run `run_id` of `machine` with its app's secrets (`secret_env`, which win over
-    /// `config.env`); what happened on the way is added to `report`, also on failure.
+    /// `config.env`); what happened on the way is added to `report`, also on failure. A
+    /// failure says at which step, of what kind and whether it is retryable.
     async fn launch(
         &self,
         machine: &Workload<'_>,
         run_id: u64,
         secret_env: &[(String, String)],
         report: &mut LaunchReport,
-    ) -> Result<Box<dyn Run>, ShimError>;
+    ) -> Result<Box<dyn Run>, LaunchError>;
 
     /// Run `run_id` of machine `id`, if it was already launched (an agent that crashed
     /// after spawning it redoes the launch step): alive, ended, or never started.

@@ -30,6 +30,8 @@
 
 mod rootfs;
 
+use crate::launch_error::{LaunchError, LaunchStep};
+use bazaar_shim::{FailureKind, Fault};
 pub(crate) use rootfs::unexpose_rootfs;
 use rootfs::{expose_rootfs, give_volume_to_ids, open_root, resolve_user, write_in_root, InRoot};
 
@@ -261,16 +263,19 @@ impl OciRuntime {
         cgroup: &str,
         volume: Option<(PathBuf, String)>,
         env: &BTreeMap<String, String>,
-    ) -> Result<Prepared, String> {
+    ) -> Result<Prepared, LaunchError> {
+        use LaunchStep as S;
         let t0 = Instant::now();
         let mut events = Vec::new();
-        let reference: Reference = rec
-            .config
-            .image
-            .parse()
-            .map_err(|e| format!("image {:?}: {e}", rec.config.image))?;
+        let reference: Reference = rec.config.image.parse().map_err(|e| {
+            LaunchError::image(S::Image, &format!("image {:?}", rec.config.image), &e)
+        })?;
         self.last_use.touch(&reference.to_string());
-        let image = match self.images.image(&reference).map_err(|e| e.to_string())? {
+        let stored = self
+            .images
+            .image(&reference)
+            .map_err(|e| LaunchError::image(S::Image, "", &e))?;
+        let image = match stored {
             Some(image) => image,
             None => {
                 let (image, event) = self.pull(&reference).await?;
@@ -279,9 +284,16 @@ impl OciRuntime {
             }
         };
         let t_image = t0.elapsed();
-        let ip = rec
-            .private_ip
-            .ok_or("the machine has no private address (recreate it)")?;
+        let ip = rec.private_ip.ok_or_else(|| {
+            LaunchError::new(
+                S::Network,
+                FailureKind::Config,
+                "the machine has no private address (recreate it)",
+            )
+        })?;
+        // The network's errors end with their errno's text: classified by it.
+        let network_error =
+            |e: String| LaunchError::new(S::Network, bazaar_shim::kind_of_message(&e), e);
         // The address's namespaces: the network's, and the user namespace that owns it,
         // whose range the machine's files are given.
         let namespaces = tokio::task::spawn_blocking({
@@ -289,7 +301,8 @@ impl OciRuntime {
             move || network.get()?.attach(ip)
         })
         .await
-        .map_err(|e| e.to_string())??;
+        .map_err(|e| network_error(e.to_string()))?
+        .map_err(network_error)?;
         if rec.uid_base.is_some_and(|b| b != namespaces.uid_base) {
             tracing::warn!(machine.id = %rec.id, recorded = ?rec.uid_base, now = namespaces.uid_base,
                            "the address's id range changed");
@@ -299,70 +312,82 @@ impl OciRuntime {
             count: RANGE_SIZE,
         };
         let t_network = t0.elapsed();
-        let gateway = self.network.get()?.subnet.gateway();
+        let gateway = self.network.get().map_err(network_error)?.subnet.gateway();
         // Every run starts from the image as it is, in its emptied layer.
         let exposed = self.exposed_rootfs(rec.id);
         let rootfs = self
             .images
             .rootfs_mapped(&image, layer, Some(ids), Some(namespaces.userns.clone()))
             .await
-            .map_err(|e| format!("making the root filesystem: {e}"))?;
+            .map_err(|e| LaunchError::image(S::Rootfs, "making the root filesystem", &e))?;
         let t_rootfs = t0.elapsed();
         let process = image
             .process(rec.config.init.as_ref(), env)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| LaunchError::image(S::Rootfs, "", &e))?;
+        let in_rootfs = |f: Fault| LaunchError::fault(S::Rootfs, f);
         let root = InRoot {
-            fd: open_root(&rootfs)?,
+            fd: open_root(&rootfs).map_err(in_rootfs)?,
             owner: ids.to_host(0),
         };
-        let (uid, gid) = resolve_user(&root.fd, process.user.as_deref())?;
+        let (uid, gid) = resolve_user(&root.fd, process.user.as_deref()).map_err(in_rootfs)?;
         write_in_root(
             &root,
             "/etc/hosts",
             format!("127.0.0.1\tlocalhost\n::1\tlocalhost\n{ip}\t{}\n", rec.id).as_bytes(),
             0o644,
-        )?;
+        )
+        .map_err(in_rootfs)?;
         write_in_root(
             &root,
             "/etc/hostname",
             format!("{}\n", rec.id).as_bytes(),
             0o644,
-        )?;
+        )
+        .map_err(in_rootfs)?;
         // The internal DNS on the gateway answers `.internal` and forwards the rest.
         write_in_root(
             &root,
             "/etc/resolv.conf",
             crate::network::resolv_conf(gateway).as_bytes(),
             0o644,
-        )?;
+        )
+        .map_err(in_rootfs)?;
         for f in &rec.config.files {
             let Some(raw) = &f.raw_value else {
-                return Err(format!(
-                    "config.files {}: only raw_value is supported",
-                    f.guest_path
+                return Err(LaunchError::new(
+                    S::Files,
+                    FailureKind::Config,
+                    format!("config.files {}: only raw_value is supported", f.guest_path),
                 ));
             };
             use base64::Engine;
             let data = base64::engine::general_purpose::STANDARD
                 .decode(raw)
                 .map_err(|e| {
-                    format!(
-                        "config.files {}: raw_value is not base64: {e}",
-                        f.guest_path
+                    LaunchError::new(
+                        S::Files,
+                        FailureKind::Config,
+                        format!(
+                            "config.files {}: raw_value is not base64: {e}",
+                            f.guest_path
+                        ),
                     )
                 })?;
-            write_in_root(&root, &f.guest_path, &data, f.mode.unwrap_or(0o644))?;
+            write_in_root(&root, &f.guest_path, &data, f.mode.unwrap_or(0o644))
+                .map_err(|e| LaunchError::fault(S::Files, e))?;
         }
-        expose_rootfs(&rootfs, &exposed)?;
+        expose_rootfs(&rootfs, &exposed).map_err(in_rootfs)?;
         if let Some((source, _)) = &volume {
             let source = source.clone();
             tokio::task::spawn_blocking(move || give_volume_to_ids(&source, ids))
                 .await
-                .map_err(|e| e.to_string())??;
+                .map_err(|e| LaunchError::new(S::Bundle, FailureKind::Io, e.to_string()))?
+                .map_err(|e| LaunchError::fault(S::Bundle, e))?;
         }
         let bundle = run_dir.join("bundle");
-        std::fs::create_dir_all(&bundle)
-            .map_err(|e| format!("creating {}: {e}", bundle.display()))?;
+        std::fs::create_dir_all(&bundle).map_err(|e| {
+            LaunchError::io(S::Bundle, format_args!("creating {}", bundle.display()), &e)
+        })?;
         let spec = bundle_config(&BundleInputs {
             hostname: rec.id,
             rootfs: &exposed,
@@ -379,7 +404,8 @@ impl OciRuntime {
         write_file(
             &bundle.join("config.json"),
             &serde_json::to_vec_pretty(&spec).expect("json"),
-        )?;
+        )
+        .map_err(|e| LaunchError::fault(S::Bundle, e))?;
         tracing::debug!(
             machine.id = %rec.id,
             image_ms = t_image.as_secs_f64() * 1e3,
@@ -399,7 +425,7 @@ impl OciRuntime {
     async fn pull(
         &self,
         reference: &Reference,
-    ) -> Result<(bazaar_image::Image, MachineEvent), String> {
+    ) -> Result<(bazaar_image::Image, MachineEvent), LaunchError> {
         let started = Instant::now();
         let bytes = Arc::new(Mutex::new(BTreeMap::<usize, (u64, bool)>::new()));
         let progress = {
@@ -417,7 +443,9 @@ impl OciRuntime {
             .images
             .pull(reference, &self.auth_for(reference), &progress)
             .await
-            .map_err(|e| format!("pulling {reference}: {e}"))?;
+            .map_err(|e| {
+                LaunchError::image(LaunchStep::Image, &format!("pulling {reference}"), &e)
+            })?;
         let b = bytes.lock().unwrap_or_else(|e| e.into_inner());
         let fetched: u64 = b
             .values()
@@ -523,7 +551,7 @@ pub fn pid_file(run_dir: &Path) -> PathBuf {
 /// Waits until runc has created the container of `run_dir` (its pid file), or the run has
 /// ended (the shim wrote its exit record): then the error is the end of the machine's log,
 /// where runc says what went wrong.
-pub async fn wait_created(run_dir: &Path, log: &Path) -> Result<i32, String> {
+pub async fn wait_created(run_dir: &Path, log: &Path) -> Result<i32, LaunchError> {
     let deadline = Instant::now() + CREATE_TIMEOUT;
     let mut pause = Duration::from_micros(200);
     loop {
@@ -533,12 +561,21 @@ pub async fn wait_created(run_dir: &Path, log: &Path) -> Result<i32, String> {
             }
         }
         if bazaar_shim::read_exit(run_dir).is_some() {
-            return Err(format!("the container did not start: {}", log_tail(log)));
+            let tail = log_tail(log);
+            return Err(LaunchError::new(
+                LaunchStep::Container,
+                bazaar_shim::kind_of_message(&tail),
+                format!("the container did not start: {tail}"),
+            ));
         }
         if Instant::now() > deadline {
-            return Err(format!(
-                "the container was not created within {}s",
-                CREATE_TIMEOUT.as_secs()
+            return Err(LaunchError::new(
+                LaunchStep::Container,
+                FailureKind::Busy,
+                format!(
+                    "the container was not created within {}s",
+                    CREATE_TIMEOUT.as_secs()
+                ),
             ));
         }
         tokio::time::sleep(pause).await;
@@ -693,7 +730,7 @@ fn native_seccomp_arch() -> &'static str {
 
 /// Writes a file readable by the agent's user only: a bundle's `config.json` holds the
 /// machine's environment, its app secrets included.
-fn write_file(path: &Path, data: &[u8]) -> Result<(), String> {
+fn write_file(path: &Path, data: &[u8]) -> Result<(), Fault> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
         .write(true)
@@ -702,7 +739,7 @@ fn write_file(path: &Path, data: &[u8]) -> Result<(), String> {
         .mode(0o600)
         .open(path)
         .and_then(|mut f| f.write_all(data))
-        .map_err(|e| format!("writing {}: {e}", path.display()))
+        .map_err(|e| Fault::io(format!("writing {}", path.display()), &e))
 }
 
 fn find_in_path(program: &str) -> Option<PathBuf> {

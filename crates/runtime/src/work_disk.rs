@@ -505,4 +505,60 @@ mod tests {
         }
         assert_eq!(loops_below(&dir), 0);
     }
+
+    #[test]
+    fn a_launch_tells_a_full_disk_from_a_read_only_one_and_a_missing_directory() {
+        use crate::launch_error::{LaunchError, LaunchStep};
+        use bazaar_types::failure::FailureKind;
+        use std::io::Write;
+        if !rustix::process::geteuid().is_root() || !Path::new("/dev/loop-control").exists() {
+            return; // loop devices and mounts need root
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().canonicalize().unwrap();
+        let (machine, templates) = (dir.join("m1"), dir.join("templates"));
+        std::fs::create_dir_all(&machine).unwrap();
+        let _released = Released(&machine);
+        assert!(ensure(&machine, &templates, 32).unwrap());
+        let work = machine.join("work");
+        let launch = |workdir: &Path, name: &str| {
+            let files = [bazaar_shim::WorkFile {
+                path: name.into(),
+                contents: vec![7; 1 << 20],
+                mode: 0o644,
+            }];
+            bazaar_shim::write_work_files(workdir, None, &files)
+                .map_err(|f| LaunchError::fault(LaunchStep::Files, f))
+        };
+        launch(&work, "etc/app.conf").unwrap();
+        // Full: the machine's own disk.
+        let mut f = std::fs::File::create(work.join("big")).unwrap();
+        let chunk = vec![1u8; 1 << 20];
+        (0..64)
+            .find_map(|_| f.write_all(&chunk).err())
+            .expect("64 MB do not fit in 32");
+        drop(f);
+        let full = launch(&work, "etc/more.conf").expect_err("the disk is full");
+        assert_eq!(full.kind, FailureKind::NoSpace, "{full}");
+        assert_eq!(full.kind.http_status(), 507);
+        assert!(full.retryable());
+        assert_eq!(full.failure().step, "files");
+        assert!(
+            full.to_string().starts_with("config.files etc/more.conf: "),
+            "{full}"
+        );
+        // Read-only: the kernel refuses the write.
+        std::fs::remove_file(work.join("big")).unwrap();
+        rustix::mount::mount_remount(&work, rustix::mount::MountFlags::RDONLY, "").unwrap();
+        let refused = launch(&work, "etc/app.conf").expect_err("the disk is read-only");
+        assert_eq!(refused.kind, FailureKind::Permission, "{refused}");
+        assert!(!refused.retryable());
+        // Missing: the machine's disk made in a directory that is not there.
+        let missing = ensure_layer(&dir.join("gone/m2"), &templates, 32)
+            .map_err(|e| LaunchError::io(LaunchStep::Layer, "making the machine's disk", &e))
+            .expect_err("no machine directory");
+        assert_eq!(missing.kind, FailureKind::NotFound, "{missing}");
+        release(&machine).unwrap();
+        assert_eq!(loops_below(&dir), 0);
+    }
 }

@@ -8,6 +8,7 @@
 //!
 //! A sealed value is text: `bzs1_` then URL-safe base64 of `nonce (12 bytes) || ciphertext
 //! and tag`. Rotating the cluster secret means re-sealing (docs/SECURITY.md).
+#![forbid(unsafe_code)]
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;

@@ -111,6 +111,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use bazaar_types::failure::FailureKind;
 pub use cgroup::{cgroup_layout, cgroups_available, remove_cgroup, CgroupLayout};
 pub use enter::exec_main;
 pub use handle::ShimHandle;
@@ -256,10 +257,114 @@ pub enum ShimError {
 }
 
 impl ShimError {
+    /// What kind of failure this is: from the errno of an I/O error, from the words of a
+    /// message the shim process reported (it makes them from the errno's text, e.g.
+    /// `command not found: x`, `workdir /w: no space left on device`), a spec that does
+    /// not parse is a config error, a held run directory is busy.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            ShimError::Launch(message) => kind_of_message(message),
+            ShimError::Io(_, err) => FailureKind::of_io(err),
+            ShimError::Spec(_) => FailureKind::Config,
+            ShimError::Busy(_) | ShimError::Timeout(_) => FailureKind::Busy,
+            ShimError::NoCgroup => FailureKind::Unsupported,
+            ShimError::NotRunning => FailureKind::Io,
+        }
+    }
+
     /// Wraps an I/O error with what was being done.
     pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(io::Error) -> ShimError {
         let context = context.into();
         move |err| ShimError::Io(context, err)
+    }
+}
+
+/// The kind of a failure the shim process reported as text (its messages end with the
+/// text of the errno that caused them, or say what was missing).
+pub fn kind_of_message(message: &str) -> FailureKind {
+    let m = message.to_ascii_lowercase();
+    let has = |words: &[&str]| words.iter().any(|w| m.contains(w));
+    if has(&["no space left", "disk quota exceeded"]) {
+        FailureKind::NoSpace
+    } else if has(&[
+        "permission denied",
+        "operation not permitted",
+        "read-only file system",
+    ]) {
+        FailureKind::Permission
+    } else if has(&[
+        "command not found",
+        "no such file or directory",
+        "not found",
+    ]) {
+        FailureKind::NotFound
+    } else if has(&[
+        "unknown user",
+        "unknown group",
+        "not a directory",
+        "is a directory",
+    ]) {
+        FailureKind::Config
+    } else if has(&["resource busy", "temporarily unavailable", "timed out"]) {
+        FailureKind::Busy
+    } else {
+        FailureKind::Io
+    }
+}
+
+/// An error of the launch path that says its kind: the message as it was always shown,
+/// and the [`FailureKind`] a caller acts on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Fault {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+impl Fault {
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> Fault {
+        Fault {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// An I/O error while doing `context` (empty: the error alone).
+    pub fn io(context: impl std::fmt::Display, err: &io::Error) -> Fault {
+        Fault::new(FailureKind::of_io(err), join(context, err))
+    }
+
+    /// An errno while doing `context` (empty: the error alone).
+    pub fn errno(context: impl std::fmt::Display, err: rustix::io::Errno) -> Fault {
+        Fault::new(
+            FailureKind::of_errno(err.raw_os_error()),
+            join(context, err),
+        )
+    }
+
+    /// A message the shim process made ([`kind_of_message`]).
+    pub fn from_shim_message(message: String) -> Fault {
+        Fault::new(kind_of_message(&message), message)
+    }
+
+    /// The same failure, its message prefixed with `context: `.
+    pub fn context(self, context: impl std::fmt::Display) -> Fault {
+        Fault::new(self.kind, join(context, self.message))
+    }
+}
+
+impl From<ShimError> for Fault {
+    fn from(err: ShimError) -> Fault {
+        Fault::new(err.kind(), err.to_string())
+    }
+}
+
+fn join(context: impl std::fmt::Display, err: impl std::fmt::Display) -> String {
+    let context = context.to_string();
+    if context.is_empty() {
+        err.to_string()
+    } else {
+        format!("{context}: {err}")
     }
 }
 
@@ -268,4 +373,32 @@ impl ShimError {
 pub fn read_exit(run_dir: &Path) -> Option<ExitRecord> {
     let bytes = std::fs::read(run_dir.join(EXIT_FILE)).ok()?;
     serde_json::from_slice(&bytes).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_the_shim_reports_say_their_kind() {
+        let kind = |m: &str| kind_of_message(m);
+        assert_eq!(
+            kind("workdir /w: No space left on device (os error 28)"),
+            FailureKind::NoSpace
+        );
+        assert_eq!(kind("command not found: x"), FailureKind::NotFound);
+        assert_eq!(kind("permission denied: /bin/x"), FailureKind::Permission);
+        assert_eq!(
+            kind("creating the veth: Operation not permitted (os error 1)"),
+            FailureKind::Permission
+        );
+        assert_eq!(kind("unknown user: bob"), FailureKind::Config);
+        assert_eq!(kind("workdir /x: not a directory"), FailureKind::Config);
+        assert_eq!(kind("netlink: Device or resource busy"), FailureKind::Busy);
+        assert_eq!(kind("the shim exited without reporting"), FailureKind::Io);
+        let f = Fault::io("writing /w/f", &io::Error::from_raw_os_error(28));
+        assert_eq!(f.kind, FailureKind::NoSpace);
+        assert!(f.message.starts_with("writing /w/f: "), "{f}");
+        assert_eq!(f.context("config.files f").kind, FailureKind::NoSpace);
+    }
 }

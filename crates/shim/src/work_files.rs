@@ -14,6 +14,7 @@ use std::path::{Component, Path, PathBuf};
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
 use crate::user::Credentials;
+use crate::{FailureKind, Fault};
 
 /// One file: `path` relative to the work directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,27 +30,27 @@ pub fn write_work_files(
     workdir: &Path,
     user: Option<&str>,
     files: &[WorkFile],
-) -> Result<(), String> {
+) -> Result<(), Fault> {
     if files.is_empty() {
         return Ok(());
     }
     let (euid, egid) = crate::sys::effective_ids();
-    let creds = crate::user::resolve(user, euid, egid)?;
-    crate::launch::prepare_workdir(workdir, creds.as_ref())?;
+    let creds = crate::user::resolve(user, euid, egid).map_err(Fault::from_shim_message)?;
+    crate::launch::prepare_workdir(workdir, creds.as_ref()).map_err(Fault::from_shim_message)?;
     let root = rustix::fs::open(
         workdir,
         OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| format!("workdir {}: {e}", workdir.display()))?;
+    .map_err(|e| Fault::errno(format!("workdir {}", workdir.display()), e))?;
     for f in files {
         write_one(&root, f, creds.as_ref())
-            .map_err(|e| format!("config.files {}: {e}", f.path.display()))?;
+            .map_err(|e| e.context(format!("config.files {}", f.path.display())))?;
     }
     Ok(())
 }
 
-fn write_one(root: &OwnedFd, f: &WorkFile, creds: Option<&Credentials>) -> Result<(), String> {
+fn write_one(root: &OwnedFd, f: &WorkFile, creds: Option<&Credentials>) -> Result<(), Fault> {
     let how = ResolveFlags::BENEATH
         | ResolveFlags::NO_SYMLINKS
         | ResolveFlags::NO_MAGICLINKS
@@ -58,11 +59,16 @@ fn write_one(root: &OwnedFd, f: &WorkFile, creds: Option<&Credentials>) -> Resul
     for c in f.path.components() {
         match c {
             Component::Normal(n) => names.push(n),
-            _ => return Err("must be a plain path without . or ..".into()),
+            _ => {
+                return Err(Fault::new(
+                    FailureKind::Config,
+                    "must be a plain path without . or ..",
+                ))
+            }
         }
     }
     let Some((file, dirs)) = names.split_last() else {
-        return Err("empty path".into());
+        return Err(Fault::new(FailureKind::Config, "empty path"));
     };
     let mut dir = rustix::fs::openat2(
         root,
@@ -71,12 +77,17 @@ fn write_one(root: &OwnedFd, f: &WorkFile, creds: Option<&Credentials>) -> Resul
         Mode::empty(),
         how,
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| Fault::errno("", e))?;
     for name in dirs {
         let created = match rustix::fs::mkdirat(&dir, *name, Mode::from_raw_mode(0o755)) {
             Ok(()) => true,
             Err(rustix::io::Errno::EXIST) => false,
-            Err(e) => return Err(format!("creating {}: {e}", Path::new(name).display())),
+            Err(e) => {
+                return Err(Fault::errno(
+                    format!("creating {}", Path::new(name).display()),
+                    e,
+                ))
+            }
         };
         let next = rustix::fs::openat2(
             &dir,
@@ -85,7 +96,7 @@ fn write_one(root: &OwnedFd, f: &WorkFile, creds: Option<&Credentials>) -> Resul
             Mode::empty(),
             how,
         )
-        .map_err(|e| format!("opening {}: {e}", Path::new(name).display()))?;
+        .map_err(|e| Fault::errno(format!("opening {}", Path::new(name).display()), e))?;
         if created {
             give(&next, creds)?;
         }
@@ -95,7 +106,7 @@ fn write_one(root: &OwnedFd, f: &WorkFile, creds: Option<&Credentials>) -> Resul
     // directory or a mount point is refused): the file written is always a new one.
     match rustix::fs::unlinkat(&dir, *file, rustix::fs::AtFlags::empty()) {
         Ok(()) | Err(rustix::io::Errno::NOENT) => {}
-        Err(e) => return Err(format!("replacing it: {e}")),
+        Err(e) => return Err(Fault::errno("replacing it", e)),
     }
     let fd = rustix::fs::openat2(
         &dir,
@@ -104,24 +115,24 @@ fn write_one(root: &OwnedFd, f: &WorkFile, creds: Option<&Credentials>) -> Resul
         Mode::from_raw_mode(f.mode),
         how,
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| Fault::errno("", e))?;
     // The umask may have narrowed the mode asked for.
-    rustix::fs::fchmod(&fd, Mode::from_raw_mode(f.mode)).map_err(|e| e.to_string())?;
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(f.mode)).map_err(|e| Fault::errno("", e))?;
     give(&fd, creds)?;
     std::fs::File::from(fd)
         .write_all(&f.contents)
-        .map_err(|e| e.to_string())
+        .map_err(|e| Fault::io("", &e))
 }
 
 /// Hands a file or directory to the workload user.
-fn give(fd: &OwnedFd, creds: Option<&Credentials>) -> Result<(), String> {
+fn give(fd: &OwnedFd, creds: Option<&Credentials>) -> Result<(), Fault> {
     let Some(c) = creds else { return Ok(()) };
     rustix::fs::fchown(
         fd,
         Some(rustix::fs::Uid::from_raw(c.uid)),
         Some(rustix::fs::Gid::from_raw(c.gid)),
     )
-    .map_err(|e| format!("chown: {e}"))
+    .map_err(|e| Fault::errno("chown", e))
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 //! - [`theory`]: balls into bins and the supermarket model, measured against formulas.
 //! - [`report`]: the comparison table, CSV and SVG.
 //! - [`cli`]: `bazaar sim`.
+#![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod config;

@@ -30,6 +30,10 @@ pub struct EventRequest {
     /// bazaar extension: a human-readable reason (`restart policy on-failure`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// bazaar extension: a launch that failed says of what kind, at which step, and
+    /// whether trying again may succeed (`bazaar_types::failure`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<crate::failure::Failure>,
 }
 
 /// How a machine's process ended.

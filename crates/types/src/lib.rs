@@ -19,6 +19,7 @@
 //! - [`seccomp`]: the system calls a workload may make (both drivers' allowlist).
 //!
 //! This crate does no I/O.
+#![forbid(unsafe_code)]
 
 pub mod api;
 pub mod config;
@@ -26,6 +27,7 @@ pub mod config_fields;
 pub mod duration;
 pub mod error;
 pub mod event;
+pub mod failure;
 pub mod guest;
 pub mod host;
 pub mod ids;

@@ -505,6 +505,7 @@ fn exit_event(exit: &Exit, requested: bool, restarting: bool) -> MachineEvent {
         } else {
             None
         },
+        failure: None,
     });
     let _ = exit.run_id;
     e

@@ -6,9 +6,11 @@
 use super::{exit_event, Actor, Exit};
 use crate::record::{MachineRecord, OpKind, Operation, RunInfo};
 use crate::store::Batch;
+use bazaar_runtime::launch_error::{LaunchError, LaunchStep};
 use bazaar_runtime::{LaunchReport, RunFound};
-use bazaar_shim::{ExitRecord, ShimError};
+use bazaar_shim::ExitRecord;
 use bazaar_types::event::MachineEvent;
+use bazaar_types::failure::{Failure, FailureKind};
 use bazaar_types::now_ms;
 use bazaar_types::signal::Signal;
 use bazaar_types::state::MachineState;
@@ -64,7 +66,12 @@ impl Actor {
                     .exit_record(&self.id, run_id)
                     .filter(|e| e.error.is_some())
                 {
-                    return self.launch_failed(rec, run_id, exit, b);
+                    // The shim recorded why the workload could not be exec'd.
+                    let failure = exit.error.as_deref().map(|m| {
+                        LaunchError::new(LaunchStep::Workload, bazaar_shim::kind_of_message(m), m)
+                            .failure()
+                    });
+                    return self.launch_failed(rec, run_id, exit, failure, b);
                 }
                 rec.state = MachineState::Started;
                 b.event(rec, MachineEvent::new("start", "started", &op.source));
@@ -87,7 +94,8 @@ impl Actor {
                             "not launched: the machine was claimed again on host {host} (re-placed while this host was dead, or its claim here went unanswered)"
                         )),
                     };
-                    return self.launch_failed(rec, run_id, exit, b);
+                    // Not a failure of this host's launch: no kind.
+                    return self.launch_failed(rec, run_id, exit, None, b);
                 }
                 let mut report = LaunchReport::default();
                 let launched = match self.agent.app_secret_env(&rec.app) {
@@ -96,7 +104,11 @@ impl Actor {
                             .launch(&rec.workload(), run_id, &secret_env, &mut report)
                             .await
                     }
-                    Err(err) => Err(ShimError::Launch(err.to_string())),
+                    Err(err) => Err(LaunchError::new(
+                        LaunchStep::Prepare,
+                        FailureKind::Config,
+                        err.to_string(),
+                    )),
                 };
                 for e in report.events {
                     b.event(rec, e);
@@ -127,10 +139,8 @@ impl Actor {
                 StepOutcome::Continue
             }
             Err(err) => {
-                let message = match err {
-                    ShimError::Launch(m) => m,
-                    other => other.to_string(),
-                };
+                let failure = err.failure();
+                let message = err.message;
                 let exit = driver.exit_record(&self.id, run_id).unwrap_or(ExitRecord {
                     run_id,
                     exit_code: None,
@@ -143,7 +153,7 @@ impl Actor {
                     error: Some(exit.error.unwrap_or(message)),
                     ..exit
                 };
-                self.launch_failed(rec, run_id, exit, b)
+                self.launch_failed(rec, run_id, exit, Some(failure), b)
             }
         }
     }
@@ -153,12 +163,13 @@ impl Actor {
         rec: &mut MachineRecord,
         run_id: u64,
         exit: ExitRecord,
+        failure: Option<Failure>,
         b: &mut Batch,
     ) -> StepOutcome {
-        tracing::warn!(machine.id = %self.id, error = ?exit.error, "launch failed");
+        tracing::warn!(machine.id = %self.id, error = ?exit.error, failure = ?failure, "launch failed");
         rec.exit_handled_run = run_id;
         rec.state = MachineState::Failed;
-        let ev = exit_event(
+        let mut ev = exit_event(
             &Exit {
                 run_id,
                 record: exit,
@@ -166,6 +177,9 @@ impl Actor {
             false,
             false,
         );
+        if let Some(request) = ev.request.as_mut() {
+            request.failure = failure;
+        }
         b.event(rec, ev);
         StepOutcome::Abort
     }

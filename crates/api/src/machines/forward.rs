@@ -317,8 +317,11 @@ pub(crate) fn forwarded() -> ApiRouter<Api> {
                     t,
                     "MachinesWait",
                     "machines",
-                    "Wait until a machine is in one of the given states (default `started`).",
-                    &[400, 401, 404, 408, 503],
+                    "Wait until a machine is in one of the given states (default `started`); a \
+                     launch that fails meanwhile is answered with its kind's status (507 a \
+                     full disk, 503 busy, 404 a missing image or command, 403 refused, 422 a \
+                     config that cannot run, 500 else).",
+                    &[400, 401, 403, 404, 408, 422, 500, 503, 507],
                 );
                 let t = query(
                     t,

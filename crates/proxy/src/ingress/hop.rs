@@ -13,7 +13,6 @@ use crate::wire::{HEADER_READ_TIMEOUT, MAX_HEAD_BYTES};
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
@@ -23,8 +22,8 @@ pub(super) fn spawn_listener(
     listener: std::net::TcpListener,
     shutdown: CancellationToken,
 ) {
-    let tasks = local.node.tasks().clone();
-    tasks.clone().spawn(async move {
+    let node = local.node.clone();
+    node.spawn(async move {
         let listener = match tokio::net::TcpListener::from_std(listener) {
             Ok(l) => l,
             Err(err) => {
@@ -32,21 +31,14 @@ pub(super) fn spawn_listener(
                 return;
             }
         };
-        loop {
-            let (stream, peer) = tokio::select! {
-                () = shutdown.cancelled() => break,
-                r = listener.accept() => match r {
-                    Ok(x) => x,
-                    Err(err) => {
-                        tracing::warn!(error = %err, "proxy hop accept");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                },
-            };
-            let _ = stream.set_nodelay(true);
-            tasks.spawn(serve_connection(local.clone(), stream, peer));
-        }
+        super::accept_loop(
+            &local.clone(),
+            listener,
+            "hop",
+            shutdown,
+            move |stream, peer| serve_connection(local.clone(), stream, peer),
+        )
+        .await;
     });
 }
 

@@ -19,8 +19,10 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 /// Starts proxy thread `i`: a single-threaded runtime serving `listener` until shutdown.
@@ -59,11 +61,9 @@ pub(crate) fn spawn_server_thread(
     Ok(())
 }
 
-async fn serve(
-    shared: Arc<Shared>,
-    listener: tokio::net::TcpListener,
-    shutdown: CancellationToken,
-) {
+/// The HTTP server of a listener's connections after [`h1`]: HTTP/1.1 with the coarse
+/// head timer and limits, HTTP/2 with its stream and header limits and keep-alive pings.
+pub(crate) fn server_builder() -> Arc<hyper_util::server::conn::auto::Builder<TokioExecutor>> {
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -76,27 +76,42 @@ async fn serve(
         .max_header_list_size(MAX_HEAD_BYTES as u32)
         .max_concurrent_streams(256)
         .keep_alive_interval(Some(Duration::from_secs(30)));
-    let builder = Arc::new(builder);
-    let local = Arc::new(Local(shared));
-    // Every tick: wakes the requests whose head took too long ([`crate::timer`]) and closes
-    // expired upstream connections.
-    {
-        let shutdown = shutdown.clone();
-        local.node.spawn(async move {
-            let mut tick = tokio::time::interval(crate::timer::TICK);
-            loop {
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    _ = tick.tick() => {
-                        crate::timer::fire_expired();
-                        crate::pool::sweep();
-                    }
+    Arc::new(builder)
+}
+
+/// This thread's ticker until `shutdown`: every tick wakes the requests whose head took
+/// too long ([`crate::timer`]) and closes expired upstream connections.
+pub(crate) fn spawn_ticker(local: &Local, shutdown: &CancellationToken) {
+    let shutdown = shutdown.clone();
+    local.node.spawn(async move {
+        let mut tick = tokio::time::interval(crate::timer::TICK);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = tick.tick() => {
+                    crate::timer::fire_expired();
+                    crate::pool::sweep();
                 }
             }
-        });
-    }
-    // Each connection is a task of the node's tracker: an atomic add when it starts and a
-    // subtraction when it ends (no lock, nothing per request).
+        }
+    });
+}
+
+/// The accept loop of every proxy listener (plain, TLS, hop) until `shutdown`: each
+/// connection accepted gets `TCP_NODELAY` and is served by `serve` as a task of the node's
+/// tracker (an atomic add when it starts and a subtraction when it ends: no lock, nothing
+/// per request), so draining the node waits for it. An accept error (out of file
+/// descriptors and the like) is logged as `what` and the loop backs off 20 ms and goes on.
+pub(crate) async fn accept_loop<F, Fut>(
+    local: &Local,
+    listener: tokio::net::TcpListener,
+    what: &'static str,
+    shutdown: CancellationToken,
+    mut serve: F,
+) where
+    F: FnMut(TcpStream, SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let tasks = local.node.tasks().clone();
     loop {
         let (stream, peer) = tokio::select! {
@@ -104,40 +119,59 @@ async fn serve(
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(err) => {
-                    // Out of file descriptors and the like: back off, keep serving.
-                    tracing::warn!(error = %err, "proxy accept");
+                    tracing::warn!(error = %err, listener = what, "proxy accept");
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 }
             },
         };
         let _ = stream.set_nodelay(true);
-        let local = local.clone();
-        let builder = builder.clone();
-        tasks.spawn(async move {
-            // Formatted once per connection, for X-Forwarded-For.
-            let peer_ip = HeaderValue::from_str(&peer.ip().to_string())
-                .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-            // Plain HTTP/1.1 here; the rest of a connection that asks for more, in hyper.
-            let mut stream = stream;
-            let read = match h1::serve(&mut stream, &local, &peer_ip).await {
-                h1::Outcome::Closed => return,
-                h1::Outcome::HandOff(read) => read,
-            };
-            let svc = hyper::service::service_fn(move |req| {
-                let local = local.clone();
-                let peer_ip = peer_ip.clone();
-                async move { Ok::<_, Infallible>(handle(local, &peer_ip, req).await) }
-            });
-            let io = h1::Rewind::new(read, stream);
-            if let Err(err) = builder
-                .serve_connection_with_upgrades(TokioIo::new(io), svc)
-                .await
-            {
-                tracing::debug!(error = %err, %peer, "proxy connection");
-            }
-        });
+        tasks.spawn(serve(stream, peer));
     }
+}
+
+async fn serve(
+    shared: Arc<Shared>,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) {
+    let builder = server_builder();
+    let local = Arc::new(Local(shared));
+    spawn_ticker(&local, &shutdown);
+    accept_loop(
+        &local.clone(),
+        listener,
+        "http",
+        shutdown,
+        move |stream, peer| {
+            let local = local.clone();
+            let builder = builder.clone();
+            async move {
+                // Formatted once per connection, for X-Forwarded-For.
+                let peer_ip = HeaderValue::from_str(&peer.ip().to_string())
+                    .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+                // Plain HTTP/1.1 here; the rest of a connection that asks for more, in hyper.
+                let mut stream = stream;
+                let read = match h1::serve(&mut stream, &local, &peer_ip).await {
+                    h1::Outcome::Closed => return,
+                    h1::Outcome::HandOff(read) => read,
+                };
+                let svc = hyper::service::service_fn(move |req| {
+                    let local = local.clone();
+                    let peer_ip = peer_ip.clone();
+                    async move { Ok::<_, Infallible>(handle(local, &peer_ip, req).await) }
+                });
+                let io = h1::Rewind::new(read, stream);
+                if let Err(err) = builder
+                    .serve_connection_with_upgrades(TokioIo::new(io), svc)
+                    .await
+                {
+                    tracing::debug!(error = %err, %peer, "proxy connection");
+                }
+            }
+        },
+    )
+    .await;
 }
 
 /// A request received by hyper's server.

@@ -12,9 +12,9 @@ use crate::http::handle_parts;
 use crate::ingress::h1;
 use crate::request::{ClientBody, Https};
 use crate::shared::{Local, Shared};
-use crate::wire::{HEADER_READ_TIMEOUT, MAX_HEAD_BYTES};
+use crate::wire::HEADER_READ_TIMEOUT;
 use http::header::HeaderValue;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,58 +82,26 @@ async fn serve(
     acceptor: TlsAcceptor,
     shutdown: CancellationToken,
 ) {
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(crate::timer::CoarseTimer)
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_buf_size(MAX_HEAD_BYTES);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(MAX_HEAD_BYTES as u32)
-        .max_concurrent_streams(256)
-        .keep_alive_interval(Some(Duration::from_secs(30)));
-    let builder = Arc::new(builder);
+    let builder = super::server_builder();
     let local = Arc::new(Local(shared));
     // This thread's coarse timers and upstream pools, as on the HTTP threads.
-    {
-        let shutdown = shutdown.clone();
-        local.node.spawn(async move {
-            let mut tick = tokio::time::interval(crate::timer::TICK);
-            loop {
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    _ = tick.tick() => {
-                        crate::timer::fire_expired();
-                        crate::pool::sweep();
-                    }
-                }
-            }
-        });
-    }
-    // Each connection is a task of the node's tracker: an atomic add when it starts and a
-    // subtraction when it ends (no lock, nothing per request).
-    let tasks = local.node.tasks().clone();
-    loop {
-        let (stream, peer) = tokio::select! {
-            () = shutdown.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(err) => {
-                    tracing::warn!(error = %err, "proxy TLS accept");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
-        let local = local.clone();
-        let builder = builder.clone();
-        let acceptor = acceptor.clone();
-        tasks.spawn(async move {
-            let mut stream =
-                match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await {
+    super::spawn_ticker(&local, &shutdown);
+    super::accept_loop(
+        &local.clone(),
+        listener,
+        "https",
+        shutdown,
+        move |stream, peer| {
+            let local = local.clone();
+            let builder = builder.clone();
+            let acceptor = acceptor.clone();
+            async move {
+                let mut stream = match tokio::time::timeout(
+                    HEADER_READ_TIMEOUT,
+                    acceptor.accept(stream),
+                )
+                .await
+                {
                     Ok(Ok(s)) => s,
                     Ok(Err(err)) => {
                         tracing::debug!(error = %err, %peer, "TLS handshake");
@@ -141,40 +109,43 @@ async fn serve(
                     }
                     Err(_) => return,
                 };
-            let peer_ip = HeaderValue::from_str(&peer.ip().to_string())
-                .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-            // HTTP/2 goes straight to hyper; HTTP/1.1 to the plain server first.
-            let read = if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
-                bytes::Bytes::new()
-            } else {
-                match h1::serve(&mut stream, &local, &peer_ip).await {
-                    h1::Outcome::Closed => {
-                        // close_notify, so the client knows the answer was not cut short.
-                        let _ = tokio::time::timeout(CLOSE_NOTIFY_TIMEOUT, stream.shutdown()).await;
-                        return;
+                let peer_ip = HeaderValue::from_str(&peer.ip().to_string())
+                    .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+                // HTTP/2 goes straight to hyper; HTTP/1.1 to the plain server first.
+                let read = if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                    bytes::Bytes::new()
+                } else {
+                    match h1::serve(&mut stream, &local, &peer_ip).await {
+                        h1::Outcome::Closed => {
+                            // close_notify, so the client knows the answer was not cut short.
+                            let _ =
+                                tokio::time::timeout(CLOSE_NOTIFY_TIMEOUT, stream.shutdown()).await;
+                            return;
+                        }
+                        h1::Outcome::HandOff(read) => read,
                     }
-                    h1::Outcome::HandOff(read) => read,
+                };
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let local = local.clone();
+                        let peer_ip = peer_ip.clone();
+                        async move {
+                            let (mut parts, body) = req.into_parts();
+                            parts.extensions.insert(Https);
+                            Ok::<_, Infallible>(
+                                handle_parts(local, &peer_ip, parts, ClientBody::Hyper(body)).await,
+                            )
+                        }
+                    });
+                let io = h1::Rewind::new(read, stream);
+                if let Err(err) = builder
+                    .serve_connection_with_upgrades(TokioIo::new(io), svc)
+                    .await
+                {
+                    tracing::debug!(error = %err, %peer, "proxy TLS connection");
                 }
-            };
-            let svc =
-                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let local = local.clone();
-                    let peer_ip = peer_ip.clone();
-                    async move {
-                        let (mut parts, body) = req.into_parts();
-                        parts.extensions.insert(Https);
-                        Ok::<_, Infallible>(
-                            handle_parts(local, &peer_ip, parts, ClientBody::Hyper(body)).await,
-                        )
-                    }
-                });
-            let io = h1::Rewind::new(read, stream);
-            if let Err(err) = builder
-                .serve_connection_with_upgrades(TokioIo::new(io), svc)
-                .await
-            {
-                tracing::debug!(error = %err, %peer, "proxy TLS connection");
             }
-        });
-    }
+        },
+    )
+    .await;
 }

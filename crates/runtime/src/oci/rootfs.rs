@@ -4,29 +4,30 @@
 //! `/etc/passwd`).
 
 use bazaar_image::IdMap;
+use bazaar_shim::{FailureKind, Fault};
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
 /// Mounts machine `rootfs` again at `exposed` (under `/run/bazaar`, whose parents anyone
 /// may traverse), for runc to enter as the machine's root.
-pub(super) fn expose_rootfs(rootfs: &Path, exposed: &Path) -> Result<(), String> {
+pub(super) fn expose_rootfs(rootfs: &Path, exposed: &Path) -> Result<(), Fault> {
     use rustix::mount::{move_mount, open_tree, MoveMountFlags, OpenTreeFlags};
     use std::os::unix::fs::PermissionsExt;
-    let err =
-        |e: &dyn std::fmt::Display| format!("mounting the rootfs at {}: {e}", exposed.display());
-    std::fs::create_dir_all(exposed).map_err(|e| err(&e))?;
+    let what = format!("mounting the rootfs at {}", exposed.display());
+    let io = |e: std::io::Error| Fault::io(&what, &e);
+    let err = |e: rustix::io::Errno| Fault::errno(&what, e);
+    std::fs::create_dir_all(exposed).map_err(io)?;
     // /run/bazaar/<host id>/rootfs: traversable, not listable.
     for dir in exposed.ancestors().skip(1).take(3) {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
-            .map_err(|e| err(&e))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).map_err(io)?;
     }
     let tree = open_tree(
         rustix::fs::CWD,
         rootfs,
         OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
     )
-    .map_err(|e| err(&e))?;
+    .map_err(err)?;
     move_mount(
         &tree,
         "",
@@ -34,22 +35,22 @@ pub(super) fn expose_rootfs(rootfs: &Path, exposed: &Path) -> Result<(), String>
         exposed,
         MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
     )
-    .map_err(|e| err(&e))
+    .map_err(err)
 }
 
 /// Unmounts and removes the rootfs mounted by [`expose_rootfs`] (if it is). Idempotent.
-pub(crate) fn unexpose_rootfs(exposed: &Path) -> Result<(), String> {
+pub(crate) fn unexpose_rootfs(exposed: &Path) -> Result<(), Fault> {
     use rustix::mount::{unmount, UnmountFlags};
     loop {
         match unmount(exposed, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW) {
             Ok(()) => continue,
             Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => break,
-            Err(e) => return Err(format!("unmounting {}: {e}", exposed.display())),
+            Err(e) => return Err(Fault::errno(format!("unmounting {}", exposed.display()), e)),
         }
     }
     match std::fs::remove_dir(exposed) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(format!("removing {}: {e}", exposed.display()))
+            Err(Fault::io(format!("removing {}", exposed.display()), &e))
         }
         _ => Ok(()),
     }
@@ -58,11 +59,11 @@ pub(crate) fn unexpose_rootfs(exposed: &Path) -> Result<(), String> {
 /// Gives the volume at `path` to the machine's ids: a volume whose root is not already its
 /// root's (new, or last used by a machine with another range) has every file's owner
 /// shifted into the range.
-pub(super) fn give_volume_to_ids(path: &Path, ids: IdMap) -> Result<(), String> {
+pub(super) fn give_volume_to_ids(path: &Path, ids: IdMap) -> Result<(), Fault> {
     use std::os::unix::fs::MetadataExt;
     let root = ids.to_host(0);
-    let meta =
-        std::fs::symlink_metadata(path).map_err(|e| format!("volume {}: {e}", path.display()))?;
+    let meta = std::fs::symlink_metadata(path)
+        .map_err(|e| Fault::io(format!("volume {}", path.display()), &e))?;
     if meta.uid() == root && meta.gid() == root {
         return Ok(());
     }
@@ -80,17 +81,22 @@ pub(super) fn give_volume_to_ids(path: &Path, ids: IdMap) -> Result<(), String> 
         }
         Ok(())
     }
-    walk(path, ids).map_err(|e| format!("giving volume {} to the machine: {e}", path.display()))
+    walk(path, ids).map_err(|e| {
+        Fault::io(
+            format!("giving volume {} to the machine", path.display()),
+            &e,
+        )
+    })
 }
 
 /// Opens a rootfs directory to resolve paths inside it.
-pub(super) fn open_root(rootfs: &Path) -> Result<OwnedFd, String> {
+pub(super) fn open_root(rootfs: &Path) -> Result<OwnedFd, Fault> {
     rustix::fs::open(
         rootfs,
         rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
     )
-    .map_err(|e| format!("opening {}: {e}", rootfs.display()))
+    .map_err(|e| Fault::errno(format!("opening {}", rootfs.display()), e))
 }
 
 /// Opens `path` inside `root` with every symlink resolved as if `root` were `/` (an
@@ -125,16 +131,23 @@ pub(super) fn write_in_root(
     guest_path: &str,
     data: &[u8],
     mode: u32,
-) -> Result<(), String> {
+) -> Result<(), Fault> {
     let owner = Some(rustix::fs::Uid::from_raw(root.owner));
     let group = Some(rustix::fs::Gid::from_raw(root.owner));
     let root_fd = &root.fd;
-    let err = |e: &dyn std::fmt::Display| format!("writing {guest_path} into the machine: {e}");
+    let what = format!("writing {guest_path} into the machine");
+    let err = |e: rustix::io::Errno| Fault::errno(&what, e);
     if !guest_path.starts_with('/') || guest_path.ends_with('/') {
-        return Err(format!("{guest_path:?}: a file path must be absolute"));
+        return Err(Fault::new(
+            FailureKind::Config,
+            format!("{guest_path:?}: a file path must be absolute"),
+        ));
     }
     if guest_path.split('/').any(|c| c == "..") {
-        return Err(format!("{guest_path:?}: .. is not allowed"));
+        return Err(Fault::new(
+            FailureKind::Config,
+            format!("{guest_path:?}: .. is not allowed"),
+        ));
     }
     let (parent, _) = guest_path.rsplit_once('/').unwrap_or(("", guest_path));
     let mut dir = String::new();
@@ -147,7 +160,7 @@ pub(super) fn write_in_root(
             rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
             0,
         )
-        .map_err(|e| err(&e))?;
+        .map_err(err)?;
         match rustix::fs::mkdirat(
             &parent_fd,
             component,
@@ -160,9 +173,9 @@ pub(super) fn write_in_root(
                 group,
                 rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
             )
-            .map_err(|e| err(&e))?,
+            .map_err(err)?,
             Err(rustix::io::Errno::EXIST) => {}
-            Err(e) => return Err(err(&e)),
+            Err(e) => return Err(err(e)),
         }
     }
     let fd = open_in_root(
@@ -171,12 +184,12 @@ pub(super) fn write_in_root(
         rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CREATE | rustix::fs::OFlags::TRUNC,
         mode,
     )
-    .map_err(|e| err(&e))?;
+    .map_err(err)?;
     // chown before chmod: chown clears setuid bits.
-    rustix::fs::fchown(&fd, owner, group).map_err(|e| err(&e))?;
-    rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(mode & 0o7777)).map_err(|e| err(&e))?;
+    rustix::fs::fchown(&fd, owner, group).map_err(err)?;
+    rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(mode & 0o7777)).map_err(err)?;
     let mut f = std::fs::File::from(fd);
-    f.write_all(data).map_err(|e| err(&e))
+    f.write_all(data).map_err(|e| Fault::io(&what, &e))
 }
 
 /// Reads a file inside the rootfs ("" when it is missing).
@@ -189,7 +202,7 @@ fn read_in_root(root: &OwnedFd, path: &str) -> String {
 
 /// The uid and gid of an image's `User` (`name`, `uid`, `name:group`, `uid:gid`), looked up
 /// in the image's own `/etc/passwd` and `/etc/group`. `None` is root.
-pub(super) fn resolve_user(root: &OwnedFd, user: Option<&str>) -> Result<(u32, u32), String> {
+pub(super) fn resolve_user(root: &OwnedFd, user: Option<&str>) -> Result<(u32, u32), Fault> {
     let Some(user) = user.filter(|u| !u.is_empty()) else {
         return Ok((0, 0));
     };
@@ -204,10 +217,18 @@ pub(super) fn resolve_user(root: &OwnedFd, user: Option<&str>) -> Result<(u32, u
         .find(|f| f.len() > 3 && (f[0] == u || f[2] == u));
     let uid = match (u.parse::<u32>(), &entry) {
         (Ok(uid), _) => uid,
-        (Err(_), Some(f)) => f[2]
-            .parse()
-            .map_err(|_| format!("user {u}: bad /etc/passwd entry"))?,
-        (Err(_), None) => return Err(format!("user {u:?} is not in the image's /etc/passwd")),
+        (Err(_), Some(f)) => f[2].parse().map_err(|_| {
+            Fault::new(
+                FailureKind::Config,
+                format!("user {u}: bad /etc/passwd entry"),
+            )
+        })?,
+        (Err(_), None) => {
+            return Err(Fault::new(
+                FailureKind::Config,
+                format!("user {u:?} is not in the image's /etc/passwd"),
+            ))
+        }
     };
     let gid = match g {
         None => entry.and_then(|f| f[3].parse().ok()).unwrap_or(0),
@@ -218,7 +239,12 @@ pub(super) fn resolve_user(root: &OwnedFd, user: Option<&str>) -> Result<(u32, u
                 .map(|l| l.split(':').collect::<Vec<_>>())
                 .find(|f| f.len() > 2 && f[0] == g)
                 .and_then(|f| f[2].parse().ok())
-                .ok_or_else(|| format!("group {g:?} is not in the image's /etc/group"))?,
+                .ok_or_else(|| {
+                    Fault::new(
+                        FailureKind::Config,
+                        format!("group {g:?} is not in the image's /etc/group"),
+                    )
+                })?,
         },
     };
     Ok((uid, gid))
@@ -284,6 +310,7 @@ mod tests {
         assert_eq!(resolve_user(&root, Some("4242:7")).unwrap(), (4242, 7));
         assert!(resolve_user(&root, Some("ghost"))
             .unwrap_err()
+            .message
             .contains("not in the image"));
     }
 }
