@@ -241,6 +241,8 @@ pub struct TopCheck {
     pub path: Option<String>,
     #[serde(default)]
     pub processes: Vec<String>,
+    #[serde(default)]
+    pub runtime: Option<String>,
 }
 
 /// A check's type.
@@ -251,7 +253,8 @@ pub enum CheckKind {
     Tcp,
 }
 
-/// `[[vm]]`: a size preset, overridden by `cpus`, `memory`, `cpu_kind`.
+/// `[[vm]]`: a size preset, overridden by `cpus`, `memory`, `cpu_kind`; and `runtime`
+/// (bazaar: `config.runtime`, one of process, runc, gvisor, microvm).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Vm {
     #[serde(default)]

@@ -219,3 +219,22 @@ fn replace_on_host_failure_opts_every_machine_in() {
     );
     assert!(bazaar_types::replacement::validate(&cfg).is_ok());
 }
+
+#[test]
+fn vm_runtime_sets_the_machines_runtime() {
+    let l = parse(
+        "fly.toml",
+        "app = \"g\"\n[build]\nimage = \"busybox\"\n[[vm]]\nruntime = \"gvisor\"\n",
+    )
+    .unwrap();
+    let cfg = l.config.machine_config("app").unwrap();
+    assert_eq!(cfg.runtime.as_deref(), Some("gvisor"));
+    assert_eq!(cfg.driver(), "gvisor");
+    let l = parse(
+        "fly.toml",
+        "app = \"g\"\n[build]\nimage = \"busybox\"\n[[vm]]\nruntime = \"kata\"\n",
+    )
+    .unwrap();
+    let err = l.config.machine_config("app").unwrap_err();
+    assert!(err.contains("unknown config.runtime"), "{err}");
+}
