@@ -241,8 +241,6 @@ pub struct TopCheck {
     pub path: Option<String>,
     #[serde(default)]
     pub processes: Vec<String>,
-    #[serde(default)]
-    pub runtime: Option<String>,
 }
 
 /// A check's type.
@@ -267,6 +265,8 @@ pub struct Vm {
     pub cpu_kind: Option<CpuKind>,
     #[serde(default)]
     pub processes: Vec<String>,
+    #[serde(default)]
+    pub runtime: Option<String>,
 }
 
 /// `shared` or `performance`.
