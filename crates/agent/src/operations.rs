@@ -385,7 +385,16 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
     refuse_unsupported(config, &guest)?;
     config.rootfs_size_gb().map_err(AgentError::Invalid)?;
     bazaar_types::replacement::validate(config).map_err(AgentError::Invalid)?;
+    config.check_runtime().map_err(AgentError::Invalid)?;
     match config.driver() {
+        // Named by config.runtime; their drivers are not in this build, and a machine of
+        // one must not run as something weaker.
+        d @ ("gvisor" | "microvm") => {
+            return Err(AgentError::Invalid(format!(
+                "this host cannot run {d} machines: missing {}",
+                bazaar_runtime::prerequisites::NOT_BUILT
+            )))
+        }
         "process" => {
             let argv = config.init.as_ref().map(|i| i.argv()).unwrap_or_default();
             driver::validate_command(&config.env, &argv).map_err(AgentError::Invalid)?;

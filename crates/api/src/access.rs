@@ -137,6 +137,7 @@ pub async fn require_access(State(node): State<NodeHandle>, req: Request, next: 
         app: route.app.as_deref(),
         op: route.op,
         process: false,
+        runtime: None,
     });
     // An app's creation is recorded under the app it creates (named in the body).
     let mut audit_app = route.app.clone();
@@ -181,7 +182,8 @@ pub async fn require_access(State(node): State<NodeHandle>, req: Request, next: 
 
 /// Whether the caller of a request ([`require_access`] put it and the route's access in the
 /// request) may have the machine config `config` made or acted on: a config that runs the
-/// process driver needs a token that allows it (403 otherwise). `config` is the value the
+/// process driver needs a token that allows it, and a token limited to runtimes allows only
+/// configs of those (403 otherwise). `config` is the value the
 /// handler goes on to use, parsed once.
 pub(crate) fn authorize_config(
     caller: Option<&Caller>,
@@ -198,6 +200,7 @@ pub(crate) fn authorize_config(
             app: route.app.as_deref(),
             op: route.op,
             process: config.is_some_and(|c| c.driver() == "process"),
+            runtime: config.map(|c| c.runtime()),
         })
         .map_err(|denied| refusal(denied, route.app.as_deref()))
 }
@@ -210,6 +213,7 @@ pub(crate) fn may_lease(caller: Option<&Caller>, app: &str) -> bool {
             app: Some(app),
             op: Op::Lease,
             process: false,
+            runtime: None,
         })
         .is_ok()
     })
@@ -257,6 +261,7 @@ pub(crate) fn may_read(caller: Option<&Caller>, app: &str) -> bool {
             app: Some(app),
             op: Op::Read,
             process: false,
+            runtime: None,
         })
         .is_ok()
     })

@@ -220,6 +220,66 @@ async fn a_driver_given_twice_is_authorized_as_the_handler_reads_it() {
     node.stop().await;
 }
 
+/// A token limited to the gvisor runtime (a platform hands it to a stranger): process and
+/// runc machines are refused (403) through create, batch create and update, and nothing
+/// changes; a gvisor machine gets past the token (and is refused by a host that cannot run
+/// it, with why).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_limited_token_gets_403_for_process_and_runc_machines() {
+    let (node, api) = agent_with_app().await;
+    let id = machine(&api).await;
+    let before = machine_ids(&api).await;
+    let token = tokens::mint(&Scope {
+        runtimes: ["gvisor".to_string()].into(),
+        ..Scope::default()
+    });
+    let limited = Some(token.as_str());
+    let update = format!("/v1/apps/a1/machines/{id}");
+    let runc = json!({"config": {"image": "web:1"}, "skip_launch": true}).to_string();
+    let runc_named =
+        json!({"config": {"image": "web:1", "runtime": "runc"}, "skip_launch": true}).to_string();
+    let process = json!({"config": sleeper(), "skip_launch": true}).to_string();
+    let batch = json!({"config": {"image": "web:1"}, "count": 2, "skip_launch": true}).to_string();
+    for (method, path, body, says) in [
+        (Method::POST, "/v1/apps/a1/machines", &runc, "runc runtime"),
+        (
+            Method::POST,
+            "/v1/apps/a1/machines",
+            &runc_named,
+            "runc runtime",
+        ),
+        (Method::POST, "/v1/apps/a1/machines", &process, "runtime"),
+        (
+            Method::POST,
+            "/v1/apps/a1/machines/batch",
+            &batch,
+            "runc runtime",
+        ),
+        (Method::POST, update.as_str(), &runc, "runc runtime"),
+        (Method::PUT, update.as_str(), &process, "runtime"),
+    ] {
+        assert_error(
+            oneshot(&api, method.clone(), path, limited, Some(body)).await,
+            StatusCode::FORBIDDEN,
+            says,
+        );
+    }
+    let gvisor =
+        json!({"config": {"image": "web:1", "runtime": "gvisor"}, "skip_launch": true}).to_string();
+    let (s, v) = oneshot(
+        &api,
+        Method::POST,
+        "/v1/apps/a1/machines",
+        limited,
+        Some(&gvisor),
+    )
+    .await;
+    assert_ne!(s, StatusCode::FORBIDDEN, "{v}");
+    assert!(v["error"].as_str().unwrap_or("").contains("gvisor"), "{v}");
+    assert_eq!(machine_ids(&api).await, before);
+    node.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scoped_token_is_checked_against_the_app_the_handler_serves() {
     let (node, api) = agent_with_app().await;

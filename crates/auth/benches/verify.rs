@@ -38,6 +38,7 @@ fn main() {
         app: Some("web"),
         op: Op::Start,
         process: false,
+        runtime: None,
     };
     let apps: Vec<String> = (0..1000).map(|i| format!("app-{i}")).collect();
     println!("| token | repeated request | new request (checks run) | first sight (signatures) |");

@@ -1,7 +1,8 @@
 //! What a token may do: the operations of the Machines API ([`Op`]) and a token's scope
 //! ([`Scope`]), written into a block as Datalog checks. The facts a request brings are
 //! `operation(op)`, `app(name)` (or `platform(true)` for calls about no app), `driver("process")`
-//! or `driver("none")`, and `time(now)`; see [`crate::verify`].
+//! or `driver("none")`, `runtime(name)` (the runtime of the machine config it creates or
+//! updates) or `runtime("none")`, and `time(now)`; see [`crate::verify`].
 
 use crate::Error;
 use biscuit_auth::builder::{BlockBuilder, Term};
@@ -111,7 +112,14 @@ pub struct Scope {
     /// Whether machines with `config.driver = "process"` may be created or updated. Minting:
     /// grants it (only the first block can); narrowing: `false` takes it away.
     pub process: bool,
+    /// Only machines of these runtimes (`config.runtime`: one of [`RUNTIMES`]) may be
+    /// created or updated (empty: every runtime). A platform hands a stranger a token
+    /// limited to `gvisor` or `microvm`.
+    pub runtimes: BTreeSet<String>,
 }
+
+/// The runtimes a token may be limited to: those of `bazaar_types::config::RUNTIMES`.
+pub const RUNTIMES: [&str; 4] = ["process", "runc", "gvisor", "microvm"];
 
 impl Default for Scope {
     fn default() -> Scope {
@@ -121,6 +129,7 @@ impl Default for Scope {
             ops: BTreeSet::new(),
             expires: None,
             process: true,
+            runtimes: BTreeSet::new(),
         }
     }
 }
@@ -155,6 +164,22 @@ impl Scope {
             block = block.code_with_params(
                 "check if operation($op), {ops}.contains($op);",
                 HashMap::from([("ops".to_string(), Term::Set(ops))]),
+                HashMap::new(),
+            )?;
+        }
+        for runtime in &self.runtimes {
+            if !RUNTIMES.contains(&runtime.as_str()) {
+                return Err(Error::Scope(format!(
+                    "unknown runtime {runtime:?} (one of {})",
+                    RUNTIMES.join(", ")
+                )));
+            }
+        }
+        if !self.runtimes.is_empty() {
+            let runtimes = self.runtimes.iter().map(|r| Term::Str(r.clone())).collect();
+            block = block.code_with_params(
+                r#"check if runtime($r), {runtimes}.contains($r) or runtime("none");"#,
+                HashMap::from([("runtimes".to_string(), Term::Set(runtimes))]),
                 HashMap::new(),
             )?;
         }

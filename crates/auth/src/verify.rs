@@ -28,6 +28,9 @@ pub struct Access<'a> {
     pub op: Op,
     /// Whether it creates or updates a machine with `config.driver = "process"`.
     pub process: bool,
+    /// The runtime of the machine config it creates or updates (`config.runtime`, as
+    /// `MachineConfig::runtime` reads it); `None` when it carries no config.
+    pub runtime: Option<&'a str>,
 }
 
 /// Why a request is refused.
@@ -63,8 +66,11 @@ pub struct Verified {
 #[derive(Debug, Default)]
 struct Decisions {
     second: u64,
-    made: HashMap<(Option<String>, Op, bool), Result<(), Denied>>,
+    made: HashMap<DecisionKey, Result<(), Denied>>,
 }
+
+/// A request as far as a decision goes: app, operation, process driver, runtime.
+type DecisionKey = (Option<String>, Op, bool, Option<String>);
 
 /// Most decisions kept for one token and one second.
 const DECISIONS: usize = 256;
@@ -91,7 +97,12 @@ impl Verified {
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let key = (access.app.map(str::to_string), access.op, access.process);
+        let key = (
+            access.app.map(str::to_string),
+            access.op,
+            access.process,
+            access.runtime.map(str::to_string),
+        );
         {
             let decisions = self.decisions.lock().unwrap_or_else(|e| e.into_inner());
             if decisions.second == second {
@@ -126,6 +137,7 @@ impl Verified {
             .fact(fact("operation", &[string(access.op.name())]))
             .and_then(|b| b.fact(subject))
             .and_then(|b| b.fact(fact("driver", &[string(driver)])))
+            .and_then(|b| b.fact(fact("runtime", &[string(access.runtime.unwrap_or("none"))])))
             .and_then(|b| b.fact(fact("time", &[date(&now)])))
             .and_then(|b| b.check(process_rule.clone()))
             .and_then(|b| b.policy(allow.clone()))
@@ -164,7 +176,8 @@ fn classify(checks: &[FailedCheck], access: &Access<'_>) -> Denied {
             FailedCheck::Authorizer(a) => a.rule.as_str(),
         })
         .collect();
-    if rules.iter().any(|r| r.contains("time(")) {
+    // (`runtime(` contains `time(`: the expiry is the check that starts with it.)
+    if rules.iter().any(|r| r.starts_with("check if time(")) {
         Denied::Expired
     } else if access.app.is_some() && rules.iter().any(|r| r.contains("app(")) {
         Denied::OtherApp
@@ -172,6 +185,13 @@ fn classify(checks: &[FailedCheck], access: &Access<'_>) -> Denied {
         Denied::Forbidden(
             "this token does not allow the process driver (config.driver = \"process\")".into(),
         )
+    } else if let (Some(runtime), true) =
+        (access.runtime, rules.iter().any(|r| r.contains("runtime(")))
+    {
+        Denied::Forbidden(format!(
+            "this token does not allow the {runtime} runtime (config.runtime): it is limited \
+             to other runtimes"
+        ))
     } else if access.app.is_none() && rules.iter().any(|r| r.contains("app(")) {
         Denied::Forbidden(format!(
             "this token is scoped to apps: it does not allow {} here",
@@ -257,6 +277,7 @@ mod tests {
             app,
             op,
             process: false,
+            runtime: None,
         }
     }
 
@@ -282,6 +303,7 @@ mod tests {
                 app: Some("web"),
                 op: Op::Create,
                 process: true,
+                runtime: None,
             },
             now(),
         )
@@ -315,6 +337,7 @@ mod tests {
             app: Some("web"),
             op: Op::Create,
             process: true,
+            runtime: None,
         };
         assert!(matches!(
             t.authorize(&process, now()),
@@ -326,6 +349,78 @@ mod tests {
         };
         let t = v.verify(&mint(&key, &granted).unwrap()).unwrap();
         t.authorize(&process, now()).unwrap();
+    }
+
+    #[test]
+    fn a_runtime_limited_token_creates_and_updates_only_those_runtimes() {
+        let key = TokenKey::generate();
+        let v = Verifier::for_key(&key);
+        let scope = Scope {
+            process: false,
+            runtimes: apps(&["gvisor", "microvm"]),
+            ..Scope::default()
+        };
+        let t = v.verify(&mint(&key, &scope).unwrap()).unwrap();
+        let with = |op, runtime, process| Access {
+            app: Some("web"),
+            op,
+            process,
+            runtime,
+        };
+        for op in [Op::Create, Op::Update] {
+            t.authorize(&with(op, Some("gvisor"), false), now())
+                .unwrap();
+            t.authorize(&with(op, Some("microvm"), false), now())
+                .unwrap();
+            assert!(matches!(
+                t.authorize(&with(op, Some("runc"), false), now()),
+                Err(Denied::Forbidden(m)) if m.contains("runc runtime")
+            ));
+            assert!(matches!(
+                t.authorize(&with(op, Some("process"), true), now()),
+                Err(Denied::Forbidden(_))
+            ));
+        }
+        // Calls without a config are not about runtimes.
+        t.authorize(&access(Some("web"), Op::Stop), now()).unwrap();
+        // Narrowing an org token limits it the same way, and cannot widen a limited one.
+        let org = mint(&key, &Scope::default()).unwrap();
+        let narrowed = attenuate(
+            &org,
+            &Scope {
+                runtimes: apps(&["gvisor"]),
+                ..Scope::default()
+            },
+        )
+        .unwrap();
+        let n = v.verify(&narrowed).unwrap();
+        n.authorize(&with(Op::Create, Some("gvisor"), false), now())
+            .unwrap();
+        assert!(n
+            .authorize(&with(Op::Create, Some("runc"), false), now())
+            .is_err());
+        let limited = mint(&key, &scope).unwrap();
+        let wider = attenuate(
+            &limited,
+            &Scope {
+                runtimes: apps(&["runc"]),
+                ..Scope::default()
+            },
+        )
+        .unwrap();
+        let w = v.verify(&wider).unwrap();
+        assert!(w
+            .authorize(&with(Op::Create, Some("runc"), false), now())
+            .is_err());
+        // Names are checked when a token is made.
+        let bad = Scope {
+            runtimes: apps(&["kata"]),
+            ..Scope::default()
+        };
+        assert!(mint(&key, &bad)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown runtime"));
     }
 
     #[test]
@@ -410,6 +505,7 @@ mod tests {
             app: Some("web"),
             op: Op::Read,
             process: true,
+            runtime: None,
         };
         assert!(t.authorize(&process, now()).is_err());
 

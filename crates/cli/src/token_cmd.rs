@@ -39,6 +39,10 @@ struct ScopeArgs {
     /// Take the process driver away (org tokens have it by default).
     #[arg(long)]
     no_process: bool,
+    /// Only machines of these runtimes (`config.runtime`: process, runc, gvisor, microvm;
+    /// comma-separated). Default: every runtime (the process driver as above).
+    #[arg(long = "runtime", value_delimiter = ',')]
+    runtimes: Vec<String>,
 }
 
 impl ScopeArgs {
@@ -64,6 +68,7 @@ impl ScopeArgs {
             read_only: self.read_only,
             ops,
             expires,
+            runtimes: self.runtimes.iter().map(|r| r.trim().to_string()).collect(),
         })
     }
 }

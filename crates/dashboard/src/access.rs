@@ -30,6 +30,7 @@ fn may(node: &dyn Node, token: &str, op: Op) -> bool {
                 app: Some(ANY_APP),
                 op,
                 process: false,
+                runtime: None,
             })
             .is_ok()
     })

@@ -202,7 +202,7 @@ pub fn app(name: &str, machines: &[MachineView], viewer: Viewer) -> String {
                 section.group {
                     h2 { "Process group " (group) " · region " (region) }
                     table.machines {
-                        thead { tr { th { "machine" } th { "name" } th { "state" } th { "health" } th { "release" } th { "host" } th {} } }
+                        thead { tr { th { "machine" } th { "name" } th { "state" } th { "health" } th { "release" } th { "host" } th { "runtime" } th {} } }
                         tbody {
                             @for m in ms {
                                 @let r = &m.record;
@@ -215,6 +215,7 @@ pub fn app(name: &str, machines: &[MachineView], viewer: Viewer) -> String {
                                     td { (health(m)) }
                                     td { (r.metadata.get("fly_release_version").map_or("-", String::as_str)) }
                                     td { code { (r.host_id) } }
+                                    td.runtime { (r.config.as_ref().map_or("-", |c| c.runtime())) }
                                     td { (actions(viewer, name, &r.id)) }
                                 }
                             }

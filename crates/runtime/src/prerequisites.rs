@@ -10,8 +10,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// The drivers a machine can have (`MachineConfig::driver`).
-pub const DRIVERS: [&str; 2] = ["process", "oci"];
+/// The drivers a machine can have (`MachineConfig::driver`; `config.runtime` names one:
+/// runtime `runc` is driver `oci`).
+pub const DRIVERS: [&str; 4] = ["process", "oci", "gvisor", "microvm"];
 
 /// A program a driver runs, and the Debian package that has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +25,11 @@ pub struct Program {
 pub const RUNC: Program = Program {
     name: "runc",
     package: "runc",
+};
+/// `runsc`: gVisor, the runtime of `gvisor` machines.
+pub const RUNSC: Program = Program {
+    name: "runsc",
+    package: "runsc",
 };
 /// `mkfs.ext4`: a machine's work disk (and volumes).
 pub const MKFS_EXT4: Program = Program {
@@ -58,7 +64,7 @@ pub struct Facts {
     pub work_disks: bool,
     /// The host runs the mesh between hosts (`mesh_listen`).
     pub mesh: bool,
-    /// The programs of [`RUNC`], [`MKFS_EXT4`], [`NFT`], [`IP`] that were found. (The
+    /// The programs of [`RUNC`], [`RUNSC`], [`MKFS_EXT4`], [`NFT`], [`IP`] that were found. (The
     /// machine network needs no `ip`: the agent sends its own netlink requests.)
     pub programs: BTreeSet<&'static str>,
 }
@@ -85,7 +91,7 @@ impl Facts {
         runc: Option<&Path>,
     ) -> Facts {
         let mut programs = BTreeSet::new();
-        for p in [NFT, IP] {
+        for p in [NFT, IP, RUNSC] {
             if in_path(path, p.name) {
                 programs.insert(p.name);
             }
@@ -156,11 +162,28 @@ pub fn missing(facts: &Facts) -> BTreeMap<&'static str, Vec<String>> {
         oci.push(program(RUNC));
     }
     oci.extend(network);
+    // gVisor runs the same bundle as runc, under runsc, in the same network namespace.
+    let mut gvisor: Vec<String> = oci
+        .iter()
+        .filter(|w| **w != program(RUNC))
+        .cloned()
+        .collect();
+    if !facts.has(RUNSC) {
+        gvisor.insert(0, program(RUNSC));
+    }
+    // The drivers of these runtimes are not in this build: a host refuses their machines
+    // with why rather than running them as something weaker.
+    gvisor.push(NOT_BUILT.into());
+    out.insert("gvisor", gvisor);
+    out.insert("microvm", vec![NOT_BUILT.into()]);
     if !oci.is_empty() {
         out.insert("oci", oci);
     }
     out
 }
+
+/// What a host says it lacks for a runtime whose driver this build does not have.
+pub const NOT_BUILT: &str = "its driver (this build of bazaar does not run such machines yet)";
 
 /// What this host runs machines without, at a cost the operator should know of.
 pub fn warnings(facts: &Facts) -> Vec<String> {
@@ -211,13 +234,39 @@ mod tests {
             loop_devices: true,
             work_disks: true,
             mesh: true,
-            programs: [RUNC, MKFS_EXT4, NFT, IP].map(|p| p.name).into(),
+            programs: [RUNC, RUNSC, MKFS_EXT4, NFT, IP].map(|p| p.name).into(),
         }
+    }
+
+    /// What `facts` lack for the drivers this build has (gvisor and microvm it lacks).
+    fn missing_built(facts: &Facts) -> BTreeMap<&'static str, Vec<String>> {
+        let mut m = missing(facts);
+        assert_eq!(m.remove("microvm").unwrap(), [NOT_BUILT]);
+        assert_eq!(m.remove("gvisor").unwrap().last().unwrap(), NOT_BUILT);
+        m
+    }
+
+    #[test]
+    fn gvisor_needs_runsc_and_what_runc_machines_need_but_runc() {
+        let mut facts = full();
+        facts.programs.remove("runc");
+        facts.programs.remove("runsc");
+        facts.cgroups = false;
+        let m = missing(&facts);
+        assert_eq!(
+            m["gvisor"],
+            [
+                "runsc (package runsc)",
+                "the memory and cpu cgroup controllers",
+                NOT_BUILT
+            ]
+        );
+        assert!(DRIVERS.iter().all(|d| *d == "process" || m.contains_key(d)));
     }
 
     #[test]
     fn a_complete_host_runs_every_driver() {
-        assert!(missing(&full()).is_empty());
+        assert!(missing_built(&full()).is_empty());
         assert!(warnings(&full()).is_empty());
     }
 
@@ -225,7 +274,7 @@ mod tests {
     fn without_runc_only_image_machines_are_refused_and_runc_is_named() {
         let mut facts = full();
         facts.programs.remove("runc");
-        let m = missing(&facts);
+        let m = missing_built(&facts);
         assert_eq!(m.keys().copied().collect::<Vec<_>>(), ["oci"]);
         assert_eq!(m["oci"], ["runc (package runc)"]);
     }
@@ -257,7 +306,7 @@ mod tests {
         let mut facts = full();
         facts.loop_devices = false;
         facts.programs.remove("mkfs.ext4");
-        assert!(missing(&facts).is_empty());
+        assert!(missing_built(&facts).is_empty());
         let w = warnings(&facts);
         assert_eq!(w.len(), 1);
         assert!(
@@ -309,7 +358,7 @@ mod tests {
     fn without_ip_machines_run_and_only_a_mesh_is_warned_of() {
         let mut facts = full();
         facts.programs.remove("ip");
-        assert!(missing(&facts).is_empty());
+        assert!(missing_built(&facts).is_empty());
         let w = warnings(&facts);
         assert_eq!(w.len(), 1);
         assert!(
@@ -324,7 +373,7 @@ mod tests {
     fn without_nft_the_host_runs_machines_and_warns() {
         let mut facts = full();
         facts.programs.remove("nft");
-        assert!(missing(&facts).is_empty());
+        assert!(missing_built(&facts).is_empty());
         assert_eq!(warnings(&facts).len(), 1);
         assert!(warnings(&facts)[0].contains("nftables"));
     }

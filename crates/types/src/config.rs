@@ -3,7 +3,8 @@
 //! and echoed back; which keys a config may carry at all, and which only at their default
 //! (those bazaar does not act on), is [`crate::config_fields`]'s to say.
 //!
-//! bazaar extensions: `driver` (`"process"` runs `init.exec` or `init.entrypoint` + `init.cmd`
+//! bazaar extensions: `runtime` (`process`, `runc`, `gvisor`, `microvm`: what runs the
+//! machine; it names the driver), `driver` (`"process"` runs `init.exec` or `init.entrypoint` + `init.cmd`
 //! as a supervised process on the host; `"oci"` runs `image`), `init.user`, and `priority`
 //! (`crate::priority`).
 
@@ -24,6 +25,11 @@ pub struct MachineConfig {
     /// bazaar extension: which driver runs the machine (`process`, or `oci` for images).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<String>,
+    /// bazaar extension: what runs the machine, and so what it shares with the host:
+    /// `process`, `runc` (an image under runc: driver `oci`), `gvisor` (an image under
+    /// gVisor's `runsc`), `microvm` (an image in a QEMU microVM). See [`RUNTIMES`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest: Option<Guest>,
     /// Deprecated preset name (`shared-cpu-1x`); mutually exclusive with `guest`.
@@ -394,6 +400,9 @@ fn str_or_vec<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> 
     })
 }
 
+/// The runtimes a machine may ask for in `config.runtime`, weakest boundary first.
+pub const RUNTIMES: [&str; 4] = ["process", "runc", "gvisor", "microvm"];
+
 /// The default stop timeout (fly.toml `kill_timeout` default, 5 s) and its maximum (300 s).
 pub const DEFAULT_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Upper bound for stop timeouts, as on Fly.
@@ -420,14 +429,55 @@ impl MachineConfig {
         }
     }
 
-    /// The driver that runs this machine: `process` when set so or when the config has a
-    /// command and no image; otherwise `oci`.
+    /// The driver that runs this machine: the one `runtime` names (`runc` is driver `oci`),
+    /// else `process` when set so or when the config has a command and no image; otherwise
+    /// `oci`.
     pub fn driver(&self) -> &str {
-        match self.driver.as_deref() {
-            Some(d) => d,
-            None if self.image.is_empty() || self.image == "process" => "process",
-            None => "oci",
+        match (self.runtime.as_deref(), self.driver.as_deref()) {
+            (Some("runc"), _) => "oci",
+            (Some(r), _) => r,
+            (None, Some(d)) => d,
+            (None, None) if self.image.is_empty() || self.image == "process" => "process",
+            (None, None) => "oci",
         }
+    }
+
+    /// The runtime of this machine (one of [`RUNTIMES`] once [`Self::check_runtime`]
+    /// passed): `runtime` when set, else the one its driver means (driver `oci` is `runc`).
+    pub fn runtime(&self) -> &str {
+        match self.driver() {
+            "oci" => "runc",
+            d => d,
+        }
+    }
+
+    /// Whether `runtime` names a runtime, agrees with `driver` when both are set, and has
+    /// the image an image runtime needs.
+    pub fn check_runtime(&self) -> Result<(), String> {
+        let Some(runtime) = self.runtime.as_deref() else {
+            return Ok(());
+        };
+        if !RUNTIMES.contains(&runtime) {
+            return Err(format!(
+                "unknown config.runtime {runtime:?}: one of {}",
+                RUNTIMES.join(", ")
+            ));
+        }
+        if let Some(driver) = self.driver.as_deref() {
+            if driver != self.driver() {
+                return Err(format!(
+                    "config.driver {driver:?} disagrees with config.runtime {runtime:?} \
+                     (driver {:?}); set only config.runtime",
+                    self.driver()
+                ));
+            }
+        }
+        if runtime != "process" && (self.image.is_empty() || self.image == "process") {
+            return Err(format!(
+                "config.runtime {runtime:?} runs an image: set config.image"
+            ));
+        }
+        Ok(())
     }
 
     /// The stop signal (default SIGINT, as Fly) and timeout (default 5 s, max 300 s).
@@ -457,6 +507,60 @@ impl MachineConfig {
 
 #[cfg(test)]
 mod tests {
+
+    fn with_runtime(runtime: &str, image: &str) -> MachineConfig {
+        MachineConfig {
+            runtime: Some(runtime.into()),
+            image: image.into(),
+            ..MachineConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_runtime_names_the_driver_and_the_driver_names_a_runtime() {
+        for (runtime, driver) in [
+            ("process", "process"),
+            ("runc", "oci"),
+            ("gvisor", "gvisor"),
+            ("microvm", "microvm"),
+        ] {
+            let cfg = with_runtime(runtime, "docker.io/library/busybox:latest");
+            assert_eq!(cfg.driver(), driver);
+            assert_eq!(cfg.runtime(), runtime);
+        }
+        let image = MachineConfig {
+            image: "busybox".into(),
+            ..MachineConfig::default()
+        };
+        assert_eq!(image.runtime(), "runc");
+        assert_eq!(MachineConfig::default().runtime(), "process");
+        let cfg: MachineConfig =
+            serde_json::from_value(serde_json::json!({"image": "busybox", "runtime": "gvisor"}))
+                .unwrap();
+        assert_eq!(cfg.driver(), "gvisor");
+        assert_eq!(serde_json::to_value(&cfg).unwrap()["runtime"], "gvisor");
+    }
+
+    #[test]
+    fn runtimes_are_checked() {
+        let err = with_runtime("kata", "busybox").check_runtime().unwrap_err();
+        assert!(
+            err.contains("unknown config.runtime") && err.contains("gvisor"),
+            "{err}"
+        );
+        let err = with_runtime("gvisor", "").check_runtime().unwrap_err();
+        assert!(err.contains("set config.image"), "{err}");
+        let mut cfg = with_runtime("gvisor", "busybox");
+        cfg.driver = Some("process".into());
+        let err = cfg.check_runtime().unwrap_err();
+        assert!(err.contains("disagrees"), "{err}");
+        cfg.runtime = Some("runc".into());
+        cfg.driver = Some("oci".into());
+        cfg.check_runtime().unwrap();
+        with_runtime("process", "").check_runtime().unwrap();
+        MachineConfig::default().check_runtime().unwrap();
+    }
+
     use super::*;
 
     #[test]

@@ -217,6 +217,7 @@ const STATIC: &[Field] = &[
 pub const CONFIG: &[Field] = &[
     used("image", Any),
     used("driver", Any),
+    used("runtime", Any),
     used("guest", Object(GUEST)),
     used("size", Any),
     used("init", Object(INIT)),

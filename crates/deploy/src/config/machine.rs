@@ -48,11 +48,7 @@ impl AppConfig {
     /// The guest size of a group: its `[[vm]]` (or the one without `processes`), else
     /// shared-cpu-1x.
     pub fn guest(&self, group: &str) -> Result<Guest, String> {
-        let vm = self
-            .vm
-            .iter()
-            .find(|v| v.processes.iter().any(|g| g == group))
-            .or_else(|| self.vm.iter().find(|v| v.processes.is_empty()));
+        let vm = self.vm_of(group);
         let mut guest = Guest::default();
         if let Some(vm) = vm {
             if let Some(Size(g)) = &vm.size {
@@ -103,6 +99,14 @@ impl AppConfig {
             .unwrap_or(Duration::from_secs(300))
     }
 
+    /// The `[[vm]]` of a process group: the one naming it, else the one naming none.
+    fn vm_of(&self, group: &str) -> Option<&super::Vm> {
+        self.vm
+            .iter()
+            .find(|v| v.processes.iter().any(|g| g == group))
+            .or_else(|| self.vm.iter().find(|v| v.processes.is_empty()))
+    }
+
     /// The machine config of one process group (without release metadata).
     pub fn machine_config(&self, group: &str) -> Result<MachineConfig, String> {
         let process = self.build.driver == Some(Driver::Process);
@@ -114,8 +118,11 @@ impl AppConfig {
             }),
             guest: Some(self.guest(group)?),
             priority: self.priority(group),
+            runtime: self.vm_of(group).and_then(|v| v.runtime.clone()),
             ..Default::default()
         };
+        cfg.check_runtime()
+            .map_err(|e| format!("[[vm]] runtime: {e}"))?;
         let e = &self.experimental;
         if e.cmd.is_some() || e.entrypoint.is_some() || e.exec.is_some() {
             let argv = |c: &Option<Command>| c.as_ref().map(|c| c.0.clone()).unwrap_or_default();

@@ -251,7 +251,8 @@ pub enum CheckKind {
     Tcp,
 }
 
-/// `[[vm]]`: a size preset, overridden by `cpus`, `memory`, `cpu_kind`.
+/// `[[vm]]`: a size preset, overridden by `cpus`, `memory`, `cpu_kind`; and `runtime`
+/// (bazaar: `config.runtime`, one of process, runc, gvisor, microvm).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Vm {
     #[serde(default)]
@@ -268,6 +269,8 @@ pub struct Vm {
     pub priority: Option<bazaar_types::priority::Priority>,
     #[serde(default)]
     pub processes: Vec<String>,
+    #[serde(default)]
+    pub runtime: Option<String>,
 }
 
 /// `shared` or `performance`.

@@ -245,3 +245,22 @@ fn a_vm_priority_becomes_the_groups_config_priority() {
         "{e}"
     );
 }
+
+#[test]
+fn vm_runtime_sets_the_machines_runtime() {
+    let l = parse(
+        "fly.toml",
+        "app = \"g\"\n[build]\nimage = \"busybox\"\n[[vm]]\nruntime = \"gvisor\"\n",
+    )
+    .unwrap();
+    let cfg = l.config.machine_config("app").unwrap();
+    assert_eq!(cfg.runtime.as_deref(), Some("gvisor"));
+    assert_eq!(cfg.driver(), "gvisor");
+    let l = parse(
+        "fly.toml",
+        "app = \"g\"\n[build]\nimage = \"busybox\"\n[[vm]]\nruntime = \"kata\"\n",
+    )
+    .unwrap();
+    let err = l.config.machine_config("app").unwrap_err();
+    assert!(err.contains("unknown config.runtime"), "{err}");
+}
