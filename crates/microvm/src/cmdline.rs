@@ -24,7 +24,14 @@ pub struct GuestBoot {
     pub net: Option<GuestNet>,
     /// The init's program path inside the guest.
     pub init: String,
+    /// Under TCG the kernel cannot calibrate its clock (no PIT/HPET reference on
+    /// `-machine microvm`, and it hangs there): the TSC's rate and the delay loop are given.
+    pub tcg: bool,
 }
+
+/// What a TCG guest is told instead of calibrating (`tsc: Unable to calibrate against
+/// PIT` hangs the boot otherwise); measured to boot in ~2 s (docs/benchmarks/microvm.md).
+pub const TCG_CLOCK_ARGS: [&str; 2] = ["tsc_early_khz=2000000", "lpj=4000000"];
 
 /// Why a `bazaar.*` key on the command line could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +62,9 @@ impl GuestBoot {
             "rootfstype=ext4".to_string(),
             format!("init={}", self.init),
         ];
+        if self.tcg {
+            parts.extend(TCG_CLOCK_ARGS.iter().map(|a| a.to_string()));
+        }
         if let Some(net) = &self.net {
             parts.push(format!("bazaar.ip={}/{}", net.address, net.prefix));
             parts.push(format!("bazaar.gw={}", net.gateway));
@@ -75,6 +85,7 @@ impl GuestBoot {
         let mut ip: Option<(Ipv4Addr, u8)> = None;
         let mut gw = None;
         let mut dns = Vec::new();
+        let mut tcg = false;
         for word in cmdline.split_whitespace() {
             let Some((key, value)) = word.split_once('=') else {
                 continue;
@@ -82,6 +93,7 @@ impl GuestBoot {
             match key {
                 "root" => root = Some(value.to_string()),
                 "init" => init = Some(value.to_string()),
+                "tsc_early_khz" => tcg = true,
                 "bazaar.ip" => {
                     let (addr, prefix) = value
                         .split_once('/')
@@ -135,6 +147,7 @@ impl GuestBoot {
             root: root.unwrap_or_else(|| "/dev/vda".to_string()),
             net,
             init: init.unwrap_or_else(|| GUEST_INIT.to_string()),
+            tcg,
         })
     }
 }
@@ -153,6 +166,7 @@ mod tests {
                 dns: vec![Ipv4Addr::new(172, 19, 4, 1), Ipv4Addr::new(9, 9, 9, 9)],
             }),
             init: GUEST_INIT.into(),
+            tcg: true,
         }
     }
 
@@ -163,7 +177,17 @@ mod tests {
         assert!(line.contains(
             " bazaar.ip=172.19.4.2/30 bazaar.gw=172.19.4.1 bazaar.dns=172.19.4.1,9.9.9.9"
         ));
+        assert!(
+            line.contains(" tsc_early_khz=2000000 lpj=4000000"),
+            "{line}"
+        );
         assert_eq!(GuestBoot::parse(&line).unwrap(), boot());
+        let kvm = GuestBoot {
+            tcg: false,
+            ..boot()
+        };
+        assert!(!kvm.to_cmdline().contains("tsc_early_khz"));
+        assert_eq!(GuestBoot::parse(&kvm.to_cmdline()).unwrap(), kvm);
     }
 
     #[test]
