@@ -40,12 +40,19 @@ fn run(cmd: &mut Command) {
 const INIT: &str = r#"#!/bin/busybox sh
 /bin/busybox mount -t proc proc /proc
 /bin/busybox mount -t devtmpfs dev /dev
+/bin/busybox mount -t sysfs sys /sys
 for m in virtio_ring virtio virtio_mmio virtio_blk failover net_failover virtio_net virtio_console; do
   /bin/busybox insmod /mods/$m.ko
 done
 /bin/busybox mkdir -p /newroot
 /bin/busybox mount -t ext4 /dev/vda /newroot && echo "root=$(/bin/busybox cat /newroot/hello)"
 echo "uname=$(/bin/busybox uname -r)"
+# virtio-serial ports come up after the driver's probe (control messages): wait for one.
+for i in $(/bin/busybox seq 100); do
+  [ -n "$(/bin/busybox cat /sys/class/virtio-ports/*/name 2>/dev/null)" ] && break
+  /bin/busybox sleep 0.1
+done
+echo "port=$(/bin/busybox cat /sys/class/virtio-ports/*/name)"
 echo "cmdline=$(/bin/busybox cat /proc/cmdline)"
 /bin/busybox poweroff -f
 "#;
@@ -62,6 +69,7 @@ fn a_microvm_boots_under_tcg_with_its_root_disk_and_command_line() {
         "initrd/mods",
         "initrd/proc",
         "initrd/dev",
+        "initrd/sys",
         "rootfs",
     ] {
         std::fs::create_dir_all(d.join(sub)).unwrap();
@@ -135,6 +143,8 @@ fn a_microvm_boots_under_tcg_with_its_root_disk_and_command_line() {
     };
     assert_eq!(line("root="), "the image's root");
     assert!(line("uname=").ends_with("-cloud-amd64"), "{console}");
+    // The exec port is there, under its name, for the init to serve exec on.
+    assert_eq!(line("port="), bazaar_microvm::qemu::EXEC_PORT);
     // The guest reads back what the agent wrote.
     assert_eq!(GuestBoot::parse(&line("cmdline=")).unwrap(), boot);
 }
