@@ -72,25 +72,14 @@ fn print_status(s: &QuotaStatus) {
     let limit = |l: Option<u64>| l.map_or("-".to_string(), |n| n.to_string());
     let mut t = Table::new();
     t.set_header(["", "limit", "in use"]);
-    t.add_row([
-        "machines".into(),
-        limit(s.limits.machines),
-        s.usage.machines.to_string(),
-    ]);
-    t.add_row([
-        "cpus".into(),
-        limit(s.limits.cpus),
-        s.usage.cpus.to_string(),
-    ]);
-    t.add_row([
-        "memory_mb".into(),
-        limit(s.limits.memory_mb),
-        s.usage.memory_mb.to_string(),
-    ]);
-    t.add_row([
-        "volume_gb".into(),
-        limit(s.limits.volume_gb),
-        s.usage.volume_gb.to_string(),
-    ]);
+    let rows = [
+        ("machines", s.limits.machines, s.usage.machines),
+        ("cpus", s.limits.cpus, s.usage.cpus),
+        ("memory_mb", s.limits.memory_mb, s.usage.memory_mb),
+        ("volume_gb", s.limits.volume_gb, s.usage.volume_gb),
+    ];
+    for (name, l, used) in rows {
+        t.add_row([name.to_string(), limit(l), used.to_string()]);
+    }
     println!("quota of {}\n{t}", s.scope);
 }
