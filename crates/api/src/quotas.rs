@@ -2,7 +2,7 @@
 //! `GET`/`POST /v1/orgs/{org}/quota` and `/v1/orgs/{org}/apps/{app}/quota`. Setting one
 //! publishes a catalog row of this node's own (`bazaar_catalog::QuotaRecord`; the latest
 //! write wins everywhere). Every node checks creates against the quotas and the use its own
-//! catalog holds, with no central store ([`check_machines`], [`check_volume`]): a refusal
+//! catalog holds, with no central store (`check_machines`, `check_volume`): a refusal
 //! is a 403 naming the quota and the numbers. The routes are under the org so that a token
 //! scoped to an app cannot raise its own quota.
 
