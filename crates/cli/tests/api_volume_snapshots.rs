@@ -299,6 +299,13 @@ async fn an_agent_killed_mid_snapshot_thaws_the_volume_when_it_comes_back() {
         .unwrap();
     // The API is asked through the other agent, which keeps the app while the owner is down.
     let fly = Fly::new(&agents[1 - owner]);
+    // The other agent learns of the volume by gossip.
+    bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let (s, _) = fly.get(&format!("/apps/crash/volumes/{vol}")).await;
+        (s == StatusCode::OK).then_some(())
+    })
+    .await
+    .expect("the volume reaches the other agent's catalog");
     let writer = machine_on(&fly, "crash", &vol, true).await;
     let ticks = agents[owner]
         .data_dir
