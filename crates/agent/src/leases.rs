@@ -6,7 +6,7 @@ use crate::agent::Agent;
 use crate::error::AgentError;
 use crate::record::{AsWorkload, MachineRecord};
 use crate::store::Batch;
-use bazaar_lifecycle::lease::{self, LeaseError, LeaseRequest};
+use bazaar_lifecycle::lease::{self, LeaseRequest};
 use bazaar_types::state::check_transition;
 use bazaar_types::{ids, now_ms};
 use std::collections::BTreeMap;
@@ -36,7 +36,7 @@ impl Agent {
             now_ms(),
             || ids::new_secret(6),
         )
-        .map_err(|e| lease_error(id, e))?;
+        .map_err(AgentError::from)?;
         rec.lease = Some(lease.clone());
         let mut b = Batch::default();
         b.machine(&rec);
@@ -57,7 +57,7 @@ impl Agent {
     pub async fn lease_release(&self, id: &str, nonce: Option<&str>) -> Result<(), AgentError> {
         let _guard = self.0.ledger.lock().await;
         let mut rec = self.load_live(id)?;
-        lease::release(id, rec.lease.as_ref(), nonce, now_ms()).map_err(|e| lease_error(id, e))?;
+        lease::release(id, rec.lease.as_ref(), nonce, now_ms()).map_err(AgentError::from)?;
         rec.lease = None;
         let mut b = Batch::default();
         b.machine(&rec);
@@ -98,7 +98,7 @@ impl Agent {
         nonce: Option<&str>,
     ) -> Result<(), AgentError> {
         for key in changes.keys() {
-            lease::validate_metadata_key(key).map_err(|e| lease_error(id, e))?;
+            lease::validate_metadata_key(key).map_err(AgentError::from)?;
         }
         let _guard = self.0.ledger.lock().await;
         let mut rec = self.load_live(id)?;
@@ -187,19 +187,10 @@ pub(crate) fn new_lease(
         now_ms(),
         || ids::new_secret(6),
     )
-    .map_err(|e| lease_error(&rec.id, e))
+    .map_err(AgentError::from)
 }
 
 /// Refuses a mutation of a leased machine unless `nonce` is the lease's.
 pub(crate) fn check_lease(rec: &MachineRecord, nonce: Option<&str>) -> Result<(), AgentError> {
-    lease::check(&rec.id, rec.lease.as_ref(), nonce, now_ms()).map_err(|e| lease_error(&rec.id, e))
-}
-
-/// The agent's answer to a refused lease call of machine `id`.
-fn lease_error(id: &str, err: LeaseError) -> AgentError {
-    match err {
-        LeaseError::Invalid(msg) => AgentError::Invalid(msg),
-        LeaseError::Conflict(msg) => AgentError::Conflict(msg),
-        LeaseError::NotFound => AgentError::LeaseNotFound(id.into()),
-    }
+    lease::check(&rec.id, rec.lease.as_ref(), nonce, now_ms()).map_err(AgentError::from)
 }

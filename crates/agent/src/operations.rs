@@ -12,6 +12,7 @@ use crate::record::{MachineRecord, OpKind, Operation};
 use crate::registry::ActorMsg;
 use crate::store::Batch;
 use crate::sync::lock;
+use bazaar_lifecycle::accept::accept;
 use bazaar_types::config::MachineConfig;
 use bazaar_types::config_fields;
 use bazaar_types::event::MachineEvent;
@@ -268,12 +269,9 @@ impl Agent {
     ) -> Result<Machine, AgentError> {
         let _ledger = self.0.ledger.lock().await;
         let mut rec = self.load_live(id)?;
-        check_lease(&rec, nonce)?;
         let kind = refine(&rec)?.unwrap_or(kind);
-        rec.desired = check_transition(rec.desired, kind.action())?;
+        let op = accept(&mut rec, kind, nonce, self.next_op_id(), "user", now_ms())?;
         let place = self.0.actors.reserve(id)?;
-        rec.updated_at_ms = now_ms();
-        let op = self.new_op(&mut rec, kind, "user");
         let mut b = Batch::default();
         b.machine(&rec).op(&op);
         self.commit(b).await?;

@@ -16,9 +16,9 @@ pub enum LeaseError {
     /// Another holder's lease stands in the way (Fly answers 409).
     #[error("{0}")]
     Conflict(String),
-    /// No lease is held.
-    #[error("no lease is held")]
-    NotFound,
+    /// Machine `.0` holds no lease.
+    #[error("machine {0} holds no lease")]
+    NotFound(String),
 }
 
 /// The longest lease, in seconds (Fly's limit: an hour).
@@ -114,7 +114,7 @@ pub fn release(
         ));
     };
     match held(stored, now_ms) {
-        None => Err(LeaseError::NotFound),
+        None => Err(LeaseError::NotFound(id.into())),
         Some(l) if l.nonce != nonce => Err(conflict(id, l)),
         Some(_) => Ok(()),
     }
@@ -292,11 +292,11 @@ mod tests {
         assert_eq!(release("m1", Some(&l), Some(&l.nonce), NOW), Ok(()));
         assert_eq!(
             release("m1", Some(&l), Some(&l.nonce), NOW + 10_000),
-            Err(LeaseError::NotFound)
+            Err(LeaseError::NotFound("m1".into()))
         );
         assert_eq!(
             release("m1", None, Some("x"), NOW),
-            Err(LeaseError::NotFound)
+            Err(LeaseError::NotFound("m1".into()))
         );
     }
 

@@ -1,6 +1,8 @@
 //! The machine lifecycle's rules, pure: what the agent decides about a machine, as functions
 //! of (record, event, now) with no clock, no store, no async runtime and no I/O of their own.
 //!
+//! - [`accept`]: an operation on an existing machine checked against its lease and the
+//!   state its queued operations leave, and the operation to record.
 //! - [`operation`]: what an operation does (its kind), the steps it is made of, where a
 //!   resumed operation goes on, and the state it leaves the machine in.
 //! - [`restart`]: the restart policy (Fly's `no`, `always`, `on-failure` with its retry
@@ -19,6 +21,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod accept;
 pub mod exit;
 pub mod lease;
 pub mod operation;

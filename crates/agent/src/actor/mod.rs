@@ -265,7 +265,7 @@ impl Actor {
                         "workload exited, restarting"
                     );
                 }
-                Some(self.op_for(&mut rec, kind, not_before_ms))
+                Some(self.agent.begin_op(&mut rec, kind, "flyd", not_before_ms))
             }
             AfterExit::Stop { reason } => {
                 b.event(
@@ -317,28 +317,6 @@ impl Actor {
                     attempt = rec.clone();
                 }
             }
-        }
-    }
-
-    fn op_for(&self, rec: &mut MachineRecord, kind: OpKind, not_before_ms: u64) -> Operation {
-        let run_id = kind.launches().then(|| {
-            let id = rec.next_run_id;
-            rec.next_run_id += 1;
-            id
-        });
-        Operation {
-            id: self
-                .agent
-                .0
-                .next_op_id
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst),
-            machine_id: rec.id.clone(),
-            kind,
-            steps_done: 0,
-            run_id,
-            not_before_ms,
-            source: "flyd".into(),
-            created_at_ms: now_ms(),
         }
     }
 
