@@ -49,6 +49,7 @@ fn spec(dir: &Path, argv: &[&str]) -> ShimSpec {
         log_max_bytes: 1 << 20,
         sandbox: None,
         cgroup_layout: None,
+        signal_argv: None,
     }
 }
 
