@@ -29,7 +29,7 @@ use crate::{user, ExitRecord, ShimSpec, EXIT_FILE, LOCK_FILE, PID_FILE, SPEC_FIL
 
 /// Signals sent to the shim that it passes on to the workload, so that `kill <shim>` acts
 /// like a stop. (SIGKILL of the shim kills the workload through the parent-death signal.)
-const FORWARDED: &[i32] = &[
+pub(crate) const FORWARDED: &[i32] = &[
     libc::SIGTERM,
     libc::SIGINT,
     libc::SIGHUP,
