@@ -337,9 +337,12 @@ impl ShimHandle {
     /// [`ShimError::NoCgroup`] if the run has no cgroup; [`ShimError::Io`] if the freezer
     /// fails or the run does not freeze within 2 s.
     pub fn freeze(&self) -> Result<(), ShimError> {
-        self.run_cgroup()?
-            .freeze()
-            .map_err(ShimError::io("freezing the run"))
+        let cgroup = self.run_cgroup()?;
+        cgroup.freeze().map_err(|err| {
+            // Not left half frozen: the run goes on as it was.
+            let _ = cgroup.thaw();
+            ShimError::io("freezing the run")(err)
+        })
     }
 
     /// Thaws a run frozen by [`ShimHandle::freeze`].
