@@ -45,7 +45,7 @@ pub struct Gvisor {
 }
 
 impl Gvisor {
-    /// Finds runsc in `PATH` and the first platform of [`PLATFORMS`] whose trial sandbox
+    /// Finds runsc in `PATH` and the first platform (`systrap`, `kvm`, `ptrace`) whose trial sandbox
     /// (`runsc do true`, in a state directory under `scratch` that is removed) runs here.
     /// `Err` says why this host cannot run gVisor machines.
     pub fn detect(scratch: &Path) -> Result<Gvisor, String> {

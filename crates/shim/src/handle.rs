@@ -57,7 +57,7 @@ pub struct ShimHandle {
     child: bool,
     /// A duplicate of `shim` registered with the tokio reactor, made on the first `wait`.
     exit_watch: OnceLock<AsyncFd<OwnedFd>>,
-    /// The shim delivers the signals it forwards itself ([`ShimSpec::signal_argv`]).
+    /// The shim delivers the signals it forwards itself (`ShimSpec::signal_argv`).
     signals_through_shim: bool,
 }
 

@@ -224,7 +224,7 @@ fn report(ready: &Ready) {
     }
 }
 
-/// Starts `argv` with [`crate::SIGNAL_PLACEHOLDER`] replaced by `sig`, without waiting
+/// Starts `argv` with `SIGNAL_PLACEHOLDER` replaced by `sig`, without waiting
 /// for it (the shim reaps it with its other children). Its output is dropped.
 fn deliver(argv: &[String], sig: i32) -> io::Result<()> {
     let mut args = argv
@@ -261,7 +261,7 @@ struct Run {
     cgroup: Option<Cgroup>,
     /// The cgroup's `oom_kill` counter before the run.
     oom_before: Option<u64>,
-    /// How forwarded signals are delivered ([`ShimSpec::signal_argv`]).
+    /// How forwarded signals are delivered (`ShimSpec::signal_argv`).
     signal_argv: Option<Vec<String>>,
 }
 
