@@ -189,10 +189,16 @@ fn hardware_virtualization() -> bool {
 fn trial(runsc: &Path, platform: &str, scratch: &Path) -> Result<u128, String> {
     let root = scratch.join(format!("gvisor-trial-{platform}"));
     let _ = std::fs::remove_dir_all(&root);
+    if let Err(e) = std::fs::create_dir_all(&root) {
+        return Err(format!("creating {}: {e}", root.display()));
+    }
     let t0 = Instant::now();
+    // `runsc do` makes its bundle in TMPDIR: there too, so that nothing of a trial that
+    // had to be killed is left outside the directory removed below.
     let child = Command::new(runsc)
+        .env("TMPDIR", &root)
         .arg("--root")
-        .arg(&root)
+        .arg(root.join("state"))
         .arg(format!("--platform={platform}"))
         .args(["--network=none", "do", "true"])
         .current_dir("/")
