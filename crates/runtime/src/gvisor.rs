@@ -20,6 +20,10 @@
 //!   machine's processes (runsc ignores it otherwise).
 //! - **Signals.** `runsc run` does not forward signals to the container, so the shim
 //!   delivers the ones it forwards with `runsc kill` ([`Gvisor::signal_argv`]).
+//! - **Standard streams.** runsc gives the files of its standard streams to the sandbox's
+//!   user (nobody): run on the host's `/dev/null`, it makes `/dev/null` nobody's. So no
+//!   runsc call here has `/dev/null` for one: they read (and `runsc kill` writes) a private
+//!   file of the run ([`stdio_file`]), and the shim's pipes take a run's output.
 //!
 //! Layout of a run: as runc's, with runsc's state in `runs/<run_id>/runsc/`.
 
@@ -97,10 +101,12 @@ impl Gvisor {
         ]
     }
 
-    /// `runsc run` of the bundle: what the shim runs. The container's pid is written where
-    /// runc's is ([`crate::oci::pid_file`]), so the run counts as started the same way.
+    /// `runsc run` of the bundle: what the shim runs, its input the run's [`stdio_file`].
+    /// The container's pid is written where runc's is ([`crate::oci::pid_file`]), so the
+    /// run counts as started the same way.
     pub fn run_argv(&self, run_dir: &Path, id: &str, bundle: &Path) -> Vec<String> {
-        let mut v = self.global(run_dir);
+        let mut v = redirected(run_dir, "<\"$0\"");
+        v.extend(self.global(run_dir));
         v.extend([
             "run".into(),
             "--pid-file".into(),
@@ -112,7 +118,8 @@ impl Gvisor {
         v
     }
 
-    /// `runsc exec` of `argv` in run `run_dir`'s container.
+    /// `runsc exec` of `argv` in run `run_dir`'s container (its caller gives it pipes:
+    /// `crate::exec`).
     pub fn exec_argv(&self, run_dir: &Path, id: &str, argv: &[String]) -> Vec<String> {
         let mut v = self.global(run_dir);
         v.extend(["exec".into(), id.into()]);
@@ -120,9 +127,11 @@ impl Gvisor {
         v
     }
 
-    /// `runsc kill` of run `run_dir`'s container, with `{signal}` for the shim to fill.
+    /// `runsc kill` of run `run_dir`'s container, with `{signal}` for the shim to fill; its
+    /// streams are the run's [`stdio_file`].
     pub fn signal_argv(&self, run_dir: &Path, id: &str) -> Vec<String> {
-        let mut v = self.global(run_dir);
+        let mut v = redirected(run_dir, "<\"$0\" >>\"$0\" 2>&1");
+        v.extend(self.global(run_dir));
         v.extend([
             "kill".into(),
             id.into(),
@@ -135,6 +144,35 @@ impl Gvisor {
 /// Where runsc keeps a run's state.
 fn state_dir(run_dir: &Path) -> PathBuf {
     run_dir.join("runsc")
+}
+
+/// The private file a run's runsc calls have for standard streams instead of `/dev/null`
+/// (made empty, mode 0600, by [`make_stdio_file`]).
+pub fn stdio_file(run_dir: &Path) -> PathBuf {
+    run_dir.join("runsc.stdio")
+}
+
+/// Makes a run's [`stdio_file`].
+pub fn make_stdio_file(run_dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(stdio_file(run_dir))
+        .map(drop)
+}
+
+/// `sh -c 'exec "$@" REDIRECTIONS' STDIO_FILE`: what runs the runsc command that follows
+/// with its streams redirected (`$0` is the run's [`stdio_file`]).
+fn redirected(run_dir: &Path, redirections: &str) -> Vec<String> {
+    vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        format!("exec \"$@\" {redirections}"),
+        stdio_file(run_dir).display().to_string(),
+    ]
 }
 
 /// Makes runc's bundle (`crate::oci`'s `config.json`) one runsc runs: no user namespace
@@ -189,21 +227,18 @@ fn hardware_virtualization() -> bool {
 fn trial(runsc: &Path, platform: &str, scratch: &Path) -> Result<u128, String> {
     let root = scratch.join(format!("gvisor-trial-{platform}"));
     let _ = std::fs::remove_dir_all(&root);
-    if let Err(e) = std::fs::create_dir_all(&root) {
-        return Err(format!("creating {}: {e}", root.display()));
-    }
     let t0 = Instant::now();
-    // `runsc do` makes its bundle in TMPDIR: there too, so that nothing of a trial that
-    // had to be killed is left outside the directory removed below.
+    // (`runsc do` makes its bundle in TMPDIR, where the sandbox, as nobody, reads it: not
+    // under the data dir, which may be closed to others. It removes it when it ends.) Its
+    // streams are pipes: runsc would make a `/dev/null` it was given nobody's.
     let child = Command::new(runsc)
-        .env("TMPDIR", &root)
         .arg("--root")
-        .arg(root.join("state"))
+        .arg(&root)
         .arg(format!("--platform={platform}"))
         .args(["--network=none", "do", "true"])
         .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn();
     let result = match child {
@@ -284,7 +319,29 @@ mod tests {
         );
         let kill = g.signal_argv(run, "m");
         assert_eq!(kill[kill.len() - 3..], ["kill", "m", "{signal}"]);
+        // No /dev/null for runsc's streams: the run's own file.
+        let stdio = "/d/machines/m/runs/3/runsc.stdio";
+        assert_eq!(
+            kill[..5],
+            [
+                "/bin/sh",
+                "-c",
+                "exec \"$@\" <\"$0\" >>\"$0\" 2>&1",
+                stdio,
+                "/usr/bin/runsc"
+            ]
+        );
         let runs = g.run_argv(run, "m", &run.join("bundle"));
+        assert_eq!(
+            runs[..5],
+            [
+                "/bin/sh",
+                "-c",
+                "exec \"$@\" <\"$0\"",
+                stdio,
+                "/usr/bin/runsc"
+            ]
+        );
         assert!(runs.ends_with(&[
             "--pid-file".into(),
             "/d/machines/m/runs/3/container.pid".into(),

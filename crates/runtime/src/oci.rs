@@ -427,6 +427,8 @@ impl OciRuntime {
         });
         if gvisor.is_some() {
             crate::gvisor::adapt_bundle(&mut spec);
+            crate::gvisor::make_stdio_file(run_dir)
+                .map_err(|e| LaunchError::io(S::Bundle, "making runsc's stdio file", &e))?;
         }
         write_file(
             &bundle.join("config.json"),
