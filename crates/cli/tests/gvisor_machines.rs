@@ -171,6 +171,27 @@ async fn gvisor_machines_run_sandboxed_with_their_address_volume_and_lifecycle()
         "{labels:?}"
     );
     assert!(!labels.contains_key("cannot_run_gvisor"), "{labels:?}");
+    // `bazaar hosts` shows it in its gvisor column.
+    let out = std::process::Command::new(EXE)
+        .arg("hosts")
+        .env("BAZAAR_API_URL", agent.url())
+        .env("BAZAAR_CLUSTER_SECRET", bazaar_testkit::TEST_SECRET)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let table = String::from_utf8(out.stdout).unwrap();
+    let header = table.lines().find(|l| l.contains("host")).unwrap();
+    let row = table.lines().find(|l| l.contains(&hosts[0].id)).unwrap();
+    let column = |line: &str| {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let at = header
+            .split('|')
+            .map(str::trim)
+            .position(|c| c == "gvisor")
+            .unwrap_or_else(|| panic!("no gvisor column: {table}"));
+        cells.get(at).map(|c| c.to_string())
+    };
+    assert_eq!(column(row).as_deref(), Some("ptrace"), "{table}");
 
     fly.create_app("web").await;
     fly.create_app("other").await;
