@@ -36,7 +36,7 @@ async fn push_image(registry: &TestRegistry) -> String {
     let layer = busybox_rootfs_layer(
         &[
             "sh", "httpd", "cat", "id", "nc", "printf", "echo", "ls", "sleep", "unshare", "arping",
-            "nslookup", "dmesg", "wc", "head",
+            "nslookup", "dmesg", "wc", "head", "dd",
         ],
         ("etc/motd", b"gvisor\n"),
     );
@@ -357,6 +357,22 @@ async fn gvisor_machines_run_sandboxed_with_their_address_volume_and_lifecycle()
         "the machine connected to a host listener: {out}"
     );
     assert!(!out.contains("rc=0"), "{out}");
+
+    // Held to its memory as a runc machine is: 400 MB in a 256 MB machine is killed by
+    // its cgroup, and the exit event says OOM.
+    let mut hog = config(&image, "gvisor");
+    hog["init"] =
+        json!({"exec": ["/bin/dd", "if=/dev/zero", "of=/dev/null", "bs=400M", "count=1"]});
+    hog["services"] = json!([]);
+    hog["restart"] = json!({"policy": "no"});
+    let (hog, _) = create(&fly, "other", hog).await;
+    let exit = bazaar_testkit::eventually(Duration::from_secs(30), || async {
+        let (_, ev) = fly.get(&format!("/apps/other/machines/{hog}/events")).await;
+        ev.as_array()?.iter().find(|e| e["type"] == "exit").cloned()
+    })
+    .await
+    .expect("the hog exits");
+    assert_eq!(exit["request"]["exit_event"]["oom_killed"], true, "{exit}");
 
     // Stopped: its stop signal (SIGINT, Fly's default) reaches its first process (`runsc
     // run` does not forward signals: `runsc kill` delivers it).

@@ -16,6 +16,9 @@
 //!   its address, the internal DNS on its gateway and the private network.
 //!   (`--network=sandbox` refuses to start on this kernel; `ip netns exec` would remount
 //!   `/sys` under runsc.)
+//! - **Cgroup.** `--ignore-cgroups`: the sandbox stays in the machine's cgroup, where the
+//!   shim put `runsc run` (its limits, freezer and kill, and its OOM kill count, which a
+//!   cgroup of runsc's own would take away with it when the sandbox ends).
 //! - **Seccomp.** `--oci-seccomp`: the bundle's allowlist is applied by the Sentry to the
 //!   machine's processes (runsc ignores it otherwise).
 //! - **Signals.** `runsc run` does not forward signals to the container, so the shim
@@ -98,6 +101,10 @@ impl Gvisor {
             // Writes go to the machine's layer through the gofer (its size limit holds),
             // not to the Sentry's memory.
             "--overlay2=none".into(),
+            // The sandbox stays in the machine's cgroup, where the shim put `runsc run`
+            // (limits, freezer, kill): a cgroup of runsc's own below it would be removed
+            // with the sandbox, and its OOM kill count with it.
+            "--ignore-cgroups".into(),
         ]
     }
 
@@ -176,13 +183,15 @@ fn redirected(run_dir: &Path, redirections: &str) -> Vec<String> {
 }
 
 /// Makes runc's bundle (`crate::oci`'s `config.json`) one runsc runs: no user namespace
-/// and no id mappings (see the module's doc); everything else as runc has it.
+/// and no id mappings (see the module's doc), no cgroup of its own (`--ignore-cgroups`);
+/// everything else as runc has it.
 pub fn adapt_bundle(spec: &mut Value) {
     let Some(linux) = spec.get_mut("linux").and_then(Value::as_object_mut) else {
         return;
     };
     linux.remove("uidMappings");
     linux.remove("gidMappings");
+    linux.remove("cgroupsPath");
     if let Some(namespaces) = linux.get_mut("namespaces").and_then(Value::as_array_mut) {
         namespaces.retain(|ns| ns["type"] != "user");
     }
@@ -279,6 +288,7 @@ mod tests {
         let mut spec = json!({"linux": {
             "uidMappings": [{"containerID": 0, "hostID": 200000, "size": 65536}],
             "gidMappings": [{"containerID": 0, "hostID": 200000, "size": 65536}],
+            "cgroupsPath": "/bazaar/h/m/ctr",
             "namespaces": [{"type": "user", "path": "/proc/1/ns/user"}, {"type": "pid"},
                            {"type": "network", "path": "/run/netns/m"}],
             "seccomp": {"defaultAction": "SCMP_ACT_ERRNO"},
@@ -311,6 +321,7 @@ mod tests {
                 "--network=host",
                 "--oci-seccomp",
                 "--overlay2=none",
+                "--ignore-cgroups",
                 "exec",
                 "m",
                 "cat",
