@@ -385,9 +385,9 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
     bazaar_types::replacement::validate(config).map_err(AgentError::Invalid)?;
     config.check_runtime().map_err(AgentError::Invalid)?;
     match config.driver() {
-        // Named by config.runtime; their drivers are not in this build, and a machine of
-        // one must not run as something weaker.
-        d @ ("gvisor" | "microvm") => {
+        // Named by config.runtime; its driver is not in this build, and a machine of it
+        // must not run as something weaker.
+        d @ "microvm" => {
             return Err(AgentError::Invalid(format!(
                 "this host cannot run {d} machines: missing {}",
                 bazaar_runtime::prerequisites::NOT_BUILT
@@ -398,7 +398,8 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
             driver::validate_command(&config.env, &argv).map_err(AgentError::Invalid)?;
             driver::work_files(config).map_err(AgentError::Invalid)?;
         }
-        "oci" => {
+        // gVisor runs the same bundle as runc (a host without runsc refuses it: runnable.rs).
+        "oci" | "gvisor" => {
             config
                 .image
                 .parse::<bazaar_image::Reference>()
