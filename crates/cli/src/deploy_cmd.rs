@@ -58,10 +58,15 @@ impl Target {
 
     /// Loads the config file, printing its warnings.
     fn load(&self) -> anyhow::Result<AppConfig> {
+        self.load_with(&bazaar_deploy::config::Overrides::default())
+    }
+
+    /// Loads the config file with what the command line sets over it.
+    fn load_with(&self, overrides: &bazaar_deploy::config::Overrides) -> anyhow::Result<AppConfig> {
         let path = self
             .config_path()
             .context("no app config: pass --config FILE or create bazaar.toml (or fly.toml)")?;
-        let loaded = bazaar_deploy::config::load(&path)?;
+        let loaded = bazaar_deploy::config::load_with(&path, overrides)?;
         for w in &loaded.warnings {
             eprintln!("warning: {w}");
         }
@@ -155,11 +160,17 @@ pub struct DeployArgs {
     /// Regions a first deploy spreads machines over (default: primary_region).
     #[arg(long, value_delimiter = ',')]
     regions: Vec<String>,
+    /// Deploy this image (built elsewhere) instead of `[build] image`, as `fly deploy
+    /// --image` does; the file's `[build]` build settings are then not used.
+    #[arg(long, value_name = "REF")]
+    image: Option<String>,
 }
 
 /// Runs `bazaar deploy`.
 pub async fn deploy(a: DeployArgs) -> anyhow::Result<()> {
-    let config = a.target.load()?;
+    let config = a.target.load_with(&bazaar_deploy::config::Overrides {
+        image: a.image.clone(),
+    })?;
     let client = a.target.client()?;
     let initial = Initial {
         count: a.count,

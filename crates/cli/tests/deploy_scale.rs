@@ -164,6 +164,28 @@ async fn scale_to_zero_and_back_across_regions_and_dry_runs_change_nothing() {
     assert_eq!(groups, vec!["app", "web", "worker"], "{out}");
     assert_eq!(ids_and_versions(&env.machines(app).await), before);
 
+    // A file that builds from a Dockerfile deploys an image built elsewhere with
+    // `--image`, as `fly deploy --image` does.
+    let dockerfile = FLY_TOML.replace(
+        "image = \"registry.fly.io/web:deployment-01HQXYZ\"",
+        "dockerfile = \"Dockerfile\"",
+    );
+    std::fs::write(&fly, &dockerfile).unwrap();
+    let (ok, _, err) = env.cli(&["deploy", "-c", fly.to_str().unwrap(), "--dry-run"]);
+    assert!(!ok && err.contains("[build] needs an `image`"), "{err}");
+    let built = "registry.example.com/web:built-elsewhere";
+    let (ok, out, err) = env.cli_json(&[
+        "deploy",
+        "-c",
+        fly.to_str().unwrap(),
+        "--image",
+        built,
+        "--dry-run",
+    ]);
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(out["plan"]["steps"].as_array().map(Vec::len), Some(3), "{out}");
+    assert_eq!(ids_and_versions(&env.machines(app).await), before);
+
     // A broken file: file, line and column, and what is wrong.
     let broken = env.dir.path().join("broken.toml");
     std::fs::write(

@@ -415,6 +415,20 @@ pub struct Loaded {
 
 /// Reads and checks a config file.
 pub fn load(path: &std::path::Path) -> Result<Loaded, ConfigError> {
+    load_with(path, &Overrides::default())
+}
+
+/// What the command line sets over the file (flyctl's `deploy --image`).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// The image to run instead of `[build] image` (a file without one, or one that names a
+    /// Dockerfile to build, then deploys this image).
+    pub image: Option<String>,
+}
+
+/// Loads the config file at `path` as [`load`] does, with `overrides` applied before it is
+/// checked.
+pub fn load_with(path: &std::path::Path, overrides: &Overrides) -> Result<Loaded, ConfigError> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
         file: file.clone(),
@@ -422,7 +436,7 @@ pub fn load(path: &std::path::Path) -> Result<Loaded, ConfigError> {
         col: None,
         message: format!("cannot read: {e}"),
     })?;
-    let mut loaded = parse(&file, &text)?;
+    let mut loaded = parse_with(&file, &text, overrides)?;
     let dir = path.parent().unwrap_or(std::path::Path::new("."));
     files::read_local(&mut loaded.config, dir).map_err(|message| ConfigError {
         file,
@@ -435,6 +449,11 @@ pub fn load(path: &std::path::Path) -> Result<Loaded, ConfigError> {
 
 /// Parses config text; `file` names it in errors and warnings.
 pub fn parse(file: &str, text: &str) -> Result<Loaded, ConfigError> {
+    parse_with(file, text, &Overrides::default())
+}
+
+/// Parses config text as [`parse`] does, with `overrides` applied before it is checked.
+pub fn parse_with(file: &str, text: &str, overrides: &Overrides) -> Result<Loaded, ConfigError> {
     let at = |span: Option<std::ops::Range<usize>>, message: String| {
         let (line, col) = match span {
             Some(s) => {
@@ -454,8 +473,26 @@ pub fn parse(file: &str, text: &str) -> Result<Loaded, ConfigError> {
     };
     let de = toml::Deserializer::parse(text).map_err(|e| at(e.span(), e.message().to_string()))?;
     let mut ignored = Vec::new();
-    let config: AppConfig = serde_ignored::deserialize(de, |path| ignored.push(path.to_string()))
-        .map_err(|e: toml::de::Error| at(e.span(), e.message().to_string()))?;
+    let mut config: AppConfig =
+        serde_ignored::deserialize(de, |path| ignored.push(path.to_string()))
+            .map_err(|e: toml::de::Error| at(e.span(), e.message().to_string()))?;
+    if let Some(image) = &overrides.image {
+        if config.build.driver == Some(Driver::Process) {
+            return Err(at(
+                None,
+                format!(
+                    "--image {image} runs an image, but [build] driver = \"process\" runs commands: remove one"
+                ),
+            ));
+        }
+        if image.trim().is_empty() || image.chars().any(char::is_whitespace) {
+            return Err(at(
+                None,
+                format!("--image {image:?} is not an image reference"),
+            ));
+        }
+        config.build.image = Some(image.clone());
+    }
     let mut warnings = Vec::new();
     let mut refused = Vec::new();
     for k in ignored {

@@ -159,6 +159,38 @@ fn process_driver_runs_the_commands() {
     assert!(l.warnings.is_empty(), "{:?}", l.warnings);
 }
 
+#[test]
+fn deploy_image_runs_a_file_without_an_image_or_over_its_own() {
+    let image = |i: &str| Overrides {
+        image: Some(i.into()),
+    };
+    // A real fly.toml that builds from a Dockerfile: `--image` deploys an image built
+    // elsewhere instead.
+    let dockerfile = "app = \"web\"\n[build]\n  dockerfile = \"Dockerfile\"\n";
+    let e = parse("fly.toml", dockerfile).unwrap_err();
+    assert!(e.message.contains("[build] needs an `image`"), "{e}");
+    let l = parse_with("fly.toml", dockerfile, &image("127.0.0.1:5000/web:v2")).unwrap();
+    let cfg = l.config.machine_config("app").unwrap();
+    assert_eq!(cfg.image, "127.0.0.1:5000/web:v2");
+    // Over the file's own image.
+    let l = parse_with("fly.toml", FLY_TOML, &image("registry.example/hello:v9")).unwrap();
+    assert_eq!(
+        l.config.build.image.as_deref(),
+        Some("registry.example/hello:v9")
+    );
+    // Not with the process driver, and not an empty reference.
+    let process =
+        "app = \"p\"\n[build]\ndriver = \"process\"\n[processes]\napp = [\"sleep\", \"1\"]\n";
+    let e = parse_with("bazaar.toml", process, &image("x:1")).unwrap_err();
+    assert!(e.message.contains("driver = \"process\""), "{e}");
+    for bad in ["", "a b"] {
+        assert!(
+            parse_with("fly.toml", dockerfile, &image(bad)).is_err(),
+            "{bad:?}"
+        );
+    }
+}
+
 fn error(text: &str) -> ConfigError {
     parse("fly.toml", text).unwrap_err()
 }
