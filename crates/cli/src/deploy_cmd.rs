@@ -56,12 +56,8 @@ impl Target {
         })
     }
 
-    /// Loads the config file, printing its warnings.
-    fn load(&self) -> anyhow::Result<AppConfig> {
-        self.load_with(&bazaar_deploy::config::Overrides::default())
-    }
-
-    /// Loads the config file with what the command line sets over it.
+    /// Loads the config file with what the command line sets over it, printing its
+    /// warnings.
     fn load_with(&self, overrides: &bazaar_deploy::config::Overrides) -> anyhow::Result<AppConfig> {
         let path = self
             .config_path()
