@@ -160,13 +160,32 @@ pub struct DeployArgs {
     /// --image` does; the file's `[build]` build settings are then not used.
     #[arg(long, value_name = "REF")]
     image: Option<String>,
+    /// Where an image built from the app's Dockerfile is pushed (HOST[:PORT], a registry
+    /// the cluster's hosts pull from); the deploy runs the pushed digest.
+    #[arg(long, env = "BAZAAR_REGISTRY", value_name = "HOST[:PORT]")]
+    registry: Option<String>,
+    /// A build argument for the Dockerfile (KEY=VALUE; repeatable; over `[build.args]`).
+    #[arg(long = "build-arg", value_name = "KEY=VALUE")]
+    build_args: Vec<String>,
+    /// A secret for the build, as buildah's `--secret` takes it (id=NAME,src=FILE;
+    /// repeatable): read by `RUN --mount=type=secret,id=NAME`, never kept in the image.
+    #[arg(long = "build-secret", value_name = "id=NAME,src=FILE")]
+    build_secrets: Vec<String>,
 }
 
 /// Runs `bazaar deploy`.
 pub async fn deploy(a: DeployArgs) -> anyhow::Result<()> {
-    let config = a.target.load_with(&bazaar_deploy::config::Overrides {
+    let mut config = a.target.load_with(&bazaar_deploy::config::Overrides {
         image: a.image.clone(),
+        ..Default::default()
     })?;
+    if let (None, Some(dockerfile)) = (&config.build.image, config.build.dockerfile.clone()) {
+        config.build.image = Some(if a.run.dry_run {
+            format!("(built from {dockerfile})")
+        } else {
+            build_image(&a, &config).await?
+        });
+    }
     let client = a.target.client()?;
     let initial = Initial {
         count: a.count,
@@ -179,6 +198,37 @@ pub async fn deploy(a: DeployArgs) -> anyhow::Result<()> {
     }
     let out = ops::deploy(&client, &config, &initial, &s, progress).await?;
     finish(&a.target, &out)
+}
+
+/// Builds the app's Dockerfile with buildah, pushes it to `--registry` and answers the
+/// pushed digest's reference (`bazaar_deploy::build`); the builder's output goes to stderr.
+async fn build_image(a: &DeployArgs, config: &AppConfig) -> anyhow::Result<String> {
+    let registry = a.registry.as_deref().context(
+        "building the app's Dockerfile needs --registry HOST[:PORT] (or BAZAAR_REGISTRY): where the cluster pulls the image from; or deploy an image built elsewhere with --image",
+    )?;
+    let file = a.target.config_path().context("no app config")?;
+    let dir = match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let unique = bazaar_types::ids::new_instance_id().to_lowercase();
+    let plan = bazaar_deploy::build::plan(
+        config,
+        &dir,
+        registry,
+        &unique,
+        &a.build_args,
+        &a.build_secrets,
+    )
+    .map_err(anyhow::Error::msg)?;
+    eprintln!(
+        "building {} from {} ...",
+        plan.tag,
+        plan.dockerfile.display()
+    );
+    let image = bazaar_deploy::build::build_and_push(&plan, |line| eprintln!("  {line}")).await?;
+    eprintln!("pushed {image}");
+    Ok(image)
 }
 
 /// Prints an outcome; a failure exits 1 (after the JSON, with `--json`).

@@ -183,7 +183,11 @@ async fn scale_to_zero_and_back_across_regions_and_dry_runs_change_nothing() {
         "--dry-run",
     ]);
     assert!(ok, "{out}\n{err}");
-    assert_eq!(out["plan"]["steps"].as_array().map(Vec::len), Some(3), "{out}");
+    assert_eq!(
+        out["plan"]["steps"].as_array().map(Vec::len),
+        Some(3),
+        "{out}"
+    );
     assert_eq!(ids_and_versions(&env.machines(app).await), before);
 
     // A broken file: file, line and column, and what is wrong.

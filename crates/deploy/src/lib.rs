@@ -6,6 +6,7 @@
 //! - [`plan`]: desired vs existing machines → create / update / keep / destroy, per group
 //!   and region (pure).
 //! - [`api`]: the small Machines API client deploys use.
+//! - [`build`]: the app's Dockerfile built with buildah, pushed, deployed by digest.
 //! - [`lease`]: short leases, refreshed while a deploy works.
 //! - [`health`]: waiting for a machine to be started and its checks passing.
 //! - [`execute`]: running a plan with a strategy, draining, automatic rollback.
@@ -18,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod build;
 pub mod config;
 pub mod execute;
 pub mod health;

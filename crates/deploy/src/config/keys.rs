@@ -1,7 +1,7 @@
 //! The keys of a file that bazaar does not act on. A key that would change where data
 //! lives or what runs is refused, with an error that names it and says why; only keys that
-//! change neither (a console command, image-build settings when `[build] image` is given,
-//! app metrics) are reported as warnings. A key bazaar does not know at all (a typo, a
+//! change neither (a console command, build settings bazaar's builds do not use, app
+//! metrics) are reported as warnings. A key bazaar does not know at all (a typo, a
 //! newer Fly key) is refused too: it might matter.
 
 /// What to do about one key.
@@ -38,12 +38,18 @@ const REFUSED: &[(&str, &str)] = &[
     ("services.ports.proxy_proto_options", "the proxy does not speak the PROXY protocol"),
     ("services.machine_checks", "bazaar does not run machine checks at deploy"),
     ("experimental", "it changes how machines run, and bazaar does not act on it"),
+    ("build.builder", "bazaar builds images from a Dockerfile (with buildah), not with buildpacks; add a Dockerfile or give [build] image"),
+    ("build.buildpacks", "bazaar builds images from a Dockerfile (with buildah), not with buildpacks; add a Dockerfile or give [build] image"),
+    ("build.builtin", "bazaar builds images from a Dockerfile (with buildah), not with Fly's builtin builders; add a Dockerfile or give [build] image"),
 ];
 
 /// Keys that change neither what runs nor where data lives.
 const COSMETIC: &[(&str, &str)] = &[
     ("console_command", "bazaar has no console command"),
-    ("build", "bazaar builds no images: it runs [build] image"),
+    (
+        "build",
+        "bazaar builds with `dockerfile`, `build-target` and [build.args] only",
+    ),
     ("metrics", "bazaar does not scrape app metrics"),
 ];
 
@@ -62,18 +68,21 @@ pub(super) fn judge(path: &str) -> Verdict {
         .filter(|s| s.parse::<usize>().is_err())
         .collect::<Vec<_>>()
         .join(".");
-    for (prefix, why) in COSMETIC {
-        if under(&key, prefix) {
-            return Verdict::Warn(format!("key `{key}` has no effect: {why}"));
-        }
-    }
-    // The most specific reason first (`vm.host_dedication_id` before `vm`).
-    let reason = REFUSED
+    // The most specific reason first (`vm.host_dedication_id` before `vm`, a refused
+    // `build.buildpacks` before the cosmetic rest of `build`).
+    let refused = REFUSED
         .iter()
         .filter(|(prefix, _)| under(&key, prefix))
         .max_by_key(|(prefix, _)| prefix.len())
-        .map(|(_, why)| *why)
-        .unwrap_or("bazaar does not know or act on it");
+        .map(|(_, why)| *why);
+    if refused.is_none() {
+        for (prefix, why) in COSMETIC {
+            if under(&key, prefix) {
+                return Verdict::Warn(format!("key `{key}` has no effect: {why}"));
+            }
+        }
+    }
+    let reason = refused.unwrap_or("bazaar does not know or act on it");
     Verdict::Refuse(format!("`{key}` ({reason})"))
 }
 
@@ -84,7 +93,8 @@ mod tests {
     #[test]
     fn keys_are_judged_by_their_path_without_indexes() {
         assert!(matches!(judge("console_command"), Verdict::Warn(_)));
-        assert!(matches!(judge("build.dockerfile"), Verdict::Warn(_)));
+        assert!(matches!(judge("build.ignorefile"), Verdict::Warn(_)));
+        assert!(matches!(judge("build.buildpacks"), Verdict::Refuse(_)));
         assert!(matches!(judge("metrics.0.port"), Verdict::Warn(_)));
         let Verdict::Refuse(m) = judge("services.0.ports.1.tls_options") else {
             panic!()

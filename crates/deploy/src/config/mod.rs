@@ -102,6 +102,16 @@ pub struct Build {
     pub image: Option<String>,
     #[serde(default)]
     pub driver: Option<Driver>,
+    /// The Dockerfile `bazaar deploy` builds the image from (relative to the config file;
+    /// a `Dockerfile` beside it is used when `[build]` names no image).
+    #[serde(default)]
+    pub dockerfile: Option<String>,
+    /// The Dockerfile stage to build (`build-target`).
+    #[serde(default, rename = "build-target")]
+    pub build_target: Option<String>,
+    /// Build arguments (`[build.args]`).
+    #[serde(default)]
+    pub args: BTreeMap<String, String>,
 }
 
 /// Which driver runs the machines.
@@ -424,6 +434,9 @@ pub struct Overrides {
     /// The image to run instead of `[build] image` (a file without one, or one that names a
     /// Dockerfile to build, then deploys this image).
     pub image: Option<String>,
+    /// The Dockerfile to build when `[build]` names neither an image nor a Dockerfile (a
+    /// `Dockerfile` found beside the config file).
+    pub default_dockerfile: Option<String>,
 }
 
 /// Loads the config file at `path` as [`load`] does, with `overrides` applied before it is
@@ -436,8 +449,14 @@ pub fn load_with(path: &std::path::Path, overrides: &Overrides) -> Result<Loaded
         col: None,
         message: format!("cannot read: {e}"),
     })?;
-    let mut loaded = parse_with(&file, &text, overrides)?;
     let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    let mut overrides = overrides.clone();
+    if dir.join("Dockerfile").is_file() {
+        overrides
+            .default_dockerfile
+            .get_or_insert_with(|| "Dockerfile".into());
+    }
+    let mut loaded = parse_with(&file, &text, &overrides)?;
     files::read_local(&mut loaded.config, dir).map_err(|message| ConfigError {
         file,
         line: None,
@@ -493,6 +512,12 @@ pub fn parse_with(file: &str, text: &str, overrides: &Overrides) -> Result<Loade
         }
         config.build.image = Some(image.clone());
     }
+    if config.build.image.is_none()
+        && config.build.dockerfile.is_none()
+        && config.build.driver != Some(Driver::Process)
+    {
+        config.build.dockerfile = overrides.default_dockerfile.clone();
+    }
     let mut warnings = Vec::new();
     let mut refused = Vec::new();
     for k in ignored {
@@ -529,9 +554,9 @@ fn validate(c: &AppConfig, warnings: &mut Vec<String>) -> Result<(), String> {
     if process && c.processes.is_empty() {
         return Err("[build] driver = \"process\" needs the commands to run in [processes]".into());
     }
-    if !process && c.build.image.is_none() {
+    if !process && c.build.image.is_none() && c.build.dockerfile.is_none() {
         return Err(
-            "[build] needs an `image`, or `driver = \"process\"` with commands in [processes]"
+            "[build] needs an `image` or a `dockerfile` to build it from (or a Dockerfile beside the config file), or `driver = \"process\"` with commands in [processes]"
                 .into(),
         );
     }

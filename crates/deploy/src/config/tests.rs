@@ -163,11 +163,13 @@ fn process_driver_runs_the_commands() {
 fn deploy_image_runs_a_file_without_an_image_or_over_its_own() {
     let image = |i: &str| Overrides {
         image: Some(i.into()),
+        ..Overrides::default()
     };
     // A real fly.toml that builds from a Dockerfile: `--image` deploys an image built
     // elsewhere instead.
     let dockerfile = "app = \"web\"\n[build]\n  dockerfile = \"Dockerfile\"\n";
-    let e = parse("fly.toml", dockerfile).unwrap_err();
+    let empty = "app = \"web\"\n[build]\n";
+    let e = parse("fly.toml", empty).unwrap_err();
     assert!(e.message.contains("[build] needs an `image`"), "{e}");
     let l = parse_with("fly.toml", dockerfile, &image("127.0.0.1:5000/web:v2")).unwrap();
     let cfg = l.config.machine_config("app").unwrap();

@@ -1,0 +1,168 @@
+//! `bazaar deploy` from source, as `fly deploy` builds: an app directory with a Dockerfile
+//! (`FROM scratch`, a static busybox, a page) and a fly.toml whose `[build]` is empty is
+//! built by buildah, pushed to the registry the cluster pulls from, deployed by digest and
+//! served through every proxy; a second deploy after a one-line change pushes only the
+//! changed layer. Root (image machines).
+
+mod deploy_support;
+
+use bazaar_testkit::images::{ensure_packages, TestRegistry};
+use deploy_support::*;
+use std::time::Duration;
+
+const FLY_TOML: &str = r#"app = "built"
+primary_region = "ams"
+
+[build]
+
+[http_service]
+  internal_port = 8080
+"#;
+
+const DOCKERFILE: &str = r#"FROM scratch
+COPY busybox /bin/busybox
+COPY www /www
+CMD ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]
+"#;
+
+/// Serves `page` through every proxy, eventually.
+async fn serves(env: &Env, page: &str) {
+    for a in &env.agents {
+        let url = a.proxy_url();
+        bazaar_testkit::eventually(Duration::from_secs(30), || {
+            let url = url.clone();
+            async move {
+                let r = env
+                    .http
+                    .get(&url)
+                    .header("host", "built.localhost")
+                    .send()
+                    .await
+                    .ok()?;
+                (r.text().await.ok()? == page).then_some(())
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{page:?} never served through {url}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dockerfile_is_built_pushed_and_deployed_by_digest() {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() == 0 };
+    if !bazaar_testkit::can_run(root, "root (image machines, buildah)") {
+        return;
+    }
+    ensure_packages();
+    assert!(
+        std::process::Command::new("buildah")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success()),
+        "buildah is needed (scripts/test installs it)"
+    );
+    let registry = TestRegistry::start(None);
+    let _built = BuiltImages(format!("{}/built", registry.host));
+    let env = Env::start();
+    let app_dir = env.dir.path().join("app");
+    std::fs::create_dir_all(app_dir.join("www")).unwrap();
+    std::fs::copy("/bin/busybox", app_dir.join("busybox")).unwrap();
+    std::fs::write(app_dir.join("Dockerfile"), DOCKERFILE).unwrap();
+    std::fs::write(app_dir.join("www/index.html"), "release one\n").unwrap();
+    let fly = app_dir.join("fly.toml");
+    std::fs::write(&fly, FLY_TOML).unwrap();
+    let fly = fly.to_str().unwrap();
+
+    // Without a registry to push to, the deploy says what it needs and changes nothing.
+    let (ok, _, err) = env.cli(&["deploy", "-c", fly]);
+    assert!(!ok && err.contains("--registry"), "{err}");
+    // A dry run plans without building.
+    let (ok, _, err) = env.cli(&["deploy", "-c", fly, "--dry-run"]);
+    assert!(ok, "{err}");
+    assert!(
+        !err.contains("buildah") && !err.contains("building"),
+        "{err}"
+    );
+    assert!(env.machines("built").await.is_empty());
+
+    let (ok, out, err) = env.cli(&["deploy", "-c", fly, "--registry", &registry.host]);
+    assert!(ok, "{out}\n{err}");
+    assert!(
+        err.contains("STEP") || err.contains("COPY"),
+        "the builder's progress: {err}"
+    );
+    let machines = env.machines("built").await;
+    assert_eq!(machines.len(), 1, "{machines:?}");
+    let image = machines[0]["config"]["image"].as_str().unwrap().to_string();
+    let pinned = format!("{}/built@sha256:", registry.host);
+    assert!(image.starts_with(&pinned), "deployed by digest: {image}");
+    serves(&env, "release one\n").await;
+
+    // One changed line: only its layer is pushed again; the new digest is deployed.
+    std::fs::write(app_dir.join("www/index.html"), "release two\n").unwrap();
+    let (ok, out, err) = env.cli(&["deploy", "-c", fly, "--registry", &registry.host]);
+    assert!(ok, "{out}\n{err}");
+    let machines = env.machines("built").await;
+    let second = machines[0]["config"]["image"].as_str().unwrap().to_string();
+    assert!(second.starts_with(&pinned) && second != image, "{second}");
+    serves(&env, "release two\n").await;
+    let (one, two) = (
+        layers(&env, &registry.host, &image).await,
+        layers(&env, &registry.host, &second).await,
+    );
+    assert_eq!(one.len(), 2, "{one:?}");
+    assert_eq!(
+        one[0], two[0],
+        "the busybox layer is the same blob, not pushed again"
+    );
+    assert_ne!(one[1], two[1], "the changed page is a new layer");
+}
+
+/// The layer digests of the pushed image `pinned` (`HOST/REPO@DIGEST`), from the registry.
+async fn layers(env: &Env, host: &str, pinned: &str) -> Vec<String> {
+    let (repo, digest) = pinned
+        .strip_prefix(&format!("{host}/"))
+        .and_then(|r| r.split_once('@'))
+        .unwrap();
+    let manifest: serde_json::Value = env
+        .http
+        .get(format!("http://{host}/v2/{repo}/manifests/{digest}"))
+        .header(
+            "accept",
+            "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json",
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Removes the images a test built from the host's buildah storage.
+struct BuiltImages(String);
+
+impl Drop for BuiltImages {
+    fn drop(&mut self) {
+        let listed = std::process::Command::new("buildah")
+            .args(["images", "--format", "{{.Name}}:{{.Tag}}"])
+            .output();
+        for name in listed
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+            .lines()
+            .filter(|n| n.starts_with(&self.0))
+        {
+            let _ = std::process::Command::new("buildah")
+                .args(["rmi", "-f", name])
+                .output();
+        }
+    }
+}
