@@ -1,6 +1,7 @@
 //! `bazaar sim`: builds a scenario from a TOML file and flags, runs every policy on it,
 //! prints the comparison table (deterministic: no wall-clock figures on stdout; those go to
-//! stderr), writes CSV and SVG with `--out`, and runs the theory checks with `--theory`.
+//! stderr), writes CSV and SVG with `--out`, runs the theory checks with `--theory` and the oversubscription experiment with
+//! `--reclaim`.
 
 use crate::config::{Failures, Lifetime, Scenario};
 use crate::{engine, policy, report, theory};
@@ -75,6 +76,11 @@ pub struct SimArgs {
     /// Also print the table as Markdown.
     #[arg(long)]
     pub markdown: bool,
+    /// Run the oversubscription experiment instead: services with a daily load plus batch
+    /// work, without reclamation, with reclamation and preemption, with reclamation only
+    /// (uses --hosts, default 200, and --seed).
+    #[arg(long)]
+    pub reclaim: bool,
     /// Run the theory checks (balls into bins, supermarket model, JIQ) instead.
     #[arg(long)]
     pub theory: bool,
@@ -156,6 +162,15 @@ pub fn execute(args: &SimArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         for (name, what) in policy::POLICIES {
             writeln!(out, "{name:20} {what}")?;
         }
+        return Ok(());
+    }
+    if args.reclaim {
+        let hosts = args.hosts.unwrap_or(200);
+        write!(
+            out,
+            "{}",
+            crate::reclaim::report(hosts, 2, args.seed.unwrap_or(1))
+        )?;
         return Ok(());
     }
     if args.theory {

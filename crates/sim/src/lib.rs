@@ -9,6 +9,7 @@
 //!   direct placement and central schedulers each in a module of their own).
 //! - [`metrics`]: what a run measures.
 //! - [`theory`]: balls into bins and the supermarket model, measured against formulas.
+//! - [`reclaim`]: oversubscription with reclamation and preemption (`--reclaim`).
 //! - [`report`]: the comparison table, CSV and SVG.
 //! - [`cli`]: `bazaar sim`.
 #![forbid(unsafe_code)]
@@ -19,5 +20,6 @@ pub mod engine;
 pub mod fleet;
 pub mod metrics;
 pub mod policy;
+pub mod reclaim;
 pub mod report;
 pub mod theory;

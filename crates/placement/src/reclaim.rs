@@ -1,0 +1,130 @@
+//! Reclaiming what services reserve and do not use (Borg's rule, docs/POLICY.md): each
+//! machine's reservation starts at its request; after a start-up grace it decays towards its
+//! measured use plus a safety margin, a fraction of the gap per observation, and rises at once
+//! (to use plus margin, at most the request) when use grows past it. A host offers `batch`
+//! machines its capacity minus the reservations (not minus the requests): that difference is
+//! the reclaimed capacity, and batch machines running in it are the first stopped when a
+//! service needs its reservation back ([`to_stop`]). Pure: units are the ledger's (millicpus
+//! or MiB); the caller measures use and keeps the clock.
+
+/// The parameters of the rule (defaults: Borg's shape, documented in docs/POLICY.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reclaim {
+    /// The safety margin over measured use, in percent of the use.
+    pub margin_pct: u64,
+    /// The share of the gap between reservation and target closed per observation, in
+    /// percent (10 with an observation every 5 s: about half the gap in 35 s).
+    pub decay_pct: u64,
+    /// Observations after a start during which the reservation stays at the request (Borg:
+    /// ~300 s of start-up; 60 observations of 5 s).
+    pub grace_observations: u32,
+}
+
+impl Default for Reclaim {
+    fn default() -> Reclaim {
+        Reclaim {
+            margin_pct: 20,
+            decay_pct: 10,
+            grace_observations: 60,
+        }
+    }
+}
+
+impl Reclaim {
+    /// The reservation after one more observation of `used`, for a machine of `request`
+    /// whose reservation is `reservation`, observed `age` times since it started.
+    pub fn next(&self, request: u64, reservation: u64, used: u64, age: u32) -> u64 {
+        if age < self.grace_observations {
+            return request;
+        }
+        let target = used
+            .saturating_add(used.saturating_mul(self.margin_pct) / 100)
+            .min(request);
+        if target >= reservation {
+            // Use grew past what was kept: back up at once.
+            return target;
+        }
+        let gap = reservation - target;
+        // At least one unit per observation, so a reservation reaches its target.
+        let step = (gap.saturating_mul(self.decay_pct) / 100).max(1).min(gap);
+        reservation - step
+    }
+}
+
+/// What a host may offer `batch` machines: its capacity minus every reservation and every
+/// batch machine already running (never below zero).
+pub fn batch_room(capacity: u64, reservations: u64, batch: u64) -> u64 {
+    capacity.saturating_sub(reservations.saturating_add(batch))
+}
+
+/// Which batch machines to stop, newest first, so that reservations and the batch machines
+/// left fit the capacity again: `batch` lists each batch machine's size, oldest first.
+/// Answers how many of the newest to stop.
+pub fn to_stop(capacity: u64, reservations: u64, batch: &[u64]) -> usize {
+    let mut running: u64 = batch.iter().sum();
+    let mut stopped = 0;
+    for size in batch.iter().rev() {
+        if reservations.saturating_add(running) <= capacity {
+            break;
+        }
+        running -= size;
+        stopped += 1;
+    }
+    stopped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const R: Reclaim = Reclaim {
+        margin_pct: 20,
+        decay_pct: 10,
+        grace_observations: 3,
+    };
+
+    #[test]
+    fn the_reservation_starts_at_the_request_and_decays_towards_use_plus_margin() {
+        // During the grace, whatever the use.
+        for age in 0..3 {
+            assert_eq!(R.next(1000, 1000, 100, age), 1000);
+        }
+        // Then a tenth of the gap per observation, towards 100 + 20 % = 120.
+        let mut r = 1000;
+        r = R.next(1000, r, 100, 3);
+        assert_eq!(r, 1000 - 88);
+        for age in 4..200 {
+            r = R.next(1000, r, 100, age);
+            assert!(r >= 120, "never below use plus margin: {r}");
+        }
+        assert_eq!(r, 120, "it reaches the target");
+    }
+
+    #[test]
+    fn use_past_the_reservation_raises_it_at_once_but_never_past_the_request() {
+        assert_eq!(R.next(1000, 200, 500, 10), 600);
+        assert_eq!(R.next(1000, 200, 900, 10), 1000, "at most the request");
+        assert_eq!(
+            R.next(1000, 600, 500, 10),
+            600,
+            "use plus margin is the reservation"
+        );
+    }
+
+    #[test]
+    fn batch_gets_capacity_minus_reservations_and_running_batch() {
+        assert_eq!(batch_room(16_000, 6_000, 4_000), 6_000);
+        assert_eq!(batch_room(16_000, 14_000, 4_000), 0);
+    }
+
+    #[test]
+    fn the_newest_batch_machines_stop_first_and_only_as_many_as_needed() {
+        // 10,000 reserved, batch of 2,000 + 3,000 + 1,000 on 16,000: fits.
+        assert_eq!(to_stop(16_000, 10_000, &[2_000, 3_000, 1_000]), 0);
+        // A service takes 2,500 back: the newest (1,000) and the next (3,000) go.
+        assert_eq!(to_stop(16_000, 12_500, &[2_000, 3_000, 1_000]), 2);
+        assert_eq!(to_stop(16_000, 13_000, &[2_000, 3_000, 1_000]), 2);
+        assert_eq!(to_stop(16_000, 14_001, &[2_000, 3_000, 1_000]), 3);
+        assert_eq!(to_stop(16_000, 20_000, &[]), 0);
+    }
+}
