@@ -385,6 +385,9 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
     refuse_unsupported(config, &guest)?;
     config.rootfs_size_gb().map_err(AgentError::Invalid)?;
     bazaar_types::replacement::validate(config).map_err(AgentError::Invalid)?;
+    if let Some(p) = &config.placement {
+        p.validate().map_err(AgentError::Invalid)?;
+    }
     config.check_runtime().map_err(AgentError::Invalid)?;
     match config.driver() {
         // Named by config.runtime; their drivers are not in this build, and a machine of

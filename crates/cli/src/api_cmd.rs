@@ -494,6 +494,20 @@ fn print_placement(p: &PlacementRecord) {
     for e in &p.excluded {
         println!("excluded {}: {}", e.host_id, e.reason);
     }
+    if !p.verdicts.is_empty() {
+        // Each host's verdict under the machine's `config.placement`.
+        let mut t = Table::new();
+        t.set_header(["host", "verdict", "affinity", "spread"]);
+        for v in &p.verdicts {
+            t.add_row([
+                v.host_id.clone(),
+                v.excluded.clone().unwrap_or_else(|| "may take it".into()),
+                format!("{:+.2}", v.affinity),
+                format!("{:+.2}", v.spread),
+            ]);
+        }
+        println!("placement policy, host by host:\n{t}");
+    }
     println!("winner: {}", Value::from(p.winners.clone()));
 }
 
