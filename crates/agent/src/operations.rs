@@ -266,24 +266,39 @@ impl Agent {
         kind: OpKind,
         refine: impl FnOnce(&MachineRecord) -> Result<Option<OpKind>, AgentError>,
     ) -> Result<Machine, AgentError> {
-        let _ledger = self.0.ledger.lock().await;
+        let mut ledger = self.0.ledger.lock().await;
         let mut rec = self.load_live(id)?;
         check_lease(&rec, nonce)?;
         let kind = refine(&rec)?.unwrap_or(kind);
         rec.desired = check_transition(rec.desired, kind.action())?;
         let place = self.0.actors.reserve(id)?;
         rec.updated_at_ms = now_ms();
+        // A preempted machine gave its resources away: starting it takes them again, or is
+        // refused for capacity (`preempt.rs`).
+        let recommit = rec.preempted_by.is_some()
+            && matches!(kind.action(), bazaar_types::state::Action::Start);
+        if recommit {
+            ledger
+                .commit(id, rec.resources)
+                .map_err(crate::error::capacity_error)?;
+            rec.preempted_by = None;
+        }
         let op = self.new_op(&mut rec, kind, "user");
         let mut b = Batch::default();
         b.machine(&rec).op(&op);
-        self.commit(b).await?;
-        drop(_ledger);
+        if let Err(err) = self.commit(b).await {
+            if recommit {
+                ledger.uncommit(id);
+            }
+            return Err(err);
+        }
+        drop(ledger);
         self.enqueue(&rec, op, place).await
     }
 
     /// Hands a recorded operation to the machine's actor, in the place `place` taken in its
     /// channel before the operation was recorded.
-    async fn enqueue(
+    pub(crate) async fn enqueue(
         &self,
         rec: &MachineRecord,
         op: Operation,
@@ -305,7 +320,7 @@ impl Agent {
     }
 }
 
-fn stop_params(config: &MachineConfig, req: &StopRequest) -> (Signal, Duration) {
+pub(crate) fn stop_params(config: &MachineConfig, req: &StopRequest) -> (Signal, Duration) {
     let (sig, timeout) = config.stop_signal_and_timeout();
     (
         req.signal.unwrap_or(sig),

@@ -82,6 +82,10 @@ pub struct MachineRecord {
     /// The ownership epoch (0, or above the copy this one re-placed; `fence.rs`).
     #[serde(default)]
     pub epoch: u64,
+    /// Stopped by preemption for this machine (`preempt.rs`): the machine holds no
+    /// commitment in the ledger until it starts again, which commits it first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted_by: Option<String>,
     // How the exchange placed the machine is stored apart (`Store::placement`).
 }
 
@@ -111,6 +115,9 @@ impl MachineRecord {
         if stored.instance_id != before.instance_id || stored.config != before.config {
             self.config = stored.config.clone();
             self.instance_id = stored.instance_id.clone();
+        }
+        if stored.preempted_by != before.preempted_by {
+            self.preempted_by = stored.preempted_by.clone();
         }
         if stored.resources != before.resources {
             self.resources = stored.resources;

@@ -353,8 +353,30 @@ impl Api {
                 break;
             }
         }
+        // No host had room: hosts may stop lower-class machines for it (`preemption.rs`).
+        let mut preempted = false;
+        if machines.len() < order.count && unanswered.is_empty() && record.winners.is_empty() {
+            let placement_id = record.placement_id.clone();
+            if let Some(m) = self
+                .preempt_round(
+                    &order,
+                    &groups,
+                    &cands,
+                    &addrs,
+                    &policy,
+                    &placement_id,
+                    &mut record,
+                )
+                .await
+            {
+                machines.push(m);
+            }
+            preempted = !record.winners.is_empty();
+        }
         record.elapsed_us = started.elapsed().as_micros() as u64;
-        record.reason = if order.dry_run {
+        record.reason = if preempted {
+            std::mem::take(&mut record.reason)
+        } else if order.dry_run {
             format!(
                 "dry run: {} of {} would be placed",
                 record.winners.len(),
@@ -390,6 +412,8 @@ impl Api {
                 memory_mb: order.size.memory_mb,
                 ttl_ms: Some(ttl),
                 driver: Some(order.template.config.driver().to_string()),
+                priority: order.template.config.priority,
+                preempt: false,
             };
             let host_id = host_id.clone();
             let api = self.clone();
@@ -448,6 +472,7 @@ impl Api {
                     AskOutcome::Bid {
                         score,
                         reservation_id,
+                        victims: Vec::new(),
                     }
                 }
                 Ok(BidResponse::Refusal {
@@ -482,6 +507,21 @@ impl Api {
             offers,
             retryable,
         )
+    }
+
+    /// Claims a reservation (or preemption bid) on `host`.
+    pub(crate) async fn claim_at(
+        &self,
+        host: &HostAddr,
+        reservation_id: &str,
+        claim: &ClaimRequest,
+    ) -> Result<Machine, HostCallError> {
+        self.claim(host, reservation_id, claim).await
+    }
+
+    /// Releases offers (a lost release only means the reservation expires).
+    pub(crate) async fn release_offers(&self, offers: &[Offer], addrs: &HashMap<String, HostAddr>) {
+        self.release_all(offers, addrs).await
     }
 
     async fn claim(

@@ -477,6 +477,9 @@ fn print_placement(p: &PlacementRecord) {
     for (i, r) in p.rounds.iter().enumerate() {
         for ask in &r.asked {
             let answer = match &ask.outcome {
+                AskOutcome::Bid { score, victims, .. } if !victims.is_empty() => {
+                    format!("preemption bid {score:.3}, stopping {}", victims.join(", "))
+                }
                 AskOutcome::Bid { score, .. } => format!("bid {score:.3}"),
                 AskOutcome::Refused { reason } => format!("refused: {reason}"),
                 AskOutcome::NoAnswer { error } => format!("no_answer: {error}"),

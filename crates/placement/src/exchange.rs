@@ -253,6 +253,9 @@ pub enum AskOutcome {
     Bid {
         score: f64,
         reservation_id: String,
+        /// A preemption bid: the machines the host would stop, each `id (class)`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        victims: Vec<String>,
     },
     Refused {
         reason: String,
