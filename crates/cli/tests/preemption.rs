@@ -23,7 +23,8 @@ fn machine(priority: &str, host: Option<&str>) -> Value {
 }
 
 async fn create(fly: &Fly, priority: &str, host: Option<&str>) -> (StatusCode, Value) {
-    fly.post("/apps/pre/machines", machine(priority, host)).await
+    fly.post("/apps/pre/machines", machine(priority, host))
+        .await
 }
 
 async fn state(fly: &Fly, id: &str) -> Value {
@@ -94,7 +95,11 @@ async fn a_critical_machine_stops_a_batch_one_never_the_reverse() {
         format!("stopped for machine {critical} (critical) by preemption")
     );
     for id in &ids[1..] {
-        assert_eq!(state(&fly, id).await["state"], "started", "defaults untouched");
+        assert_eq!(
+            state(&fly, id).await["state"],
+            "started",
+            "defaults untouched"
+        );
     }
     // The record shows both hosts' preemption bids and the winner.
     let (s, p) = fly
