@@ -177,9 +177,21 @@ impl Agent {
         let desired = check_transition(rec.desired, kind.action())?;
         let place = self.0.actors.reserve(id)?;
         let previous_resources = rec.resources;
-        if resources != previous_resources {
+        // A preempted machine that an update launches takes its resources again first.
+        let was_preempted = rec.preempted_by.is_some() && !req.skip_launch;
+        if resources != previous_resources || was_preempted {
             ledger.commit(id, resources).map_err(capacity_error)?;
         }
+        if was_preempted {
+            rec.preempted_by = None;
+        }
+        let undo = |ledger: &mut bazaar_placement::Ledger| {
+            if was_preempted {
+                ledger.uncommit(id);
+            } else {
+                ledger.restore(id, previous_resources);
+            }
+        };
         let previous = rec.clone();
         rec.config = req.config.clone();
         rec.resources = resources;
@@ -205,7 +217,7 @@ impl Agent {
             .assign_ports(&mut rec)
             .and_then(|()| self.assign_user(&mut rec))
         {
-            ledger.restore(id, previous_resources);
+            undo(&mut ledger);
             return Err(err);
         }
         let op = self.new_op(&mut rec, kind, "user");
@@ -214,7 +226,7 @@ impl Agent {
             .event(&mut rec, MachineEvent::new("update", "updating", "user"));
         b.machine(&rec).op(&op);
         if let Err(err) = self.commit(b).await {
-            ledger.restore(id, previous_resources);
+            undo(&mut ledger);
             return Err(err);
         }
         let freed: Vec<u16> = previous

@@ -36,10 +36,22 @@ impl Agent {
         expires_at_ms: u64,
     ) -> Result<BidResponse, AgentError> {
         let priority = req.priority.unwrap_or_default();
-        let named: Vec<String> = lock(&self.0.preemptions)
-            .values()
-            .flat_map(|p| p.victims.clone())
-            .collect();
+        let named: Vec<String> = {
+            let mut open = lock(&self.0.preemptions);
+            // Bids never claimed nor released (the exchange went away) end at their expiry.
+            let now = bazaar_types::now_ms();
+            let expired: Vec<String> = open
+                .iter()
+                .filter(|(_, p)| p.expires_at_ms <= now)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in expired {
+                if let Some(p) = open.remove(&id) {
+                    p.release(ledger);
+                }
+            }
+            open.values().flat_map(|p| p.victims.clone()).collect()
+        };
         let running: Vec<Victim> = self
             .0
             .store
@@ -118,9 +130,13 @@ impl Agent {
         if self.0.store.machine(&preemptor)?.is_some() {
             return self.machine(&preemptor).await;
         }
+        // Claimed: another bid's clean-up must not end it while its victims stop.
         let victims = lock(&self.0.preemptions)
-            .get(reservation_id)
-            .map(|p| p.victims.clone())
+            .get_mut(reservation_id)
+            .map(|p| {
+                p.expires_at_ms = u64::MAX;
+                p.victims.clone()
+            })
             .ok_or_else(|| AgentError::ReservationNotFound(reservation_id.into()))?;
         let class = req.config.priority();
         let result = self.stop_victims(&victims, &preemptor, class).await;

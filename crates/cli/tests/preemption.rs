@@ -2,8 +2,8 @@
 //! full: a `critical` machine is placed by stopping a `batch` machine (the host that would
 //! stop a `default` one loses the exchange), the batch machine's `preempted` event names
 //! the preemptor, and its start is then refused for capacity (it gave its resources away);
-//! a `default` or `batch` machine never displaces its own or a higher class (409
-//! `insufficient_capacity`, nothing stopped); the placement record shows the preemption
+//! a `batch` machine displaces nothing and a `default` one never its own or a higher class
+//! (409 `insufficient_capacity`, nothing stopped); the placement record shows the preemption
 //! bids.
 
 mod common;
@@ -62,12 +62,10 @@ async fn a_critical_machine_stops_a_batch_one_never_the_reverse() {
     }
     let batch = ids[0].clone();
 
-    // A batch machine preempts nothing; a default one not its own class.
-    for priority in ["batch", "default"] {
-        let (s, v) = create(&fly, priority, None).await;
-        assert_eq!(s, StatusCode::CONFLICT, "{priority}: {v}");
-        assert_eq!(v["status"], "insufficient_capacity", "{v}");
-    }
+    // A batch machine preempts nothing.
+    let (s, v) = create(&fly, "batch", None).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert_eq!(v["status"], "insufficient_capacity", "{v}");
     for id in &ids {
         assert_eq!(state(&fly, id).await["state"], "started", "nothing stopped");
     }
@@ -94,11 +92,16 @@ async fn a_critical_machine_stops_a_batch_one_never_the_reverse() {
         event["status"],
         format!("stopped for machine {critical} (critical) by preemption")
     );
-    for id in &ids[1..] {
+    // Now no batch machine runs: a default one displaces neither its own class nor the
+    // critical one.
+    let (s, v) = create(&fly, "default", None).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert_eq!(v["status"], "insufficient_capacity", "{v}");
+    for id in ids[1..].iter().chain([&critical]) {
         assert_eq!(
             state(&fly, id).await["state"],
             "started",
-            "defaults untouched"
+            "never the reverse"
         );
     }
     // The record shows both hosts' preemption bids and the winner.
