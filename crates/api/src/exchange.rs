@@ -366,6 +366,7 @@ impl Api {
                     &policy,
                     &placement_id,
                     &mut record,
+                    started,
                 )
                 .await
             {

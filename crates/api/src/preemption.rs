@@ -33,6 +33,7 @@ impl Api {
         policy: &PlacementPolicy,
         placement_id: &str,
         record: &mut PlacementRecord,
+        placement_started: Instant,
     ) -> Option<Machine> {
         let priority = order.template.config.priority();
         if order.count != 1 || priority == Priority::Batch {
@@ -158,6 +159,7 @@ impl Api {
                 .or_else(|| Some(bazaar_types::ids::new_machine_id()));
             let mut rec_now = record.clone();
             rec_now.winners = vec![best.clone()];
+            rec_now.elapsed_us = placement_started.elapsed().as_micros() as u64;
             rec_now.reason = format!(
                 "no host had room: preemption bid that displaces least, stopping {}",
                 describe(&victims)
