@@ -118,7 +118,7 @@ impl Addresses {
         driver: &Driver,
         rec: &mut MachineRecord,
     ) -> Result<(), AgentError> {
-        if rec.config.driver() == "oci" {
+        if rec.config.runs_image() {
             driver.oci.as_ref().map_err(|reason| {
                 AgentError::Invalid(format!(
                     "image {:?}: this host cannot run image machines: {reason}",

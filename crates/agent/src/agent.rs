@@ -341,22 +341,27 @@ impl Agent {
         }
     }
 
+    /// A new operation of `kind` on `rec`, from `source` (`bazaar_lifecycle::accept::begin`
+    /// with the next operation id, now).
     pub(crate) fn new_op(&self, rec: &mut MachineRecord, kind: OpKind, source: &str) -> Operation {
-        let run_id = kind.launches().then(|| {
-            let id = rec.next_run_id;
-            rec.next_run_id += 1;
-            id
-        });
-        Operation {
-            id: self.0.next_op_id.fetch_add(1, Ordering::SeqCst),
-            machine_id: rec.id.clone(),
-            kind,
-            steps_done: 0,
-            run_id,
-            not_before_ms: 0,
-            source: source.into(),
-            created_at_ms: now_ms(),
-        }
+        self.begin_op(rec, kind, source, 0)
+    }
+
+    /// As [`Agent::new_op`], not to begin before `not_before_ms`.
+    pub(crate) fn begin_op(
+        &self,
+        rec: &mut MachineRecord,
+        kind: OpKind,
+        source: &str,
+        not_before_ms: u64,
+    ) -> Operation {
+        let id = self.next_op_id();
+        bazaar_lifecycle::accept::begin(rec, kind, id, source, not_before_ms, now_ms())
+    }
+
+    /// The next operation id (host-wide, increasing).
+    pub(crate) fn next_op_id(&self) -> u64 {
+        self.0.next_op_id.fetch_add(1, Ordering::SeqCst)
     }
 
     pub(crate) fn load_live(&self, id: &str) -> Result<MachineRecord, AgentError> {

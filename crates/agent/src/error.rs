@@ -58,6 +58,28 @@ pub enum AgentError {
     Internal(String),
 }
 
+/// A refused lease call (`bazaar_lifecycle::lease`).
+impl From<bazaar_lifecycle::lease::LeaseError> for AgentError {
+    fn from(err: bazaar_lifecycle::lease::LeaseError) -> Self {
+        use bazaar_lifecycle::lease::LeaseError;
+        match err {
+            LeaseError::Invalid(msg) => AgentError::Invalid(msg),
+            LeaseError::Conflict(msg) => AgentError::Conflict(msg),
+            LeaseError::NotFound(id) => AgentError::LeaseNotFound(id),
+        }
+    }
+}
+
+/// A refused operation (`bazaar_lifecycle::accept`).
+impl From<bazaar_lifecycle::accept::Refusal> for AgentError {
+    fn from(r: bazaar_lifecycle::accept::Refusal) -> Self {
+        match r {
+            bazaar_lifecycle::accept::Refusal::Lease(e) => e.into(),
+            bazaar_lifecycle::accept::Refusal::Transition(e) => AgentError::Transition(e),
+        }
+    }
+}
+
 impl From<crate::store::StoreError> for AgentError {
     fn from(e: crate::store::StoreError) -> Self {
         match e {

@@ -28,7 +28,7 @@ impl Agent {
 
     /// Checks `init.user` and gives a process machine its uid (kept once it has one).
     pub(crate) fn assign_user(&self, rec: &mut MachineRecord) -> Result<(), AgentError> {
-        if rec.config.driver() == "oci" {
+        if rec.config.runs_image() {
             return Ok(());
         }
         let user = rec.config.init.as_ref().and_then(|i| i.user.as_deref());

@@ -1,12 +1,14 @@
 //! Leases (Fly's exclusive-change tokens, checked by every mutation), cordons and machine
-//! metadata.
+//! metadata: the agent's side. The rules are the pure core's (`bazaar_lifecycle::lease`);
+//! this module loads the record, applies them under the ledger lock and commits.
 
 use crate::agent::Agent;
 use crate::error::AgentError;
-use crate::record::MachineRecord;
+use crate::record::{AsWorkload, MachineRecord};
 use crate::store::Batch;
+use bazaar_lifecycle::lease::{self, LeaseRequest};
 use bazaar_types::state::check_transition;
-use bazaar_types::{ids, now_ms, rfc3339};
+use bazaar_types::{ids, now_ms};
 use std::collections::BTreeMap;
 
 impl Agent {
@@ -21,20 +23,20 @@ impl Agent {
     ) -> Result<(bazaar_types::machine::Lease, bool), AgentError> {
         let _guard = self.0.ledger.lock().await;
         let mut rec = self.load_live(id)?;
-        let held = rec.lease.clone().filter(|l| l.expires_at * 1000 > now_ms());
-        let (lease, created) = match (&held, nonce) {
-            (Some(l), Some(n)) if l.nonce == n => {
-                (new_lease(&rec, ttl, description, Some(n))?, false)
-            }
-            (Some(l), _) => return Err(lease_conflict(id, l)),
-            (None, Some(n))
-                if !n.is_empty() && rec.lease.as_ref().is_some_and(|l| l.nonce == n) =>
-            {
-                // Refreshing a lease that just expired: renew it for the same holder.
-                (new_lease(&rec, ttl, description, Some(n))?, false)
-            }
-            (None, _) => (new_lease(&rec, ttl, description, None)?, true),
+        let req = LeaseRequest {
+            ttl,
+            description,
+            nonce,
         };
+        let (lease, created) = lease::acquire(
+            id,
+            &rec.instance_id,
+            rec.lease.as_ref(),
+            req,
+            now_ms(),
+            || ids::new_secret(6),
+        )
+        .map_err(AgentError::from)?;
         rec.lease = Some(lease.clone());
         let mut b = Batch::default();
         b.machine(&rec);
@@ -48,23 +50,14 @@ impl Agent {
         id: &str,
     ) -> Result<Option<bazaar_types::machine::Lease>, AgentError> {
         let rec = self.load_live(id)?;
-        Ok(rec.lease.filter(|l| l.expires_at * 1000 > now_ms()))
+        Ok(lease::held(rec.lease.as_ref(), now_ms()).cloned())
     }
 
     /// Releases the lease; the nonce must match.
     pub async fn lease_release(&self, id: &str, nonce: Option<&str>) -> Result<(), AgentError> {
         let _guard = self.0.ledger.lock().await;
         let mut rec = self.load_live(id)?;
-        let Some(nonce) = nonce.filter(|n| !n.is_empty()) else {
-            return Err(AgentError::Invalid(
-                "releasing a lease needs its nonce in the fly-machine-lease-nonce header".into(),
-            ));
-        };
-        match rec.lease.clone().filter(|l| l.expires_at * 1000 > now_ms()) {
-            None => return Err(AgentError::LeaseNotFound(id.into())),
-            Some(l) if l.nonce != nonce => return Err(lease_conflict(id, &l)),
-            Some(_) => {}
-        }
+        lease::release(id, rec.lease.as_ref(), nonce, now_ms()).map_err(AgentError::from)?;
         rec.lease = None;
         let mut b = Batch::default();
         b.machine(&rec);
@@ -105,7 +98,7 @@ impl Agent {
         nonce: Option<&str>,
     ) -> Result<(), AgentError> {
         for key in changes.keys() {
-            validate_metadata_key(key)?;
+            lease::validate_metadata_key(key).map_err(AgentError::from)?;
         }
         let _guard = self.0.ledger.lock().await;
         let mut rec = self.load_live(id)?;
@@ -177,69 +170,27 @@ impl Agent {
     }
 }
 
-/// A new lease (or a refresh keeping `keep_nonce`) of `ttl` seconds (1 s to 1 h). A refresh
-/// without a description keeps the lease's own.
+/// A new lease of `ttl` seconds for the caller of a create or an update (the core's
+/// [`lease::new_lease`] at this machine's version, now).
 pub(crate) fn new_lease(
     rec: &MachineRecord,
     ttl: u64,
     description: &str,
     keep_nonce: Option<&str>,
 ) -> Result<bazaar_types::machine::Lease, AgentError> {
-    if !(1..=3600).contains(&ttl) {
-        return Err(AgentError::Invalid(format!(
-            "lease ttl must be between 1 and 3600 seconds, got {ttl}"
-        )));
-    }
-    Ok(bazaar_types::machine::Lease {
-        nonce: keep_nonce
-            .map(str::to_string)
-            .unwrap_or_else(|| ids::new_secret(6)),
-        expires_at: now_ms() / 1000 + ttl,
-        owner: "api".into(),
-        description: match (keep_nonce, &rec.lease) {
-            (Some(_), Some(held)) if description.is_empty() => held.description.clone(),
-            _ => description.chars().take(256).collect(),
-        },
-        version: rec.instance_id.clone(),
-    })
-}
-
-pub(crate) fn lease_conflict(id: &str, l: &bazaar_types::machine::Lease) -> AgentError {
-    AgentError::Conflict(format!(
-        "machine {id} lease currently held by {} ({}), expires at {}",
-        l.owner,
-        if l.description.is_empty() {
-            "no description"
-        } else {
-            &l.description
-        },
-        rfc3339(l.expires_at * 1000)
-    ))
+    lease::new_lease(
+        &rec.instance_id,
+        rec.lease.as_ref(),
+        ttl,
+        description,
+        keep_nonce,
+        now_ms(),
+        || ids::new_secret(6),
+    )
+    .map_err(AgentError::from)
 }
 
 /// Refuses a mutation of a leased machine unless `nonce` is the lease's.
 pub(crate) fn check_lease(rec: &MachineRecord, nonce: Option<&str>) -> Result<(), AgentError> {
-    match rec
-        .lease
-        .as_ref()
-        .filter(|l| l.expires_at * 1000 > now_ms())
-    {
-        Some(l) if nonce != Some(l.nonce.as_str()) => Err(lease_conflict(&rec.id, l)),
-        _ => Ok(()),
-    }
-}
-
-pub(crate) fn validate_metadata_key(key: &str) -> Result<(), AgentError> {
-    let ok = !key.is_empty()
-        && key.len() <= 128
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'));
-    if ok {
-        Ok(())
-    } else {
-        Err(AgentError::Invalid(format!(
-            "invalid metadata key {key:?}: use 1-128 letters, digits, '_', '-', '.', '/'"
-        )))
-    }
+    lease::check(&rec.id, rec.lease.as_ref(), nonce, now_ms()).map_err(AgentError::from)
 }

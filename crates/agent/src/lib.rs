@@ -29,13 +29,16 @@
 //!   `wait` watches.
 //! - [`views`]: reads of machines (the API view, lists, events, versions, logs, `wait`).
 //! - [`actor`]: one task per machine that executes its operations step by step.
-//! - [`record`]: what is persisted (machine records, operations, steps).
+//! - [`record`]: what is persisted (machine records, operations, steps), whose types and
+//!   rules are the pure core `bazaar-lifecycle`'s (operations and steps, the restart
+//!   policy, what an exit leads to, leases): the agent feeds it and carries out what it
+//!   decides.
 //! - [`store`]: the redb store.
 //! - [`driver`], [`oci`], [`network`], [`netlink`], [`idranges`], [`volume_fs`], [`exec`]:
 //!   the host plumbing, re-exported from `bazaar-runtime` (the driver of process and image
 //!   machines, their network, volumes' storage, exec). The actors reach machines only
 //!   through its [`bazaar_runtime::MachineDriver`] (`Inner::machine_driver`).
-//! - [`restart`]: the restart policy.
+//! - [`restart`]: the restart policy (`bazaar_lifecycle::restart`).
 //! - [`http`]: the host interface (`/host/v1`).
 //! - [`cluster_security`]: the gossip keyring and the CA's revocations on this host.
 //! - [`host_tls`]: this host's cluster certificate (join, renewal) and the host listener
@@ -107,7 +110,7 @@ pub mod ps;
 pub mod publish;
 pub mod record;
 pub mod registry;
-pub mod restart;
+pub use bazaar_lifecycle::restart;
 pub mod runnable;
 pub mod schedule;
 pub mod secrets;

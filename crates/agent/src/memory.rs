@@ -22,7 +22,7 @@ impl Agent {
             )));
         }
         let guest_mb = crate::operations::validate_config(&rec.config)?.memory_mb;
-        let image = rec.config.driver() == "oci";
+        let image = rec.config.runs_image();
         let cgroup = self.0.driver.machine_cgroup(id, image).ok_or_else(|| {
             AgentError::Conflict(format!(
                 "machine {id} has no cgroup on this host (the agent runs without cgroups): \

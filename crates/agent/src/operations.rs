@@ -12,6 +12,7 @@ use crate::record::{MachineRecord, OpKind, Operation};
 use crate::registry::ActorMsg;
 use crate::store::Batch;
 use crate::sync::lock;
+use bazaar_lifecycle::accept::accept;
 use bazaar_types::config::MachineConfig;
 use bazaar_types::config_fields;
 use bazaar_types::event::MachineEvent;
@@ -280,22 +281,19 @@ impl Agent {
     ) -> Result<Machine, AgentError> {
         let mut ledger = self.0.ledger.lock().await;
         let mut rec = self.load_live(id)?;
-        check_lease(&rec, nonce)?;
         let kind = refine(&rec)?.unwrap_or(kind);
-        rec.desired = check_transition(rec.desired, kind.action())?;
-        let place = self.0.actors.reserve(id)?;
-        rec.updated_at_ms = now_ms();
         // A preempted machine gave its resources away: starting it takes them again, or is
         // refused for capacity (`preempt.rs`).
         let recommit = rec.preempted_by.is_some()
             && matches!(kind.action(), bazaar_types::state::Action::Start);
+        let op = accept(&mut rec, kind, nonce, self.next_op_id(), "user", now_ms())?;
+        let place = self.0.actors.reserve(id)?;
         if recommit {
             ledger
                 .commit(id, rec.resources)
                 .map_err(crate::error::capacity_error)?;
             rec.preempted_by = None;
         }
-        let op = self.new_op(&mut rec, kind, "user");
         let mut b = Batch::default();
         b.machine(&rec).op(&op);
         if let Err(err) = self.commit(b).await {
@@ -417,9 +415,9 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
     }
     config.check_runtime().map_err(AgentError::Invalid)?;
     match config.driver() {
-        // Named by config.runtime; their drivers are not in this build, and a machine of
-        // one must not run as something weaker.
-        d @ ("gvisor" | "microvm") => {
+        // Named by config.runtime; its driver is not in this build, and a machine of it
+        // must not run as something weaker.
+        d @ "microvm" => {
             return Err(AgentError::Invalid(format!(
                 "this host cannot run {d} machines: missing {}",
                 bazaar_runtime::prerequisites::NOT_BUILT
@@ -430,7 +428,8 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
             driver::validate_command(&config.env, &argv).map_err(AgentError::Invalid)?;
             driver::work_files(config).map_err(AgentError::Invalid)?;
         }
-        "oci" => {
+        // gVisor runs the same bundle as runc (a host without runsc refuses it: runnable.rs).
+        "oci" | "gvisor" => {
             config
                 .image
                 .parse::<bazaar_image::Reference>()

@@ -86,7 +86,7 @@ impl Agent {
                     "machine {id} is {state}: only a started machine has processes"
                 ))
             })?;
-        let root = if rec.config.driver() == "oci" {
+        let root = if rec.config.runs_image() {
             // The shim's workload is `runc run`; the machine is the container.
             let pid_file = crate::oci::pid_file(&self.0.driver.run_dir(id, run.run_id));
             std::fs::read_to_string(&pid_file)

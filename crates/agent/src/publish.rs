@@ -64,6 +64,15 @@ impl Agent {
         self.0.catalog.get()
     }
 
+    /// The platform this host runs gVisor machines on, if it runs them.
+    fn gvisor_platform(&self) -> Option<String> {
+        if self.cannot_run("gvisor").is_some() {
+            return None;
+        }
+        let oci = self.0.driver.oci.as_ref().ok()?;
+        Some(oci.gvisor.as_ref().ok()?.platform.clone())
+    }
+
     /// Publishes this host's record to the catalog if it changed.
     pub async fn publish_host(&self) {
         let Some(catalog) = self.0.catalog.get() else {
@@ -119,6 +128,10 @@ impl Agent {
                 }))
                 .chain(lock(&self.0.mesh_labels).clone())
                 .chain(self.0.config.region_info.to_labels())
+                .chain(
+                    self.gvisor_platform()
+                        .map(|p| (bazaar_types::host::GVISOR_PLATFORM_LABEL.to_string(), p)),
+                )
                 .chain(self.0.cannot_run.iter().map(|(driver, why)| {
                     (bazaar_types::host::cannot_run_label(driver), why.clone())
                 }))

@@ -28,8 +28,14 @@ pub(crate) fn check(config: &AgentConfig, driver: &Driver) -> BTreeMap<String, S
     // What the image runtime found when it started (an image store that would not open,
     // a bad registry_auth entry) beyond the host's prerequisites.
     if let Err(reason) = &driver.oci {
+        for d in ["oci", "gvisor"] {
+            missing.entry(d.into()).or_insert_with(|| reason.clone());
+        }
+    }
+    // Whether one of gVisor's platforms ran a trial sandbox here (runsc found).
+    if let Some(Err(reason)) = driver.oci.as_ref().ok().map(|oci| &oci.gvisor) {
         missing
-            .entry("oci".into())
+            .entry("gvisor".into())
             .or_insert_with(|| reason.clone());
     }
     for (d, what) in &missing {

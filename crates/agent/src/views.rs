@@ -315,7 +315,9 @@ impl Agent {
                 .as_ref()
                 .filter(|l| l.expires_at * 1000 > now_ms())
                 .map(Into::into),
-            image_ref: (rec.config.driver() == "oci")
+            image_ref: rec
+                .config
+                .runs_image()
                 .then(|| {
                     rec.image_ref
                         .clone()

@@ -304,9 +304,11 @@ async fn rows_for_another_host_are_refused_even_from_a_member_of_the_ca() {
     let rogue = Catalog::start(rogue).await.unwrap();
     let mut forged = host("f2");
     forged.api_addr = "127.6.6.6:4280".into();
-    rogue.publish_host(forged);
-    rogue.publish_machine(machine("m-forged"));
+    // The rogue keeps publishing, as an attacker would: its first broadcasts may go out
+    // before it has joined (its sync connections are refused, so only gossip carries them).
     eventually("the forged rows are refused", PATIENCE, || {
+        rogue.publish_host(forged.clone());
+        rogue.publish_machine(machine("m-forged"));
         nodes.iter().all(|n| n.stats().rows_refused >= 2)
     })
     .await;

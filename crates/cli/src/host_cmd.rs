@@ -462,6 +462,7 @@ pub async fn hosts(a: CatalogArgs) -> anyhow::Result<()> {
         "free mem (MB)",
         "free cpus",
         "updated",
+        "gvisor",
         "cannot run",
     ]);
     for h in hosts {
@@ -479,6 +480,11 @@ pub async fn hosts(a: CatalogArgs) -> anyhow::Result<()> {
             format!("{} / {}", h.free.memory_mb, h.capacity.memory_mb),
             format!("{} / {}", h.free.cpus, h.capacity.cpus),
             h.updated_at,
+            // The platform gVisor machines run on there (chosen at its start).
+            h.labels
+                .get(bazaar_types::host::GVISOR_PLATFORM_LABEL)
+                .cloned()
+                .unwrap_or_else(|| "-".into()),
             cannot_run,
         ]);
     }

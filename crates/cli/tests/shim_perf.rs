@@ -56,6 +56,7 @@ fn spec(
             ..Default::default()
         }),
         cgroup_layout: None,
+        signal_argv: None,
     }
 }
 

@@ -49,6 +49,7 @@ fn spec(dir: &Path, argv: &[&str]) -> ShimSpec {
         log_max_bytes: 1 << 20,
         sandbox: None,
         cgroup_layout: None,
+        signal_argv: None,
     }
 }
 
@@ -534,4 +535,80 @@ async fn freeze_and_thaw() {
     assert!(matches!(plain.freeze(), Err(ShimError::NoCgroup)));
     plain.kill().unwrap();
     finish(&plain).await;
+}
+
+/// A run whose runtime does not forward signals (gVisor's `runsc run`): the agent's signal
+/// goes to the shim, which delivers it with the spec's command; the workload itself is not
+/// signalled, so it keeps running until the command acts.
+#[tokio::test]
+async fn signals_go_through_the_specs_command_when_it_has_one() {
+    let dir = scratch();
+    let delivered = dir.path().join("delivered");
+    let spec = ShimSpec {
+        signal_argv: Some(vec![
+            "sh".into(),
+            "-c".into(),
+            format!(
+                "echo {} >> {}",
+                bazaar_shim::SIGNAL_PLACEHOLDER,
+                delivered.display()
+            ),
+        ]),
+        ..spec(dir.path(), &["sleep", "1000"])
+    };
+    let handle = ShimHandle::spawn(exe(), &run_dir(dir.path()), &spec)
+        .await
+        .unwrap();
+    handle.signal(libc::SIGINT).unwrap();
+    handle.signal(libc::SIGTERM).unwrap();
+    let got = bazaar_testkit::eventually(PATIENCE, || async {
+        std::fs::read_to_string(&delivered)
+            .ok()
+            .filter(|s| s.lines().count() == 2)
+    })
+    .await
+    .expect("the command delivered both signals");
+    assert_eq!(got, "2\n15\n");
+    assert!(!handle.has_exited(), "the workload was signalled directly");
+    handle.kill().unwrap();
+    assert_eq!(finish(&handle).await.signal, Some(libc::SIGKILL));
+}
+
+/// A kill reaches processes in a cgroup below the one killed that froze itself (cgroup v1;
+/// as a machine's below its host's when the host is released, suspended or with its shim
+/// killed while it froze it): thawing the killed cgroup alone would leave them frozen with
+/// SIGKILL pending, for good (a gVisor sandbox was found so).
+#[tokio::test]
+async fn a_kill_reaches_a_cgroup_frozen_below_the_run() {
+    let freezer = Path::new("/sys/fs/cgroup/freezer");
+    if !bazaar_testkit::can_run(bazaar_shim::cgroups_available(), "root and cgroups")
+        || !freezer.join("cgroup.procs").exists()
+    {
+        return;
+    }
+    let dir = scratch();
+    let cg = cgroup_name("frozen-below");
+    let below = freezer.join(&cg).join("below");
+    // The workload moves itself into a cgroup below the run's and freezes it.
+    let script = format!(
+        "mkdir {b} && echo $$ > {b}/cgroup.procs && echo FROZEN > {b}/freezer.state; sleep 1000",
+        b = below.display()
+    );
+    let spec = ShimSpec {
+        cgroup: Some(cg.clone()),
+        ..spec(dir.path(), &["sh", "-c", &script])
+    };
+    let handle = ShimHandle::spawn(exe(), &run_dir(dir.path()), &spec)
+        .await
+        .unwrap();
+    bazaar_testkit::eventually(PATIENCE, || async {
+        let state = std::fs::read_to_string(below.join("freezer.state")).ok()?;
+        (state.trim() == "FROZEN").then_some(())
+    })
+    .await
+    .expect("the cgroup below froze");
+    handle.kill().unwrap();
+    assert_eq!(finish(&handle).await.signal, Some(libc::SIGKILL));
+    // The shim removed its cgroup, the one below included.
+    assert!(!freezer.join(&cg).exists());
 }

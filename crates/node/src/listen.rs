@@ -201,8 +201,9 @@ impl Drop for Admitted {
 }
 
 /// Accepts connections on `listener` until `stop`, on a task of `tracker`: each admitted one
-/// is served by `serve` on a task of its own, which ends when `serve` does or when the
-/// connection is evicted; one [`Admission::admit`] refuses is closed at once. An accept
+/// is served by `serve` on a task of its own, also of `tracker`, which ends when `serve`
+/// does, when the connection is evicted or at `stop` (so draining the tracker closes every
+/// connection); one [`Admission::admit`] refuses is closed at once. An accept
 /// error (out of file descriptors, say) is logged and the loop pauses briefly, then goes on.
 pub fn spawn_accept_loop<F, Fut>(
     name: &'static str,
@@ -216,6 +217,7 @@ where
     F: Fn(TcpStream, SocketAddr, Arc<Admitted>) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let connections = tracker.clone();
     tracker.spawn(async move {
         loop {
             let (stream, peer) = tokio::select! {
@@ -235,12 +237,14 @@ where
             };
             let _ = stream.set_nodelay(true);
             let served = serve(stream, peer, conn.clone());
-            tokio::spawn(async move {
+            let stop = stop.clone();
+            connections.spawn(async move {
                 tokio::select! {
                     () = served => {}
                     () = conn.evicted() => {
                         tracing::debug!(listener = name, %peer, "evicted for a newer connection");
                     }
+                    () = stop.cancelled() => {}
                 }
             });
         }
@@ -359,5 +363,43 @@ mod tests {
         assert_eq!(closed, 17);
         assert!(admission.open() <= 4);
         stop.cancel();
+    }
+
+    /// Stopping ends the connection tasks too: the tracker drains with a connection still
+    /// open, and the client sees it closed.
+    #[tokio::test]
+    async fn stopping_closes_open_connections_and_drains_their_tasks() {
+        use tokio::io::AsyncReadExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let (served_tx, mut served) = tokio::sync::mpsc::channel(1);
+        spawn_accept_loop(
+            "test",
+            listener,
+            Admission::new(limits(4, 4)),
+            stop.clone(),
+            &tracker,
+            move |_stream, _, _| {
+                let served_tx = served_tx.clone();
+                async move {
+                    let _ = served_tx.send(()).await;
+                    // A connection that never ends on its own (holding its stream).
+                    std::future::pending::<()>().await;
+                    drop(_stream);
+                }
+            },
+        );
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        served.recv().await.expect("the connection is served");
+        stop.cancel();
+        tracker.close();
+        tokio::time::timeout(Duration::from_secs(5), tracker.wait())
+            .await
+            .expect("every task of the listener ends at stop");
+        let mut b = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(5), client.read(&mut b)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "closed: {read:?}");
     }
 }

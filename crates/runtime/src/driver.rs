@@ -1,7 +1,8 @@
 //! The driver: turns a machine record into a shim spec (command, environment with the
 //! machine's identity, ports, limits, isolation) and launches, adopts and cleans up runs.
 //! Process machines run their command directly under the shim; image machines
-//! (`config.image`) run `runc` under it, prepared by [`crate::oci`].
+//! (`config.image`) run `runc` under it (`runsc` for `config.runtime = "gvisor"`: [`crate::gvisor`]),
+//! prepared by [`crate::oci`].
 //! Layout under `data_dir/machines/<id>/`: `work/` (a process workload's directory),
 //! `layer/` (an image machine's writable layer, with its root at `layer/rootfs`), `output.log` (stdout/stderr), `runs/<run_id>/`
 //! (one shim's files).
@@ -196,6 +197,7 @@ impl Driver {
             memory_mb: rec.resources.memory_mb,
             cpus: rec.resources.cpus as f64,
             cgroup_layout: cgroup.as_ref().and_then(|_| bazaar_shim::cgroup_layout()),
+            signal_argv: None,
             cgroup,
             log_path: self.log_path(rec.id),
             log_max_bytes: self.log_max_bytes,
@@ -260,7 +262,7 @@ impl Driver {
                 &e,
             )
         })?;
-        if rec.config.driver() == "oci" {
+        if rec.config.runs_image() {
             return self
                 .launch_image(rec, run_id, &run_dir, secret_env, events, image)
                 .await;
@@ -358,6 +360,7 @@ impl Driver {
             user: Some("root".into()),
             isolate: false,
             cgroup: Some(cgroup),
+            signal_argv: prepared.signal_argv,
             ..self.spec(rec, run_id)
         };
         let t0 = std::time::Instant::now();
@@ -404,11 +407,12 @@ impl Driver {
         run_id: u64,
         argv: &[String],
     ) -> Option<Vec<String>> {
-        if rec.config.driver() != "oci" {
-            return None;
+        let (oci, run_dir) = (self.oci.as_ref().ok()?, self.run_dir(rec.id, run_id));
+        match rec.config.driver() {
+            "oci" => Some(oci.exec_argv(&run_dir, rec.id, argv)),
+            "gvisor" => Some(oci.gvisor.as_ref().ok()?.exec_argv(&run_dir, rec.id, argv)),
+            _ => None,
         }
-        let oci = self.oci.as_ref().ok()?;
-        Some(oci.exec_argv(&self.run_dir(rec.id, run_id), rec.id, argv))
     }
 
     /// A sandboxed machine's work directory and volume belong to its uid alone (mode 0700);

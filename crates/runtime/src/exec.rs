@@ -97,7 +97,10 @@ pub async fn run(target: &ExecTarget, req: &ExecRequest) -> Result<ExecResponse,
             .envs(target.env.iter().cloned())
             .current_dir(&target.workdir);
     }
-    cmd.stdin(if req.stdin.is_some() {
+    // A runtime's exec (`runc exec`, `runsc exec`) reads a pipe, closed at once without
+    // input: runsc gives its streams' files to its sandbox's user, and so would make the
+    // host's `/dev/null` nobody's.
+    cmd.stdin(if req.stdin.is_some() || target.runc_exec.is_some() {
         Stdio::piped()
     } else {
         Stdio::null()
@@ -108,6 +111,7 @@ pub async fn run(target: &ExecTarget, req: &ExecRequest) -> Result<ExecResponse,
     let mut child = cmd
         .spawn()
         .map_err(|e| ExecError::Invalid(format!("cannot run {:?}: {e}", argv[0])))?;
+    // (Without input, the pipe is dropped here: the command reads its end.)
     if let (Some(input), Some(mut stdin)) = (req.stdin.clone(), child.stdin.take()) {
         tokio::spawn(async move {
             let _ = stdin.write_all(input.as_bytes()).await;

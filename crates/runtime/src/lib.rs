@@ -7,7 +7,8 @@
 //! - [`driver`]: the real driver (command, environment, ports, shims) of process and image
 //!   machines; [`oci`] prepares image machines (image, rootfs, bundle, `runc`) and
 //!   [`network`] gives each one a network namespace on the host's bridge (wired by
-//!   [`netlink`] requests; user namespace id ranges from [`idranges`]; its [`subnet`]).
+//!   [`netlink`] requests; user namespace id ranges from [`idranges`]; its [`subnet`]);
+//!   [`gvisor`] runs the same bundles under gVisor's `runsc`.
 //! - [`volume_fs`]: volumes' storage (ext4 images on loop devices, or directories);
 //!   [`work_disk`]: a machine's writable space, limited in size the same way ([`layer`]:
 //!   an image machine's, emptied at each start).
@@ -16,6 +17,7 @@
 
 pub mod driver;
 pub mod exec;
+pub mod gvisor;
 pub mod idranges;
 pub mod launch_error;
 pub mod layer;

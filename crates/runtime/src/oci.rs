@@ -22,6 +22,8 @@
 //! them to the container, and kills the whole cgroup tree when the run must die. `--keep`
 //! leaves the container's cgroup in place until the shim has read its OOM counter.
 //! The run counts as started once runc has created the container (its `--pid-file`).
+//! A gVisor machine (`config.runtime = "gvisor"`) runs the same bundle under `runsc`,
+//! adapted by [`crate::gvisor`] (no user namespace, the image's own ids).
 //!
 //! Layout of a run: `runs/<run_id>/bundle/config.json`, `runs/<run_id>/runc/` (runc's
 //! state), `runs/<run_id>/container.pid`; the rootfs is `machines/<id>/layer/rootfs` (over
@@ -35,6 +37,7 @@ use bazaar_shim::{FailureKind, Fault};
 pub(crate) use rootfs::unexpose_rootfs;
 use rootfs::{expose_rootfs, give_volume_to_ids, open_root, resolve_user, write_in_root, InRoot};
 
+use crate::gvisor::Gvisor;
 use crate::idranges::{IdRanges, RANGE_SIZE};
 use crate::lifecycle::Workload;
 use crate::network::LazyNetwork;
@@ -120,6 +123,8 @@ pub struct OciRuntime {
     cgroup_parent: String,
     /// `DATA/disk-templates`: the empty disks machines' writable layers are copied from.
     pub(crate) disk_templates: PathBuf,
+    /// gVisor machines: how this host runs them ([`crate::gvisor`]), or why it cannot.
+    pub gvisor: Result<Arc<Gvisor>, String>,
 }
 
 /// What [`OciRuntime::prepare`] made for a run.
@@ -131,6 +136,9 @@ pub struct Prepared {
     pub events: Vec<MachineEvent>,
     /// The image it runs, resolved.
     pub image_ref: ImageRef,
+    /// How the shim delivers signals (gVisor's `runsc kill`); `None`: to runc, which
+    /// forwards them.
+    pub signal_argv: Option<Vec<String>>,
 }
 
 /// The `image_ref` of `reference`: the digest it resolved to and its labels, once pulled.
@@ -203,6 +211,7 @@ impl OciRuntime {
             runtime_dir: Path::new("/run/bazaar").join(host_id),
             cgroup_parent: format!("bazaar/{host_id}"),
             disk_templates: PathBuf::from("disk-templates"),
+            gvisor: Err("not looked for".into()),
         })
     }
 
@@ -247,6 +256,7 @@ impl OciRuntime {
         let mut runtime =
             OciRuntime::detect(host_id, config.runc, config.registry_auth, images, network)?;
         runtime.disk_templates = config.data_dir.join("disk-templates");
+        runtime.gvisor = Gvisor::detect(config.data_dir).map(Arc::new);
         Ok(Arc::new(runtime))
     }
 
@@ -266,6 +276,13 @@ impl OciRuntime {
     ) -> Result<Prepared, LaunchError> {
         use LaunchStep as S;
         let t0 = Instant::now();
+        // A gVisor machine's runtime, or why this host has none.
+        let gvisor = match rec.config.driver() {
+            "gvisor" => Some(self.gvisor.as_ref().map_err(|why| {
+                LaunchError::new(S::Prepare, FailureKind::Unsupported, why.clone())
+            })?),
+            _ => None,
+        };
         let mut events = Vec::new();
         let reference: Reference = rec.config.image.parse().map_err(|e| {
             LaunchError::image(S::Image, &format!("image {:?}", rec.config.image), &e)
@@ -311,13 +328,20 @@ impl OciRuntime {
             host_base: namespaces.uid_base,
             count: RANGE_SIZE,
         };
+        // A gVisor machine's files keep the image's ids (no user namespace: crate::gvisor).
+        let mapped = gvisor.is_none().then_some(ids);
         let t_network = t0.elapsed();
         let gateway = self.network.get().map_err(network_error)?.subnet.gateway();
         // Every run starts from the image as it is, in its emptied layer.
         let exposed = self.exposed_rootfs(rec.id);
         let rootfs = self
             .images
-            .rootfs_mapped(&image, layer, Some(ids), Some(namespaces.userns.clone()))
+            .rootfs_mapped(
+                &image,
+                layer,
+                mapped,
+                mapped.map(|_| namespaces.userns.clone()),
+            )
             .await
             .map_err(|e| LaunchError::image(S::Rootfs, "making the root filesystem", &e))?;
         let t_rootfs = t0.elapsed();
@@ -327,7 +351,7 @@ impl OciRuntime {
         let in_rootfs = |f: Fault| LaunchError::fault(S::Rootfs, f);
         let root = InRoot {
             fd: open_root(&rootfs).map_err(in_rootfs)?,
-            owner: ids.to_host(0),
+            owner: mapped.map_or(0, |ids| ids.to_host(0)),
         };
         let (uid, gid) = resolve_user(&root.fd, process.user.as_deref()).map_err(in_rootfs)?;
         write_in_root(
@@ -377,7 +401,7 @@ impl OciRuntime {
                 .map_err(|e| LaunchError::fault(S::Files, e))?;
         }
         expose_rootfs(&rootfs, &exposed).map_err(in_rootfs)?;
-        if let Some((source, _)) = &volume {
+        if let (Some((source, _)), Some(ids)) = (&volume, mapped) {
             let source = source.clone();
             tokio::task::spawn_blocking(move || give_volume_to_ids(&source, ids))
                 .await
@@ -388,7 +412,7 @@ impl OciRuntime {
         std::fs::create_dir_all(&bundle).map_err(|e| {
             LaunchError::io(S::Bundle, format_args!("creating {}", bundle.display()), &e)
         })?;
-        let spec = bundle_config(&BundleInputs {
+        let mut spec = bundle_config(&BundleInputs {
             hostname: rec.id,
             rootfs: &exposed,
             ids,
@@ -401,6 +425,11 @@ impl OciRuntime {
             cgroup: &format!("/{cgroup}/ctr"),
             volume: volume.as_ref(),
         });
+        if gvisor.is_some() {
+            crate::gvisor::adapt_bundle(&mut spec);
+            crate::gvisor::make_stdio_file(run_dir)
+                .map_err(|e| LaunchError::io(S::Bundle, "making runsc's stdio file", &e))?;
+        }
         write_file(
             &bundle.join("config.json"),
             &serde_json::to_vec_pretty(&spec).expect("json"),
@@ -415,7 +444,11 @@ impl OciRuntime {
             "image machine prepared"
         );
         Ok(Prepared {
-            argv: self.run_argv(run_dir, rec.id, &bundle),
+            argv: match gvisor {
+                Some(g) => g.run_argv(run_dir, rec.id, &bundle),
+                None => self.run_argv(run_dir, rec.id, &bundle),
+            },
+            signal_argv: gvisor.map(|g| g.signal_argv(run_dir, rec.id)),
             events,
             image_ref: image_ref(&reference, Some(&image)),
         })
@@ -742,7 +775,7 @@ fn write_file(path: &Path, data: &[u8]) -> Result<(), Fault> {
         .map_err(|e| Fault::io(format!("writing {}", path.display()), &e))
 }
 
-fn find_in_path(program: &str) -> Option<PathBuf> {
+pub(crate) fn find_in_path(program: &str) -> Option<PathBuf> {
     let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into());
     path.split(':')
         .map(|d| Path::new(d).join(program))

@@ -162,19 +162,18 @@ pub fn missing(facts: &Facts) -> BTreeMap<&'static str, Vec<String>> {
         oci.push(program(RUNC));
     }
     oci.extend(network);
-    // gVisor runs the same bundle as runc, under runsc, in the same network namespace.
-    let mut gvisor: Vec<String> = oci
-        .iter()
-        .filter(|w| **w != program(RUNC))
-        .cloned()
-        .collect();
+    // gVisor runs the same bundle as runc, under runsc, in the same network namespace,
+    // prepared by the image runtime (which stands on runc). Whether one of gVisor's
+    // platforms works here is found when the agent starts (`crate::gvisor`).
+    let mut gvisor = oci.clone();
     if !facts.has(RUNSC) {
         gvisor.insert(0, program(RUNSC));
     }
-    // The drivers of these runtimes are not in this build: a host refuses their machines
-    // with why rather than running them as something weaker.
-    gvisor.push(NOT_BUILT.into());
-    out.insert("gvisor", gvisor);
+    if !gvisor.is_empty() {
+        out.insert("gvisor", gvisor);
+    }
+    // The driver of this runtime is not in this build: a host refuses its machines with
+    // why rather than running them as something weaker.
     out.insert("microvm", vec![NOT_BUILT.into()]);
     if !oci.is_empty() {
         out.insert("oci", oci);
@@ -225,6 +224,10 @@ pub fn warnings(facts: &Facts) -> Vec<String> {
 mod tests {
     use super::*;
 
+    fn program_name(p: Program) -> String {
+        format!("{} (package {})", p.name, p.package)
+    }
+
     fn full() -> Facts {
         Facts {
             root: true,
@@ -238,16 +241,15 @@ mod tests {
         }
     }
 
-    /// What `facts` lack for the drivers this build has (gvisor and microvm it lacks).
+    /// What `facts` lack for the drivers this build has (microvm it lacks).
     fn missing_built(facts: &Facts) -> BTreeMap<&'static str, Vec<String>> {
         let mut m = missing(facts);
         assert_eq!(m.remove("microvm").unwrap(), [NOT_BUILT]);
-        assert_eq!(m.remove("gvisor").unwrap().last().unwrap(), NOT_BUILT);
         m
     }
 
     #[test]
-    fn gvisor_needs_runsc_and_what_runc_machines_need_but_runc() {
+    fn gvisor_needs_runsc_and_what_runc_machines_need() {
         let mut facts = full();
         facts.programs.remove("runc");
         facts.programs.remove("runsc");
@@ -258,8 +260,15 @@ mod tests {
             [
                 "runsc (package runsc)",
                 "the memory and cpu cgroup controllers",
-                NOT_BUILT
+                "runc (package runc)",
             ]
+        );
+        // runsc alone missing: only gVisor machines are refused.
+        let mut facts = full();
+        facts.programs.remove("runsc");
+        assert_eq!(
+            missing_built(&facts),
+            [("gvisor", vec![program_name(RUNSC)])].into()
         );
         assert!(DRIVERS.iter().all(|d| *d == "process" || m.contains_key(d)));
     }
@@ -275,8 +284,9 @@ mod tests {
         let mut facts = full();
         facts.programs.remove("runc");
         let m = missing_built(&facts);
-        assert_eq!(m.keys().copied().collect::<Vec<_>>(), ["oci"]);
+        assert_eq!(m.keys().copied().collect::<Vec<_>>(), ["gvisor", "oci"]);
         assert_eq!(m["oci"], ["runc (package runc)"]);
+        assert_eq!(m["gvisor"], ["runc (package runc)"]);
     }
 
     #[test]

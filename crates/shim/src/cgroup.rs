@@ -489,13 +489,21 @@ impl Cgroup {
         if pids.is_empty() {
             return;
         }
-        let frozen = self.freeze().is_ok();
+        // Killed even when the freeze does not settle in time (a gVisor sandbox on the
+        // ptrace platform can take seconds on a loaded host), and thawed in any case: a
+        // freeze that settles later would hold the SIGKILLs pending for good. So is every
+        // cgroup below that was frozen by itself (a suspended machine, or one whose shim
+        // died while it froze it): thawing a v1 parent leaves those frozen.
+        let _ = self.freeze();
         for pid in self.procs() {
             let _ = sys::kill(pid, libc::SIGKILL);
         }
-        if frozen {
-            let _ = self.thaw();
+        if let Some(dir) = self.dir_with("freezer") {
+            for below in descendants(dir) {
+                let _ = write(&below.join("freezer.state"), "THAWED");
+            }
         }
+        let _ = self.thaw();
     }
 
     /// Kills what is left in the cgroup and removes its directories (child cgroups first).

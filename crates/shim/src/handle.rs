@@ -57,6 +57,8 @@ pub struct ShimHandle {
     child: bool,
     /// A duplicate of `shim` registered with the tokio reactor, made on the first `wait`.
     exit_watch: OnceLock<AsyncFd<OwnedFd>>,
+    /// The shim delivers the signals it forwards itself (`ShimSpec::signal_argv`).
+    signals_through_shim: bool,
 }
 
 impl fmt::Debug for ShimHandle {
@@ -188,6 +190,7 @@ impl ShimHandle {
             pids,
             shim,
             child: true,
+            signals_through_shim: spec.signal_argv.is_some(),
             exit_watch: OnceLock::new(),
         })
     }
@@ -236,6 +239,7 @@ impl ShimHandle {
                         shim,
                         child: false,
                         exit_watch: OnceLock::new(),
+                        signals_through_shim: spec.signal_argv.is_some(),
                     }));
                 }
             }
@@ -280,7 +284,8 @@ impl ShimHandle {
 
     /// Sends `sig` to the workload. In an isolated run it goes through the init, which
     /// forwards it, except SIGKILL and SIGSTOP, which cannot be forwarded and go straight to
-    /// the workload.
+    /// the workload; with a [`ShimSpec::signal_argv`], the signals the shim forwards go to
+    /// the shim, which delivers them with that command.
     ///
     /// # Errors
     ///
@@ -291,6 +296,9 @@ impl ShimHandle {
             .ok_or_else(|| ShimError::Spec(format!("unknown signal {sig}")))?;
         let target = if signal == Signal::KILL || signal == Signal::STOP {
             self.workload.as_ref().or(self.init.as_ref())
+        } else if self.signals_through_shim && crate::supervisor::FORWARDED.contains(&sig) {
+            // The shim runs the command that delivers it (`runsc kill`).
+            Some(&self.shim)
         } else {
             self.init.as_ref().or(self.workload.as_ref())
         };
@@ -329,9 +337,12 @@ impl ShimHandle {
     /// [`ShimError::NoCgroup`] if the run has no cgroup; [`ShimError::Io`] if the freezer
     /// fails or the run does not freeze within 2 s.
     pub fn freeze(&self) -> Result<(), ShimError> {
-        self.run_cgroup()?
-            .freeze()
-            .map_err(ShimError::io("freezing the run"))
+        let cgroup = self.run_cgroup()?;
+        cgroup.freeze().map_err(|err| {
+            // Not left half frozen: the run goes on as it was.
+            let _ = cgroup.thaw();
+            ShimError::io("freezing the run")(err)
+        })
     }
 
     /// Thaws a run frozen by [`ShimHandle::freeze`].

@@ -292,6 +292,7 @@ mod tests {
             log_max_bytes: 0,
             sandbox: None,
             cgroup_layout: None,
+            signal_argv: None,
         }
     }
 

@@ -202,7 +202,15 @@ pub struct ShimSpec {
     /// not read the host's mount table again; `None`: the shim finds them itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup_layout: Option<CgroupLayout>,
+    /// A command that delivers a forwarded signal to the workload instead of `kill(2)`
+    /// of the shim's child, with [`SIGNAL_PLACEHOLDER`] replaced by the signal's number
+    /// (`runsc kill`: `runsc run` does not forward signals). `None`: `kill(2)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal_argv: Option<Vec<String>>,
 }
+
+/// Where [`ShimSpec::signal_argv`] takes the signal's number.
+pub const SIGNAL_PLACEHOLDER: &str = "{signal}";
 
 impl ShimSpec {
     /// The working directory as the workload sees it (inside its sandbox, if any).

@@ -29,7 +29,7 @@ use crate::{user, ExitRecord, ShimSpec, EXIT_FILE, LOCK_FILE, PID_FILE, SPEC_FIL
 
 /// Signals sent to the shim that it passes on to the workload, so that `kill <shim>` acts
 /// like a stop. (SIGKILL of the shim kills the workload through the parent-death signal.)
-const FORWARDED: &[i32] = &[
+pub(crate) const FORWARDED: &[i32] = &[
     libc::SIGTERM,
     libc::SIGINT,
     libc::SIGHUP,
@@ -224,6 +224,24 @@ fn report(ready: &Ready) {
     }
 }
 
+/// Starts `argv` with `SIGNAL_PLACEHOLDER` replaced by `sig`, without waiting
+/// for it (the shim reaps it with its other children). Its output is dropped.
+fn deliver(argv: &[String], sig: i32) -> io::Result<()> {
+    let mut args = argv
+        .iter()
+        .map(|a| a.replace(crate::SIGNAL_PLACEHOLDER, &sig.to_string()));
+    let program = args
+        .next()
+        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    std::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map(drop)
+}
+
 /// A launched run, supervised by [`Run::supervise`].
 struct Run {
     run_id: u64,
@@ -243,6 +261,8 @@ struct Run {
     cgroup: Option<Cgroup>,
     /// The cgroup's `oom_kill` counter before the run.
     oom_before: Option<u64>,
+    /// How forwarded signals are delivered (`ShimSpec::signal_argv`).
+    signal_argv: Option<Vec<String>>,
 }
 
 impl Run {
@@ -320,6 +340,7 @@ impl Run {
                 log,
                 oom_before,
                 cgroup,
+                signal_argv: spec.signal_argv.clone(),
             }),
             Err(msg) => {
                 if let Some(cgroup) = &cgroup {
@@ -416,8 +437,15 @@ impl Run {
                     }
                 }
             } else if child_status.is_none() {
-                // To the init (which forwards it) or to the workload itself.
-                let _ = sys::kill(self.child, sig);
+                match &self.signal_argv {
+                    // A command of the runtime's delivers it (reaped as any child above).
+                    // (If it cannot be started, the signal goes to the child.)
+                    Some(argv) if deliver(argv, sig).is_ok() => {}
+                    // To the init (which forwards it) or to the workload itself.
+                    _ => {
+                        let _ = sys::kill(self.child, sig);
+                    }
+                }
             }
         }
     }

@@ -446,6 +446,12 @@ impl MachineConfig {
         }
     }
 
+    /// Whether this machine runs an image in a container or sandbox (drivers `oci`,
+    /// `gvisor`, `microvm`), rather than a command on the host (`process`).
+    pub fn runs_image(&self) -> bool {
+        matches!(self.driver(), "oci" | "gvisor" | "microvm")
+    }
+
     /// The runtime of this machine (one of [`RUNTIMES`] once [`Self::check_runtime`]
     /// passed): `runtime` when set, else the one its driver means (driver `oci` is `runc`).
     pub fn runtime(&self) -> &str {

@@ -28,6 +28,10 @@ impl From<Size> for Resources {
 /// publishes one for each driver it cannot run; the exchange asks it for no such machine.
 pub const CANNOT_RUN_LABEL: &str = "cannot_run_";
 
+/// The host label naming the platform gVisor machines run on there (`ptrace`, `kvm`,
+/// `systrap`: chosen when the agent starts), on a host that runs them.
+pub const GVISOR_PLATFORM_LABEL: &str = "gvisor_platform";
+
 /// The label of a host that cannot run `driver` machines.
 pub fn cannot_run_label(driver: &str) -> String {
     format!("{CANNOT_RUN_LABEL}{driver}")

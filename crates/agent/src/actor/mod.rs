@@ -8,8 +8,9 @@ use crate::agent::Agent;
 use crate::metrics::Outcome;
 use crate::record::{MachineRecord, OpKind, Operation, Step};
 use crate::registry::ActorMsg;
-use crate::restart::{decide, Decision, RETRY_WINDOW_MS};
 use crate::store::Batch;
+use bazaar_lifecycle::exit::{after_exit, AfterExit};
+use bazaar_lifecycle::operation::final_state;
 use bazaar_runtime::Run;
 use bazaar_shim::ExitRecord;
 use bazaar_types::event::{EventRequest, ExitEvent, MachineEvent};
@@ -195,10 +196,7 @@ impl Actor {
         }
         // The run ended while we were away. If the next operation stops the machine, its
         // AwaitExit step records the exit; otherwise it is an exit of its own.
-        let next_step = self
-            .queue
-            .front()
-            .and_then(|op| op.kind.steps().get(op.steps_done as usize).copied());
+        let next_step = self.queue.front().and_then(Operation::next_step);
         if matches!(next_step, Some(Step::Signal) | Some(Step::AwaitExit)) {
             return Ok(());
         }
@@ -234,25 +232,13 @@ impl Actor {
         let exit = self.exit_of(run_id);
         let failed = exit.record.exit_code != Some(0);
         let now = now_ms();
-        let host_shutdown = rec.host_shutdown_run == Some(run_id);
-        let policy = rec.config.restart_policy();
-        rec.policy_restarts
-            .retain(|t| now.saturating_sub(*t) < RETRY_WINDOW_MS);
-        let decision = if host_shutdown {
-            Decision::Restart {
-                delay: Duration::ZERO,
-            }
-        } else {
-            decide(policy, failed, &rec.policy_restarts, now)
-        };
-        let restarting = matches!(decision, Decision::Restart { .. }) && !rec.config.auto_destroy;
+        let restart_count = rec.restart_count;
+        let after = after_exit(&mut rec, run_id, failed, self.queue.is_empty(), now);
         let mut b = Batch::default();
-        rec.exit_handled_run = run_id;
-        rec.state = MachineState::Stopped;
-        rec.updated_at_ms = now;
+        let restarting = after.restarting();
         let mut event = exit_event(&exit, false, restarting);
         if let Some(req) = event.request.as_mut() {
-            req.restart_count = Some(rec.restart_count);
+            req.restart_count = Some(restart_count);
         }
         b.event(&mut rec, event);
         // A full disk the housekeeping loop has not reported yet (`disk_watch.rs`).
@@ -263,44 +249,33 @@ impl Actor {
                 MachineEvent::new("disk_full", "stopped", "flyd").with_reason(full),
             );
         }
-        let mut new_op = None;
-        if rec.config.auto_destroy {
-            rec.desired = MachineState::Destroyed;
-            new_op = Some(self.op_for(&mut rec, OpKind::Destroy { force: true }, 0));
-        } else {
-            match decision {
-                Decision::Restart { delay } => {
-                    let kind = if host_shutdown {
-                        rec.host_shutdown_run = None;
-                        OpKind::Relaunch
-                    } else {
-                        rec.policy_restarts.push(now);
-                        rec.restart_count += 1;
-                        OpKind::PolicyRestart
-                    };
-                    rec.desired = MachineState::Started;
-                    new_op = Some(self.op_for(&mut rec, kind, now + delay.as_millis() as u64));
+        let new_op = match after {
+            AfterExit::AlreadyHandled => return,
+            AfterExit::Queue {
+                kind,
+                not_before_ms,
+            } => {
+                if restarting {
                     tracing::info!(
                         machine.id = %self.id,
-                        delay_ms = delay.as_millis() as u64,
+                        delay_ms = not_before_ms.saturating_sub(now),
                         exit_code = ?exit.record.exit_code,
                         signal = ?exit.record.signal,
                         oom = exit.record.oom_killed,
                         "workload exited, restarting"
                     );
                 }
-                Decision::Stop(reason) => {
-                    if self.queue.is_empty() {
-                        rec.desired = MachineState::Stopped;
-                    }
-                    b.event(
-                        &mut rec,
-                        MachineEvent::new("stop", "stopped", "flyd").with_reason(reason),
-                    );
-                    tracing::info!(machine.id = %self.id, reason, "workload exited");
-                }
+                Some(self.agent.begin_op(&mut rec, kind, "flyd", not_before_ms))
             }
-        }
+            AfterExit::Stop { reason } => {
+                b.event(
+                    &mut rec,
+                    MachineEvent::new("stop", "stopped", "flyd").with_reason(reason),
+                );
+                tracing::info!(machine.id = %self.id, reason, "workload exited");
+                None
+            }
+        };
         if let Some(op) = &new_op {
             b.op(op);
         }
@@ -345,28 +320,6 @@ impl Actor {
         }
     }
 
-    fn op_for(&self, rec: &mut MachineRecord, kind: OpKind, not_before_ms: u64) -> Operation {
-        let run_id = kind.launches().then(|| {
-            let id = rec.next_run_id;
-            rec.next_run_id += 1;
-            id
-        });
-        Operation {
-            id: self
-                .agent
-                .0
-                .next_op_id
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst),
-            machine_id: rec.id.clone(),
-            kind,
-            steps_done: 0,
-            run_id,
-            not_before_ms,
-            source: "flyd".into(),
-            created_at_ms: now_ms(),
-        }
-    }
-
     /// Runs `op` from its first unrecorded step to the end. Returns the settled state.
     async fn execute(&mut self, mut op: Operation) -> Option<MachineState> {
         let steps = op.kind.steps();
@@ -388,8 +341,7 @@ impl Actor {
             }
             self.agent.0.metrics.operation(&op.kind, Outcome::Completed);
         }
-        while (op.steps_done as usize) < steps.len() {
-            let step = steps[op.steps_done as usize];
+        while let Some(step) = op.next_step() {
             let Some(mut rec) = self.load() else { break };
             let before = rec.clone();
             let mut b = Batch::default();
@@ -401,8 +353,7 @@ impl Actor {
                 Step::Release => self.step_release(&mut rec, &mut b).await,
                 Step::Freeze => self.step_freeze(&mut rec, &mut b),
             };
-            op.steps_done += 1;
-            let last = op.steps_done as usize == steps.len() || outcome == StepOutcome::Abort;
+            let last = op.finish_step(outcome == StepOutcome::Abort);
             if last {
                 b.delete_op(op.id);
                 rec.state = final_state(&op.kind, rec.state);
@@ -450,30 +401,6 @@ impl Actor {
             }
         }
         settled
-    }
-}
-
-/// The state an operation leaves the machine in.
-fn final_state(kind: &OpKind, current: MachineState) -> MachineState {
-    match (kind, current) {
-        (_, MachineState::Failed) => MachineState::Failed,
-        (_, MachineState::Destroyed) => MachineState::Destroyed,
-        (OpKind::Create { skip_launch: true }, _) => MachineState::Created,
-        (OpKind::Stop { .. }, _) => MachineState::Stopped,
-        (OpKind::Suspend, s) => s,
-        (
-            OpKind::Update {
-                skip_launch: true, ..
-            },
-            s,
-        ) if s == MachineState::Created => s,
-        (
-            OpKind::Update {
-                skip_launch: true, ..
-            },
-            _,
-        ) => MachineState::Stopped,
-        (_, s) => s,
     }
 }
 

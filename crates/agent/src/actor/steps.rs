@@ -4,7 +4,7 @@
 //! actor commits before the next step begins; each is safe to run again after a crash.
 
 use super::{exit_event, Actor, Exit};
-use crate::record::{MachineRecord, OpKind, Operation, RunInfo};
+use crate::record::{AsWorkload, MachineRecord, OpKind, Operation, RunInfo};
 use crate::store::Batch;
 use bazaar_runtime::launch_error::{LaunchError, LaunchStep};
 use bazaar_runtime::{LaunchReport, RunFound};

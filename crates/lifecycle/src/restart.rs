@@ -102,4 +102,90 @@ mod tests {
             Decision::Stop(_)
         ));
     }
+
+    #[test]
+    fn the_retry_window_is_fly_s_five_minutes() {
+        assert_eq!(RETRY_WINDOW_MS, 300_000);
+    }
+
+    #[test]
+    fn every_policy_after_a_clean_and_a_failed_exit() {
+        let now = 50_000_000;
+        let cases = [
+            (RestartPolicyKind::No, false, false),
+            (RestartPolicyKind::No, true, false),
+            (RestartPolicyKind::Always, false, true),
+            (RestartPolicyKind::Always, true, true),
+            (RestartPolicyKind::OnFailure, false, false),
+            (RestartPolicyKind::OnFailure, true, true),
+        ];
+        for (kind, failed, restarts) in cases {
+            let d = decide(policy(kind, None), failed, &[], now);
+            assert_eq!(
+                matches!(d, Decision::Restart { .. }),
+                restarts,
+                "{kind:?} after failed={failed}: {d:?}"
+            );
+        }
+        assert_eq!(
+            decide(policy(RestartPolicyKind::OnFailure, None), false, &[], now),
+            Decision::Stop("exited successfully")
+        );
+        assert_eq!(
+            decide(policy(RestartPolicyKind::No, None), true, &[], now),
+            Decision::Stop("restart policy is no")
+        );
+    }
+
+    #[test]
+    fn on_failure_allows_ten_retries_by_default_within_the_window_only() {
+        let p = policy(RestartPolicyKind::OnFailure, None);
+        let now = 50_000_000;
+        let nine: Vec<u64> = (1..=9).map(|i| now - i).collect();
+        let ten: Vec<u64> = (1..=10).map(|i| now - i).collect();
+        assert!(matches!(
+            decide(p, true, &nine, now),
+            Decision::Restart { .. }
+        ));
+        assert_eq!(
+            decide(p, true, &ten, now),
+            Decision::Stop("restart policy on-failure: retries exhausted")
+        );
+        // A restart exactly one window ago no longer counts; one just inside does.
+        let edge = [now - RETRY_WINDOW_MS; 10];
+        assert!(matches!(
+            decide(p, true, &edge, now),
+            Decision::Restart { .. }
+        ));
+        let inside = [now - RETRY_WINDOW_MS + 1; 10];
+        assert!(matches!(decide(p, true, &inside, now), Decision::Stop(_)));
+        // `always` ignores the retry count: only the backoff grows.
+        let always = policy(RestartPolicyKind::Always, Some(1));
+        assert!(matches!(
+            decide(always, true, &ten, now),
+            Decision::Restart { .. }
+        ));
+    }
+
+    #[test]
+    fn the_backoff_doubles_per_restart_in_the_window() {
+        let p = policy(RestartPolicyKind::Always, None);
+        let now = 50_000_000;
+        for n in 0..8u64 {
+            let recent: Vec<u64> = (1..=n).map(|i| now - i).collect();
+            let want = Duration::from_millis(100 << n).min(BACKOFF_MAX);
+            assert_eq!(
+                decide(p, true, &recent, now),
+                Decision::Restart { delay: want }
+            );
+        }
+        // Restarts outside the window do not lengthen it.
+        let old = [now - RETRY_WINDOW_MS - 5; 6];
+        assert_eq!(
+            decide(p, true, &old, now),
+            Decision::Restart {
+                delay: BACKOFF_BASE
+            }
+        );
+    }
 }
