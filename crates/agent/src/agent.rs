@@ -93,6 +93,8 @@ pub(crate) struct Inner {
     /// The host labels announcing this host's mesh (key, endpoint, prefix), once it runs
     /// (`mesh.rs`).
     pub mesh_labels: Mutex<std::collections::BTreeMap<String, String>>,
+    /// Open preemption bids by reservation id (`preempt.rs`; in memory, as reservations).
+    pub preemptions: Mutex<HashMap<String, bazaar_placement::preemption::Preemption>>,
     /// The latest health-check results of this host's machines.
     pub checks: CheckResults,
     /// Disk offered to volumes, in GB.
@@ -166,7 +168,10 @@ impl Agent {
             .iter()
             .filter(|m| m.state != MachineState::Destroyed)
         {
-            ledger.restore(&m.id, m.resources);
+            // A preempted machine holds nothing until it starts again (`preempt.rs`).
+            if m.preempted_by.is_none() {
+                ledger.restore(&m.id, m.resources);
+            }
             ports.extend(m.host_ports.values().copied());
             addresses.extend(m.private_ip);
             if let Some(uid) = m.uid {
@@ -218,6 +223,7 @@ impl Agent {
             proxy_hop_addr: std::sync::OnceLock::new(),
             host_link: std::sync::OnceLock::new(),
             mesh_labels: Mutex::default(),
+            preemptions: Mutex::default(),
             checks: CheckResults::default(),
             disk_gb,
             cannot_run,

@@ -3,6 +3,7 @@
 
 use bazaar_types::host::Resources;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -164,6 +165,10 @@ pub struct AgentConfig {
     /// What this host says of its region (`[region_info]`: name, latitude, longitude,
     /// geo_region, gateway), published in its host row for `GET /v1/platform/regions`.
     pub region_info: bazaar_types::region::RegionInfo,
+    /// The operator's labels of this host (`[labels]`, `disk = "nvme"`; `--label`),
+    /// published in its host row for machines' placement constraints, affinities and
+    /// spread (docs/POLICY.md). Names the agent publishes itself are refused.
+    pub labels: BTreeMap<String, String>,
 }
 
 impl Default for AgentConfig {
@@ -229,6 +234,7 @@ impl Default for AgentConfig {
                 .max_untrusted_per_source,
             request_head_timeout: bazaar_node::listen::Limits::default().head_timeout,
             region_info: Default::default(),
+            labels: BTreeMap::new(),
         }
     }
 }
@@ -257,6 +263,10 @@ impl AgentConfig {
             .region_info
             .validate()
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        for (name, value) in &config.labels {
+            bazaar_types::placement_policy::check_host_label(name, value)
+                .map_err(|e| anyhow::anyhow!("{}: labels: {e}", path.display()))?;
+        }
         Ok(config)
     }
 

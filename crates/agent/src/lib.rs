@@ -105,6 +105,7 @@ pub mod metrics;
 pub mod name_conflict;
 pub mod node;
 pub mod operations;
+pub mod preempt;
 pub mod ps;
 pub mod publish;
 pub mod record;

@@ -65,7 +65,11 @@ impl Agent {
                 score,
                 expires_at_ms,
                 free: ledger.free(),
+                victims: Vec::new(),
             }),
+            Err(err) if req.preempt && !matches!(err, LedgerError::Draining) => {
+                self.preemption_bid(&mut ledger, &req, id, want, expires_at_ms)
+            }
             Err(err) => Ok(BidResponse::Refusal {
                 host_id: self.0.host_id.clone(),
                 reason: err.to_string(),
@@ -78,6 +82,9 @@ impl Agent {
     /// Returns an unclaimed reservation.
     pub async fn release(&self, reservation_id: &str) -> Result<(), AgentError> {
         let mut ledger = self.0.ledger.lock().await;
+        if self.release_preemption(&mut ledger, reservation_id) {
+            return Ok(());
+        }
         match ledger.reservation(reservation_id) {
             None => return Err(AgentError::ReservationNotFound(reservation_id.into())),
             Some(r) if r.claimed_by.is_some() => {
@@ -100,6 +107,9 @@ impl Agent {
     ) -> Result<Machine, AgentError> {
         // Fault injection: a host that dies between its bid and the claim.
         self.0.crash.at("claim", 0);
+        if self.is_preemption(reservation_id) {
+            return self.claim_preemption(reservation_id, req).await;
+        }
         let mut ledger = self.0.ledger.lock().await;
         let reservation = ledger
             .reservation(reservation_id)
@@ -166,7 +176,7 @@ impl Agent {
 
     /// Validates a create request and builds the record, its first operation and the batch
     /// that records them (not yet written).
-    fn prepare_create(
+    pub(crate) fn prepare_create(
         &self,
         req: &ClaimRequest,
     ) -> Result<(MachineRecord, Operation, Batch), AgentError> {
@@ -236,6 +246,7 @@ impl Agent {
             lease: None,
             image_ref: None,
             epoch: req.epoch,
+            preempted_by: None,
         };
         rec.cordoned = req.skip_service_registration;
         if let Some(ttl) = req.lease_ttl {
@@ -265,7 +276,7 @@ impl Agent {
         Ok((rec, op, batch))
     }
 
-    async fn accepted_create(&self, rec: MachineRecord, op: Operation) -> Machine {
+    pub(crate) async fn accepted_create(&self, rec: MachineRecord, op: Operation) -> Machine {
         self.0.crash.at(op.kind.name(), 0);
         tracing::info!(machine.id = %rec.id, app = %rec.app, "machine created");
         self.publish(&rec);

@@ -178,9 +178,21 @@ impl Agent {
         let desired = check_transition(rec.desired, kind.action())?;
         let place = self.0.actors.reserve(id)?;
         let previous_resources = rec.resources;
-        if resources != previous_resources {
+        // A preempted machine that an update launches takes its resources again first.
+        let was_preempted = rec.preempted_by.is_some() && !req.skip_launch;
+        if resources != previous_resources || was_preempted {
             ledger.commit(id, resources).map_err(capacity_error)?;
         }
+        if was_preempted {
+            rec.preempted_by = None;
+        }
+        let undo = |ledger: &mut bazaar_placement::Ledger| {
+            if was_preempted {
+                ledger.uncommit(id);
+            } else {
+                ledger.restore(id, previous_resources);
+            }
+        };
         let previous = rec.clone();
         rec.config = req.config.clone();
         rec.resources = resources;
@@ -206,7 +218,7 @@ impl Agent {
             .assign_ports(&mut rec)
             .and_then(|()| self.assign_user(&mut rec))
         {
-            ledger.restore(id, previous_resources);
+            undo(&mut ledger);
             return Err(err);
         }
         let op = self.new_op(&mut rec, kind, "user");
@@ -215,7 +227,7 @@ impl Agent {
             .event(&mut rec, MachineEvent::new("update", "updating", "user"));
         b.machine(&rec).op(&op);
         if let Err(err) = self.commit(b).await {
-            ledger.restore(id, previous_resources);
+            undo(&mut ledger);
             return Err(err);
         }
         let freed: Vec<u16> = previous
@@ -267,21 +279,36 @@ impl Agent {
         kind: OpKind,
         refine: impl FnOnce(&MachineRecord) -> Result<Option<OpKind>, AgentError>,
     ) -> Result<Machine, AgentError> {
-        let _ledger = self.0.ledger.lock().await;
+        let mut ledger = self.0.ledger.lock().await;
         let mut rec = self.load_live(id)?;
         let kind = refine(&rec)?.unwrap_or(kind);
+        // A preempted machine gave its resources away: starting it takes them again, or is
+        // refused for capacity (`preempt.rs`).
+        let recommit = rec.preempted_by.is_some()
+            && matches!(kind.action(), bazaar_types::state::Action::Start);
         let op = accept(&mut rec, kind, nonce, self.next_op_id(), "user", now_ms())?;
         let place = self.0.actors.reserve(id)?;
+        if recommit {
+            ledger
+                .commit(id, rec.resources)
+                .map_err(crate::error::capacity_error)?;
+            rec.preempted_by = None;
+        }
         let mut b = Batch::default();
         b.machine(&rec).op(&op);
-        self.commit(b).await?;
-        drop(_ledger);
+        if let Err(err) = self.commit(b).await {
+            if recommit {
+                ledger.uncommit(id);
+            }
+            return Err(err);
+        }
+        drop(ledger);
         self.enqueue(&rec, op, place).await
     }
 
     /// Hands a recorded operation to the machine's actor, in the place `place` taken in its
     /// channel before the operation was recorded.
-    async fn enqueue(
+    pub(crate) async fn enqueue(
         &self,
         rec: &MachineRecord,
         op: Operation,
@@ -303,7 +330,7 @@ impl Agent {
     }
 }
 
-fn stop_params(config: &MachineConfig, req: &StopRequest) -> (Signal, Duration) {
+pub(crate) fn stop_params(config: &MachineConfig, req: &StopRequest) -> (Signal, Duration) {
     let (sig, timeout) = config.stop_signal_and_timeout();
     (
         req.signal.unwrap_or(sig),
@@ -383,6 +410,9 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
     refuse_unsupported(config, &guest)?;
     config.rootfs_size_gb().map_err(AgentError::Invalid)?;
     bazaar_types::replacement::validate(config).map_err(AgentError::Invalid)?;
+    if let Some(p) = &config.placement {
+        p.validate().map_err(AgentError::Invalid)?;
+    }
     config.check_runtime().map_err(AgentError::Invalid)?;
     match config.driver() {
         // Named by config.runtime; its driver is not in this build, and a machine of it

@@ -101,12 +101,19 @@ impl Agent {
             capacity,
             free,
             num_machines,
+            // The operator's labels first: the agent's own (checked not to clash) win.
             labels: self
                 .0
-                .proxy_addr
-                .get()
-                .map(|a| ("proxy_addr".to_string(), a.to_string()))
+                .config
+                .labels
+                .clone()
                 .into_iter()
+                .chain(
+                    self.0
+                        .proxy_addr
+                        .get()
+                        .map(|a| ("proxy_addr".to_string(), a.to_string())),
+                )
                 .chain(
                     self.0
                         .proxy_hop_addr

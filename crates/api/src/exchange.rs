@@ -1,10 +1,12 @@
 //! The exchange: places machines by asking hosts for bids (DESIGN.md "The market").
 //!
-//! 1. Candidates come from the local catalog (alive, not draining, advertising room); the
-//!    region expression is tried group by group.
+//! 1. Candidates come from the local catalog (alive, not draining, advertising room, meeting
+//!    the machine's constraints: `policy.rs`); the region expression is tried group by
+//!    group.
 //! 2. A sample is asked in parallel (`sample_size` per machine, or the whole region when it
 //!    is small), each with the bid deadline.
-//! 3. The best offers are claimed, concurrently (with a machine id chosen here, so a retried
+//! 3. The best offers (by score, plus the hosts' affinity and spread scores under a
+//!    placement policy) are claimed, concurrently (with a machine id chosen here, so a retried
 //!    claim is idempotent); a failed claim falls to the next offer; the rest are released.
 //! 4. Refusals that only other reservations caused are retried after a short backoff,
 //!    within a time budget; otherwise the answer is `insufficient_capacity` at once, with
@@ -122,6 +124,11 @@ impl Api {
         let (cands, addrs) = self.market_view()?;
         let known = Self::known_regions(&cands);
         let groups = parse_regions(&order.regions, &known).map_err(ApiError::BadRequest)?;
+        // The machine's placement policy (`config.placement`): impossible constraints are
+        // refused now; the others filter each round and add to the bids' scores.
+        let policy = order.template.config.placement.clone().unwrap_or_default();
+        crate::policy::check_possible(&policy, &cands, &groups)?;
+        let mut counts = crate::policy::spread_counts(self, &order.app, &policy, &cands)?;
         let placement_id = bazaar_types::ids::new_reservation_id().replacen("res_", "pl_", 1);
         let mut record = PlacementRecord {
             placement_id: placement_id.clone(),
@@ -151,8 +158,12 @@ impl Api {
                     ..Default::default()
                 };
                 let (ok, excluded) = candidates(&cands, group, &preq);
+                let (ok, unmet, verdicts) =
+                    crate::policy::filter(&policy, ok, &counts, group, &cands);
                 if round_no == 0 {
                     record.excluded.extend(excluded);
+                    record.excluded.extend(unmet);
+                    record.verdicts.extend(verdicts);
                 }
                 let asks = {
                     let mut rng = rand::rng();
@@ -164,7 +175,14 @@ impl Api {
                 let round_started = Instant::now();
                 let (mut round, offers, retryable) =
                     self.ask(group, &asks, &addrs, &order, &placement_id).await;
-                let (winners, mut rest) = choose_winners(offers, remaining);
+                let (winners, mut rest) = if policy.is_empty() {
+                    choose_winners(offers, remaining)
+                } else {
+                    let hosts: Vec<_> = cands.iter().map(crate::policy::view).collect();
+                    bazaar_placement::constraints::choose_winners(
+                        offers, remaining, &policy, &hosts, &counts,
+                    )
+                };
                 round.elapsed_us = round_started.elapsed().as_micros() as u64;
                 record.rounds.push(round);
                 // Winners are claimed concurrently (a batch of 100 must not wait on 100
@@ -214,8 +232,9 @@ impl Api {
                         let mut rec_now = record.clone();
                         rec_now.winners = vec![offer.host_id.clone()];
                         rec_now.reason = format!(
-                            "best of {bids_in_round} offer(s): score {:.3} (spread: the share of the host left free)",
-                            offer.score
+                            "best of {bids_in_round} offer(s): score {:.3} (spread: the share of the host left free{})",
+                            offer.score,
+                            if policy.is_empty() { "" } else { ", plus the host's affinity and spread scores" }
                         );
                         rec_now.elapsed_us = started.elapsed().as_micros() as u64;
                         claim.placement = serde_json::to_value(&rec_now).ok();
@@ -248,6 +267,12 @@ impl Api {
                         match result {
                             Ok(m) => {
                                 self.remember(&m.id, &offer.host_id);
+                                crate::policy::count_placed(
+                                    &policy,
+                                    &mut counts,
+                                    &offer.host_id,
+                                    &cands,
+                                );
                                 claimed_hosts.push(offer.host_id.clone());
                                 machines.push(m);
                             }
@@ -328,8 +353,31 @@ impl Api {
                 break;
             }
         }
+        // No host had room: hosts may stop lower-class machines for it (`preemption.rs`).
+        let mut preempted = false;
+        if machines.len() < order.count && unanswered.is_empty() && record.winners.is_empty() {
+            let placement_id = record.placement_id.clone();
+            if let Some(m) = self
+                .preempt_round(
+                    &order,
+                    &groups,
+                    &cands,
+                    &addrs,
+                    &policy,
+                    &placement_id,
+                    &mut record,
+                    started,
+                )
+                .await
+            {
+                machines.push(m);
+            }
+            preempted = !record.winners.is_empty();
+        }
         record.elapsed_us = started.elapsed().as_micros() as u64;
-        record.reason = if order.dry_run {
+        record.reason = if preempted {
+            std::mem::take(&mut record.reason)
+        } else if order.dry_run {
             format!(
                 "dry run: {} of {} would be placed",
                 record.winners.len(),
@@ -365,6 +413,8 @@ impl Api {
                 memory_mb: order.size.memory_mb,
                 ttl_ms: Some(ttl),
                 driver: Some(order.template.config.driver().to_string()),
+                priority: order.template.config.priority,
+                preempt: false,
             };
             let host_id = host_id.clone();
             let api = self.clone();
@@ -423,6 +473,7 @@ impl Api {
                     AskOutcome::Bid {
                         score,
                         reservation_id,
+                        victims: Vec::new(),
                     }
                 }
                 Ok(BidResponse::Refusal {
@@ -457,6 +508,21 @@ impl Api {
             offers,
             retryable,
         )
+    }
+
+    /// Claims a reservation (or preemption bid) on `host`.
+    pub(crate) async fn claim_at(
+        &self,
+        host: &HostAddr,
+        reservation_id: &str,
+        claim: &ClaimRequest,
+    ) -> Result<Machine, HostCallError> {
+        self.claim(host, reservation_id, claim).await
+    }
+
+    /// Releases offers (a lost release only means the reservation expires).
+    pub(crate) async fn release_offers(&self, offers: &[Offer], addrs: &HashMap<String, HostAddr>) {
+        self.release_all(offers, addrs).await
     }
 
     async fn claim(

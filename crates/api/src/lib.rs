@@ -37,6 +37,8 @@ pub mod memory;
 pub mod openapi;
 pub mod orgs;
 pub mod platform;
+pub(crate) mod policy;
+pub(crate) mod preemption;
 pub mod quotas;
 pub mod secrets;
 pub mod volumes;

@@ -78,17 +78,24 @@ pub async fn placements(
         (None, None) => Guest::default(),
     };
     let size = guest.validate().map_err(ApiError::BadRequest)?;
+    if let Some(p) = &req.placement {
+        p.validate().map_err(ApiError::BadRequest)?;
+    }
     let count = req.count.unwrap_or(1).clamp(1, 1000);
     let local = api.0.node.config().region.clone();
     let regions = req.region.unwrap_or_else(|| format!("{local},any"));
+    let app = req.app.unwrap_or_default();
     let order = Order {
-        app: String::new(),
+        app: app.clone(),
         template: ClaimRequest {
-            app: String::new(),
+            app,
             app_id: String::new(),
             name: None,
             region: None,
-            config: Default::default(),
+            config: bazaar_types::config::MachineConfig {
+                placement: req.placement,
+                ..Default::default()
+            },
             skip_launch: true,
             machine_id: None,
             lease_ttl: None,
@@ -138,6 +145,6 @@ pub(crate) fn placements_docs(t: TransformOperation<'_>) -> TransformOperation<'
         "platform",
         "Where machines of a size would go: the market is asked for real and every \
          reservation released.",
-        &[400, 401, 409, 503],
+        &[400, 401, 409, 422, 503],
     )
 }

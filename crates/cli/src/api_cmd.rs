@@ -477,6 +477,9 @@ fn print_placement(p: &PlacementRecord) {
     for (i, r) in p.rounds.iter().enumerate() {
         for ask in &r.asked {
             let answer = match &ask.outcome {
+                AskOutcome::Bid { score, victims, .. } if !victims.is_empty() => {
+                    format!("preemption bid {score:.3}, stopping {}", victims.join(", "))
+                }
                 AskOutcome::Bid { score, .. } => format!("bid {score:.3}"),
                 AskOutcome::Refused { reason } => format!("refused: {reason}"),
                 AskOutcome::NoAnswer { error } => format!("no_answer: {error}"),
@@ -493,6 +496,20 @@ fn print_placement(p: &PlacementRecord) {
     println!("{t}");
     for e in &p.excluded {
         println!("excluded {}: {}", e.host_id, e.reason);
+    }
+    if !p.verdicts.is_empty() {
+        // Each host's verdict under the machine's `config.placement`.
+        let mut t = Table::new();
+        t.set_header(["host", "verdict", "affinity", "spread"]);
+        for v in &p.verdicts {
+            t.add_row([
+                v.host_id.clone(),
+                v.excluded.clone().unwrap_or_else(|| "may take it".into()),
+                format!("{:+.2}", v.affinity),
+                format!("{:+.2}", v.spread),
+            ]);
+        }
+        println!("placement policy, host by host:\n{t}");
     }
     println!("winner: {}", Value::from(p.winners.clone()));
 }

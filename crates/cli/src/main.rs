@@ -110,6 +110,11 @@ struct AgentArgs {
     /// Region of this host.
     #[arg(long)]
     region: Option<String>,
+    /// A label of this host, NAME=VALUE (repeatable; added to the config file's `[labels]`,
+    /// a flag winning over the file for one name): machines' `config.placement` constraints,
+    /// affinities and spread match them (docs/POLICY.md).
+    #[arg(long = "label", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
     /// Address of the HTTP listener (default 127.0.0.1:4280).
     #[arg(long)]
     listen: Option<SocketAddr>,
@@ -378,6 +383,7 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     if !a.join.is_empty() {
         config.join = a.join;
     }
+    config.labels.extend(a.labels);
     if let Some(d) = a.replace_after {
         config.replace_after = d;
     }
@@ -505,6 +511,11 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
         config.cert_validity = std::time::Duration::from_millis(ms.max(1000));
     }
     node_main::serve(config, shutdown_signal()).await
+}
+
+/// `--label NAME=VALUE`.
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    bazaar_types::placement_policy::parse_host_label(s)
 }
 
 /// Registers the SIGINT and SIGTERM handlers now, so that a signal arriving while the

@@ -18,6 +18,8 @@ fn bid_req(ttl_ms: Option<u64>) -> BidRequest {
         memory_mb: 256,
         ttl_ms,
         driver: None,
+        priority: None,
+        preempt: false,
     }
 }
 

@@ -66,6 +66,8 @@ async fn a_host_without_runc_refuses_image_machines_runs_process_ones_and_says_w
         memory_mb: 256,
         ttl_ms: Some(1000),
         driver: Some(driver.into()),
+        priority: None,
+        preempt: false,
     };
     match agent.client().bid(&bid("oci")).await.unwrap() {
         BidResponse::Refusal {

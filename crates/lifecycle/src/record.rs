@@ -81,13 +81,17 @@ pub struct MachineRecord {
     /// The ownership epoch (0, or above the copy this one re-placed; `fence.rs`).
     #[serde(default)]
     pub epoch: u64,
+    /// Stopped by preemption for this machine (the agent's `preempt.rs`): the machine holds
+    /// no commitment in the ledger until it starts again, which commits it first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted_by: Option<String>,
     // How the exchange placed the machine is stored apart (`Store::placement`).
 }
 
 impl MachineRecord {
     /// The actor read `before`, worked on it into `self`, and the stored record is now
     /// `stored`: takes from `stored` what the accept side changed meanwhile (it owns the
-    /// config and version, name, resources, ports, cordon, lease and, when a new
+    /// config and version, name, resources, ports, cordon, lease, preemption and, when a new
     /// operation was queued, the desired state and run ids), keeping the actor's own
     /// fields (state, run, exits, restarts). Events are renumbered by the caller.
     pub fn merge_accepted(&mut self, before: &MachineRecord, stored: &MachineRecord) {
@@ -97,6 +101,9 @@ impl MachineRecord {
         }
         if stored.resources != before.resources {
             self.resources = stored.resources;
+        }
+        if stored.preempted_by != before.preempted_by {
+            self.preempted_by = stored.preempted_by.clone();
         }
         if stored.host_ports != before.host_ports {
             self.host_ports = stored.host_ports.clone();
@@ -178,6 +185,7 @@ pub(crate) mod tests {
             lease: None,
             image_ref: None,
             epoch: 0,
+            preempted_by: None,
         }
     }
 
@@ -222,9 +230,11 @@ pub(crate) mod tests {
         stored.next_event_seq = 2;
         stored.last_event_id = "01E2".into();
         stored.updated_at_ms = 9;
+        stored.preempted_by = Some("m2".into());
 
         let mut merged = worked.clone();
         merged.merge_accepted(&before, &stored);
+        assert_eq!(merged.preempted_by.as_deref(), Some("m2"));
         assert_eq!(merged.instance_id, "01V2");
         assert!(merged.config.auto_destroy);
         assert_eq!(merged.name, "loud-river");

@@ -4,213 +4,17 @@
 //! preference. Also the rule of per-host machines (Nomad's system jobs): the machines to
 //! make and to remove so that one runs on every matching live host.
 //!
-//! The policy is a bazaar extension of the machine config (`config.placement`, documented
-//! in docs/PLACEMENT.md when wired); this module holds the rules only, no I/O.
+//! The policy is a bazaar extension of the machine config (`config.placement`, its types in
+//! `bazaar_types::placement_policy`, re-exported here; docs/POLICY.md); this module holds
+//! the rules only, no I/O. The API's exchange applies them (`bazaar_api`'s `exchange.rs`).
 
 use crate::exchange::{Candidate, Exclusion, Offer};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// How a constraint compares a host label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-pub enum Op {
-    /// The label has exactly this value.
-    #[serde(rename = "=")]
-    Eq,
-    /// The label is absent or has another value.
-    #[serde(rename = "!=")]
-    Ne,
-    /// The label has one of the comma-separated values.
-    #[serde(rename = "in")]
-    In,
-    /// The label is present (any value).
-    #[serde(rename = "exists")]
-    Exists,
-}
-
-/// A rule on one host label.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Constraint {
-    pub label: String,
-    #[serde(default = "default_op")]
-    pub op: Op,
-    /// Required for `=`, `!=` and `in` (comma-separated values); refused for `exists`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value: Option<String>,
-}
-
-fn default_op() -> Op {
-    Op::Eq
-}
-
-/// A preference: hosts meeting `rule` gain `weight` (negative: avoid them).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Affinity {
-    pub label: String,
-    #[serde(default = "default_op")]
-    pub op: Op,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value: Option<String>,
-    /// -100..=100, not 0 (as Nomad's).
-    pub weight: i32,
-}
-
-/// What an app's machines are spread across.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SpreadBy {
-    /// One machine per host as far as possible.
-    Host,
-    /// Evenly over the values of this host label (e.g. `zone`).
-    Label(String),
-}
-
-impl SpreadBy {
-    /// Parses `host` or `label:NAME`.
-    pub fn parse(s: &str) -> Result<SpreadBy, String> {
-        match s.trim() {
-            "host" => Ok(SpreadBy::Host),
-            other => match other.strip_prefix("label:") {
-                Some(l) if valid_label(l) => Ok(SpreadBy::Label(l.to_string())),
-                _ => Err(format!(
-                    "spread.by must be \"host\" or \"label:NAME\", not {other:?}"
-                )),
-            },
-        }
-    }
-}
-
-/// Spread of an app's machines (anti-affinity).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Spread {
-    /// `host` or `label:NAME`.
-    pub by: String,
-}
-
-/// A machine's placement policy (`config.placement`).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PlacementPolicy {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub constraints: Vec<Constraint>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub affinities: Vec<Affinity>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spread: Option<Spread>,
-}
-
-/// At most this many constraints and this many affinities in one policy.
-pub const MAX_RULES: usize = 32;
-
-fn valid_label(l: &str) -> bool {
-    !l.is_empty()
-        && l.len() <= 63
-        && l.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))
-}
-
-fn check_rule(
-    kind: &str,
-    i: usize,
-    label: &str,
-    op: Op,
-    value: Option<&str>,
-) -> Result<(), String> {
-    if !valid_label(label) {
-        return Err(format!(
-            "placement.{kind}[{i}].label {label:?} is not a label name (1-63 of A-Z a-z 0-9 _ - . /)"
-        ));
-    }
-    match (op, value) {
-        (Op::Exists, Some(_)) => Err(format!(
-            "placement.{kind}[{i}]: op \"exists\" takes no value"
-        )),
-        (Op::Eq | Op::Ne | Op::In, None) => Err(format!(
-            "placement.{kind}[{i}]: op {:?} needs a value",
-            op_str(op)
-        )),
-        (Op::In, Some(v)) if v.split(',').all(|s| s.trim().is_empty()) => Err(format!(
-            "placement.{kind}[{i}]: op \"in\" needs comma-separated values"
-        )),
-        _ => Ok(()),
-    }
-}
-
-fn op_str(op: Op) -> &'static str {
-    match op {
-        Op::Eq => "=",
-        Op::Ne => "!=",
-        Op::In => "in",
-        Op::Exists => "exists",
-    }
-}
-
-impl PlacementPolicy {
-    /// Checks the policy; the error names the field and is meant for a 400.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.constraints.len() > MAX_RULES || self.affinities.len() > MAX_RULES {
-            return Err(format!(
-                "placement: at most {MAX_RULES} constraints and {MAX_RULES} affinities"
-            ));
-        }
-        for (i, c) in self.constraints.iter().enumerate() {
-            check_rule("constraints", i, &c.label, c.op, c.value.as_deref())?;
-        }
-        for (i, a) in self.affinities.iter().enumerate() {
-            check_rule("affinities", i, &a.label, a.op, a.value.as_deref())?;
-            if a.weight == 0 || !(-100..=100).contains(&a.weight) {
-                return Err(format!(
-                    "placement.affinities[{i}].weight must be -100..=100 and not 0, not {}",
-                    a.weight
-                ));
-            }
-        }
-        if let Some(s) = &self.spread {
-            SpreadBy::parse(&s.by)?;
-        }
-        Ok(())
-    }
-
-    /// The spread asked for, if any (a validated policy parses).
-    pub fn spread_by(&self) -> Option<SpreadBy> {
-        self.spread
-            .as_ref()
-            .and_then(|s| SpreadBy::parse(&s.by).ok())
-    }
-}
-
-fn holds(label: &str, op: Op, value: Option<&str>, labels: &BTreeMap<String, String>) -> bool {
-    let have = labels.get(label).map(String::as_str);
-    match op {
-        Op::Eq => have.is_some() && have == value,
-        Op::Ne => have.is_none() || have != value,
-        Op::In => have.is_some_and(|h| {
-            value
-                .unwrap_or("")
-                .split(',')
-                .map(str::trim)
-                .any(|v| !v.is_empty() && v == h)
-        }),
-        Op::Exists => have.is_some(),
-    }
-}
-
-impl Constraint {
-    /// Whether a host with `labels` meets it.
-    pub fn holds(&self, labels: &BTreeMap<String, String>) -> bool {
-        holds(&self.label, self.op, self.value.as_deref(), labels)
-    }
-
-    /// The constraint as written, for reasons: `disk = nvme`, `zone exists`.
-    pub fn describe(&self) -> String {
-        match &self.value {
-            Some(v) => format!("{} {} {}", self.label, op_str(self.op), v),
-            None => format!("{} {}", self.label, op_str(self.op)),
-        }
-    }
-}
+pub use bazaar_types::placement_policy::{
+    holds, Affinity, Constraint, Op, PlacementPolicy, Spread, SpreadBy, MAX_RULES,
+};
 
 /// The first constraint a host with `labels` does not meet, as a reason naming it.
 pub fn unmet(constraints: &[Constraint], labels: &BTreeMap<String, String>) -> Option<String> {
@@ -232,7 +36,7 @@ pub fn affinity_score(affinities: &[Affinity], labels: &BTreeMap<String, String>
     }
     let met: i64 = affinities
         .iter()
-        .filter(|a| holds(&a.label, a.op, a.value.as_deref(), labels))
+        .filter(|a| a.holds(labels))
         .map(|a| i64::from(a.weight))
         .sum();
     met as f64 / total as f64
@@ -362,6 +166,76 @@ pub fn adjust_offers(offers: &mut [Offer], verdicts: &[HostVerdict]) {
             o.score += v.bonus();
         }
     }
+}
+
+/// The app's machines per spread key under `by`: `machine_hosts` are the hosts of the
+/// app's live machines (one entry per machine), `labels_of` a host's labels.
+pub fn spread_counts<'a>(
+    by: &SpreadBy,
+    machine_hosts: impl IntoIterator<Item = &'a str>,
+    labels_of: impl Fn(&str) -> Option<&'a BTreeMap<String, String>>,
+) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    let empty = BTreeMap::new();
+    for host in machine_hosts {
+        let labels = labels_of(host).unwrap_or(&empty);
+        if let Some(k) = spread_key(by, host, labels) {
+            *counts.entry(k.to_string()).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+/// `exchange::choose_winners` under a policy: the `count` winners are taken one at a time,
+/// each the offer with the highest bid score plus its host's affinity and spread scores,
+/// the spread counts growing with each winner (so a batch spreads too); ties by host id.
+/// `hosts` are the offering hosts with their labels; `counts` the app's machines per spread
+/// key before this placement. Offers of a host not in `hosts` get no bonus.
+pub fn choose_winners(
+    mut offers: Vec<Offer>,
+    count: usize,
+    policy: &PlacementPolicy,
+    hosts: &[HostView<'_>],
+    counts: &BTreeMap<String, usize>,
+) -> (Vec<Offer>, Vec<Offer>) {
+    let by = policy.spread_by();
+    let mut counts = counts.clone();
+    let mut winners = Vec::new();
+    let bonus = |o: &Offer, counts: &BTreeMap<String, usize>| -> f64 {
+        let Some(h) = hosts.iter().find(|h| h.host_id == o.host_id) else {
+            return 0.0;
+        };
+        let spread = by
+            .as_ref()
+            .map(|b| spread_score(spread_key(b, h.host_id, h.labels), counts))
+            .unwrap_or(0.0);
+        affinity_score(&policy.affinities, h.labels) + spread
+    };
+    while winners.len() < count && !offers.is_empty() {
+        let best = (0..offers.len())
+            .max_by(|&a, &b| {
+                let (oa, ob) = (&offers[a], &offers[b]);
+                (oa.score + bonus(oa, &counts))
+                    .total_cmp(&(ob.score + bonus(ob, &counts)))
+                    .then_with(|| ob.host_id.cmp(&oa.host_id))
+                    .then_with(|| ob.reservation_id.cmp(&oa.reservation_id))
+            })
+            .expect("offers is not empty");
+        let mut won = offers.swap_remove(best);
+        won.score += bonus(&won, &counts);
+        if let (Some(b), Some(h)) = (&by, hosts.iter().find(|h| h.host_id == won.host_id)) {
+            if let Some(k) = spread_key(b, h.host_id, h.labels) {
+                *counts.entry(k.to_string()).or_insert(0) += 1;
+            }
+        }
+        winners.push(won);
+    }
+    offers.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then_with(|| a.host_id.cmp(&b.host_id))
+    });
+    (winners, offers)
 }
 
 /// What to do so that a per-host machine runs once on every live host meeting its

@@ -253,6 +253,9 @@ pub enum AskOutcome {
     Bid {
         score: f64,
         reservation_id: String,
+        /// A preemption bid: the machines the host would stop, each `id (class)`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        victims: Vec<String>,
     },
     Refused {
         reason: String,
@@ -298,6 +301,10 @@ pub struct PlacementRecord {
     pub winners: Vec<String>,
     pub reason: String,
     pub elapsed_us: u64,
+    /// Each host's verdict under the machine's placement policy (`config.placement`):
+    /// excluded and why, its affinity and spread scores. Empty without a policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub verdicts: Vec<crate::constraints::HostVerdict>,
 }
 
 #[cfg(test)]

@@ -29,14 +29,9 @@ use std::cmp::{Ordering, Reverse};
 /// choice (measured: a few milliseconds at most; docs/benchmarks/placement.md).
 pub const EXACT_SETS: u64 = 20_000;
 
-/// A machine a host holds resources for, as preemption sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct Candidate {
-    pub machine_id: String,
-    pub priority: Priority,
-    pub resources: Resources,
-    pub created_at_ms: u64,
-}
+/// A machine a host holds resources for, as preemption sees it (the wire's
+/// `bazaar_types::host::Victim`).
+pub use bazaar_types::host::Victim as Candidate;
 
 /// A host's bid that needs machines stopped: the victims the rule chose on that host.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

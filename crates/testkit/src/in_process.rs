@@ -30,6 +30,14 @@ pub struct InProcessAgent {
 impl InProcessAgent {
     /// Starts the agent and its catalog (a cluster of one) and attaches them.
     pub async fn start() -> anyhow::Result<InProcessAgent> {
+        Self::start_with(|_| {}).await
+    }
+
+    /// [`InProcessAgent::start`] with the agent's config changed by `configure` first
+    /// (host labels, capacity).
+    pub async fn start_with(
+        configure: impl FnOnce(&mut AgentConfig),
+    ) -> anyhow::Result<InProcessAgent> {
         let dir = tempfile::Builder::new()
             .prefix("bazaar-inproc-")
             .tempdir()?;
@@ -47,6 +55,8 @@ impl InProcessAgent {
             disk_gb: Some(10),
             ..AgentConfig::default()
         };
+        let mut config = config;
+        configure(&mut config);
         let agent = Agent::start(config.clone()).await?;
         let mut catalog_config = CatalogConfig::new(
             agent.host_id(),

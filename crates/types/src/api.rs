@@ -385,6 +385,13 @@ pub struct PlacementsRequest {
     /// How many machines (1 to 1000, default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<usize>,
+    /// bazaar extension: a placement policy, as a machine config's `placement`; each
+    /// host's verdict is in the answer's `placement.verdicts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<crate::placement_policy::PlacementPolicy>,
+    /// bazaar extension: the app whose machines a `placement.spread` counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app: Option<String>,
 }
 
 /// Machines of a dry run placed in one region.

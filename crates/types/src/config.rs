@@ -5,8 +5,8 @@
 //!
 //! bazaar extensions: `runtime` (`process`, `runc`, `gvisor`, `microvm`: what runs the
 //! machine; it names the driver), `driver` (`"process"` runs `init.exec` or `init.entrypoint` + `init.cmd`
-//! as a supervised process on the host; `"oci"` runs `image`), `init.user`, and `priority`
-//! (`crate::priority`).
+//! as a supervised process on the host; `"oci"` runs `image`), `init.user`, `priority`
+//! (`crate::priority`) and `placement` (`crate::placement_policy`).
 
 use crate::duration::GoDuration;
 use crate::guest::Guest;
@@ -71,6 +71,10 @@ pub struct MachineConfig {
     /// has room for it (docs/POLICY.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<crate::priority::Priority>,
+    /// bazaar extension: where the machine may go and what it prefers, by the operator's
+    /// host labels: `constraints`, `affinities`, `spread` (docs/POLICY.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<crate::placement_policy::PlacementPolicy>,
     /// Fly's fields kept untyped (`rootfs`, and those bazaar takes only at their default),
     /// echoed back unchanged.
     #[serde(flatten)]

@@ -234,6 +234,7 @@ pub const CONFIG: &[Field] = &[
     used("schedule", Any),
     used("metrics", Any),
     used("priority", Any),
+    used("placement", Any),
     Field {
         doc: Some(|| {
             json!({"description": "The machine's root filesystem: `size_gb` sizes its writable space.",

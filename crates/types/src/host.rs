@@ -70,6 +70,22 @@ pub struct BidRequest {
     /// `None`: not said (any host may bid).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<String>,
+    /// The machine's priority class (`config.priority`; absent: `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<crate::priority::Priority>,
+    /// A preemption bid may be made: a host without room names the lower-class machines it
+    /// would stop (docs/POLICY.md). Asked only when no host had room.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preempt: bool,
+}
+
+/// A machine a host would stop for a preemption bid (and what preemption's rule weighs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Victim {
+    pub machine_id: String,
+    pub priority: crate::priority::Priority,
+    pub resources: Resources,
+    pub created_at_ms: u64,
 }
 
 /// A host's answer to a bid request.
@@ -84,6 +100,9 @@ pub enum BidResponse {
         score: f64,
         expires_at_ms: u64,
         free: Resources,
+        /// A preemption bid: the machines the host stops when it is claimed.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        victims: Vec<Victim>,
     },
     /// The host cannot (or will not) take it. `retryable`: only other exchanges'
     /// reservations stand in the way, so asking again shortly may succeed.

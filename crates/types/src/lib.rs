@@ -16,6 +16,8 @@
 //! - [`signal`]: signals by name or number.
 //! - [`region`]: what an operator says of a region (name, coordinates, gateway).
 //! - [`volume`]: volumes (the API objects, host-interface requests, mounts, validation).
+//! - [`placement_policy`]: a machine's constraints, affinities and spread on host labels,
+//!   and the rule of the labels an operator gives a host.
 //! - [`seccomp`]: the system calls a workload may make (both drivers' allowlist).
 //!
 //! This crate does no I/O.
@@ -34,6 +36,7 @@ pub mod ids;
 pub mod json;
 pub mod limits;
 pub mod machine;
+pub mod placement_policy;
 pub mod priority;
 pub mod quota;
 pub mod region;

@@ -82,6 +82,9 @@ fn order_for(
         .config
         .ok_or_else(|| ApiError::BadRequest("config is required".into()))?;
     let size = api.0.node.validate_config(&config)?;
+    if let Some(p) = &config.placement {
+        p.validate().map_err(ApiError::BadRequest)?;
+    }
     check_standbys(api, app, &config, None)?;
     crate::quotas::check_machines(api, app, size, count)?;
     let pinned_host = match bazaar_types::volume::mount_of(&config).map_err(ApiError::BadRequest)? {
@@ -263,7 +266,7 @@ pub(crate) fn create_docs(t: TransformOperation<'_>) -> TransformOperation<'_> {
         "MachinesCreate",
         "machines",
         "Create a machine, placed by the market.",
-        &[400, 401, 403, 404, 409, 413, 503],
+        &[400, 401, 403, 404, 409, 413, 422, 503],
     )
 }
 
@@ -303,7 +306,7 @@ pub(crate) fn create_batch_docs(t: TransformOperation<'_>) -> TransformOperation
         "machines",
         "bazaar extension: create `count` machines of one config, placed in one round \
          (maybe fewer than asked).",
-        &[400, 401, 403, 404, 409, 413, 503],
+        &[400, 401, 403, 404, 409, 413, 422, 503],
     )
 }
 

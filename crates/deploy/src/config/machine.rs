@@ -123,6 +123,10 @@ impl AppConfig {
         };
         cfg.check_runtime()
             .map_err(|e| format!("[[vm]] runtime: {e}"))?;
+        if let Some(p) = self.vm_of(group).and_then(|v| v.placement.clone()) {
+            p.validate().map_err(|e| format!("[[vm]] {e}"))?;
+            cfg.placement = Some(p);
+        }
         let e = &self.experimental;
         if e.cmd.is_some() || e.entrypoint.is_some() || e.exec.is_some() {
             let argv = |c: &Option<Command>| c.as_ref().map(|c| c.0.clone()).unwrap_or_default();

@@ -277,6 +277,10 @@ pub struct Vm {
     /// docs/POLICY.md), set as `config.priority`.
     #[serde(default)]
     pub priority: Option<bazaar_types::priority::Priority>,
+    /// bazaar extension: the machines' placement policy on host labels (`constraints`,
+    /// `affinities`, `spread`; docs/POLICY.md), set as `config.placement`.
+    #[serde(default)]
+    pub placement: Option<bazaar_types::placement_policy::PlacementPolicy>,
     #[serde(default)]
     pub processes: Vec<String>,
     #[serde(default)]

@@ -298,3 +298,21 @@ fn vm_runtime_sets_the_machines_runtime() {
     let err = l.config.machine_config("app").unwrap_err();
     assert!(err.contains("unknown config.runtime"), "{err}");
 }
+
+#[test]
+fn a_vm_placement_becomes_the_groups_config_placement() {
+    let text = "app = \"x\"\n[build]\nimage = \"i\"\n[processes]\nweb = \"serve\"\nworker = \"work\"\n\n[[vm]]\n  processes = [\"worker\"]\n  [vm.placement]\n  constraints = [{ label = \"disk\", value = \"nvme\" }]\n  spread = { by = \"host\" }\n";
+    let c = parse("fly.toml", text).unwrap().config;
+    let p = c.machine_config("worker").unwrap().placement.unwrap();
+    assert_eq!(p.constraints[0].describe(), "disk = nvme");
+    assert_eq!(p.spread.unwrap().by, "host");
+    assert_eq!(c.machine_config("web").unwrap().placement, None);
+    let bad = parse(
+        "fly.toml",
+        "app = \"x\"\n[build]\nimage = \"i\"\n[[vm]]\n[vm.placement]\nspread = { by = \"rack\" }\n",
+    )
+    .unwrap()
+    .config;
+    let e = bad.machine_config("app").unwrap_err();
+    assert!(e.contains("placement.spread.by"), "{e}");
+}

@@ -374,3 +374,87 @@ proptest! {
         prop_assert_eq!(per_host_plan(&cs, &hosts, &again), PerHostPlan::default());
     }
 }
+
+#[test]
+fn a_batch_spreads_over_hosts_and_affinities_tip_the_choice() {
+    let (a, b, c) = (
+        labels(&[("zone", "a")]),
+        labels(&[("zone", "a")]),
+        labels(&[("zone", "b")]),
+    );
+    let hosts = [
+        HostView {
+            host_id: "h1",
+            labels: &a,
+        },
+        HostView {
+            host_id: "h2",
+            labels: &b,
+        },
+        HostView {
+            host_id: "h3",
+            labels: &c,
+        },
+    ];
+    let offer = |h: &str, n: u32, score: f64| Offer {
+        host_id: h.into(),
+        reservation_id: format!("r{h}{n}"),
+        score,
+    };
+    // h1 bids best twice: without a policy both winners are on h1.
+    let offers = vec![
+        offer("h1", 1, 0.9),
+        offer("h1", 2, 0.9),
+        offer("h2", 1, 0.5),
+        offer("h3", 1, 0.4),
+    ];
+    let plain = crate::exchange::choose_winners(offers.clone(), 2);
+    assert_eq!(
+        plain
+            .0
+            .iter()
+            .map(|o| o.host_id.as_str())
+            .collect::<Vec<_>>(),
+        ["h1", "h1"]
+    );
+    // Spread by host: the second machine goes elsewhere.
+    let by_host = PlacementPolicy {
+        spread: Some(Spread { by: "host".into() }),
+        ..Default::default()
+    };
+    let (w, rest) = choose_winners(offers.clone(), 2, &by_host, &hosts, &BTreeMap::new());
+    assert_eq!(
+        w.iter().map(|o| o.host_id.as_str()).collect::<Vec<_>>(),
+        ["h1", "h2"]
+    );
+    assert_eq!(rest.len(), 2);
+    // Spread by zone: the second goes to the other zone, though its bid is the lowest.
+    let by_zone = PlacementPolicy {
+        spread: Some(Spread {
+            by: "label:zone".into(),
+        }),
+        ..Default::default()
+    };
+    let (w, _) = choose_winners(offers.clone(), 2, &by_zone, &hosts, &BTreeMap::new());
+    assert_eq!(
+        w.iter().map(|o| o.host_id.as_str()).collect::<Vec<_>>(),
+        ["h1", "h3"]
+    );
+    // An affinity for zone b outweighs h1's better bid.
+    let prefer_b = PlacementPolicy {
+        affinities: vec![Affinity {
+            label: "zone".into(),
+            op: Op::Eq,
+            value: Some("b".into()),
+            weight: 100,
+        }],
+        ..Default::default()
+    };
+    let (w, _) = choose_winners(offers, 1, &prefer_b, &hosts, &BTreeMap::new());
+    assert_eq!(w[0].host_id, "h3");
+    // The counts of machines already placed come from the app's machines' hosts.
+    let counts = spread_counts(&SpreadBy::Label("zone".into()), ["h1", "h2", "h3"], |h| {
+        hosts.iter().find(|v| v.host_id == h).map(|v| v.labels)
+    });
+    assert_eq!(counts, BTreeMap::from([("a".into(), 2), ("b".into(), 1)]));
+}
