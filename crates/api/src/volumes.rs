@@ -277,6 +277,7 @@ async fn create_from_source(
     let mut ask = host_request(app, req)?;
     ask.id = new_volume_id();
     ask.size_gb = req.size_gb.unwrap_or(source_gb);
+    crate::quotas::check_volume(api, app, ask.size_gb)?;
     ask.require_unique_zone = req.require_unique_zone.unwrap_or(false);
     ask.source = Some(source);
     match api
@@ -444,6 +445,19 @@ pub async fn extend(
     Path((app, id)): Path<(String, String)>,
     RawJson(body, ..): RawJson<ExtendVolumeRequest>,
 ) -> Result<Relayed<Json<ExtendVolumeResponse>>, ApiError> {
+    // The growth counts against the volume GB quota (a body the owner will refuse is left
+    // to it).
+    if let Ok(ExtendVolumeRequest {
+        size_gb: Some(size_gb),
+    }) = serde_json::from_slice(&body)
+    {
+        let now = api
+            .catalog()?
+            .volume(&id)
+            .filter(|v| v.record.app == app)
+            .map_or(size_gb, |v| v.record.size_gb);
+        crate::quotas::check_volume(&api, &app, size_gb.saturating_sub(now))?;
+    }
     forward(api, app, id, "/extend", Method::PUT, body).await
 }
 
