@@ -160,7 +160,7 @@ pub struct DeployArgs {
     /// --image` does; the file's `[build]` build settings are then not used.
     #[arg(long, value_name = "REF")]
     image: Option<String>,
-    /// Where an image built from the app's Dockerfile is pushed (HOST[:PORT], a registry
+    /// Where an image built from the app's Dockerfile is pushed (`HOST[:PORT]`, a registry
     /// the cluster's hosts pull from); the deploy runs the pushed digest.
     #[arg(long, env = "BAZAAR_REGISTRY", value_name = "HOST[:PORT]")]
     registry: Option<String>,
