@@ -93,6 +93,7 @@ pub fn router(agent: Agent) -> Router {
         .merge(crate::images::routes())
         .route("/audit/{app}", get(audit_for_app))
         .merge(crate::ledger_dump::routes())
+        .merge(crate::drain::routes())
         .merge(crate::cluster_security::routes())
         .layer(middleware::from_fn_with_state(
             agent.clone(),

@@ -85,6 +85,7 @@ pub mod config;
 pub mod connections;
 pub mod disk_watch;
 pub mod dns;
+pub mod drain;
 pub mod error;
 pub mod fault;
 pub mod fence;

@@ -27,6 +27,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 
+/// The meta key of the drain flag (`drain.rs`): `true` while the host is drained.
+pub const META_DRAINING: &str = "draining";
 const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 const MACHINES: TableDefinition<&str, &[u8]> = TableDefinition::new("machines");
 /// Key: `machine_id/instance_id`.

@@ -22,6 +22,7 @@ mod certs_cmd;
 mod cluster_cmd;
 mod deploy_cmd;
 mod dev;
+mod drain_cmd;
 mod host_cmd;
 mod image_cmd;
 mod lab_cmd;

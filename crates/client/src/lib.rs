@@ -189,6 +189,22 @@ impl HostClient {
         self.get("/info").await
     }
 
+    /// Drains the host (`draining`: it takes no new machines) or takes it back; the answer
+    /// is its description after the change.
+    pub async fn set_draining(&self, draining: bool) -> Result<HostInfo, ClientError> {
+        let url = self.url("/drain");
+        let body = serde_json::to_vec(&bazaar_types::host::DrainRequest { draining })
+            .expect("a drain request serializes");
+        self.send(
+            self.http
+                .put(&url)
+                .header("content-type", "application/json")
+                .body(body),
+            url,
+        )
+        .await
+    }
+
     /// Asks for a bid.
     pub async fn bid(&self, req: &BidRequest) -> Result<BidResponse, ClientError> {
         self.post("/bids", req).await

@@ -146,6 +146,17 @@ pub struct HostInfo {
     pub num_machines: usize,
     pub num_reservations: usize,
     pub version: String,
+    /// Drained (`bazaar host drain`): it takes no new machines.
+    #[serde(default)]
+    pub draining: bool,
+}
+
+/// Body of `PUT /host/v1/drain`: drain the host (it bids for and creates no new machine)
+/// or take it back into the market.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRequest {
+    pub draining: bool,
 }
 
 /// Body of `POST /host/v1/machines/{id}/stop` (and the Fly stop endpoint).
