@@ -94,6 +94,7 @@ pub fn router(agent: Agent) -> Router {
         .route("/audit/{app}", get(audit_for_app))
         .merge(crate::ledger_dump::routes())
         .merge(crate::drain::routes())
+        .merge(crate::backup::routes())
         .merge(crate::cluster_security::routes())
         .layer(middleware::from_fn_with_state(
             agent.clone(),

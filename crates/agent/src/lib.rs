@@ -77,6 +77,7 @@ pub mod agent;
 pub mod api_tls;
 pub mod app_secrets;
 pub mod audit;
+pub mod backup;
 pub mod boot;
 pub mod checks;
 pub mod cleanup;

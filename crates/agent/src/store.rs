@@ -440,6 +440,47 @@ impl Store {
         Ok(())
     }
 
+    /// Copies every table as one read transaction sees it into a new database at `dest`
+    /// (replaced if there; 0600): a consistent copy of the store while the agent keeps
+    /// writing (`bazaar host backup`). redb has no online backup of its own, and its file
+    /// copied as is could pair one commit's header with another's pages.
+    pub fn copy_to(&self, dest: &Path) -> Result<(), StoreError> {
+        self.on_db(|db| {
+            match std::fs::remove_file(dest) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(e)),
+                _ => {}
+            }
+            let out = Database::create(dest)?;
+            let owner_only =
+                <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600);
+            std::fs::set_permissions(dest, owner_only).map_err(io_err)?;
+            let read = db.begin_read()?;
+            let write = out.begin_write()?;
+            macro_rules! copy {
+                ($($table:expr),*) => {$({
+                    let from = read.open_table($table)?;
+                    let mut to = write.open_table($table)?;
+                    for row in from.iter()? {
+                        let (k, v) = row?;
+                        to.insert(k.value(), v.value())?;
+                    }
+                })*};
+            }
+            copy!(
+                META,
+                MACHINES,
+                VERSIONS,
+                EVENTS,
+                RESERVATIONS,
+                VOLUMES,
+                PLACEMENTS
+            );
+            copy!(OPERATIONS);
+            write.commit()?;
+            Ok(())
+        })
+    }
+
     /// Reads a meta key.
     pub fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
         self.on_db(|db| {

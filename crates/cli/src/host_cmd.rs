@@ -107,6 +107,13 @@ enum HostCommand {
     Drain(crate::drain_cmd::DrainArgs),
     /// Take a drained host back into the market.
     Undrain(crate::drain_cmd::UndrainArgs),
+    /// Back the host up, on the host (root): its store, copied consistently while its agent
+    /// runs, its keys and certificate (and the cluster CA's directory with --ca-dir) into
+    /// one archive.
+    Backup(crate::backup_cmd::BackupArgs),
+    /// Put a backup back into a host's data dir (its agent stopped); the agent started
+    /// again re-adopts its running machines and rejoins.
+    Restore(crate::backup_cmd::RestoreArgs),
     /// Remove every trace of a host whose agent is stopped, its machines included: kill
     /// its shims and workloads, unmount, detach loop devices, delete its bridge, network
     /// namespaces, veths, nftables table and cgroups, then empty its data dir. For a host
@@ -152,11 +159,11 @@ pub(crate) fn require_secret(secret: Option<String>) -> anyhow::Result<String> {
 /// Runs a `bazaar host` command.
 pub async fn run(args: HostArgs) -> anyhow::Result<()> {
     match args.command {
-        HostCommand::Reset { data_dir } => return reset(&data_dir, args.json),
-        HostCommand::Drain(d) => return crate::drain_cmd::drain(&args.conn, d, args.json).await,
-        HostCommand::Undrain(u) => {
-            return crate::drain_cmd::undrain(&args.conn, u, args.json).await
-        }
+        HostCommand::Reset { data_dir } => reset(&data_dir, args.json),
+        HostCommand::Drain(d) => crate::drain_cmd::drain(&args.conn, d, args.json).await,
+        HostCommand::Undrain(u) => crate::drain_cmd::undrain(&args.conn, u, args.json).await,
+        HostCommand::Backup(b) => crate::backup_cmd::backup(&args.conn, b, args.json).await,
+        HostCommand::Restore(r) => crate::backup_cmd::restore(r, args.json),
         command => run_on(args.conn, args.json, command).await,
     }
 }
@@ -350,7 +357,11 @@ async fn run_on(
             }
         }
         // Done above, before a token is needed.
-        HostCommand::Reset { .. } | HostCommand::Drain(_) | HostCommand::Undrain(_) => {}
+        HostCommand::Reset { .. }
+        | HostCommand::Drain(_)
+        | HostCommand::Undrain(_)
+        | HostCommand::Backup(_)
+        | HostCommand::Restore(_) => {}
         HostCommand::Wait { id, state, timeout } => {
             let r = client.wait(&id, &state, timeout).await?;
             if json {

@@ -18,6 +18,7 @@
 //!   ([`bazaar_shim::exec_main`]).
 
 mod api_cmd;
+mod backup_cmd;
 mod certs_cmd;
 mod cluster_cmd;
 mod deploy_cmd;

@@ -205,6 +205,12 @@ impl HostClient {
         .await
     }
 
+    /// Has the agent copy its store consistently under its data dir (`bazaar host
+    /// backup`); the answer names the host and the copy's path.
+    pub async fn copy_store(&self) -> Result<serde_json::Value, ClientError> {
+        self.post("/backup", &serde_json::json!({})).await
+    }
+
     /// Asks for a bid.
     pub async fn bid(&self, req: &BidRequest) -> Result<BidResponse, ClientError> {
         self.post("/bids", req).await
