@@ -1,7 +1,8 @@
 //! `bazaar host drain` / `undrain` on a 3-agent loopback cluster: a drained host refuses
 //! bids and direct creates at once, its row says `draining` (`bazaar hosts`), every
 //! exchange leaves it out with that reason (`machine explain`'s record) and it stays
-//! drained across an agent restart; its machine that can run elsewhere is replaced by a
+//! drained across an agent restart (and a caller of a newer host interface format is
+//! refused); its machine that can run elsewhere is replaced by a
 //! new one of the same app, name and config on another host, started before the original
 //! is destroyed; its machine bound to a volume of the host is stopped and listed, the
 //! volume kept. `undrain` takes it back. Bad input to `PUT /host/v1/drain` is a 400.
@@ -237,5 +238,17 @@ async fn a_drained_host_takes_nothing_new_and_its_machines_move_or_stop() {
         .await
         .unwrap();
     assert!(r.status().is_client_error(), "an API token drained a host");
+    // A caller of a newer host interface format is refused before anything is done.
+    let r = http
+        .put(format!("{}/host/v1/drain", agents[index].url()))
+        .bearer_auth(TEST_SECRET)
+        .header(bazaar_types::host::HOST_FORMAT_HEADER, "99")
+        .body(r#"{"draining": true}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let text = r.text().await.unwrap();
+    assert!(text.contains("upgrade this host"), "{text}");
     assert!(!host.info().await.unwrap().draining);
 }

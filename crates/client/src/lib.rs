@@ -112,6 +112,10 @@ impl HostClient {
         url: &str,
     ) -> Result<reqwest::Response, ClientError> {
         req.bearer_auth(&self.token)
+            .header(
+                bazaar_types::host::HOST_FORMAT_HEADER,
+                bazaar_types::host::HOST_FORMAT.to_string(),
+            )
             .send()
             .await
             .map_err(|source| ClientError::Transport {
