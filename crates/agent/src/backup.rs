@@ -135,7 +135,7 @@ pub fn write_archive(
 }
 
 /// The key files of the data dir, relative: its small top-level files but those
-/// [`SKIPPED`], and the files of [`KEY_DIRS`].
+/// `SKIPPED`, and the files of `KEY_DIRS`.
 fn key_files(data_dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = files_under(data_dir, Path::new(""), MAX_FILE, false)?
         .into_iter()

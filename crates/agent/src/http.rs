@@ -120,7 +120,7 @@ pub fn router(agent: Agent) -> Router {
 }
 
 /// Refuses a caller of a newer host interface format than this agent's
-/// ([`bazaar_types::host::check_host_format`]) with 400, before anything is read.
+/// (`bazaar_types::host::check_host_format`) with 400, before anything is read.
 async fn refuse_newer_format(req: Request, next: Next) -> Response {
     let header = req
         .headers()

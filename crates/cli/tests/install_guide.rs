@@ -359,18 +359,26 @@ fn the_install_guide_builds_a_cluster_that_grows_and_shrinks() {
         );
         let machines: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let list = machines.as_array().unwrap();
-        assert_eq!(list.len(), 1, "{machines}");
-        (
-            list[0]["id"].as_str().unwrap().to_string(),
-            list[0]["host_id"].as_str().unwrap().to_string(),
-            list[0]["state"].as_str().unwrap().to_string(),
-        )
+        // Once the catalog has caught up with a move: the one machine of the app.
+        (list.len() == 1).then(|| {
+            (
+                list[0]["host_id"].as_str().unwrap().to_string(),
+                list[0]["state"].as_str().unwrap().to_string(),
+            )
+        })
     };
-    let (_, mut holder, _) = machine_host();
+    let moved_from = |from: &str| {
+        eventually(Duration::from_secs(30), || {
+            machine_host().filter(|(on, state)| on != from && state == "started")
+        })
+        .unwrap_or_else(|| panic!("the machine never left {from}: {:?}", machine_host()))
+        .0
+    };
+    let (mut holder, _) = machine_host().expect("one machine");
     if c.index_of(&env, &holder) == 1 {
         c.sh(1, &format!("{env}\n{}", drain_line(&holder)), &[]);
         c.sh(1, &format!("{env}\nbazaar host undrain {holder}"), &[]);
-        holder = machine_host().1;
+        holder = moved_from(&holder);
     }
     let gone_index = c.index_of(&env, &holder);
     assert_ne!(gone_index, 1, "the machine moved off the first server");
@@ -401,9 +409,7 @@ fn the_install_guide_builds_a_cluster_that_grows_and_shrinks() {
     eprintln!("through the first proxy during the drain: {ok} answered, {failed} failed");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["machines"][0]["outcome"], "replaced", "{report}");
-    let (_, now_on, state) = machine_host();
-    assert_ne!(now_on, holder, "the machine is still on the drained host");
-    assert_eq!(state, "started");
+    moved_from(&holder);
     assert!(ok > 0, "no request went through during the drain");
     assert_eq!(
         failed, 0,
