@@ -4,7 +4,9 @@
 //! its machines are moved away one at a time, as Fly's clone-then-destroy: each machine
 //! that can run elsewhere gets a new machine of the same app, name, region and config
 //! (metadata included) through the market of the Machines API (so never on this host), and
-//! the original is stopped and destroyed only once its replacement has started. A machine
+//! the original is stopped and destroyed only once its replacement has started: first
+//! cordoned once the catalog lists the replacement (proxies choose again), then stopped
+//! when its requests in flight have finished. A machine
 //! that mounts a volume of this host cannot move: it is stopped, its data stays, and it is
 //! listed. What is still running here at `--deadline` (a replacement that found no room or
 //! did not start) is stopped. The host stays drained until `bazaar host undrain`; draining
@@ -20,6 +22,11 @@ use comfy_table::Table;
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// The longest each step of handing a machine's traffic to its replacement waits: for the
+/// catalog to list the replacement, for the original's requests to finish.
+const HANDOVER: Duration = Duration::from_secs(10);
+/// How often those steps look again.
+const POLL: Duration = Duration::from_millis(25);
 /// How long to wait before asking the market again for a machine that found no room (409
 /// `insufficient_capacity`, or a 5xx).
 const RETRY: Duration = Duration::from_secs(2);
@@ -63,22 +70,25 @@ pub struct Moved {
     pub detail: String,
 }
 
-/// The host client of `host` (an id the catalog lists), or of the agent at `--api-url`.
+/// The host client of `host` (an id the catalog lists), or of the agent at `--api-url`;
+/// with the client of the agent at `--api-url`.
 async fn target(
     conn: &crate::operator::OperatorConn,
     host: Option<&str>,
-) -> anyhow::Result<HostClient> {
+) -> anyhow::Result<(HostClient, HostClient)> {
     let local = conn.client()?;
     let Some(id) = host else {
-        return Ok(local);
+        return Ok((local.clone(), local));
     };
     let hosts = local.catalog_hosts().await?;
     let host = hosts
         .iter()
         .find(|h| h.id == id)
         .with_context(|| format!("no host {id} in the catalog (bazaar hosts lists them)"))?;
-    conn.peer(host)
-        .with_context(|| format!("reaching host {id}"))
+    let target = conn
+        .peer(host)
+        .with_context(|| format!("reaching host {id}"))?;
+    Ok((target, local))
 }
 
 /// `bazaar host undrain`.
@@ -89,6 +99,7 @@ pub async fn undrain(
 ) -> anyhow::Result<()> {
     let info = target(conn, args.host.as_deref())
         .await?
+        .0
         .set_draining(false)
         .await?;
     if json {
@@ -106,7 +117,7 @@ pub async fn drain(
 ) -> anyhow::Result<()> {
     let deadline = bazaar_types::duration::parse_go_duration(&args.deadline)
         .map_err(|e| anyhow::anyhow!("--deadline: {e}"))?;
-    let host = target(conn, args.host.as_deref()).await?;
+    let (host, view) = target(conn, args.host.as_deref()).await?;
     let info = host.set_draining(true).await?;
     eprintln!("{}: draining, it takes no new machines", info.id);
     let machines: Vec<Machine> = host
@@ -131,7 +142,7 @@ pub async fn drain(
         let (bound, movable): (Vec<&Machine>, Vec<&Machine>) =
             machines.iter().partition(|m| volume_of(m).is_some());
         for m in movable {
-            let moved = replace(&fly, &host, m, until).await;
+            let moved = replace(&fly, &host, &view, m, until).await;
             eprintln!("{}: {} {}", m.id, moved.outcome, moved.detail);
             done.push(moved);
         }
@@ -223,8 +234,15 @@ fn volume_of(m: &Machine) -> Option<String> {
 }
 
 /// Clones `m` elsewhere and, once the clone started, stops and destroys it; at `until`,
-/// gives up and stops it.
-async fn replace(fly: &FlyClient, host: &HostClient, m: &Machine, until: Instant) -> Moved {
+/// gives up and stops it. `view` is the agent at `--api-url`, whose catalog says when the
+/// clone can be routed to.
+async fn replace(
+    fly: &FlyClient,
+    host: &HostClient,
+    view: &HostClient,
+    m: &Machine,
+    until: Instant,
+) -> Moved {
     let outcome = |outcome, replacement, detail| Moved {
         machine: m.id.clone(),
         app: m.app.clone(),
@@ -234,7 +252,7 @@ async fn replace(fly: &FlyClient, host: &HostClient, m: &Machine, until: Instant
     };
     match clone_started(fly, m, until).await {
         Ok(clone) => {
-            let detail = match retire(host, m, until).await {
+            let detail = match retire(fly, host, view, m, &clone.id, until).await {
                 Ok(()) => format!("by {} on {}", clone.id, clone.host_id),
                 Err(e) => format!(
                     "by {} on {}; destroying the original: {e:#}",
@@ -338,8 +356,38 @@ async fn stop(host: &HostClient, m: &Machine, until: Instant) -> anyhow::Result<
     Ok(())
 }
 
-/// Stops the original and destroys it, waiting until it is gone.
-async fn retire(host: &HostClient, m: &Machine, until: Instant) -> anyhow::Result<()> {
+/// Hands the original's traffic to the clone, then stops and destroys it, waiting until it
+/// is gone: once the catalog of `view` lists the clone started (so proxies route to it),
+/// the original is cordoned (its host's proxy admits no new request for it, and the
+/// proxy that sent one chooses again) and its requests in flight finish, each wait at
+/// most `HANDOVER`.
+async fn retire(
+    fly: &FlyClient,
+    host: &HostClient,
+    view: &HostClient,
+    m: &Machine,
+    clone: &str,
+    until: Instant,
+) -> anyhow::Result<()> {
+    let bound = |limit: Duration| (Instant::now() + limit).min(until);
+    let routable = bound(HANDOVER);
+    while Instant::now() < routable {
+        let listed = view.catalog_machines(Some(&m.app), false).await?;
+        if listed.iter().any(|c| c.id == clone && c.state == "started") {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    if let Err(e) = fly.action(&m.app, &m.id, "cordon", None, None).await {
+        tracing::debug!("{}: cordoning: {e}", m.id);
+    }
+    let drained = bound(HANDOVER);
+    while Instant::now() < drained {
+        match fly.traffic(&m.app, &m.id).await {
+            Ok(t) if t.in_flight > 0 => tokio::time::sleep(POLL).await,
+            _ => break,
+        }
+    }
     // A stop that does not finish in time is cut by the forced destroy.
     if let Err(e) = stop(host, m, until).await {
         tracing::debug!("{}: stopping before destroying: {e:#}", m.id);
