@@ -682,4 +682,33 @@ mod tests {
         let store = Store::open(&dir.path().join("agent.redb")).unwrap();
         assert!(store.machines().unwrap().is_empty());
     }
+
+    #[test]
+    fn a_copy_holds_every_table_while_the_store_stays_open_and_writable() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("agent.redb")).unwrap();
+        let rec: MachineRecord = serde_json::from_value(record_json("m1")).unwrap();
+        let mut b = Batch::default();
+        b.machine(&rec)
+            .placement("m1", &json!({"x": 1}))
+            .meta(META_DRAINING, "true");
+        store.write(&b).unwrap();
+        let copy = dir.path().join("copy.redb");
+        store.copy_to(&copy).unwrap();
+        // Made again over an older copy; the store keeps taking writes.
+        store.copy_to(&copy).unwrap();
+        let mut b = Batch::default();
+        b.meta("after", "1");
+        store.write(&b).unwrap();
+        let mode = std::fs::metadata(&copy).unwrap().permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
+        let copied = Store::open(&copy).unwrap();
+        assert_eq!(copied.machine("m1").unwrap().unwrap().id, "m1");
+        assert_eq!(copied.placement("m1").unwrap(), Some(json!({"x": 1})));
+        assert_eq!(copied.meta(META_DRAINING).unwrap().as_deref(), Some("true"));
+        assert_eq!(copied.meta("after").unwrap(), None);
+    }
 }
