@@ -26,11 +26,18 @@ use std::path::{Component, Path, PathBuf};
 
 /// Where the agent writes the store's copy, under its data dir.
 pub const STORE_COPY: &str = "backup/agent.redb";
-/// Directories of the data dir whose files a backup holds (besides its top-level files).
+/// Directories of the data dir whose files a backup holds.
 const KEY_DIRS: [&str; 2] = ["tls", "mesh"];
-/// Top-level files of the data dir a backup leaves out (besides the store, copied apart,
-/// and logs): what the agent writes anew at each start.
-const SKIPPED: [&str; 4] = ["api.addr", "gossip.addr", "host.addr", "seccomp.bpf"];
+/// Top-level files of the data dir a backup holds, where there: the host's catalog key,
+/// the cluster secret it made, the gossip keys and the revocations it was given. (Others
+/// are written anew at each start, or are logs, or are no files to copy: the sandbox's
+/// base mount namespace is one.)
+const KEY_FILES: [&str; 4] = [
+    "host-key",
+    "cluster-secret",
+    "gossip-keys",
+    "revocations.json",
+];
 /// Larger files are not keys: left out.
 const MAX_FILE: u64 = 1 << 20;
 
@@ -124,7 +131,7 @@ pub fn write_archive(
             "{} holds no ca.key: not a cluster CA directory",
             ca.display()
         );
-        for rel in files_under(ca, Path::new(""), u64::MAX, true)? {
+        for rel in files_under(ca, Path::new(""), u64::MAX)? {
             tar.append_path_with_name(ca.join(&rel), Path::new("ca").join(&rel))
                 .with_context(|| format!("adding {}", rel.display()))?;
             contents.ca.push(rel.display().to_string());
@@ -134,29 +141,26 @@ pub fn write_archive(
     Ok(contents)
 }
 
-/// The key files of the data dir, relative: its small top-level files but those
-/// `SKIPPED`, and the files of `KEY_DIRS`.
+/// The key files of the data dir, relative: those of `KEY_FILES` there, and the files of
+/// `KEY_DIRS`.
 fn key_files(data_dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let mut files: Vec<PathBuf> = files_under(data_dir, Path::new(""), MAX_FILE, false)?
-        .into_iter()
-        .filter(|p| !SKIPPED.iter().any(|s| p == Path::new(s)))
-        .filter(|p| {
-            let name = p.to_string_lossy();
-            !name.starts_with("agent.redb") && !name.ends_with(".log") && !name.contains(".log.")
-        })
+    let mut files: Vec<PathBuf> = KEY_FILES
+        .iter()
+        .map(PathBuf::from)
+        .filter(|p| data_dir.join(p).is_file())
         .collect();
     for dir in KEY_DIRS {
         if data_dir.join(dir).is_dir() {
-            files.extend(files_under(data_dir, Path::new(dir), MAX_FILE, true)?);
+            files.extend(files_under(data_dir, Path::new(dir), MAX_FILE)?);
         }
     }
     files.sort();
     Ok(files)
 }
 
-/// Regular files under `root/rel`, relative to `root`, at most `max` bytes each, in its
-/// subdirectories too when `deep`; symlinks skipped.
-fn files_under(root: &Path, rel: &Path, max: u64, deep: bool) -> anyhow::Result<Vec<PathBuf>> {
+/// Regular files under `root/rel` and its subdirectories, relative to `root`, at most `max`
+/// bytes each; symlinks skipped.
+fn files_under(root: &Path, rel: &Path, max: u64) -> anyhow::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     let dir = root.join(rel);
     for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
@@ -166,8 +170,8 @@ fn files_under(root: &Path, rel: &Path, max: u64, deep: bool) -> anyhow::Result<
         let path = rel.join(entry.file_name());
         if kind.is_file() && entry.metadata()?.len() <= max {
             out.push(path);
-        } else if kind.is_dir() && deep {
-            out.extend(files_under(root, &path, max, deep)?);
+        } else if kind.is_dir() {
+            out.extend(files_under(root, &path, max)?);
         }
     }
     Ok(out)
