@@ -116,6 +116,8 @@ pub fn write_archive(
     let gz = flate2::write::GzEncoder::new(file, flate2::Compression::default());
     let mut tar = tar::Builder::new(gz);
     tar.follow_symlinks(false);
+    // A redb file has holes; plain entries keep the archive readable by any tar.
+    tar.sparse(false);
     let mut contents = Contents::default();
     tar.append_path_with_name(store_copy, "agent.redb")
         .context("adding the store")?;
@@ -182,7 +184,8 @@ fn private_dir(dir: &Path) -> anyhow::Result<()> {
     if !dir.is_dir() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let mode = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o700);
-        std::fs::set_permissions(dir, mode)?;
+        std::fs::set_permissions(dir, mode)
+            .with_context(|| format!("making {} private", dir.display()))?;
     }
     Ok(())
 }
@@ -234,7 +237,8 @@ pub fn restore(archive: &Path, data_dir: &Path, ca_dir: Option<&Path>) -> anyhow
     for entry in open()?.entries().context("reading the backup")? {
         let mut entry = entry.context("reading the backup")?;
         let path = entry.path()?.into_owned();
-        if !entry.header().entry_type().is_file() {
+        let kind = entry.header().entry_type();
+        if !(kind.is_file() || kind.is_gnu_sparse()) {
             continue;
         }
         let (dest, list) = if path == Path::new("agent.redb") {
@@ -254,7 +258,8 @@ pub fn restore(archive: &Path, data_dir: &Path, ca_dir: Option<&Path>) -> anyhow
             .with_context(|| format!("writing {}", dest.display()))?;
         list.push(path.display().to_string());
     }
-    std::fs::rename(&store, data_dir.join("agent.redb"))?;
+    std::fs::rename(&store, data_dir.join("agent.redb"))
+        .with_context(|| format!("putting the store back in {}", data_dir.display()))?;
     Ok(contents)
 }
 
