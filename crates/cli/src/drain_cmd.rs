@@ -359,8 +359,8 @@ async fn stop(host: &HostClient, m: &Machine, until: Instant) -> anyhow::Result<
 /// Hands the original's traffic to the clone, then stops and destroys it, waiting until it
 /// is gone: once the catalog of `view` lists the clone started (so proxies route to it),
 /// the original is cordoned (its host's proxy admits no new request for it, and the
-/// proxy that sent one chooses again) and its requests in flight finish, each wait at
-/// most `HANDOVER`.
+/// proxy that sent one chooses again) until that catalog says so too, and its requests in
+/// flight finish, each wait at most `HANDOVER`.
 async fn retire(
     fly: &FlyClient,
     host: &HostClient,
@@ -380,6 +380,16 @@ async fn retire(
     }
     if let Err(e) = fly.action(&m.app, &m.id, "cordon", None, None).await {
         tracing::debug!("{}: cordoning: {e}", m.id);
+    }
+    // Proxies route by the catalog: once it says cordoned, none sends the original a new
+    // request, nor wakes it once it is stopped.
+    let cordoned = bound(HANDOVER);
+    while Instant::now() < cordoned {
+        let listed = view.catalog_machines(Some(&m.app), false).await?;
+        if listed.iter().any(|c| c.id == m.id && c.cordoned) {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
     }
     let drained = bound(HANDOVER);
     while Instant::now() < drained {
