@@ -111,6 +111,9 @@ pub(crate) struct Inner {
     pub full_disks: crate::disk_watch::FullDisks,
     /// The last samples of machines' own metrics pages (`config.metrics`).
     pub machine_metrics: Arc<crate::machine_metrics::MachineMetrics>,
+    /// Set by `bazaar host drain` (`drain.rs`), kept in the store's meta table: the host
+    /// bids for nothing, creates nothing new and its row says `draining`.
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 /// What a store holds at start that the agent has not acted on yet: its machines and its
@@ -160,6 +163,8 @@ impl Agent {
             .disk_gb
             .unwrap_or_else(|| crate::volume_fs::free_gb(&config.data_dir));
         let mut ledger = Ledger::new(config.capacity());
+        let draining = store.meta(crate::store::META_DRAINING)?.as_deref() == Some("true");
+        ledger.set_draining(draining);
         let machines = store.machines()?;
         let mut ports = HashSet::new();
         let mut addresses = HashSet::new();
@@ -231,6 +236,7 @@ impl Agent {
             metrics: Default::default(),
             full_disks: Default::default(),
             machine_metrics: Default::default(),
+            draining: std::sync::atomic::AtomicBool::new(draining),
             config,
         });
         Ok((Agent(inner), Stored { machines, ops }))
@@ -338,6 +344,7 @@ impl Agent {
             num_machines,
             num_reservations: ledger.num_open_reservations(),
             version: env!("CARGO_PKG_VERSION").to_string(),
+            draining: self.0.draining.load(Ordering::SeqCst),
         }
     }
 

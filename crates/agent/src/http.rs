@@ -93,12 +93,15 @@ pub fn router(agent: Agent) -> Router {
         .merge(crate::images::routes())
         .route("/audit/{app}", get(audit_for_app))
         .merge(crate::ledger_dump::routes())
+        .merge(crate::drain::routes())
+        .merge(crate::backup::routes())
         .merge(crate::cluster_security::routes())
         .layer(middleware::from_fn_with_state(
             agent.clone(),
             crate::app_secrets::await_secrets,
         ))
         .layer(middleware::from_fn(detached))
+        .layer(middleware::from_fn(refuse_newer_format))
         .layer(middleware::from_fn_with_state(
             agent.clone(),
             require_cluster_secret,
@@ -114,6 +117,19 @@ pub fn router(agent: Agent) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::map_response(fly_shaped_errors))
         .with_state(agent)
+}
+
+/// Refuses a caller of a newer host interface format than this agent's
+/// (`bazaar_types::host::check_host_format`) with 400, before anything is read.
+async fn refuse_newer_format(req: Request, next: Next) -> Response {
+    let header = req
+        .headers()
+        .get(bazaar_types::host::HOST_FORMAT_HEADER)
+        .map(|v| v.to_str().unwrap_or("?"));
+    match bazaar_types::host::check_host_format(header) {
+        Ok(()) => next.run(req).await,
+        Err(why) => AgentError::Invalid(why).into_response(),
+    }
 }
 
 /// Runs a host-interface handler in a task of its own, so that a caller going away (an

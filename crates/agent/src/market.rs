@@ -160,6 +160,9 @@ impl Agent {
                 return self.machine(id).await;
             }
         }
+        if self.0.draining.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(AgentError::Conflict(crate::drain::REFUSAL.into()));
+        }
         let (rec, op, batch) = self.prepare_create(&req)?;
         if let Err(err) = ledger.commit(&rec.id, rec.resources) {
             self.release_ports(&rec);

@@ -136,7 +136,8 @@ impl Agent {
                     (bazaar_types::host::cannot_run_label(driver), why.clone())
                 }))
                 .collect::<BTreeMap<_, _>>(),
-            draining: self.0.shutdown.is_cancelled(),
+            draining: self.0.shutdown.is_cancelled()
+                || self.0.draining.load(std::sync::atomic::Ordering::SeqCst),
             disk_gb,
             disk_free_gb: disk_gb.saturating_sub(self.disk_used_gb()),
             revoked_tokens: self.0.tokens.revoked_here().into_iter().collect(),

@@ -299,7 +299,16 @@ impl Shared {
             }
             Err(e) => {
                 Counters::add(&self.counters.rows_refused, 1);
-                tracing::debug!(error = %e, "refused a row");
+                static WARNED: std::sync::atomic::AtomicBool =
+                    std::sync::atomic::AtomicBool::new(false);
+                if e.downcast_ref::<crate::wire::NewerRowFormat>().is_some()
+                    && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    // Said once: every sync round brings such rows again.
+                    tracing::warn!(error = %e, "refused a row");
+                } else {
+                    tracing::debug!(error = %e, "refused a row");
+                }
                 None
             }
         }

@@ -282,6 +282,47 @@ impl ReplayGuard {
     }
 }
 
+/// The catalog row format this build reads and writes: a row body's JSON says its format in
+/// `format` (none: format 1, every row before formats were numbered). A node drops a row
+/// of a newer format, saying to upgrade it ([`NewerRowFormat`]), rather than misread it.
+/// Raised only by a change an older agent would misread (a field whose absence or
+/// meaning it would get wrong); docs/INSTALL.md ("Upgrades") has the side-by-side rule.
+pub const ROW_FORMAT: u32 = 1;
+
+/// A row in a catalog format newer than [`ROW_FORMAT`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewerRowFormat {
+    pub found: u32,
+}
+
+impl std::fmt::Display for NewerRowFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "a catalog row in format {}, newer than this agent's {ROW_FORMAT} (bazaar {}): \
+             upgrade this agent (docs/INSTALL.md, \"Upgrades\")",
+            self.found,
+            env!("CARGO_PKG_VERSION")
+        )
+    }
+}
+
+impl std::error::Error for NewerRowFormat {}
+
+/// Refuses a row body of a newer format than this build's.
+pub fn check_row_format(body: &[u8]) -> anyhow::Result<()> {
+    #[derive(Deserialize)]
+    struct Format {
+        #[serde(default)]
+        format: Option<u32>,
+    }
+    let found = serde_json::from_slice::<Format>(body)?.format.unwrap_or(1);
+    if found > ROW_FORMAT {
+        return Err(NewerRowFormat { found }.into());
+    }
+    Ok(())
+}
+
 /// A row as it travels: the record is JSON in `body`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WireRow {
@@ -316,6 +357,7 @@ impl WireRow {
     /// Decodes the record and checks that it is consistent with the row's key and owner.
     /// The seal is carried over unchecked: see `crate::trust::verify_row`.
     pub fn into_row(self) -> anyhow::Result<Row> {
+        check_row_format(&self.body)?;
         let record = match self.kind {
             Kind::Host => {
                 let h: HostRecord = serde_json::from_slice(&self.body)?;
@@ -681,5 +723,40 @@ mod tests {
         );
         wire.owner = "h1".into();
         wire.into_row().unwrap();
+    }
+
+    #[test]
+    fn a_row_of_a_newer_format_is_refused_saying_to_upgrade() {
+        let m = MachineRecord {
+            id: "m".into(),
+            host_id: "h1".into(),
+            ..Default::default()
+        };
+        let mut body = serde_json::to_value(&m).unwrap();
+        let wire = |body: &serde_json::Value| WireRow {
+            owner: "h1".into(),
+            kind: Kind::Machine,
+            key: "m".into(),
+            version: 1,
+            deleted: false,
+            updated_at_ms: 1,
+            body: serde_json::to_vec(body).unwrap(),
+            public_key: [0; 32],
+            signature: vec![0; 64],
+        };
+        // Today's rows say no format: format 1.
+        wire(&body).into_row().unwrap();
+        body["format"] = ROW_FORMAT.into();
+        wire(&body).into_row().unwrap();
+        body["format"] = (ROW_FORMAT + 1).into();
+        let err = wire(&body).into_row().unwrap_err();
+        assert_eq!(
+            err.downcast_ref::<NewerRowFormat>(),
+            Some(&NewerRowFormat {
+                found: ROW_FORMAT + 1
+            })
+        );
+        let text = err.to_string();
+        assert!(text.contains("upgrade this agent"), "{text}");
     }
 }

@@ -100,6 +100,20 @@ enum HostCommand {
         #[arg(long, default_value_t = 60)]
         timeout: u64,
     },
+    /// Drain the host (as Nomad's `node drain`): it takes no new machines at once; each of
+    /// its machines is replaced by a new one elsewhere through the market (same app, name,
+    /// config), the original destroyed once the replacement started; a machine bound to a
+    /// volume here is stopped (its data stays). Needs the cluster secret and an API token.
+    Drain(crate::drain_cmd::DrainArgs),
+    /// Take a drained host back into the market.
+    Undrain(crate::drain_cmd::UndrainArgs),
+    /// Back the host up, on the host (root): its store, copied consistently while its agent
+    /// runs, its keys and certificate (and the cluster CA's directory with --ca-dir) into
+    /// one archive.
+    Backup(crate::backup_cmd::BackupArgs),
+    /// Put a backup back into a host's data dir (its agent stopped); the agent started
+    /// again re-adopts its running machines and rejoins.
+    Restore(crate::backup_cmd::RestoreArgs),
     /// Remove every trace of a host whose agent is stopped, its machines included: kill
     /// its shims and workloads, unmount, detach loop devices, delete its bridge, network
     /// namespaces, veths, nftables table and cgroups, then empty its data dir. For a host
@@ -144,12 +158,24 @@ pub(crate) fn require_secret(secret: Option<String>) -> anyhow::Result<String> {
 
 /// Runs a `bazaar host` command.
 pub async fn run(args: HostArgs) -> anyhow::Result<()> {
-    if let HostCommand::Reset { data_dir } = &args.command {
-        return reset(data_dir, args.json);
-    }
-    let client = args.conn.client()?;
-    let json = args.json;
     match args.command {
+        HostCommand::Reset { data_dir } => reset(&data_dir, args.json),
+        HostCommand::Drain(d) => crate::drain_cmd::drain(&args.conn, d, args.json).await,
+        HostCommand::Undrain(u) => crate::drain_cmd::undrain(&args.conn, u, args.json).await,
+        HostCommand::Backup(b) => crate::backup_cmd::backup(&args.conn, b, args.json).await,
+        HostCommand::Restore(r) => crate::backup_cmd::restore(r, args.json),
+        command => run_on(args.conn, args.json, command).await,
+    }
+}
+
+/// Runs a `bazaar host` command against one agent's host interface.
+async fn run_on(
+    conn: crate::operator::OperatorConn,
+    json: bool,
+    command: HostCommand,
+) -> anyhow::Result<()> {
+    let client = conn.client()?;
+    match command {
         HostCommand::Info => {
             let info = client.info().await?;
             if json {
@@ -331,7 +357,11 @@ pub async fn run(args: HostArgs) -> anyhow::Result<()> {
             }
         }
         // Done above, before a token is needed.
-        HostCommand::Reset { .. } => {}
+        HostCommand::Reset { .. }
+        | HostCommand::Drain(_)
+        | HostCommand::Undrain(_)
+        | HostCommand::Backup(_)
+        | HostCommand::Restore(_) => {}
         HostCommand::Wait { id, state, timeout } => {
             let r = client.wait(&id, &state, timeout).await?;
             if json {
@@ -471,10 +501,15 @@ pub async fn hosts(a: CatalogArgs) -> anyhow::Result<()> {
             .map(|(driver, why)| format!("{driver}: missing {why}"))
             .collect::<Vec<_>>()
             .join("; ");
+        let status = if h.draining {
+            format!("{}, draining", h.status)
+        } else {
+            h.status
+        };
         t.add_row([
             h.id,
             h.region,
-            h.status,
+            status,
             h.api_addr,
             h.num_machines.to_string(),
             format!("{} / {}", h.free.memory_mb, h.capacity.memory_mb),

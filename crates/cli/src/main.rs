@@ -18,10 +18,12 @@
 //!   ([`bazaar_shim::exec_main`]).
 
 mod api_cmd;
+mod backup_cmd;
 mod certs_cmd;
 mod cluster_cmd;
 mod deploy_cmd;
 mod dev;
+mod drain_cmd;
 mod host_cmd;
 mod image_cmd;
 mod lab_cmd;

@@ -112,6 +112,10 @@ impl HostClient {
         url: &str,
     ) -> Result<reqwest::Response, ClientError> {
         req.bearer_auth(&self.token)
+            .header(
+                bazaar_types::host::HOST_FORMAT_HEADER,
+                bazaar_types::host::HOST_FORMAT.to_string(),
+            )
             .send()
             .await
             .map_err(|source| ClientError::Transport {
@@ -187,6 +191,28 @@ impl HostClient {
     /// Host description.
     pub async fn info(&self) -> Result<HostInfo, ClientError> {
         self.get("/info").await
+    }
+
+    /// Drains the host (`draining`: it takes no new machines) or takes it back; the answer
+    /// is its description after the change.
+    pub async fn set_draining(&self, draining: bool) -> Result<HostInfo, ClientError> {
+        let url = self.url("/drain");
+        let body = serde_json::to_vec(&bazaar_types::host::DrainRequest { draining })
+            .expect("a drain request serializes");
+        self.send(
+            self.http
+                .put(&url)
+                .header("content-type", "application/json")
+                .body(body),
+            url,
+        )
+        .await
+    }
+
+    /// Has the agent copy its store consistently under its data dir (`bazaar host
+    /// backup`); the answer names the host and the copy's path.
+    pub async fn copy_store(&self) -> Result<serde_json::Value, ClientError> {
+        self.post("/backup", &serde_json::json!({})).await
     }
 
     /// Asks for a bid.

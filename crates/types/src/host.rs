@@ -169,6 +169,17 @@ pub struct HostInfo {
     pub num_machines: usize,
     pub num_reservations: usize,
     pub version: String,
+    /// Drained (`bazaar host drain`): it takes no new machines.
+    #[serde(default)]
+    pub draining: bool,
+}
+
+/// Body of `PUT /host/v1/drain`: drain the host (it bids for and creates no new machine)
+/// or take it back into the market.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRequest {
+    pub draining: bool,
 }
 
 /// Body of `POST /host/v1/machines/{id}/stop` (and the Fly stop endpoint).
@@ -366,4 +377,53 @@ pub struct GossipKeyChange {
     pub action: String,
     /// The key, 64 hex characters.
     pub key: String,
+}
+
+/// The format of the host interface this build speaks (its paths and bodies). A caller
+/// says its own in [`HOST_FORMAT_HEADER`] (none: format 1, every caller before formats
+/// were numbered); an agent refuses a caller of a newer format with 400 and a message that
+/// says to upgrade it ([`check_host_format`]). Raised only by a change an older agent
+/// would misread; docs/INSTALL.md ("Upgrades") has the rule for running two versions side
+/// by side.
+pub const HOST_FORMAT: u32 = 1;
+
+/// The request header that carries the caller's [`HOST_FORMAT`].
+pub const HOST_FORMAT_HEADER: &str = "bazaar-host-format";
+
+/// Whether an agent of this build serves a caller whose [`HOST_FORMAT_HEADER`] is
+/// `header` (absent: format 1): the refusal says what to do.
+pub fn check_host_format(header: Option<&str>) -> Result<(), String> {
+    let Some(text) = header else {
+        return Ok(());
+    };
+    let theirs: u32 = text.trim().parse().map_err(|_| {
+        format!("{HOST_FORMAT_HEADER} must be a host interface format number, got {text:?}")
+    })?;
+    if theirs > HOST_FORMAT {
+        return Err(format!(
+            "the caller speaks host interface format {theirs}, this agent (bazaar {}) only \
+             {HOST_FORMAT}: upgrade this host's bazaar before the callers' (docs/INSTALL.md, \
+             \"Upgrades\")",
+            env!("CARGO_PKG_VERSION")
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod format_tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_serves_its_format_and_older_and_refuses_a_newer_one_saying_why() {
+        assert_eq!(check_host_format(None), Ok(()));
+        assert_eq!(check_host_format(Some("1")), Ok(()));
+        assert_eq!(check_host_format(Some(&HOST_FORMAT.to_string())), Ok(()));
+        let newer = (HOST_FORMAT + 1).to_string();
+        let err = check_host_format(Some(&newer)).unwrap_err();
+        assert!(err.contains(&format!("format {newer}")), "{err}");
+        assert!(err.contains("upgrade this host"), "{err}");
+        let err = check_host_format(Some("two")).unwrap_err();
+        assert!(err.contains("format number"), "{err}");
+    }
 }
