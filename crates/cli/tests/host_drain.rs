@@ -38,6 +38,8 @@ fn bid() -> BidRequest {
         memory_mb: 256,
         ttl_ms: Some(5000),
         driver: None,
+        priority: None,
+        preempt: false,
     }
 }
 
