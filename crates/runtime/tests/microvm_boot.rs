@@ -103,3 +103,141 @@ fn the_initramfs_hands_the_root_disk_to_the_guest_init() {
     assert_eq!(line("root="), "the image's root");
     assert!(line("uname=").ends_with("-cloud-amd64"), "{console}");
 }
+
+/// bazaar's guest init, built static (`scripts/vminit`, or `BAZAAR_VMINIT`).
+fn vminit() -> PathBuf {
+    if let Some(p) = std::env::var_os("BAZAAR_VMINIT") {
+        return p.into();
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new(root.join("scripts/vminit"))
+        .output()
+        .expect("scripts/vminit");
+    assert!(
+        out.status.success(),
+        "scripts/vminit: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// A network namespace of the test's, removed on drop.
+struct Netns(String);
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+const WORKLOAD: &str = "echo uid=$(id -u) gid=$(id -g) cwd=$(pwd) greeting=$GREETING; \
+     echo addr=$(ip -4 -o addr show eth0 | awk '{print $4}'); \
+     echo route=$(ip route | awk '/^default/{print $3}'); \
+     echo uname=$(uname -r); exit 7";
+
+#[test]
+fn the_guest_init_runs_the_workload_as_its_user_on_its_network() {
+    if !rustix::process::geteuid().is_root() {
+        panic!("this test makes a network namespace and a tap: run it as root");
+    }
+    let kernel = kernel();
+    let vm = MicroVm::detect(Some(&kernel), true).expect("a microVM runtime with TCG");
+    let d = tempfile::tempdir().unwrap();
+    let rootfs = d.path().join("rootfs");
+    for sub in ["bin", "proc", "dev", "sys", "srv", ".bazaar"] {
+        std::fs::create_dir_all(rootfs.join(sub)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).unwrap();
+    for applet in ["sh", "id", "ip", "awk", "uname", "pwd", "echo"] {
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
+    }
+    std::fs::copy(vminit(), rootfs.join(GUEST_INIT.trim_start_matches('/'))).unwrap();
+    let workload = bazaar_vminit::Workload {
+        argv: vec!["sh".into(), "-c".into(), WORKLOAD.into()],
+        env: vec!["PATH=/bin".into(), "GREETING=hello there".into()],
+        uid: 1000,
+        gid: 1001,
+        cwd: "/srv".into(),
+    };
+    for (name, data) in workload.to_files() {
+        std::fs::write(rootfs.join(".bazaar").join(name), data).unwrap();
+    }
+    let disk = d.path().join("root.ext4");
+    make_root_disk(&rootfs, &disk, 32 << 20).unwrap();
+    let initrd = d.path().join("initrd.cpio");
+    write_initramfs(
+        Path::new("/bin/busybox"),
+        vm.modules.as_ref().unwrap(),
+        &initrd,
+    )
+    .unwrap();
+
+    let ns = Netns(format!("bzvm-test-{}", std::process::id()));
+    assert!(Command::new("ip")
+        .args(["netns", "add", &ns.0])
+        .status()
+        .unwrap()
+        .success());
+    let net = bazaar_microvm::GuestNet {
+        address: "172.19.4.2".parse().unwrap(),
+        prefix: 30,
+        gateway: "172.19.4.1".parse().unwrap(),
+        dns: vec![],
+    };
+    let spec = VmSpec {
+        qemu: vm.qemu.clone(),
+        accel: vm.accel,
+        cpus: 1,
+        memory_mb: 256,
+        kernel,
+        initrd: Some(initrd),
+        cmdline: GuestBoot {
+            root: "/dev/vda".into(),
+            net: Some(net),
+            init: GUEST_INIT.into(),
+            tcg: true,
+        }
+        .to_cmdline(),
+        root_disk: disk,
+        volume_disks: vec![],
+        tap: Some(("tap0".into(), bazaar_microvm::guest_mac("m1"))),
+        exec_socket: d.path().join("exec.sock"),
+        qmp_socket: d.path().join("qmp.sock"),
+    };
+    let pid_file = d.path().join("qemu.pid");
+    let argv = vm.run_argv(&spec, &Path::new("/run/netns").join(&ns.0), &pid_file);
+    let out = Command::new("timeout")
+        .arg("300")
+        .args(&argv)
+        .output()
+        .expect("nsenter + qemu");
+    let console = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    assert!(
+        out.status.success(),
+        "{argv:?}: {}\n{console}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // QEMU removes its -pidfile when it exits: nothing of the run is left beside the disk.
+    assert!(!pid_file.exists());
+    let line = |key: &str| {
+        console
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} on the console:\n{console}"))
+            .to_string()
+    };
+    assert_eq!(
+        line("uid="),
+        "1000 gid=1001 cwd=/srv greeting=hello there",
+        "{console}"
+    );
+    assert_eq!(line("addr="), "172.19.4.2/30", "{console}");
+    assert_eq!(line("route="), "172.19.4.1", "{console}");
+    assert!(line("uname=").ends_with("-cloud-amd64"), "{console}");
+    let code = console
+        .lines()
+        .find_map(bazaar_vminit::parse_exit_line)
+        .unwrap_or_else(|| panic!("no exit line:\n{console}"));
+    assert_eq!(code, 7, "{console}");
+}
