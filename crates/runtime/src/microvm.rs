@@ -15,6 +15,10 @@
 //! - [`MicroVm::run_argv`]: what the shim runs: `nsenter --net=<netns>` (QEMU opens the
 //!   machine's tap inside its network namespace) then QEMU's argv, with `-pidfile` where
 //!   the driver waits for a runc container's pid ([`crate::oci::pid_file`]).
+//! - [`wire_tap`]: the guest takes the machine's address: in the machine's network
+//!   namespace the address comes off `eth0` (the veth to the host's bridge), and `eth0`
+//!   and a persistent tap QEMU opens by name become ports of a bridge there. Deleting the
+//!   namespace (as for any machine) removes them.
 
 use bazaar_microvm::{choose_accel, Accel, VmSpec};
 use std::io::{self, Write};
@@ -98,6 +102,68 @@ impl MicroVm {
         v.push(pid_file.display().to_string());
         v
     }
+}
+
+/// The bridge in a microVM machine's network namespace.
+pub const VM_BRIDGE: &str = "vmbr0";
+
+/// The tap QEMU opens in a microVM machine's network namespace.
+pub const VM_TAP: &str = "vmtap0";
+
+/// Moves the machine's address `ip/prefix` from `eth0` of network namespace `netns` to
+/// the guest: makes the persistent tap [`VM_TAP`] and bridges it with `eth0` on
+/// [`VM_BRIDGE`]. Idempotent (a redone launch step finds them made).
+pub fn wire_tap(netns: &Path, ip: std::net::Ipv4Addr, prefix: u8) -> io::Result<()> {
+    use crate::netlink::{in_namespace, link_index, Rtnl};
+    use std::os::fd::AsFd;
+    let ns = std::fs::File::open(netns)?;
+    in_namespace(ns.as_fd(), || {
+        if link_index(VM_TAP).is_none() {
+            make_persistent_tap(VM_TAP)?;
+        }
+        let mut rtnl = Rtnl::open()?;
+        if link_index(VM_BRIDGE).is_none() {
+            rtnl.add_bridge(VM_BRIDGE)?;
+        }
+        let missing = |name: &str| io::Error::other(format!("no link {name} in the namespace"));
+        let bridge = link_index(VM_BRIDGE).ok_or_else(|| missing(VM_BRIDGE))?;
+        let eth0 = link_index("eth0").ok_or_else(|| missing("eth0"))?;
+        let tap = link_index(VM_TAP).ok_or_else(|| missing(VM_TAP))?;
+        match rtnl.delete_address(eth0, ip, prefix) {
+            Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {}
+            r => r?,
+        }
+        rtnl.set_up(bridge)?;
+        rtnl.set_master(eth0, bridge)?;
+        rtnl.set_master(tap, bridge)
+    })
+}
+
+/// Makes tap `name` in the calling thread's namespace, persistent (it outlives this
+/// descriptor; QEMU opens it by name).
+fn make_persistent_tap(name: &str) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    const TUNSETIFF: libc::Ioctl = 0x4004_54ca;
+    const TUNSETPERSIST: libc::Ioctl = 0x4004_54cb;
+    const IFF_TAP: libc::c_short = 0x0002;
+    const IFF_NO_PI: libc::c_short = 0x1000;
+    let tun = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")?;
+    // SAFETY: ifreq is plain data, zero is valid.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes().take(15)) {
+        *d = s as libc::c_char;
+    }
+    req.ifr_ifru.ifru_flags = IFF_TAP | IFF_NO_PI;
+    // SAFETY: the ioctls take our ifreq and an int, on our descriptor.
+    if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETIFF, &mut req) } != 0
+        || unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETPERSIST, 1 as libc::c_ulong) } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Whether `/dev/kvm` is backed by hardware virtualization (an emulated one, as under

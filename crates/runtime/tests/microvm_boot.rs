@@ -241,3 +241,153 @@ fn the_guest_init_runs_the_workload_as_its_user_on_its_network() {
         .unwrap_or_else(|| panic!("no exit line:\n{console}"));
     assert_eq!(code, 7, "{console}");
 }
+
+/// Runs `ip` with `args`, asserting success.
+fn ip(args: &[&str]) {
+    let status = Command::new("ip").args(args).status().unwrap();
+    assert!(status.success(), "ip {args:?}: {status}");
+}
+
+/// A child process killed and reaped on drop.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_guest_on_the_wired_tap_serves_http_at_the_machines_address() {
+    if !rustix::process::geteuid().is_root() {
+        panic!("this test makes network namespaces and a tap: run it as root");
+    }
+    let kernel = kernel();
+    let vm = MicroVm::detect(Some(&kernel), true).expect("a microVM runtime with TCG");
+    let d = tempfile::tempdir().unwrap();
+    let rootfs = d.path().join("rootfs");
+    for sub in ["bin", "proc", "dev", "sys", "srv", ".bazaar"] {
+        std::fs::create_dir_all(rootfs.join(sub)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).unwrap();
+    std::fs::write(rootfs.join("srv/index.html"), "served from the guest\n").unwrap();
+    std::fs::copy(vminit(), rootfs.join(GUEST_INIT.trim_start_matches('/'))).unwrap();
+    let workload = bazaar_vminit::Workload {
+        argv: ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/srv"]
+            .map(String::from)
+            .to_vec(),
+        env: vec![],
+        uid: 1000,
+        gid: 1000,
+        cwd: "/".into(),
+    };
+    for (name, data) in workload.to_files() {
+        std::fs::write(rootfs.join(".bazaar").join(name), data).unwrap();
+    }
+    let disk = d.path().join("root.ext4");
+    make_root_disk(&rootfs, &disk, 32 << 20).unwrap();
+    let initrd = d.path().join("initrd.cpio");
+    write_initramfs(
+        Path::new("/bin/busybox"),
+        vm.modules.as_ref().unwrap(),
+        &initrd,
+    )
+    .unwrap();
+
+    // The machine's namespace as the network sets it up (eth0 with the address, a veth
+    // to the gateway), the gateway's side in a namespace of its own.
+    let pid = std::process::id();
+    let machine = Netns(format!("bzvm-m-{pid}"));
+    let gateway = Netns(format!("bzvm-g-{pid}"));
+    ip(&["netns", "add", &machine.0]);
+    ip(&["netns", "add", &gateway.0]);
+    ip(&[
+        "-n", &gateway.0, "link", "add", "gw0", "type", "veth", "peer", "name", "eth0", "netns",
+        &machine.0,
+    ]);
+    ip(&[
+        "-n",
+        &gateway.0,
+        "addr",
+        "add",
+        "172.19.4.1/30",
+        "dev",
+        "gw0",
+    ]);
+    ip(&["-n", &gateway.0, "link", "set", "gw0", "up"]);
+    ip(&[
+        "-n",
+        &machine.0,
+        "addr",
+        "add",
+        "172.19.4.2/30",
+        "dev",
+        "eth0",
+    ]);
+    ip(&["-n", &machine.0, "link", "set", "eth0", "up"]);
+    let netns = Path::new("/run/netns").join(&machine.0);
+    let address = "172.19.4.2".parse().unwrap();
+    bazaar_runtime::microvm::wire_tap(&netns, address, 30).unwrap();
+    // Idempotent: a redone launch step finds it done.
+    bazaar_runtime::microvm::wire_tap(&netns, address, 30).unwrap();
+
+    let spec = VmSpec {
+        qemu: vm.qemu.clone(),
+        accel: vm.accel,
+        cpus: 1,
+        memory_mb: 256,
+        kernel,
+        initrd: Some(initrd),
+        cmdline: GuestBoot {
+            root: "/dev/vda".into(),
+            net: Some(bazaar_microvm::GuestNet {
+                address,
+                prefix: 30,
+                gateway: "172.19.4.1".parse().unwrap(),
+                dns: vec![],
+            }),
+            init: GUEST_INIT.into(),
+            tcg: true,
+        }
+        .to_cmdline(),
+        root_disk: disk,
+        volume_disks: vec![],
+        tap: Some((
+            bazaar_runtime::microvm::VM_TAP.into(),
+            bazaar_microvm::guest_mac("m1"),
+        )),
+        exec_socket: d.path().join("exec.sock"),
+        qmp_socket: d.path().join("qmp.sock"),
+    };
+    let argv = vm.run_argv(&spec, &netns, &d.path().join("qemu.pid"));
+    let console = d.path().join("console");
+    let qemu = Child(
+        Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdout(std::fs::File::create(&console).unwrap())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Awaited, not slept: the guest boots in a few seconds under TCG.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let body = loop {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &gateway.0, "curl", "-s", "-m", "2"])
+            .arg("http://172.19.4.2:8080/index.html")
+            .output()
+            .unwrap();
+        if out.status.success() {
+            break String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no answer from the guest in 120 s; console:\n{}",
+            std::fs::read_to_string(&console).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(body, "served from the guest\n");
+    drop(qemu);
+}
