@@ -61,12 +61,40 @@ pub struct MicroVm {
     /// The directory of the virtio modules (`<kernel dir>/modules`), when there is one.
     pub modules: Option<PathBuf>,
     pub accel: Accel,
+    /// bazaar's static guest init (`crates/vminit`, built by `scripts/vminit`).
+    pub init: PathBuf,
+    /// A static busybox for the initramfs (`busybox-static`).
+    pub busybox: PathBuf,
+}
+
+/// One run of a microVM machine, as [`MicroVm::prepare_run`] sets it up.
+#[derive(Debug, Clone)]
+pub struct GuestRun<'a> {
+    /// The machine's id (its NIC's MAC is derived from it).
+    pub id: &'a str,
+    /// The run's unpacked root filesystem (the image's, with the agent's files in it).
+    pub rootfs: &'a Path,
+    /// The run's directory: its root disk, initramfs, sockets and QEMU's pid file.
+    pub run_dir: &'a Path,
+    /// The root disk's size in bytes (the machine's rootfs size).
+    pub disk_size: u64,
+    pub workload: &'a bazaar_vminit::Workload,
+    /// The machine's network namespace and the guest's address in it.
+    pub netns: &'a Path,
+    pub net: bazaar_microvm::GuestNet,
+    pub cpus: u32,
+    pub memory_mb: u32,
 }
 
 impl MicroVm {
-    /// This host's microVM runtime, or why it has none: no `--vm-kernel`, no QEMU, or
-    /// neither KVM nor TCG allowed (`--vm-allow-tcg`).
-    pub fn detect(kernel: Option<&Path>, allow_tcg: bool) -> Result<MicroVm, String> {
+    /// This host's microVM runtime, or why it has none: no `--vm-kernel`, no QEMU, no
+    /// guest init (`init`, else `bazaar-vminit` beside this executable), or neither KVM
+    /// nor TCG allowed (`--vm-allow-tcg`).
+    pub fn detect(
+        kernel: Option<&Path>,
+        init: Option<&Path>,
+        allow_tcg: bool,
+    ) -> Result<MicroVm, String> {
         let kernel = kernel.ok_or("no guest kernel configured (agent flag --vm-kernel)")?;
         if !kernel.is_file() {
             return Err(format!(
@@ -81,12 +109,78 @@ impl MicroVm {
             .parent()
             .map(|d| d.join("modules"))
             .filter(|m| m.is_dir());
+        let init = match init {
+            Some(p) => p.to_path_buf(),
+            None => std::env::current_exe()
+                .map_err(|e| format!("this executable's path: {e}"))?
+                .with_file_name("bazaar-vminit"),
+        };
+        if !init.is_file() {
+            return Err(format!(
+                "no guest init at {} (scripts/vminit builds it)",
+                init.display()
+            ));
+        }
+        let busybox = crate::oci::find_in_path("busybox")
+            .ok_or("busybox is not installed (apt-get install busybox-static)")?;
         Ok(MicroVm {
             qemu,
             kernel: kernel.to_path_buf(),
             modules,
             accel,
+            init,
+            busybox,
         })
+    }
+
+    /// Sets up `run` and answers the argv the shim runs: the guest init and the workload's
+    /// files in the rootfs (`/.bazaar`), the root disk made of it, the initramfs of the
+    /// kernel's modules, the tap wired in the machine's namespace ([`wire_tap`]).
+    /// Idempotent (a redone launch step makes them again).
+    pub fn prepare_run(&self, run: &GuestRun<'_>) -> io::Result<Vec<String>> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = run.rootfs.join(bazaar_vminit::DIR.trim_start_matches('/'));
+        std::fs::create_dir_all(&dir)?;
+        let init = run
+            .rootfs
+            .join(bazaar_microvm::cmdline::GUEST_INIT.trim_start_matches('/'));
+        std::fs::copy(&self.init, &init)?;
+        std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o755))?;
+        for (name, data) in run.workload.to_files() {
+            std::fs::write(dir.join(name), data)?;
+        }
+        let root_disk = run.run_dir.join("root.ext4");
+        make_root_disk(run.rootfs, &root_disk, run.disk_size)?;
+        let initrd = match &self.modules {
+            Some(modules) => {
+                let path = run.run_dir.join("initrd.cpio");
+                write_initramfs(&self.busybox, modules, &path)?;
+                Some(path)
+            }
+            None => None,
+        };
+        wire_tap(run.netns, run.net.address, run.net.prefix)?;
+        let spec = VmSpec {
+            qemu: self.qemu.clone(),
+            accel: self.accel,
+            cpus: run.cpus,
+            memory_mb: run.memory_mb,
+            kernel: self.kernel.clone(),
+            initrd,
+            cmdline: bazaar_microvm::GuestBoot {
+                root: "/dev/vda".into(),
+                net: Some(run.net.clone()),
+                init: bazaar_microvm::cmdline::GUEST_INIT.into(),
+                tcg: self.accel == Accel::Tcg,
+            }
+            .to_cmdline(),
+            root_disk,
+            volume_disks: vec![],
+            tap: Some((VM_TAP.into(), bazaar_microvm::guest_mac(run.id))),
+            exec_socket: run.run_dir.join("exec.sock"),
+            qmp_socket: run.run_dir.join("qmp.sock"),
+        };
+        Ok(self.run_argv(&spec, run.netns, &crate::oci::pid_file(run.run_dir)))
     }
 
     /// The argv the shim runs for `spec`: QEMU inside the network namespace `netns`,
@@ -351,6 +445,8 @@ mod tests {
             kernel: "/k/vmlinuz".into(),
             modules: None,
             accel: Accel::Tcg,
+            init: "/b/bazaar-vminit".into(),
+            busybox: "/bin/busybox".into(),
         };
         let spec = VmSpec {
             qemu: vm.qemu.clone(),

@@ -38,7 +38,8 @@ $B poweroff -f
 #[test]
 fn the_initramfs_hands_the_root_disk_to_the_guest_init() {
     let kernel = kernel();
-    let vm = MicroVm::detect(Some(&kernel), true).expect("a microVM runtime with TCG");
+    let vm =
+        MicroVm::detect(Some(&kernel), Some(&vminit()), true).expect("a microVM runtime with TCG");
     assert_eq!(vm.accel, Accel::Tcg, "this test expects no hardware KVM");
     let modules = vm.modules.clone().expect("modules beside the kernel");
     let d = tempfile::tempdir().unwrap();
@@ -141,7 +142,8 @@ fn the_guest_init_runs_the_workload_as_its_user_on_its_network() {
         panic!("this test makes a network namespace and a tap: run it as root");
     }
     let kernel = kernel();
-    let vm = MicroVm::detect(Some(&kernel), true).expect("a microVM runtime with TCG");
+    let vm =
+        MicroVm::detect(Some(&kernel), Some(&vminit()), true).expect("a microVM runtime with TCG");
     let d = tempfile::tempdir().unwrap();
     let rootfs = d.path().join("rootfs");
     for sub in ["bin", "proc", "dev", "sys", "srv", ".bazaar"] {
@@ -264,7 +266,8 @@ fn a_guest_on_the_wired_tap_serves_http_at_the_machines_address() {
         panic!("this test makes network namespaces and a tap: run it as root");
     }
     let kernel = kernel();
-    let vm = MicroVm::detect(Some(&kernel), true).expect("a microVM runtime with TCG");
+    let vm =
+        MicroVm::detect(Some(&kernel), Some(&vminit()), true).expect("a microVM runtime with TCG");
     let d = tempfile::tempdir().unwrap();
     let rootfs = d.path().join("rootfs");
     for sub in ["bin", "proc", "dev", "sys", "srv", ".bazaar"] {
@@ -272,7 +275,6 @@ fn a_guest_on_the_wired_tap_serves_http_at_the_machines_address() {
     }
     std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).unwrap();
     std::fs::write(rootfs.join("srv/index.html"), "served from the guest\n").unwrap();
-    std::fs::copy(vminit(), rootfs.join(GUEST_INIT.trim_start_matches('/'))).unwrap();
     let workload = bazaar_vminit::Workload {
         argv: ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/srv"]
             .map(String::from)
@@ -282,19 +284,6 @@ fn a_guest_on_the_wired_tap_serves_http_at_the_machines_address() {
         gid: 1000,
         cwd: "/".into(),
     };
-    for (name, data) in workload.to_files() {
-        std::fs::write(rootfs.join(".bazaar").join(name), data).unwrap();
-    }
-    let disk = d.path().join("root.ext4");
-    make_root_disk(&rootfs, &disk, 32 << 20).unwrap();
-    let initrd = d.path().join("initrd.cpio");
-    write_initramfs(
-        Path::new("/bin/busybox"),
-        vm.modules.as_ref().unwrap(),
-        &initrd,
-    )
-    .unwrap();
-
     // The machine's namespace as the network sets it up (eth0 with the address, a veth
     // to the gateway), the gateway's side in a namespace of its own.
     let pid = std::process::id();
@@ -328,39 +317,28 @@ fn a_guest_on_the_wired_tap_serves_http_at_the_machines_address() {
     ip(&["-n", &machine.0, "link", "set", "eth0", "up"]);
     let netns = Path::new("/run/netns").join(&machine.0);
     let address = "172.19.4.2".parse().unwrap();
-    bazaar_runtime::microvm::wire_tap(&netns, address, 30).unwrap();
-    // Idempotent: a redone launch step finds it done.
-    bazaar_runtime::microvm::wire_tap(&netns, address, 30).unwrap();
-
-    let spec = VmSpec {
-        qemu: vm.qemu.clone(),
-        accel: vm.accel,
+    let run_dir = d.path().join("run");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    let net = bazaar_microvm::GuestNet {
+        address,
+        prefix: 30,
+        gateway: "172.19.4.1".parse().unwrap(),
+        dns: vec![],
+    };
+    let run = bazaar_runtime::microvm::GuestRun {
+        id: "m1",
+        rootfs: &rootfs,
+        run_dir: &run_dir,
+        disk_size: 32 << 20,
+        workload: &workload,
+        netns: &netns,
+        net,
         cpus: 1,
         memory_mb: 256,
-        kernel,
-        initrd: Some(initrd),
-        cmdline: GuestBoot {
-            root: "/dev/vda".into(),
-            net: Some(bazaar_microvm::GuestNet {
-                address,
-                prefix: 30,
-                gateway: "172.19.4.1".parse().unwrap(),
-                dns: vec![],
-            }),
-            init: GUEST_INIT.into(),
-            tcg: true,
-        }
-        .to_cmdline(),
-        root_disk: disk,
-        volume_disks: vec![],
-        tap: Some((
-            bazaar_runtime::microvm::VM_TAP.into(),
-            bazaar_microvm::guest_mac("m1"),
-        )),
-        exec_socket: d.path().join("exec.sock"),
-        qmp_socket: d.path().join("qmp.sock"),
     };
-    let argv = vm.run_argv(&spec, &netns, &d.path().join("qemu.pid"));
+    vm.prepare_run(&run).unwrap();
+    // Idempotent: a redone launch step makes it all again.
+    let argv = vm.prepare_run(&run).unwrap();
     let console = d.path().join("console");
     let qemu = Child(
         Command::new(&argv[0])
