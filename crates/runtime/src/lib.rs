@@ -8,7 +8,8 @@
 //!   machines; [`oci`] prepares image machines (image, rootfs, bundle, `runc`) and
 //!   [`network`] gives each one a network namespace on the host's bridge (wired by
 //!   [`netlink`] requests; user namespace id ranges from [`idranges`]; its [`subnet`]);
-//!   [`gvisor`] runs the same bundles under gVisor's `runsc`.
+//!   [`gvisor`] runs the same bundles under gVisor's `runsc`; [`microvm`] holds the host
+//!   side of QEMU microVM machines (root disk, initramfs, QEMU in the network namespace).
 //! - [`volume_fs`]: volumes' storage (ext4 images on loop devices, or directories);
 //!   [`work_disk`]: a machine's writable space, limited in size the same way ([`layer`]:
 //!   an image machine's, emptied at each start).
@@ -22,6 +23,7 @@ pub mod idranges;
 pub mod launch_error;
 pub mod layer;
 pub mod lifecycle;
+pub mod microvm;
 pub mod netlink;
 pub mod network;
 pub mod oci;

@@ -18,6 +18,7 @@ const NLMSG_DONE: u16 = 3;
 const RTM_NEWLINK: u16 = 16;
 const RTM_DELLINK: u16 = 17;
 const RTM_NEWADDR: u16 = 20;
+const RTM_DELADDR: u16 = 21;
 const RTM_NEWROUTE: u16 = 24;
 const RTM_GETROUTE: u16 = 26;
 const NLM_F_REQUEST: u16 = 0x1;
@@ -304,6 +305,34 @@ impl Rtnl {
             Message::new(RTM_DELLINK, 0)
                 .link(0, 0)
                 .name(IFLA_IFNAME, name),
+        )
+    }
+
+    /// Makes link `index` a port of bridge `master`, and up.
+    pub(crate) fn set_master(&mut self, index: u32, master: u32) -> io::Result<()> {
+        self.request(
+            Message::new(RTM_NEWLINK, 0)
+                .link(index, IFF_UP)
+                .attr(IFLA_MASTER, &master.to_ne_bytes()),
+        )
+    }
+
+    /// Takes address `ip/prefix` off link `index`.
+    pub(crate) fn delete_address(
+        &mut self,
+        index: u32,
+        ip: Ipv4Addr,
+        prefix: u8,
+    ) -> io::Result<()> {
+        let mut ifa = [0u8; 8];
+        ifa[0] = libc::AF_INET as u8;
+        ifa[1] = prefix;
+        ifa[4..8].copy_from_slice(&index.to_ne_bytes());
+        self.request(
+            Message::new(RTM_DELADDR, 0)
+                .put(&ifa)
+                .attr(IFA_LOCAL, &ip.octets())
+                .attr(IFA_ADDRESS, &ip.octets()),
         )
     }
 

@@ -1,0 +1,126 @@
+//! bazaar's init inside a microVM guest (issue 33, item 3), the pure part: what the agent
+//! writes on the root disk for it, under `/.bazaar` ([`Workload`]: `argv`, `env` as
+//! NUL-separated lists, `user` as `uid:gid`, `cwd`), and the line it prints on the console
+//! when the workload ends ([`exit_line`], read back by [`parse_exit_line`]). The binary
+//! (`src/main.rs`) is built static (`scripts/vminit`) and runs as PID 1 in the guest.
+#![forbid(unsafe_code)]
+
+use std::path::Path;
+
+/// Where the agent puts the workload's files on the root disk.
+pub const DIR: &str = "/.bazaar";
+
+/// The prefix of the console line that reports the workload's end.
+pub const EXIT_PREFIX: &str = "bazaar-vminit: exit ";
+
+/// What the guest init runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload {
+    pub argv: Vec<String>,
+    /// `KEY=VALUE` entries.
+    pub env: Vec<String>,
+    pub uid: u32,
+    pub gid: u32,
+    pub cwd: String,
+}
+
+fn join(items: &[String]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for i in items {
+        out.extend_from_slice(i.as_bytes());
+        out.push(0);
+    }
+    out
+}
+
+fn split(data: &[u8]) -> Vec<String> {
+    data.split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
+}
+
+impl Workload {
+    /// The files of `dir` (`/.bazaar` on the root disk, or the agent's path to it), each
+    /// as (name, contents).
+    pub fn to_files(&self) -> Vec<(&'static str, Vec<u8>)> {
+        vec![
+            ("argv", join(&self.argv)),
+            ("env", join(&self.env)),
+            ("user", format!("{}:{}", self.uid, self.gid).into_bytes()),
+            ("cwd", self.cwd.clone().into_bytes()),
+        ]
+    }
+
+    /// Reads what [`Workload::to_files`] wrote into `dir`.
+    pub fn read(dir: &Path) -> Result<Workload, String> {
+        let read = |name: &str| {
+            std::fs::read(dir.join(name)).map_err(|e| format!("{}/{name}: {e}", dir.display()))
+        };
+        let argv = split(&read("argv")?);
+        if argv.is_empty() {
+            return Err("no command to run (empty argv)".into());
+        }
+        let user = String::from_utf8_lossy(&read("user")?).trim().to_string();
+        let (uid, gid) = user
+            .split_once(':')
+            .and_then(|(u, g)| Some((u.parse().ok()?, g.parse().ok()?)))
+            .ok_or_else(|| format!("user {user:?} is not uid:gid"))?;
+        let cwd = String::from_utf8_lossy(&read("cwd")?).trim().to_string();
+        Ok(Workload {
+            argv,
+            env: split(&read("env")?),
+            uid,
+            gid,
+            cwd: if cwd.is_empty() { "/".into() } else { cwd },
+        })
+    }
+}
+
+/// The console line for a workload that exited with `code` (a signal `n` is `128 + n`).
+pub fn exit_line(code: i32) -> String {
+    format!("{EXIT_PREFIX}{code}")
+}
+
+/// The exit code in a console line of [`exit_line`]'s.
+pub fn parse_exit_line(line: &str) -> Option<i32> {
+    line.trim_end_matches('\r')
+        .strip_prefix(EXIT_PREFIX)?
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_workload_round_trips_through_its_files() {
+        let w = Workload {
+            argv: vec!["/bin/sh".into(), "-c".into(), "echo 'a b'".into()],
+            env: vec!["PATH=/bin".into(), "EMPTY=".into()],
+            uid: 1000,
+            gid: 100,
+            cwd: "/srv".into(),
+        };
+        let d = std::env::temp_dir().join(format!("vminit-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        for (name, data) in w.to_files() {
+            std::fs::write(d.join(name), data).unwrap();
+        }
+        let back = Workload::read(&d);
+        std::fs::write(d.join("argv"), b"").unwrap();
+        let empty = Workload::read(&d);
+        std::fs::remove_dir_all(&d).unwrap();
+        assert_eq!(back.unwrap(), w);
+        assert!(empty.unwrap_err().contains("empty argv"));
+    }
+
+    #[test]
+    fn exit_lines_read_back() {
+        assert_eq!(parse_exit_line(&exit_line(0)), Some(0));
+        assert_eq!(parse_exit_line(&format!("{}\r", exit_line(143))), Some(143));
+        assert_eq!(parse_exit_line("exit 3"), None);
+    }
+}
