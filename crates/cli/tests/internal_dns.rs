@@ -326,14 +326,18 @@ async fn an_image_machine_resolves_its_app_by_name() {
         ips.insert(m["private_ip"].as_str().unwrap().to_string());
         ids.push(id);
     }
-    let (code, out) = sh(
-        &fly,
-        "box",
-        &ids[0],
-        "cat /etc/resolv.conf; nslookup box.internal",
-    )
+    // Each started machine is in the zone once its row reaches this host's catalog (the
+    // API's `started` comes from the owner, the zone from gossip).
+    let script = "cat /etc/resolv.conf; nslookup box.internal";
+    let all_in = bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        let (code, out) = sh(&fly, "box", &ids[0], script).await;
+        (code == 0 && ips.iter().all(|ip| out.contains(&format!("Address: {ip}")))).then_some(out)
+    })
     .await;
-    assert_eq!(code, 0, "{out}");
+    let out = match all_in {
+        Ok(out) => out,
+        Err(_) => sh(&fly, "box", &ids[0], script).await.1,
+    };
     let (resolv, answer) = out.split_once("Server:").expect("nslookup answered");
     let gateway = resolv
         .trim()
