@@ -194,6 +194,15 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
     assert_eq!(s, StatusCode::OK, "{v}");
     assert!(!v.to_string().contains(FIRST), "{v}");
 
+    // Host B's catalog holds both secrets first: a claim waits for the version its caller
+    // saw for 3 s at most (`SECRETS_WAIT`, agent/src/app_secrets.rs), and under a loaded CI
+    // machine gossip once took longer (the machine then started without them).
+    eventually(Duration::from_secs(30), || async {
+        let (_, list) = call_json(b, api_token(), Method::GET, "/v1/apps/web/secrets", None).await;
+        (list["secrets"].as_array().map(Vec::len) == Some(2)).then_some(())
+    })
+    .await
+    .expect("host B's catalog holds the secrets set through host A");
     // A process machine placed in ord (host B) sees both; the secret wins over config.env.
     let script = "echo \"$DB_URL\" | sha256sum > $HOME/db.sha; \
                   echo \"$GREETING\" > $HOME/greeting; echo started; exec sleep 1000";
