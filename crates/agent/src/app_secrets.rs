@@ -8,9 +8,12 @@
 //! value or a keyed digest.
 
 use crate::agent::Agent;
+use crate::error::AgentError;
 use axum::extract::{Request, State};
+use axum::http::header::RETRY_AFTER;
+use axum::http::HeaderValue;
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse as _, Response};
 use bazaar_catalog::SecretRecord;
 use bazaar_seal::SealKey;
 use sha2::{Digest as _, Sha256};
@@ -182,7 +185,10 @@ impl Agent {
 }
 
 /// Host interface middleware: a call carrying [`SECRETS_VERSION_HEADER`] waits until this
-/// host's catalog holds that version of the app's secrets (or `SECRETS_WAIT` passed).
+/// host's catalog holds that version of the app's secrets. When `SECRETS_WAIT` passes
+/// first, the call is refused with 503 and `Retry-After` (nothing done): a machine must
+/// not start without the secrets its caller already saw set. A refused claim sends the
+/// exchange on to its next offer; a forwarded start or update is the client's to retry.
 pub async fn await_secrets(State(agent): State<Agent>, req: Request, next: Next) -> Response {
     let wanted = req
         .headers()
@@ -192,7 +198,18 @@ pub async fn await_secrets(State(agent): State<Agent>, req: Request, next: Next)
         .and_then(|(version, app)| Some((version.parse::<u64>().ok()?, app.to_string())));
     if let Some((version, app)) = wanted {
         let deadline = tokio::time::Instant::now() + SECRETS_WAIT;
-        while agent.app_secrets_version(&app) < version && tokio::time::Instant::now() < deadline {
+        while agent.app_secrets_version(&app) < version {
+            if tokio::time::Instant::now() >= deadline {
+                let held = agent.app_secrets_version(&app);
+                let mut resp = AgentError::Busy(format!(
+                    "this host has not yet received version {version} of app {app}'s secrets \
+                     (it holds version {held}); nothing was done: retry shortly"
+                ))
+                .into_response();
+                resp.headers_mut()
+                    .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+                return resp;
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }

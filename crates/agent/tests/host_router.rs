@@ -118,3 +118,34 @@ async fn malformed_host_interface_requests_get_fly_shaped_4xx_and_change_nothing
     assert_eq!(v, json!([]), "{v}");
     node.stop().await;
 }
+
+/// A call forwarded with the app's secrets version (the API node saw `secrets set`) that
+/// this host's catalog has not received is refused with a retryable 503 after a short wait,
+/// rather than starting a machine without those secrets; nothing is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_needing_secrets_this_host_lacks_is_refused_and_creates_nothing() {
+    use axum::body::Body;
+    use axum::http::{header, Request};
+    let node = InProcessAgent::start().await.unwrap();
+    let host = host_router(&node);
+    let machines = "/host/v1/machines";
+    let with_version = |version: &str| {
+        Request::builder()
+            .method(Method::POST)
+            .uri(machines)
+            .header(header::AUTHORIZATION, format!("Bearer {TEST_SECRET}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(bazaar_node::secrets::SECRETS_VERSION_HEADER, version)
+            .body(Body::from(create(sleeper())))
+            .unwrap()
+    };
+    let resp = tower::ServiceExt::oneshot(host.clone(), with_version("3 web"))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+    let (s, v) = call(&host, Method::GET, machines, SECRET, None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v, json!([]), "a refused call created {v}");
+    node.stop().await;
+}

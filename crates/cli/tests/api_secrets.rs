@@ -195,8 +195,8 @@ async fn app_secrets_reach_machines_on_other_hosts_and_no_read_path() {
     assert!(!v.to_string().contains(FIRST), "{v}");
 
     // Host B's catalog holds both secrets first: a claim waits for the version its caller
-    // saw for 3 s at most (`SECRETS_WAIT`, agent/src/app_secrets.rs), and under a loaded CI
-    // machine gossip once took longer (the machine then started without them).
+    // saw for 3 s at most (`SECRETS_WAIT`, agent/src/app_secrets.rs) and is then refused
+    // (503), and under a loaded CI machine gossip once took longer.
     eventually(Duration::from_secs(30), || async {
         let (_, list) = call_json(b, api_token(), Method::GET, "/v1/apps/web/secrets", None).await;
         (list["secrets"].as_array().map(Vec::len) == Some(2)).then_some(())
