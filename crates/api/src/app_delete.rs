@@ -1,7 +1,8 @@
 //! `DELETE /v1/apps/{app}`: all or nothing. The node that wrote the app's record does it
 //! (another node forwards the call there before touching anything). It first takes a short
 //! lease on every machine of the app that is not destroyed or being destroyed (Fly's
-//! lease, which every change to a machine checks): if one cannot be taken (another
+//! lease, which every change to a machine checks; the machines are those its catalog lists
+//! and those the hosts it sees alive say they hold): if one cannot be taken (another
 //! holder's lease, its host unknown or unreachable), it lets go of the leases it took and
 //! answers 409 naming every machine in the way and why; nothing changed. Otherwise it
 //! destroys them all under its leases, removes the app's hostnames (their certificate rows
@@ -15,7 +16,7 @@ use crate::Api;
 use aide::transform::TransformOperation;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use bazaar_catalog::{AppRecord, Catalog, MachineFilter, MachineView};
+use bazaar_catalog::{AppRecord, Catalog, HostStatus, MachineFilter};
 use bazaar_types::api::StatusResponse;
 use std::time::Duration;
 
@@ -59,14 +60,21 @@ pub async fn destroy(
         forward_to_owner(&api, catalog, &record).await?;
         return Ok(accepted());
     }
-    // Check everything first: every machine's lease, taken at once.
-    let machines: Vec<MachineView> = catalog
+    // Check everything first: every machine's lease, taken at once. The machines are those
+    // this node's catalog lists and those their hosts hold that it does not list yet.
+    let mut machines: Vec<(String, String)> = catalog
         .machines(&MachineFilter::app(&app))
         .into_iter()
-        .filter(|m| !matches!(m.record.state.as_str(), "destroyed" | "destroying"))
+        .filter(|m| live(&m.record.state))
+        .map(|m| (m.record.id, m.record.host_id))
         .collect();
-    let takes =
-        futures_util::future::join_all(machines.iter().map(|m| take(&api, catalog, m, &app))).await;
+    machines.extend(unlisted(&api, catalog, &app, &machines).await);
+    let takes = futures_util::future::join_all(
+        machines
+            .iter()
+            .map(|(id, host)| take(&api, catalog, id, host, &app)),
+    )
+    .await;
     let mut held = Vec::new();
     let mut blocked = Vec::new();
     for t in takes {
@@ -189,11 +197,64 @@ async fn error_of(resp: reqwest::Response) -> String {
         .to_string()
 }
 
-/// Takes the lease of machine `m` on its owner.
-async fn take(api: &Api, catalog: &Catalog, m: &MachineView, app: &str) -> Take {
-    let id = &m.record.id;
-    let Some(h) = catalog.host(&m.record.host_id) else {
-        return Take::Blocked(format!("{id}: its host {} is unknown", m.record.host_id));
+/// Whether a machine in `state` is in an app delete's way (not destroyed or going).
+fn live(state: &str) -> bool {
+    !matches!(state, "destroyed" | "destroying")
+}
+
+/// The app's live machines, as `(id, host)`, that their hosts hold and `listed` lacks: a
+/// machine created through another node a moment ago may not have reached this node's
+/// catalog, and a delete that missed it would not be all or nothing. Every host this node
+/// sees alive is asked for its own (the owner is the truth), and the machines whose rows
+/// have not reached this node are added; a host that does not answer adds nothing here
+/// (the machines the catalog lists on it are checked by their leases).
+async fn unlisted(
+    api: &Api,
+    catalog: &Catalog,
+    app: &str,
+    listed: &[(String, String)],
+) -> Vec<(String, String)> {
+    let asks = catalog
+        .hosts()
+        .into_iter()
+        .filter(|h| h.status == HostStatus::Alive)
+        .map(|h| async move {
+            let resp = api
+                .to_node(
+                    reqwest::Method::GET,
+                    &h.record.api_addr,
+                    // App names are DNS labels: nothing to escape.
+                    &format!("/host/v1/machines?app={app}"),
+                )
+                .timeout(HOST_TIMEOUT)
+                .send()
+                .await
+                .ok()
+                .filter(|r| r.status().is_success())?;
+            let held: Vec<serde_json::Value> = resp.json().await.ok()?;
+            Some(
+                held.into_iter()
+                    .filter(|m| live(m["state"].as_str().unwrap_or_default()))
+                    .filter_map(|m| Some((m["id"].as_str()?.to_string(), h.record.id.clone())))
+                    .collect::<Vec<_>>(),
+            )
+        });
+    futures_util::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|(id, _)| !listed.iter().any(|(l, _)| l == id))
+        // A row this node has, of any app, is judged by the catalog's list (which leaves
+        // out the machines of another org's app that lost this name).
+        .filter(|(id, _)| catalog.machine(id).is_none())
+        .collect()
+}
+
+/// Takes the lease of machine `id` on its host.
+async fn take(api: &Api, catalog: &Catalog, id: &str, host: &str, app: &str) -> Take {
+    let Some(h) = catalog.host(host) else {
+        return Take::Blocked(format!("{id}: its host {host} is unknown"));
     };
     let resp = api
         .to_node(
@@ -231,7 +292,7 @@ async fn take(api: &Api, catalog: &Catalog, m: &MachineView, app: &str) -> Take 
     let body: serde_json::Value = resp.json().await.unwrap_or_default();
     match body["data"]["nonce"].as_str() {
         Some(nonce) => Take::Held(Held {
-            id: id.clone(),
+            id: id.to_string(),
             api_addr: h.record.api_addr.clone(),
             nonce: nonce.to_string(),
         }),
