@@ -249,7 +249,7 @@ impl Agent {
             updated_at_ms: rec.updated_at_ms,
             epoch: rec.epoch,
             resources: rec.resources,
-            config: bazaar_types::replacement::opted_in(&rec.config.metadata)
+            config: bazaar_types::replacement::carries_config(&rec.config.metadata)
                 .then(|| Box::new(rec.config.clone())),
         }
     }

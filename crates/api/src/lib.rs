@@ -36,6 +36,7 @@ pub mod machines;
 pub mod memory;
 pub mod openapi;
 pub mod orgs;
+pub mod per_host;
 pub mod platform;
 pub(crate) mod policy;
 pub(crate) mod preemption;

@@ -86,8 +86,9 @@ pub struct MachineRecord {
     #[serde(default)]
     pub resources: bazaar_types::host::Resources,
     /// The machine's config, carried only by machines that opted in to re-placement
-    /// (`bazaar_types::replacement`): the guardian re-creates the machine from it when its
-    /// host is dead and cannot be asked.
+    /// (`bazaar_types::replacement`: the guardian re-creates the machine from it when its
+    /// host is dead and cannot be asked) and by per-host machines
+    /// (`bazaar_types::per_host`: each matching host makes its copy from it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<Box<bazaar_types::config::MachineConfig>>,
 }

@@ -8,7 +8,7 @@
 //! cordoned once the catalog lists the replacement (proxies choose again), then stopped
 //! when its requests in flight have finished. A machine
 //! that mounts a volume of this host cannot move: it is stopped, its data stays, and it is
-//! listed. What is still running here at `--deadline` (a replacement that found no room or
+//! listed. A per-host machine (`bazaar_types::per_host`) is destroyed, not moved. What is still running here at `--deadline` (a replacement that found no room or
 //! did not start) is stopped. The host stays drained until `bazaar host undrain`; draining
 //! again resumes the move.
 
@@ -61,8 +61,8 @@ pub struct UndrainArgs {
 pub struct Moved {
     pub machine: String,
     pub app: String,
-    /// `replaced`, `stopped` (bound to a volume here), `failed` (stopped at the deadline),
-    /// `left` (`--no-move`).
+    /// `replaced`, `stopped` (bound to a volume here), `destroyed` (a per-host machine),
+    /// `failed` (stopped at the deadline), `left` (`--no-move`).
     pub outcome: &'static str,
     /// The new machine, when replaced.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -138,9 +138,19 @@ pub async fn drain(
     } else if !machines.is_empty() {
         let fly = fly_client(conn, args.token.as_deref())?;
         let until = Instant::now() + deadline;
+        // A per-host machine belongs to this host: destroyed, not moved (every other
+        // matching host has its own copy).
+        let (per_host, machines): (Vec<&Machine>, Vec<&Machine>) = machines
+            .iter()
+            .partition(|m| bazaar_types::per_host::opted_in(&m.config.metadata));
+        for m in per_host {
+            let moved = destroy_per_host(&host, m, until).await;
+            eprintln!("{}: {} {}", m.id, moved.outcome, moved.detail);
+            done.push(moved);
+        }
         // The machines that can move first, so the ones that cannot serve meanwhile.
         let (bound, movable): (Vec<&Machine>, Vec<&Machine>) =
-            machines.iter().partition(|m| volume_of(m).is_some());
+            machines.into_iter().partition(|m| volume_of(m).is_some());
         for m in movable {
             let moved = replace(&fly, &host, &view, m, until).await;
             eprintln!("{}: {} {}", m.id, moved.outcome, moved.detail);
@@ -337,6 +347,32 @@ async fn clone_started(fly: &FlyClient, m: &Machine, until: Instant) -> anyhow::
 }
 
 /// Stops `m` (its stop signal, then its kill timeout) and waits until it has stopped.
+/// Stops and destroys a per-host machine of this host (`bazaar_types::per_host`).
+async fn destroy_per_host(host: &HostClient, m: &Machine, until: Instant) -> Moved {
+    let gone = async {
+        stop(host, m, until).await?;
+        host.destroy(&m.id, false).await?;
+        anyhow::Ok(())
+    };
+    let (outcome, detail) = match gone.await {
+        Ok(()) => (
+            "destroyed",
+            "a per-host machine: every other matching host has its own".to_string(),
+        ),
+        Err(e) => (
+            "failed",
+            format!("a per-host machine; destroying it: {e:#}"),
+        ),
+    };
+    Moved {
+        machine: m.id.clone(),
+        app: m.app.clone(),
+        outcome,
+        replacement: None,
+        detail,
+    }
+}
+
 async fn stop(host: &HostClient, m: &Machine, until: Instant) -> anyhow::Result<()> {
     let now = host.machine(&m.id).await?;
     if !matches!(

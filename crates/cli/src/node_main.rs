@@ -25,6 +25,7 @@ pub async fn serve(
             let node = node.get_or_init(|| agent.node());
             let proxy = bazaar_proxy::Proxy::start(node.clone())?;
             bazaar_api::guardian::spawn(bazaar_api::Api::new(node.clone()));
+            bazaar_api::per_host::spawn(bazaar_api::Api::new(node.clone()));
             bazaar_certs::spawn_renewal(node)?;
             let api = bazaar_api::router(node.clone());
             let ui = bazaar_dashboard::router(node.clone(), api.clone());

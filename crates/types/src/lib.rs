@@ -36,6 +36,7 @@ pub mod ids;
 pub mod json;
 pub mod limits;
 pub mod machine;
+pub mod per_host;
 pub mod placement_policy;
 pub mod priority;
 pub mod quota;

@@ -16,8 +16,18 @@ pub fn opted_in(metadata: &BTreeMap<String, String>) -> bool {
     metadata.get(METADATA_KEY).is_some_and(|v| v == "true")
 }
 
-/// Refuses a config whose opt-in is not `true`/`false`, or that opts in with a volume.
+/// Whether a machine with this metadata publishes its config in its catalog row: one that
+/// may be re-placed from it, and a per-host machine (`crate::per_host`), whose copies
+/// other hosts make from it.
+pub fn carries_config(metadata: &BTreeMap<String, String>) -> bool {
+    opted_in(metadata) || crate::per_host::opted_in(metadata)
+}
+
+/// Refuses a config whose opt-in is not `true`/`false`, or that opts in with a volume; the
+/// per-host opt-in's rules too ([`crate::per_host::validate`]), checked with it since the
+/// two exclude each other.
 pub fn validate(config: &MachineConfig) -> Result<(), String> {
+    crate::per_host::validate(config)?;
     match config.metadata.get(METADATA_KEY).map(String::as_str) {
         None | Some("false") => Ok(()),
         Some("true") if !config.mounts.is_empty() => Err(format!(
