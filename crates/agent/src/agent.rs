@@ -10,6 +10,7 @@
 
 use crate::addresses::Addresses;
 use crate::checks::CheckResults;
+use crate::clock::Clock;
 use crate::config::AgentConfig;
 use crate::driver::Driver;
 use crate::error::AgentError;
@@ -24,8 +25,8 @@ use bazaar_auth::Denied;
 use bazaar_placement::Ledger;
 use bazaar_runtime::MachineDriver;
 use bazaar_types::host::HostInfo;
+use bazaar_types::ids;
 use bazaar_types::state::MachineState;
-use bazaar_types::{ids, now_ms};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -66,7 +67,9 @@ pub(crate) struct Inner {
     pub live: Mutex<HashMap<String, watch::Sender<Snapshot>>>,
     /// State shown while an operation runs (`starting`, `stopping`, ...).
     pub transient: Mutex<HashMap<String, MachineState>>,
-    pub crash: CrashPoint,
+    pub crash: Arc<CrashPoint>,
+    /// "Now" for leases, reservations, backoffs and records ([`crate::clock`]).
+    pub clock: Clock,
     pub next_op_id: AtomicU64,
     pub shutdown: CancellationToken,
     /// Counts the agent's tasks: shutdown waits for them.
@@ -116,6 +119,18 @@ pub(crate) struct Inner {
     pub draining: std::sync::atomic::AtomicBool,
 }
 
+/// What a test running the agent in-process puts in place of the host's own: the driver
+/// the actors launch runs with (a fake), the clock (tokio's, paused) and where to crash.
+/// `Seams::default()` is the real agent.
+#[derive(Debug, Default)]
+pub struct Seams {
+    /// `None`: this host's shims and runc.
+    pub driver: Option<Arc<dyn MachineDriver>>,
+    pub clock: Clock,
+    /// `None`: `BAZAAR_CRASH_AT` ([`CrashPoint::from_env`]).
+    pub crash: Option<Arc<CrashPoint>>,
+}
+
 /// What a store holds at start that the agent has not acted on yet: its machines and its
 /// unfinished operations.
 pub(crate) struct Stored {
@@ -131,8 +146,9 @@ impl Agent {
         config: AgentConfig,
         store: Store,
         host_id: String,
-        machine_driver: Option<Arc<dyn MachineDriver>>,
+        seams: Seams,
     ) -> anyhow::Result<(Agent, Stored)> {
+        let machine_driver = seams.driver;
         let secret = crate::secrets::cluster_secret(&config)?;
         let tokens = Tokens::load(&config, secret)?;
         let is_root = rustix::process::geteuid().is_root();
@@ -215,7 +231,10 @@ impl Agent {
             actors: Actors::default(),
             live: Mutex::new(HashMap::new()),
             transient: Mutex::new(HashMap::new()),
-            crash: CrashPoint::from_env(),
+            crash: seams
+                .crash
+                .unwrap_or_else(|| Arc::new(CrashPoint::from_env())),
+            clock: seams.clock,
             next_op_id: AtomicU64::new(next_op_id),
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
@@ -255,6 +274,11 @@ impl Agent {
     /// The record of changes made through this host's API.
     pub fn audit(&self) -> &crate::audit::AuditLog {
         &self.0.audit
+    }
+
+    /// Unix milliseconds on the agent's clock ([`crate::clock`]).
+    pub fn now_ms(&self) -> u64 {
+        self.0.clock.now_ms()
     }
 
     /// This host's id.
@@ -363,7 +387,7 @@ impl Agent {
         not_before_ms: u64,
     ) -> Operation {
         let id = self.next_op_id();
-        bazaar_lifecycle::accept::begin(rec, kind, id, source, not_before_ms, now_ms())
+        bazaar_lifecycle::accept::begin(rec, kind, id, source, not_before_ms, self.now_ms())
     }
 
     /// The next operation id (host-wide, increasing).

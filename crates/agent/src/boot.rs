@@ -5,7 +5,7 @@
 //! snapshot pruning, health checks); [`Agent::shutdown`] stops them.
 
 use crate::actor::spawn_actor;
-use crate::agent::{Agent, Stored};
+use crate::agent::{Agent, Seams, Stored};
 use crate::checks::Checker;
 use crate::config::AgentConfig;
 use crate::record::Operation;
@@ -20,7 +20,6 @@ use bazaar_node::listen::{spawn_accept_loop, Admission};
 use bazaar_runtime::MachineDriver;
 use bazaar_types::event::MachineEvent;
 use bazaar_types::ids;
-use bazaar_types::now_ms;
 use bazaar_types::state::MachineState;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -232,6 +231,16 @@ impl Agent {
         config: AgentConfig,
         machine_driver: Option<Arc<dyn MachineDriver>>,
     ) -> anyhow::Result<Agent> {
+        let seams = Seams {
+            driver: machine_driver,
+            ..Seams::default()
+        };
+        Self::start_in_process(config, seams).await
+    }
+
+    /// [`Agent::start`] with `seams` in place of the host's driver, clock or crash point
+    /// (in-process tests: a fake driver, tokio's paused clock, a crash at a step).
+    pub async fn start_in_process(config: AgentConfig, seams: Seams) -> anyhow::Result<Agent> {
         std::fs::create_dir_all(&config.data_dir)?;
         // Machines' environments, specs and volumes are in here: the agent's user only.
         {
@@ -252,8 +261,7 @@ impl Agent {
         };
         // With a mesh, the machine network is this host's prefix of the private range.
         let config = crate::mesh::with_host_prefix(config, &host_id)?;
-        let (agent, Stored { machines, ops }) =
-            Agent::assemble(config, store, host_id, machine_driver)?;
+        let (agent, Stored { machines, ops }) = Agent::assemble(config, store, host_id, seams)?;
         // Volumes first: machines that mount them may launch right after.
         agent.recover_volumes().await;
         let mut ops_by_machine: HashMap<String, Vec<Operation>> = HashMap::new();
@@ -350,7 +358,7 @@ impl Agent {
         self.refresh_revocations();
         self.publish_host().await;
         self.reconcile_catalog();
-        let now = now_ms();
+        let now = self.now_ms();
         crate::schedule::start_due(self, now).await;
         self.watch_disks().await;
         {

@@ -7,8 +7,8 @@ use crate::error::AgentError;
 use crate::record::{AsWorkload, MachineRecord};
 use crate::store::Batch;
 use bazaar_lifecycle::lease::{self, LeaseRequest};
+use bazaar_types::ids;
 use bazaar_types::state::check_transition;
-use bazaar_types::{ids, now_ms};
 use std::collections::BTreeMap;
 
 impl Agent {
@@ -33,7 +33,7 @@ impl Agent {
             &rec.instance_id,
             rec.lease.as_ref(),
             req,
-            now_ms(),
+            self.now_ms(),
             || ids::new_secret(6),
         )
         .map_err(AgentError::from)?;
@@ -50,14 +50,14 @@ impl Agent {
         id: &str,
     ) -> Result<Option<bazaar_types::machine::Lease>, AgentError> {
         let rec = self.load_live(id)?;
-        Ok(lease::held(rec.lease.as_ref(), now_ms()).cloned())
+        Ok(lease::held(rec.lease.as_ref(), self.now_ms()).cloned())
     }
 
     /// Releases the lease; the nonce must match.
     pub async fn lease_release(&self, id: &str, nonce: Option<&str>) -> Result<(), AgentError> {
         let _guard = self.0.ledger.lock().await;
         let mut rec = self.load_live(id)?;
-        lease::release(id, rec.lease.as_ref(), nonce, now_ms()).map_err(AgentError::from)?;
+        lease::release(id, rec.lease.as_ref(), nonce, self.now_ms()).map_err(AgentError::from)?;
         rec.lease = None;
         let mut b = Batch::default();
         b.machine(&rec);
@@ -73,9 +73,9 @@ impl Agent {
     ) -> Result<(), AgentError> {
         let _guard = self.0.ledger.lock().await;
         let mut rec = self.load_live(id)?;
-        check_lease(&rec, nonce)?;
+        check_lease(&rec, nonce, self.now_ms())?;
         rec.cordoned = cordoned;
-        rec.updated_at_ms = now_ms();
+        rec.updated_at_ms = self.now_ms();
         let mut b = Batch::default();
         b.machine(&rec);
         self.commit(b).await?;
@@ -102,7 +102,7 @@ impl Agent {
         }
         let _guard = self.0.ledger.lock().await;
         let mut rec = self.load_live(id)?;
-        check_lease(&rec, nonce)?;
+        check_lease(&rec, nonce, self.now_ms())?;
         if let Some(v) = machine_version {
             if v != rec.instance_id {
                 return Err(AgentError::Precondition(format!(
@@ -119,7 +119,7 @@ impl Agent {
         }
         bazaar_types::limits::check_config(&rec.config).map_err(AgentError::Invalid)?;
         bazaar_types::replacement::validate(&rec.config).map_err(AgentError::Invalid)?;
-        rec.updated_at_ms = now_ms();
+        rec.updated_at_ms = self.now_ms();
         let mut b = Batch::default();
         b.machine(&rec);
         self.commit(b).await?;
@@ -171,12 +171,13 @@ impl Agent {
 }
 
 /// A new lease of `ttl` seconds for the caller of a create or an update (the core's
-/// [`lease::new_lease`] at this machine's version, now).
+/// [`lease::new_lease`] at this machine's version, at `now` in unix ms).
 pub(crate) fn new_lease(
     rec: &MachineRecord,
     ttl: u64,
     description: &str,
     keep_nonce: Option<&str>,
+    now: u64,
 ) -> Result<bazaar_types::machine::Lease, AgentError> {
     lease::new_lease(
         &rec.instance_id,
@@ -184,13 +185,17 @@ pub(crate) fn new_lease(
         ttl,
         description,
         keep_nonce,
-        now_ms(),
+        now,
         || ids::new_secret(6),
     )
     .map_err(AgentError::from)
 }
 
-/// Refuses a mutation of a leased machine unless `nonce` is the lease's.
-pub(crate) fn check_lease(rec: &MachineRecord, nonce: Option<&str>) -> Result<(), AgentError> {
-    lease::check(&rec.id, rec.lease.as_ref(), nonce, now_ms()).map_err(AgentError::from)
+/// Refuses a mutation of a leased machine unless `nonce` is the lease's (at `now`, unix ms).
+pub(crate) fn check_lease(
+    rec: &MachineRecord,
+    nonce: Option<&str>,
+    now: u64,
+) -> Result<(), AgentError> {
+    lease::check(&rec.id, rec.lease.as_ref(), nonce, now).map_err(AgentError::from)
 }

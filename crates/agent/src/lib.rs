@@ -65,6 +65,7 @@
 //! - [`cleanup`]: what a host made on the machine outside its store (mounts, loop devices,
 //!   network, cgroups, shims), found from its data dir and removed (`bazaar host reset`,
 //!   `bazaar dev` on Ctrl-C, leftovers of a killed agent at start).
+//! - [`clock`]: the agent's "now" (the system clock, or tokio's in paused tests).
 //! - [`config`], [`secrets`], [`tokens`] (who calls the API), [`audit`] (what they changed),
 //!   [`fault`], [`error`].
 //! - [`node`]: the agent as the `bazaar_node::Node` the API, proxy, certificates and
@@ -84,6 +85,7 @@ pub mod backup;
 pub mod boot;
 pub mod checks;
 pub mod cleanup;
+pub mod clock;
 pub mod cluster_security;
 pub mod config;
 pub mod connections;
@@ -129,6 +131,6 @@ pub mod volumes;
 // The host plumbing lives in `bazaar-runtime`; its modules keep their old paths here.
 pub use bazaar_runtime::{driver, exec, idranges, netlink, network, oci, volume_fs};
 
-pub use agent::Agent;
+pub use agent::{Agent, Seams};
 pub use boot::run_agent;
 pub use config::AgentConfig;

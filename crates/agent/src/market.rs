@@ -13,9 +13,9 @@ use crate::store::Batch;
 use bazaar_placement::LedgerError;
 use bazaar_types::event::MachineEvent;
 use bazaar_types::host::{BidRequest, BidResponse, ClaimRequest, Resources};
+use bazaar_types::ids;
 use bazaar_types::machine::Machine;
 use bazaar_types::state::MachineState;
-use bazaar_types::{ids, now_ms};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -53,7 +53,7 @@ impl Agent {
             memory_mb: req.memory_mb,
         };
         let id = ids::new_reservation_id();
-        let expires_at_ms = now_ms() + ttl.as_millis() as u64;
+        let expires_at_ms = self.now_ms() + ttl.as_millis() as u64;
         let mut ledger = self.0.ledger.lock().await;
         // Open reservations live in memory only: losing them in a crash is the same as
         // their expiry, which the exchange handles (the claim fails, the next offer is
@@ -212,7 +212,7 @@ impl Agent {
                 "this host cannot run {driver} machines: missing {why}"
             )));
         }
-        let now = now_ms();
+        let now = self.now_ms();
         let instance_id = ids::new_instance_id();
         let mut rec = MachineRecord {
             id: id.clone(),
@@ -253,7 +253,7 @@ impl Agent {
         };
         rec.cordoned = req.skip_service_registration;
         if let Some(ttl) = req.lease_ttl {
-            rec.lease = Some(new_lease(&rec, ttl, "", None)?);
+            rec.lease = Some(new_lease(&rec, ttl, "", None, self.now_ms())?);
         }
         self.assign_ports(&mut rec)?;
         if let Err(err) = self.assign_user(&mut rec) {

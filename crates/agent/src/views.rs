@@ -10,7 +10,7 @@ use bazaar_types::event::MachineEvent;
 use bazaar_types::host::WaitResponse;
 use bazaar_types::machine::Machine;
 use bazaar_types::state::MachineState;
-use bazaar_types::{ids, now_ms, rfc3339};
+use bazaar_types::{ids, rfc3339};
 use std::time::Duration;
 
 /// Longest wait a client may ask for (Fly's limit).
@@ -313,7 +313,7 @@ impl Agent {
             lease: rec
                 .lease
                 .as_ref()
-                .filter(|l| l.expires_at * 1000 > now_ms())
+                .filter(|l| l.expires_at * 1000 > self.now_ms())
                 .map(Into::into),
             image_ref: rec
                 .config
