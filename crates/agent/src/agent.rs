@@ -97,7 +97,7 @@ pub(crate) struct Inner {
     /// (`mesh.rs`).
     pub mesh_labels: Mutex<std::collections::BTreeMap<String, String>>,
     /// Open preemption bids by reservation id (`preempt.rs`; in memory, as reservations).
-    pub preemptions: Mutex<HashMap<String, bazaar_placement::preemption::Preemption>>,
+    pub preemptions: crate::preemptions::Preemptions,
     /// The latest health-check results of this host's machines.
     pub checks: CheckResults,
     /// Disk offered to volumes, in GB.
@@ -247,7 +247,7 @@ impl Agent {
             proxy_hop_addr: std::sync::OnceLock::new(),
             host_link: std::sync::OnceLock::new(),
             mesh_labels: Mutex::default(),
-            preemptions: Mutex::default(),
+            preemptions: Default::default(),
             checks: CheckResults::default(),
             disk_gb,
             cannot_run,
@@ -289,6 +289,54 @@ impl Agent {
     /// The agent's config.
     pub fn config(&self) -> &AgentConfig {
         &self.0.config
+    }
+
+    /// The host plumbing of this host's machines (paths, cgroups, network).
+    pub(crate) fn driver(&self) -> &Driver {
+        &self.0.driver
+    }
+
+    /// The open preemption bids ([`crate::preempt`]).
+    pub(crate) fn preemptions(&self) -> &crate::preemptions::Preemptions {
+        &self.0.preemptions
+    }
+
+    /// The channel to each machine's actor.
+    pub(crate) fn actors(&self) -> &Actors {
+        &self.0.actors
+    }
+
+    /// The store (reads; writes go through [`Agent::commit`]).
+    pub(crate) fn store(&self) -> &Store {
+        &self.0.store
+    }
+
+    /// The agent's write lock, the ledger's: a change validated and written under it is one
+    /// step with respect to every other accepted write.
+    pub(crate) async fn write_lock(&self) -> tokio::sync::MutexGuard<'_, Ledger> {
+        self.0.ledger.lock().await
+    }
+
+    /// Whether process machines run sandboxed, each as its own uid ([`crate::identity`]).
+    pub(crate) fn machine_users(&self) -> bool {
+        self.0.driver.isolate
+    }
+
+    /// Checks `init.user` and gives a process machine its uid ([`crate::identity`]).
+    pub(crate) fn assign_user(&self, rec: &mut MachineRecord) -> Result<(), AgentError> {
+        let allow_root = self.0.config.allow_root_machines;
+        crate::identity::assign_user(&self.0.addresses, rec, self.machine_users(), allow_root)
+    }
+
+    /// Gives a machine where its services are reached ([`Addresses::assign`]).
+    pub(crate) fn assign_ports(&self, rec: &mut MachineRecord) -> Result<(), AgentError> {
+        self.0.addresses.assign(&self.0.driver, rec)
+    }
+
+    /// Gives back what [`Agent::assign_ports`] and [`Agent::assign_user`] handed out.
+    pub(crate) fn release_ports(&self, rec: &MachineRecord) {
+        crate::identity::release_user(&self.0.addresses, rec);
+        self.0.addresses.release(&self.0.driver, rec);
     }
 
     /// Why this host cannot run `driver` machines, if it cannot ([`crate::runnable`]).

@@ -25,6 +25,7 @@
 //! - [`market`]: bids, reservations, claims and creates (the host's side of the market).
 //! - [`runnable`]: what this host can run, checked at start (the drivers it bids for).
 //! - [`leases`]: leases, cordons and metadata.
+//! - [`preempt`]: preemption bids and their claims; [`preemptions`]: the open bids.
 //! - [`publish`]: this host's rows in the catalog (host record, machines) and the live state
 //!   `wait` watches.
 //! - [`views`]: reads of machines (the API view, lists, events, versions, logs, `wait`).
@@ -110,6 +111,7 @@ pub mod name_conflict;
 pub mod node;
 pub mod operations;
 pub mod preempt;
+pub mod preemptions;
 pub mod ps;
 pub mod publish;
 pub mod record;

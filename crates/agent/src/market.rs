@@ -68,7 +68,7 @@ impl Agent {
                 victims: Vec::new(),
             }),
             Err(err) if req.preempt && !matches!(err, LedgerError::Draining) => {
-                self.preemption_bid(&mut ledger, &req, id, want, expires_at_ms)
+                crate::preempt::preemption_bid(self, &mut ledger, &req, id, want, expires_at_ms)
             }
             Err(err) => Ok(BidResponse::Refusal {
                 host_id: self.0.host_id.clone(),
@@ -82,7 +82,7 @@ impl Agent {
     /// Returns an unclaimed reservation.
     pub async fn release(&self, reservation_id: &str) -> Result<(), AgentError> {
         let mut ledger = self.0.ledger.lock().await;
-        if self.release_preemption(&mut ledger, reservation_id) {
+        if self.0.preemptions.release(&mut ledger, reservation_id) {
             return Ok(());
         }
         match ledger.reservation(reservation_id) {
@@ -107,8 +107,8 @@ impl Agent {
     ) -> Result<Machine, AgentError> {
         // Fault injection: a host that dies between its bid and the claim.
         self.0.crash.at("claim", 0);
-        if self.is_preemption(reservation_id) {
-            return self.claim_preemption(reservation_id, req).await;
+        if self.0.preemptions.contains(reservation_id) {
+            return crate::preempt::claim_preemption(self, reservation_id, req).await;
         }
         let mut ledger = self.0.ledger.lock().await;
         let reservation = ledger

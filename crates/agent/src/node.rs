@@ -97,7 +97,7 @@ impl Node for AgentNode {
     }
 
     fn app_secrets(&self, app: &str) -> Vec<SecretRecord> {
-        self.agent.app_secrets(app)
+        crate::app_secrets::app_secrets(&self.agent, app)
     }
 
     fn set_app_secrets(
@@ -105,11 +105,11 @@ impl Node for AgentNode {
         app: &str,
         changes: &[(String, Option<String>)],
     ) -> Result<Vec<SecretRecord>, SecretError> {
-        self.agent.set_app_secrets(app, changes)
+        crate::app_secrets::set_app_secrets(&self.agent, app, changes)
     }
 
     fn secrets_version_header(&self, app: &str) -> Option<String> {
-        self.agent.secrets_version_header(app)
+        crate::app_secrets::secrets_version_header(&self.agent, app)
     }
 
     fn start_machine<'a>(&'a self, id: &'a str) -> NodeFuture<'a, Result<(), NodeError>> {

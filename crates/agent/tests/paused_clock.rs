@@ -8,6 +8,7 @@
 use bazaar_agent::clock::Clock;
 use bazaar_agent::error::AgentError;
 use bazaar_agent::fault::CrashPoint;
+use bazaar_agent::leases;
 use bazaar_agent::{Agent, AgentConfig, Seams};
 use bazaar_testkit::fake_driver::{FakeDriver, SIGKILL, SIGTERM};
 use bazaar_types::host::{BidRequest, BidResponse, ClaimRequest, StopRequest};
@@ -105,30 +106,39 @@ async fn a_lease_not_renewed_ends_at_its_ttl_and_another_holder_can_take_it() {
     let id = create(&agent, "no").await;
     wait_for(&agent, &id, MachineState::Started).await;
 
-    let (a, created) = agent.lease_acquire(&id, 30, "a", None).await.unwrap();
+    let (a, created) = leases::lease_acquire(&agent, &id, 30, "a", None)
+        .await
+        .unwrap();
     assert!(created);
-    let taken = agent.lease_acquire(&id, 30, "b", None).await;
+    let taken = leases::lease_acquire(&agent, &id, 30, "b", None).await;
     assert!(matches!(taken, Err(AgentError::Conflict(_))), "{taken:?}");
     let stop = agent.stop_machine(&id, stop_request(None), None).await;
     assert!(matches!(stop, Err(AgentError::Conflict(_))), "{stop:?}");
 
     // Renewed by its holder at 20 s, it lasts until 50 s.
     tokio::time::sleep(Duration::from_secs(20)).await;
-    let (renewed, created) = agent
-        .lease_acquire(&id, 30, "a", Some(&a.nonce))
+    let (renewed, created) = leases::lease_acquire(&agent, &id, 30, "a", Some(&a.nonce))
         .await
         .unwrap();
     assert!(!created);
     assert_eq!(renewed.nonce, a.nonce);
     tokio::time::sleep(Duration::from_secs(29)).await;
-    assert!(agent.lease_get(&id).await.unwrap().is_some(), "at 49 s");
-    let taken = agent.lease_acquire(&id, 30, "b", None).await;
+    assert!(
+        leases::lease_get(&agent, &id).await.unwrap().is_some(),
+        "at 49 s"
+    );
+    let taken = leases::lease_acquire(&agent, &id, 30, "b", None).await;
     assert!(matches!(taken, Err(AgentError::Conflict(_))), "{taken:?}");
 
     // Not renewed again, it has ended at 51 s: another holder takes the machine.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(agent.lease_get(&id).await.unwrap().is_none(), "at 51 s");
-    let (b, created) = agent.lease_acquire(&id, 30, "b", None).await.unwrap();
+    assert!(
+        leases::lease_get(&agent, &id).await.unwrap().is_none(),
+        "at 51 s"
+    );
+    let (b, created) = leases::lease_acquire(&agent, &id, 30, "b", None)
+        .await
+        .unwrap();
     assert!(created);
     assert_ne!(b.nonce, a.nonce);
     let stop = agent

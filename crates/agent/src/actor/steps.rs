@@ -98,7 +98,7 @@ impl Actor {
                     return self.launch_failed(rec, run_id, exit, None, b);
                 }
                 let mut report = LaunchReport::default();
-                let launched = match self.agent.app_secret_env(&rec.app) {
+                let launched = match crate::app_secrets::app_secret_env(&self.agent, &rec.app) {
                     Ok(secret_env) => {
                         driver
                             .launch(&rec.workload(), run_id, &secret_env, &mut report)
