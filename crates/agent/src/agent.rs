@@ -296,6 +296,21 @@ impl Agent {
         &self.0.driver
     }
 
+    /// Held while a volume's storage step runs (one at a time per host).
+    pub(crate) async fn volume_step(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.0.volume_steps.lock().await
+    }
+
+    /// Fault injection at boundary `boundary` of operation `op` ([`crate::fault`]).
+    pub(crate) fn crash_at(&self, op: &str, boundary: u32) {
+        self.0.crash.at(op, boundary);
+    }
+
+    /// Counts the agent's tasks: shutdown waits for them.
+    pub(crate) fn tracker(&self) -> &TaskTracker {
+        &self.0.tracker
+    }
+
     /// The open preemption bids ([`crate::preempt`]).
     pub(crate) fn preemptions(&self) -> &crate::preemptions::Preemptions {
         &self.0.preemptions

@@ -307,7 +307,7 @@ impl Agent {
             spawn_actor(&agent, m, ops, run);
         }
         agent.spawn_housekeeping();
-        agent.spawn_snapshot_pruning();
+        crate::snapshots::spawn_snapshot_pruning(&agent);
         spawn_checks(&agent);
         spawn_machine_metrics(&agent);
         tracing::info!(

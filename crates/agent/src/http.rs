@@ -313,18 +313,18 @@ async fn volume_snapshots(
     State(agent): State<Agent>,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    Ok(Json(agent.volume_snapshots(&id)?).into_response())
+    Ok(Json(crate::snapshots::volume_snapshots(&agent, &id)?).into_response())
 }
 
 async fn volume_snapshot(
     State(agent): State<Agent>,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    Ok(Json(agent.snapshot_volume(&id).await?).into_response())
+    Ok(Json(crate::snapshots::snapshot_volume(&agent, &id).await?).into_response())
 }
 
 async fn snapshot_get(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
-    Ok(Json(agent.snapshot(&id)?).into_response())
+    Ok(Json(crate::snapshots::snapshot(&agent, &id)?).into_response())
 }
 
 /// The lease nonce a client sent, if any.

@@ -90,7 +90,7 @@ impl Agent {
                     require_unique_zone: req.require_unique_zone,
                 };
                 if let Some(source) = &req.source {
-                    self.check_source(source, &req)?;
+                    crate::snapshots::check_source(self, source, &req)?;
                 }
                 check_volume(&state, &want).map_err(AgentError::Capacity)?;
                 let now = now_ms();
@@ -136,7 +136,9 @@ impl Agent {
         let (id, size, fstype, state) =
             (rec.id.clone(), rec.size_gb, rec.fstype.clone(), rec.state);
         let source = match (&rec.source, state) {
-            (Some(source), VolumeState::Creating) => Some(self.copy_source(source)?),
+            (Some(source), VolumeState::Creating) => {
+                Some(crate::snapshots::copy_source(self, source)?)
+            }
             _ => None,
         };
         let done = tokio::task::spawn_blocking(move || match state {
@@ -206,7 +208,7 @@ impl Agent {
     /// Finishes every volume operation a crash cut short and mounts ext4 volumes that are
     /// not mounted (after a reboot). Runs on start.
     pub(crate) async fn recover_volumes(&self) {
-        self.recover_snapshots().await;
+        crate::snapshots::recover_snapshots(self).await;
         for rec in self.0.store.volumes().unwrap_or_default() {
             let (id, state) = (rec.id.clone(), rec.state);
             if let Err(err) = self.finish_volume(rec).await {
