@@ -311,6 +311,34 @@ impl Agent {
         &self.0.tracker
     }
 
+    /// Where volumes' storage is (`volumes.rs`).
+    pub(crate) fn volume_fs(&self) -> &crate::volume_fs::VolumeFs {
+        &self.0.driver.volumes
+    }
+
+    /// Disk offered to volumes, in GB.
+    pub(crate) fn disk_gb(&self) -> u64 {
+        self.0.disk_gb
+    }
+
+    /// Disk given to volumes, in GB.
+    pub(crate) fn disk_used_gb(&self) -> u64 {
+        let volumes = self.0.store.volumes().unwrap_or_default();
+        volumes.iter().map(|v| v.size_gb).sum()
+    }
+
+    /// Volume `id`'s record (404 for a malformed or unknown id).
+    pub(crate) fn load_volume(
+        &self,
+        id: &str,
+    ) -> Result<crate::volume_record::VolumeRecord, AgentError> {
+        let not_found = || AgentError::NotFound(format!("volume {id} not found"));
+        if !bazaar_types::volume::is_valid_volume_id(id) {
+            return Err(not_found());
+        }
+        self.0.store.volume(id)?.ok_or_else(not_found)
+    }
+
     /// The open preemption bids ([`crate::preempt`]).
     pub(crate) fn preemptions(&self) -> &crate::preemptions::Preemptions {
         &self.0.preemptions

@@ -263,7 +263,7 @@ impl Agent {
         let config = crate::mesh::with_host_prefix(config, &host_id)?;
         let (agent, Stored { machines, ops }) = Agent::assemble(config, store, host_id, seams)?;
         // Volumes first: machines that mount them may launch right after.
-        agent.recover_volumes().await;
+        crate::volumes::recover_volumes(&agent).await;
         let mut ops_by_machine: HashMap<String, Vec<Operation>> = HashMap::new();
         for op in ops {
             ops_by_machine

@@ -267,16 +267,16 @@ async fn volume_list(
     State(agent): State<Agent>,
     Query(q): Query<VolumeListQuery>,
 ) -> ApiResult<Response> {
-    Ok(Json(agent.list_volumes(q.app.as_deref())?).into_response())
+    Ok(Json(crate::volumes::list_volumes(&agent, q.app.as_deref())?).into_response())
 }
 
 async fn volume_create(State(agent): State<Agent>, body: Bytes) -> ApiResult<Response> {
     let req: bazaar_types::volume::HostVolumeCreate = parse_body(&body)?;
-    Ok(Json(agent.create_volume(req).await?).into_response())
+    Ok(Json(crate::volumes::create_volume(&agent, req).await?).into_response())
 }
 
 async fn volume_get(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
-    Ok(Json(agent.get_volume(&id)?).into_response())
+    Ok(Json(crate::volumes::get_volume(&agent, &id)?).into_response())
 }
 
 async fn volume_update(
@@ -285,7 +285,7 @@ async fn volume_update(
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: bazaar_types::volume::UpdateVolumeRequest = parse_body(&body)?;
-    Ok(Json(agent.update_volume(&id, req).await?).into_response())
+    Ok(Json(crate::volumes::update_volume(&agent, &id, req).await?).into_response())
 }
 
 async fn volume_extend(
@@ -297,7 +297,7 @@ async fn volume_extend(
     let size_gb = req
         .size_gb
         .ok_or_else(|| AgentError::Invalid("size_gb is required".into()))?;
-    let volume = agent.extend_volume(&id, size_gb).await?;
+    let volume = crate::volumes::extend_volume(&agent, &id, size_gb).await?;
     Ok(Json(bazaar_types::volume::ExtendVolumeResponse {
         volume,
         needs_restart: false,
@@ -306,7 +306,7 @@ async fn volume_extend(
 }
 
 async fn volume_delete(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
-    Ok(Json(agent.delete_volume(&id).await?).into_response())
+    Ok(Json(crate::volumes::delete_volume(&agent, &id).await?).into_response())
 }
 
 async fn volume_snapshots(

@@ -272,7 +272,7 @@ impl Agent {
         if let Some(p) = &req.placement {
             batch.placement(&id, p);
         }
-        if let Err(err) = self.attach_volume(&rec, &mut batch) {
+        if let Err(err) = crate::volumes::attach_volume(self, &rec, &mut batch) {
             self.release_ports(&rec);
             return Err(err);
         }
@@ -283,7 +283,7 @@ impl Agent {
         self.0.crash.at(op.kind.name(), 0);
         tracing::info!(machine.id = %rec.id, app = %rec.app, "machine created");
         self.publish(&rec);
-        self.publish_attached_volume(&rec);
+        crate::volumes::publish_attached_volume(self, &rec);
         let mut machine = self.view(&rec, self.0.store.events(&rec.id, 20).unwrap_or_default());
         machine.nonce = rec.lease.as_ref().map(|l| l.nonce.clone());
         spawn_actor(self, rec, vec![op], None);

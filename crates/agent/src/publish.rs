@@ -24,7 +24,7 @@ impl Agent {
             self.publish(&m);
         }
         for v in self.0.store.volumes().unwrap_or_default() {
-            self.publish_volume(&v);
+            crate::volumes::publish_volume(self, &v);
         }
     }
 

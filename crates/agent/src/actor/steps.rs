@@ -269,7 +269,7 @@ impl Actor {
             let mut ledger = self.agent.0.ledger.lock().await;
             ledger.uncommit(&self.id);
         }
-        if let Err(err) = self.agent.detach_volumes(&self.id).await {
+        if let Err(err) = crate::volumes::detach_volumes(&self.agent, &self.id).await {
             tracing::error!(machine.id = %self.id, error = %err, "detaching volumes");
         }
         self.agent.0.machine_driver.destroy(&self.id).await;
