@@ -3,10 +3,13 @@
 //! serializes every accepted write), the actor registry ([`crate::registry`]), the bearer
 //! tokens ([`crate::tokens`]), what machines are handed out ([`crate::addresses`]), the
 //! health-check results ([`crate::checks`]), the audit log ([`crate::audit`]), the metrics
-//! ([`crate::metrics`]) and the link to other hosts ([`crate::host_tls`]). This module
-//! also has what every operation shares: numbering operations, loading a live machine,
-//! durable commits. It imports only downward: start-up ([`crate::boot`]) and everything
-//! that needs the whole agent (operations, market, leases, views, actors...) sit above it.
+//! ([`crate::metrics`]), the open preemption bids ([`crate::preemptions`]) and the link to
+//! other hosts ([`crate::host_tls`]); the reads ([`crate::views`]) are lent its parts. This
+//! module also has what every operation shares: numbering operations, loading a live
+//! machine, durable commits, and narrow accessors of its parts for the modules above. It
+//! imports only downward: start-up ([`crate::boot`]) and everything that needs the whole
+//! agent (operations, market, leases, volumes, actors...) sit above it; no module outside
+//! this file touches `Inner`'s fields but the few still listed in `tests/layering.rs`.
 
 use crate::addresses::Addresses;
 use crate::checks::CheckResults;
@@ -21,28 +24,24 @@ use crate::registry::Actors;
 use crate::store::{Batch, Store};
 use crate::sync::lock;
 use crate::tokens::{Caller, Tokens};
+use crate::views::Reader;
+pub use crate::views::Snapshot;
 use bazaar_auth::Denied;
 use bazaar_placement::Ledger;
 use bazaar_runtime::MachineDriver;
-use bazaar_types::host::HostInfo;
+use bazaar_types::config::MachineConfig;
+use bazaar_types::event::MachineEvent;
+use bazaar_types::host::{HostInfo, WaitResponse};
 use bazaar_types::ids;
+use bazaar_types::machine::Machine;
 use bazaar_types::state::MachineState;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-
-/// A machine's live state, published to waiters.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Snapshot {
-    pub state: MachineState,
-    pub instance_id: String,
-    /// The newest event's id and the status it recorded.
-    pub event_id: String,
-    pub event_status: String,
-}
 
 /// The agent, cheap to clone.
 #[derive(Debug, Clone)]
@@ -309,6 +308,73 @@ impl Agent {
     /// Counts the agent's tasks: shutdown waits for them.
     pub(crate) fn tracker(&self) -> &TaskTracker {
         &self.0.tracker
+    }
+
+    /// The parts the reads use ([`crate::views`]).
+    fn reader(&self) -> Reader<'_> {
+        Reader {
+            store: &self.0.store,
+            live: &self.0.live,
+            transient: &self.0.transient,
+            checks: &self.0.checks,
+            driver: &self.0.driver,
+            host_id: &self.0.host_id,
+            clock: self.0.clock,
+        }
+    }
+
+    /// One machine (tombstones included), with its latest events.
+    pub async fn machine(&self, id: &str) -> Result<Machine, AgentError> {
+        self.reader().machine(id).await
+    }
+
+    /// Machines on this host, optionally of one app.
+    pub async fn machines(
+        &self,
+        app: Option<&str>,
+        include_deleted: bool,
+    ) -> Result<Vec<Machine>, AgentError> {
+        self.reader().machines(app, include_deleted).await
+    }
+
+    /// A machine's events, newest first.
+    pub async fn events(&self, id: &str, limit: usize) -> Result<Vec<MachineEvent>, AgentError> {
+        self.reader().events(id, limit).await
+    }
+
+    /// A machine's config versions, newest first.
+    pub async fn versions(&self, id: &str) -> Result<Vec<(String, MachineConfig)>, AgentError> {
+        self.reader().versions(id).await
+    }
+
+    /// The tail of a machine's log (JSON lines), at most `max_bytes`.
+    pub async fn log_tail(&self, id: &str, max_bytes: u64) -> Result<String, AgentError> {
+        self.reader().log_tail(id, max_bytes).await
+    }
+
+    /// Waits until the machine is in one of `states` ([`Reader::wait`]).
+    pub async fn wait(
+        &self,
+        id: &str,
+        states: &[MachineState],
+        timeout: Duration,
+        instance_id: Option<&str>,
+        from_event_id: Option<&str>,
+    ) -> Result<WaitResponse, AgentError> {
+        let reader = self.reader();
+        reader
+            .wait(id, states, timeout, instance_id, from_event_id)
+            .await
+    }
+
+    /// The state clients see: the running operation's state, else the recorded one.
+    pub(crate) fn current_state(&self, rec: &MachineRecord) -> MachineState {
+        self.reader().current_state(rec)
+    }
+
+    /// Shows a record as the API's machine object.
+    pub(crate) fn view(&self, rec: &MachineRecord, events: Vec<MachineEvent>) -> Machine {
+        self.reader().view(rec, events)
     }
 
     /// Where volumes' storage is (`volumes.rs`).

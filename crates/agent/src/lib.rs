@@ -9,7 +9,7 @@
 //! - [`boot`], at the top: start-up ([`run_agent`], [`Agent::start`]: re-adoption, resuming
 //!   operations, the agent's loops) and shutdown.
 //! - Above [`agent`], what needs the whole agent: [`operations`] (the accept side of
-//!   operations on existing machines), [`market`], [`leases`], [`views`], [`publish`],
+//!   operations on existing machines), [`market`], [`leases`], [`publish`],
 //!   [`actor`], [`http`], [`volumes`] and the rest below.
 //! - [`agent`]: the agent's state, made of parts from the modules below it, and what every
 //!   operation shares (numbering, loading a live machine, durable commits).
@@ -28,7 +28,9 @@
 //! - [`preempt`]: preemption bids and their claims; [`preemptions`]: the open bids.
 //! - [`publish`]: this host's rows in the catalog (host record, machines) and the live state
 //!   `wait` watches.
-//! - [`views`]: reads of machines (the API view, lists, events, versions, logs, `wait`).
+//! - [`views`]: reads of machines (the API view, lists, events, versions, logs, `wait`),
+//!   over the parts the agent lends them (`views::Reader`); the agent's read methods
+//!   delegate to it.
 //! - [`actor`]: one task per machine that executes its operations step by step.
 //! - [`record`]: what is persisted (machine records, operations, steps), whose types and
 //!   rules are the pure core `bazaar-lifecycle`'s (operations and steps, the restart
