@@ -377,6 +377,16 @@ impl Agent {
         self.reader().view(rec, events)
     }
 
+    /// Sets the drain flag ([`crate::drain`], which records it and tells the ledger).
+    pub(crate) fn set_draining_flag(&self, draining: bool) {
+        self.0.draining.store(draining, Ordering::SeqCst);
+    }
+
+    /// The host labels announcing this host's mesh ([`crate::mesh`]).
+    pub(crate) fn mesh_labels(&self) -> &Mutex<std::collections::BTreeMap<String, String>> {
+        &self.0.mesh_labels
+    }
+
     /// Where volumes' storage is (`volumes.rs`).
     pub(crate) fn volume_fs(&self) -> &crate::volume_fs::VolumeFs {
         &self.0.driver.volumes

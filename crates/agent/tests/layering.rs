@@ -120,3 +120,45 @@ fn no_new_impl_blocks_for_another_modules_types() {
         "{gone:?} no longer in the sources: remove them from FOREIGN_IMPLS"
     );
 }
+
+/// Modules that still reach into `Inner` through an agent handle's field (`agent.0.x`,
+/// `self.agent.0.x`) outside `agent.rs`, beside the `impl Agent` blocks above (whose
+/// `self.0` is theirs): a ratchet too. The others use the agent's narrow methods.
+const INNER_REACHERS: [&str; 2] = ["actor", "boot"];
+
+/// Top-level module of each source file and its text with whitespace removed.
+fn sources(dir: &Path, module: Option<&str>, out: &mut Vec<(String, String)>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let module = module.map_or(stem.clone(), str::to_owned);
+        if path.is_dir() {
+            sources(&path, Some(&module), out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            out.push((module, text.split_whitespace().collect()));
+        }
+    }
+}
+
+#[test]
+fn no_new_module_reaches_into_the_agents_inner_state() {
+    let mut files = Vec::new();
+    sources(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        None,
+        &mut files,
+    );
+    assert!(files.iter().any(|(m, _)| m == "agent"), "read no sources");
+    let mut reaching: Vec<String> = files
+        .iter()
+        .filter(|(m, text)| m != "agent" && text.contains("agent.0."))
+        .map(|(m, _)| m.clone())
+        .collect();
+    reaching.sort();
+    reaching.dedup();
+    assert_eq!(
+        reaching, INNER_REACHERS,
+        "modules reaching into Inner through `agent.0` (use or add a narrow method in agent.rs)"
+    );
+}
