@@ -238,6 +238,12 @@ impl Agent {
         Self::start_in_process(config, seams).await
     }
 
+    /// This agent as a node, for the services beside it ([`crate::node`]); their tasks are
+    /// tracked by the handle's tracker (one per call: the composition root calls this once).
+    pub fn node(&self) -> bazaar_node::NodeHandle {
+        crate::node::handle(self)
+    }
+
     /// [`Agent::start`] with `seams` in place of the host's driver, clock or crash point
     /// (in-process tests: a fake driver, tokio's paused clock, a crash at a step).
     pub async fn start_in_process(config: AgentConfig, seams: Seams) -> anyhow::Result<Agent> {
