@@ -320,7 +320,19 @@ impl Agent {
             driver: &self.0.driver,
             host_id: &self.0.host_id,
             clock: self.0.clock,
+            catalog: self.0.catalog.get(),
+            api_ip: self.0.config.api_listen.ip(),
         }
+    }
+
+    /// Publishes a machine's state to waiters and to the catalog ([`Reader::publish`]).
+    pub(crate) fn publish(&self, rec: &MachineRecord) {
+        self.reader().publish(rec);
+    }
+
+    /// The catalog, once attached.
+    pub fn catalog(&self) -> Option<&bazaar_catalog::Catalog> {
+        self.0.catalog.get()
     }
 
     /// One machine (tombstones included), with its latest events.

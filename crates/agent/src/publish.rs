@@ -2,13 +2,11 @@
 //! room, where its proxy listens — and a whole row per machine) and the live state that
 //! `wait` watches.
 
-use crate::agent::{Agent, Snapshot};
-use crate::record::MachineRecord;
+use crate::agent::Agent;
 use crate::sync::lock;
 use bazaar_types::host::Resources;
 use bazaar_types::state::MachineState;
 use std::collections::BTreeMap;
-use tokio::sync::watch;
 
 pub use bazaar_node::host_link::PROXY_HOP_ADDR_LABEL;
 
@@ -57,11 +55,6 @@ impl Agent {
                 Err(_) => {}
             }
         }
-    }
-
-    /// The catalog, once attached.
-    pub fn catalog(&self) -> Option<&bazaar_catalog::Catalog> {
-        self.0.catalog.get()
     }
 
     /// The platform this host runs gVisor machines on, if it runs them.
@@ -170,87 +163,5 @@ impl Agent {
     pub async fn set_proxy_hop_addr(&self, addr: std::net::SocketAddr) {
         let _ = self.0.proxy_hop_addr.set(addr);
         self.publish_host().await;
-    }
-
-    /// Publishes a machine's state to waiters and to the catalog.
-    pub(crate) fn publish(&self, rec: &MachineRecord) {
-        if let Some(catalog) = self.0.catalog.get() {
-            if rec.state == MachineState::Destroyed {
-                catalog.delete_machine(&rec.id);
-            } else {
-                catalog.publish_machine(self.catalog_row(rec));
-            }
-        }
-        let snap = Snapshot {
-            state: self.current_state(rec),
-            instance_id: rec.instance_id.clone(),
-            event_id: rec.last_event_id.clone(),
-            event_status: rec.last_event_status.clone(),
-        };
-        let mut live = lock(&self.0.live);
-        match live.get(&rec.id) {
-            Some(tx) => {
-                tx.send_if_modified(|s| {
-                    if *s != snap {
-                        *s = snap.clone();
-                        true
-                    } else {
-                        false
-                    }
-                });
-            }
-            None => {
-                live.insert(rec.id.clone(), watch::channel(snap).0);
-            }
-        }
-    }
-
-    /// The catalog row of a machine.
-    pub(crate) fn catalog_row(&self, rec: &MachineRecord) -> bazaar_catalog::MachineRecord {
-        // A process machine's services listen on host ports on loopback; an image
-        // machine's on its own address.
-        let services = rec
-            .config
-            .services
-            .iter()
-            .filter_map(|svc| {
-                let (address, port) = match rec.private_ip {
-                    Some(ip) => (ip.to_string(), svc.internal_port),
-                    None => (
-                        self.0.config.api_listen.ip().to_string(),
-                        *rec.host_ports.get(&svc.internal_port)?,
-                    ),
-                };
-                Some(bazaar_catalog::ServiceRecord {
-                    service: svc.clone(),
-                    address,
-                    port,
-                })
-            })
-            .collect();
-        bazaar_catalog::MachineRecord {
-            id: rec.id.clone(),
-            app: rec.app.clone(),
-            app_id: rec.app_id.clone(),
-            name: rec.name.clone(),
-            region: rec.region.clone(),
-            host_id: self.0.host_id.clone(),
-            state: self.current_state(rec).to_string(),
-            instance_id: rec.instance_id.clone(),
-            private_ip: rec.private_ip.map(|ip| ip.to_string()),
-            services,
-            checks: if self.current_state(rec) == MachineState::Started {
-                self.0.checks.of(&rec.id).unwrap_or_default()
-            } else {
-                Vec::new()
-            },
-            cordoned: rec.cordoned,
-            metadata: rec.config.metadata.clone(),
-            updated_at_ms: rec.updated_at_ms,
-            epoch: rec.epoch,
-            resources: rec.resources,
-            config: bazaar_types::replacement::opted_in(&rec.config.metadata)
-                .then(|| Box::new(rec.config.clone())),
-        }
     }
 }

@@ -30,7 +30,8 @@ pub struct Snapshot {
     pub event_status: String,
 }
 
-/// What the reads need of the agent's parts (`Agent::reader` lends them).
+/// What the reads need of the agent's parts (`Agent::reader` lends them); a change is
+/// published through it too ([`Reader::publish`]: the live state and the catalog row).
 pub(crate) struct Reader<'a> {
     pub store: &'a Store,
     pub live: &'a Mutex<HashMap<String, watch::Sender<Snapshot>>>,
@@ -39,6 +40,9 @@ pub(crate) struct Reader<'a> {
     pub driver: &'a Driver,
     pub host_id: &'a str,
     pub clock: Clock,
+    /// The catalog, once attached, and the address process machines' host ports are on.
+    pub catalog: Option<&'a bazaar_catalog::Catalog>,
+    pub api_ip: std::net::IpAddr,
 }
 
 /// Longest wait a client may ask for (Fly's limit).
@@ -357,6 +361,88 @@ impl Reader<'_> {
                 })
                 .flatten(),
             incomplete_config: false,
+        }
+    }
+
+    /// Publishes a machine's state to waiters and to the catalog.
+    pub(crate) fn publish(&self, rec: &MachineRecord) {
+        if let Some(catalog) = self.catalog {
+            if rec.state == MachineState::Destroyed {
+                catalog.delete_machine(&rec.id);
+            } else {
+                catalog.publish_machine(self.catalog_row(rec));
+            }
+        }
+        let snap = Snapshot {
+            state: self.current_state(rec),
+            instance_id: rec.instance_id.clone(),
+            event_id: rec.last_event_id.clone(),
+            event_status: rec.last_event_status.clone(),
+        };
+        let mut live = lock(self.live);
+        match live.get(&rec.id) {
+            Some(tx) => {
+                tx.send_if_modified(|s| {
+                    if *s != snap {
+                        *s = snap.clone();
+                        true
+                    } else {
+                        false
+                    }
+                });
+            }
+            None => {
+                live.insert(rec.id.clone(), watch::channel(snap).0);
+            }
+        }
+    }
+
+    /// The catalog row of a machine.
+    fn catalog_row(&self, rec: &MachineRecord) -> bazaar_catalog::MachineRecord {
+        // A process machine's services listen on host ports on loopback; an image
+        // machine's on its own address.
+        let services = rec
+            .config
+            .services
+            .iter()
+            .filter_map(|svc| {
+                let (address, port) = match rec.private_ip {
+                    Some(ip) => (ip.to_string(), svc.internal_port),
+                    None => (
+                        self.api_ip.to_string(),
+                        *rec.host_ports.get(&svc.internal_port)?,
+                    ),
+                };
+                Some(bazaar_catalog::ServiceRecord {
+                    service: svc.clone(),
+                    address,
+                    port,
+                })
+            })
+            .collect();
+        bazaar_catalog::MachineRecord {
+            id: rec.id.clone(),
+            app: rec.app.clone(),
+            app_id: rec.app_id.clone(),
+            name: rec.name.clone(),
+            region: rec.region.clone(),
+            host_id: self.host_id.to_string(),
+            state: self.current_state(rec).to_string(),
+            instance_id: rec.instance_id.clone(),
+            private_ip: rec.private_ip.map(|ip| ip.to_string()),
+            services,
+            checks: if self.current_state(rec) == MachineState::Started {
+                self.checks.of(&rec.id).unwrap_or_default()
+            } else {
+                Vec::new()
+            },
+            cordoned: rec.cordoned,
+            metadata: rec.config.metadata.clone(),
+            updated_at_ms: rec.updated_at_ms,
+            epoch: rec.epoch,
+            resources: rec.resources,
+            config: bazaar_types::replacement::opted_in(&rec.config.metadata)
+                .then(|| Box::new(rec.config.clone())),
         }
     }
 }
