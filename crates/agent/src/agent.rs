@@ -335,6 +335,46 @@ impl Agent {
         self.0.catalog.get()
     }
 
+    /// Where the catalog is set, once ([`crate::publish::attach_catalog`]).
+    pub(crate) fn catalog_cell(&self) -> &std::sync::OnceLock<bazaar_catalog::Catalog> {
+        &self.0.catalog
+    }
+
+    /// Where this host's edge proxy listens, once it does.
+    pub(crate) fn proxy_addr(&self) -> &std::sync::OnceLock<std::net::SocketAddr> {
+        &self.0.proxy_addr
+    }
+
+    /// The proxy's hop listener, once it has one.
+    pub(crate) fn proxy_hop_addr(&self) -> &std::sync::OnceLock<std::net::SocketAddr> {
+        &self.0.proxy_hop_addr
+    }
+
+    /// Where the host link is set, once ([`crate::publish::set_host_link`]).
+    pub(crate) fn host_link_cell(&self) -> &std::sync::OnceLock<HostLink> {
+        &self.0.host_link
+    }
+
+    /// The drivers this host cannot run, with what each lacks.
+    pub(crate) fn cannot_run_all(&self) -> &std::collections::BTreeMap<String, String> {
+        &self.0.cannot_run
+    }
+
+    /// True while the host drains or shuts down: it takes nothing new.
+    pub(crate) fn is_draining(&self) -> bool {
+        self.0.shutdown.is_cancelled() || self.0.draining.load(Ordering::SeqCst)
+    }
+
+    /// The tokens revoked on this host.
+    pub(crate) fn revoked_here(&self) -> Vec<String> {
+        self.0.tokens.revoked_here().into_iter().collect()
+    }
+
+    /// The last host record published (to publish only changes).
+    pub(crate) fn last_host_record(&self) -> &Mutex<Option<bazaar_catalog::HostRecord>> {
+        &self.0.last_host_record
+    }
+
     /// One machine (tombstones included), with its latest events.
     pub async fn machine(&self, id: &str) -> Result<Machine, AgentError> {
         self.reader().machine(id).await

@@ -96,7 +96,7 @@ pub async fn run_agent(
         &config.data_dir.join("gossip.addr"),
         &catalog.local_addr().to_string(),
     )?;
-    agent.attach_catalog(catalog.clone()).await;
+    crate::publish::attach_catalog(&agent, catalog.clone()).await;
     cluster_security::spawn_keeper(&agent, catalog.clone());
     dns::spawn(&agent).await;
     mesh::spawn(&agent).await;
@@ -112,9 +112,7 @@ pub async fn run_agent(
                 .await
                 .with_context(|| format!("binding the host listener on {}", config.host_listen))?;
             let host_addr = listener.local_addr()?;
-            agent
-                .set_host_link(tls.link(host_addr, catalog.clone())?)
-                .await;
+            crate::publish::set_host_link(&agent, tls.link(host_addr, catalog.clone())?).await;
             Some((tls, listener, host_addr))
         }
         None => None,
@@ -362,8 +360,8 @@ impl Agent {
     /// with its store, starts scheduled machines that are due, reports full disks.
     async fn housekeeping(&self) {
         self.refresh_revocations();
-        self.publish_host().await;
-        self.reconcile_catalog();
+        crate::publish::publish_host(self).await;
+        crate::publish::reconcile_catalog(self);
         let now = self.now_ms();
         crate::schedule::start_due(self, now).await;
         self.watch_disks().await;

@@ -49,6 +49,6 @@ pub async fn set_draining(agent: &Agent, draining: bool) -> Result<(), AgentErro
     } else {
         tracing::info!("host taken back into the market");
     }
-    agent.publish_host().await;
+    crate::publish::publish_host(agent).await;
     Ok(())
 }

@@ -107,7 +107,7 @@ pub(crate) async fn spawn(agent: &Agent) {
         .collect();
     };
     announce(prefix);
-    agent.publish_host().await;
+    crate::publish::publish_host(agent).await;
     tracing::info!(%prefix, endpoint = %mesh.local_addr(), device = mesh.tun_name(), "mesh up");
     let (agent, stop) = (agent.clone(), agent.shutdown_token());
     let mesh = std::sync::Arc::new(mesh);
@@ -119,7 +119,7 @@ pub(crate) async fn spawn(agent: &Agent) {
                 let mut labels = crate::sync::lock(agent.mesh_labels()).clone();
                 labels.insert(plan::LABEL_PREFIX.into(), prefix.to_string());
                 *crate::sync::lock(agent.mesh_labels()) = labels;
-                agent.publish_host().await;
+                crate::publish::publish_host(&agent).await;
             }
             let (peers, members) = wanted(&agent, &catalog, prefix);
             if applied.as_ref() != Some(&(peers.clone(), members.clone())) {

@@ -142,9 +142,9 @@ impl Node for AgentNode {
     fn set_proxy_addrs(&self, proxy: SocketAddr, hop: Option<SocketAddr>) -> NodeFuture<'_, ()> {
         Box::pin(async move {
             if let Some(hop) = hop {
-                self.agent.set_proxy_hop_addr(hop).await;
+                crate::publish::set_proxy_hop_addr(&self.agent, hop).await;
             }
-            self.agent.set_proxy_addr(proxy).await
+            crate::publish::set_proxy_addr(&self.agent, proxy).await
         })
     }
 
