@@ -3,13 +3,17 @@
 //! serializes every accepted write), the actor registry ([`crate::registry`]), the bearer
 //! tokens ([`crate::tokens`]), what machines are handed out ([`crate::addresses`]), the
 //! health-check results ([`crate::checks`]), the audit log ([`crate::audit`]), the metrics
-//! ([`crate::metrics`]) and the link to other hosts ([`crate::host_tls`]). This module
-//! also has what every operation shares: numbering operations, loading a live machine,
-//! durable commits. It imports only downward: start-up ([`crate::boot`]) and everything
-//! that needs the whole agent (operations, market, leases, views, actors...) sit above it.
+//! ([`crate::metrics`]), the open preemption bids ([`crate::preemptions`]) and the link to
+//! other hosts ([`crate::host_tls`]); the reads ([`crate::views`]) are lent its parts. This
+//! module also has what every operation shares: numbering operations, loading a live
+//! machine, durable commits, and narrow accessors of its parts for the modules above. It
+//! imports only downward: start-up ([`crate::boot`]) and everything that needs the whole
+//! agent (operations, market, leases, volumes, actors...) sit above it; no module outside
+//! this file touches `Inner`'s fields but the few still listed in `tests/layering.rs`.
 
 use crate::addresses::Addresses;
 use crate::checks::CheckResults;
+use crate::clock::Clock;
 use crate::config::AgentConfig;
 use crate::driver::Driver;
 use crate::error::AgentError;
@@ -20,28 +24,24 @@ use crate::registry::Actors;
 use crate::store::{Batch, Store};
 use crate::sync::lock;
 use crate::tokens::{Caller, Tokens};
+use crate::views::Reader;
+pub use crate::views::Snapshot;
 use bazaar_auth::Denied;
 use bazaar_placement::Ledger;
 use bazaar_runtime::MachineDriver;
-use bazaar_types::host::HostInfo;
+use bazaar_types::config::MachineConfig;
+use bazaar_types::event::MachineEvent;
+use bazaar_types::host::{HostInfo, WaitResponse};
+use bazaar_types::ids;
+use bazaar_types::machine::Machine;
 use bazaar_types::state::MachineState;
-use bazaar_types::{ids, now_ms};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-
-/// A machine's live state, published to waiters.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Snapshot {
-    pub state: MachineState,
-    pub instance_id: String,
-    /// The newest event's id and the status it recorded.
-    pub event_id: String,
-    pub event_status: String,
-}
 
 /// The agent, cheap to clone.
 #[derive(Debug, Clone)]
@@ -66,7 +66,9 @@ pub(crate) struct Inner {
     pub live: Mutex<HashMap<String, watch::Sender<Snapshot>>>,
     /// State shown while an operation runs (`starting`, `stopping`, ...).
     pub transient: Mutex<HashMap<String, MachineState>>,
-    pub crash: CrashPoint,
+    pub crash: Arc<CrashPoint>,
+    /// "Now" for leases, reservations, backoffs and records ([`crate::clock`]).
+    pub clock: Clock,
     pub next_op_id: AtomicU64,
     pub shutdown: CancellationToken,
     /// Counts the agent's tasks: shutdown waits for them.
@@ -94,7 +96,7 @@ pub(crate) struct Inner {
     /// (`mesh.rs`).
     pub mesh_labels: Mutex<std::collections::BTreeMap<String, String>>,
     /// Open preemption bids by reservation id (`preempt.rs`; in memory, as reservations).
-    pub preemptions: Mutex<HashMap<String, bazaar_placement::preemption::Preemption>>,
+    pub preemptions: crate::preemptions::Preemptions,
     /// The latest health-check results of this host's machines.
     pub checks: CheckResults,
     /// Disk offered to volumes, in GB.
@@ -116,6 +118,18 @@ pub(crate) struct Inner {
     pub draining: std::sync::atomic::AtomicBool,
 }
 
+/// What a test running the agent in-process puts in place of the host's own: the driver
+/// the actors launch runs with (a fake), the clock (tokio's, paused) and where to crash.
+/// `Seams::default()` is the real agent.
+#[derive(Debug, Default)]
+pub struct Seams {
+    /// `None`: this host's shims and runc.
+    pub driver: Option<Arc<dyn MachineDriver>>,
+    pub clock: Clock,
+    /// `None`: `BAZAAR_CRASH_AT` ([`CrashPoint::from_env`]).
+    pub crash: Option<Arc<CrashPoint>>,
+}
+
 /// What a store holds at start that the agent has not acted on yet: its machines and its
 /// unfinished operations.
 pub(crate) struct Stored {
@@ -131,8 +145,9 @@ impl Agent {
         config: AgentConfig,
         store: Store,
         host_id: String,
-        machine_driver: Option<Arc<dyn MachineDriver>>,
+        seams: Seams,
     ) -> anyhow::Result<(Agent, Stored)> {
+        let machine_driver = seams.driver;
         let secret = crate::secrets::cluster_secret(&config)?;
         let tokens = Tokens::load(&config, secret)?;
         let is_root = rustix::process::geteuid().is_root();
@@ -215,7 +230,10 @@ impl Agent {
             actors: Actors::default(),
             live: Mutex::new(HashMap::new()),
             transient: Mutex::new(HashMap::new()),
-            crash: CrashPoint::from_env(),
+            crash: seams
+                .crash
+                .unwrap_or_else(|| Arc::new(CrashPoint::from_env())),
+            clock: seams.clock,
             next_op_id: AtomicU64::new(next_op_id),
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
@@ -228,7 +246,7 @@ impl Agent {
             proxy_hop_addr: std::sync::OnceLock::new(),
             host_link: std::sync::OnceLock::new(),
             mesh_labels: Mutex::default(),
-            preemptions: Mutex::default(),
+            preemptions: Default::default(),
             checks: CheckResults::default(),
             disk_gb,
             cannot_run,
@@ -257,6 +275,11 @@ impl Agent {
         &self.0.audit
     }
 
+    /// Unix milliseconds on the agent's clock ([`crate::clock`]).
+    pub fn now_ms(&self) -> u64 {
+        self.0.clock.now_ms()
+    }
+
     /// This host's id.
     pub fn host_id(&self) -> &str {
         &self.0.host_id
@@ -265,6 +288,226 @@ impl Agent {
     /// The agent's config.
     pub fn config(&self) -> &AgentConfig {
         &self.0.config
+    }
+
+    /// The host plumbing of this host's machines (paths, cgroups, network).
+    pub(crate) fn driver(&self) -> &Driver {
+        &self.0.driver
+    }
+
+    /// Held while a volume's storage step runs (one at a time per host).
+    pub(crate) async fn volume_step(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.0.volume_steps.lock().await
+    }
+
+    /// Fault injection at boundary `boundary` of operation `op` ([`crate::fault`]).
+    pub(crate) fn crash_at(&self, op: &str, boundary: u32) {
+        self.0.crash.at(op, boundary);
+    }
+
+    /// Counts the agent's tasks: shutdown waits for them.
+    pub(crate) fn tracker(&self) -> &TaskTracker {
+        &self.0.tracker
+    }
+
+    /// The parts the reads use ([`crate::views`]).
+    fn reader(&self) -> Reader<'_> {
+        Reader {
+            store: &self.0.store,
+            live: &self.0.live,
+            transient: &self.0.transient,
+            checks: &self.0.checks,
+            driver: &self.0.driver,
+            host_id: &self.0.host_id,
+            clock: self.0.clock,
+            catalog: self.0.catalog.get(),
+            api_ip: self.0.config.api_listen.ip(),
+        }
+    }
+
+    /// Publishes a machine's state to waiters and to the catalog ([`Reader::publish`]).
+    pub(crate) fn publish(&self, rec: &MachineRecord) {
+        self.reader().publish(rec);
+    }
+
+    /// The catalog, once attached.
+    pub fn catalog(&self) -> Option<&bazaar_catalog::Catalog> {
+        self.0.catalog.get()
+    }
+
+    /// Where the catalog is set, once ([`crate::publish::attach_catalog`]).
+    pub(crate) fn catalog_cell(&self) -> &std::sync::OnceLock<bazaar_catalog::Catalog> {
+        &self.0.catalog
+    }
+
+    /// Where this host's edge proxy listens, once it does.
+    pub(crate) fn proxy_addr(&self) -> &std::sync::OnceLock<std::net::SocketAddr> {
+        &self.0.proxy_addr
+    }
+
+    /// The proxy's hop listener, once it has one.
+    pub(crate) fn proxy_hop_addr(&self) -> &std::sync::OnceLock<std::net::SocketAddr> {
+        &self.0.proxy_hop_addr
+    }
+
+    /// Where the host link is set, once ([`crate::publish::set_host_link`]).
+    pub(crate) fn host_link_cell(&self) -> &std::sync::OnceLock<HostLink> {
+        &self.0.host_link
+    }
+
+    /// The drivers this host cannot run, with what each lacks.
+    pub(crate) fn cannot_run_all(&self) -> &std::collections::BTreeMap<String, String> {
+        &self.0.cannot_run
+    }
+
+    /// True while the host drains or shuts down: it takes nothing new.
+    pub(crate) fn is_draining(&self) -> bool {
+        self.0.shutdown.is_cancelled() || self.0.draining.load(Ordering::SeqCst)
+    }
+
+    /// The tokens revoked on this host.
+    pub(crate) fn revoked_here(&self) -> Vec<String> {
+        self.0.tokens.revoked_here().into_iter().collect()
+    }
+
+    /// The last host record published (to publish only changes).
+    pub(crate) fn last_host_record(&self) -> &Mutex<Option<bazaar_catalog::HostRecord>> {
+        &self.0.last_host_record
+    }
+
+    /// One machine (tombstones included), with its latest events.
+    pub async fn machine(&self, id: &str) -> Result<Machine, AgentError> {
+        self.reader().machine(id).await
+    }
+
+    /// Machines on this host, optionally of one app.
+    pub async fn machines(
+        &self,
+        app: Option<&str>,
+        include_deleted: bool,
+    ) -> Result<Vec<Machine>, AgentError> {
+        self.reader().machines(app, include_deleted).await
+    }
+
+    /// A machine's events, newest first.
+    pub async fn events(&self, id: &str, limit: usize) -> Result<Vec<MachineEvent>, AgentError> {
+        self.reader().events(id, limit).await
+    }
+
+    /// A machine's config versions, newest first.
+    pub async fn versions(&self, id: &str) -> Result<Vec<(String, MachineConfig)>, AgentError> {
+        self.reader().versions(id).await
+    }
+
+    /// The tail of a machine's log (JSON lines), at most `max_bytes`.
+    pub async fn log_tail(&self, id: &str, max_bytes: u64) -> Result<String, AgentError> {
+        self.reader().log_tail(id, max_bytes).await
+    }
+
+    /// Waits until the machine is in one of `states` ([`Reader::wait`]).
+    pub async fn wait(
+        &self,
+        id: &str,
+        states: &[MachineState],
+        timeout: Duration,
+        instance_id: Option<&str>,
+        from_event_id: Option<&str>,
+    ) -> Result<WaitResponse, AgentError> {
+        let reader = self.reader();
+        reader
+            .wait(id, states, timeout, instance_id, from_event_id)
+            .await
+    }
+
+    /// The state clients see: the running operation's state, else the recorded one.
+    pub(crate) fn current_state(&self, rec: &MachineRecord) -> MachineState {
+        self.reader().current_state(rec)
+    }
+
+    /// Shows a record as the API's machine object.
+    pub(crate) fn view(&self, rec: &MachineRecord, events: Vec<MachineEvent>) -> Machine {
+        self.reader().view(rec, events)
+    }
+
+    /// Sets the drain flag ([`crate::drain`], which records it and tells the ledger).
+    pub(crate) fn set_draining_flag(&self, draining: bool) {
+        self.0.draining.store(draining, Ordering::SeqCst);
+    }
+
+    /// The host labels announcing this host's mesh ([`crate::mesh`]).
+    pub(crate) fn mesh_labels(&self) -> &Mutex<std::collections::BTreeMap<String, String>> {
+        &self.0.mesh_labels
+    }
+
+    /// Where volumes' storage is (`volumes.rs`).
+    pub(crate) fn volume_fs(&self) -> &crate::volume_fs::VolumeFs {
+        &self.0.driver.volumes
+    }
+
+    /// Disk offered to volumes, in GB.
+    pub(crate) fn disk_gb(&self) -> u64 {
+        self.0.disk_gb
+    }
+
+    /// Disk given to volumes, in GB.
+    pub(crate) fn disk_used_gb(&self) -> u64 {
+        let volumes = self.0.store.volumes().unwrap_or_default();
+        volumes.iter().map(|v| v.size_gb).sum()
+    }
+
+    /// Volume `id`'s record (404 for a malformed or unknown id).
+    pub(crate) fn load_volume(
+        &self,
+        id: &str,
+    ) -> Result<crate::volume_record::VolumeRecord, AgentError> {
+        let not_found = || AgentError::NotFound(format!("volume {id} not found"));
+        if !bazaar_types::volume::is_valid_volume_id(id) {
+            return Err(not_found());
+        }
+        self.0.store.volume(id)?.ok_or_else(not_found)
+    }
+
+    /// The open preemption bids ([`crate::preempt`]).
+    pub(crate) fn preemptions(&self) -> &crate::preemptions::Preemptions {
+        &self.0.preemptions
+    }
+
+    /// The channel to each machine's actor.
+    pub(crate) fn actors(&self) -> &Actors {
+        &self.0.actors
+    }
+
+    /// The store (reads; writes go through [`Agent::commit`]).
+    pub(crate) fn store(&self) -> &Store {
+        &self.0.store
+    }
+
+    /// The agent's write lock, the ledger's: a change validated and written under it is one
+    /// step with respect to every other accepted write.
+    pub(crate) async fn write_lock(&self) -> tokio::sync::MutexGuard<'_, Ledger> {
+        self.0.ledger.lock().await
+    }
+
+    /// Whether process machines run sandboxed, each as its own uid ([`crate::identity`]).
+    pub(crate) fn machine_users(&self) -> bool {
+        self.0.driver.isolate
+    }
+
+    /// Checks `init.user` and gives a process machine its uid ([`crate::identity`]).
+    pub(crate) fn assign_user(&self, rec: &mut MachineRecord) -> Result<(), AgentError> {
+        let allow_root = self.0.config.allow_root_machines;
+        crate::identity::assign_user(&self.0.addresses, rec, self.machine_users(), allow_root)
+    }
+
+    /// Gives a machine where its services are reached ([`Addresses::assign`]).
+    pub(crate) fn assign_ports(&self, rec: &mut MachineRecord) -> Result<(), AgentError> {
+        self.0.addresses.assign(&self.0.driver, rec)
+    }
+
+    /// Gives back what [`Agent::assign_ports`] and [`Agent::assign_user`] handed out.
+    pub(crate) fn release_ports(&self, rec: &MachineRecord) {
+        crate::identity::release_user(&self.0.addresses, rec);
+        self.0.addresses.release(&self.0.driver, rec);
     }
 
     /// Why this host cannot run `driver` machines, if it cannot ([`crate::runnable`]).
@@ -363,7 +606,7 @@ impl Agent {
         not_before_ms: u64,
     ) -> Operation {
         let id = self.next_op_id();
-        bazaar_lifecycle::accept::begin(rec, kind, id, source, not_before_ms, now_ms())
+        bazaar_lifecycle::accept::begin(rec, kind, id, source, not_before_ms, self.now_ms())
     }
 
     /// The next operation id (host-wide, increasing).

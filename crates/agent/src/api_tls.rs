@@ -92,8 +92,8 @@ impl ApiTls {
             "API (TLS)",
             listener,
             admission,
-            agent.0.shutdown.clone(),
-            &agent.0.tracker,
+            agent.shutdown_token(),
+            agent.tracker(),
             move |stream, peer, conn| {
                 serve_connection(acceptor.clone(), stream, peer, conn, app.clone(), limits)
             },
@@ -109,10 +109,10 @@ fn spawn_renewal(
     first: bazaar_pki::HostIdentity,
     config: &AgentConfig,
 ) {
-    let stop = agent.0.shutdown.clone();
+    let stop = agent.shutdown_token();
     let (data_dir, ip) = (config.data_dir.clone(), config.api_listen.ip());
     let retry = Duration::from_secs(1).max(config.cert_validity / 100);
-    agent.0.tracker.spawn(async move {
+    agent.tracker().clone().spawn(async move {
         let mut due = first.renew_at();
         loop {
             let wait = due.duration_since(SystemTime::now()).unwrap_or_default();

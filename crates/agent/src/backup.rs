@@ -55,7 +55,7 @@ pub fn routes() -> Router<Agent> {
 
 async fn copy_store(State(agent): State<Agent>) -> Result<Json<StoreCopy>, AgentError> {
     let path = agent.config().data_dir.join(STORE_COPY);
-    let store = agent.0.store.clone();
+    let store = agent.store().clone();
     let dest = path.clone();
     tokio::task::spawn_blocking(move || {
         private_dir(dest.parent().expect("a parent"))
@@ -65,7 +65,7 @@ async fn copy_store(State(agent): State<Agent>) -> Result<Json<StoreCopy>, Agent
     .await
     .map_err(|e| AgentError::Internal(e.to_string()))??;
     Ok(Json(StoreCopy {
-        host_id: agent.0.host_id.clone(),
+        host_id: agent.host_id().to_string(),
         path,
     }))
 }

@@ -5,7 +5,7 @@
 //! snapshot pruning, health checks); [`Agent::shutdown`] stops them.
 
 use crate::actor::spawn_actor;
-use crate::agent::{Agent, Stored};
+use crate::agent::{Agent, Seams, Stored};
 use crate::checks::Checker;
 use crate::config::AgentConfig;
 use crate::record::Operation;
@@ -20,7 +20,6 @@ use bazaar_node::listen::{spawn_accept_loop, Admission};
 use bazaar_runtime::MachineDriver;
 use bazaar_types::event::MachineEvent;
 use bazaar_types::ids;
-use bazaar_types::now_ms;
 use bazaar_types::state::MachineState;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -97,7 +96,7 @@ pub async fn run_agent(
         &config.data_dir.join("gossip.addr"),
         &catalog.local_addr().to_string(),
     )?;
-    agent.attach_catalog(catalog.clone()).await;
+    crate::publish::attach_catalog(&agent, catalog.clone()).await;
     cluster_security::spawn_keeper(&agent, catalog.clone());
     dns::spawn(&agent).await;
     mesh::spawn(&agent).await;
@@ -113,9 +112,7 @@ pub async fn run_agent(
                 .await
                 .with_context(|| format!("binding the host listener on {}", config.host_listen))?;
             let host_addr = listener.local_addr()?;
-            agent
-                .set_host_link(tls.link(host_addr, catalog.clone())?)
-                .await;
+            crate::publish::set_host_link(&agent, tls.link(host_addr, catalog.clone())?).await;
             Some((tls, listener, host_addr))
         }
         None => None,
@@ -232,6 +229,22 @@ impl Agent {
         config: AgentConfig,
         machine_driver: Option<Arc<dyn MachineDriver>>,
     ) -> anyhow::Result<Agent> {
+        let seams = Seams {
+            driver: machine_driver,
+            ..Seams::default()
+        };
+        Self::start_in_process(config, seams).await
+    }
+
+    /// This agent as a node, for the services beside it ([`crate::node`]); their tasks are
+    /// tracked by the handle's tracker (one per call: the composition root calls this once).
+    pub fn node(&self) -> bazaar_node::NodeHandle {
+        crate::node::handle(self)
+    }
+
+    /// [`Agent::start`] with `seams` in place of the host's driver, clock or crash point
+    /// (in-process tests: a fake driver, tokio's paused clock, a crash at a step).
+    pub async fn start_in_process(config: AgentConfig, seams: Seams) -> anyhow::Result<Agent> {
         std::fs::create_dir_all(&config.data_dir)?;
         // Machines' environments, specs and volumes are in here: the agent's user only.
         {
@@ -252,10 +265,9 @@ impl Agent {
         };
         // With a mesh, the machine network is this host's prefix of the private range.
         let config = crate::mesh::with_host_prefix(config, &host_id)?;
-        let (agent, Stored { machines, ops }) =
-            Agent::assemble(config, store, host_id, machine_driver)?;
+        let (agent, Stored { machines, ops }) = Agent::assemble(config, store, host_id, seams)?;
         // Volumes first: machines that mount them may launch right after.
-        agent.recover_volumes().await;
+        crate::volumes::recover_volumes(&agent).await;
         let mut ops_by_machine: HashMap<String, Vec<Operation>> = HashMap::new();
         for op in ops {
             ops_by_machine
@@ -299,7 +311,7 @@ impl Agent {
             spawn_actor(&agent, m, ops, run);
         }
         agent.spawn_housekeeping();
-        agent.spawn_snapshot_pruning();
+        crate::snapshots::spawn_snapshot_pruning(&agent);
         spawn_checks(&agent);
         spawn_machine_metrics(&agent);
         tracing::info!(
@@ -348,9 +360,9 @@ impl Agent {
     /// with its store, starts scheduled machines that are due, reports full disks.
     async fn housekeeping(&self) {
         self.refresh_revocations();
-        self.publish_host().await;
-        self.reconcile_catalog();
-        let now = now_ms();
+        crate::publish::publish_host(self).await;
+        crate::publish::reconcile_catalog(self);
+        let now = self.now_ms();
         crate::schedule::start_due(self, now).await;
         self.watch_disks().await;
         {

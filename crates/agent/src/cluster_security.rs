@@ -67,9 +67,9 @@ fn save_revocations(data_dir: &Path, revocations: &[Revocation]) -> anyhow::Resu
 /// runs (a revoked host's rows leave the catalog: that change is the cue).
 pub fn spawn_keeper(agent: &Agent, catalog: bazaar_catalog::Catalog) {
     let data_dir = agent.config().data_dir.clone();
-    let stop = agent.0.shutdown.clone();
+    let stop = agent.shutdown_token();
     let mut changes = catalog.subscribe();
-    agent.0.tracker.spawn(async move {
+    agent.tracker().clone().spawn(async move {
         let mut kept = load_revocations(&data_dir).unwrap_or_default().len();
         loop {
             let change = tokio::select! {

@@ -15,8 +15,8 @@ pub(crate) async fn spawn(agent: &Agent) {
     let Some(catalog) = agent.catalog().cloned() else {
         return;
     };
-    let config = &agent.0.config;
-    let network = agent.0.driver.network.clone();
+    let config = agent.config();
+    let network = agent.driver().network.clone();
     let upstreams = if config.dns_upstreams.is_empty() {
         // Never forward to ourselves: the machines' gateway or the host listener.
         let mut skip: Vec<IpAddr> = config.dns_listen.iter().map(|a| a.ip()).collect();
@@ -36,7 +36,7 @@ pub(crate) async fn spawn(agent: &Agent) {
         agent.host_id().to_string(),
         config.region.clone(),
         upstreams,
-        (agent.0.tracker.clone(), agent.0.shutdown.clone()),
+        (agent.tracker().clone(), agent.shutdown_token()),
     );
     if let Some(addr) = config.dns_listen {
         if let Err(err) = dns.serve(addr).await {
@@ -45,8 +45,8 @@ pub(crate) async fn spawn(agent: &Agent) {
     }
     if let Some(network) = network {
         let mut ready = network.watch_ready();
-        let stop = agent.0.shutdown.clone();
-        agent.0.tracker.spawn(async move {
+        let stop = agent.shutdown_token();
+        agent.tracker().clone().spawn(async move {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 res = ready.wait_for(|up| *up) => if res.is_err() { return },

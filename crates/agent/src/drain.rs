@@ -14,7 +14,6 @@ use axum::extract::State;
 use axum::routing::put;
 use axum::{Json, Router};
 use bazaar_types::host::{DrainRequest, HostInfo};
-use std::sync::atomic::Ordering;
 
 /// What a direct create on a drained host is told.
 pub const REFUSAL: &str =
@@ -38,18 +37,18 @@ async fn drain(State(agent): State<Agent>, body: Bytes) -> Result<Json<HostInfo>
 /// after the answer), then the host row.
 pub async fn set_draining(agent: &Agent, draining: bool) -> Result<(), AgentError> {
     {
-        let mut ledger = agent.0.ledger.lock().await;
+        let mut ledger = agent.write_lock().await;
         let mut batch = Batch::default();
         batch.meta(META_DRAINING, if draining { "true" } else { "false" });
         agent.commit(batch).await?;
         ledger.set_draining(draining);
-        agent.0.draining.store(draining, Ordering::SeqCst);
+        agent.set_draining_flag(draining);
     }
     if draining {
         tracing::info!("host drained: it takes no new machines");
     } else {
         tracing::info!("host taken back into the market");
     }
-    agent.publish_host().await;
+    crate::publish::publish_host(agent).await;
     Ok(())
 }

@@ -70,7 +70,7 @@ fn can_move(config: &MachineConfig) -> bool {
 /// (call once the catalog is attached).
 pub fn spawn(agent: &Agent) {
     let agent = agent.clone();
-    agent.0.tracker.clone().spawn(async move {
+    agent.tracker().clone().spawn(async move {
         let Some(catalog) = agent.catalog().cloned() else {
             return;
         };
@@ -88,7 +88,7 @@ pub fn spawn(agent: &Agent) {
 }
 
 async fn fence(agent: &Agent, catalog: &bazaar_catalog::Catalog, fenced: &mut HashSet<String>) {
-    let mine: Vec<(String, u64)> = agent.0.store.select(|m| {
+    let mine: Vec<(String, u64)> = agent.store().select(|m| {
         (m.state != MachineState::Destroyed && can_move(&m.config)).then(|| (m.id.clone(), m.epoch))
     });
     fenced.retain(|id| mine.iter().any(|(m, _)| m == id));

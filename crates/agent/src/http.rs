@@ -267,16 +267,16 @@ async fn volume_list(
     State(agent): State<Agent>,
     Query(q): Query<VolumeListQuery>,
 ) -> ApiResult<Response> {
-    Ok(Json(agent.list_volumes(q.app.as_deref())?).into_response())
+    Ok(Json(crate::volumes::list_volumes(&agent, q.app.as_deref())?).into_response())
 }
 
 async fn volume_create(State(agent): State<Agent>, body: Bytes) -> ApiResult<Response> {
     let req: bazaar_types::volume::HostVolumeCreate = parse_body(&body)?;
-    Ok(Json(agent.create_volume(req).await?).into_response())
+    Ok(Json(crate::volumes::create_volume(&agent, req).await?).into_response())
 }
 
 async fn volume_get(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
-    Ok(Json(agent.get_volume(&id)?).into_response())
+    Ok(Json(crate::volumes::get_volume(&agent, &id)?).into_response())
 }
 
 async fn volume_update(
@@ -285,7 +285,7 @@ async fn volume_update(
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: bazaar_types::volume::UpdateVolumeRequest = parse_body(&body)?;
-    Ok(Json(agent.update_volume(&id, req).await?).into_response())
+    Ok(Json(crate::volumes::update_volume(&agent, &id, req).await?).into_response())
 }
 
 async fn volume_extend(
@@ -297,7 +297,7 @@ async fn volume_extend(
     let size_gb = req
         .size_gb
         .ok_or_else(|| AgentError::Invalid("size_gb is required".into()))?;
-    let volume = agent.extend_volume(&id, size_gb).await?;
+    let volume = crate::volumes::extend_volume(&agent, &id, size_gb).await?;
     Ok(Json(bazaar_types::volume::ExtendVolumeResponse {
         volume,
         needs_restart: false,
@@ -306,25 +306,25 @@ async fn volume_extend(
 }
 
 async fn volume_delete(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
-    Ok(Json(agent.delete_volume(&id).await?).into_response())
+    Ok(Json(crate::volumes::delete_volume(&agent, &id).await?).into_response())
 }
 
 async fn volume_snapshots(
     State(agent): State<Agent>,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    Ok(Json(agent.volume_snapshots(&id)?).into_response())
+    Ok(Json(crate::snapshots::volume_snapshots(&agent, &id)?).into_response())
 }
 
 async fn volume_snapshot(
     State(agent): State<Agent>,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    Ok(Json(agent.snapshot_volume(&id).await?).into_response())
+    Ok(Json(crate::snapshots::snapshot_volume(&agent, &id).await?).into_response())
 }
 
 async fn snapshot_get(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
-    Ok(Json(agent.snapshot(&id)?).into_response())
+    Ok(Json(crate::snapshots::snapshot(&agent, &id)?).into_response())
 }
 
 /// The lease nonce a client sent, if any.
@@ -504,7 +504,7 @@ async fn logs(
     if !truthy(&q.follow)? {
         return Ok((headers, text).into_response());
     }
-    let path = agent.log_path(&id);
+    let path = crate::leases::log_path(&agent, &id);
     let start = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     let first =
         futures_util::stream::once(async move { Ok::<_, std::io::Error>(Bytes::from(text)) });
@@ -553,7 +553,7 @@ async fn cordon(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    agent.cordon(&id, true, nonce(&headers)).await?;
+    crate::leases::cordon(&agent, &id, true, nonce(&headers)).await?;
     Ok(Json(serde_json::json!({"ok": true})).into_response())
 }
 
@@ -562,7 +562,7 @@ async fn uncordon(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    agent.cordon(&id, false, nonce(&headers)).await?;
+    crate::leases::cordon(&agent, &id, false, nonce(&headers)).await?;
     Ok(Json(serde_json::json!({"ok": true})).into_response())
 }
 
@@ -585,14 +585,14 @@ async fn lease_acquire(
 ) -> ApiResult<Response> {
     let req: bazaar_types::host::LeaseRequest = parse_body(&body)?;
     let ttl = req.ttl.or(q.ttl).unwrap_or(30);
-    let (lease, created) = agent
-        .lease_acquire(
-            &id,
-            ttl,
-            req.description.as_deref().unwrap_or(""),
-            nonce(&headers),
-        )
-        .await?;
+    let (lease, created) = crate::leases::lease_acquire(
+        &agent,
+        &id,
+        ttl,
+        req.description.as_deref().unwrap_or(""),
+        nonce(&headers),
+    )
+    .await?;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -604,7 +604,7 @@ async fn lease_acquire(
 /// The lease held, with its nonce: the host interface answers only hosts and operators, and
 /// the API leaves the nonce out for a caller whose token may not use leases.
 async fn lease_get(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
-    match agent.lease_get(&id).await? {
+    match crate::leases::lease_get(&agent, &id).await? {
         Some(lease) => Ok(Json(wrapped(&lease)).into_response()),
         None => Err(AgentError::LeaseNotFound(id)),
     }
@@ -615,19 +615,19 @@ async fn lease_release(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    agent.lease_release(&id, nonce(&headers)).await?;
+    crate::leases::lease_release(&agent, &id, nonce(&headers)).await?;
     Ok(Json(serde_json::json!({"status": "success"})).into_response())
 }
 
 async fn metadata_get(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
-    Ok(Json(agent.metadata(&id).await?).into_response())
+    Ok(Json(crate::leases::metadata(&agent, &id).await?).into_response())
 }
 
 async fn metadata_key_get(
     State(agent): State<Agent>,
     Path((id, key)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    match agent.metadata(&id).await?.get(&key) {
+    match crate::leases::metadata(&agent, &id).await?.get(&key) {
         Some(v) => Ok(Json(serde_json::json!({"value": v})).into_response()),
         None => Err(AgentError::MetadataNotFound(key)),
     }
@@ -646,9 +646,7 @@ async fn metadata_key_set(
 ) -> ApiResult<Response> {
     let v: MetadataValue = parse_body(&body)?;
     let changes = std::iter::once((key, Some(v.value))).collect();
-    agent
-        .metadata_update(&id, changes, None, nonce(&headers))
-        .await?;
+    crate::leases::metadata_update(&agent, &id, changes, None, nonce(&headers)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -657,13 +655,14 @@ async fn metadata_key_delete(
     Path((id, key)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    if !agent.metadata(&id).await?.contains_key(&key) {
+    if !crate::leases::metadata(&agent, &id)
+        .await?
+        .contains_key(&key)
+    {
         return Err(AgentError::MetadataNotFound(key));
     }
     let changes = std::iter::once((key, None)).collect();
-    agent
-        .metadata_update(&id, changes, None, nonce(&headers))
-        .await?;
+    crate::leases::metadata_update(&agent, &id, changes, None, nonce(&headers)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -674,14 +673,14 @@ async fn metadata_bulk(
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: bazaar_types::host::MetadataUpdate = parse_body(&body)?;
-    agent
-        .metadata_update(
-            &id,
-            req.metadata,
-            req.machine_version.as_deref(),
-            nonce(&headers),
-        )
-        .await?;
+    crate::leases::metadata_update(
+        &agent,
+        &id,
+        req.metadata,
+        req.machine_version.as_deref(),
+        nonce(&headers),
+    )
+    .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -697,11 +696,11 @@ async fn ps(
     Query(q): Query<PsQuery>,
 ) -> ApiResult<Response> {
     let sort = crate::ps::Sort::parse(q.sort_by.as_deref(), q.order.as_deref())?;
-    Ok(Json(agent.ps(&id, sort).await?).into_response())
+    Ok(Json(crate::ps::ps(&agent, &id, sort).await?).into_response())
 }
 
 async fn memory_get(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
-    Ok(Json(agent.machine_memory(&id).await?).into_response())
+    Ok(Json(crate::memory::machine_memory(&agent, &id).await?).into_response())
 }
 
 async fn memory_set(
@@ -710,7 +709,7 @@ async fn memory_set(
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: bazaar_types::api::MemoryLimitRequest = parse_body(&body)?;
-    Ok(Json(agent.set_machine_memory(&id, req.limit_mb).await?).into_response())
+    Ok(Json(crate::memory::set_machine_memory(&agent, &id, req.limit_mb).await?).into_response())
 }
 
 async fn memory_reclaim(
@@ -719,7 +718,10 @@ async fn memory_reclaim(
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: bazaar_types::api::ReclaimMemoryRequest = parse_body(&body)?;
-    Ok(Json(agent.reclaim_machine_memory(&id, req.amount_mb).await?).into_response())
+    Ok(
+        Json(crate::memory::reclaim_machine_memory(&agent, &id, req.amount_mb).await?)
+            .into_response(),
+    )
 }
 
 async fn exec(
@@ -728,11 +730,11 @@ async fn exec(
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: bazaar_types::host::ExecRequest = parse_body(&body)?;
-    Ok(Json(agent.exec(&id, req).await?).into_response())
+    Ok(Json(crate::leases::exec(&agent, &id, req).await?).into_response())
 }
 
 async fn placement(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
-    match agent.placement(&id).await? {
+    match crate::leases::placement(&agent, &id).await? {
         Some(p) => Ok(Json(p).into_response()),
         None => Err(AgentError::NotFound(format!(
             "machine {id} was created directly on its host, not through the market: no placement record"

@@ -5,10 +5,10 @@
 //! for root (`init.user` naming uid 0) is refused unless the operator allows it
 //! (`--allow-root-machines`); any other `init.user` only names the machine's own uid inside
 //! its sandbox. Agents that are not root run every workload as themselves, as before.
-//! Here too: the agent's wrappers that hand out and give back a machine's addresses and uid
-//! together ([`crate::addresses`]).
+//! The uids are held by the agent's [`Addresses`]; the agent hands out and gives back a
+//! machine's addresses and uid together.
 
-use crate::agent::Agent;
+use crate::addresses::Addresses;
 use crate::error::AgentError;
 use crate::record::MachineRecord;
 use crate::sync::lock;
@@ -20,62 +20,51 @@ const UID_COUNT: u32 = 65_536;
 
 pub use bazaar_runtime::driver::is_root_user;
 
-impl Agent {
-    /// Whether process machines run sandboxed, each as its own uid.
-    pub(crate) fn machine_users(&self) -> bool {
-        self.0.driver.isolate
+/// Checks `init.user` and gives a process machine its uid (kept once it has one), from
+/// `addresses`' uids. `machine_users`: process machines run sandboxed, each as its own uid
+/// (an isolating agent); `allow_root`: the operator allows machines that ask for root.
+pub(crate) fn assign_user(
+    addresses: &Addresses,
+    rec: &mut MachineRecord,
+    machine_users: bool,
+    allow_root: bool,
+) -> Result<(), AgentError> {
+    if rec.config.runs_image() {
+        return Ok(());
     }
-
-    /// Checks `init.user` and gives a process machine its uid (kept once it has one).
-    pub(crate) fn assign_user(&self, rec: &mut MachineRecord) -> Result<(), AgentError> {
-        if rec.config.runs_image() {
-            return Ok(());
-        }
-        let user = rec.config.init.as_ref().and_then(|i| i.user.as_deref());
-        let root = rustix::process::geteuid().is_root();
-        if root && user.is_some_and(is_root_user) && !self.0.config.allow_root_machines {
-            return Err(AgentError::Invalid(
-                "config.init.user: process machines may not run as root on this host \
-                 (the agent needs --allow-root-machines)"
-                    .into(),
-            ));
-        }
-        if !self.machine_users() || rec.uid.is_some() {
-            return Ok(());
-        }
-        let mut used = lock(&self.0.addresses.uids);
-        let range = FIRST_UID..FIRST_UID + UID_COUNT;
-        let uid = match &self.0.addresses.uid_claims {
-            // Other agents on this kernel hand out uids too: only one nobody claimed.
-            Some(claims) => claims
-                .claim_free(&rec.id, &used, range)
-                .map_err(|e| AgentError::Internal(format!("claiming a machine uid: {e}")))?,
-            None => range.into_iter().find(|uid| !used.contains(uid)),
-        }
-        .ok_or_else(|| AgentError::Capacity("no machine uid left on this host".into()))?;
-        used.insert(uid);
-        rec.uid = Some(uid);
-        Ok(())
+    let user = rec.config.init.as_ref().and_then(|i| i.user.as_deref());
+    let root = rustix::process::geteuid().is_root();
+    if root && user.is_some_and(is_root_user) && !allow_root {
+        return Err(AgentError::Invalid(
+            "config.init.user: process machines may not run as root on this host \
+             (the agent needs --allow-root-machines)"
+                .into(),
+        ));
     }
-
-    /// Gives a machine where its services are reached ([`crate::addresses::Addresses::assign`]).
-    pub(crate) fn assign_ports(&self, rec: &mut MachineRecord) -> Result<(), AgentError> {
-        self.0.addresses.assign(&self.0.driver, rec)
+    if !machine_users || rec.uid.is_some() {
+        return Ok(());
     }
-
-    /// Gives back what [`Agent::assign_ports`] and [`Agent::assign_user`] handed out.
-    pub(crate) fn release_ports(&self, rec: &MachineRecord) {
-        self.release_user(rec);
-        self.0.addresses.release(&self.0.driver, rec);
+    let mut used = lock(&addresses.uids);
+    let range = FIRST_UID..FIRST_UID + UID_COUNT;
+    let uid = match &addresses.uid_claims {
+        // Other agents on this kernel hand out uids too: only one nobody claimed.
+        Some(claims) => claims
+            .claim_free(&rec.id, &used, range)
+            .map_err(|e| AgentError::Internal(format!("claiming a machine uid: {e}")))?,
+        None => range.into_iter().find(|uid| !used.contains(uid)),
     }
+    .ok_or_else(|| AgentError::Capacity("no machine uid left on this host".into()))?;
+    used.insert(uid);
+    rec.uid = Some(uid);
+    Ok(())
+}
 
-    /// Gives a destroyed (or refused) machine's uid back.
-    pub(crate) fn release_user(&self, rec: &MachineRecord) {
-        if let Some(uid) = rec.uid {
-            lock(&self.0.addresses.uids).remove(&uid);
-            if let Some(claims) = &self.0.addresses.uid_claims {
-                claims.release(uid, &rec.id);
-            }
+/// Gives a destroyed (or refused) machine's uid back to `addresses`.
+pub(crate) fn release_user(addresses: &Addresses, rec: &MachineRecord) {
+    if let Some(uid) = rec.uid {
+        lock(&addresses.uids).remove(&uid);
+        if let Some(claims) = &addresses.uid_claims {
+            claims.release(uid, &rec.id);
         }
     }
 }

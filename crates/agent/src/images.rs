@@ -41,8 +41,7 @@ pub fn routes() -> Router<Agent> {
 
 fn runtime(agent: &Agent) -> Result<std::sync::Arc<OciRuntime>, AgentError> {
     agent
-        .0
-        .driver
+        .driver()
         .oci
         .clone()
         .map_err(|reason| AgentError::Invalid(format!("this host has no image store: {reason}")))
@@ -93,8 +92,8 @@ async fn pull(State(agent): State<Agent>, body: Bytes) -> Result<Response, Agent
     let last_phase = Mutex::new(HashMap::<usize, (PullPhase, u64)>::new());
     runtime.last_use.touch(&reference.to_string());
     let auth = runtime.auth_for(&reference);
-    let shutdown = agent.0.shutdown.clone();
-    agent.0.tracker.spawn(async move {
+    let shutdown = agent.shutdown_token();
+    agent.tracker().clone().spawn(async move {
         let progress = move |p: bazaar_image::PullProgress| {
             // One line per phase change, and at most one per MiB while downloading.
             let mut last = last_phase.lock().unwrap_or_else(|e| e.into_inner());
@@ -143,7 +142,7 @@ async fn import(
     body: Body,
 ) -> Result<Response, AgentError> {
     let store = store(&agent)?;
-    let limit = agent.0.config.max_import_bytes;
+    let limit = agent.config().max_import_bytes;
     let too_large = || {
         AgentError::TooLarge(format!(
             "the archive is larger than this host accepts ({limit} bytes, --max-import-bytes)"
@@ -156,8 +155,7 @@ async fn import(
         return Err(too_large());
     }
     let tmp = agent
-        .0
-        .config
+        .config()
         .data_dir
         .join(format!("import-{}.tar", ulid::Ulid::new()));
     let result = async {
@@ -210,8 +208,7 @@ async fn prune(State(agent): State<Agent>) -> Result<Response, AgentError> {
 pub async fn prune_unused(agent: &Agent, idle: Duration) -> Result<serde_json::Value, AgentError> {
     let store = store(agent)?;
     let machines: Vec<MachineRecord> = agent
-        .0
-        .store
+        .store()
         .machines()?
         .into_iter()
         .filter(|m| m.state != MachineState::Destroyed)
@@ -240,7 +237,7 @@ pub async fn prune_unused(agent: &Agent, idle: Duration) -> Result<serde_json::V
     // A rootfs is in the machine's writable layer (or, made before layers, its directory).
     let live: Vec<std::path::PathBuf> = machines
         .iter()
-        .map(|m| agent.0.driver.machine_dir(&m.id))
+        .map(|m| agent.driver().machine_dir(&m.id))
         .flat_map(|dir| [bazaar_runtime::work_disk::layer_dir(&dir), dir])
         .collect();
     let report = store
@@ -255,12 +252,12 @@ pub async fn prune_unused(agent: &Agent, idle: Duration) -> Result<serde_json::V
 
 /// Prunes in the background every ten minutes.
 pub fn spawn_pruning(agent: &Agent) {
-    if agent.0.driver.oci.is_err() {
+    if agent.driver().oci.is_err() {
         return;
     }
     let agent = agent.clone();
-    let shutdown = agent.0.shutdown.clone();
-    agent.0.tracker.clone().spawn(async move {
+    let shutdown = agent.shutdown_token();
+    agent.tracker().clone().spawn(async move {
         let mut tick = tokio::time::interval(PRUNE_EVERY);
         tick.tick().await;
         loop {

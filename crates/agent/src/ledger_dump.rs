@@ -27,9 +27,9 @@ pub fn routes() -> Router<Agent> {
 }
 
 async fn ledger(State(agent): State<Agent>) -> Json<LedgerDump> {
-    let ledger = agent.0.ledger.lock().await;
+    let ledger = agent.write_lock().await;
     Json(LedgerDump {
-        host_id: agent.0.host_id.clone(),
+        host_id: agent.host_id().to_string(),
         capacity: ledger.capacity(),
         committed: ledger.commitments().clone(),
         reserved: ledger.reserved(),

@@ -9,7 +9,7 @@
 //! - [`boot`], at the top: start-up ([`run_agent`], [`Agent::start`]: re-adoption, resuming
 //!   operations, the agent's loops) and shutdown.
 //! - Above [`agent`], what needs the whole agent: [`operations`] (the accept side of
-//!   operations on existing machines), [`market`], [`leases`], [`views`], [`publish`],
+//!   operations on existing machines), [`market`], [`leases`], [`publish`],
 //!   [`actor`], [`http`], [`volumes`] and the rest below.
 //! - [`agent`]: the agent's state, made of parts from the modules below it, and what every
 //!   operation shares (numbering, loading a live machine, durable commits).
@@ -25,9 +25,12 @@
 //! - [`market`]: bids, reservations, claims and creates (the host's side of the market).
 //! - [`runnable`]: what this host can run, checked at start (the drivers it bids for).
 //! - [`leases`]: leases, cordons and metadata.
+//! - [`preempt`]: preemption bids and their claims; [`preemptions`]: the open bids.
 //! - [`publish`]: this host's rows in the catalog (host record, machines) and the live state
 //!   `wait` watches.
-//! - [`views`]: reads of machines (the API view, lists, events, versions, logs, `wait`).
+//! - [`views`]: reads of machines (the API view, lists, events, versions, logs, `wait`),
+//!   over the parts the agent lends them (`views::Reader`); the agent's read methods
+//!   delegate to it.
 //! - [`actor`]: one task per machine that executes its operations step by step.
 //! - [`record`]: what is persisted (machine records, operations, steps), whose types and
 //!   rules are the pure core `bazaar-lifecycle`'s (operations and steps, the restart
@@ -65,6 +68,7 @@
 //! - [`cleanup`]: what a host made on the machine outside its store (mounts, loop devices,
 //!   network, cgroups, shims), found from its data dir and removed (`bazaar host reset`,
 //!   `bazaar dev` on Ctrl-C, leftovers of a killed agent at start).
+//! - [`clock`]: the agent's "now" (the system clock, or tokio's in paused tests).
 //! - [`config`], [`secrets`], [`tokens`] (who calls the API), [`audit`] (what they changed),
 //!   [`fault`], [`error`].
 //! - [`node`]: the agent as the `bazaar_node::Node` the API, proxy, certificates and
@@ -84,6 +88,7 @@ pub mod backup;
 pub mod boot;
 pub mod checks;
 pub mod cleanup;
+pub mod clock;
 pub mod cluster_security;
 pub mod config;
 pub mod connections;
@@ -108,6 +113,7 @@ pub mod name_conflict;
 pub mod node;
 pub mod operations;
 pub mod preempt;
+pub mod preemptions;
 pub mod ps;
 pub mod publish;
 pub mod record;
@@ -129,6 +135,6 @@ pub mod volumes;
 // The host plumbing lives in `bazaar-runtime`; its modules keep their old paths here.
 pub use bazaar_runtime::{driver, exec, idranges, netlink, network, oci, volume_fs};
 
-pub use agent::Agent;
+pub use agent::{Agent, Seams};
 pub use boot::run_agent;
 pub use config::AgentConfig;

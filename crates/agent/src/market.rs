@@ -13,9 +13,9 @@ use crate::store::Batch;
 use bazaar_placement::LedgerError;
 use bazaar_types::event::MachineEvent;
 use bazaar_types::host::{BidRequest, BidResponse, ClaimRequest, Resources};
+use bazaar_types::ids;
 use bazaar_types::machine::Machine;
 use bazaar_types::state::MachineState;
-use bazaar_types::{ids, now_ms};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -53,7 +53,7 @@ impl Agent {
             memory_mb: req.memory_mb,
         };
         let id = ids::new_reservation_id();
-        let expires_at_ms = now_ms() + ttl.as_millis() as u64;
+        let expires_at_ms = self.now_ms() + ttl.as_millis() as u64;
         let mut ledger = self.0.ledger.lock().await;
         // Open reservations live in memory only: losing them in a crash is the same as
         // their expiry, which the exchange handles (the claim fails, the next offer is
@@ -68,7 +68,7 @@ impl Agent {
                 victims: Vec::new(),
             }),
             Err(err) if req.preempt && !matches!(err, LedgerError::Draining) => {
-                self.preemption_bid(&mut ledger, &req, id, want, expires_at_ms)
+                crate::preempt::preemption_bid(self, &mut ledger, &req, id, want, expires_at_ms)
             }
             Err(err) => Ok(BidResponse::Refusal {
                 host_id: self.0.host_id.clone(),
@@ -82,7 +82,7 @@ impl Agent {
     /// Returns an unclaimed reservation.
     pub async fn release(&self, reservation_id: &str) -> Result<(), AgentError> {
         let mut ledger = self.0.ledger.lock().await;
-        if self.release_preemption(&mut ledger, reservation_id) {
+        if self.0.preemptions.release(&mut ledger, reservation_id) {
             return Ok(());
         }
         match ledger.reservation(reservation_id) {
@@ -107,8 +107,8 @@ impl Agent {
     ) -> Result<Machine, AgentError> {
         // Fault injection: a host that dies between its bid and the claim.
         self.0.crash.at("claim", 0);
-        if self.is_preemption(reservation_id) {
-            return self.claim_preemption(reservation_id, req).await;
+        if self.0.preemptions.contains(reservation_id) {
+            return crate::preempt::claim_preemption(self, reservation_id, req).await;
         }
         let mut ledger = self.0.ledger.lock().await;
         let reservation = ledger
@@ -212,7 +212,7 @@ impl Agent {
                 "this host cannot run {driver} machines: missing {why}"
             )));
         }
-        let now = now_ms();
+        let now = self.now_ms();
         let instance_id = ids::new_instance_id();
         let mut rec = MachineRecord {
             id: id.clone(),
@@ -253,7 +253,7 @@ impl Agent {
         };
         rec.cordoned = req.skip_service_registration;
         if let Some(ttl) = req.lease_ttl {
-            rec.lease = Some(new_lease(&rec, ttl, "", None)?);
+            rec.lease = Some(new_lease(&rec, ttl, "", None, self.now_ms())?);
         }
         self.assign_ports(&mut rec)?;
         if let Err(err) = self.assign_user(&mut rec) {
@@ -272,7 +272,7 @@ impl Agent {
         if let Some(p) = &req.placement {
             batch.placement(&id, p);
         }
-        if let Err(err) = self.attach_volume(&rec, &mut batch) {
+        if let Err(err) = crate::volumes::attach_volume(self, &rec, &mut batch) {
             self.release_ports(&rec);
             return Err(err);
         }
@@ -283,7 +283,7 @@ impl Agent {
         self.0.crash.at(op.kind.name(), 0);
         tracing::info!(machine.id = %rec.id, app = %rec.app, "machine created");
         self.publish(&rec);
-        self.publish_attached_volume(&rec);
+        crate::volumes::publish_attached_volume(self, &rec);
         let mut machine = self.view(&rec, self.0.store.events(&rec.id, 20).unwrap_or_default());
         machine.nonce = rec.lease.as_ref().map(|l| l.nonce.clone());
         spawn_actor(self, rec, vec![op], None);

@@ -49,7 +49,7 @@ pub(crate) fn with_host_prefix(
 /// agent has a mesh. A device that cannot be made (no `/dev/net/tun`) is logged: the host
 /// then runs without reaching other hosts' machines.
 pub(crate) async fn spawn(agent: &Agent) {
-    let config = &agent.0.config;
+    let config = agent.config();
     let Some(listen) = config.mesh_listen else {
         return;
     };
@@ -97,7 +97,7 @@ pub(crate) async fn spawn(agent: &Agent) {
         }
     };
     let announce = |prefix: Prefix| {
-        *crate::sync::lock(&agent.0.mesh_labels) = [
+        *crate::sync::lock(agent.mesh_labels()) = [
             (plan::LABEL_KEY, hex::encode(public)),
             (plan::LABEL_ENDPOINT, mesh.local_addr().to_string()),
             (plan::LABEL_PREFIX, prefix.to_string()),
@@ -107,19 +107,19 @@ pub(crate) async fn spawn(agent: &Agent) {
         .collect();
     };
     announce(prefix);
-    agent.publish_host().await;
+    crate::publish::publish_host(agent).await;
     tracing::info!(%prefix, endpoint = %mesh.local_addr(), device = mesh.tun_name(), "mesh up");
-    let (agent, stop) = (agent.clone(), agent.0.shutdown.clone());
+    let (agent, stop) = (agent.clone(), agent.shutdown_token());
     let mesh = std::sync::Arc::new(mesh);
-    agent.0.tracker.clone().spawn(async move {
+    agent.tracker().clone().spawn(async move {
         let mut changes = catalog.subscribe();
         let mut applied: Option<(Vec<Peer>, BTreeMap<Ipv4Addr, String>)> = None;
         loop {
             if confirm_claim(&agent, &catalog, &mut prefix) {
-                let mut labels = crate::sync::lock(&agent.0.mesh_labels).clone();
+                let mut labels = crate::sync::lock(agent.mesh_labels()).clone();
                 labels.insert(plan::LABEL_PREFIX.into(), prefix.to_string());
-                *crate::sync::lock(&agent.0.mesh_labels) = labels;
-                agent.publish_host().await;
+                *crate::sync::lock(agent.mesh_labels()) = labels;
+                crate::publish::publish_host(&agent).await;
             }
             let (peers, members) = wanted(&agent, &catalog, prefix);
             if applied.as_ref() != Some(&(peers.clone(), members.clone())) {
@@ -178,7 +178,7 @@ fn confirm_claim(agent: &Agent, catalog: &bazaar_catalog::Catalog, prefix: &mut 
         tracing::error!(%prefix, "this host's mesh prefix is another's and no other is free");
         return false;
     };
-    let moved = match (agent.0.driver.network.as_ref(), next.to_string().parse()) {
+    let moved = match (agent.driver().network.as_ref(), next.to_string().parse()) {
         (Some(network), Ok(subnet)) => network.reconfigure(subnet),
         _ => true,
     };
@@ -186,7 +186,7 @@ fn confirm_claim(agent: &Agent, catalog: &bazaar_catalog::Catalog, prefix: &mut 
         tracing::error!(%prefix, "a host with a lower id claims this host's mesh prefix, which its machines already use: its peers ignore this host (reset the host to claim another)");
         return false;
     }
-    let path = agent.0.config.data_dir.join("mesh").join("prefix");
+    let path = agent.config().data_dir.join("mesh").join("prefix");
     if let Err(err) = std::fs::write(&path, format!("{next}\n")) {
         tracing::warn!(error = %err, "remembering the mesh prefix");
     }

@@ -17,7 +17,7 @@ const PERIOD: Duration = Duration::from_secs(2);
 /// Starts the watcher of this agent (call once the catalog is attached).
 pub fn spawn(agent: &Agent) {
     let agent = agent.clone();
-    agent.0.tracker.clone().spawn(async move {
+    agent.tracker().clone().spawn(async move {
         let Some(catalog) = agent.catalog().cloned() else {
             return;
         };
@@ -40,7 +40,7 @@ pub async fn stop_losers(agent: &Agent, catalog: &bazaar_catalog::Catalog) {
     if losing.is_empty() {
         return;
     }
-    let running: Vec<String> = agent.0.store.select(|m| {
+    let running: Vec<String> = agent.store().select(|m| {
         (losing.contains(&m.app_id)
             && matches!(m.desired, MachineState::Started | MachineState::Suspended))
         .then(|| m.id.clone())

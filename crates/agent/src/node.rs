@@ -1,6 +1,6 @@
 //! The agent as the [`Node`] the services beside it (API, proxy, certificates, dashboard)
-//! use: [`Agent::node`] hands out the [`NodeHandle`] they hold, and agent errors become
-//! [`NodeError`]s with the same status.
+//! use: [`Agent::node`] (in `boot.rs`, the composition root) hands out the [`NodeHandle`]
+//! they hold, made by [`handle`]; agent errors become [`NodeError`]s with the same status.
 
 use crate::agent::Agent;
 use crate::error::AgentError;
@@ -22,30 +22,27 @@ struct AgentNode {
     config: NodeConfig,
 }
 
-impl Agent {
-    /// This agent as a node, for the services beside it; their tasks are tracked by the
-    /// handle's tracker (one per call: the composition root calls this once).
-    pub fn node(&self) -> NodeHandle {
-        let c = self.config();
-        let config = NodeConfig {
-            region: c.region.clone(),
-            data_dir: c.data_dir.clone(),
-            replace_after: c.replace_after,
-            proxy_listen: c.proxy_listen,
-            proxy_tls_listen: c.proxy_tls_listen,
-            proxy_hop_listen: c.proxy_hop_listen,
-            proxy_domain: c.proxy_domain.clone(),
-            proxy_queue_timeout: c.proxy_queue_timeout,
-            bid_deadline: c.bid_deadline,
-            autostop_idle: c.autostop_idle,
-            acme_directory: c.acme_directory.clone(),
-            acme_ca: c.acme_ca.clone(),
-        };
-        NodeHandle::new(Arc::new(AgentNode {
-            agent: self.clone(),
-            config,
-        }))
-    }
+/// `agent` as a node, for the services beside it ([`Agent::node`]).
+pub(crate) fn handle(agent: &Agent) -> NodeHandle {
+    let c = agent.config();
+    let config = NodeConfig {
+        region: c.region.clone(),
+        data_dir: c.data_dir.clone(),
+        replace_after: c.replace_after,
+        proxy_listen: c.proxy_listen,
+        proxy_tls_listen: c.proxy_tls_listen,
+        proxy_hop_listen: c.proxy_hop_listen,
+        proxy_domain: c.proxy_domain.clone(),
+        proxy_queue_timeout: c.proxy_queue_timeout,
+        bid_deadline: c.bid_deadline,
+        autostop_idle: c.autostop_idle,
+        acme_directory: c.acme_directory.clone(),
+        acme_ca: c.acme_ca.clone(),
+    };
+    NodeHandle::new(Arc::new(AgentNode {
+        agent: agent.clone(),
+        config,
+    }))
 }
 
 impl From<AgentError> for NodeError {
@@ -97,7 +94,7 @@ impl Node for AgentNode {
     }
 
     fn app_secrets(&self, app: &str) -> Vec<SecretRecord> {
-        self.agent.app_secrets(app)
+        crate::app_secrets::app_secrets(&self.agent, app)
     }
 
     fn set_app_secrets(
@@ -105,11 +102,11 @@ impl Node for AgentNode {
         app: &str,
         changes: &[(String, Option<String>)],
     ) -> Result<Vec<SecretRecord>, SecretError> {
-        self.agent.set_app_secrets(app, changes)
+        crate::app_secrets::set_app_secrets(&self.agent, app, changes)
     }
 
     fn secrets_version_header(&self, app: &str) -> Option<String> {
-        self.agent.secrets_version_header(app)
+        crate::app_secrets::secrets_version_header(&self.agent, app)
     }
 
     fn start_machine<'a>(&'a self, id: &'a str) -> NodeFuture<'a, Result<(), NodeError>> {
@@ -145,9 +142,9 @@ impl Node for AgentNode {
     fn set_proxy_addrs(&self, proxy: SocketAddr, hop: Option<SocketAddr>) -> NodeFuture<'_, ()> {
         Box::pin(async move {
             if let Some(hop) = hop {
-                self.agent.set_proxy_hop_addr(hop).await;
+                crate::publish::set_proxy_hop_addr(&self.agent, hop).await;
             }
-            self.agent.set_proxy_addr(proxy).await
+            crate::publish::set_proxy_addr(&self.agent, proxy).await
         })
     }
 

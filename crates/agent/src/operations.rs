@@ -18,10 +18,10 @@ use bazaar_types::config_fields;
 use bazaar_types::event::MachineEvent;
 use bazaar_types::guest::Guest;
 use bazaar_types::host::{Resources, StopRequest, UpdateRequest};
+use bazaar_types::ids;
 use bazaar_types::machine::Machine;
 use bazaar_types::signal::Signal;
 use bazaar_types::state::{check_transition, MachineState};
-use bazaar_types::{ids, now_ms};
 use std::time::Duration;
 use tokio::sync::mpsc::OwnedPermit;
 
@@ -129,7 +129,7 @@ impl Agent {
         let resources = validate_config(&req.config)?;
         let mut ledger = self.0.ledger.lock().await;
         let mut rec = self.load_live(id)?;
-        check_lease(&rec, nonce)?;
+        check_lease(&rec, nonce, self.now_ms())?;
         if let Some(expected) = &req.current_version {
             if *expected != rec.instance_id {
                 return Err(AgentError::Conflict(format!(
@@ -162,14 +162,14 @@ impl Agent {
             }
         }
         if let Some(ttl) = req.lease_ttl {
-            crate::leases::new_lease(&rec, ttl, "", None)?;
+            crate::leases::new_lease(&rec, ttl, "", None, self.now_ms())?;
         }
         // The caller holds the lease (checked above) or there is none: a lease_ttl refreshes
         // it under the same nonce, or takes a new one.
         let held_nonce = rec
             .lease
             .as_ref()
-            .filter(|l| l.expires_at * 1000 > now_ms())
+            .filter(|l| l.expires_at * 1000 > self.now_ms())
             .map(|l| l.nonce.clone());
         let kind = OpKind::Update {
             skip_launch: req.skip_launch,
@@ -202,7 +202,7 @@ impl Agent {
         } else {
             desired
         };
-        rec.updated_at_ms = now_ms();
+        rec.updated_at_ms = self.now_ms();
         if req.skip_service_registration {
             rec.cordoned = true;
         }
@@ -212,6 +212,7 @@ impl Agent {
                 ttl,
                 "",
                 held_nonce.as_deref(),
+                self.now_ms(),
             )?);
         }
         if let Err(err) = self
@@ -253,7 +254,7 @@ impl Agent {
         nonce: Option<&str>,
     ) -> Result<(), AgentError> {
         let rec = self.load_live(id)?;
-        check_lease(&rec, nonce)?;
+        check_lease(&rec, nonce, self.now_ms())?;
         let state = self.current_state(&rec);
         check_transition(state, bazaar_types::state::Action::Signal)?;
         let run = rec
@@ -286,7 +287,14 @@ impl Agent {
         // refused for capacity (`preempt.rs`).
         let recommit = rec.preempted_by.is_some()
             && matches!(kind.action(), bazaar_types::state::Action::Start);
-        let op = accept(&mut rec, kind, nonce, self.next_op_id(), "user", now_ms())?;
+        let op = accept(
+            &mut rec,
+            kind,
+            nonce,
+            self.next_op_id(),
+            "user",
+            self.now_ms(),
+        )?;
         let place = self.0.actors.reserve(id)?;
         if recommit {
             ledger

@@ -4,13 +4,14 @@
 //! `preempted` event naming the preemptor, moves what each held into the bid as it stops,
 //! and commits the new machine. A preempted machine holds no commitment until it starts
 //! again (the start commits it first, or is refused for capacity), so its resources are the
-//! preemptor's; the record's `preempted_by` says so across restarts of the agent.
+//! preemptor's; the record's `preempted_by` says so across restarts of the agent. The open
+//! bids are the agent's part [`crate::preemptions`]; these functions use the agent's
+//! narrow API.
 
 use crate::agent::Agent;
 use crate::error::AgentError;
 use crate::record::OpKind;
 use crate::store::Batch;
-use crate::sync::lock;
 use bazaar_placement::preemption::{choose_victims, Preemption};
 use bazaar_placement::Ledger;
 use bazaar_types::event::MachineEvent;
@@ -23,225 +24,190 @@ use std::time::Duration;
 /// How long a claim waits for a victim to stop beyond its own stop timeout.
 const STOP_MARGIN: Duration = Duration::from_secs(10);
 
-impl Agent {
-    /// A preemption bid for `want`, which the ledger has no room for: the victims the rule
-    /// chooses among this host's machines of a lower class than `req.priority` (not those
-    /// already preempted or named by another open bid), or a refusal.
-    pub(crate) fn preemption_bid(
-        &self,
-        ledger: &mut Ledger,
-        req: &BidRequest,
-        id: String,
-        want: Resources,
-        expires_at_ms: u64,
-    ) -> Result<BidResponse, AgentError> {
-        let priority = req.priority.unwrap_or_default();
-        let named: Vec<String> = {
-            let mut open = lock(&self.0.preemptions);
-            // Bids never claimed nor released (the exchange went away) end at their expiry.
-            let now = bazaar_types::now_ms();
-            let expired: Vec<String> = open
-                .iter()
-                .filter(|(_, p)| p.expires_at_ms <= now)
-                .map(|(id, _)| id.clone())
-                .collect();
-            for id in expired {
-                if let Some(p) = open.remove(&id) {
-                    p.release(ledger);
-                }
-            }
-            open.values().flat_map(|p| p.victims.clone()).collect()
-        };
-        let running: Vec<Victim> = self
-            .0
-            .store
-            .machines()?
-            .into_iter()
-            .filter(|m| m.state != MachineState::Destroyed && m.preempted_by.is_none())
-            .filter(|m| !named.contains(&m.id))
-            .map(|m| Victim {
-                priority: m.config.priority(),
-                machine_id: m.id,
-                resources: m.resources,
-                created_at_ms: m.created_at_ms,
-            })
-            .collect();
-        let victims = match choose_victims(ledger.free(), want, priority, &running) {
-            Some(v) if !v.is_empty() => v,
-            _ => {
-                return Ok(BidResponse::Refusal {
-                    host_id: self.0.host_id.clone(),
-                    reason: format!(
-                        "no room, and stopping every machine below class {priority} here would not make room"
-                    ),
-                    retryable: false,
-                })
-            }
-        };
-        let ids: Vec<String> = victims.iter().map(|v| v.machine_id.clone()).collect();
-        let p = Preemption::reserve(ledger, &id, want, ids, expires_at_ms)
-            .map_err(|e| AgentError::Internal(e.to_string()))?;
-        // The share of the host left free once the victims are gone and the machine is in.
-        let freed = victims.iter().fold(ledger.free(), |f, v| Resources {
-            cpus: f.cpus + v.resources.cpus,
-            memory_mb: f.memory_mb + v.resources.memory_mb,
-        });
-        let cap = ledger.capacity();
-        let score =
-            freed.memory_mb.saturating_sub(want.memory_mb) as f64 / cap.memory_mb.max(1) as f64;
-        lock(&self.0.preemptions).insert(id.clone(), p);
-        Ok(BidResponse::Bid {
-            host_id: self.0.host_id.clone(),
-            reservation_id: id,
-            score,
-            expires_at_ms,
-            free: ledger.free(),
-            victims,
+/// A preemption bid for `want`, which the ledger has no room for: the victims the rule
+/// chooses among this host's machines of a lower class than `req.priority` (not those
+/// already preempted or named by another open bid), or a refusal.
+pub(crate) fn preemption_bid(
+    agent: &Agent,
+    ledger: &mut Ledger,
+    req: &BidRequest,
+    id: String,
+    want: Resources,
+    expires_at_ms: u64,
+) -> Result<BidResponse, AgentError> {
+    let priority = req.priority.unwrap_or_default();
+    // Bids never claimed nor released (the exchange went away) end at their expiry.
+    let named = agent.preemptions().expire(ledger, agent.now_ms());
+    let running: Vec<Victim> = agent
+        .store()
+        .machines()?
+        .into_iter()
+        .filter(|m| m.state != MachineState::Destroyed && m.preempted_by.is_none())
+        .filter(|m| !named.contains(&m.id))
+        .map(|m| Victim {
+            priority: m.config.priority(),
+            machine_id: m.id,
+            resources: m.resources,
+            created_at_ms: m.created_at_ms,
         })
-    }
-
-    /// Whether `reservation_id` is an open preemption bid of this host.
-    pub(crate) fn is_preemption(&self, reservation_id: &str) -> bool {
-        lock(&self.0.preemptions).contains_key(reservation_id)
-    }
-
-    /// Returns a preemption bid's parts (lost the exchange); false if it is none.
-    pub(crate) fn release_preemption(&self, ledger: &mut Ledger, reservation_id: &str) -> bool {
-        match lock(&self.0.preemptions).remove(reservation_id) {
-            Some(p) => {
-                p.release(ledger);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Claims a preemption bid: stops its victims (each with a `preempted` event naming
-    /// the machine), waits until they have stopped, then makes the machine with what they
-    /// held. Victims already stopped stay stopped if the claim fails after them.
-    pub(crate) async fn claim_preemption(
-        &self,
-        reservation_id: &str,
-        req: ClaimRequest,
-    ) -> Result<Machine, AgentError> {
-        let preemptor = req.machine_id.clone().ok_or_else(|| {
-            AgentError::Invalid("a preemption claim must name its machine id".into())
-        })?;
-        if self.0.store.machine(&preemptor)?.is_some() {
-            return self.machine(&preemptor).await;
-        }
-        // Claimed: another bid's clean-up must not end it while its victims stop.
-        let victims = lock(&self.0.preemptions)
-            .get_mut(reservation_id)
-            .map(|p| {
-                p.expires_at_ms = u64::MAX;
-                p.victims.clone()
+        .collect();
+    let victims = match choose_victims(ledger.free(), want, priority, &running) {
+        Some(v) if !v.is_empty() => v,
+        _ => {
+            return Ok(BidResponse::Refusal {
+                host_id: agent.host_id().to_string(),
+                reason: format!(
+                    "no room, and stopping every machine below class {priority} here would not make room"
+                ),
+                retryable: false,
             })
-            .ok_or_else(|| AgentError::ReservationNotFound(reservation_id.into()))?;
-        let class = req.config.priority();
-        let result = self.stop_victims(&victims, &preemptor, class).await;
-        let mut ledger = self.0.ledger.lock().await;
-        let Some(mut p) = lock(&self.0.preemptions).remove(reservation_id) else {
-            return Err(AgentError::ReservationNotFound(reservation_id.into()));
-        };
-        let stopped = match result {
-            Ok(()) => victims.clone(),
-            Err(err) => {
-                // The victims that did stop are preempted: they hold nothing.
-                for v in &victims {
-                    let rec = self.load_live(v);
-                    if rec.is_ok_and(|r| self.current_state(&r) == MachineState::Stopped) {
-                        ledger.uncommit(v);
-                    }
+        }
+    };
+    let ids: Vec<String> = victims.iter().map(|v| v.machine_id.clone()).collect();
+    let p = Preemption::reserve(ledger, &id, want, ids, expires_at_ms)
+        .map_err(|e| AgentError::Internal(e.to_string()))?;
+    // The share of the host left free once the victims are gone and the machine is in.
+    let freed = victims.iter().fold(ledger.free(), |f, v| Resources {
+        cpus: f.cpus + v.resources.cpus,
+        memory_mb: f.memory_mb + v.resources.memory_mb,
+    });
+    let cap = ledger.capacity();
+    let score = freed.memory_mb.saturating_sub(want.memory_mb) as f64 / cap.memory_mb.max(1) as f64;
+    agent.preemptions().insert(id.clone(), p);
+    Ok(BidResponse::Bid {
+        host_id: agent.host_id().to_string(),
+        reservation_id: id,
+        score,
+        expires_at_ms,
+        free: ledger.free(),
+        victims,
+    })
+}
+
+/// Claims a preemption bid: stops its victims (each with a `preempted` event naming
+/// the machine), waits until they have stopped, then makes the machine with what they
+/// held. Victims already stopped stay stopped if the claim fails after them.
+pub(crate) async fn claim_preemption(
+    agent: &Agent,
+    reservation_id: &str,
+    req: ClaimRequest,
+) -> Result<Machine, AgentError> {
+    let preemptor = req
+        .machine_id
+        .clone()
+        .ok_or_else(|| AgentError::Invalid("a preemption claim must name its machine id".into()))?;
+    if agent.store().machine(&preemptor)?.is_some() {
+        return agent.machine(&preemptor).await;
+    }
+    // Claimed: another bid's clean-up must not end it while its victims stop.
+    let victims = agent
+        .preemptions()
+        .hold(reservation_id)
+        .ok_or_else(|| AgentError::ReservationNotFound(reservation_id.into()))?;
+    let class = req.config.priority();
+    let result = stop_victims(agent, &victims, &preemptor, class).await;
+    let mut ledger = agent.write_lock().await;
+    let Some(mut p) = agent.preemptions().take(reservation_id) else {
+        return Err(AgentError::ReservationNotFound(reservation_id.into()));
+    };
+    let stopped = match result {
+        Ok(()) => victims.clone(),
+        Err(err) => {
+            // The victims that did stop are preempted: they hold nothing.
+            for v in &victims {
+                let rec = agent.load_live(v);
+                if rec.is_ok_and(|r| agent.current_state(&r) == MachineState::Stopped) {
+                    ledger.uncommit(v);
                 }
-                p.release(&mut ledger);
-                return Err(err);
             }
-        };
-        for v in &stopped {
-            if let Err(e) = p.victim_stopped(&mut ledger, v) {
-                p.release(&mut ledger);
-                return Err(AgentError::Internal(e.to_string()));
-            }
-        }
-        let (rec, op, batch) = match self.prepare_create(&req) {
-            Ok(x) => x,
-            Err(err) => {
-                p.release(&mut ledger);
-                return Err(err);
-            }
-        };
-        if rec.resources != p.want {
-            let want = p.want;
             p.release(&mut ledger);
-            self.release_ports(&rec);
-            return Err(AgentError::Invalid(format!(
-                "the machine needs {} cpus / {} MB but preemption bid {reservation_id} holds {} cpus / {} MB",
-                rec.resources.cpus, rec.resources.memory_mb, want.cpus, want.memory_mb
-            )));
-        }
-        if let Err(err) = p.claim(&mut ledger, &rec.id) {
-            p.release(&mut ledger);
-            self.release_ports(&rec);
-            return Err(AgentError::Conflict(err.to_string()));
-        }
-        if let Err(err) = self.commit(batch).await {
-            ledger.uncommit(&rec.id);
-            self.release_ports(&rec);
             return Err(err);
         }
-        drop(ledger);
-        tracing::info!(machine.id = %rec.id, victims = ?stopped, "machine placed by preemption");
-        Ok(self.accepted_create(rec, op).await)
+    };
+    for v in &stopped {
+        if let Err(e) = p.victim_stopped(&mut ledger, v) {
+            p.release(&mut ledger);
+            return Err(AgentError::Internal(e.to_string()));
+        }
     }
+    let (rec, op, batch) = match agent.prepare_create(&req) {
+        Ok(x) => x,
+        Err(err) => {
+            p.release(&mut ledger);
+            return Err(err);
+        }
+    };
+    if rec.resources != p.want {
+        let want = p.want;
+        p.release(&mut ledger);
+        agent.release_ports(&rec);
+        return Err(AgentError::Invalid(format!(
+            "the machine needs {} cpus / {} MB but preemption bid {reservation_id} holds {} cpus / {} MB",
+            rec.resources.cpus, rec.resources.memory_mb, want.cpus, want.memory_mb
+        )));
+    }
+    if let Err(err) = p.claim(&mut ledger, &rec.id) {
+        p.release(&mut ledger);
+        agent.release_ports(&rec);
+        return Err(AgentError::Conflict(err.to_string()));
+    }
+    if let Err(err) = agent.commit(batch).await {
+        ledger.uncommit(&rec.id);
+        agent.release_ports(&rec);
+        return Err(err);
+    }
+    drop(ledger);
+    tracing::info!(machine.id = %rec.id, victims = ?stopped, "machine placed by preemption");
+    Ok(agent.accepted_create(rec, op).await)
+}
 
-    /// Marks each victim preempted by `preemptor` with its event, stops those running, and
-    /// waits until they have stopped.
-    async fn stop_victims(
-        &self,
-        victims: &[String],
-        preemptor: &str,
-        class: Priority,
-    ) -> Result<(), AgentError> {
-        let mut waits = Vec::new();
-        for v in victims {
-            let ledger = self.0.ledger.lock().await;
-            let mut rec = self.load_live(v)?;
-            let status = format!("stopped for machine {preemptor} ({class}) by preemption");
-            rec.preempted_by = Some(preemptor.to_string());
-            rec.updated_at_ms = bazaar_types::now_ms();
-            let mut b = Batch::default();
-            b.event(&mut rec, MachineEvent::new("preempted", &status, "bazaar"));
-            let running = self.current_state(&rec) != MachineState::Stopped;
-            let stop = match check_transition(rec.desired, Action::Stop) {
-                Ok(desired) if running => {
-                    let place = self.0.actors.reserve(v)?;
-                    rec.desired = desired;
-                    let (signal, timeout) =
-                        crate::operations::stop_params(&rec.config, &Default::default());
-                    let kind = OpKind::Stop {
-                        signal: signal.0,
-                        timeout_ms: timeout.as_millis() as u64,
-                    };
-                    let op = self.new_op(&mut rec, kind, "bazaar");
-                    b.op(&op);
-                    waits.push((v.clone(), timeout + STOP_MARGIN));
-                    Some((op, place))
-                }
-                _ => None,
-            };
-            b.machine(&rec);
-            self.commit(b).await?;
-            drop(ledger);
-            if let Some((op, place)) = stop {
-                self.enqueue(&rec, op, place).await?;
+/// Marks each victim preempted by `preemptor` with its event, stops those running, and
+/// waits until they have stopped.
+async fn stop_victims(
+    agent: &Agent,
+    victims: &[String],
+    preemptor: &str,
+    class: Priority,
+) -> Result<(), AgentError> {
+    let mut waits = Vec::new();
+    for v in victims {
+        let ledger = agent.write_lock().await;
+        let mut rec = agent.load_live(v)?;
+        let status = format!("stopped for machine {preemptor} ({class}) by preemption");
+        rec.preempted_by = Some(preemptor.to_string());
+        rec.updated_at_ms = agent.now_ms();
+        let mut b = Batch::default();
+        b.event(&mut rec, MachineEvent::new("preempted", &status, "bazaar"));
+        let running = agent.current_state(&rec) != MachineState::Stopped;
+        let stop = match check_transition(rec.desired, Action::Stop) {
+            Ok(desired) if running => {
+                let place = agent.actors().reserve(v)?;
+                rec.desired = desired;
+                let (signal, timeout) =
+                    crate::operations::stop_params(&rec.config, &Default::default());
+                let kind = OpKind::Stop {
+                    signal: signal.0,
+                    timeout_ms: timeout.as_millis() as u64,
+                };
+                let op = agent.new_op(&mut rec, kind, "bazaar");
+                b.op(&op);
+                waits.push((v.clone(), timeout + STOP_MARGIN));
+                Some((op, place))
             }
-            self.publish(&rec);
+            _ => None,
+        };
+        b.machine(&rec);
+        agent.commit(b).await?;
+        drop(ledger);
+        if let Some((op, place)) = stop {
+            agent.enqueue(&rec, op, place).await?;
         }
-        for (v, timeout) in waits {
-            self.wait(&v, &[MachineState::Stopped], timeout, None, None)
-                .await?;
-        }
-        Ok(())
+        agent.publish(&rec);
     }
+    for (v, timeout) in waits {
+        agent
+            .wait(&v, &[MachineState::Stopped], timeout, None, None)
+            .await?;
+    }
+    Ok(())
 }

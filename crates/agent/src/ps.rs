@@ -72,36 +72,34 @@ impl Sort {
     }
 }
 
-impl Agent {
-    /// The processes of a started machine.
-    pub async fn ps(&self, id: &str, sort: Sort) -> Result<Vec<ProcessStat>, AgentError> {
-        let rec = self.load_live(id)?;
-        let state = self.current_state(&rec);
-        let run = rec
-            .run
-            .filter(|r| r.run_id > rec.exit_handled_run && r.workload_pid > 0)
-            .filter(|_| state == MachineState::Started)
+/// The processes of a started machine.
+pub async fn ps(agent: &Agent, id: &str, sort: Sort) -> Result<Vec<ProcessStat>, AgentError> {
+    let rec = agent.load_live(id)?;
+    let state = agent.current_state(&rec);
+    let run = rec
+        .run
+        .filter(|r| r.run_id > rec.exit_handled_run && r.workload_pid > 0)
+        .filter(|_| state == MachineState::Started)
+        .ok_or_else(|| {
+            AgentError::Conflict(format!(
+                "machine {id} is {state}: only a started machine has processes"
+            ))
+        })?;
+    let root = if rec.config.runs_image() {
+        // The shim's workload is `runc run`; the machine is the container.
+        let pid_file = crate::oci::pid_file(&agent.driver().run_dir(id, run.run_id));
+        std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok())
             .ok_or_else(|| {
-                AgentError::Conflict(format!(
-                    "machine {id} is {state}: only a started machine has processes"
-                ))
-            })?;
-        let root = if rec.config.runs_image() {
-            // The shim's workload is `runc run`; the machine is the container.
-            let pid_file = crate::oci::pid_file(&self.0.driver.run_dir(id, run.run_id));
-            std::fs::read_to_string(&pid_file)
-                .ok()
-                .and_then(|t| t.trim().parse::<i32>().ok())
-                .ok_or_else(|| {
-                    AgentError::Conflict(format!("machine {id}'s container is not running"))
-                })?
-        } else {
-            run.workload_pid
-        };
-        let mut list = tokio::task::spawn_blocking(move || processes(root)).await?;
-        sort.apply(&mut list);
-        Ok(list)
-    }
+                AgentError::Conflict(format!("machine {id}'s container is not running"))
+            })?
+    } else {
+        run.workload_pid
+    };
+    let mut list = tokio::task::spawn_blocking(move || processes(root)).await?;
+    sort.apply(&mut list);
+    Ok(list)
 }
 
 /// `root` and its descendants, as they are now (a process that exits meanwhile is left out).

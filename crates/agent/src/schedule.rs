@@ -59,8 +59,7 @@ fn is_due(rec: &MachineRecord, hour: Duration, now_ms: u64) -> bool {
 pub(crate) async fn start_due(agent: &Agent, now_ms: u64) {
     let hour = agent.config().schedule_hour;
     let due: Vec<String> = agent
-        .0
-        .store
+        .store()
         .select(|m| is_due(m, hour, now_ms).then(|| m.id.clone()));
     for id in due {
         match agent.start_machine(&id, None).await {

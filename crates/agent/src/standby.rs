@@ -21,7 +21,7 @@ pub const CONFIRM: Duration = Duration::from_secs(1);
 /// Starts the standby watcher of this agent (call once the catalog is attached).
 pub fn spawn(agent: &Agent) {
     let agent = agent.clone();
-    agent.0.tracker.clone().spawn(async move {
+    agent.tracker().clone().spawn(async move {
         let Some(catalog) = agent.catalog().cloned() else {
             return;
         };
@@ -67,7 +67,7 @@ async fn check(
         // No host has been dead long enough: nothing can fire.
         return;
     }
-    let mut machines: Vec<Machine> = agent.0.store.select(|m| {
+    let mut machines: Vec<Machine> = agent.store().select(|m| {
         (m.state != MachineState::Destroyed && !m.config.standbys.is_empty())
             .then(|| agent.view(m, Vec::new()))
     });

@@ -1,17 +1,49 @@
 //! Reads of this host's machines: the Machines API view of a record, lists, events,
-//! versions, logs, placement records, and `wait` for a state.
+//! versions, logs, placement records, and `wait` for a state: methods of [`Reader`], the
+//! parts of the agent they read, to which the agent's own read methods delegate.
 
-use crate::agent::{Agent, Snapshot};
+use crate::checks::CheckResults;
+use crate::clock::Clock;
+use crate::driver::Driver;
 use crate::error::AgentError;
 use crate::record::MachineRecord;
+use crate::store::Store;
 use crate::sync::lock;
 use bazaar_types::config::MachineConfig;
 use bazaar_types::event::MachineEvent;
 use bazaar_types::host::WaitResponse;
 use bazaar_types::machine::Machine;
 use bazaar_types::state::MachineState;
-use bazaar_types::{ids, now_ms, rfc3339};
+use bazaar_types::{ids, rfc3339};
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
+use tokio::sync::watch;
+
+/// A machine's live state, published to waiters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    pub state: MachineState,
+    pub instance_id: String,
+    /// The newest event's id and the status it recorded.
+    pub event_id: String,
+    pub event_status: String,
+}
+
+/// What the reads need of the agent's parts (`Agent::reader` lends them); a change is
+/// published through it too ([`Reader::publish`]: the live state and the catalog row).
+pub(crate) struct Reader<'a> {
+    pub store: &'a Store,
+    pub live: &'a Mutex<HashMap<String, watch::Sender<Snapshot>>>,
+    pub transient: &'a Mutex<HashMap<String, MachineState>>,
+    pub checks: &'a CheckResults,
+    pub driver: &'a Driver,
+    pub host_id: &'a str,
+    pub clock: Clock,
+    /// The catalog, once attached, and the address process machines' host ports are on.
+    pub catalog: Option<&'a bazaar_catalog::Catalog>,
+    pub api_ip: std::net::IpAddr,
+}
 
 /// Longest wait a client may ask for (Fly's limit).
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
@@ -94,22 +126,21 @@ impl WaitQuery {
     }
 }
 
-impl Agent {
+impl Reader<'_> {
     /// One machine (tombstones included), with its latest events.
-    pub async fn machine(&self, id: &str) -> Result<Machine, AgentError> {
+    pub(crate) async fn machine(&self, id: &str) -> Result<Machine, AgentError> {
         let rec = self.record_of(id)?;
-        let events = self.0.store.events(id, 20)?;
+        let events = self.store.events(id, 20)?;
         Ok(self.view(&rec, events))
     }
 
     /// Machines on this host, optionally of one app.
-    pub async fn machines(
+    pub(crate) async fn machines(
         &self,
         app: Option<&str>,
         include_deleted: bool,
     ) -> Result<Vec<Machine>, AgentError> {
         let mut out: Vec<Machine> = self
-            .0
             .store
             .machines()?
             .into_iter()
@@ -122,23 +153,30 @@ impl Agent {
     }
 
     /// A machine's events, newest first.
-    pub async fn events(&self, id: &str, limit: usize) -> Result<Vec<MachineEvent>, AgentError> {
+    pub(crate) async fn events(
+        &self,
+        id: &str,
+        limit: usize,
+    ) -> Result<Vec<MachineEvent>, AgentError> {
         self.machine(id).await?;
-        Ok(self.0.store.events(id, limit)?)
+        Ok(self.store.events(id, limit)?)
     }
 
     /// A machine's config versions, newest first.
-    pub async fn versions(&self, id: &str) -> Result<Vec<(String, MachineConfig)>, AgentError> {
+    pub(crate) async fn versions(
+        &self,
+        id: &str,
+    ) -> Result<Vec<(String, MachineConfig)>, AgentError> {
         self.machine(id).await?;
-        let mut v = self.0.store.versions(id)?;
+        let mut v = self.store.versions(id)?;
         v.reverse();
         Ok(v)
     }
 
     /// The tail of a machine's log (JSON lines), at most `max_bytes`.
-    pub async fn log_tail(&self, id: &str, max_bytes: u64) -> Result<String, AgentError> {
+    pub(crate) async fn log_tail(&self, id: &str, max_bytes: u64) -> Result<String, AgentError> {
         self.machine(id).await?;
-        let path = self.0.driver.log_path(id);
+        let path = self.driver.log_path(id);
         let data = match std::fs::read(&path) {
             Ok(d) => d,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -159,7 +197,7 @@ impl Agent {
     /// with `from_event_id`, put in that state by an event newer than that one: the newest
     /// event must have recorded the state, so an `update` event alone does not satisfy a
     /// wait for `started`). Answers the newest event's id.
-    pub async fn wait(
+    pub(crate) async fn wait(
         &self,
         id: &str,
         states: &[MachineState],
@@ -168,7 +206,7 @@ impl Agent {
         from_event_id: Option<&str>,
     ) -> Result<WaitResponse, AgentError> {
         let rec = self.record_of(id)?;
-        let rx = lock(&self.0.live).get(id).map(|tx| tx.subscribe());
+        let rx = lock(self.live).get(id).map(|tx| tx.subscribe());
         let matches = |s: &Snapshot| {
             let state_ok = states.contains(&s.state);
             state_ok
@@ -231,7 +269,7 @@ impl Agent {
 
     /// Why machine `id`'s last launch failed, from its newest `exit` event.
     fn launch_failure(&self, id: &str) -> AgentError {
-        let events = self.0.store.events(id, 16).unwrap_or_default();
+        let events = self.store.events(id, 16).unwrap_or_default();
         let exit = events.into_iter().find(|e| e.kind == "exit");
         let request = exit.and_then(|e| e.request).unwrap_or_default();
         let message = request
@@ -251,8 +289,7 @@ impl Agent {
         if !ids::is_valid_machine_id(id) {
             return Err(AgentError::MachineNotFound(id.into()));
         }
-        self.0
-            .store
+        self.store
             .machine(id)?
             .ok_or_else(|| AgentError::MachineNotFound(id.into()))
     }
@@ -261,7 +298,7 @@ impl Agent {
         if rec.state == MachineState::Destroyed {
             return rec.state;
         }
-        lock(&self.0.transient)
+        lock(self.transient)
             .get(&rec.id)
             .copied()
             .unwrap_or(rec.state)
@@ -286,7 +323,6 @@ impl Agent {
             config: rec.config.clone(),
             events,
             checks: self
-                .0
                 .checks
                 .of(&rec.id)
                 .filter(|_| self.current_state(rec) == MachineState::Started)
@@ -306,14 +342,14 @@ impl Agent {
             host_status: "ok".into(),
             cordoned: rec.cordoned,
             nonce: None,
-            host_id: self.0.host_id.clone(),
+            host_id: self.host_id.to_string(),
             app: rec.app.clone(),
             host_ports: rec.host_ports.clone(),
             pid: live_run.map(|r| r.workload_pid),
             lease: rec
                 .lease
                 .as_ref()
-                .filter(|l| l.expires_at * 1000 > now_ms())
+                .filter(|l| l.expires_at * 1000 > self.clock.now_ms())
                 .map(Into::into),
             image_ref: rec
                 .config
@@ -325,6 +361,88 @@ impl Agent {
                 })
                 .flatten(),
             incomplete_config: false,
+        }
+    }
+
+    /// Publishes a machine's state to waiters and to the catalog.
+    pub(crate) fn publish(&self, rec: &MachineRecord) {
+        if let Some(catalog) = self.catalog {
+            if rec.state == MachineState::Destroyed {
+                catalog.delete_machine(&rec.id);
+            } else {
+                catalog.publish_machine(self.catalog_row(rec));
+            }
+        }
+        let snap = Snapshot {
+            state: self.current_state(rec),
+            instance_id: rec.instance_id.clone(),
+            event_id: rec.last_event_id.clone(),
+            event_status: rec.last_event_status.clone(),
+        };
+        let mut live = lock(self.live);
+        match live.get(&rec.id) {
+            Some(tx) => {
+                tx.send_if_modified(|s| {
+                    if *s != snap {
+                        *s = snap.clone();
+                        true
+                    } else {
+                        false
+                    }
+                });
+            }
+            None => {
+                live.insert(rec.id.clone(), watch::channel(snap).0);
+            }
+        }
+    }
+
+    /// The catalog row of a machine.
+    fn catalog_row(&self, rec: &MachineRecord) -> bazaar_catalog::MachineRecord {
+        // A process machine's services listen on host ports on loopback; an image
+        // machine's on its own address.
+        let services = rec
+            .config
+            .services
+            .iter()
+            .filter_map(|svc| {
+                let (address, port) = match rec.private_ip {
+                    Some(ip) => (ip.to_string(), svc.internal_port),
+                    None => (
+                        self.api_ip.to_string(),
+                        *rec.host_ports.get(&svc.internal_port)?,
+                    ),
+                };
+                Some(bazaar_catalog::ServiceRecord {
+                    service: svc.clone(),
+                    address,
+                    port,
+                })
+            })
+            .collect();
+        bazaar_catalog::MachineRecord {
+            id: rec.id.clone(),
+            app: rec.app.clone(),
+            app_id: rec.app_id.clone(),
+            name: rec.name.clone(),
+            region: rec.region.clone(),
+            host_id: self.host_id.to_string(),
+            state: self.current_state(rec).to_string(),
+            instance_id: rec.instance_id.clone(),
+            private_ip: rec.private_ip.map(|ip| ip.to_string()),
+            services,
+            checks: if self.current_state(rec) == MachineState::Started {
+                self.checks.of(&rec.id).unwrap_or_default()
+            } else {
+                Vec::new()
+            },
+            cordoned: rec.cordoned,
+            metadata: rec.config.metadata.clone(),
+            updated_at_ms: rec.updated_at_ms,
+            epoch: rec.epoch,
+            resources: rec.resources,
+            config: bazaar_types::replacement::carries_config(&rec.config.metadata)
+                .then(|| Box::new(rec.config.clone())),
         }
     }
 }

@@ -66,7 +66,7 @@ impl InProcessAgent {
         );
         catalog_config.signing_key = bazaar_agent::secrets::host_signing_key(&config.data_dir)?;
         let catalog = Catalog::start(catalog_config).await?;
-        agent.attach_catalog(catalog.clone()).await;
+        bazaar_agent::publish::attach_catalog(&agent, catalog.clone()).await;
         Ok(InProcessAgent {
             agent,
             catalog,

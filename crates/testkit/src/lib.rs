@@ -4,7 +4,9 @@
 //! ([`start_cluster`]) has a cluster CA held by its first host, the others joining with
 //! one-time tokens, as `bazaar dev` does: hosts talk over mTLS
 //! ([`start_plain_cluster`] for the old path with the cluster secret alone).
+//! [`fake_driver`] runs the real agent in-process with no shim (tests on a paused clock).
 
+pub mod fake_driver;
 mod fly;
 pub mod host_guard;
 pub mod images;

@@ -14,8 +14,8 @@ use bazaar_lifecycle::operation::final_state;
 use bazaar_runtime::Run;
 use bazaar_shim::ExitRecord;
 use bazaar_types::event::{EventRequest, ExitEvent, MachineEvent};
+use bazaar_types::rfc3339;
 use bazaar_types::state::MachineState;
-use bazaar_types::{now_ms, rfc3339};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -80,11 +80,11 @@ impl Actor {
             }
             self.drop_superseded_policy_ops().await;
             if let Some(op) = self.queue.front().cloned() {
-                let wait_ms = op.not_before_ms.saturating_sub(now_ms());
-                if wait_ms > 0 {
+                let wait = self.agent.0.clock.until(op.not_before_ms);
+                if !wait.is_zero() {
                     let woke = tokio::select! {
                         msg = self.rx.recv() => Some(msg),
-                        () = tokio::time::sleep(Duration::from_millis(wait_ms)) => None,
+                        () = tokio::time::sleep(wait) => None,
                     };
                     match woke {
                         Some(Some(msg)) => self.accept(msg),
@@ -215,7 +215,7 @@ impl Actor {
                 exit_code: None,
                 signal: Some(9),
                 oom_killed: false,
-                exited_at_ms: now_ms(),
+                exited_at_ms: self.agent.now_ms(),
                 error: Some("the machine's supervisor (shim) was lost".into()),
             });
         Exit { run_id, record }
@@ -231,7 +231,7 @@ impl Actor {
         let before = rec.clone();
         let exit = self.exit_of(run_id);
         let failed = exit.record.exit_code != Some(0);
-        let now = now_ms();
+        let now = self.agent.now_ms();
         let restart_count = rec.restart_count;
         let after = after_exit(&mut rec, run_id, failed, self.queue.is_empty(), now);
         let mut b = Batch::default();
@@ -364,7 +364,7 @@ impl Actor {
             } else {
                 b.op(&op);
             }
-            rec.updated_at_ms = now_ms();
+            rec.updated_at_ms = self.agent.now_ms();
             b.machine(&rec);
             self.record(&before, &mut rec, b, step.name()).await;
             let aborted = outcome == StepOutcome::Abort;

@@ -98,7 +98,7 @@ impl Actor {
                     return self.launch_failed(rec, run_id, exit, None, b);
                 }
                 let mut report = LaunchReport::default();
-                let launched = match self.agent.app_secret_env(&rec.app) {
+                let launched = match crate::app_secrets::app_secret_env(&self.agent, &rec.app) {
                     Ok(secret_env) => {
                         driver
                             .launch(&rec.workload(), run_id, &secret_env, &mut report)
@@ -269,7 +269,7 @@ impl Actor {
             let mut ledger = self.agent.0.ledger.lock().await;
             ledger.uncommit(&self.id);
         }
-        if let Err(err) = self.agent.detach_volumes(&self.id).await {
+        if let Err(err) = crate::volumes::detach_volumes(&self.agent, &self.id).await {
             tracing::error!(machine.id = %self.id, error = %err, "detaching volumes");
         }
         self.agent.0.machine_driver.destroy(&self.id).await;
