@@ -306,14 +306,12 @@ impl Driver {
             .map_err(|e| LaunchError::shim(LaunchStep::Spawn, e))
     }
 
-    /// The network namespace of address `ip` (set up now unless it was ahead of time).
+    /// The network namespace of address `ip` (set up now unless it was ahead of time: then
+    /// taken without a blocking thread).
     async fn attach_network(&self, ip: std::net::Ipv4Addr) -> Result<PathBuf, LaunchError> {
+        let no_network = "this host has no machine network";
         let network = self.network.clone().ok_or_else(|| {
-            LaunchError::new(
-                LaunchStep::Network,
-                FailureKind::Unsupported,
-                "this host has no machine network",
-            )
+            LaunchError::new(LaunchStep::Network, FailureKind::Unsupported, no_network)
         })?;
         // The network's errors end with their errno's text: classified by it.
         let failed = |e: String| {
@@ -323,6 +321,9 @@ impl Driver {
                 format!("machine network: {e}"),
             )
         };
+        if let Some(ready) = network.ready().and_then(|n| n.attach_ready(ip)) {
+            return Ok(ready.netns);
+        }
         tokio::task::spawn_blocking(move || Ok::<_, String>(network.get()?.attach(ip)?.netns))
             .await
             .map_err(|e| failed(e.to_string()))?
