@@ -8,7 +8,9 @@
 //! Run as root: `cargo bench -p bazaar --bench isolated_starts` (prints Markdown tables for
 //! docs/benchmarks/isolation.md). `BAZAAR_BENCH_MACHINES` sets the creates per round
 //! (default 300: a third sequential, the rest 32 in flight), `BAZAAR_BENCH_ROUNDS` the
-//! rounds of each kind (default 3), `BAZAAR_BENCH_EXE` another `bazaar` build.
+//! rounds of each kind (default 3), `BAZAAR_BENCH_EXE` another `bazaar` build, and
+//! `BAZAAR_BENCH_BEFORE=<bazaar>` adds isolated rounds of that build (an earlier commit,
+//! with `bazaar-shim` beside it) to the interleaving, for before/after in one sitting.
 
 use bazaar_testkit::{api_token, start_plain_cluster, TestAgent};
 use serde_json::{json, Value};
@@ -52,32 +54,47 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let order: Vec<bool> = (0..rounds)
+    let exe = std::env::var_os("BAZAAR_BENCH_EXE")
+        .map_or_else(|| std::path::PathBuf::from(EXE), std::path::PathBuf::from);
+    let before = std::env::var_os("BAZAAR_BENCH_BEFORE").map(std::path::PathBuf::from);
+    // Kinds: 0 --no-isolate, 1 isolated, 2 isolated, the build before.
+    let kinds: Vec<usize> = if before.is_some() {
+        vec![1, 0, 2]
+    } else {
+        vec![1, 0]
+    };
+    let order: Vec<usize> = (0..rounds)
         .flat_map(|r| {
-            if r % 2 == 0 {
-                [true, false]
-            } else {
-                [false, true]
+            let mut k = kinds.clone();
+            if r % 2 == 1 {
+                k.reverse();
             }
+            k
         })
         .collect();
-    let mut by_kind: [Vec<Round>; 2] = [Vec::new(), Vec::new()];
+    let names = ["--no-isolate", "isolated", "isolated, before"];
+    let mut by_kind: [Vec<Round>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     println!(
         "| round | load (1 min) | machines | create→started p50 | p99 | creates/s (32 in flight) |"
     );
     println!("|---|---:|---|---:|---:|---:|");
-    for (i, isolate) in order.iter().enumerate() {
+    for (i, kind) in order.iter().copied().enumerate() {
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         let load = load.split_whitespace().next().unwrap_or("?").to_string();
-        let r = measure(&rt, *isolate, total, sequential);
+        let exe = if kind == 2 {
+            before.as_ref().unwrap()
+        } else {
+            &exe
+        };
+        let r = measure(&rt, exe, kind != 0, total, sequential);
         println!(
             "| {i} | {load} | {} | {:.2} ms | {:.2} ms | {:.0} |",
-            if *isolate { "isolated" } else { "--no-isolate" },
+            names[kind],
             pct(&r.lat, 0.5),
             pct(&r.lat, 0.99),
             r.rate
         );
-        by_kind[usize::from(*isolate)].push(r);
+        by_kind[kind].push(r);
     }
     let p = |kind: usize, q: f64| median(by_kind[kind].iter().map(|r| pct(&r.lat, q)).collect());
     let rate = |kind: usize| median(by_kind[kind].iter().map(|r| r.rate).collect());
@@ -85,9 +102,10 @@ fn main() {
     println!("{total} creates per round through 3 agents' Machines API: {sequential} one at a time, the rest 32 in flight.\n");
     println!("| machines | create→started p50 | p99 | creates/s |");
     println!("|---|---:|---:|---:|");
-    for (kind, name) in [(1, "isolated"), (0, "--no-isolate")] {
+    for kind in [1, 0, 2].into_iter().filter(|k| kinds.contains(k)) {
         println!(
-            "| {name} | {:.2} ms | {:.2} ms | {:.0} |",
+            "| {} | {:.2} ms | {:.2} ms | {:.0} |",
+            names[kind],
             p(kind, 0.5),
             p(kind, 0.99),
             rate(kind)
@@ -99,7 +117,16 @@ fn main() {
         p(1, 0.99) / p(0, 0.99),
         rate(0) / rate(1)
     );
-    for (kind, name) in [(1, "isolated"), (0, "--no-isolate")] {
+    if kinds.contains(&2) {
+        println!(
+            "| isolated, before / --no-isolate | ×{:.2} | ×{:.2} | ÷{:.2} |",
+            p(2, 0.5) / p(0, 0.5),
+            p(2, 0.99) / p(0, 0.99),
+            rate(0) / rate(2)
+        );
+    }
+    for kind in [1, 2, 0].into_iter().filter(|k| kinds.contains(k)) {
+        let name = names[kind];
         let Some(first) = by_kind[kind].first() else {
             continue;
         };
@@ -123,10 +150,8 @@ async fn get(http: reqwest::Client, url: String) -> Value {
     r.json::<Value>().await.unwrap()
 }
 
-fn start_agents(isolate: bool, total: usize) -> Vec<TestAgent> {
-    let exe = std::env::var_os("BAZAAR_BENCH_EXE")
-        .map_or_else(|| std::path::PathBuf::from(EXE), std::path::PathBuf::from);
-    start_plain_cluster(&exe, 3, |_, o| {
+fn start_agents(exe: &std::path::Path, isolate: bool, total: usize) -> Vec<TestAgent> {
+    start_plain_cluster(exe, 3, |_, o| {
         o.memory_mb = (total as u64 + 10) * 256;
         o.cpus = total as u32 + 10;
         if !isolate {
@@ -137,8 +162,14 @@ fn start_agents(isolate: bool, total: usize) -> Vec<TestAgent> {
     .expect("cluster")
 }
 
-fn measure(rt: &tokio::runtime::Runtime, isolate: bool, total: usize, sequential: usize) -> Round {
-    let agents = start_agents(isolate, total);
+fn measure(
+    rt: &tokio::runtime::Runtime,
+    exe: &std::path::Path,
+    isolate: bool,
+    total: usize,
+    sequential: usize,
+) -> Round {
+    let agents = start_agents(exe, isolate, total);
     let base = agents[0].url();
     let http = reqwest::Client::new();
     let body = json!({"config": {"image": "process", "driver": "process", "init": {"exec": ["sleep", "1000"]}, "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256}}, "region": "local"});
