@@ -145,9 +145,11 @@ fn main() {
 }
 
 async fn get(http: reqwest::Client, url: String) -> Value {
-    let r = http.get(url).bearer_auth(api_token()).send().await.unwrap();
-    assert!(r.status().is_success(), "{r:?}");
-    r.json::<Value>().await.unwrap()
+    let r = http.get(&url).bearer_auth(api_token()).send().await.unwrap();
+    let status = r.status();
+    let body = r.text().await.unwrap_or_default();
+    assert!(status.is_success(), "{url}: {status} {body}");
+    serde_json::from_str(&body).unwrap()
 }
 
 fn start_agents(exe: &std::path::Path, isolate: bool, total: usize) -> Vec<TestAgent> {

@@ -321,8 +321,10 @@ fn mount_image(image: &Path, target: &Path) -> io::Result<io::Result<()>> {
         }
         let err = io::Error::last_os_error();
         // Another process took the device between the two calls: take the next free one.
+        // Launches at once all get the same free device, and all but one try again: as
+        // many times as launches may run at once (a copy without a sync makes them meet).
         tries += 1;
-        if err.raw_os_error() != Some(libc::EBUSY) || tries > 8 {
+        if err.raw_os_error() != Some(libc::EBUSY) || tries > 256 {
             return Err(err);
         }
     };
