@@ -233,6 +233,10 @@ enum MachineCommand {
     /// Why a machine landed where it did.
     Explain {
         id: String,
+        /// Where its last start's time went instead: the placement and each launch step, in
+        /// milliseconds (recorded in the start event)
+        #[arg(long)]
+        timing: bool,
     },
     /// Take a lease (prints the nonce), or release one with --release NONCE.
     Lease {
@@ -435,7 +439,14 @@ pub async fn machine(a: MachineArgs) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        MachineCommand::Explain { id } => {
+        MachineCommand::Explain { id, timing: true } => {
+            let placement = api.placement(&app, &id).await.ok().map(|p| p.elapsed_us);
+            let events = api.events(&app, &id).await?;
+            let t = crate::launch_timing::of(&events, placement)
+                .context("no start of this machine recorded its timing")?;
+            out(c, &t, || println!("{}", crate::launch_timing::render(&t)))
+        }
+        MachineCommand::Explain { id, .. } => {
             let p = api.placement(&app, &id).await?;
             out(c, &p, || print_placement(&p))
         }

@@ -27,6 +27,7 @@ mod drain_cmd;
 mod host_cmd;
 mod image_cmd;
 mod lab_cmd;
+mod launch_timing;
 mod machine_wait;
 mod node_main;
 mod operator;

@@ -253,6 +253,7 @@ impl Driver {
         secret_env: &[(String, String)],
         events: &mut Vec<MachineEvent>,
         image: &mut Option<ImageRef>,
+        timing: &mut crate::timing::Timing,
     ) -> Result<ShimHandle, LaunchError> {
         let run_dir = self.run_dir(rec.id, run_id);
         std::fs::create_dir_all(&run_dir).map_err(|e| {
@@ -267,9 +268,11 @@ impl Driver {
                 .launch_image(rec, run_id, &run_dir, secret_env, events, image)
                 .await;
         }
+        timing.mark("run_dir");
         let mut spec = self.spec(rec, run_id);
         if let (Some(sandbox), Some(ip)) = (spec.sandbox.as_mut(), rec.private_ip) {
             sandbox.netns = Some(self.attach_network(ip).await?);
+            timing.mark("network");
             sandbox.resolv_conf = self
                 .network
                 .as_ref()
@@ -278,8 +281,11 @@ impl Driver {
         }
         match rec.uid.filter(|_| spec.sandbox.is_some()) {
             Some(uid) => {
-                self.limit_work_disk(rec).await?;
-                self.give_to_machine_user(rec, uid)?
+                if self.limit_work_disk(rec).await? {
+                    timing.mark("work_disk");
+                }
+                self.give_to_machine_user(rec, uid)?;
+                timing.mark("owner");
             }
             None => self.give_volume_to_workload(rec),
         }
@@ -293,20 +299,19 @@ impl Driver {
             .await
             .map_err(|e| LaunchError::new(LaunchStep::Files, FailureKind::Io, e.to_string()))?
             .map_err(|e| LaunchError::fault(LaunchStep::Files, e))?;
+            timing.mark("files");
         }
         ShimHandle::spawn_with_env(&self.exe, &run_dir, &spec, secret_env)
             .await
             .map_err(|e| LaunchError::shim(LaunchStep::Spawn, e))
     }
 
-    /// The network namespace of address `ip` (set up now unless it was ahead of time).
+    /// The network namespace of address `ip` (set up now unless it was ahead of time: then
+    /// taken without a blocking thread).
     async fn attach_network(&self, ip: std::net::Ipv4Addr) -> Result<PathBuf, LaunchError> {
+        let no_network = "this host has no machine network";
         let network = self.network.clone().ok_or_else(|| {
-            LaunchError::new(
-                LaunchStep::Network,
-                FailureKind::Unsupported,
-                "this host has no machine network",
-            )
+            LaunchError::new(LaunchStep::Network, FailureKind::Unsupported, no_network)
         })?;
         // The network's errors end with their errno's text: classified by it.
         let failed = |e: String| {
@@ -316,6 +321,9 @@ impl Driver {
                 format!("machine network: {e}"),
             )
         };
+        if let Some(ready) = network.ready().and_then(|n| n.attach_ready(ip)) {
+            return Ok(ready.netns);
+        }
         tokio::task::spawn_blocking(move || Ok::<_, String>(network.get()?.attach(ip)?.netns))
             .await
             .map_err(|e| failed(e.to_string()))?
@@ -456,21 +464,20 @@ impl Driver {
         (mb > 0).then_some(mb)
     }
 
-    /// Makes the machine's work directory a file system of its size, once, and mounts it.
-    async fn limit_work_disk(&self, rec: &Workload<'_>) -> Result<(), LaunchError> {
+    /// Makes the machine's work directory a file system of its size, once, and mounts it
+    /// (false: the machine has no limit).
+    async fn limit_work_disk(&self, rec: &Workload<'_>) -> Result<bool, LaunchError> {
         let Some(mb) = self.work_disk_mb(rec) else {
-            return Ok(());
+            return Ok(false);
         };
         let dir = self.machine_dir(rec.id);
         let templates = self.machines_dir.with_file_name("disk-templates");
         let what = format!("making the machine's {mb} MB work disk");
-        let t0 = std::time::Instant::now();
         tokio::task::spawn_blocking(move || crate::work_disk::ensure(&dir, &templates, mb))
             .await
             .map_err(|e| LaunchError::new(LaunchStep::WorkDisk, FailureKind::Io, e.to_string()))?
             .map_err(|e| LaunchError::io(LaunchStep::WorkDisk, what, &e))?;
-        tracing::debug!(machine.id = %rec.id, ms = t0.elapsed().as_secs_f64() * 1e3, "work disk ready");
-        Ok(())
+        Ok(true)
     }
 
     /// An isolated workload without `init.user` runs as nobody: the root of its volume, as
@@ -528,6 +535,7 @@ impl MachineDriver for Driver {
         secret_env: &[(String, String)],
         report: &mut LaunchReport,
     ) -> Result<Box<dyn Run>, LaunchError> {
+        let mut timing = crate::timing::Timing::start();
         let handle = Driver::launch(
             self,
             machine,
@@ -535,8 +543,11 @@ impl MachineDriver for Driver {
             secret_env,
             &mut report.events,
             &mut report.image,
+            &mut timing,
         )
         .await?;
+        timing.extend(handle.launch_marks());
+        report.timing = timing.steps();
         Ok(Box::new(handle))
     }
 

@@ -30,6 +30,7 @@ pub mod oci;
 pub mod owner;
 pub mod prerequisites;
 pub mod subnet;
+pub mod timing;
 pub mod volume_fs;
 pub mod work_disk;
 

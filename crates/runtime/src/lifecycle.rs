@@ -40,6 +40,8 @@ pub struct LaunchReport {
     pub events: Vec<MachineEvent>,
     /// The image the run was made from (image machines).
     pub image: Option<ImageRef>,
+    /// Where the launch's time went ([`crate::timing`]); filled by a launch that succeeded.
+    pub timing: Vec<bazaar_types::event::StepTiming>,
 }
 
 /// What [`MachineDriver::find_run`] found of a run that may have been launched before.

@@ -454,6 +454,23 @@ impl Network {
         Ok(attached)
     }
 
+    /// `ip`'s namespaces if they are set up (made ahead by the pool, usually) and no thread
+    /// is making or removing them now: a lookup and two `stat`s, so that a launch takes
+    /// them without a trip to a blocking thread (which cost it 1-2 ms on a busy host).
+    pub fn attach_ready(&self, ip: Ipv4Addr) -> Option<Attached> {
+        if !locked(&self.pool.ready).contains(&ip) || locked(&self.setup_locks.held).contains(&ip) {
+            return None;
+        }
+        let ns = self.netns_name(ip);
+        let attached = Attached {
+            netns: Path::new(NETNS_DIR).join(&ns),
+            userns: Path::new(USERNS_DIR).join(&ns),
+            // Held since its namespaces were made: no file is read.
+            uid_base: self.id_ranges.range_of(ip).ok()?,
+        };
+        (attached.netns.exists() && attached.userns.exists()).then_some(attached)
+    }
+
     /// Replaces `ip`'s namespace with a fresh one (a machine that had the address is gone;
     /// the next one to get it starts clean and without waiting).
     pub fn renew(&self, ip: Ipv4Addr) {

@@ -21,8 +21,13 @@
 //! program; `noinit_itable`: the template's inode tables are holes, which read as zeros,
 //! so the kernel need not write them. An image machine's layer disk, emptied at every
 //! start anyway, is not synced after its copy (one that does not mount after a crash is
-//! made again). (Copies made ahead on a thread were tried and dropped: their writes and
-//! syncs slowed the next starts more than the copy costs.)
+//! made again). A process machine's work disk is not synced before it is mounted either
+//! (the sync took 5-7 ms of its first start, issue 36): a thread syncs it right after and
+//! then writes `disk.synced`; a work disk without that mark whose file system does not
+//! mount (the host went down before its copy reached the disk: the machine had no time to
+//! keep anything there) is made again, and one with it is an error, as before. (Copies made
+//! ahead on a thread were tried and dropped: their writes and syncs slowed the next starts
+//! more than the copy costs.)
 //!
 //! Nothing is left on the host: destroy unmounts them (the loop device goes with the mount)
 //! before removing the machine's directory; a host reset or a test kit's release unmounts
@@ -46,6 +51,8 @@ struct Disk {
     /// saves the time), and one that does not mount (the host went down before the copy
     /// reached its disk) is made again.
     disposable: bool,
+    /// A kept disk: written once its copy was synced, after it was first mounted.
+    synced: &'static str,
 }
 
 /// A process machine's work directory.
@@ -54,6 +61,7 @@ const WORK: Disk = Disk {
     formatted: "disk.formatted",
     mount: "work",
     disposable: false,
+    synced: "disk.synced",
 };
 
 /// An image machine's writable layer (overlay upper and work, or the copied rootfs).
@@ -62,6 +70,7 @@ const LAYER: Disk = Disk {
     formatted: "layer.formatted",
     mount: LAYER_DIR,
     disposable: true,
+    synced: "",
 };
 
 /// Where an image machine's writable layer is, in its machine directory.
@@ -125,20 +134,25 @@ fn ensure_disk(
         if std::fs::read_dir(&work).is_ok_and(|mut d| d.next().is_some()) {
             return Ok(false);
         }
-        sparse_copy(&template(templates, size_mb)?, &image, !disk.disposable)?;
+        sparse_copy(&template(templates, size_mb)?, &image)?;
         std::fs::write(&formatted, b"")?;
     }
     std::fs::create_dir_all(&work)?;
-    match mount_image(&image, &work) {
+    let synced = (!disk.disposable).then(|| machine_dir.join(disk.synced));
+    match mount_image(&image, &work)? {
         Ok(()) => {}
-        Err(err) if disk.disposable && !made => {
+        // Its copy may never have reached the disk: nothing was kept there.
+        Err(err) if !made && synced.as_ref().is_none_or(|s| !s.exists()) => {
             tracing::warn!(error = %err, image = %image.display(), "a machine's disk does not mount: made again");
             std::fs::remove_file(&formatted)?;
-            sparse_copy(&template(templates, size_mb)?, &image, false)?;
+            sparse_copy(&template(templates, size_mb)?, &image)?;
             std::fs::write(&formatted, b"")?;
-            mount_image(&image, &work)?;
+            mount_image(&image, &work)??;
         }
         Err(err) => return Err(err),
+    }
+    if let Some(synced) = synced.filter(|s| !s.exists()) {
+        sync_later(image, synced);
     }
     // The workload's directory starts empty.
     match std::fs::remove_dir(work.join("lost+found")) {
@@ -183,9 +197,28 @@ fn template(templates: &Path, size_mb: u64) -> io::Result<std::path::PathBuf> {
     made.map(|()| path)
 }
 
-/// Copies `from` to `to` (created) with its holes: only the ranges that hold data; synced
-/// to the disk before it is renamed into place when `durable`.
-fn sparse_copy(from: &Path, to: &Path, durable: bool) -> io::Result<()> {
+/// Syncs a kept disk's `image` on a thread of its own, then writes `synced` (errors are
+/// logged: the next start tries again).
+fn sync_later(image: std::path::PathBuf, synced: std::path::PathBuf) {
+    let sync = move || {
+        let done = std::fs::File::open(&image)
+            .and_then(|f| f.sync_all())
+            .and_then(|()| std::fs::write(&synced, b""));
+        if let Err(err) = done {
+            tracing::warn!(error = %err, image = %image.display(), "syncing a machine's new disk");
+        }
+    };
+    if let Err(err) = std::thread::Builder::new()
+        .name("disk-sync".into())
+        .spawn(sync)
+    {
+        tracing::warn!(error = %err, "starting a thread to sync a machine's new disk");
+    }
+}
+
+/// Copies `from` to `to` (created, renamed into place once complete) with its holes: only
+/// the ranges that hold data. Not synced.
+fn sparse_copy(from: &Path, to: &Path) -> io::Result<()> {
     use rustix::fs::SeekFrom;
     let src = std::fs::File::open(from)?;
     let len = src.metadata()?.len();
@@ -215,9 +248,6 @@ fn sparse_copy(from: &Path, to: &Path, durable: bool) -> io::Result<()> {
             }
         }
         at = end;
-    }
-    if durable {
-        dst.sync_all()?;
     }
     std::fs::rename(&partial, to)
 }
@@ -254,8 +284,9 @@ const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
 
 /// Attaches `image` to a free loop device (autoclear: it goes when the mount does) and
-/// mounts its ext4 at `target`, `nosuid,nodev`.
-fn mount_image(image: &Path, target: &Path) -> io::Result<()> {
+/// mounts its ext4 at `target`, `nosuid,nodev`. The inner error: the loop device is
+/// attached but its file system does not mount.
+fn mount_image(image: &Path, target: &Path) -> io::Result<io::Result<()>> {
     use std::os::fd::AsRawFd;
     let backing = std::fs::OpenOptions::new()
         .read(true)
@@ -290,21 +321,24 @@ fn mount_image(image: &Path, target: &Path) -> io::Result<()> {
         }
         let err = io::Error::last_os_error();
         // Another process took the device between the two calls: take the next free one.
+        // Launches at once all get the same free device, and all but one try again: as
+        // many times as launches may run at once (a copy without a sync makes them meet).
         tries += 1;
-        if err.raw_os_error() != Some(libc::EBUSY) || tries > 8 {
+        if err.raw_os_error() != Some(libc::EBUSY) || tries > 256 {
             return Err(err);
         }
     };
-    rustix::mount::mount(
+    let mounted = rustix::mount::mount(
         device.0.as_str(),
         target,
         "ext4",
         rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
         Some(c"noinit_itable"),
-    )?;
-    // Our descriptor closes here; the mount holds the device until it is unmounted.
+    );
+    // Our descriptor closes here; the mount holds the device until it is unmounted (and
+    // autoclear detaches it if nothing mounted).
     drop(device.1);
-    Ok(())
+    Ok(mounted.map_err(io::Error::from))
 }
 
 /// Unmounts machine `machine_dir`'s disks (work directory, writable layer), those mounted
@@ -449,6 +483,53 @@ mod tests {
         eprintln!("work disk from a template: {:?}", t0.elapsed());
         assert_eq!(std::fs::read_dir(other.join("work")).unwrap().count(), 0);
         release(&other).unwrap();
+        assert_eq!(loops_below(&dir), 0);
+    }
+
+    /// Waits (≤ 10 s) until `path` exists.
+    fn appears(path: &Path) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !path.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        path.exists()
+    }
+
+    /// Empties `image` as a copy that never reached the disk reads after a crash.
+    fn lose_copy(image: &Path) {
+        let f = std::fs::OpenOptions::new().write(true).open(image).unwrap();
+        let len = f.metadata().unwrap().len();
+        f.set_len(0).unwrap();
+        f.set_len(len).unwrap();
+    }
+
+    #[test]
+    fn a_work_disk_is_synced_after_its_start_and_made_again_only_if_its_copy_was_lost() {
+        if !rustix::process::geteuid().is_root() || !Path::new("/dev/loop-control").exists() {
+            return; // loop devices and mounts need root
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().canonicalize().unwrap();
+        let (machine, templates) = (dir.join("m1"), dir.join("templates"));
+        std::fs::create_dir_all(&machine).unwrap();
+        let _released = Released(&machine);
+        let (image, synced) = (machine.join("disk.img"), machine.join("disk.synced"));
+        assert!(ensure(&machine, &templates, 32).unwrap());
+        assert!(appears(&synced), "synced once mounted");
+        // The host went down before the copy reached the disk (and before the mark): made
+        // again, empty, and synced.
+        release(&machine).unwrap();
+        std::fs::remove_file(&synced).unwrap();
+        lose_copy(&image);
+        assert!(ensure(&machine, &templates, 32).unwrap());
+        assert_eq!(std::fs::read_dir(machine.join("work")).unwrap().count(), 0);
+        assert!(appears(&synced));
+        // A synced disk that does not mount is an error, never replaced.
+        std::fs::write(machine.join("work/kept"), b"data").unwrap();
+        release(&machine).unwrap();
+        lose_copy(&image);
+        assert!(ensure(&machine, &templates, 32).is_err());
+        assert!(image.exists() && synced.exists());
         assert_eq!(loops_below(&dir), 0);
     }
 

@@ -31,6 +31,10 @@ pub(crate) struct PidRecord {
     pub workload_start: Option<u64>,
     /// The launch phase is over: the workload was exec'd (the other fields are final).
     pub running: bool,
+    /// When each step of the launch ended ([`crate::monotonic_us`]), in order: the shim's
+    /// and its init's (`bazaar machine explain --timing`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub marks: Vec<(String, u64)>,
 }
 
 impl PidRecord {

@@ -119,6 +119,7 @@ impl ShimHandle {
         let spec_json = serde_json::to_vec(spec).map_err(|err| ShimError::Spec(err.to_string()))?;
         files::write_atomic(&run_dir.join(SPEC_FILE), &spec_json, false)
             .map_err(ShimError::io(format!("writing {SPEC_FILE}")))?;
+        let spec_written = crate::monotonic_us();
 
         let (ready_r, ready_w) =
             sys::pipe().map_err(ShimError::io("creating the readiness pipe"))?;
@@ -140,6 +141,7 @@ impl ShimHandle {
             .stderr(Stdio::null())
             .spawn()
             .map_err(ShimError::io(format!("starting {}", exe.display())))?;
+        let spawned = crate::monotonic_us();
         let shim_pid =
             Pid::from_raw(child.id() as i32).ok_or(ShimError::Spec("shim pid 0".into()))?;
         drop(child);
@@ -157,7 +159,7 @@ impl ShimHandle {
             .map_err(|err| ShimError::Io("opening the shim's pidfd".into(), err.into()))?;
 
         let ready = tokio::time::timeout(READY_TIMEOUT, read_ready(ready_r)).await;
-        let pids = match ready {
+        let mut pids = match ready {
             Ok(Ok(Ready::Started(pids))) => pids,
             Ok(Ok(Ready::Failed(msg))) => {
                 // The shim exits right after reporting; wait for it, so that the run directory
@@ -181,6 +183,13 @@ impl ShimHandle {
                 )));
             }
         };
+        let shim_marks = std::mem::take(&mut pids.marks);
+        pids.marks = [("spec_written", spec_written), ("spawned", spawned)]
+            .into_iter()
+            .map(|(step, us)| (step.to_owned(), us))
+            .chain(shim_marks)
+            .chain([("ready".to_owned(), crate::monotonic_us())])
+            .collect();
         Ok(ShimHandle {
             run_dir,
             run_id: spec.run_id,
@@ -259,6 +268,13 @@ impl ShimHandle {
     /// The pid of the shim process.
     pub fn shim_pid(&self) -> i32 {
         self.pids.shim_pid
+    }
+
+    /// When each step of this run's launch ended ([`crate::monotonic_us`]), in order: the
+    /// agent's side of the spawn, the shim's and its init's steps, and `ready` (the report
+    /// read). An adopted run has the shim's and the init's only.
+    pub fn launch_marks(&self) -> &[(String, u64)] {
+        &self.pids.marks
     }
 
     /// The host pid of the workload process; 0 in the rare case of an isolated workload that

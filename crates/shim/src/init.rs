@@ -45,8 +45,9 @@ const SYNCHRONOUS: &[i32] = &[
 /// A message from the init to the shim on the status pipe.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum InitMessage {
-    /// The workload was exec'd.
-    Started,
+    /// The workload was exec'd; when each of the init's launch steps ended
+    /// ([`sys::monotonic_us`]).
+    Started(Vec<(String, u64)>),
     /// The workload could not be started (the reason).
     Failed(String),
     /// The workload exited with this wait status.
@@ -56,7 +57,14 @@ pub(crate) enum InitMessage {
 impl InitMessage {
     fn encode(&self) -> String {
         match self {
-            InitMessage::Started => "started\n".to_owned(),
+            InitMessage::Started(marks) => {
+                let mut line = "started".to_owned();
+                for (step, us) in marks {
+                    line.push_str(&format!(" {step}={us}"));
+                }
+                line.push('\n');
+                line
+            }
             InitMessage::Failed(msg) => format!("failed {}\n", msg.replace('\n', " ")),
             InitMessage::Exited(status) => format!("exited {status}\n"),
         }
@@ -65,7 +73,16 @@ impl InitMessage {
     /// Parses one line (without its '\n').
     pub(crate) fn parse(line: &str) -> Option<InitMessage> {
         match line.split_once(' ') {
-            None if line == "started" => Some(InitMessage::Started),
+            None if line == "started" => Some(InitMessage::Started(Vec::new())),
+            Some(("started", marks)) => Some(InitMessage::Started(
+                marks
+                    .split(' ')
+                    .filter_map(|m| {
+                        let (step, us) = m.split_once('=')?;
+                        Some((step.to_owned(), us.parse().ok()?))
+                    })
+                    .collect(),
+            )),
             Some(("failed", msg)) => Some(InitMessage::Failed(msg.to_owned())),
             Some(("exited", status)) => status.parse().ok().map(InitMessage::Exited),
             _ => None,
@@ -112,14 +129,15 @@ pub(crate) fn run(setup: &InitSetup<'_>) -> ! {
         sys::exit_now(1);
     }
     // From here on the status pipe is STATUS_FD and nothing else of the shim is open.
-    let workload = match start(setup) {
+    let mut marks = vec![("init".to_owned(), sys::monotonic_us())];
+    let workload = match start(setup, &mut marks) {
         Ok(pid) => pid,
         Err(msg) => {
             report(&InitMessage::Failed(msg));
             sys::exit_now(1);
         }
     };
-    report(&InitMessage::Started);
+    report(&InitMessage::Started(marks));
     // The init shares the run's cgroup (and memory limit) with the workload: keep it small.
     sys::trim_resident_memory();
     supervise(workload)
@@ -138,7 +156,9 @@ fn take_fds(setup: &InitSetup<'_>) -> std::io::Result<()> {
 
 /// Sets up the namespaces and the cgroup, then forks and execs the workload. Returns the
 /// workload's pid (in the new namespace) once `execve` succeeded.
-fn start(setup: &InitSetup<'_>) -> Result<libc::pid_t, String> {
+/// When each step ends it is added to `marks`.
+fn start(setup: &InitSetup<'_>, marks: &mut Vec<(String, u64)>) -> Result<libc::pid_t, String> {
+    let mut mark = |step: &str| marks.push((step.to_owned(), sys::monotonic_us()));
     let _ = rustix::process::setsid();
     // The init lives in the cgroup with the workload: make sure the OOM killer picks the
     // workload, and give the workload back the score it would have had.
@@ -157,12 +177,15 @@ fn start(setup: &InitSetup<'_>) -> Result<libc::pid_t, String> {
     {
         sandbox::join_netns(netns)?;
     }
+    mark("join_cgroup_netns");
     match &setup.confined {
         Some(c) => {
             // Taken from the host before the init leaves its mount namespace.
             let parts = sandbox::HostParts::gather(c.sandbox, c.workdir)?;
             let root = sandbox::unshare_mounts(c.sandbox, c.staging)?;
+            mark("mount_namespace");
             sandbox::enter(root, parts, c.sandbox, setup.creds, setup.hostname)?;
+            mark("private_root");
         }
         None => {
             let flags = UnshareFlags::NEWNS | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS;
@@ -215,6 +238,7 @@ fn start(setup: &InitSetup<'_>) -> Result<libc::pid_t, String> {
             let mut msg = String::new();
             let _ = exec_r.read_to_string(&mut msg);
             if msg.is_empty() {
+                mark("seccomp_exec");
                 Ok(pid)
             } else {
                 let _ = sys::wait_child(pid);
@@ -304,7 +328,8 @@ mod tests {
     #[test]
     fn messages_round_trip() {
         for msg in [
-            InitMessage::Started,
+            InitMessage::Started(Vec::new()),
+            InitMessage::Started(vec![("init".into(), 12), ("private_root".into(), 345)]),
             InitMessage::Failed("no\nway".into()),
             InitMessage::Exited(256),
         ] {
@@ -325,7 +350,7 @@ mod tests {
         w.write_all(b"started\nexited 9\n").unwrap();
         drop(w);
         let mut reader = StatusReader::new(r);
-        assert_eq!(reader.next(), Some(InitMessage::Started));
+        assert_eq!(reader.next(), Some(InitMessage::Started(Vec::new())));
         assert_eq!(reader.next(), Some(InitMessage::Exited(9)));
         assert_eq!(reader.next(), None);
     }

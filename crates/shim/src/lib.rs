@@ -119,6 +119,7 @@ pub use memory::{memory_use, reclaim_memory, set_memory_limit, MemoryUse};
 pub use sandbox::{make_sandbox_base, Sandbox};
 pub use seccomp::write_seccomp_filters;
 pub use supervisor::shim_main;
+pub use sys::monotonic_us;
 pub use work_files::{write_work_files, WorkFile};
 
 /// File in RUN_DIR holding the [`ShimSpec`], written by the agent before the shim starts.

@@ -69,6 +69,8 @@ pub fn shim_main(run_dir: &Path) -> ! {
 }
 
 fn run(run_dir: &Path) -> i32 {
+    // When each launch step ended, for `machine explain --timing`.
+    let mut marks = vec![("shim_start".to_owned(), sys::monotonic_us())];
     let spec = match read_spec(run_dir) {
         Ok(spec) => spec,
         Err(msg) => {
@@ -87,7 +89,8 @@ fn run(run_dir: &Path) -> i32 {
     // Records left by an earlier run of this directory would be mistaken for ours.
     let _ = fs::remove_file(run_dir.join(EXIT_FILE));
     let _ = fs::remove_file(run_dir.join(PID_FILE));
-    let launched = Run::launch(&spec, run_dir);
+    marks.push(("shim_spec".to_owned(), sys::monotonic_us()));
+    let launched = Run::launch(&spec, run_dir, &mut marks);
     let run = match launched {
         Ok(run) => run,
         Err(msg) => {
@@ -115,6 +118,7 @@ fn run(run_dir: &Path) -> i32 {
         workload_pid: run.workload,
         workload_start: run.workload.and_then(|pid| sys::start_time(pid).ok()),
         running: true,
+        marks,
     };
     drop(spec);
     report(&Ready::Started(pids.clone()));
@@ -268,7 +272,11 @@ struct Run {
 impl Run {
     /// Prepares everything and starts the workload; returns once it was exec'd. On failure,
     /// returns the message for the agent, and nothing is left behind.
-    fn launch(spec: &ShimSpec, run_dir: &Path) -> Result<Run, String> {
+    fn launch(
+        spec: &ShimSpec,
+        run_dir: &Path,
+        marks: &mut Vec<(String, u64)>,
+    ) -> Result<Run, String> {
         files::validate(spec).map_err(|err| err.to_string())?;
         let (euid, egid) = sys::effective_ids();
         let confined = match &spec.sandbox {
@@ -289,7 +297,9 @@ impl Run {
                         ))
                     }
                 }
-                Some((staging, Filters::for_sandbox(sandbox)?))
+                let filters = Filters::for_sandbox(sandbox)?;
+                marks.push(("seccomp_load".to_owned(), sys::monotonic_us()));
+                Some((staging, filters))
             }
         };
         let creds = user::resolve(spec.user.as_deref(), euid, egid)?;
@@ -314,6 +324,7 @@ impl Run {
         };
         // Before the workload starts: a fresh cgroup reads 0, and an instant OOM kill counts.
         let oom_before = cgroup.as_ref().and_then(Cgroup::oom_kills);
+        marks.push(("shim_cgroup".to_owned(), sys::monotonic_us()));
         let parts = Parts {
             spec,
             command: &command,
@@ -329,19 +340,23 @@ impl Run {
             parts.start_direct()
         };
         match started {
-            Ok(started) => Ok(Run {
-                run_id: spec.run_id,
-                child: started.child,
-                init: started.init,
-                workload: started.workload,
-                status: started.status,
-                signals: started.signals,
-                outputs: [Some(started.stdout), Some(started.stderr)],
-                log,
-                oom_before,
-                cgroup,
-                signal_argv: spec.signal_argv.clone(),
-            }),
+            Ok(mut started) => {
+                marks.append(&mut started.marks);
+                marks.push(("shim_started".to_owned(), sys::monotonic_us()));
+                Ok(Run {
+                    run_id: spec.run_id,
+                    child: started.child,
+                    init: started.init,
+                    workload: started.workload,
+                    status: started.status,
+                    signals: started.signals,
+                    outputs: [Some(started.stdout), Some(started.stderr)],
+                    log,
+                    oom_before,
+                    cgroup,
+                    signal_argv: spec.signal_argv.clone(),
+                })
+            }
             Err(msg) => {
                 if let Some(cgroup) = &cgroup {
                     let _ = cgroup.remove();
@@ -530,6 +545,8 @@ struct Started {
     signals: File,
     stdout: File,
     stderr: File,
+    /// The init's launch marks (an isolated run).
+    marks: Vec<(String, u64)>,
 }
 
 /// The fds shared by both ways of starting: the signalfd, our pidfd and the output pipes.
@@ -610,6 +627,7 @@ impl Parts<'_> {
                     signals: plumbing.signals,
                     stdout: plumbing.stdout.0,
                     stderr: plumbing.stderr.0,
+                    marks: Vec::new(),
                 })
             }
         }
@@ -647,8 +665,8 @@ impl Parts<'_> {
             Ok(Forked::Parent(init_pid)) => {
                 drop(status_w);
                 let mut status = StatusReader::new(status_r);
-                match status.next() {
-                    Some(InitMessage::Started) => {}
+                let marks = match status.next() {
+                    Some(InitMessage::Started(marks)) => marks,
                     other => {
                         let _ = sys::wait_child(init_pid);
                         return Err(match other {
@@ -656,7 +674,7 @@ impl Parts<'_> {
                             _ => "the init exited during launch".to_owned(),
                         });
                     }
-                }
+                };
                 // The init has exactly one child: the workload (unless it already exited).
                 let workload = sys::children(init_pid).first().copied();
                 Ok(Started {
@@ -667,6 +685,7 @@ impl Parts<'_> {
                     signals: plumbing.signals,
                     stdout: plumbing.stdout.0,
                     stderr: plumbing.stderr.0,
+                    marks,
                 })
             }
         }

@@ -388,6 +388,19 @@ pub(crate) fn now_ms() -> u64 {
         .unwrap_or_default()
 }
 
+/// Microseconds on the host's monotonic clock (`CLOCK_MONOTONIC`, the same in every
+/// process of the host: the agent and its shims compare their launch marks with it).
+/// Async-signal-safe: callable between fork and exec.
+pub fn monotonic_us() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid pointer to a timespec; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000
+}
+
 /// Returns the effective uid and gid of the process.
 pub(crate) fn effective_ids() -> (u32, u32) {
     // SAFETY: geteuid/getegid cannot fail.

@@ -34,6 +34,17 @@ pub struct EventRequest {
     /// whether trying again may succeed (`bazaar_types::failure`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<crate::failure::Failure>,
+    /// bazaar extension: where a start's time went, step by step in the order they ran
+    /// (`bazaar machine explain --timing`; `bazaar_runtime::timing` names the steps).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timing: Vec<StepTiming>,
+}
+
+/// One step of a launch and the milliseconds it took (from the end of the step before).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StepTiming {
+    pub step: String,
+    pub ms: f64,
 }
 
 /// How a machine's process ended.
@@ -82,6 +93,14 @@ impl MachineEvent {
             timestamp: crate::now_ms(),
             request: None,
         }
+    }
+
+    /// Adds where a launch's time went.
+    pub fn with_timing(mut self, timing: Vec<StepTiming>) -> MachineEvent {
+        if !timing.is_empty() {
+            self.request.get_or_insert_with(Default::default).timing = timing;
+        }
+        self
     }
 
     /// Adds a reason.

@@ -433,6 +433,7 @@ fn exit_event(exit: &Exit, requested: bool, restarting: bool) -> MachineEvent {
             None
         },
         failure: None,
+        timing: Vec::new(),
     });
     let _ = exit.run_id;
     e

@@ -50,6 +50,9 @@ impl Actor {
             }
         }
         let driver = self.agent.0.machine_driver.clone();
+        // From the operation's creation (the store write) to here: whole milliseconds.
+        let queued_ms = now_ms().saturating_sub(op.created_at_ms) as f64;
+        let mut timing = Vec::new();
         // Idempotence: the run may already exist (we crashed after spawning it).
         let handle = match driver.find_run(&self.id, run_id).await {
             RunFound::Alive(h) => Ok(h),
@@ -116,6 +119,13 @@ impl Actor {
                 if report.image.is_some() {
                     rec.image_ref = report.image;
                 }
+                if !report.timing.is_empty() {
+                    timing.push(bazaar_types::event::StepTiming {
+                        step: "queued".into(),
+                        ms: queued_ms,
+                    });
+                    timing.append(&mut report.timing);
+                }
                 launched
             }
         };
@@ -128,7 +138,7 @@ impl Actor {
                     started_at_ms: now_ms(),
                 });
                 rec.state = MachineState::Started;
-                let mut e = MachineEvent::new("start", "started", &op.source);
+                let mut e = MachineEvent::new("start", "started", &op.source).with_timing(timing);
                 if op.kind == OpKind::PolicyRestart {
                     e = e.with_reason("restart policy");
                 } else if op.kind == OpKind::Relaunch {

@@ -1,0 +1,114 @@
+//! A machine's start records where its time went (issue 36): each launch step of an
+//! isolated process machine, from its namespace to the exec under seccomp, is in the start
+//! event, and `bazaar machine explain --timing` shows them with the placement. Needs root
+//! (an isolating agent): fails, not skips, without it.
+
+mod common;
+
+use bazaar_testkit::{api_token, AgentOptions, Fly, TestAgent, TEST_SECRET};
+use common::*;
+use std::time::Instant;
+
+fn explain(agent: &TestAgent, args: &[&str]) -> String {
+    let out = std::process::Command::new(EXE)
+        .args(["machine", "explain", "-a", "timed"])
+        .args(args)
+        .env("BAZAAR_API_URL", agent.url())
+        .env("BAZAAR_CLUSTER_SECRET", TEST_SECRET)
+        .env("BAZAAR_TOKEN", api_token())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_start_records_each_step_and_explain_shows_them() {
+    assert!(is_root(), "this test needs root (CI runs as root)");
+    let agent = TestAgent::start(AgentOptions::new(EXE)).expect("agent starts");
+    let fly = Fly::new(&agent);
+    fly.create_app("timed").await;
+    let t0 = Instant::now();
+    let (s, m) = fly
+        .post(
+            "/apps/timed/machines",
+            serde_json::json!({"config": process_config(&["sleep", "1000"])}),
+        )
+        .await;
+    assert_eq!(s, reqwest::StatusCode::OK, "{m}");
+    let id = m["id"].as_str().unwrap().to_string();
+    wait_started(&fly, "timed", &id).await;
+    let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+
+    // The start event holds the steps, in the order they ran.
+    let (_, events) = fly.get(&format!("/apps/timed/machines/{id}/events")).await;
+    let start = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["type"] == "start")
+        .unwrap_or_else(|| panic!("a start event: {events}"));
+    let steps: Vec<(String, f64)> = start["request"]["timing"]
+        .as_array()
+        .unwrap_or_else(|| panic!("timing in {start}"))
+        .iter()
+        .map(|s| {
+            (
+                s["step"].as_str().unwrap().to_owned(),
+                s["ms"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    let names: Vec<&str> = steps.iter().map(|(n, _)| n.as_str()).collect();
+    let isolated = [
+        "queued",
+        "network",
+        "spawned",
+        "shim_start",
+        "seccomp_load",
+        "init",
+        "join_cgroup_netns",
+        "mount_namespace",
+        "private_root",
+        "seccomp_exec",
+        "ready",
+    ];
+    let mut at = 0;
+    for step in isolated {
+        let i = names[at..]
+            .iter()
+            .position(|n| *n == step)
+            .unwrap_or_else(|| panic!("{step} after {:?} in {names:?}", names.get(at)));
+        at += i + 1;
+    }
+    assert!(steps.iter().all(|(_, ms)| *ms >= 0.0), "{steps:?}");
+    let launch_ms: f64 = steps.iter().map(|(_, ms)| ms).sum();
+    // The steps happened between the request and its answer (`queued` is counted in whole
+    // milliseconds: one of slack).
+    assert!(
+        launch_ms > 0.0 && launch_ms <= wall_ms + 1.0,
+        "{launch_ms} of {wall_ms} ms"
+    );
+
+    // `explain --timing` shows them with the placement; `--json` gives the same numbers.
+    let text = explain(&agent, &["--timing", &id]);
+    for row in [
+        "placement",
+        "network",
+        "private_root",
+        "seccomp_exec",
+        "ready",
+        "total",
+    ] {
+        assert!(text.contains(row), "{row} in {text}");
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&explain(&agent, &["--timing", "--json", &id])).unwrap();
+    assert_eq!(json["event"], start["id"]);
+    assert_eq!(json["steps"].as_array().unwrap().len(), steps.len());
+    assert!(
+        json["placement_ms"].as_f64().is_some_and(|ms| ms > 0.0),
+        "{json}"
+    );
+    assert!((json["launch_ms"].as_f64().unwrap() - launch_ms).abs() < 1e-6);
+}
