@@ -188,7 +188,14 @@ pub async fn deploy(
             } else {
                 vec![config.primary_region.clone().unwrap_or_default()]
             };
-            distribute(initial.count.unwrap_or(1), &regions, &BTreeMap::new())
+            // A per-host group starts with one machine: every other matching host then
+            // makes its own copy.
+            let count = if config.per_host(&g) {
+                1
+            } else {
+                initial.count.unwrap_or(1)
+            };
+            distribute(count, &regions, &BTreeMap::new())
         } else {
             now
         };

@@ -86,6 +86,12 @@ impl AppConfig {
             .and_then(|v| v.priority)
     }
 
+    /// Whether a group's machines are per-host (its `[[vm]]`'s `per_host = true`): one on
+    /// every host meeting its constraints (`bazaar_types::per_host`).
+    pub fn per_host(&self, group: &str) -> bool {
+        self.vm_of(group).and_then(|v| v.per_host).unwrap_or(false)
+    }
+
     /// The strategy (`[deploy] strategy`, default rolling).
     pub fn strategy(&self) -> Strategy {
         self.deploy.strategy.unwrap_or(Strategy::Rolling)
@@ -273,6 +279,12 @@ impl AppConfig {
                 "true".into(),
             );
         }
+        if self.per_host(group) {
+            cfg.metadata
+                .insert(bazaar_types::per_host::METADATA_KEY.into(), "true".into());
+        }
+        bazaar_types::replacement::validate(&cfg)
+            .map_err(|e| format!("process group {group:?}: {e}"))?;
         Ok(cfg)
     }
 }

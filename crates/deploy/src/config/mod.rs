@@ -285,6 +285,11 @@ pub struct Vm {
     pub processes: Vec<String>,
     #[serde(default)]
     pub runtime: Option<String>,
+    /// bazaar extension: one machine of the group on every host meeting its `placement`
+    /// constraints, hosts that join later included (docs/POLICY.md "Per-host machines"),
+    /// set as `metadata.bazaar_per_host`; a deploy creates the first and updates them all.
+    #[serde(default)]
+    pub per_host: Option<bool>,
 }
 
 /// `shared` or `performance`.

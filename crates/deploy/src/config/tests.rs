@@ -316,3 +316,29 @@ fn a_vm_placement_becomes_the_groups_config_placement() {
     let e = bad.machine_config("app").unwrap_err();
     assert!(e.contains("placement.spread.by"), "{e}");
 }
+
+#[test]
+fn a_vm_per_host_marks_its_groups_machines_per_host() {
+    let text = "app = \"x\"\n[build]\nimage = \"i\"\n[processes]\nweb = \"serve\"\nagent = \"watch\"\n\n[[vm]]\n  per_host = true\n  processes = [\"agent\"]\n  [vm.placement]\n  constraints = [{ label = \"role\", value = \"edge\" }]\n\n[[vm]]\n  size = \"shared-cpu-1x\"\n";
+    let c = parse("fly.toml", text).unwrap().config;
+    assert!(c.per_host("agent"));
+    assert!(!c.per_host("web"));
+    let agent = c.machine_config("agent").unwrap();
+    assert_eq!(agent.metadata[bazaar_types::per_host::METADATA_KEY], "true");
+    assert!(!c
+        .machine_config("web")
+        .unwrap()
+        .metadata
+        .contains_key(bazaar_types::per_host::METADATA_KEY));
+    // Not with re-placement: a per-host machine belongs to its host.
+    let both = text.replace(
+        "[processes]",
+        "[deploy]\nreplace_on_host_failure = true\n[processes]",
+    );
+    let e = parse("fly.toml", &both)
+        .unwrap()
+        .config
+        .machine_config("agent")
+        .unwrap_err();
+    assert!(e.contains("bazaar_per_host"), "{e}");
+}
