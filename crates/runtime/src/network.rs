@@ -265,6 +265,8 @@ impl Network {
             .ok_or_else(|| format!("bridge {} is gone", self.bridge))?;
         rtnl.replace_address(index, self.subnet.gateway(), self.subnet.prefix)
             .map_err(|e| err("addressing", e))?;
+        rtnl.set_mac(index, mac_of(self.subnet.gateway()))
+            .map_err(|e| err("giving a MAC address to", e))?;
         rtnl.set_up(index).map_err(|e| err("bringing up", e))
     }
 
@@ -429,7 +431,7 @@ impl Network {
         let netns = make_namespaces(&attached, uid_base)?;
         let bridge = netlink::link_index(&self.bridge)
             .ok_or_else(|| format!("the bridge {} is gone", self.bridge))?;
-        rtnl.add_veth(&veth, bridge, "eth0", netns.as_fd())
+        rtnl.add_veth(&veth, bridge, "eth0", mac_of(ip), netns.as_fd())
             .and_then(|()| {
                 let index = netlink::link_index(&veth).ok_or_else(|| {
                     std::io::Error::other("the veth is gone right after it was made")
@@ -564,6 +566,17 @@ impl Drop for LowPriority {
         // agent (the only one with a machine network) has.
         unsafe { libc::setpriority(libc::PRIO_PROCESS, self.tid, self.before) };
     }
+}
+
+/// The MAC address of the machine network's interface that has `ip`: a machine's `eth0`,
+/// or the bridge (the gateway's address). Fixed by the address, as Docker's bridge does: an
+/// address handed to the next machine (a fresh namespace and veth) keeps its MAC, so the
+/// host's neighbor entry for it (trusted up to 45 s without asking again) stays right, and
+/// so does the machines' entry for the gateway while bridge ports come and go (a bridge
+/// otherwise takes the lowest MAC of its ports). Locally administered, unicast.
+pub(crate) fn mac_of(ip: Ipv4Addr) -> [u8; 6] {
+    let [a, b, c, d] = ip.octets();
+    [0x02, 0x62, a, b, c, d]
 }
 
 /// The bridge of host `host_id`: `bz-<8 hex of a hash of the id>`. Everything else of the
