@@ -17,8 +17,10 @@
 //!   task when its body is empty or buffered (`h1/`); streamed bodies and upgrades go
 //!   through hyper's client (`pool.rs`).
 //! - Retries: a request whose body is replayable (empty or buffered, ≤ 64 KiB) goes to
-//!   another machine after a refused connection (any method) or a failed exchange
-//!   (idempotent methods).
+//!   another machine after a refused connection or an undelivered hop (any method) or a
+//!   failed exchange (idempotent methods).
+//! - Shutdown (`ingress/mod.rs` `settle`): the listeners close, hops are answered
+//!   `bazaar-proxy-retry`, and the HTTP answers under way get up to 4 s to finish.
 //! - Scale from zero and to zero (`scale.rs`): autostart wakes the nearest stopped machine
 //!   through its owning agent, shared by concurrent requests; autostop drains and stops idle
 //!   machines down to `min_machines_running`.
