@@ -227,10 +227,14 @@ impl Rtnl {
         self.request(&mut msg)
     }
 
-    /// Makes bridge `name` (down).
-    pub(crate) fn add_bridge(&mut self, name: &str) -> io::Result<()> {
+    /// Makes bridge `name` (down), with MAC address `mac` when given (kept: a bridge given
+    /// one does not take its ports').
+    pub(crate) fn add_bridge(&mut self, name: &str, mac: Option<[u8; 6]>) -> io::Result<()> {
         let mut msg = Message::new(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL);
         msg.link(0, 0).name(IFLA_IFNAME, name);
+        if let Some(mac) = mac {
+            msg.attr(IFLA_ADDRESS, &mac);
+        }
         let info = msg.nest(IFLA_LINKINFO);
         msg.name(IFLA_INFO_KIND, "bridge");
         msg.end(info);
@@ -295,16 +299,6 @@ impl Rtnl {
                 at += (len + 3) & !3;
             }
         }
-    }
-
-    /// Gives link `index` MAC address `mac` (kept: a bridge given one no longer takes its
-    /// ports').
-    pub(crate) fn set_mac(&mut self, index: u32, mac: [u8; 6]) -> io::Result<()> {
-        self.request(
-            Message::new(RTM_NEWLINK, 0)
-                .link(index, 0)
-                .attr(IFLA_ADDRESS, &mac),
-        )
     }
 
     /// Brings link `index` up.

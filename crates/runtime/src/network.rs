@@ -255,7 +255,10 @@ impl Network {
         let err = |what: &str, e: std::io::Error| format!("{what} bridge {}: {e}", self.bridge);
         let mut rtnl = netlink::Rtnl::open().map_err(|e| err("making", e))?;
         if !link_exists(&self.bridge) {
-            match rtnl.add_bridge(&self.bridge) {
+            // Its MAC fixed at birth only: changing a running bridge's would leave its
+            // machines' neighbor entry for the gateway stale (their answers to the proxy
+            // lost) until they ask again.
+            match rtnl.add_bridge(&self.bridge, Some(mac_of(self.subnet.gateway()))) {
                 // Made meanwhile by an agent of the same host id: it is the same bridge.
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
                 other => other.map_err(|e| err("making", e))?,
@@ -265,8 +268,6 @@ impl Network {
             .ok_or_else(|| format!("bridge {} is gone", self.bridge))?;
         rtnl.replace_address(index, self.subnet.gateway(), self.subnet.prefix)
             .map_err(|e| err("addressing", e))?;
-        rtnl.set_mac(index, mac_of(self.subnet.gateway()))
-            .map_err(|e| err("giving a MAC address to", e))?;
         rtnl.set_up(index).map_err(|e| err("bringing up", e))
     }
 
