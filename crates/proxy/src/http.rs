@@ -511,6 +511,11 @@ pub(crate) async fn serve_hop(
         .unwrap_or_default()
         .to_string();
     let wake = req.headers.contains_key(&HOP_WAKE);
+    if shared.closing.load(Ordering::SeqCst) {
+        // Shutting down (an agent restart, say): the entry proxy sends it to another
+        // machine, or to this one again once this host's proxy is back.
+        return retry_reply(true, "bazaar proxy: this host is shutting down".to_string());
+    }
     if let Some(port) = req.headers.get(&HOP_TCP_PORT) {
         // An upgrade: always served by hyper ([`crate::ingress::h1`] hands those over).
         return match (port.to_str().ok().and_then(|p| p.parse::<u16>().ok()), body) {

@@ -17,8 +17,10 @@
 //!   task when its body is empty or buffered (`h1/`); streamed bodies and upgrades go
 //!   through hyper's client (`pool.rs`).
 //! - Retries: a request whose body is replayable (empty or buffered, ≤ 64 KiB) goes to
-//!   another machine after a refused connection (any method) or a failed exchange
-//!   (idempotent methods).
+//!   another machine after a refused connection or an undelivered hop (any method) or a
+//!   failed exchange (idempotent methods).
+//! - Shutdown (`ingress/mod.rs` `settle`): the listeners close, hops are answered
+//!   `bazaar-proxy-retry`, and the HTTP answers under way get up to 4 s to finish.
 //! - Scale from zero and to zero (`scale.rs`): autostart wakes the nearest stopped machine
 //!   through its owning agent, shared by concurrent requests; autostop drains and stops idle
 //!   machines down to `min_machines_running`.
@@ -171,6 +173,7 @@ impl Proxy {
             certs,
             tls_addr,
             hop_tls,
+            closing: std::sync::atomic::AtomicBool::new(false),
             catalog,
             node: node.clone(),
         });
@@ -184,6 +187,13 @@ impl Proxy {
                 .context("writing proxy-hop.addr")?;
         }
         let shutdown = node.shutdown_token();
+        {
+            let (shared, shutdown) = (shared.clone(), shutdown.clone());
+            node.spawn(async move {
+                shutdown.cancelled().await;
+                shared.closing.store(true, Ordering::SeqCst);
+            });
+        }
         spawn_table_refresh(shared.clone(), shutdown.clone());
         let mut hop_listeners = hop_listeners.into_iter();
         for (i, listener) in listeners.into_iter().enumerate() {
@@ -409,6 +419,103 @@ mod tests {
         assert!(closed_within(&mut spliced, Duration::from_secs(1)).await);
         assert!(closed_within(&mut http, Duration::from_secs(1)).await);
         drop(upstream);
+        held.abort();
+        test.catalog.kill().await;
+    }
+
+    /// Reads what the peer sends until it closes the connection; fails after `within`.
+    async fn read_to_close(stream: &mut tokio::net::TcpStream, within: Duration) -> String {
+        let mut out = Vec::new();
+        tokio::time::timeout(within, stream.read_to_end(&mut out))
+            .await
+            .expect("the proxy closed the connection in time")
+            .expect("read");
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// An agent that stops (or restarts onto a new binary, its machines running on) lets
+    /// its proxy finish the answers under way: its listener closes at once, a hop another
+    /// host's proxy sends on a kept connection is told to go elsewhere (not delivered), and
+    /// a request a machine is still answering is answered whole. Cutting that answer was a
+    /// 502 through the other hosts' proxies during rolling upgrades.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_finishes_the_answers_under_way_and_sends_hops_elsewhere() {
+        let (node, test) = TestNode::start().await;
+        let proxy = Proxy::start(node.clone()).expect("the proxy starts");
+        // A machine that answers its first request only when told to, head and body apart.
+        let machine = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let machine_addr = machine.local_addr().unwrap();
+        let (got_tx, mut got) = tokio::sync::mpsc::channel(1);
+        let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
+        let held = tokio::spawn(async move {
+            let (mut s, _) = machine.accept().await.unwrap();
+            let mut buf = Vec::new();
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                let mut chunk = [0u8; 1024];
+                let n = s.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "the proxy closed the machine's connection");
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            got_tx.send(()).await.unwrap();
+            go.await.unwrap();
+            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n")
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            s.write_all(b"hello").await.unwrap();
+            // Kept open, as a machine keeps its connections.
+            let _ = s.read(&mut [0u8; 16]).await;
+        });
+        test.publish_machine("m1", "started", http_service(false), machine_addr);
+        backend(&proxy.0, "m1");
+        let addr = proxy.local_addr();
+        // A connection of another host's proxy, kept open after a first hop.
+        let hop = |machine: &str| {
+            format!(
+                "GET / HTTP/1.1\r\nHost: web.test\r\nbazaar-proxy-hop: secret\r\n\
+                 bazaar-proxy-machine: {machine}\r\n\r\n"
+            )
+        };
+        let mut kept = tokio::net::TcpStream::connect(addr).await.unwrap();
+        kept.write_all(hop("m_none").as_bytes()).await.unwrap();
+        let mut first = [0u8; 4096];
+        let n = kept.read(&mut first).await.unwrap();
+        let first = String::from_utf8_lossy(&first[..n]).into_owned();
+        assert!(first.contains("bazaar-proxy-retry: failed"), "{first}");
+        // A client's request, which the machine holds.
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: web.test\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), got.recv())
+            .await
+            .expect("the request reaches the machine");
+
+        let drain = tokio::spawn({
+            let node = node.clone();
+            async move { node.drain(Duration::from_secs(5)).await }
+        });
+        // The listener closes at once.
+        let t0 = std::time::Instant::now();
+        while tokio::net::TcpStream::connect(addr).await.is_ok()
+            || !proxy.0.closing.load(Ordering::SeqCst)
+        {
+            assert!(t0.elapsed() < Duration::from_secs(5), "still listening");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // A hop on the kept connection: not delivered, the entry proxy goes elsewhere.
+        kept.write_all(hop("m1").as_bytes()).await.unwrap();
+        let answer = read_to_close(&mut kept, Duration::from_secs(5)).await;
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        assert!(answer.contains("bazaar-proxy-retry: failed"), "{answer}");
+        assert!(answer.contains("connection: close"), "{answer}");
+        // The answer under way is sent whole, then the connection closes.
+        go_tx.send(()).unwrap();
+        let answer = read_to_close(&mut client, Duration::from_secs(5)).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("\r\n\r\nhello"), "{answer}");
+        assert_eq!(drain.await.unwrap(), 0, "tasks left");
         held.abort();
         test.catalog.kill().await;
     }

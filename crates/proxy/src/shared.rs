@@ -8,9 +8,9 @@ use bazaar_node::NodeHandle;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
 
 pub(crate) type WakeResult = Option<Result<(), String>>;
@@ -47,6 +47,10 @@ pub(crate) struct Shared {
     pub tls_addr: SocketAddr,
     /// Hops over mTLS (`hop_tls.rs`), when this host has a cluster certificate.
     pub hop_tls: Option<hop_tls::HopTls>,
+    /// The host is shutting down: hops are refused (the entry proxy goes elsewhere) and
+    /// client connections close after their current answer, while the requests already
+    /// in flight finish ([`Shared::settle`]).
+    pub closing: AtomicBool,
 }
 
 impl std::fmt::Debug for Shared {
@@ -119,6 +123,28 @@ impl Shared {
         tokio::select! {
             () = self.slot_freed.notified() => {}
             () = tokio::time::sleep(pause) => {}
+        }
+    }
+
+    /// Once the host shuts down (listeners closed, `closing` set): waits, at most `grace`,
+    /// until no HTTP request is in flight on any machine, so that an answer under way when
+    /// the agent stops (or restarts onto a new binary) is sent whole rather than cut.
+    pub(crate) async fn settle(&self, grace: Duration) {
+        let until = Instant::now() + grace;
+        loop {
+            let busy: u64 = self
+                .table()
+                .apps
+                .values()
+                .flat_map(|route| route.backends.iter())
+                .map(|b| u64::from(b.load.inflight.load(Ordering::SeqCst)))
+                .sum();
+            let now = Instant::now();
+            if busy == 0 || now >= until {
+                return;
+            }
+            self.wait_for_slot((until - now).min(Duration::from_millis(10)))
+                .await;
         }
     }
 

@@ -217,7 +217,7 @@ pub fn wire_tap(netns: &Path, ip: std::net::Ipv4Addr, prefix: u8) -> io::Result<
         }
         let mut rtnl = Rtnl::open()?;
         if link_index(VM_BRIDGE).is_none() {
-            rtnl.add_bridge(VM_BRIDGE)?;
+            rtnl.add_bridge(VM_BRIDGE, None)?;
         }
         let missing = |name: &str| io::Error::other(format!("no link {name} in the namespace"));
         let bridge = link_index(VM_BRIDGE).ok_or_else(|| missing(VM_BRIDGE))?;

@@ -28,6 +28,7 @@ const NLM_F_REPLACE: u16 = 0x100;
 const NLM_F_EXCL: u16 = 0x200;
 const NLM_F_CREATE: u16 = 0x400;
 const IFF_UP: u32 = 0x1;
+const IFLA_ADDRESS: u16 = 1;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_MASTER: u16 = 10;
 const IFLA_LINKINFO: u16 = 18;
@@ -187,13 +188,14 @@ impl Rtnl {
         }
     }
 
-    /// Makes veth pair `name` here (up, a port of bridge `master`) and `peer` in the
-    /// network namespace `netns`.
+    /// Makes veth pair `name` here (up, a port of bridge `master`) and `peer`, with MAC
+    /// address `peer_mac`, in the network namespace `netns`.
     pub(crate) fn add_veth(
         &mut self,
         name: &str,
         master: u32,
         peer: &str,
+        peer_mac: [u8; 6],
         netns: BorrowedFd<'_>,
     ) -> io::Result<()> {
         let mut msg = Message::new(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL);
@@ -206,6 +208,7 @@ impl Rtnl {
         let peer_at = msg.nest(VETH_INFO_PEER);
         msg.link(0, 0)
             .name(IFLA_IFNAME, peer)
+            .attr(IFLA_ADDRESS, &peer_mac)
             .attr(IFLA_NET_NS_FD, &(netns.as_raw_fd() as u32).to_ne_bytes());
         msg.end(peer_at).end(data).end(info);
         self.request(&mut msg)
@@ -224,10 +227,14 @@ impl Rtnl {
         self.request(&mut msg)
     }
 
-    /// Makes bridge `name` (down).
-    pub(crate) fn add_bridge(&mut self, name: &str) -> io::Result<()> {
+    /// Makes bridge `name` (down), with MAC address `mac` when given (kept: a bridge given
+    /// one does not take its ports').
+    pub(crate) fn add_bridge(&mut self, name: &str, mac: Option<[u8; 6]>) -> io::Result<()> {
         let mut msg = Message::new(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL);
         msg.link(0, 0).name(IFLA_IFNAME, name);
+        if let Some(mac) = mac {
+            msg.attr(IFLA_ADDRESS, &mac);
+        }
         let info = msg.nest(IFLA_LINKINFO);
         msg.name(IFLA_INFO_KIND, "bridge");
         msg.end(info);

@@ -255,7 +255,10 @@ impl Network {
         let err = |what: &str, e: std::io::Error| format!("{what} bridge {}: {e}", self.bridge);
         let mut rtnl = netlink::Rtnl::open().map_err(|e| err("making", e))?;
         if !link_exists(&self.bridge) {
-            match rtnl.add_bridge(&self.bridge) {
+            // Its MAC fixed at birth only: changing a running bridge's would leave its
+            // machines' neighbor entry for the gateway stale (their answers to the proxy
+            // lost) until they ask again.
+            match rtnl.add_bridge(&self.bridge, Some(mac_of(self.subnet.gateway()))) {
                 // Made meanwhile by an agent of the same host id: it is the same bridge.
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
                 other => other.map_err(|e| err("making", e))?,
@@ -429,7 +432,7 @@ impl Network {
         let netns = make_namespaces(&attached, uid_base)?;
         let bridge = netlink::link_index(&self.bridge)
             .ok_or_else(|| format!("the bridge {} is gone", self.bridge))?;
-        rtnl.add_veth(&veth, bridge, "eth0", netns.as_fd())
+        rtnl.add_veth(&veth, bridge, "eth0", mac_of(ip), netns.as_fd())
             .and_then(|()| {
                 let index = netlink::link_index(&veth).ok_or_else(|| {
                     std::io::Error::other("the veth is gone right after it was made")
@@ -581,6 +584,17 @@ impl Drop for LowPriority {
         // agent (the only one with a machine network) has.
         unsafe { libc::setpriority(libc::PRIO_PROCESS, self.tid, self.before) };
     }
+}
+
+/// The MAC address of the machine network's interface that has `ip`: a machine's `eth0`,
+/// or the bridge (the gateway's address). Fixed by the address, as Docker's bridge does: an
+/// address handed to the next machine (a fresh namespace and veth) keeps its MAC, so the
+/// host's neighbor entry for it (trusted up to 45 s without asking again) stays right, and
+/// so does the machines' entry for the gateway while bridge ports come and go (a bridge
+/// otherwise takes the lowest MAC of its ports). Locally administered, unicast.
+pub(crate) fn mac_of(ip: Ipv4Addr) -> [u8; 6] {
+    let [a, b, c, d] = ip.octets();
+    [0x02, 0x62, a, b, c, d]
 }
 
 /// The bridge of host `host_id`: `bz-<8 hex of a hash of the id>`. Everything else of the

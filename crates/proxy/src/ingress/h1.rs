@@ -156,7 +156,8 @@ pub(crate) async fn serve<S: ClientStream>(
             &mut out,
             resp,
             is_head,
-            head.keep_alive,
+            // Closed after this answer when the host shuts down.
+            head.keep_alive && !local.closing.load(std::sync::atomic::Ordering::Relaxed),
             head.http10,
         )
         .await

@@ -20,17 +20,24 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
+
+/// Longest a proxy thread waits, once the host shuts down, for the HTTP requests in flight
+/// to be answered (under the node's own drain bound, 5 s).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(4);
 
 /// Starts proxy thread `i`: a single-threaded runtime serving `listener` until shutdown.
 /// The thread counts as a task of the node's tracker until its runtime is gone: the
 /// tasks on it (connections, spliced upgrades, upstream connections, its ticker), each
 /// spawned through the tracker too, end with the runtime, which cuts what is still open.
 /// So [`bazaar_node::NodeHandle::drain`] returns only once every socket of the thread is
-/// closed.
+/// closed. At shutdown the listeners close first; the HTTP requests in flight then get up
+/// to [`SHUTDOWN_GRACE`] to finish ([`Shared::settle`]); raw TCP and idle connections are
+/// cut with the runtime.
 pub(crate) fn spawn_server_thread(
     i: usize,
     shared: Arc<Shared>,
@@ -51,14 +58,23 @@ pub(crate) fn spawn_server_thread(
                     hop::spawn_listener(local, hop, shutdown.clone());
                 }
                 match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => serve(shared, l, shutdown).await,
+                    Ok(l) => serve(shared.clone(), l, shutdown).await,
                     Err(err) => tracing::error!(error = %err, "proxy listener"),
                 }
+                settle(&shared).await;
             });
             drop(rt);
             drop(running);
         })?;
     Ok(())
+}
+
+/// After a proxy thread's listeners closed at shutdown (new connections are refused, and
+/// other hosts' proxies go elsewhere): the answers under way finish before the runtime, and
+/// what is still open with it, goes.
+pub(crate) async fn settle(shared: &Shared) {
+    shared.closing.store(true, Ordering::SeqCst);
+    shared.settle(SHUTDOWN_GRACE).await;
 }
 
 /// The HTTP server of a listener's connections after [`h1`]: HTTP/1.1 with the coarse

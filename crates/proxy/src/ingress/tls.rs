@@ -66,9 +66,10 @@ pub(crate) fn spawn_server_thread(
         .spawn(move || {
             rt.block_on(async move {
                 match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => serve(shared, l, TlsAcceptor::from(config), shutdown).await,
+                    Ok(l) => serve(shared.clone(), l, TlsAcceptor::from(config), shutdown).await,
                     Err(err) => tracing::error!(error = %err, "proxy TLS listener"),
                 }
+                super::settle(&shared).await;
             });
             drop(rt);
             drop(running);

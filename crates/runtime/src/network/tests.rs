@@ -173,3 +173,55 @@ fn names_fit_the_kernel_limits() {
     };
     assert!(net.veth_name(Ipv4Addr::new(10, 0, 255, 254)).len() <= 15);
 }
+
+/// A machine's address goes to the next machine with a fresh namespace, and the host must
+/// reach that one at once. Its veth had a MAC of its own, so the host's neighbor entry for
+/// the address (confirmed by the proxy's traffic, and trusted for up to 45 s) pointed at the
+/// old veth: every connection from the host timed out for half a minute or more (a machine
+/// moved back to a host by `bazaar host drain` got 503s from that host's proxy).
+#[test]
+fn a_reused_address_is_reached_at_once_from_the_host() {
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    use std::os::fd::AsFd;
+    use std::time::Duration;
+    in_fresh_namespace(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let host = "h_neighbor_test";
+        let subnet: Subnet = "10.213.9.0/24".parse().unwrap();
+        let net = Network::setup(
+            dir.path(),
+            host,
+            Some(subnet),
+            false,
+            Arc::new(IdRanges::new(host)),
+        )
+        .unwrap();
+        let ip = subnet.machine_addresses().next().unwrap();
+        let addr = SocketAddr::from((ip, 8080));
+        // A machine on the address, listening in its namespace.
+        let serve = || -> TcpListener {
+            let attached = net.attach(ip).unwrap();
+            let ns = std::fs::File::open(&attached.netns).unwrap();
+            netlink::in_namespace(ns.as_fd(), || TcpListener::bind(addr)).unwrap()
+        };
+        let reach = || TcpStream::connect_timeout(&addr, Duration::from_secs(3));
+        let first = serve();
+        // The host talks to it (as the proxy does): its neighbor entry is confirmed.
+        for _ in 0..3 {
+            reach().expect("the host reaches the first machine");
+            first.accept().unwrap();
+        }
+        drop(first);
+        // The machine is gone; the next one gets the address in a fresh namespace.
+        net.release(ip);
+        let second = serve();
+        let reached = reach();
+        net.release(ip);
+        net.teardown();
+        drop(second);
+        assert!(
+            reached.is_ok(),
+            "the host does not reach the address's new namespace: {reached:?}"
+        );
+    });
+}
