@@ -73,6 +73,15 @@ impl Agent {
         Some(oci.gvisor.as_ref().ok()?.platform.clone())
     }
 
+    /// The accelerator this host runs microVM machines with, if it runs them.
+    fn microvm_accel(&self) -> Option<&'static str> {
+        if self.cannot_run("microvm").is_some() {
+            return None;
+        }
+        let oci = self.0.driver.oci.as_ref().ok()?;
+        Some(oci.microvm.as_ref().ok()?.accel.as_str())
+    }
+
     /// Publishes this host's record to the catalog if it changed.
     pub async fn publish_host(&self) {
         let Some(catalog) = self.0.catalog.get() else {
@@ -132,6 +141,10 @@ impl Agent {
                     self.gvisor_platform()
                         .map(|p| (bazaar_types::host::GVISOR_PLATFORM_LABEL.to_string(), p)),
                 )
+                .chain(self.microvm_accel().map(|a| {
+                    let label = bazaar_runtime::microvm::ACCEL_LABEL;
+                    (label.to_string(), a.to_string())
+                }))
                 .chain(self.0.cannot_run.iter().map(|(driver, why)| {
                     (bazaar_types::host::cannot_run_label(driver), why.clone())
                 }))

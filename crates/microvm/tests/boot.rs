@@ -118,6 +118,7 @@ fn a_microvm_boots_under_tcg_with_its_root_disk_and_command_line() {
         volume_disks: vec![],
         tap: None,
         exec_socket: d.join("exec.sock"),
+        ctl_socket: d.join("ctl.sock"),
         qmp_socket: d.join("qmp.sock"),
     };
     let argv = spec.argv();

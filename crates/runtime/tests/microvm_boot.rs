@@ -76,6 +76,7 @@ fn the_initramfs_hands_the_root_disk_to_the_guest_init() {
         volume_disks: vec![],
         tap: None,
         exec_socket: d.path().join("exec.sock"),
+        ctl_socket: d.path().join("ctl.sock"),
         qmp_socket: d.path().join("qmp.sock"),
     };
     let argv = spec.argv();
@@ -204,6 +205,7 @@ fn the_guest_init_runs_the_workload_as_its_user_on_its_network() {
         volume_disks: vec![],
         tap: Some(("tap0".into(), bazaar_microvm::guest_mac("m1"))),
         exec_socket: d.path().join("exec.sock"),
+        ctl_socket: d.path().join("ctl.sock"),
         qmp_socket: d.path().join("qmp.sock"),
     };
     let pid_file = d.path().join("qemu.pid");
