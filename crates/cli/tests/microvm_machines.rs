@@ -10,6 +10,8 @@
 //! machines), while the guest's root may make namespaces in its own kernel.
 
 mod common;
+#[path = "../../microvm/tests/support/mod.rs"]
+mod support;
 
 use bazaar_testkit::images::{
     busybox_rootfs_layer, config_with, ensure_packages, push_with_config, TestRegistry,
@@ -155,39 +157,12 @@ impl Drop for HostFile {
     }
 }
 
-/// The guest kernel of `scripts/vm-kernel` (`BAZAAR_VM_KERNEL`, else its cache).
-fn kernel() -> PathBuf {
-    std::env::var_os("BAZAAR_VM_KERNEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").unwrap_or_default();
-            Path::new(&home).join(".cache/bazaar/vm/vmlinuz")
-        })
-}
-
-/// bazaar's guest init, built static (`scripts/vminit`, or `BAZAAR_VMINIT`).
-fn vminit() -> PathBuf {
-    if let Some(p) = std::env::var_os("BAZAAR_VMINIT") {
-        return p.into();
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = std::process::Command::new(root.join("scripts/vminit"))
-        .output()
-        .expect("scripts/vminit");
-    assert!(
-        out.status.success(),
-        "scripts/vminit: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn microvm_machines_boot_serve_stop_and_leave_nothing() {
     if !bazaar_testkit::can_run(is_root(), "root (image machines)") {
         return;
     }
-    let kernel = kernel();
+    let kernel = support::kernel_path();
     let qemu = Path::new("/usr/bin/qemu-system-x86_64").exists();
     if !bazaar_testkit::can_run(
         kernel.is_file() && qemu,
@@ -198,7 +173,7 @@ async fn microvm_machines_boot_serve_stop_and_leave_nothing() {
     ensure_packages();
     let registry = TestRegistry::start(None);
     let image = push_image(&registry).await;
-    let init = vminit();
+    let init = support::vminit();
     let mut agents = start_cluster(Path::new(EXE), 1, |_, opts| {
         opts.extra_args.extend([
             "--vm-kernel".to_string(),
@@ -339,6 +314,26 @@ async fn microvm_machines_boot_serve_stop_and_leave_nothing() {
         .unwrap_or_else(|| panic!("no exit event: {ev}"));
     assert_eq!(exit["request"]["exit_event"]["exit_code"], 0, "{exit}");
     assert!(processes_naming(&machine_dir.display().to_string()).is_empty());
+
+    // A workload's own exit code is the machine's (QEMU itself exits 0 at the power-off).
+    let mut seven = config(&image, "microvm");
+    seven["init"] = json!({"exec": ["/bin/sh", "-c", "echo exiting; exit 7"]});
+    seven["services"] = json!([]);
+    seven["restart"] = json!({"policy": "no"});
+    let (seven, _) = create(&fly, "other", seven).await;
+    let exit = bazaar_testkit::eventually(Duration::from_secs(90), || async {
+        let (_, ev) = fly
+            .get(&format!("/apps/other/machines/{seven}/events"))
+            .await;
+        ev.as_array()?.iter().find(|e| e["type"] == "exit").cloned()
+    })
+    .await
+    .expect("the machine exits");
+    assert_eq!(exit["request"]["exit_event"]["exit_code"], 7, "{exit}");
+    let (s, v) = fly
+        .delete(&format!("/apps/other/machines/{seven}?force=true"))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
 
     // Started again, then the agent killed with -9 and restarted: the same VM is adopted.
     let (s, v) = fly

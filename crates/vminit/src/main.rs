@@ -204,13 +204,24 @@ impl Reaped {
 }
 
 /// The device of virtio-serial port `name` (no udev here to make
-/// `/dev/virtio-ports/<name>`: found by its name in sysfs).
+/// `/dev/virtio-ports/<name>`: found by its name in sysfs). Ports come up after the
+/// driver's probe, which may end after the workload starts: waited for, 30 s at most.
 fn port_device(name: &str) -> Option<PathBuf> {
-    std::fs::read_dir("/sys/class/virtio-ports")
-        .ok()?
-        .flatten()
-        .find(|e| std::fs::read_to_string(e.path().join("name")).is_ok_and(|n| n.trim() == name))
-        .map(|e| Path::new("/dev").join(e.file_name()))
+    for _ in 0..600 {
+        let found = std::fs::read_dir("/sys/class/virtio-ports")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find(|e| {
+                std::fs::read_to_string(e.path().join("name")).is_ok_and(|n| n.trim() == name)
+            })
+            .map(|e| Path::new("/dev").join(e.file_name()));
+        if let Some(dev) = found.filter(|d| d.exists()) {
+            return Some(dev);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    None
 }
 
 /// Serves port `name` on a thread of its own: each request line to `handle`, its answer
