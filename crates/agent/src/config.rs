@@ -116,6 +116,13 @@ pub struct AgentConfig {
     pub mesh_listen: Option<SocketAddr>,
     /// The runc executable; `None` looks it up in PATH.
     pub runc: Option<PathBuf>,
+    /// The guest kernel of microVM machines (`config.runtime = "microvm"`; a `vmlinuz`
+    /// with its virtio modules in `modules/` beside it, as `scripts/vm-kernel` extracts);
+    /// `None`: this host runs no microVMs.
+    pub vm_kernel: Option<PathBuf>,
+    /// Run microVMs under QEMU's TCG when `/dev/kvm` is not usable (slow: tests and
+    /// hosts without hardware virtualization).
+    pub vm_allow_tcg: bool,
     /// Credentials for pulling from registries: `host[:port]=user:password` each.
     pub registry_auth: Vec<String>,
     /// The largest image archive `POST /host/v1/images/import` accepts (bytes).
@@ -216,6 +223,8 @@ impl Default for AgentConfig {
             machine_nat: false,
             mesh_listen: None,
             runc: None,
+            vm_kernel: None,
+            vm_allow_tcg: false,
             registry_auth: Vec::new(),
             max_import_bytes: 4 << 30,
             cluster_ca: None,
@@ -250,6 +259,8 @@ impl AgentConfig {
             machine_nat: self.machine_nat,
             runc: self.runc.as_deref(),
             registry_auth: &self.registry_auth,
+            vm_kernel: self.vm_kernel.as_deref(),
+            vm_allow_tcg: self.vm_allow_tcg,
         }
     }
 

@@ -133,7 +133,7 @@ pub mod volume_record;
 pub mod volumes;
 
 // The host plumbing lives in `bazaar-runtime`; its modules keep their old paths here.
-pub use bazaar_runtime::{driver, exec, idranges, netlink, network, oci, volume_fs};
+pub use bazaar_runtime::{driver, exec, idranges, microvm, netlink, network, oci, volume_fs};
 
 pub use agent::{Agent, Seams};
 pub use boot::run_agent;

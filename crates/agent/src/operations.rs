@@ -423,21 +423,14 @@ pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> 
     }
     config.check_runtime().map_err(AgentError::Invalid)?;
     match config.driver() {
-        // Named by config.runtime; its driver is not in this build, and a machine of it
-        // must not run as something weaker.
-        d @ "microvm" => {
-            return Err(AgentError::Invalid(format!(
-                "this host cannot run {d} machines: missing {}",
-                bazaar_runtime::prerequisites::NOT_BUILT
-            )))
-        }
         "process" => {
             let argv = config.init.as_ref().map(|i| i.argv()).unwrap_or_default();
             driver::validate_command(&config.env, &argv).map_err(AgentError::Invalid)?;
             driver::work_files(config).map_err(AgentError::Invalid)?;
         }
-        // gVisor runs the same bundle as runc (a host without runsc refuses it: runnable.rs).
-        "oci" | "gvisor" => {
+        // gVisor runs the same bundle as runc, a microVM a disk of the same rootfs (a host
+        // that cannot run them refuses them: runnable.rs).
+        "oci" | "gvisor" | "microvm" => {
             config
                 .image
                 .parse::<bazaar_image::Reference>()

@@ -66,6 +66,15 @@ fn gvisor_platform(agent: &Agent) -> Option<String> {
     Some(oci.gvisor.as_ref().ok()?.platform.clone())
 }
 
+/// The accelerator this host runs microVM machines with, if it runs them.
+fn microvm_accel(agent: &Agent) -> Option<&'static str> {
+    if agent.cannot_run("microvm").is_some() {
+        return None;
+    }
+    let oci = agent.driver().oci.as_ref().ok()?;
+    Some(oci.microvm.as_ref().ok()?.accel.as_str())
+}
+
 /// Publishes this host's record to the catalog if it changed.
 pub async fn publish_host(agent: &Agent) {
     let Some(catalog) = agent.catalog() else {
@@ -125,6 +134,10 @@ pub async fn publish_host(agent: &Agent) {
                     gvisor_platform(agent)
                         .map(|p| (bazaar_types::host::GVISOR_PLATFORM_LABEL.to_string(), p)),
                 )
+                .chain(microvm_accel(agent).map(|a| {
+                    let label = bazaar_runtime::microvm::ACCEL_LABEL;
+                    (label.to_string(), a.to_string())
+                }))
                 .chain(agent.cannot_run_all().iter().map(|(driver, why)| {
                     (bazaar_types::host::cannot_run_label(driver), why.clone())
                 }))

@@ -28,7 +28,7 @@ pub(crate) fn check(config: &AgentConfig, driver: &Driver) -> BTreeMap<String, S
     // What the image runtime found when it started (an image store that would not open,
     // a bad registry_auth entry) beyond the host's prerequisites.
     if let Err(reason) = &driver.oci {
-        for d in ["oci", "gvisor"] {
+        for d in ["oci", "gvisor", "microvm"] {
             missing.entry(d.into()).or_insert_with(|| reason.clone());
         }
     }
@@ -36,6 +36,12 @@ pub(crate) fn check(config: &AgentConfig, driver: &Driver) -> BTreeMap<String, S
     if let Some(Err(reason)) = driver.oci.as_ref().ok().map(|oci| &oci.gvisor) {
         missing
             .entry("gvisor".into())
+            .or_insert_with(|| reason.clone());
+    }
+    // Whether QEMU, the guest kernel, the guest init and an accelerator were found.
+    if let Some(Err(reason)) = driver.oci.as_ref().ok().map(|oci| &oci.microvm) {
+        missing
+            .entry("microvm".into())
             .or_insert_with(|| reason.clone());
     }
     for (d, what) in &missing {

@@ -7,8 +7,14 @@
 //! it: `runc run`, or runsc's sandbox, gofer and `runsc run`), averaged over `KEPT` machines
 //! of each runtime running together.
 //!
+//! `microvm` machines join them when a guest kernel is there (`BAZAAR_VM_KERNEL`, as
+//! `scripts/test` sets it; the guest init from `scripts/vminit` or `BAZAAR_VMINIT`), under
+//! TCG on a host without hardware KVM, with fewer starts (`VM_PER_ROUND`, `VM_KEPT`): for
+//! them "started" is QEMU running (its pid file), so the table also gives create→serving,
+//! the first answer of the machine's httpd on its address, for every runtime.
+//!
 //! Run: `cargo bench -p bazaar --bench runtimes` (prints a Markdown table for
-//! docs/benchmarks/runtimes.md). `BAZAAR_BENCH_ROUNDS` (default 3) × `PER_ROUND` starts per
+//! docs/benchmarks/runtimes.md; `BAZAAR_BENCH_RUNTIMES=microvm,runc` runs only those). `BAZAAR_BENCH_ROUNDS` (default 3) × `PER_ROUND` starts per
 //! runtime.
 
 use bazaar_testkit::images::{
@@ -22,7 +28,54 @@ use std::time::{Duration, Instant};
 const EXE: &str = env!("CARGO_BIN_EXE_bazaar");
 const PER_ROUND: usize = 10;
 const KEPT: usize = 8;
-const RUNTIMES: [&str; 3] = ["process", "runc", "gvisor"];
+const VM_PER_ROUND: usize = 3;
+const VM_KEPT: usize = 2;
+
+/// The guest kernel and init of microVM machines, when this host has them.
+fn microvm_files() -> Option<(PathBuf, PathBuf)> {
+    let kernel = PathBuf::from(std::env::var_os("BAZAAR_VM_KERNEL")?);
+    let init = match std::env::var_os("BAZAAR_VMINIT") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+            let out = std::process::Command::new(root.join("scripts/vminit"))
+                .output()
+                .ok()?;
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        }
+    };
+    (kernel.is_file() && init.is_file()).then_some((kernel, init))
+}
+
+/// Waits until the machine's httpd answers on its address (at once for a machine
+/// without one).
+async fn serving(ip: &str) {
+    if ip.is_empty() {
+        return;
+    }
+    let url = format!("http://{ip}:8080/");
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let t0 = Instant::now();
+    loop {
+        let answer = client
+            .get(&url)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await;
+        // Any answer of its httpd (a process machine's serves a directory without an index).
+        if answer.is_ok() {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "{url} never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
@@ -121,7 +174,33 @@ fn main() {
         .build()
         .unwrap();
     let registry = TestRegistry::start(None);
+    let vm = microvm_files();
+    let runtimes: Vec<&str> = ["process", "runc", "gvisor"]
+        .into_iter()
+        .chain(vm.is_some().then_some("microvm"))
+        .filter(|r| {
+            std::env::var("BAZAAR_BENCH_RUNTIMES")
+                .map_or(true, |only| only.split(',').any(|o| o == *r))
+        })
+        .collect();
+    let starts = |runtime: &str| {
+        if runtime == "microvm" {
+            VM_PER_ROUND
+        } else {
+            PER_ROUND
+        }
+    };
+    let kept_of = |runtime: &str| if runtime == "microvm" { VM_KEPT } else { KEPT };
     let mut opts = AgentOptions::new(PathBuf::from(EXE));
+    if let Some((kernel, init)) = &vm {
+        opts.extra_args.extend([
+            "--vm-kernel".to_string(),
+            kernel.display().to_string(),
+            "--vm-allow-tcg".to_string(),
+        ]);
+        opts.env
+            .push(("BAZAAR_VMINIT".into(), init.display().to_string()));
+    }
     opts.memory_mb = 1_000_000;
     opts.cpus = 1000;
     let agent = TestAgent::start(opts).expect("agent");
@@ -131,29 +210,48 @@ fn main() {
     let results = rt.block_on(async {
         let image = push(&registry).await;
         // Pulled once, and each runtime started once before timing.
-        for runtime in RUNTIMES {
+        for runtime in &runtimes {
             let m = c.create(&request(runtime, &image)).await.expect("create");
             c.wait(&m.id, "started", 60).await.expect("started");
+            serving(&m.private_ip).await;
             c.destroy(&m.id, true).await.unwrap();
         }
-        let mut times: Vec<Vec<Duration>> = vec![Vec::new(); RUNTIMES.len()];
+        eprintln!("each runtime started once: {runtimes:?}");
+        let mut times: Vec<Vec<Duration>> = vec![Vec::new(); runtimes.len()];
+        let mut serve_times: Vec<Vec<Duration>> = vec![Vec::new(); runtimes.len()];
         for _ in 0..rounds {
-            for (i, runtime) in RUNTIMES.iter().enumerate() {
-                for _ in 0..PER_ROUND {
+            for (i, runtime) in runtimes.iter().enumerate() {
+                for _ in 0..starts(runtime) {
                     let t0 = Instant::now();
                     let m = c.create(&request(runtime, &image)).await.unwrap();
                     c.wait(&m.id, "started", 60).await.unwrap();
                     times[i].push(t0.elapsed());
+                    serving(&m.private_ip).await;
+                    serve_times[i].push(t0.elapsed());
                     c.destroy(&m.id, true).await.unwrap();
                 }
             }
         }
+        for (i, runtime) in runtimes.iter().enumerate() {
+            let mut t = times[i].clone();
+            t.sort();
+            let mut st = serve_times[i].clone();
+            st.sort();
+            eprintln!(
+                "{runtime}: started p50 {} p99 {}, serving p50 {} p99 {}",
+                ms(percentile(&t, 0.5)),
+                ms(percentile(&t, 0.99)),
+                ms(percentile(&st, 0.5)),
+                ms(percentile(&st, 0.99))
+            );
+        }
         // Memory: KEPT machines of each runtime running together, measured once they serve.
-        let mut kept: Vec<Vec<String>> = vec![Vec::new(); RUNTIMES.len()];
-        for (i, runtime) in RUNTIMES.iter().enumerate() {
-            for _ in 0..KEPT {
+        let mut kept: Vec<Vec<String>> = vec![Vec::new(); runtimes.len()];
+        for (i, runtime) in runtimes.iter().enumerate() {
+            for _ in 0..kept_of(runtime) {
                 let m = c.create(&request(runtime, &image)).await.unwrap();
                 c.wait(&m.id, "started", 60).await.unwrap();
+                serving(&m.private_ip).await;
                 kept[i].push(m.id);
             }
         }
@@ -172,24 +270,31 @@ fn main() {
         for id in kept.into_iter().flatten() {
             c.destroy(&id, true).await.unwrap();
         }
-        for t in &mut times {
+        for t in times.iter_mut().chain(&mut serve_times) {
             t.sort();
         }
-        (times, memory)
+        (times, serve_times, memory)
     });
-    let (times, memory) = results;
-    println!("| runtime | create→started p50 | p99 | memory per running machine (PSS) |");
-    println!("|---|---|---|---|");
-    for (i, runtime) in RUNTIMES.iter().enumerate() {
+    let (times, serve_times, memory) = results;
+    println!("| runtime | create→started p50 | p99 | create→serving p50 | p99 | memory per running machine (PSS) |");
+    println!("|---|---|---|---|---|---|");
+    for (i, runtime) in runtimes.iter().enumerate() {
+        let name = match *runtime {
+            "microvm" => "microvm (TCG)",
+            r => r,
+        };
         println!(
-            "| {runtime} | {} | {} | {:.1} MiB |",
+            "| {name} | {} | {} | {} | {} | {:.1} MiB |",
             ms(percentile(&times[i], 0.5)),
             ms(percentile(&times[i], 0.99)),
+            ms(percentile(&serve_times[i], 0.5)),
+            ms(percentile(&serve_times[i], 0.99)),
             memory[i]
         );
     }
     println!(
-        "\n{} starts per runtime ({rounds} rounds of {PER_ROUND}, runtimes in turn); memory: mean of {KEPT} machines of each running together",
-        rounds * PER_ROUND
+        "\n{} starts per runtime ({rounds} rounds of {PER_ROUND}; microvm {} in rounds of {VM_PER_ROUND}; runtimes in turn); memory: mean of {KEPT} machines of each running together ({VM_KEPT} microVMs)",
+        rounds * PER_ROUND,
+        rounds * VM_PER_ROUND
     );
 }

@@ -493,6 +493,7 @@ pub async fn hosts(a: CatalogArgs) -> anyhow::Result<()> {
         "free cpus",
         "updated",
         "gvisor",
+        "microvm",
         "cannot run",
     ]);
     for h in hosts {
@@ -518,6 +519,11 @@ pub async fn hosts(a: CatalogArgs) -> anyhow::Result<()> {
             // The platform gVisor machines run on there (chosen at its start).
             h.labels
                 .get(bazaar_types::host::GVISOR_PLATFORM_LABEL)
+                .cloned()
+                .unwrap_or_else(|| "-".into()),
+            // The accelerator microVMs run with there (`kvm`, or `tcg` where allowed).
+            h.labels
+                .get(bazaar_agent::microvm::ACCEL_LABEL)
                 .cloned()
                 .unwrap_or_else(|| "-".into()),
             cannot_run,

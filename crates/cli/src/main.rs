@@ -228,6 +228,13 @@ struct AgentArgs {
     /// The runc executable (default: runc in PATH).
     #[arg(long)]
     runc: Option<PathBuf>,
+    /// The guest kernel of microVM machines (`config.runtime = "microvm"`), a vmlinuz with
+    /// its virtio modules in `modules/` beside it (scripts/vm-kernel; default: no microVMs).
+    #[arg(long)]
+    vm_kernel: Option<PathBuf>,
+    /// Run microVMs under QEMU's TCG when /dev/kvm is not usable (slow).
+    #[arg(long)]
+    vm_allow_tcg: bool,
     /// The largest image archive `bazaar image import` may send (bytes; default 4 GiB).
     #[arg(long)]
     max_import_bytes: Option<u64>,
@@ -468,6 +475,10 @@ async fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     if let Some(r) = a.runc {
         config.runc = Some(r);
     }
+    if let Some(k) = a.vm_kernel {
+        config.vm_kernel = Some(k);
+    }
+    config.vm_allow_tcg |= a.vm_allow_tcg;
     if let Some(n) = a.max_import_bytes {
         config.max_import_bytes = n;
     }

@@ -80,12 +80,18 @@ pub struct VmSpec {
     pub tap: Option<(String, String)>,
     /// The host end of the exec virtio-serial port (a unix socket QEMU listens on).
     pub exec_socket: PathBuf,
+    /// The host end of the control port: the stop signal and other signals for the
+    /// workload, which the guest init forwards ([`CTL_PORT`]).
+    pub ctl_socket: PathBuf,
     /// QMP's unix socket (`system_powerdown` for a clean stop).
     pub qmp_socket: PathBuf,
 }
 
 /// The name the guest sees the exec port under (`/dev/virtio-ports/bazaar.exec`).
 pub const EXEC_PORT: &str = "bazaar.exec";
+
+/// The name the guest sees the control port under (`/dev/virtio-ports/bazaar.ctl`).
+pub const CTL_PORT: &str = "bazaar.ctl";
 
 impl VmSpec {
     /// QEMU's argv, the program first.
@@ -143,6 +149,15 @@ impl VmSpec {
             "-device",
             &format!("virtserialport,chardev=exec,name={EXEC_PORT}"),
         ]);
+        let ctl = format!(
+            "socket,id=ctl,path={},server=on,wait=off",
+            escape_opt(&self.ctl_socket.display().to_string())
+        );
+        push(&["-chardev", &ctl]);
+        push(&[
+            "-device",
+            &format!("virtserialport,chardev=ctl,name={CTL_PORT}"),
+        ]);
         let qmp = format!(
             "unix:{},server=on,wait=off",
             escape_opt(&self.qmp_socket.display().to_string())
@@ -174,6 +189,7 @@ mod tests {
             volume_disks: vec!["/data/vol,1.img".into()],
             tap: Some(("tap0".into(), guest_mac("m1"))),
             exec_socket: "/run/m1/exec.sock".into(),
+            ctl_socket: "/run/m1/ctl.sock".into(),
             qmp_socket: "/run/m1/qmp.sock".into(),
         }
     }
@@ -224,6 +240,9 @@ mod tests {
         assert!(
             value_of(&argv, "-device").contains(&"virtserialport,chardev=exec,name=bazaar.exec")
         );
+        assert!(value_of(&argv, "-device").contains(&"virtserialport,chardev=ctl,name=bazaar.ctl"));
+        assert!(value_of(&argv, "-chardev")
+            .contains(&"socket,id=ctl,path=/run/m1/ctl.sock,server=on,wait=off"));
         assert_eq!(
             value_of(&argv, "-qmp"),
             ["unix:/run/m1/qmp.sock,server=on,wait=off"]

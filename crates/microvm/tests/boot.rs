@@ -4,10 +4,13 @@
 //! what it found, then powers off. Needs qemu-system-x86, busybox-static and e2fsprogs
 //! (scripts/test installs them). Leaves nothing: its files are in a temporary directory.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use bazaar_microvm::{Accel, GuestBoot, GuestNet, VmSpec};
+
+mod support;
+use support::kernel;
 
 struct TempDir(PathBuf);
 
@@ -15,21 +18,6 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-fn kernel() -> PathBuf {
-    let kernel = std::env::var_os("BAZAAR_VM_KERNEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").unwrap_or_default();
-            Path::new(&home).join(".cache/bazaar/vm/vmlinuz")
-        });
-    assert!(
-        kernel.is_file(),
-        "no guest kernel at {} (run scripts/vm-kernel, or set BAZAAR_VM_KERNEL)",
-        kernel.display()
-    );
-    kernel
 }
 
 fn run(cmd: &mut Command) {
@@ -118,6 +106,7 @@ fn a_microvm_boots_under_tcg_with_its_root_disk_and_command_line() {
         volume_disks: vec![],
         tap: None,
         exec_socket: d.join("exec.sock"),
+        ctl_socket: d.join("ctl.sock"),
         qmp_socket: d.join("qmp.sock"),
     };
     let argv = spec.argv();

@@ -7,6 +7,10 @@
 //! `layer/` (an image machine's writable layer, with its root at `layer/rootfs`), `output.log` (stdout/stderr), `runs/<run_id>/`
 //! (one shim's files).
 
+mod work_files;
+
+pub use work_files::work_files;
+
 use crate::launch_error::{LaunchError, LaunchStep};
 use crate::lifecycle::{LaunchReport, MachineDriver, Run, RunFound, Workload};
 use crate::network::LazyNetwork;
@@ -361,6 +365,7 @@ impl Driver {
             .await?;
         events.extend(prepared.events);
         *image = Some(prepared.image_ref);
+        let vm = rec.config.driver() == "microvm";
         let spec = ShimSpec {
             argv: prepared.argv,
             env: vec![("PATH".into(), DEFAULT_PATH.into())],
@@ -368,7 +373,13 @@ impl Driver {
             user: Some("root".into()),
             isolate: false,
             cgroup: Some(cgroup),
-            signal_argv: prepared.signal_argv,
+            // QEMU's signals go to the guest's workload through the control port.
+            signal_argv: match vm {
+                true => Some(crate::microvm::signal_argv(&self.exe, run_dir)),
+                false => prepared.signal_argv,
+            },
+            // The guest has the machine's memory; QEMU needs some of its own.
+            memory_mb: rec.resources.memory_mb + if vm { crate::microvm::OVERHEAD_MB } else { 0 },
             ..self.spec(rec, run_id)
         };
         let t0 = std::time::Instant::now();
@@ -419,6 +430,7 @@ impl Driver {
         match rec.config.driver() {
             "oci" => Some(oci.exec_argv(&run_dir, rec.id, argv)),
             "gvisor" => Some(oci.gvisor.as_ref().ok()?.exec_argv(&run_dir, rec.id, argv)),
+            "microvm" => Some(crate::microvm::exec_argv(&self.exe, &run_dir, argv)),
             _ => None,
         }
     }
@@ -583,7 +595,12 @@ impl MachineDriver for Driver {
     }
 
     fn exit_record(&self, id: &str, run_id: u64) -> Option<bazaar_shim::ExitRecord> {
-        bazaar_shim::read_exit(&self.run_dir(id, run_id))
+        let run_dir = self.run_dir(id, run_id);
+        let record = bazaar_shim::read_exit(&run_dir)?;
+        Some(match crate::microvm::is_vm_run(&run_dir) {
+            true => crate::microvm::workload_exit(&run_dir, &self.log_path(id), record),
+            false => record,
+        })
     }
 
     async fn destroy(&self, id: &str) {
@@ -654,46 +671,6 @@ pub fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?
         .local_addr()?
         .port())
-}
-
-/// A process machine's `config.files`: each written before every start at its `guest_path`
-/// taken relative to the work directory (`/etc/app.conf` → `$BAZAAR_WORK_DIR/etc/app.conf`;
-/// the work directory is also `HOME` and the workload's cwd). An error says which file is
-/// wrong.
-pub fn work_files(
-    config: &bazaar_types::config::MachineConfig,
-) -> Result<Vec<bazaar_shim::WorkFile>, String> {
-    use base64::Engine;
-    config
-        .files
-        .iter()
-        .map(|f| {
-            let relative = f.guest_path.trim_start_matches('/');
-            if !f.guest_path.starts_with('/')
-                || relative.is_empty()
-                || relative.split('/').any(|c| c.is_empty() || c == "." || c == "..")
-            {
-                return Err(format!(
-                    "config.files: guest_path {:?} must be an absolute path to a file, without . or ..",
-                    f.guest_path
-                ));
-            }
-            let Some(raw) = &f.raw_value else {
-                return Err(format!(
-                    "config.files {}: raw_value (base64) is required",
-                    f.guest_path
-                ));
-            };
-            let contents = base64::engine::general_purpose::STANDARD
-                .decode(raw)
-                .map_err(|e| format!("config.files {}: raw_value is not base64: {e}", f.guest_path))?;
-            Ok(bazaar_shim::WorkFile {
-                path: relative.into(),
-                contents,
-                mode: f.mode.unwrap_or(0o644) & 0o7777,
-            })
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! microVM machines (`config.runtime = "microvm"`, issue 33 item 3): the host side of a
 //! QEMU `-machine microvm` run, over the pure command lines of `bazaar_microvm`.
 //!
-//! What is here (the first parts of the driver; `oci.rs` does not call them yet and the
-//! agent still refuses the runtime with 400):
+//! What is here (`oci.rs` calls [`prepare`] for a `microvm` machine once its rootfs is
+//! made; [`launch`]'s doc says what the driver adds):
 //! - [`MicroVm::detect`]: QEMU in `PATH`, the operator's guest kernel (`--vm-kernel`) and
 //!   the virtio modules beside it (the `modules/` directory `scripts/vm-kernel` extracts),
 //!   and the accelerator: KVM with hardware virtualization, else TCG only when allowed.
@@ -19,6 +19,13 @@
 //!   namespace the address comes off `eth0` (the veth to the host's bridge), and `eth0`
 //!   and a persistent tap QEMU opens by name become ports of a bridge there. Deleting the
 //!   namespace (as for any machine) removes them.
+
+mod launch;
+
+pub use launch::{
+    ctl_socket, exec_argv, exec_socket, is_vm_run, prepare, signal_argv, workload_exit, VmLaunch,
+    OVERHEAD_MB,
+};
 
 use bazaar_microvm::{choose_accel, Accel, VmSpec};
 use std::io::{self, Write};
@@ -52,6 +59,14 @@ $B umount /proc
 $B mount --move /dev /newroot/dev 2>/dev/null || $B umount /dev
 exec $B switch_root /newroot "$init"
 "#;
+
+/// The host label naming the accelerator microVM machines run with there (`kvm`, `tcg`),
+/// on a host that runs them.
+pub const ACCEL_LABEL: &str = "microvm_accel";
+
+/// The environment variable naming the guest init when it is not beside the executable
+/// (`scripts/vminit` builds it into a target directory of its own).
+pub const INIT_VAR: &str = "BAZAAR_VMINIT";
 
 /// How this host runs microVM machines.
 #[derive(Debug, Clone)]
@@ -88,7 +103,7 @@ pub struct GuestRun<'a> {
 
 impl MicroVm {
     /// This host's microVM runtime, or why it has none: no `--vm-kernel`, no QEMU, no
-    /// guest init (`init`, else `bazaar-vminit` beside this executable), or neither KVM
+    /// guest init (`init`, else [`INIT_VAR`], else `bazaar-vminit` beside this executable), or neither KVM
     /// nor TCG allowed (`--vm-allow-tcg`).
     pub fn detect(
         kernel: Option<&Path>,
@@ -111,6 +126,9 @@ impl MicroVm {
             .filter(|m| m.is_dir());
         let init = match init {
             Some(p) => p.to_path_buf(),
+            None if std::env::var_os(INIT_VAR).is_some() => {
+                PathBuf::from(std::env::var_os(INIT_VAR).unwrap_or_default())
+            }
             None => std::env::current_exe()
                 .map_err(|e| format!("this executable's path: {e}"))?
                 .with_file_name("bazaar-vminit"),
@@ -178,6 +196,7 @@ impl MicroVm {
             volume_disks: vec![],
             tap: Some((VM_TAP.into(), bazaar_microvm::guest_mac(run.id))),
             exec_socket: run.run_dir.join("exec.sock"),
+            ctl_socket: run.run_dir.join("ctl.sock"),
             qmp_socket: run.run_dir.join("qmp.sock"),
         };
         Ok(self.run_argv(&spec, run.netns, &crate::oci::pid_file(run.run_dir)))
@@ -466,6 +485,7 @@ mod tests {
             volume_disks: vec![],
             tap: None,
             exec_socket: "/r/exec.sock".into(),
+            ctl_socket: "/r/ctl.sock".into(),
             qmp_socket: "/r/qmp.sock".into(),
         };
         let argv = vm.run_argv(&spec, Path::new("/run/netns/m1"), Path::new("/r/c.pid"));

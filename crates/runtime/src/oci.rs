@@ -31,11 +31,13 @@
 //! `/run/bazaar/<host id>/rootfs/<id>`.
 
 mod rootfs;
+mod seccomp_profile;
 
 use crate::launch_error::{LaunchError, LaunchStep};
 use bazaar_shim::{FailureKind, Fault};
 pub(crate) use rootfs::unexpose_rootfs;
 use rootfs::{expose_rootfs, give_volume_to_ids, open_root, resolve_user, write_in_root, InRoot};
+use seccomp_profile::seccomp_profile;
 
 use crate::gvisor::Gvisor;
 use crate::idranges::{IdRanges, RANGE_SIZE};
@@ -44,7 +46,6 @@ use crate::network::LazyNetwork;
 use bazaar_image::{Auth, IdMap, ImageStore, PullPhase, Reference};
 use bazaar_types::event::MachineEvent;
 use bazaar_types::machine::ImageRef;
-use bazaar_types::seccomp;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -82,6 +83,9 @@ pub struct OciSettings<'a> {
     pub machine_nat: bool,
     pub runc: Option<&'a Path>,
     pub registry_auth: &'a [String],
+    /// microVM machines: the guest kernel and whether TCG may stand in for KVM.
+    pub vm_kernel: Option<&'a Path>,
+    pub vm_allow_tcg: bool,
 }
 
 /// When each image (by reference) was last pulled, imported or launched on this host.
@@ -125,6 +129,8 @@ pub struct OciRuntime {
     pub(crate) disk_templates: PathBuf,
     /// gVisor machines: how this host runs them ([`crate::gvisor`]), or why it cannot.
     pub gvisor: Result<Arc<Gvisor>, String>,
+    /// microVM machines: how this host runs them ([`crate::microvm`]), or why it cannot.
+    pub microvm: Result<Arc<crate::microvm::MicroVm>, String>,
 }
 
 /// What [`OciRuntime::prepare`] made for a run.
@@ -212,6 +218,7 @@ impl OciRuntime {
             cgroup_parent: format!("bazaar/{host_id}"),
             disk_templates: PathBuf::from("disk-templates"),
             gvisor: Err("not looked for".into()),
+            microvm: Err("not looked for".into()),
         })
     }
 
@@ -257,6 +264,9 @@ impl OciRuntime {
             OciRuntime::detect(host_id, config.runc, config.registry_auth, images, network)?;
         runtime.disk_templates = config.data_dir.join("disk-templates");
         runtime.gvisor = Gvisor::detect(config.data_dir).map(Arc::new);
+        runtime.microvm =
+            crate::microvm::MicroVm::detect(config.vm_kernel, None, config.vm_allow_tcg)
+                .map(Arc::new);
         Ok(Arc::new(runtime))
     }
 
@@ -279,6 +289,12 @@ impl OciRuntime {
         // A gVisor machine's runtime, or why this host has none.
         let gvisor = match rec.config.driver() {
             "gvisor" => Some(self.gvisor.as_ref().map_err(|why| {
+                LaunchError::new(S::Prepare, FailureKind::Unsupported, why.clone())
+            })?),
+            _ => None,
+        };
+        let microvm = match rec.config.driver() {
+            "microvm" => Some(self.microvm.as_ref().map_err(|why| {
                 LaunchError::new(S::Prepare, FailureKind::Unsupported, why.clone())
             })?),
             _ => None,
@@ -329,7 +345,8 @@ impl OciRuntime {
             count: RANGE_SIZE,
         };
         // A gVisor machine's files keep the image's ids (no user namespace: crate::gvisor).
-        let mapped = gvisor.is_none().then_some(ids);
+        // A microVM's disk too (its own kernel's users: no host ids to map to).
+        let mapped = (gvisor.is_none() && microvm.is_none()).then_some(ids);
         let t_network = t0.elapsed();
         let gateway = self.network.get().map_err(network_error)?.subnet.gateway();
         // Every run starts from the image as it is, in its emptied layer.
@@ -399,6 +416,40 @@ impl OciRuntime {
                 })?;
             write_in_root(&root, &f.guest_path, &data, f.mode.unwrap_or(0o644))
                 .map_err(|e| LaunchError::fault(S::Files, e))?;
+        }
+        if let Some(vm) = microvm {
+            if volume.is_some() {
+                let why = "volumes are not attached to microVM machines yet";
+                return Err(LaunchError::new(S::Bundle, FailureKind::Unsupported, why));
+            }
+            let log = run_dir.join("../../output.log");
+            let argv = crate::microvm::prepare(
+                vm,
+                crate::microvm::VmLaunch {
+                    id: rec.id,
+                    rootfs: &rootfs,
+                    run_dir,
+                    log: &log,
+                    netns: &namespaces.netns,
+                    ip,
+                    prefix: self.network.get().map_err(network_error)?.subnet.prefix,
+                    gateway,
+                    process: &process,
+                    uid,
+                    gid,
+                    cpus: rec.resources.cpus,
+                    memory_mb: rec.resources.memory_mb as u32,
+                    disk_gb: rec.config.rootfs_size_gb().ok().flatten(),
+                },
+            );
+            let argv = argv.await?;
+            let (signal_argv, image_ref) = (None, image_ref(&reference, Some(&image)));
+            return Ok(Prepared {
+                argv,
+                events,
+                image_ref,
+                signal_argv,
+            });
         }
         expose_rootfs(&rootfs, &exposed).map_err(in_rootfs)?;
         if let (Some((source, _)), Some(ids)) = (&volume, mapped) {
@@ -713,52 +764,6 @@ fn bundle_config(i: &BundleInputs<'_>) -> Value {
             ],
         },
     })
-}
-
-/// The seccomp section: [`bazaar_types::seccomp`]'s allowlist, everything else `EPERM`.
-fn seccomp_profile() -> Value {
-    let allow_if = |name: &str, value: u64, op: &str| {
-        json!({"names": [name], "action": "SCMP_ACT_ALLOW",
-               "args": [{"index": 0, "value": value, "valueTwo": 0, "op": op}]})
-    };
-    let mut rules = vec![
-        json!({"names": seccomp::ALLOWED, "action": "SCMP_ACT_ALLOW"}),
-        // clone only without namespace flags: (flags & NS) == 0.
-        json!({"names": ["clone"], "action": "SCMP_ACT_ALLOW",
-               "args": [{"index": 0, "value": seccomp::CLONE_NAMESPACE_FLAGS, "valueTwo": 0,
-                         "op": "SCMP_CMP_MASKED_EQ"}]}),
-        json!({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": seccomp::CLONE3_ERRNO}),
-    ];
-    rules.extend(
-        (0..seccomp::SOCKET_FAMILY_LIMIT)
-            .filter(|f| !seccomp::SOCKET_FAMILIES_DENIED.contains(f))
-            .map(|f| allow_if("socket", f, "SCMP_CMP_EQ")),
-    );
-    rules.extend(
-        seccomp::PERSONALITY_ALLOWED
-            .iter()
-            .map(|p| allow_if("personality", *p, "SCMP_CMP_EQ")),
-    );
-    json!({
-        "defaultAction": "SCMP_ACT_ERRNO",
-        "defaultErrnoRet": seccomp::DENIED_ERRNO,
-        // This host's own system call ABI only: a call through another (32-bit x86, x32)
-        // kills the thread. Each ABI listed multiplies the filter runc compiles at every
-        // start (three took 30 ms more than one, measured with runc 1.1 / libseccomp 2.5).
-        "architectures": [native_seccomp_arch()],
-        "syscalls": rules,
-    })
-}
-
-/// libseccomp's name of this host's architecture.
-fn native_seccomp_arch() -> &'static str {
-    match std::env::consts::ARCH {
-        "aarch64" => "SCMP_ARCH_AARCH64",
-        "riscv64" => "SCMP_ARCH_RISCV64",
-        "s390x" => "SCMP_ARCH_S390X",
-        "powerpc64" => "SCMP_ARCH_PPC64LE",
-        _ => "SCMP_ARCH_X86_64",
-    }
 }
 
 /// Writes a file readable by the agent's user only: a bundle's `config.json` holds the

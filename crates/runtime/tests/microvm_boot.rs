@@ -8,23 +8,12 @@
 use bazaar_microvm::cmdline::GUEST_INIT;
 use bazaar_microvm::{Accel, GuestBoot, VmSpec};
 use bazaar_runtime::microvm::{make_root_disk, write_initramfs, MicroVm};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
-fn kernel() -> PathBuf {
-    let kernel = std::env::var_os("BAZAAR_VM_KERNEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").unwrap_or_default();
-            Path::new(&home).join(".cache/bazaar/vm/vmlinuz")
-        });
-    assert!(
-        kernel.is_file(),
-        "no guest kernel at {} (run scripts/vm-kernel, or set BAZAAR_VM_KERNEL)",
-        kernel.display()
-    );
-    kernel
-}
+#[path = "../../microvm/tests/support/mod.rs"]
+mod support;
+use std::process::Command;
+use support::{kernel, vminit};
 
 const GUEST: &str = r#"#!/bin/busybox sh
 B=/bin/busybox
@@ -76,6 +65,7 @@ fn the_initramfs_hands_the_root_disk_to_the_guest_init() {
         volume_disks: vec![],
         tap: None,
         exec_socket: d.path().join("exec.sock"),
+        ctl_socket: d.path().join("ctl.sock"),
         qmp_socket: d.path().join("qmp.sock"),
     };
     let argv = spec.argv();
@@ -103,23 +93,6 @@ fn the_initramfs_hands_the_root_disk_to_the_guest_init() {
     assert_eq!(line("pid="), "1");
     assert_eq!(line("root="), "the image's root");
     assert!(line("uname=").ends_with("-cloud-amd64"), "{console}");
-}
-
-/// bazaar's guest init, built static (`scripts/vminit`, or `BAZAAR_VMINIT`).
-fn vminit() -> PathBuf {
-    if let Some(p) = std::env::var_os("BAZAAR_VMINIT") {
-        return p.into();
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = Command::new(root.join("scripts/vminit"))
-        .output()
-        .expect("scripts/vminit");
-    assert!(
-        out.status.success(),
-        "scripts/vminit: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
 /// A network namespace of the test's, removed on drop.
@@ -204,6 +177,7 @@ fn the_guest_init_runs_the_workload_as_its_user_on_its_network() {
         volume_disks: vec![],
         tap: Some(("tap0".into(), bazaar_microvm::guest_mac("m1"))),
         exec_socket: d.path().join("exec.sock"),
+        ctl_socket: d.path().join("ctl.sock"),
         qmp_socket: d.path().join("qmp.sock"),
     };
     let pid_file = d.path().join("qemu.pid");

@@ -104,6 +104,7 @@ mod seccomp;
 mod supervisor;
 mod sys;
 mod user;
+mod vm_port;
 mod work_files;
 
 use std::io;
@@ -150,6 +151,11 @@ pub fn version_line() -> String {
 /// host the shim (`bazaar` and `bazaar-shim`) call it first thing, before any thread or
 /// runtime exists.
 pub fn dispatch(command: &std::ffi::OsStr, mut args: impl Iterator<Item = std::ffi::OsString>) {
+    if command == "vm-signal" || command == "vm-exec" {
+        let socket = std::path::PathBuf::from(args.next().unwrap_or_default());
+        let rest: Vec<String> = args.map(|a| a.to_string_lossy().into_owned()).collect();
+        vm_port::port_main(&command.to_string_lossy(), &socket, &rest);
+    }
     if command != "shim" && command != "shim-exec" {
         return;
     }

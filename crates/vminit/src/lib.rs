@@ -1,7 +1,10 @@
 //! bazaar's init inside a microVM guest (issue 33, item 3), the pure part: what the agent
 //! writes on the root disk for it, under `/.bazaar` ([`Workload`]: `argv`, `env` as
 //! NUL-separated lists, `user` as `uid:gid`, `cwd`), and the line it prints on the console
-//! when the workload ends ([`exit_line`], read back by [`parse_exit_line`]). The binary
+//! when the workload ends ([`exit_line`], read back by [`parse_exit_line`]), and the lines of
+//! its two virtio-serial ports ([`Request`], [`ExecReply`]): on the control port
+//! (`bazaar.ctl`) the signals the host forwards to the workload, on the exec port
+//! (`bazaar.exec`) commands to run in the guest and their output. The binary
 //! (`src/main.rs`) is built static (`scripts/vminit`) and runs as PID 1 in the guest.
 #![forbid(unsafe_code)]
 
@@ -91,6 +94,95 @@ pub fn parse_exit_line(line: &str) -> Option<i32> {
         .ok()
 }
 
+/// What the host asks of the guest init, one line each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Deliver signal `n` to the workload (control port).
+    Signal(i32),
+    /// Run `argv` (exec port); the reply carries `nonce`, so that a reply a host client
+    /// gave up on is told from its own.
+    Exec { nonce: u64, argv: Vec<String> },
+}
+
+/// How a command run by [`Request::Exec`] ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecReply {
+    pub nonce: u64,
+    /// Its exit code (a signal `n` is `128 + n`; 127: it could not be started).
+    pub code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+fn hex(data: &[u8]) -> String {
+    if data.is_empty() {
+        return "-".into();
+    }
+    data.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s == "-" {
+        return Some(Vec::new());
+    }
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+impl Request {
+    /// The request as one line (newline included).
+    pub fn line(&self) -> String {
+        match self {
+            Request::Signal(n) => format!("signal {n}\n"),
+            Request::Exec { nonce, argv } => format!("exec {nonce} {}\n", hex(&join(argv))),
+        }
+    }
+
+    /// A line of [`Request::line`]'s; `None` for anything else.
+    pub fn parse(line: &str) -> Option<Request> {
+        let mut words = line.split_whitespace();
+        match words.next()? {
+            "signal" => Some(Request::Signal(words.next()?.parse().ok()?)),
+            "exec" => {
+                let nonce = words.next()?.parse().ok()?;
+                let argv = split(&unhex(words.next()?)?);
+                (!argv.is_empty()).then_some(Request::Exec { nonce, argv })
+            }
+            _ => None,
+        }
+    }
+}
+
+impl ExecReply {
+    /// The reply as one line (newline included).
+    pub fn line(&self) -> String {
+        format!(
+            "reply {} {} {} {}\n",
+            self.nonce,
+            self.code,
+            hex(&self.stdout),
+            hex(&self.stderr)
+        )
+    }
+
+    /// A line of [`ExecReply::line`]'s; `None` for anything else.
+    pub fn parse(line: &str) -> Option<ExecReply> {
+        let mut words = line.split_whitespace();
+        (words.next()? == "reply").then_some(())?;
+        Some(ExecReply {
+            nonce: words.next()?.parse().ok()?,
+            code: words.next()?.parse().ok()?,
+            stdout: unhex(words.next()?)?,
+            stderr: unhex(words.next()?)?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,5 +214,30 @@ mod tests {
         assert_eq!(parse_exit_line(&exit_line(0)), Some(0));
         assert_eq!(parse_exit_line(&format!("{}\r", exit_line(143))), Some(143));
         assert_eq!(parse_exit_line("exit 3"), None);
+    }
+
+    #[test]
+    fn port_lines_read_back() {
+        for r in [
+            Request::Signal(15),
+            Request::Exec {
+                nonce: 7,
+                argv: vec!["uname".into(), "-r".into(), "a b".into()],
+            },
+        ] {
+            let line = r.line();
+            assert!(line.ends_with('\n') && line.matches('\n').count() == 1);
+            assert_eq!(Request::parse(&line), Some(r));
+        }
+        assert_eq!(Request::parse("exec 1 -"), None, "no command");
+        assert_eq!(Request::parse("noise"), None);
+        let reply = ExecReply {
+            nonce: 9,
+            code: 3,
+            stdout: b"6.1.0\n".to_vec(),
+            stderr: vec![],
+        };
+        assert_eq!(ExecReply::parse(&reply.line()), Some(reply));
+        assert_eq!(ExecReply::parse("reply 1 0 zz -"), None);
     }
 }

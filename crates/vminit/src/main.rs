@@ -1,14 +1,19 @@
 //! `bazaar-vminit`: PID 1 of a microVM guest. Mounts `/proc`, `/sys`, `/dev`, sets the
 //! network from the kernel command line (`bazaar.ip`, `bazaar.gw`: `bazaar_microvm`'s
 //! `GuestBoot`), runs the workload the agent wrote under `/.bazaar` as its user with its
-//! env, forwards the signals it gets to it, reaps every child, prints the workload's exit
-//! code on the console (`bazaar_vminit::exit_line`) and powers the guest off.
+//! env, forwards the signals it gets to it and those the host sends on the control port,
+//! runs the commands of the exec port (`bazaar_vminit::Request`), reaps every child,
+//! prints the workload's exit code on the console (`bazaar_vminit::exit_line`) and powers
+//! the guest off.
 //! Built static (`scripts/vminit`) so it runs on any image.
 
 use bazaar_microvm::{GuestBoot, GuestNet};
-use bazaar_vminit::{exit_line, Workload, DIR};
+use bazaar_vminit::{exit_line, ExecReply, Request, Workload, DIR};
+use std::collections::HashMap;
 use std::ffi::CString;
-use std::path::Path;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
 
 fn main() {
     let code = match run() {
@@ -18,10 +23,13 @@ fn main() {
             127
         }
     };
+    // Everything else first, so that the exit line is the last a process of the guest
+    // prints (the host takes the last one on the console).
+    // SAFETY: plain system calls.
+    unsafe { libc::kill(-1, libc::SIGKILL) };
     println!("{}", exit_line(code));
-    // SAFETY: plain system calls; nothing else runs in this process.
+    // SAFETY: plain system calls.
     unsafe {
-        libc::kill(-1, libc::SIGKILL);
         libc::sync();
         libc::reboot(libc::RB_POWER_OFF);
     }
@@ -120,6 +128,19 @@ fn run() -> Result<i32, String> {
             libc::_exit(127);
         }
     }
+    let reaped = Arc::new(Reaped::default());
+    spawn_port(bazaar_microvm::qemu::CTL_PORT, move |req, _| {
+        if let Request::Signal(sig) = req {
+            // SAFETY: a signal to our child.
+            unsafe { libc::kill(child, sig) };
+        }
+        None
+    });
+    let (exec_env, r) = (w.env.clone(), reaped.clone());
+    spawn_port(bazaar_microvm::qemu::EXEC_PORT, move |req, _| match req {
+        Request::Exec { nonce, argv } => Some(exec(nonce, &argv, &exec_env, &r)),
+        Request::Signal(_) => None,
+    });
     loop {
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         let timeout = libc::timespec {
@@ -139,14 +160,145 @@ fn run() -> Result<i32, String> {
             if pid <= 0 {
                 break;
             }
+            let code = if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                128 + libc::WTERMSIG(status)
+            };
             if pid == child {
-                return Ok(if libc::WIFEXITED(status) {
-                    libc::WEXITSTATUS(status)
-                } else {
-                    128 + libc::WTERMSIG(status)
-                });
+                return Ok(code);
             }
+            reaped.put(pid, code);
         }
+    }
+}
+
+/// The exit codes of the children PID 1 reaped other than the workload (exec's commands
+/// among them), for the threads that wait on them.
+#[derive(Default)]
+struct Reaped {
+    codes: Mutex<HashMap<libc::pid_t, i32>>,
+    changed: Condvar,
+}
+
+impl Reaped {
+    fn put(&self, pid: libc::pid_t, code: i32) {
+        let mut codes = self.codes.lock().unwrap_or_else(|e| e.into_inner());
+        // Orphans' codes nobody asks for: keep the map bounded.
+        if codes.len() > 4096 {
+            codes.clear();
+        }
+        codes.insert(pid, code);
+        self.changed.notify_all();
+    }
+
+    fn take(&self, pid: libc::pid_t) -> i32 {
+        let mut codes = self.codes.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(code) = codes.remove(&pid) {
+                return code;
+            }
+            codes = self.changed.wait(codes).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// The device of virtio-serial port `name` (no udev here to make
+/// `/dev/virtio-ports/<name>`: found by its name in sysfs). Ports come up after the
+/// driver's probe, which may end after the workload starts: waited for, 30 s at most.
+fn port_device(name: &str) -> Option<PathBuf> {
+    for _ in 0..600 {
+        let found = std::fs::read_dir("/sys/class/virtio-ports")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find(|e| {
+                std::fs::read_to_string(e.path().join("name")).is_ok_and(|n| n.trim() == name)
+            })
+            .map(|e| Path::new("/dev").join(e.file_name()));
+        if let Some(dev) = found.filter(|d| d.exists()) {
+            return Some(dev);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    None
+}
+
+/// Serves port `name` on a thread of its own: each request line to `handle`, its answer
+/// (if any) written back. Reads see end-of-file while no host end is connected.
+fn spawn_port(
+    name: &'static str,
+    handle: impl Fn(Request, &mut std::fs::File) -> Option<ExecReply> + Send + 'static,
+) {
+    std::thread::spawn(move || {
+        let Some(dev) = port_device(name) else {
+            println!("bazaar-vminit: no port {name}");
+            return;
+        };
+        let port = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&dev)
+        {
+            Ok(p) => p,
+            Err(e) => return println!("bazaar-vminit: {}: {e}", dev.display()),
+        };
+        let mut out = match port.try_clone() {
+            Ok(p) => p,
+            Err(e) => return println!("bazaar-vminit: {}: {e}", dev.display()),
+        };
+        let mut reader = std::io::BufReader::new(port);
+        let mut line = String::new();
+        loop {
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    continue;
+                }
+                Ok(_) if !line.ends_with('\n') => continue,
+                Ok(_) => {}
+            }
+            if let Some(req) = Request::parse(&line) {
+                if let Some(reply) = handle(req, &mut out) {
+                    let _ = out.write_all(reply.line().as_bytes());
+                }
+            }
+            line.clear();
+        }
+    });
+}
+
+/// Runs `argv` (as root, with the workload's environment, in `/`) for the exec port.
+fn exec(nonce: u64, argv: &[String], env: &[String], reaped: &Reaped) -> ExecReply {
+    let failed = |msg: String| ExecReply {
+        nonce,
+        code: 127,
+        stdout: Vec::new(),
+        stderr: msg.into_bytes(),
+    };
+    let mut cmd = std::process::Command::new(resolve(&argv[0], env));
+    cmd.args(&argv[1..])
+        .env_clear()
+        .envs(env.iter().filter_map(|e| e.split_once('=')))
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return failed(format!("cannot run {:?}: {e}\n", argv[0])),
+    };
+    let err_pipe = child.stderr.take();
+    let errors = std::thread::spawn(move || err_pipe.map(read_capped).unwrap_or_default());
+    let stdout = child.stdout.take().map(read_capped).unwrap_or_default();
+    let stderr = errors.join().unwrap_or_default();
+    // PID 1's loop reaps it (never `child.wait()`, which would race that loop).
+    let code = reaped.take(child.id() as libc::pid_t);
+    ExecReply {
+        nonce,
+        code,
+        stdout,
+        stderr,
     }
 }
 
@@ -236,5 +388,20 @@ mod net {
         // SAFETY: our socket.
         unsafe { libc::close(fd) };
         r
+    }
+}
+
+/// Everything `r` gives until its end, kept up to 1 MiB (the host caps exec's output so);
+/// the rest is read and dropped, so that the command never blocks on a full pipe.
+fn read_capped(mut r: impl std::io::Read) -> Vec<u8> {
+    const CAP: usize = 1 << 20;
+    let (mut out, mut chunk) = (Vec::new(), [0u8; 8192]);
+    loop {
+        match r.read(&mut chunk) {
+            Ok(0) => return out,
+            Ok(n) => out.extend_from_slice(&chunk[..n.min(CAP.saturating_sub(out.len()))]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return out,
+        }
     }
 }
