@@ -404,7 +404,7 @@ impl Agent {
         self.reader().log_tail(id, max_bytes).await
     }
 
-    /// Waits until the machine is in one of `states` ([`Reader::wait`]).
+    /// Waits until the machine is in one of `states` (`views::Reader::wait`).
     pub async fn wait(
         &self,
         id: &str,

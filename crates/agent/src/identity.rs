@@ -5,7 +5,7 @@
 //! for root (`init.user` naming uid 0) is refused unless the operator allows it
 //! (`--allow-root-machines`); any other `init.user` only names the machine's own uid inside
 //! its sandbox. Agents that are not root run every workload as themselves, as before.
-//! The uids are held by the agent's [`Addresses`]; the agent hands out and gives back a
+//! The uids are held by the agent's `Addresses`; the agent hands out and gives back a
 //! machine's addresses and uid together.
 
 use crate::addresses::Addresses;

@@ -1,6 +1,6 @@
 //! The agent as the [`Node`] the services beside it (API, proxy, certificates, dashboard)
 //! use: [`Agent::node`] (in `boot.rs`, the composition root) hands out the [`NodeHandle`]
-//! they hold, made by [`handle`]; agent errors become [`NodeError`]s with the same status.
+//! they hold, made by `handle`; agent errors become [`NodeError`]s with the same status.
 
 use crate::agent::Agent;
 use crate::error::AgentError;

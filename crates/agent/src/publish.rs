@@ -1,7 +1,7 @@
 //! Publishing this host: its host record in the catalog (capacity, free room, where its
 //! proxy listens, its labels), attaching the catalog, and keeping this host's machine rows
 //! in line with its store; functions over the agent's narrow methods. A machine's own row
-//! and the live state `wait` watches are published by [`crate::views::Reader::publish`].
+//! and the live state `wait` watches are published by `views::Reader::publish`.
 
 use crate::agent::Agent;
 use crate::sync::lock;

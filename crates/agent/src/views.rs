@@ -1,5 +1,5 @@
 //! Reads of this host's machines: the Machines API view of a record, lists, events,
-//! versions, logs, placement records, and `wait` for a state: methods of [`Reader`], the
+//! versions, logs, placement records, and `wait` for a state: methods of `Reader`, the
 //! parts of the agent they read, to which the agent's own read methods delegate.
 
 use crate::checks::CheckResults;

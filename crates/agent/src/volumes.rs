@@ -5,7 +5,7 @@
 //!
 //! Each change is record-then-do: the record is written in its transient state
 //! (`creating`, `extending`, `destroying`) before the storage is touched, and the final
-//! state after; the storage steps are idempotent, so on start [`recover_volumes`]
+//! state after; the storage steps are idempotent, so on start `recover_volumes`
 //! finishes whatever a crash cut short. A create is answered once the volume is `created`,
 //! so an acknowledged volume survives a kill -9. Record writes happen under the ledger lock
 //! (which serializes every write of the agent), so attaching a volume to a new machine and

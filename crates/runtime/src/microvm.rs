@@ -2,7 +2,7 @@
 //! QEMU `-machine microvm` run, over the pure command lines of `bazaar_microvm`.
 //!
 //! What is here (`oci.rs` calls [`prepare`] for a `microvm` machine once its rootfs is
-//! made; [`launch`]'s doc says what the driver adds):
+//! made; `launch`'s doc says what the driver adds):
 //! - [`MicroVm::detect`]: QEMU in `PATH`, the operator's guest kernel (`--vm-kernel`) and
 //!   the virtio modules beside it (the `modules/` directory `scripts/vm-kernel` extracts),
 //!   and the accelerator: KVM with hardware virtualization, else TCG only when allowed.
