@@ -47,20 +47,15 @@ pub fn choose_accel(kvm_usable: bool, allow_tcg: bool) -> Result<Accel, AccelErr
     }
 }
 
-/// A stable, locally administered unicast MAC for a machine id (the guest's address is the
-/// same across restarts, and neighbours' caches stay right).
-pub fn guest_mac(machine_id: &str) -> String {
-    // FNV-1a: stable across builds and platforms, unlike std's hasher.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in machine_id.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    let b = h.to_be_bytes();
-    format!(
-        "02:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-        b[0], b[1], b[2], b[3], b[4]
-    )
+/// The guest NIC's MAC for the machine address `ip`: fixed by the address, as the agent
+/// fixes a machine's `eth0` (`02:62:` and the address): an address handed to the next
+/// machine keeps its MAC, so the host's neighbour entry for it (trusted for up to 45 s
+/// without asking again) stays right. `02:63:` rather than `02:62:`: the guest's NIC and
+/// the namespace's `eth0` are ports of one bridge, which must not share a MAC.
+/// Locally administered, unicast.
+pub fn guest_mac(ip: std::net::Ipv4Addr) -> String {
+    let [a, b, c, d] = ip.octets();
+    format!("02:63:{a:02x}:{b:02x}:{c:02x}:{d:02x}")
 }
 
 /// Everything one microVM's QEMU needs; [`VmSpec::argv`] makes the command line.
@@ -187,7 +182,10 @@ mod tests {
             cmdline: "console=ttyS0 root=/dev/vda".into(),
             root_disk: "/data/m1/root.ext4".into(),
             volume_disks: vec!["/data/vol,1.img".into()],
-            tap: Some(("tap0".into(), guest_mac("m1"))),
+            tap: Some((
+                "tap0".into(),
+                guest_mac(std::net::Ipv4Addr::new(10, 0, 0, 2)),
+            )),
             exec_socket: "/run/m1/exec.sock".into(),
             ctl_socket: "/run/m1/ctl.sock".into(),
             qmp_socket: "/run/m1/qmp.sock".into(),
@@ -232,7 +230,7 @@ mod tests {
             drives[1].starts_with("id=disk1,file=/data/vol,,1.img,"),
             "{drives:?}"
         );
-        let mac = guest_mac("m1");
+        let mac = guest_mac(std::net::Ipv4Addr::new(10, 0, 0, 2));
         assert!(value_of(&argv, "-device")
             .contains(&format!("virtio-net-device,netdev=net0,mac={mac}").as_str()));
         assert!(value_of(&argv, "-netdev")[0].contains("ifname=tap0,script=no"));
@@ -259,9 +257,9 @@ mod tests {
 
     #[test]
     fn macs_are_stable_local_and_unicast() {
-        let a = guest_mac("d8901e5f2a5e18");
-        assert_eq!(a, guest_mac("d8901e5f2a5e18"));
-        assert_ne!(a, guest_mac("d8901e5f2a5e19"));
+        let a = guest_mac(std::net::Ipv4Addr::new(172, 30, 1, 7));
+        assert_eq!(a, "02:63:ac:1e:01:07");
+        assert_ne!(a, guest_mac(std::net::Ipv4Addr::new(172, 30, 1, 8)));
         assert!(a.starts_with("02:"), "{a}");
         assert_eq!(a.len(), 17);
     }

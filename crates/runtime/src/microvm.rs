@@ -85,7 +85,7 @@ pub struct MicroVm {
 /// One run of a microVM machine, as [`MicroVm::prepare_run`] sets it up.
 #[derive(Debug, Clone)]
 pub struct GuestRun<'a> {
-    /// The machine's id (its NIC's MAC is derived from it).
+    /// The machine's id.
     pub id: &'a str,
     /// The run's unpacked root filesystem (the image's, with the agent's files in it).
     pub rootfs: &'a Path,
@@ -194,7 +194,7 @@ impl MicroVm {
             .to_cmdline(),
             root_disk,
             volume_disks: vec![],
-            tap: Some((VM_TAP.into(), bazaar_microvm::guest_mac(run.id))),
+            tap: Some((VM_TAP.into(), bazaar_microvm::guest_mac(run.net.address))),
             exec_socket: run.run_dir.join("exec.sock"),
             ctl_socket: run.run_dir.join("ctl.sock"),
             qmp_socket: run.run_dir.join("qmp.sock"),

@@ -175,7 +175,10 @@ fn the_guest_init_runs_the_workload_as_its_user_on_its_network() {
         .to_cmdline(),
         root_disk: disk,
         volume_disks: vec![],
-        tap: Some(("tap0".into(), bazaar_microvm::guest_mac("m1"))),
+        tap: Some((
+            "tap0".into(),
+            bazaar_microvm::guest_mac(std::net::Ipv4Addr::new(10, 0, 0, 2)),
+        )),
         exec_socket: d.path().join("exec.sock"),
         ctl_socket: d.path().join("ctl.sock"),
         qmp_socket: d.path().join("qmp.sock"),
