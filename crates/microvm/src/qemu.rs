@@ -47,15 +47,15 @@ pub fn choose_accel(kvm_usable: bool, allow_tcg: bool) -> Result<Accel, AccelErr
     }
 }
 
-/// The guest NIC's MAC for the machine address `ip`: fixed by the address, as the agent
-/// fixes a machine's `eth0` (`02:62:` and the address): an address handed to the next
-/// machine keeps its MAC, so the host's neighbour entry for it (trusted for up to 45 s
-/// without asking again) stays right. `02:63:` rather than `02:62:`: the guest's NIC and
-/// the namespace's `eth0` are ports of one bridge, which must not share a MAC.
-/// Locally administered, unicast.
+/// The guest NIC's MAC for the machine address `ip`: the MAC every machine on that
+/// address has (`02:62:` and the address, as the agent gives a machine's `eth0`), so an
+/// address handed from one machine to the next, whatever their runtimes, keeps its MAC and
+/// the host's neighbour entry for it (trusted for up to 45 s without asking again) stays
+/// right. The namespace's `eth0`, bridged with the guest's tap, then takes another
+/// (`bazaar_runtime::microvm::wire_tap`). Locally administered, unicast.
 pub fn guest_mac(ip: std::net::Ipv4Addr) -> String {
     let [a, b, c, d] = ip.octets();
-    format!("02:63:{a:02x}:{b:02x}:{c:02x}:{d:02x}")
+    format!("02:62:{a:02x}:{b:02x}:{c:02x}:{d:02x}")
 }
 
 /// Everything one microVM's QEMU needs; [`VmSpec::argv`] makes the command line.
@@ -258,7 +258,7 @@ mod tests {
     #[test]
     fn macs_are_stable_local_and_unicast() {
         let a = guest_mac(std::net::Ipv4Addr::new(172, 30, 1, 7));
-        assert_eq!(a, "02:63:ac:1e:01:07");
+        assert_eq!(a, "02:62:ac:1e:01:07");
         assert_ne!(a, guest_mac(std::net::Ipv4Addr::new(172, 30, 1, 8)));
         assert!(a.starts_with("02:"), "{a}");
         assert_eq!(a.len(), 17);

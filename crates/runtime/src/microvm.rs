@@ -225,7 +225,9 @@ pub const VM_TAP: &str = "vmtap0";
 
 /// Moves the machine's address `ip/prefix` from `eth0` of network namespace `netns` to
 /// the guest: makes the persistent tap [`VM_TAP`] and bridges it with `eth0` on
-/// [`VM_BRIDGE`]. Idempotent (a redone launch step finds them made).
+/// [`VM_BRIDGE`], `eth0` taking `02:63:` and the address as its MAC (the guest has the
+/// address's usual one, `bazaar_microvm::guest_mac`). Idempotent (a redone launch step
+/// finds them made).
 pub fn wire_tap(netns: &Path, ip: std::net::Ipv4Addr, prefix: u8) -> io::Result<()> {
     use crate::netlink::{in_namespace, link_index, Rtnl};
     use std::os::fd::AsFd;
@@ -246,6 +248,10 @@ pub fn wire_tap(netns: &Path, ip: std::net::Ipv4Addr, prefix: u8) -> io::Result<
             Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {}
             r => r?,
         }
+        // The guest answers for the address with the MAC a machine on it always has
+        // (`guest_mac`); `eth0`, now only a port of the bridge, must not share it.
+        let [a, b, c, d] = ip.octets();
+        rtnl.set_mac(eth0, [0x02, 0x63, a, b, c, d])?;
         rtnl.set_up(bridge)?;
         rtnl.set_master(eth0, bridge)?;
         rtnl.set_master(tap, bridge)

@@ -315,6 +315,15 @@ impl Rtnl {
         )
     }
 
+    /// Gives link `index` the MAC address `mac`.
+    pub(crate) fn set_mac(&mut self, index: u32, mac: [u8; 6]) -> io::Result<()> {
+        self.request(
+            Message::new(RTM_NEWLINK, 0)
+                .link(index, 0)
+                .attr(IFLA_ADDRESS, &mac),
+        )
+    }
+
     /// Makes link `index` a port of bridge `master`, and up.
     pub(crate) fn set_master(&mut self, index: u32, master: u32) -> io::Result<()> {
         self.request(
