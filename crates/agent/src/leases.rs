@@ -75,12 +75,7 @@ pub async fn cordon(
     let mut rec = agent.load_live(id)?;
     check_lease(&rec, nonce, agent.now_ms())?;
     rec.cordoned = cordoned;
-    rec.updated_at_ms = agent.now_ms();
-    let mut b = Batch::default();
-    b.machine(&rec);
-    agent.commit(b).await?;
-    agent.publish(&rec);
-    Ok(())
+    save_and_publish(agent, &mut rec).await
 }
 
 /// A machine's metadata.
@@ -119,12 +114,7 @@ pub async fn metadata_update(
     }
     bazaar_types::limits::check_config(&rec.config).map_err(AgentError::Invalid)?;
     bazaar_types::replacement::validate(&rec.config).map_err(AgentError::Invalid)?;
-    rec.updated_at_ms = agent.now_ms();
-    let mut b = Batch::default();
-    b.machine(&rec);
-    agent.commit(b).await?;
-    agent.publish(&rec);
-    Ok(())
+    save_and_publish(agent, &mut rec).await
 }
 
 /// Runs a command in a started machine's context.
@@ -195,4 +185,14 @@ pub(crate) fn check_lease(
     now: u64,
 ) -> Result<(), AgentError> {
     lease::check(&rec.id, rec.lease.as_ref(), nonce, now).map_err(AgentError::from)
+}
+
+/// Stamps a changed record, stores it and publishes it (the caller holds the write lock).
+async fn save_and_publish(agent: &Agent, rec: &mut MachineRecord) -> Result<(), AgentError> {
+    rec.updated_at_ms = agent.now_ms();
+    let mut b = Batch::default();
+    b.machine(rec);
+    agent.commit(b).await?;
+    agent.publish(rec);
+    Ok(())
 }
