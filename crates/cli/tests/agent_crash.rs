@@ -3,7 +3,7 @@
 //! once: the machine settles in the right state and its workload ran the right number of
 //! times (each run appends a line to a counter file).
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{pid_alive, process_config, AgentOptions, TestAgent};
 use bazaar_types::host::{ClaimRequest, StopRequest, UpdateRequest};

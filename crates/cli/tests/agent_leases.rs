@@ -1,7 +1,7 @@
 //! Leases, cordons, metadata, suspend/resume and exec on the host interface (the owning
 //! host's side of the Machines API).
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{create_request, pid_alive};
 use bazaar_types::host::StopRequest;

@@ -2,7 +2,7 @@
 //! destroy; its identity in the environment; the restart policy; and bad input, which gets
 //! a clear 4xx and changes nothing.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{create_request, pid_alive, process_config};
 use bazaar_types::duration::GoDuration;

@@ -2,7 +2,7 @@
 //! idempotent claims, and the invariant that committed resources never exceed capacity
 //! whatever the concurrency.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{create_request, AgentOptions, TestAgent};
 use bazaar_types::host::{BidRequest, BidResponse};

@@ -3,7 +3,7 @@
 //! machines-by-state gauge, the catalog counts the machine's row, its live peer and their gossip, and the
 //! whole text stays one OpenMetrics document (one `# EOF`, last).
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::TEST_SECRET;
 use bazaar_types::host::StopRequest;

@@ -3,7 +3,7 @@
 //! workload with it and the restart policy applies; a workload past its memory limit is
 //! killed alone, with an OOM event.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{create_request, pid_alive};
 use bazaar_types::host::StopRequest;

@@ -2,7 +2,7 @@
 //! that dies before its claim or after making the machine (before it answers: `BAZAAR_CRASH_AT`),
 //! and a machine whose host is down (shown from the catalog, every change refused).
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{start_cluster, TestAgent};
 use common::*;

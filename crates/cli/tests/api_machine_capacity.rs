@@ -2,7 +2,7 @@
 //! concurrent creates racing for sixty slots, and a batch asked for in one round and
 //! spread over the hosts. The lifecycle and field spellings: `api_machines.rs`.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{api_token, start_cluster};
 use common::*;

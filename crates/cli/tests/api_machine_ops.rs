@@ -1,7 +1,7 @@
 //! Machine operations of the Fly Machines API beyond the lifecycle, on a loopback cluster:
 //! `wait` with `event_id` and `from_event_id`, `ps`, and the machine view's `image_ref`.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::start_cluster;
 use common::*;

@@ -4,7 +4,7 @@
 //! `api_machine_capacity.rs`. Hosts that die or are down under the API:
 //! `api_host_faults.rs`.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{api_token, start_cluster};
 use common::*;

@@ -8,7 +8,7 @@
 //! every file of both hosts' data dirs (the store, run specs, logs), error messages. Image
 //! machines (root, runc) get them too, through their bundle's `config.json`, kept 0600.
 
-mod common;
+use crate::common;
 
 use bazaar_auth::{Op, Scope};
 use bazaar_testkit::{api_token, eventually, start_cluster, tokens, TestAgent, TEST_SECRET};

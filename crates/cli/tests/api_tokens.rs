@@ -3,7 +3,7 @@
 //! and within moments by every other agent (the revocation travels in the catalog as a
 //! hash), while other tokens keep working.
 
-mod common;
+use crate::common;
 
 use common::EXE;
 use reqwest::StatusCode;

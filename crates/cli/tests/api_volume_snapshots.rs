@@ -2,8 +2,8 @@
 //! volumes: as root, with loop devices): restoring and forking hold the data of the
 //! snapshot's moment, and an agent killed mid-snapshot thaws the volume when it comes back.
 
-mod common;
-mod volumes_support;
+use crate::common;
+use crate::volumes_support;
 
 use bazaar_testkit::start_cluster;
 use common::*;

@@ -4,8 +4,8 @@
 //! stop/start, restart and a kill -9 of its agent, and `bazaar volumes`. As root volumes are
 //! ext4 images on loop devices; otherwise plain directories (`fstype: "dir"`).
 
-mod common;
-mod volumes_support;
+use crate::common;
+use crate::volumes_support;
 
 use bazaar_testkit::{start_cluster, TEST_SECRET};
 use common::*;

@@ -3,7 +3,7 @@
 //! unreachable) and comes back alive after a restart; a host that stops cleanly leaves at
 //! once.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{create_request, start_cluster, TestAgent, TEST_SECRET};
 use bazaar_types::host::StopRequest;

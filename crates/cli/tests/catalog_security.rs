@@ -3,7 +3,7 @@
 //! (rows, host listener) while the others keep working, and `bazaar cluster gossip-key`
 //! rotates the gossip key on every host without losing a member.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{AgentOptions, TestAgent, TEST_SECRET};
 use common::EXE;

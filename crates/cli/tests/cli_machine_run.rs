@@ -3,7 +3,7 @@
 //! nobody answers on) or that exits at once makes the command exit non-zero within seconds,
 //! saying why and showing the end of the machine's log; the machine is left for inspection.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::TestAgent;
 use common::*;

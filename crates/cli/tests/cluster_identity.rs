@@ -3,7 +3,7 @@
 //! certificates kept 0600 and renewed while machines run, and the host listener refusing
 //! callers without a certificate of this cluster.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{AgentOptions, TestAgent};
 use common::EXE;

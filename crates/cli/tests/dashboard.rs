@@ -4,7 +4,7 @@
 //! reload), the stop button, the machine and placement pages, and a console free of errors.
 //! Screenshots of each page go to `target/dashboard-screenshots/` (CI artifacts).
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{free_port, start_cluster};
 use common::*;

@@ -4,7 +4,7 @@
 //! served through every proxy; a second deploy after a one-line change pushes only the
 //! changed layer. Root (image machines).
 
-mod deploy_support;
+use crate::deploy_support;
 
 use bazaar_testkit::images::{ensure_packages, TestRegistry};
 use deploy_support::*;

@@ -5,7 +5,7 @@
 //! whose check never passes (the deploy fails, exits non-zero, rolls back by itself, traffic
 //! served throughout), the release history and a rollback to an older release.
 
-mod deploy_support;
+use crate::deploy_support;
 
 use deploy_support::*;
 

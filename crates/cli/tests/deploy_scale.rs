@@ -2,7 +2,7 @@
 //! zero and back, across regions, `scale vm`; the immediate strategy; `--dry-run` changes nothing; a realistic
 //! fly.toml loads and plans; a broken one gives file:line:col errors; app status and logs.
 
-mod deploy_support;
+use crate::deploy_support;
 
 use deploy_support::*;
 use serde_json::Value;

@@ -2,7 +2,7 @@
 //! starts when the primary's host is killed (kill -9) and declared dead; a standby whose
 //! primary's host is alive stays stopped.
 
-mod deploy_support;
+use crate::deploy_support;
 
 use bazaar_testkit::start_cluster;
 use serde_json::{json, Value};

@@ -4,7 +4,7 @@
 //! cannot honour, or one that would move a machine's volume, stops the deploy with an
 //! error naming it and changes nothing.
 
-mod deploy_support;
+use crate::deploy_support;
 
 use deploy_support::*;
 use reqwest::StatusCode;

@@ -2,7 +2,7 @@
 //! dev.env, stops cleanly on SIGTERM (taking its workloads down), and resumes the same
 //! cluster when run again on the same directory.
 
-mod common;
+use crate::common;
 
 use bazaar_client::HostClient;
 use bazaar_testkit::{create_request, pid_alive};

@@ -4,7 +4,7 @@
 //! be recorded meanwhile, completes. (redb refuses every write after one I/O error until
 //! the database is reopened: this used to need an agent restart.)
 
-mod common;
+use crate::common;
 
 use bazaar_client::ClientError;
 use bazaar_testkit::{AgentOptions, TestAgent};

@@ -4,7 +4,7 @@
 //! agent configs the agent accepts, and the README's and docs' links lead to files that
 //! exist. Needs no root and starts no agent.
 
-mod common;
+use crate::common;
 
 use common::EXE;
 use std::collections::BTreeMap;

@@ -6,7 +6,7 @@
 //! a certificate given as PEM, renewal of short-lived certificates, a failed challenge's
 //! error, and removal.
 
-mod proxy;
+use crate::proxy;
 
 use proxy::*;
 use reqwest::{Method, StatusCode};

@@ -7,7 +7,7 @@
 //! hosts sync, the owner's last row once stayed live everywhere; this two-host version
 //! holds the behaviour but does not reproduce that race, `fleet_faults`' crash run does).
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::TEST_SECRET;
 use bazaar_types::state::MachineState;

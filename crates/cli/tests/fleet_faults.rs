@@ -6,7 +6,7 @@
 //! broken invariant fails the test with the calls that show it. The lab comes down even
 //! when the run fails, and leaves nothing on the machine.
 
-mod common;
+use crate::common;
 
 use common::{is_root, EXE};
 use std::path::PathBuf;

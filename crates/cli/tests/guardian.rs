@@ -6,8 +6,7 @@
 //! comes back it never relaunches its old copies, destroys them, and every catalog lists
 //! each machine once. Bad opt-ins are refused with 400.
 
-mod common;
-mod lab_support;
+use crate::lab_support;
 
 use bazaar_lab::Lab;
 use lab_support::{until, until_seen, LabApi as Node, TestLab};

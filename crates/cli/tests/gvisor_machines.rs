@@ -9,7 +9,7 @@
 //! escapes the isolation tests probe (host files, other apps, host listeners, `/proc/kcore`,
 //! `unshare`, raw sockets) are tried from inside and refused.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::images::{
     busybox_rootfs_layer, config_with, ensure_packages, push_with_config, TestRegistry,

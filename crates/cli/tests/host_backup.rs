@@ -5,7 +5,7 @@
 //! refused while the agent runs. The CA's directory goes in the CA host's backup and
 //! comes back byte for byte.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{create_request, pid_alive, start_cluster, TEST_SECRET};
 use bazaar_types::state::MachineState;

@@ -4,7 +4,7 @@
 //! `kill -9` of `dev` and of every agent, `bazaar host reset --data-dir` removes every trace
 //! of each host, its data included. Run as root (CI does); fails otherwise.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::images::{busybox_rootfs_layer, config_with, push_with_config, TestRegistry};
 use common::*;

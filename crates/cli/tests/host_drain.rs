@@ -7,8 +7,8 @@
 //! is destroyed; its machine bound to a volume of the host is stopped and listed, the
 //! volume kept. `undrain` takes it back. Bad input to `PUT /host/v1/drain` is a 400.
 
-mod common;
-mod volumes_support;
+use crate::common;
+use crate::volumes_support;
 
 use bazaar_testkit::{create_request, start_cluster, TestAgent, TEST_SECRET};
 use bazaar_types::host::{BidRequest, BidResponse};

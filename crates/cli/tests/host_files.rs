@@ -5,7 +5,7 @@
 //! host guard checks the watched host files again when the agent is dropped. Needs root:
 //! run under the e2e lock.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{create_request, AgentOptions, TestAgent};
 use bazaar_types::host::UpdateRequest;

@@ -2,7 +2,7 @@
 //! has no `runc` says so at start, bids for no image machine (the API's "insufficient
 //! capacity" names why), still runs process machines, and `bazaar hosts` shows the reason.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{eventually, process_config, AgentOptions, Fly, TestAgent, TEST_SECRET};
 use bazaar_types::host::{BidRequest, BidResponse};

@@ -4,7 +4,7 @@
 //! change nothing; a server holding another host's certificate cannot take the hops meant
 //! for a machine's owner; `--api-tls` refuses plain HTTP and serves the CLI over HTTPS.
 
-mod proxy;
+use crate::proxy;
 
 use bazaar_pki::{ClusterCa, HostIdentity, HostRequest, IdentityHandle};
 use proxy::*;

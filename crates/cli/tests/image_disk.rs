@@ -6,7 +6,7 @@
 //! again on the same, emptied disk; destroy and `bazaar host reset` leave no mount nor loop
 //! device. Needs root (runc, loop devices, mounts): run under the e2e lock.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::images::{
     busybox_rootfs_layer, config_with, ensure_packages, push_with_config, TestRegistry,
@@ -278,7 +278,7 @@ async fn an_image_machine_fills_only_its_own_disk_and_is_told_while_it_runs() {
 
 /// Not a check: create→started of image machines with a disk of their own (the default
 /// size by guest, 1 GB for 256 MB) and without (`--machine-disk-mb 0`), one agent after
-/// the other. `cargo nextest run -p bazaar --test image_disk --run-ignored only
+/// the other. `cargo nextest run -p bazaar --test e2e_lifecycle image_disk:: --run-ignored only
 /// --no-capture` (under the e2e lock).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement, run by hand"]

@@ -10,7 +10,7 @@
 //! `bazaar lab`: only its namespace plumbing (`bazaar_lab::net`). Everything it makes is
 //! removed at the end.
 
-mod common;
+use crate::common;
 
 use bazaar_lab::{net, HostPlan, LabPlan, Subnet};
 use common::{is_root, EXE};

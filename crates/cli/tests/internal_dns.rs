@@ -5,7 +5,7 @@
 //! no other organization's apps, and names outside `.internal` are forwarded to the host's
 //! resolver (here one this test runs on loopback).
 
-mod common;
+use crate::common;
 
 use bazaar_dns::client::{ask, Reply};
 use bazaar_dns::proto::op::{Message, MessageType};

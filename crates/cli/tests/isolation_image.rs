@@ -6,7 +6,7 @@
 //! cgroup, mount or runtime directory. The agent's data dir is mode 700 (root's home): the
 //! machine still runs and serves through the proxy. Import archives are size-capped.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::images::{
     busybox_rootfs_layer, config_with, docker_save, ensure_packages, push_with_config, TestRegistry,

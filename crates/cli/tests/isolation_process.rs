@@ -5,7 +5,7 @@
 //! dir is private still runs and serves process machines (issue 13). Needs root: the tests
 //! fail, not skip, without it.
 
-mod common;
+use crate::common;
 
 use bazaar_client::HostClient;
 use bazaar_testkit::{create_request, AgentOptions, TestAgent};

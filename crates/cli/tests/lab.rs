@@ -4,8 +4,8 @@
 //! (workloads keep their pids), upgrade to another binary, crash (power loss) and a full
 //! disk; one-way partitions drop one direction only, loss a share of packets; `down` leaves no namespace, link, mount, loop device or process.
 
-mod common;
-mod lab_support;
+use crate::common;
+use crate::lab_support;
 
 use bazaar_lab::Lab;
 use common::{is_root, EXE};
@@ -33,11 +33,6 @@ impl Api {
                 })
                 .collect()
         })
-    }
-
-    async fn digest(&self) -> Option<String> {
-        let (s, v) = self.get("/v1/catalog/digest").await;
-        (s == StatusCode::OK).then(|| v["digest"].as_str().unwrap().to_string())
     }
 }
 

@@ -6,8 +6,7 @@
 //! machine it made, which its owner has stopped, and lists only the winner's machine (still
 //! running) under the name.
 
-mod common;
-mod lab_support;
+use crate::lab_support;
 
 use lab_support::{until, LabApi as Api, TestLab};
 use reqwest::{Method, StatusCode};
@@ -40,11 +39,6 @@ impl Api {
             status,
             serde_json::from_str(&text).unwrap_or(Value::String(text)),
         )
-    }
-
-    async fn digest(&self) -> Option<String> {
-        let (s, v) = self.get("/v1/catalog/digest").await;
-        (s == StatusCode::OK).then(|| v["digest"].as_str().unwrap().to_string())
     }
 
     /// Host address → status, as this host's catalog sees them.

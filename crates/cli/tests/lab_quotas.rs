@@ -5,8 +5,7 @@
 //! racing creates); after the heal every host counts the whole use and refuses the next
 //! create with 403 naming the quota.
 
-mod common;
-mod lab_support;
+use crate::lab_support;
 
 use bazaar_types::quota::overshoot_bound;
 use lab_support::{until, LabApi as Api, TestLab};
@@ -28,11 +27,6 @@ fn sleeper() -> Value {
 }
 
 impl Api {
-    async fn digest(&self) -> Option<String> {
-        let (s, v) = self.get("/v1/catalog/digest").await;
-        (s == StatusCode::OK).then(|| v["digest"].as_str().unwrap().to_string())
-    }
-
     async fn usage(&self) -> u64 {
         let (_, v) = self.get(QUOTA).await;
         v["usage"]["machines"].as_u64().unwrap_or(0)

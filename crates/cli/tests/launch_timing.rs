@@ -3,7 +3,7 @@
 //! event, and `bazaar machine explain --timing` shows them with the placement. Needs root
 //! (an isolating agent): fails, not skips, without it.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{api_token, AgentOptions, Fly, TestAgent, TEST_SECRET};
 use common::*;

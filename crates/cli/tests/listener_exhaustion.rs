@@ -6,7 +6,7 @@
 //! idle connections having been closed to make room; and a request head left half-sent is
 //! closed once the head timeout (here 5 s) has passed.
 
-mod proxy;
+use crate::proxy;
 
 use proxy::Cluster;
 use serde_json::json;

@@ -5,7 +5,7 @@
 //! nor after `bazaar host reset`.
 //! Needs root (loop devices, mounts): run under the e2e lock.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{create_request, AgentOptions, TestAgent};
 use bazaar_types::state::MachineState;

@@ -4,8 +4,7 @@
 //! a partition between A and B heals, traffic flows again without restarting anything;
 //! `down` leaves nothing behind.
 
-mod common;
-mod lab_support;
+use crate::lab_support;
 
 use lab_support::{LabApi as Api, TestLab};
 use reqwest::{Method, StatusCode};

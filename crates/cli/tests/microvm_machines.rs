@@ -9,7 +9,7 @@
 //! inside, nothing of the host is reachable (its files, its listeners, other apps'
 //! machines), while the guest's root may make namespaces in its own kernel.
 
-mod common;
+use crate::common;
 #[path = "../../microvm/tests/support/mod.rs"]
 mod support;
 

@@ -6,7 +6,7 @@
 //! data (and lose what they wrote elsewhere) over a restart, and a hostile image fails the
 //! machine with a clear error without writing outside the image store.
 
-mod common;
+use crate::common;
 
 use base64::Engine;
 use bazaar_testkit::images::{

@@ -6,7 +6,7 @@
 //! no secret given, the gossip key change reaching every host that way too, or with the
 //! secret over HTTPS to an agent with `--api-tls`.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{start_cluster, start_plain_cluster, Fly, TestAgent, TEST_SECRET};
 use common::EXE;

@@ -4,7 +4,7 @@
 //! data dir, and purged only the data dir. The test removes what it installed, even when
 //! it fails, and leaves alone a machine where bazaar is installed already.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::os::unix::fs::PermissionsExt;

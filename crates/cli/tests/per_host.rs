@@ -5,7 +5,7 @@
 //! destroys its copy instead of moving it (no host gets a second one); and a config that
 //! opts in with a volume is refused.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{
     api_token, eventually, start_plain_cluster, AgentOptions, Fly, TestAgent, TEST_SECRET,

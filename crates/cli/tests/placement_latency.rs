@@ -1,11 +1,11 @@
 //! The placement round's latency with a placement policy and with preemption, against the
 //! plain round, in one run on a three-host loopback cluster (issue 34; BENCHMARKS.md,
 //! docs/benchmarks/placement.md). Ignored by default (a measurement, not a check):
-//! `cargo nextest run -p bazaar --test placement_latency --run-ignored only --no-capture`.
+//! `cargo nextest run -p bazaar --test e2e_api placement_latency:: --run-ignored only --no-capture`.
 //! Machines are created with `skip_launch` (the round is what is timed, not a launch) and
 //! destroyed after each create, so every create finds the same cluster.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{start_cluster, Fly};
 use common::*;

@@ -5,7 +5,7 @@
 //! impossible constraint is refused at once with 422 naming it and how many hosts fail it,
 //! and `bazaar machine explain` and the dry run show each host's verdict.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{api_token, start_cluster, Fly, TestAgent};
 use common::*;

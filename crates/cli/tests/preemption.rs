@@ -6,7 +6,7 @@
 //! (409 `insufficient_capacity`, nothing stopped); the placement record shows the preemption
 //! bids.
 
-mod common;
+use crate::common;
 
 use bazaar_testkit::{start_cluster, Fly};
 use common::*;

@@ -4,7 +4,7 @@
 //! answers (204, HEAD), hop-by-hop headers dropped, request bodies small (buffered) and
 //! large (streamed), and kept connections the machine closes without saying so.
 
-mod proxy;
+use crate::proxy;
 
 use proxy::*;
 use reqwest::{Method, StatusCode};

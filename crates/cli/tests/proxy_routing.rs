@@ -3,7 +3,7 @@
 //! machine, hard limits under concurrent load, the bounded wait and its 503, unknown apps,
 //! malformed and oversized requests, slow clients, and `/metrics`.
 
-mod proxy;
+use crate::proxy;
 
 use proxy::*;
 use reqwest::StatusCode;

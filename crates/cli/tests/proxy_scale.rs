@@ -2,7 +2,7 @@
 //! health checks taking machines out of rotation and back, a machine killed under load,
 //! scale from zero (autostart, one shared wake-up) and scale to zero (autostop).
 
-mod proxy;
+use crate::proxy;
 
 use proxy::*;
 use reqwest::{Method, StatusCode};

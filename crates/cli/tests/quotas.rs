@@ -4,8 +4,8 @@
 //! and the numbers, making nothing; `bazaar quota show` prints the limits and the use. The
 //! volume GB quota holds against extends, forks and restores too.
 
-mod common;
-mod volumes_support;
+use crate::common;
+use crate::volumes_support;
 
 use bazaar_testkit::{api_token, eventually, start_cluster, TestAgent};
 use reqwest::{Client, Method, StatusCode};

@@ -8,9 +8,8 @@
 //! every machine, so the restarting host's machine is always being reached by hops. The
 //! same again on `bazaar lab` hosts (network namespaces, the lab's `upgrade`).
 
-mod common;
-mod lab_support;
-mod proxy;
+use crate::lab_support;
+use crate::proxy;
 
 use proxy::*;
 use reqwest::{Method, StatusCode};

@@ -4,7 +4,7 @@
 //! Tests that need root (isolation, cgroups, user switching) skip themselves otherwise, and
 //! fail instead when `BAZAAR_TESTS_REQUIRE_ROOT` is set (CI: `bazaar_testkit::can_run`).
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::os::unix::fs::PermissionsExt;

@@ -3,7 +3,7 @@
 //! volume, an image machine) on free ports, and the cluster's Ctrl-C leaves nothing of it
 //! running or mounted.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::process::Command;

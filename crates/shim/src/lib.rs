@@ -59,8 +59,9 @@
 //! # Cost
 //!
 //! Measured on the 2-core development VM (cgroup v1, other jobs running) with the
-//! `shim_perf` test in `crates/cli/tests`: `spawn` of `sleep 1000` until it is exec'd (p50),
-//! and VmRSS of the shim supervising it. Load 1-2, except the cgroup columns: load 3-4.
+//! `shim` bench in `crates/cli/benches` (`cargo bench -p bazaar --bench shim`): `spawn`
+//! of `sleep 1000` until it is exec'd (p50), and VmRSS of the shim supervising it. Load
+//! 1-2, except the cgroup columns: load 3-4.
 //!
 //! | `bazaar` build | plain | isolated | cgroup | isolated + cgroup | shim VmRSS |
 //! |---|---|---|---|---|---|
@@ -77,7 +78,7 @@
 //! * A sandboxed run adds the private root (about twenty mounts in the init) and its
 //!   seccomp filters: read from the file the agent compiled once ([`write_seccomp_filters`];
 //!   release build at load 20: 0.03-0.09 ms, where compiling them took 0.21-0.26 ms), or
-//!   compiled when the sandbox names none; `shim_perf` measures both (`sandboxed`
+//!   compiled when the sandbox names none; the `shim` bench measures both (`sandboxed`
 //!   columns) beside the plain isolated run.
 //! * On cgroup v1 the child joins the run's cgroup by moving its only thread (`tasks`), not
 //!   its process (`cgroup.procs`): a process move waits for an RCU grace period under the

@@ -230,7 +230,7 @@ fn report(ready: &Ready) {
 
 /// Starts `argv` with `SIGNAL_PLACEHOLDER` replaced by `sig`, without waiting
 /// for it (the shim reaps it with its other children). Its output is dropped.
-fn deliver(argv: &[String], sig: i32) -> io::Result<()> {
+fn deliver(argv: &[String], sig: i32) -> io::Result<libc::pid_t> {
     let mut args = argv
         .iter()
         .map(|a| a.replace(crate::SIGNAL_PLACEHOLDER, &sig.to_string()));
@@ -243,7 +243,8 @@ fn deliver(argv: &[String], sig: i32) -> io::Result<()> {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
-        .map(drop)
+        // Reaped by the event loop (`reap_any`), like every child.
+        .map(|child| child.id() as libc::pid_t)
 }
 
 /// A launched run, supervised by [`Run::supervise`].
@@ -267,6 +268,11 @@ struct Run {
     oom_before: Option<u64>,
     /// How forwarded signals are delivered (`ShimSpec::signal_argv`).
     signal_argv: Option<Vec<String>>,
+    /// The delivery command running now: one at a time, so signals arrive in the order
+    /// they were sent (a SIGINT then a SIGTERM is not turned around).
+    delivering: Option<libc::pid_t>,
+    /// Signals waiting for the delivery before them to finish.
+    queued: std::collections::VecDeque<i32>,
 }
 
 impl Run {
@@ -355,6 +361,8 @@ impl Run {
                     oom_before,
                     cgroup,
                     signal_argv: spec.signal_argv.clone(),
+                    delivering: None,
+                    queued: Default::default(),
                 })
             }
             Err(msg) => {
@@ -450,16 +458,42 @@ impl Run {
                     if pid == self.child {
                         *child_status = Some(status);
                     }
+                    if Some(pid) == self.delivering {
+                        self.delivering = None;
+                    }
                 }
             } else if child_status.is_none() {
                 match &self.signal_argv {
-                    // A command of the runtime's delivers it (reaped as any child above).
-                    // (If it cannot be started, the signal goes to the child.)
-                    Some(argv) if deliver(argv, sig).is_ok() => {}
+                    // A command of the runtime's delivers it, in turn (below).
+                    Some(_) => self.queued.push_back(sig),
                     // To the init (which forwards it) or to the workload itself.
-                    _ => {
+                    None => {
                         let _ = sys::kill(self.child, sig);
                     }
+                }
+            }
+        }
+        self.deliver_next(child_status.is_some());
+    }
+
+    /// Starts the delivery command of the next queued signal once the one before it has
+    /// finished (reaped above). A command that cannot be started leaves the signal to the
+    /// child; once the workload is gone, what is queued is dropped.
+    fn deliver_next(&mut self, exited: bool) {
+        if exited {
+            self.queued.clear();
+        }
+        let Some(argv) = &self.signal_argv else {
+            return;
+        };
+        while self.delivering.is_none() {
+            let Some(sig) = self.queued.pop_front() else {
+                return;
+            };
+            match deliver(argv, sig) {
+                Ok(pid) => self.delivering = Some(pid),
+                Err(_) => {
+                    let _ = sys::kill(self.child, sig);
                 }
             }
         }

@@ -176,6 +176,12 @@ impl LabApi {
         self.call(Method::GET, path, None).await
     }
 
+    /// This host's catalog digest (`None`: no answer): equal on hosts that agree.
+    pub async fn digest(&self) -> Option<String> {
+        let (s, v) = self.get("/v1/catalog/digest").await;
+        (s == StatusCode::OK).then(|| v["digest"].as_str().unwrap().to_string())
+    }
+
     pub async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
         self.call(Method::POST, path, Some(body)).await
     }

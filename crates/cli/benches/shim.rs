@@ -1,7 +1,8 @@
 //! Measures what the shim costs: `ShimHandle::spawn` latency (until the workload is exec'd)
-//! and the resident memory of a shim supervising `sleep 1000`. Prints the figures (run with
-//! `--nocapture` to see them) and fails only on gross regressions, since timings on a shared
-//! 2-core machine vary.
+//! and the resident memory of a shim supervising `sleep 1000`, in each configuration this
+//! host can run (plain; as root isolated and sandboxed; with cgroups). Prints the figures:
+//! `cargo bench -p bazaar --bench shim` (docs/benchmarks/shim.md). A benchmark, not a test:
+//! timings on a shared machine vary, so nothing here fails on a number.
 //!
 //! Both depend on the size of the `bazaar` executable the shim runs as: set
 //! `BAZAAR_SHIM_PERF_EXE=target/release/bazaar` (an absolute path) to measure a release build.
@@ -13,12 +14,6 @@ use bazaar_shim::{ShimHandle, ShimSpec};
 
 /// Spawns per configuration: enough for a stable median, few enough to stay quick.
 const RUNS: usize = 25;
-/// Gross-regression bounds (the targets are 5 ms and 2 MiB; see the crate docs). The shim's
-/// resident memory grows with the executable it runs as (the loader's relocations touch its
-/// pages): a debug build of the whole workspace, with issue 15-17's crates linked in, puts
-/// an idle shim at about 4.0-4.1 MiB, so the bound leaves a megabyte above that.
-const MAX_P50: Duration = Duration::from_millis(50);
-const MAX_RSS_KIB: u64 = 5 * 1024;
 
 /// A sandboxed run's seccomp filters: compiled by the shim (`None`), or read from a file
 /// the agent wrote once.
@@ -67,16 +62,12 @@ fn rss_kib(pid: i32) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-async fn measure(
-    label: &str,
-    isolate: bool,
-    cgroup: bool,
-    sandbox: bool,
-    filters: Filters<'_>,
-) -> (Duration, u64) {
+async fn measure(label: &str, isolate: bool, cgroup: bool, sandbox: bool, filters: Filters<'_>) {
     let dir = tempfile::tempdir().unwrap();
-    let exe = std::env::var_os("BAZAAR_SHIM_PERF_EXE")
-        .map_or_else(|| env!("CARGO_BIN_EXE_bazaar").into(), PathBuf::from);
+    let exe = std::env::var_os("BAZAAR_SHIM_PERF_EXE").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_bazaar")),
+        PathBuf::from,
+    );
     let mut latencies = Vec::with_capacity(RUNS);
     let mut rss = Vec::with_capacity(RUNS);
     for i in 0..RUNS {
@@ -104,11 +95,10 @@ async fn measure(
         rss[RUNS / 2],
         rss[RUNS - 1],
     );
-    (p50, rss[RUNS / 2])
 }
 
-#[tokio::test]
-async fn spawn_latency_and_shim_memory() {
+#[tokio::main]
+async fn main() {
     let scratch = tempfile::tempdir().unwrap();
     let file = scratch.path().join("seccomp.bpf");
     bazaar_shim::write_seccomp_filters(&file).unwrap();
@@ -139,8 +129,6 @@ async fn spawn_latency_and_shim_memory() {
         ));
     }
     for (label, isolate, cgroup, sandbox, filters) in configs {
-        let (p50, rss) = measure(label, isolate, cgroup, sandbox, filters).await;
-        assert!(p50 < MAX_P50, "{label}: spawn p50 {p50:?}");
-        assert!(rss < MAX_RSS_KIB, "{label}: shim rss {rss} KiB");
+        measure(label, isolate, cgroup, sandbox, filters).await;
     }
 }
