@@ -1,14 +1,15 @@
 //! The machine config decoder, as the Machines API reads a create request
-//! (`bazaar_api::parse_body` into `CreateMachineRequest`) and the agent checks it
-//! (`validate_config`). Properties: a config that decodes re-encodes to JSON that decodes to
+//! (`bazaar_api::parse_body`, which is `bazaar_types::json::from_body`, into
+//! `CreateMachineRequest`) and the agent checks it (`validate_config`, which is
+//! `bazaar_admission::validate`). Properties: a config that decodes re-encodes to JSON that decodes to
 //! the same value, and is judged the same (valid or not) both times; a config accepted has
 //! no key that is not Fly's or bazaar's, and Fly's keys bazaar does not act on only at their
 //! defaults (`config_fields`, judged again on the re-encoded JSON); nothing panics.
 #![no_main]
 
-use bazaar_agent::operations::validate_config;
-use bazaar_api::machines::CreateMachineRequest;
-use bazaar_api::parse_body;
+use bazaar_admission::validate as validate_config;
+use bazaar_types::create_request::CreateMachineRequest;
+use bazaar_types::json::from_body as parse_body;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|body: &[u8]| {

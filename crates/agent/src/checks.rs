@@ -11,6 +11,7 @@
 //! a `Checker`.
 
 use crate::sync::lock;
+use bazaar_admission::check_headers as headers;
 use bazaar_catalog::{Catalog, CheckRecord, MachineFilter};
 use bazaar_types::config::CheckConfig;
 use bazaar_types::now_ms;
@@ -279,58 +280,6 @@ fn spec(
         timeout: c.timeout.map(|d| d.get()).unwrap_or(DEFAULT_TIMEOUT),
         grace: c.grace_period.map(|d| d.get()).unwrap_or_default(),
     }
-}
-
-/// The request headers of an HTTP check, as Fly spells them (`[{"name": "X", "values":
-/// ["a"]}]`) or as fly.toml does (`{"X": "a"}`); an error names what is wrong.
-pub(crate) fn headers(c: &CheckConfig) -> Result<Vec<(String, String)>, String> {
-    let invalid = |why: String| Err(format!("check headers: {why}"));
-    let mut out = Vec::new();
-    match c.extra.get("headers") {
-        None | Some(serde_json::Value::Null) => {}
-        Some(serde_json::Value::Array(list)) => {
-            for h in list {
-                let Some(name) = h["name"].as_str() else {
-                    return invalid(format!("{h} has no name"));
-                };
-                let values = match &h["values"] {
-                    serde_json::Value::Array(v) => v.clone(),
-                    serde_json::Value::Null => Vec::new(),
-                    other => vec![other.clone()],
-                };
-                for v in values {
-                    let Some(v) = v.as_str() else {
-                        return invalid(format!("header {name}: values must be strings"));
-                    };
-                    out.push((name.to_string(), v.to_string()));
-                }
-            }
-        }
-        Some(serde_json::Value::Object(map)) => {
-            for (name, v) in map {
-                let Some(v) = v.as_str() else {
-                    return invalid(format!("header {name}: the value must be a string"));
-                };
-                out.push((name.clone(), v.to_string()));
-            }
-        }
-        Some(other) => return invalid(format!("expected a list of {{name, values}}, got {other}")),
-    }
-    for (name, value) in &out {
-        let name_ok = !name.is_empty()
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
-        if !name_ok {
-            return invalid(format!("invalid header name {name:?}"));
-        }
-        if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
-            return invalid(format!(
-                "header {name}: the value may not contain CR, LF or NUL"
-            ));
-        }
-    }
-    Ok(out)
 }
 
 /// Runs one check: `Ok(output)` when it passes, `Err(output)` when it fails.

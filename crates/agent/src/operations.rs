@@ -5,7 +5,6 @@
 //! [`crate::views`]; every change is published through [`crate::publish`].
 
 use crate::agent::Agent;
-use crate::driver;
 use crate::error::{capacity_error, AgentError};
 use crate::leases::check_lease;
 use crate::record::{MachineRecord, OpKind, Operation};
@@ -14,9 +13,7 @@ use crate::store::Batch;
 use crate::sync::lock;
 use bazaar_lifecycle::accept::accept;
 use bazaar_types::config::MachineConfig;
-use bazaar_types::config_fields;
 use bazaar_types::event::MachineEvent;
-use bazaar_types::guest::Guest;
 use bazaar_types::host::{Resources, StopRequest, UpdateRequest};
 use bazaar_types::ids;
 use bazaar_types::machine::Machine;
@@ -349,131 +346,10 @@ pub(crate) fn stop_params(config: &MachineConfig, req: &StopRequest) -> (Signal,
     )
 }
 
-/// Refuses what a config asks for and no host here can do, rather than accept it silently:
-/// GPUs (no host has one: a placement refusal, `insufficient_capacity`), keys that are no
-/// Fly config's and Fly's fields bazaar does not act on set to other than their default
-/// (400 naming the field: `bazaar_types::config_fields`).
-fn refuse_unsupported(config: &MachineConfig, guest: &Guest) -> Result<(), AgentError> {
-    let set = |v: Option<&serde_json::Value>| {
-        v.is_some_and(|v| !config_fields::is_default(v, config_fields::Shape::Any))
-    };
-    if set(guest.extra.get("gpus")) || set(guest.extra.get("gpu_kind")) {
-        return Err(AgentError::Capacity(
-            "no host in this cluster has GPUs (guest.gpus / guest.gpu_kind)".into(),
-        ));
-    }
-    config_fields::check(config).map_err(AgentError::Invalid)?;
-    if let Some(metrics) = &config.metrics {
-        if metrics.port == 0 {
-            return Err(AgentError::Invalid(
-                "config.metrics.port must be between 1 and 65535".into(),
-            ));
-        }
-        if !metrics.path.starts_with('/')
-            || metrics
-                .path
-                .chars()
-                .any(|c| c.is_ascii_control() || c == ' ')
-        {
-            return Err(AgentError::Invalid(format!(
-                "config.metrics.path must be an absolute URL path, got {:?}",
-                metrics.path
-            )));
-        }
-        if metrics.https {
-            return Err(AgentError::Invalid(
-                "config.metrics.https is not supported by bazaar (metrics are scraped over HTTP on the machine's own address); leave it out".into(),
-            ));
-        }
-    }
-    if let Some(schedule) = config.schedule.as_deref().filter(|s| !s.is_empty()) {
-        if !crate::schedule::SCHEDULES.contains(&schedule) {
-            return Err(AgentError::Invalid(format!(
-                "config.schedule {schedule:?} must be one of {}",
-                crate::schedule::SCHEDULES.join(", ")
-            )));
-        }
-    }
-    let service_checks = config.services.iter().flat_map(|s| &s.checks);
-    for check in config.checks.values().chain(service_checks) {
-        crate::checks::headers(check).map_err(AgentError::Invalid)?;
-    }
-    Ok(())
-}
-
-/// Validates a config and returns the resources it needs.
+/// Validates a config and returns the resources it needs (`bazaar_admission`).
 pub fn validate_config(config: &MachineConfig) -> Result<Resources, AgentError> {
-    let guest = match (&config.guest, &config.size) {
-        (Some(_), Some(_)) => {
-            return Err(AgentError::Invalid(
-                "config.size and config.guest are mutually exclusive".into(),
-            ))
-        }
-        (Some(g), None) => g.clone(),
-        (None, Some(size)) => Guest::preset(size).map_err(AgentError::Invalid)?,
-        (None, None) => Guest::default(),
-    };
-    let size = guest.validate().map_err(AgentError::Invalid)?;
-    bazaar_types::limits::check_config(config).map_err(AgentError::Invalid)?;
-    refuse_unsupported(config, &guest)?;
-    config.rootfs_size_gb().map_err(AgentError::Invalid)?;
-    bazaar_types::replacement::validate(config).map_err(AgentError::Invalid)?;
-    if let Some(p) = &config.placement {
-        p.validate().map_err(AgentError::Invalid)?;
-    }
-    config.check_runtime().map_err(AgentError::Invalid)?;
-    match config.driver() {
-        "process" => {
-            let argv = config.init.as_ref().map(|i| i.argv()).unwrap_or_default();
-            driver::validate_command(&config.env, &argv).map_err(AgentError::Invalid)?;
-            driver::work_files(config).map_err(AgentError::Invalid)?;
-        }
-        // gVisor runs the same bundle as runc, a microVM a disk of the same rootfs (a host
-        // that cannot run them refuses them: runnable.rs).
-        "oci" | "gvisor" | "microvm" => {
-            config
-                .image
-                .parse::<bazaar_image::Reference>()
-                .map_err(|e| AgentError::Invalid(format!("image {:?}: {e}", config.image)))?;
-            for f in &config.files {
-                if !f.guest_path.starts_with('/') || f.guest_path.split('/').any(|c| c == "..") {
-                    return Err(AgentError::Invalid(format!(
-                        "config.files: guest_path {:?} must be an absolute path without ..",
-                        f.guest_path
-                    )));
-                }
-                if f.raw_value.is_none() {
-                    return Err(AgentError::Invalid(format!(
-                        "config.files {}: raw_value (base64) is required",
-                        f.guest_path
-                    )));
-                }
-            }
-        }
-        other => {
-            return Err(AgentError::Invalid(format!(
-                "unknown driver {other:?}: use \"process\", or set config.image"
-            )))
-        }
-    }
-    bazaar_types::volume::mount_of(config).map_err(AgentError::Invalid)?;
-    for svc in &config.services {
-        if svc.internal_port == 0 {
-            return Err(AgentError::Invalid(
-                "services[].internal_port must be between 1 and 65535".into(),
-            ));
-        }
-        if !matches!(svc.protocol.as_str(), "tcp" | "udp") {
-            return Err(AgentError::Invalid(format!(
-                "services[].protocol must be tcp or udp, got {:?}",
-                svc.protocol
-            )));
-        }
-    }
-    for key in config.env.keys() {
-        if key.is_empty() || key.contains('=') || key.contains('\0') {
-            return Err(AgentError::Invalid(format!("invalid env name {key:?}")));
-        }
-    }
-    Ok(size.into())
+    bazaar_admission::validate(config).map_err(|refusal| match refusal {
+        bazaar_admission::Refusal::Invalid(why) => AgentError::Invalid(why),
+        bazaar_admission::Refusal::Capacity(why) => AgentError::Capacity(why),
+    })
 }

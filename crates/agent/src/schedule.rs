@@ -10,7 +10,7 @@ use bazaar_types::state::MachineState;
 use std::time::Duration;
 
 /// The schedules Fly knows.
-pub const SCHEDULES: &[&str] = &["hourly", "daily", "weekly", "monthly"];
+pub use bazaar_admission::SCHEDULES;
 
 /// The interval of `schedule`, where an hour lasts `hour` (an hour, except in tests).
 pub fn interval(schedule: &str, hour: Duration) -> Option<Duration> {

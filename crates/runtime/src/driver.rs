@@ -628,44 +628,6 @@ pub fn is_root_user(user: &str) -> bool {
     })
 }
 
-/// Checks that the machine's command can run: non-empty, and its program exists and is
-/// executable (looked up in the machine's PATH when it has no `/`).
-pub fn validate_command(rec_env: &BTreeMap<String, String>, argv: &[String]) -> Result<(), String> {
-    let Some(program) = argv.first() else {
-        return Err(
-            "config.init.exec (or init.entrypoint/init.cmd) must name the command to run".into(),
-        );
-    };
-    if program.is_empty() {
-        return Err("the command to run is empty".into());
-    }
-    if program.contains('\0') || argv.iter().any(|a| a.contains('\0')) {
-        return Err("the command contains a NUL byte".into());
-    }
-    let path = rec_env
-        .get("PATH")
-        .map(String::as_str)
-        .unwrap_or(DEFAULT_PATH);
-    let found = if program.contains('/') {
-        is_executable(Path::new(program))
-    } else {
-        path.split(':')
-            .any(|dir| !dir.is_empty() && is_executable(&Path::new(dir).join(program)))
-    };
-    if found {
-        Ok(())
-    } else {
-        Err(format!("command not found: {program}"))
-    }
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
-}
-
 /// Picks a free loopback TCP port for a service.
 pub fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?
@@ -676,17 +638,6 @@ pub fn free_port() -> std::io::Result<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn commands_are_checked_before_anything_is_created() {
-        let env = BTreeMap::new();
-        assert!(validate_command(&env, &["sleep".into(), "1".into()]).is_ok());
-        assert!(validate_command(&env, &["/bin/sh".into()]).is_ok());
-        let err = validate_command(&env, &["no-such-program-xyz".into()]).unwrap_err();
-        assert_eq!(err, "command not found: no-such-program-xyz");
-        assert!(validate_command(&env, &[]).is_err());
-        assert!(validate_command(&env, &["/etc/passwd".into()]).is_err());
-    }
 
     /// A root agent's driver over `data` (no network, no images).
     fn test_driver(data: &Path) -> Driver {

@@ -9,6 +9,7 @@
 //! - [`event`]: machine events (`launch`, `start`, `exit`, ...).
 //! - [`machine`]: the machine object returned to clients.
 //! - [`api`]: the other Machines API bodies (apps, create requests, leases, secrets, ...).
+//! - [`create_request`]: the create request as the API reads it (`config` optional).
 //! - [`host`]: the host-to-host interface (bids, reservations, claims, host info).
 //! - [`error`]: the Fly error body `{"error": ..., "status": ...}`.
 //! - [`json`]: request bodies read once, each key at most once.
@@ -26,6 +27,7 @@
 pub mod api;
 pub mod config;
 pub mod config_fields;
+pub mod create_request;
 pub mod duration;
 pub mod error;
 pub mod event;

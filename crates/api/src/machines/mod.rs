@@ -17,39 +17,14 @@ use bazaar_types::config::MachineConfig;
 use bazaar_types::host::{ClaimRequest, UpdateRequest};
 use bazaar_types::machine::Machine;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 mod forward;
 pub(crate) use forward::{forward, forwarded};
 
-/// Fly's CreateMachineRequest (unknown fields are ignored); with `count`, bazaar's batch
-/// create.
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct CreateMachineRequest {
-    /// The machine's config (required).
-    #[schemars(required)]
-    pub config: Option<MachineConfig>,
-    /// The machine's name (generated when absent).
-    #[serde(default)]
-    pub name: Option<String>,
-    /// A region expression: `ord`, `ord,any`, ... (default: this node's region, then any).
-    #[serde(default)]
-    pub region: Option<String>,
-    /// Create the machine without starting it.
-    #[serde(default)]
-    pub skip_launch: bool,
-    /// Create it cordoned.
-    #[serde(default)]
-    pub skip_service_registration: bool,
-    /// Take a lease of this many seconds on the new machine (its nonce is returned).
-    #[serde(default)]
-    pub lease_ttl: Option<u64>,
-    /// Batch create only: how many machines (1 to 1000, default 1).
-    #[serde(default)]
-    pub count: Option<usize>,
-}
+pub use bazaar_types::create_request::CreateMachineRequest;
 
 impl CarriesConfig for CreateMachineRequest {
     fn config(&self) -> Option<&MachineConfig> {
