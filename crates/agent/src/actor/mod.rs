@@ -323,7 +323,10 @@ impl Actor {
     /// Runs `op` from its first unrecorded step to the end. Returns the settled state.
     async fn execute(&mut self, mut op: Operation) -> Option<MachineState> {
         let steps = op.kind.steps();
-        if !steps.is_empty() {
+        // Cleared once, by the operation that set it: an operation queued meanwhile has set
+        // its own (`Agent::enqueue`), which a second clear here would take away.
+        let mut shows_transient = !steps.is_empty();
+        if shows_transient {
             // Shown while the steps run (`starting`, `stopping`, ...); an operation with
             // nothing to run (a create with skip_launch) never shows one.
             self.set_transient(Some(op.kind.transient_state()));
@@ -381,13 +384,17 @@ impl Actor {
             self.agent.0.crash.at(op.kind.name(), op.steps_done);
             if last {
                 self.set_transient(None);
+                shows_transient = false;
             }
             self.agent.publish(&rec);
             if last {
                 break;
             }
         }
-        self.set_transient(None);
+        if shows_transient {
+            // The loop ended before the last step (the machine is gone).
+            self.set_transient(None);
+        }
         if let Some(rec) = self.load() {
             self.agent.publish(&rec);
             // A run that was adopted as already over (it ended while we were away) is
