@@ -11,7 +11,7 @@
 //! in four. A stress test: the interleaving is between threads, where no seam reaches.
 
 use bazaar_agent::clock::Clock;
-use bazaar_agent::{Agent, AgentConfig, Seams};
+use bazaar_agent::{boot, market, operations, AgentConfig, Seams};
 use bazaar_testkit::fake_driver::FakeDriver;
 use bazaar_types::host::{ClaimRequest, StopRequest};
 use bazaar_types::machine::Machine;
@@ -59,13 +59,13 @@ async fn a_machine_read_during_a_restart_is_restarting_until_it_has_started() {
         clock: Clock::System,
         crash: None,
     };
-    let agent = Agent::start_in_process(config, seams).await.unwrap();
+    let agent = boot::start_in_process(config, seams).await.unwrap();
     let req: ClaimRequest = serde_json::from_value(json!({
         "app": "reads",
         "config": {"init": {"exec": ["/bin/sh", "-c", "sleep 1000"]}},
     }))
     .unwrap();
-    let id = agent.create(req).await.unwrap().id;
+    let id = market::create(&agent, req).await.unwrap().id;
     let waited = agent.wait(
         &id,
         &[MachineState::Started],
@@ -86,7 +86,9 @@ async fn a_machine_read_during_a_restart_is_restarting_until_it_has_started() {
             .map(|e| e.id)
             .collect();
         let stop: StopRequest = serde_json::from_value(json!({})).unwrap();
-        agent.restart_machine(&id, stop, None).await.unwrap();
+        operations::restart_machine(&agent, &id, stop, None)
+            .await
+            .unwrap();
         let done = Arc::new(AtomicBool::new(false));
         let readers: Vec<_> = (0..READERS)
             .map(|_| {
@@ -120,5 +122,5 @@ async fn a_machine_read_during_a_restart_is_restarting_until_it_has_started() {
         seen_wrong.len(),
         &seen_wrong[..seen_wrong.len().min(3)]
     );
-    agent.shutdown().await;
+    boot::shutdown(&agent).await;
 }
