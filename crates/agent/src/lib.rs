@@ -5,14 +5,16 @@
 //! reservations and claims.
 //!
 //! Layout, in layers (each module imports only from layers below it; `tests/layering.rs`
-//! fails on an import circle):
+//! fails on an import circle, on an `impl` block for another module's type and on the
+//! agent's `Inner` reachable outside `agent.rs`):
 //! - [`boot`], at the top: start-up ([`run_agent`], [`boot::start`]: re-adoption, resuming
 //!   operations, the agent's loops) and shutdown.
-//! - Above [`agent`], what needs the whole agent: [`operations`] (the accept side of
-//!   operations on existing machines), [`market`], [`leases`], [`publish`],
-//!   [`actor`], [`http`], [`volumes`] and the rest below.
-//! - [`agent`]: the agent's state, made of parts from the modules below it, and what every
-//!   operation shares (numbering, loading a live machine, durable commits).
+//! - Above [`agent`], what needs the whole agent, as functions over its narrow methods:
+//!   [`operations`] (the accept side of operations on existing machines), [`market`],
+//!   [`create`], [`leases`], [`publish`], [`actor`], [`http`], [`volumes`] and the rest below.
+//! - [`agent`]: the agent's state, made of parts from the modules below it and private to
+//!   it, what every operation shares (numbering, loading a live machine, durable commits),
+//!   and narrow accessors of its parts.
 //! - The parts, which know nothing of the agent: [`store`] (beside the ledger of
 //!   `bazaar-placement`), [`registry`]
 //!   (the channel to each machine's actor), [`tokens`], [`addresses`], [`checks`],
@@ -41,7 +43,7 @@
 //! - [`driver`], [`oci`], [`network`], [`netlink`], [`idranges`], [`volume_fs`], [`exec`]:
 //!   the host plumbing, re-exported from `bazaar-runtime` (the driver of process and image
 //!   machines, their network, volumes' storage, exec). The actors reach machines only
-//!   through its [`bazaar_runtime::MachineDriver`] (`Inner::machine_driver`).
+//!   through its [`bazaar_runtime::MachineDriver`] (`Agent::machine_driver`).
 //! - [`restart`]: the restart policy (`bazaar_lifecycle::restart`).
 //! - [`http`]: the host interface (`/host/v1`).
 //! - [`cluster_security`]: the gossip keyring and the CA's revocations on this host.

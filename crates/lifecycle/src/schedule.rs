@@ -66,6 +66,8 @@ mod tests {
         // Created at 10 s, ran then: not due before 11 s.
         assert!(!due(10_000, 10_000, 10_999, every));
         assert!(due(10_000, 10_000, 11_000, every));
+        // Started right at its 11 s slot: that slot is done.
+        assert!(!due(10_000, 11_000, 11_500, every));
         // Started at 11.2 s for the 11 s slot: not again until 12 s.
         assert!(!due(10_000, 11_200, 11_900, every));
         assert!(due(10_000, 11_200, 12_000, every));
