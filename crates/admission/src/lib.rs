@@ -23,8 +23,7 @@ pub enum Refusal {
     Capacity(String),
 }
 
-/// The schedules `config.schedule` may name (the agent's `schedule.rs` runs them).
-pub const SCHEDULES: &[&str] = &["hourly", "daily", "weekly", "monthly"];
+use bazaar_lifecycle::schedule::SCHEDULES;
 
 /// Refuses what a config asks for and no host here can do, rather than accept it silently:
 /// GPUs (no host has one: a placement refusal, `insufficient_capacity`), keys that are no

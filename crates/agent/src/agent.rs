@@ -8,8 +8,9 @@
 //! module also has what every operation shares: numbering operations, loading a live
 //! machine, durable commits, and narrow accessors of its parts for the modules above. It
 //! imports only downward: start-up ([`crate::boot`]) and everything that needs the whole
-//! agent (operations, market, leases, volumes, actors...) sit above it; no module outside
-//! this file touches `Inner`'s fields but the few still listed in `tests/layering.rs`.
+//! agent (operations, market, leases, volumes, actors...) sit above it, as functions over
+//! these methods. `Inner` and its fields are private to this file (`tests/layering.rs`
+//! checks that they stay so), so no other module can reach past the methods.
 
 use crate::addresses::Addresses;
 use crate::checks::CheckResults;
@@ -45,77 +46,77 @@ use tokio_util::task::TaskTracker;
 
 /// The agent, cheap to clone.
 #[derive(Debug, Clone)]
-pub struct Agent(pub(crate) Arc<Inner>);
+pub struct Agent(Arc<Inner>);
 
 /// Shared state of the agent: its parts.
 #[derive(Debug)]
-pub(crate) struct Inner {
-    pub config: AgentConfig,
-    pub host_id: String,
-    pub store: Store,
+struct Inner {
+    config: AgentConfig,
+    host_id: String,
+    store: Store,
     /// The ledger; its lock also serializes every accepted write, so validation and the
     /// durable write happen as one step.
-    pub ledger: tokio::sync::Mutex<Ledger>,
+    ledger: tokio::sync::Mutex<Ledger>,
     /// The host plumbing (paths, network, volumes, images) of this host's machines.
-    pub driver: Driver,
+    driver: Driver,
     /// What the actors launch, find and remove runs with: `driver` itself, or a fake in
-    /// tests ([`Agent::start_with_driver`]).
-    pub machine_driver: Arc<dyn MachineDriver>,
+    /// tests (`boot::start_in_process`).
+    machine_driver: Arc<dyn MachineDriver>,
     /// The channel to each machine's actor.
-    pub actors: Actors,
-    pub live: Mutex<HashMap<String, watch::Sender<Snapshot>>>,
+    actors: Actors,
+    live: Mutex<HashMap<String, watch::Sender<Snapshot>>>,
     /// State shown while an operation runs (`starting`, `stopping`, ...).
-    pub transient: Mutex<HashMap<String, MachineState>>,
-    pub crash: Arc<CrashPoint>,
+    transient: Mutex<HashMap<String, MachineState>>,
+    crash: Arc<CrashPoint>,
     /// "Now" for leases, reservations, backoffs and records ([`crate::clock`]).
-    pub clock: Clock,
-    pub next_op_id: AtomicU64,
-    pub shutdown: CancellationToken,
+    clock: Clock,
+    next_op_id: AtomicU64,
+    shutdown: CancellationToken,
     /// Counts the agent's tasks: shutdown waits for them.
-    pub tracker: TaskTracker,
+    tracker: TaskTracker,
     /// Accepted bearer tokens, revocations, the verifier of scoped tokens.
-    pub tokens: Tokens,
+    tokens: Tokens,
     /// The record of changes made through this host's API (`audit.rs`).
-    pub audit: crate::audit::AuditLog,
+    audit: crate::audit::AuditLog,
     /// Host ports, machine network addresses and uids held by this host's machines.
-    pub addresses: Addresses,
+    addresses: Addresses,
     /// The gossip replica, once attached: every change to a machine is published to it.
-    pub catalog: std::sync::OnceLock<bazaar_catalog::Catalog>,
+    catalog: std::sync::OnceLock<bazaar_catalog::Catalog>,
     /// The last host record published (to publish only changes).
-    pub last_host_record: Mutex<Option<bazaar_catalog::HostRecord>>,
+    last_host_record: Mutex<Option<bazaar_catalog::HostRecord>>,
     /// Where this host's edge proxy listens, once it does (published as the host label
     /// `proxy_addr`, so other proxies can hand requests for this host's machines to it).
-    pub proxy_addr: std::sync::OnceLock<std::net::SocketAddr>,
+    proxy_addr: std::sync::OnceLock<std::net::SocketAddr>,
     /// The proxy's hop listener (mTLS, hosts with certificates only; published as
     /// `proxy_hop_addr`): other proxies hand requests for this host's machines to it.
-    pub proxy_hop_addr: std::sync::OnceLock<std::net::SocketAddr>,
+    proxy_hop_addr: std::sync::OnceLock<std::net::SocketAddr>,
     /// This host's host listener and its mTLS client to other hosts, once it has a cluster
     /// certificate ([`crate::host_tls`]; published as the host label `host_addr`).
-    pub host_link: std::sync::OnceLock<HostLink>,
+    host_link: std::sync::OnceLock<HostLink>,
     /// The host labels announcing this host's mesh (key, endpoint, prefix), once it runs
     /// (`mesh.rs`).
-    pub mesh_labels: Mutex<std::collections::BTreeMap<String, String>>,
+    mesh_labels: Mutex<std::collections::BTreeMap<String, String>>,
     /// Open preemption bids by reservation id (`preempt.rs`; in memory, as reservations).
-    pub preemptions: crate::preemptions::Preemptions,
+    preemptions: crate::preemptions::Preemptions,
     /// The latest health-check results of this host's machines.
-    pub checks: CheckResults,
+    checks: CheckResults,
     /// Disk offered to volumes, in GB.
-    pub disk_gb: u64,
+    disk_gb: u64,
     /// The drivers this host cannot run, with what it lacks ([`crate::runnable`]): bids
     /// and creates for them are refused, and the host row says so.
-    pub cannot_run: std::collections::BTreeMap<String, String>,
+    cannot_run: std::collections::BTreeMap<String, String>,
     /// Held while a volume's storage step runs (one at a time per host, so a retried create
     /// never formats or mounts the same image twice at once).
-    pub volume_steps: tokio::sync::Mutex<()>,
+    volume_steps: tokio::sync::Mutex<()>,
     /// Operations and steps run.
-    pub metrics: crate::metrics::AgentMetrics,
+    metrics: crate::metrics::AgentMetrics,
     /// The machines whose full disk was reported (`disk_watch.rs`).
-    pub full_disks: crate::disk_watch::FullDisks,
+    full_disks: crate::disk_watch::FullDisks,
     /// The last samples of machines' own metrics pages (`config.metrics`).
-    pub machine_metrics: Arc<crate::machine_metrics::MachineMetrics>,
+    machine_metrics: Arc<crate::machine_metrics::MachineMetrics>,
     /// Set by `bazaar host drain` (`drain.rs`), kept in the store's meta table: the host
     /// bids for nothing, creates nothing new and its row says `draining`.
-    pub draining: std::sync::atomic::AtomicBool,
+    draining: std::sync::atomic::AtomicBool,
 }
 
 /// What a test running the agent in-process puts in place of the host's own: the driver
@@ -154,7 +155,7 @@ impl Agent {
         let cgroups = is_root && config.isolate && bazaar_shim::cgroups_available();
         let exe = match &config.shim_exe {
             Some(p) => p.clone(),
-            None => shim_executable(&std::env::current_exe()?),
+            None => crate::shim_exe::shim_executable(&std::env::current_exe()?),
         };
         let driver = Driver {
             exe,
@@ -308,6 +309,91 @@ impl Agent {
     /// Counts the agent's tasks: shutdown waits for them.
     pub(crate) fn tracker(&self) -> &TaskTracker {
         &self.0.tracker
+    }
+
+    /// Cancels the agent's tasks (its loops, its actors: operations in flight resume on
+    /// the next start) and waits for them, at most 10 s.
+    pub(crate) async fn stop_tasks(&self) {
+        self.0.shutdown.cancel();
+        self.0.tracker.close();
+        if tokio::time::timeout(Duration::from_secs(10), self.0.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("tasks still running after 10 s");
+        }
+    }
+
+    /// Cancelled when the agent shuts down (`shutdown_token` without the clone).
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.0.shutdown.is_cancelled()
+    }
+
+    /// What the actors launch, find and remove runs with.
+    pub(crate) fn machine_driver(&self) -> &Arc<dyn MachineDriver> {
+        &self.0.machine_driver
+    }
+
+    /// "Now" for leases, reservations, backoffs and records ([`crate::clock`]).
+    pub(crate) fn clock(&self) -> Clock {
+        self.0.clock
+    }
+
+    /// Operations and steps run ([`crate::metrics`]).
+    pub(crate) fn metrics(&self) -> &crate::metrics::AgentMetrics {
+        &self.0.metrics
+    }
+
+    /// The machines whose full disk was reported ([`crate::disk_watch`]).
+    pub(crate) fn full_disks(&self) -> &crate::disk_watch::FullDisks {
+        &self.0.full_disks
+    }
+
+    /// The latest health-check results of this host's machines.
+    pub(crate) fn checks(&self) -> &CheckResults {
+        &self.0.checks
+    }
+
+    /// The last samples of machines' own metrics pages ([`crate::machine_metrics`]).
+    pub(crate) fn machine_metrics(&self) -> &Arc<crate::machine_metrics::MachineMetrics> {
+        &self.0.machine_metrics
+    }
+
+    /// Shows machine `id` in `state` while an operation runs on it (`starting`,
+    /// `stopping`, ...), or (`None`) in its recorded state again. Clients read it before
+    /// the record ([`crate::views`]): clear it only once the operation's last step is
+    /// recorded.
+    pub(crate) fn set_operation_state(&self, id: &str, state: Option<MachineState>) {
+        let mut shown = lock(&self.0.transient);
+        match state {
+            Some(s) => shown.insert(id.to_string(), s),
+            None => shown.remove(id),
+        };
+    }
+
+    /// Shows machine `id` in `state` unless an operation already shows its own.
+    pub(crate) fn show_operation_state(&self, id: &str, state: MachineState) {
+        lock(&self.0.transient)
+            .entry(id.to_string())
+            .or_insert(state);
+    }
+
+    /// Forgets the live state `wait` watches of machines whose records were purged.
+    pub(crate) fn forget_live(&self, ids: &[String]) {
+        let mut live = lock(&self.0.live);
+        for id in ids {
+            live.remove(id);
+        }
+    }
+
+    /// True while `bazaar host drain` holds (not shutdown: [`Agent::is_draining`]).
+    pub(crate) fn draining_flag(&self) -> bool {
+        self.0.draining.load(Ordering::SeqCst)
+    }
+
+    /// Gives back host ports no machine holds any more.
+    pub(crate) fn release_host_ports(&self, ports: &[u16]) {
+        self.0.addresses.release_ports(ports);
     }
 
     /// The parts the reads use ([`crate::views`]).
@@ -653,74 +739,5 @@ impl Agent {
         let store = self.0.store.clone();
         tokio::task::spawn_blocking(move || store.write(&batch)).await??;
         Ok(())
-    }
-}
-
-/// The executable to run shims with for an agent running `agent_exe`: `bazaar-shim` in the
-/// same directory when it is there and of this very version (`bazaar_shim::version_line`: a
-/// stale one left by an older install could misread the spec), else `agent_exe` itself,
-/// which answers `shim RUN_DIR` too. The small executable starts in half the time and
-/// memory of the whole `bazaar` (see `bazaar_shim`'s Cost). Asked once, at start.
-pub fn shim_executable(agent_exe: &std::path::Path) -> std::path::PathBuf {
-    let sibling = agent_exe.with_file_name("bazaar-shim");
-    if !sibling.is_file() {
-        return agent_exe.to_path_buf();
-    }
-    let answer = std::process::Command::new(&sibling)
-        .arg("--version")
-        .env_clear()
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output();
-    let expected = bazaar_shim::version_line();
-    match answer {
-        Ok(out) if out.status.success() && out.stdout.trim_ascii() == expected.as_bytes() => {
-            sibling
-        }
-        Ok(out) => {
-            tracing::warn!(
-                shim = %sibling.display(),
-                answered = %String::from_utf8_lossy(out.stdout.trim_ascii()),
-                %expected,
-                "the bazaar-shim beside the agent is of another version: shims run from the agent's own executable"
-            );
-            agent_exe.to_path_buf()
-        }
-        Err(err) => {
-            tracing::warn!(shim = %sibling.display(), error = %err, "bazaar-shim did not run: shims run from the agent's own executable");
-            agent_exe.to_path_buf()
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::shim_executable;
-    use std::os::unix::fs::PermissionsExt;
-    use std::path::Path;
-
-    fn script(path: &Path, body: &str) {
-        std::fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-
-    #[test]
-    fn shims_run_from_bazaar_shim_beside_the_agent_only_when_it_is_of_this_version() {
-        let dir = tempfile::tempdir().unwrap();
-        let agent = dir.path().join("bazaar");
-        script(&agent, "exit 0");
-        let sibling = dir.path().join("bazaar-shim");
-        // None beside it: the agent's own executable.
-        assert_eq!(shim_executable(&agent), agent);
-        // Another version (an older install left it): not used.
-        script(&sibling, "echo 'bazaar-shim 0.0.1 spec 0'");
-        assert_eq!(shim_executable(&agent), agent);
-        // One that fails: not used.
-        script(&sibling, "exit 3");
-        assert_eq!(shim_executable(&agent), agent);
-        // This very version: used.
-        let line = bazaar_shim::version_line();
-        script(&sibling, &format!("echo '{line}'"));
-        assert_eq!(shim_executable(&agent), sibling);
     }
 }

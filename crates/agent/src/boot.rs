@@ -1,8 +1,8 @@
 //! Start-up and shutdown, above every other module: [`run_agent`] wires the agent, its
-//! catalog, the host listener and the services beside it; [`Agent::start`] opens the store,
+//! catalog, the host listener and the services beside it; [`start`] opens the store,
 //! assembles the agent's parts (`Agent::assemble`), re-adopts running workloads, resumes
 //! unfinished operations on their actors and starts the agent's loops (housekeeping,
-//! snapshot pruning, health checks); [`Agent::shutdown`] stops them.
+//! snapshot pruning, health checks); [`shutdown`] stops them.
 
 use crate::actor::spawn_actor;
 use crate::agent::{Agent, Seams, Stored};
@@ -10,7 +10,6 @@ use crate::checks::Checker;
 use crate::config::AgentConfig;
 use crate::record::Operation;
 use crate::store::{Batch, Store};
-use crate::sync::lock;
 use crate::{
     api_tls, cluster_security, connections, dns, fence, host_tls, http, images, mesh,
     name_conflict, secrets, standby,
@@ -58,7 +57,7 @@ pub async fn run_agent(
     let addr = listener.local_addr()?;
     let mut config = config;
     config.api_listen = addr;
-    let agent = Agent::start(config.clone()).await?;
+    let agent = start(config.clone()).await?;
     let host_tls = host_tls::HostTls::establish(&config, agent.host_id())
         .await
         .context("the host's cluster certificate")?;
@@ -120,7 +119,7 @@ pub async fn run_agent(
     // Services beside the API (the edge proxy) start here, before `api.addr` announces
     // that the agent is up.
     let extra = extra_routes(agent.clone())?;
-    let stop = agent.0.shutdown.clone();
+    let stop = agent.shutdown_token();
     let app = http::router(agent.clone())
         .merge(extra)
         .layer(axum::middleware::map_response(http::fly_shaped_errors))
@@ -137,7 +136,7 @@ pub async fn run_agent(
         // The same interfaces, to other hosts, over mTLS.
         tls.serve(
             agent.shutdown_token(),
-            &agent.0.tracker,
+            agent.tracker(),
             agent.catalog().cloned(),
             listener,
             admission.clone(),
@@ -145,7 +144,7 @@ pub async fn run_agent(
         )?;
         tls.spawn_renewal(
             agent.shutdown_token(),
-            &agent.0.tracker,
+            agent.tracker(),
             config.data_dir.clone(),
         );
         secrets::write_private(&config.data_dir.join("host.addr"), &host_addr.to_string())?;
@@ -163,7 +162,7 @@ pub async fn run_agent(
             listener,
             admission,
             stop,
-            &agent.0.tracker,
+            agent.tracker(),
             move |stream, peer, conn| {
                 connections::serve(stream, peer, conn, app.clone(), limits, |_| {})
             },
@@ -173,7 +172,7 @@ pub async fn run_agent(
     tracing::info!("shutting down");
     // Leave first, so other hosts stop routing here at once.
     catalog.leave().await;
-    agent.shutdown().await;
+    shutdown(&agent).await;
     match tokio::time::timeout(std::time::Duration::from_secs(5), server).await {
         Ok(Ok(())) => {}
         Ok(Err(err)) => tracing::warn!(error = %err, "server task"),
@@ -192,9 +191,8 @@ async fn trust_callers(
 ) -> axum::response::Response {
     if let Some(connections::Connection(conn)) = req.extensions().get() {
         if !conn.is_trusted()
-            && bazaar_node::access::bearer(&req).is_some_and(|t| {
-                agent.0.tokens.is_cluster_secret(t) || agent.0.tokens.caller(t).is_ok()
-            })
+            && bazaar_node::access::bearer(&req)
+                .is_some_and(|t| agent.is_cluster_secret(t) || agent.caller(t).is_ok())
         {
             conn.trust();
         }
@@ -216,250 +214,228 @@ fn raise_fd_limit() {
     }
 }
 
-impl Agent {
-    /// Opens the store, restores the ledger, re-adopts running workloads and resumes every
-    /// unfinished operation.
-    pub async fn start(config: AgentConfig) -> anyhow::Result<Agent> {
-        Self::start_with_driver(config, None).await
-    }
+/// Opens the store, restores the ledger, re-adopts running workloads and resumes every
+/// unfinished operation.
+pub async fn start(config: AgentConfig) -> anyhow::Result<Agent> {
+    start_with_driver(config, None).await
+}
 
-    /// [`Agent::start`] whose actors run machines with `machine_driver` (tests: a fake
-    /// driver) instead of this host's shims and runc (`None`).
-    pub async fn start_with_driver(
-        config: AgentConfig,
-        machine_driver: Option<Arc<dyn MachineDriver>>,
-    ) -> anyhow::Result<Agent> {
-        let seams = Seams {
-            driver: machine_driver,
-            ..Seams::default()
-        };
-        Self::start_in_process(config, seams).await
-    }
+/// [`start`] whose actors run machines with `machine_driver` (tests: a fake
+/// driver) instead of this host's shims and runc (`None`).
+pub async fn start_with_driver(
+    config: AgentConfig,
+    machine_driver: Option<Arc<dyn MachineDriver>>,
+) -> anyhow::Result<Agent> {
+    let seams = Seams {
+        driver: machine_driver,
+        ..Seams::default()
+    };
+    start_in_process(config, seams).await
+}
 
-    /// This agent as a node, for the services beside it ([`crate::node`]); their tasks are
-    /// tracked by the handle's tracker (one per call: the composition root calls this once).
-    pub fn node(&self) -> bazaar_node::NodeHandle {
-        crate::node::handle(self)
+/// [`start`] with `seams` in place of the host's driver, clock or crash point
+/// (in-process tests: a fake driver, tokio's paused clock, a crash at a step).
+pub async fn start_in_process(config: AgentConfig, seams: Seams) -> anyhow::Result<Agent> {
+    std::fs::create_dir_all(&config.data_dir)?;
+    // Machines' environments, specs and volumes are in here: the agent's user only.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let private = std::fs::Permissions::from_mode(0o700);
+        std::fs::set_permissions(&config.data_dir, private)?;
     }
-
-    /// [`Agent::start`] with `seams` in place of the host's driver, clock or crash point
-    /// (in-process tests: a fake driver, tokio's paused clock, a crash at a step).
-    pub async fn start_in_process(config: AgentConfig, seams: Seams) -> anyhow::Result<Agent> {
-        std::fs::create_dir_all(&config.data_dir)?;
-        // Machines' environments, specs and volumes are in here: the agent's user only.
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let private = std::fs::Permissions::from_mode(0o700);
-            std::fs::set_permissions(&config.data_dir, private)?;
-        }
-        let store = Store::open(&config.data_dir.join("agent.redb"))?;
-        let host_id = match store.meta("host_id")? {
-            Some(id) => id,
-            None => {
-                let id = ids::new_host_id();
-                let mut b = Batch::default();
-                b.meta("host_id", &id);
-                store.write(&b)?;
-                id
-            }
-        };
-        // With a mesh, the machine network is this host's prefix of the private range.
-        let config = crate::mesh::with_host_prefix(config, &host_id)?;
-        let (agent, Stored { machines, ops }) = Agent::assemble(config, store, host_id, seams)?;
-        // Volumes first: machines that mount them may launch right after.
-        crate::volumes::recover_volumes(&agent).await;
-        let mut ops_by_machine: HashMap<String, Vec<Operation>> = HashMap::new();
-        for op in ops {
-            ops_by_machine
-                .entry(op.machine_id.clone())
-                .or_default()
-                .push(op);
-        }
-        let num_machines = machines.len();
-        let mut num_adopted = 0;
-        let mut actors = Vec::new();
-        for m in machines {
-            if m.state == MachineState::Destroyed {
-                continue;
-            }
-            let ops = ops_by_machine.remove(&m.id).unwrap_or_default();
-            agent.publish(&m);
-            // Re-adopt the live run now, so that serving means every workload is back
-            // under supervision.
-            let run = m
-                .run
-                .filter(|r| r.run_id > m.exit_handled_run)
-                .and_then(|r| match agent.0.machine_driver.adopt(&m.id, r.run_id) {
-                    Ok(h) => h,
-                    Err(err) => {
-                        tracing::warn!(machine.id = %m.id, error = %err, "re-adopting run");
-                        None
-                    }
-                });
-            num_adopted += run.is_some() as usize;
-            actors.push((m, ops, run));
-        }
-        // What an earlier run left mounted for machines that no longer run goes before any
-        // of them launches again.
-        let running: HashSet<String> = actors
-            .iter()
-            .filter(|(_, _, run)| run.is_some())
-            .map(|(m, _, _)| m.id.clone())
-            .collect();
-        crate::cleanup::unmount_stale_roots(&agent.0.config.data_dir, &running);
-        for (m, ops, run) in actors {
-            spawn_actor(&agent, m, ops, run);
-        }
-        agent.spawn_housekeeping();
-        crate::snapshots::spawn_snapshot_pruning(&agent);
-        spawn_checks(&agent);
-        spawn_machine_metrics(&agent);
-        tracing::info!(
-            host.id = %agent.0.host_id,
-            num_machines,
-            num_adopted,
-            isolate = agent.0.driver.isolate,
-            cgroups = agent.0.driver.cgroups,
-            "agent started"
-        );
-        Ok(agent)
-    }
-
-    /// Stops the agent: operations in flight are interrupted (they resume on the next start)
-    /// and, if configured, every workload is stopped as a host shutdown.
-    pub async fn shutdown(&self) {
-        self.0.shutdown.cancel();
-        self.0.tracker.close();
-        if tokio::time::timeout(Duration::from_secs(10), self.0.tracker.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!("tasks still running after 10 s");
-        }
-        if self.0.config.stop_machines_on_shutdown {
-            crate::actor::stop_all_for_host_shutdown(self).await;
-        }
-    }
-
-    fn spawn_housekeeping(&self) {
-        let agent = self.clone();
-        let shutdown = self.0.shutdown.clone();
-        self.0.tracker.spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(500));
-            loop {
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    _ = tick.tick() => agent.housekeeping().await,
-                }
-            }
-        });
-    }
-
-    /// Refreshes the revoked tokens, expires unclaimed reservations, collects old
-    /// tombstones, republishes the host record, puts this host's catalog rows back in line
-    /// with its store, starts scheduled machines that are due, reports full disks.
-    async fn housekeeping(&self) {
-        self.refresh_revocations();
-        crate::publish::publish_host(self).await;
-        crate::publish::reconcile_catalog(self);
-        let now = self.now_ms();
-        crate::schedule::start_due(self, now).await;
-        self.watch_disks().await;
-        {
-            let mut ledger = self.0.ledger.lock().await;
-            // Claimed reservations are kept a minute past expiry to answer repeated claims.
-            let expired = ledger.expire(now, 60_000);
-            let stale: Vec<String> = self
-                .0
-                .store
-                .reservations()
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|r| ledger.reservation(&r.id).is_none())
-                .map(|r| r.id)
-                .collect();
-            if !expired.is_empty() || !stale.is_empty() {
-                let mut b = Batch::default();
-                for id in expired.iter().chain(stale.iter()) {
-                    b.delete_reservation(id);
-                }
-                if let Err(err) = self.commit(b).await {
-                    tracing::warn!(error = %err, "deleting expired reservations");
-                }
-                if !expired.is_empty() {
-                    tracing::debug!(num = expired.len(), "reservations expired");
-                }
-            }
-        }
-        let ttl = self.0.config.tombstone_ttl.as_millis() as u64;
-        let old: Vec<String> = self.0.store.select(|m| {
-            m.destroyed_at_ms
-                .is_some_and(|t| now.saturating_sub(t) >= ttl)
-                .then(|| m.id.clone())
-        });
-        if !old.is_empty() {
-            let _guard = self.0.ledger.lock().await;
+    let store = Store::open(&config.data_dir.join("agent.redb"))?;
+    let host_id = match store.meta("host_id")? {
+        Some(id) => id,
+        None => {
+            let id = ids::new_host_id();
             let mut b = Batch::default();
-            for id in &old {
-                b.purge_machine(id);
-            }
-            if self.commit(b).await.is_ok() {
-                let mut live = lock(&self.0.live);
-                for id in &old {
-                    live.remove(id);
+            b.meta("host_id", &id);
+            store.write(&b)?;
+            id
+        }
+    };
+    // With a mesh, the machine network is this host's prefix of the private range.
+    let config = crate::mesh::with_host_prefix(config, &host_id)?;
+    let (agent, Stored { machines, ops }) = Agent::assemble(config, store, host_id, seams)?;
+    // Volumes first: machines that mount them may launch right after.
+    crate::volumes::recover_volumes(&agent).await;
+    let mut ops_by_machine: HashMap<String, Vec<Operation>> = HashMap::new();
+    for op in ops {
+        ops_by_machine
+            .entry(op.machine_id.clone())
+            .or_default()
+            .push(op);
+    }
+    let num_machines = machines.len();
+    let mut num_adopted = 0;
+    let mut actors = Vec::new();
+    for m in machines {
+        if m.state == MachineState::Destroyed {
+            continue;
+        }
+        let ops = ops_by_machine.remove(&m.id).unwrap_or_default();
+        agent.publish(&m);
+        // Re-adopt the live run now, so that serving means every workload is back
+        // under supervision.
+        let run = m
+            .run
+            .filter(|r| r.run_id > m.exit_handled_run)
+            .and_then(|r| match agent.machine_driver().adopt(&m.id, r.run_id) {
+                Ok(h) => h,
+                Err(err) => {
+                    tracing::warn!(machine.id = %m.id, error = %err, "re-adopting run");
+                    None
                 }
+            });
+        num_adopted += run.is_some() as usize;
+        actors.push((m, ops, run));
+    }
+    // What an earlier run left mounted for machines that no longer run goes before any
+    // of them launches again.
+    let running: HashSet<String> = actors
+        .iter()
+        .filter(|(_, _, run)| run.is_some())
+        .map(|(m, _, _)| m.id.clone())
+        .collect();
+    crate::cleanup::unmount_stale_roots(&agent.config().data_dir, &running);
+    for (m, ops, run) in actors {
+        spawn_actor(&agent, m, ops, run);
+    }
+    spawn_housekeeping(&agent);
+    crate::snapshots::spawn_snapshot_pruning(&agent);
+    spawn_checks(&agent);
+    spawn_machine_metrics(&agent);
+    tracing::info!(
+        host.id = %agent.host_id(),
+        num_machines,
+        num_adopted,
+        isolate = agent.driver().isolate,
+        cgroups = agent.driver().cgroups,
+        "agent started"
+    );
+    Ok(agent)
+}
+
+/// Stops the agent: operations in flight are interrupted (they resume on the next start)
+/// and, if configured, every workload is stopped as a host shutdown.
+pub async fn shutdown(agent: &Agent) {
+    agent.stop_tasks().await;
+    if agent.config().stop_machines_on_shutdown {
+        crate::actor::stop_all_for_host_shutdown(agent).await;
+    }
+}
+
+fn spawn_housekeeping(agent: &Agent) {
+    let shutdown = agent.shutdown_token();
+    let looping = agent.clone();
+    agent.tracker().spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = tick.tick() => housekeeping(&looping).await,
             }
+        }
+    });
+}
+
+/// Refreshes the revoked tokens, expires unclaimed reservations, collects old
+/// tombstones, republishes the host record, puts this host's catalog rows back in line
+/// with its store, starts scheduled machines that are due, reports full disks.
+async fn housekeeping(agent: &Agent) {
+    agent.refresh_revocations();
+    crate::publish::publish_host(agent).await;
+    crate::publish::reconcile_catalog(agent);
+    let now = agent.now_ms();
+    crate::schedule::start_due(agent, now).await;
+    watch_disks(agent).await;
+    {
+        let mut ledger = agent.write_lock().await;
+        // Claimed reservations are kept a minute past expiry to answer repeated claims.
+        let expired = ledger.expire(now, 60_000);
+        let stale: Vec<String> = agent
+            .store()
+            .reservations()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| ledger.reservation(&r.id).is_none())
+            .map(|r| r.id)
+            .collect();
+        if !expired.is_empty() || !stale.is_empty() {
+            let mut b = Batch::default();
+            for id in expired.iter().chain(stale.iter()) {
+                b.delete_reservation(id);
+            }
+            if let Err(err) = agent.commit(b).await {
+                tracing::warn!(error = %err, "deleting expired reservations");
+            }
+            if !expired.is_empty() {
+                tracing::debug!(num = expired.len(), "reservations expired");
+            }
+        }
+    }
+    let ttl = agent.config().tombstone_ttl.as_millis() as u64;
+    let old: Vec<String> = agent.store().select(|m| {
+        m.destroyed_at_ms
+            .is_some_and(|t| now.saturating_sub(t) >= ttl)
+            .then(|| m.id.clone())
+    });
+    if !old.is_empty() {
+        let _guard = agent.write_lock().await;
+        let mut b = Batch::default();
+        for id in &old {
+            b.purge_machine(id);
+        }
+        if agent.commit(b).await.is_ok() {
+            agent.forget_live(&old);
         }
     }
 }
 
-impl Agent {
-    /// Records a `disk_full` event, with a log line, for each started machine whose disk
-    /// has just become full (`disk_watch.rs`), every few seconds.
-    async fn watch_disks(&self) {
-        if !self.0.full_disks.due(std::time::Instant::now()) {
-            return;
+/// Records a `disk_full` event, with a log line, for each started machine whose disk
+/// has just become full (`disk_watch.rs`), every few seconds.
+async fn watch_disks(agent: &Agent) {
+    if !agent.full_disks().due(std::time::Instant::now()) {
+        return;
+    }
+    let started: Vec<String> = agent
+        .store()
+        .select(|m| (m.state == MachineState::Started).then(|| m.id.clone()));
+    // A machine's next run is told of its full disk again.
+    let running: HashSet<&str> = started.iter().map(String::as_str).collect();
+    agent.full_disks().retain(|id| running.contains(id));
+    let driver = agent.machine_driver().clone();
+    let Ok(seen) = tokio::task::spawn_blocking(move || {
+        started
+            .into_iter()
+            .map(|id| {
+                let full = driver.disk_full(&id);
+                (id, full)
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    else {
+        return;
+    };
+    for (id, full) in seen {
+        if !agent.full_disks().saw(&id, full.is_some()) {
+            continue;
         }
-        let started: Vec<String> = self
-            .0
-            .store
-            .select(|m| (m.state == MachineState::Started).then(|| m.id.clone()));
-        // A machine's next run is told of its full disk again.
-        let running: HashSet<&str> = started.iter().map(String::as_str).collect();
-        self.0.full_disks.retain(|id| running.contains(id));
-        let driver = self.0.machine_driver.clone();
-        let Ok(seen) = tokio::task::spawn_blocking(move || {
-            started
-                .into_iter()
-                .map(|id| {
-                    let full = driver.disk_full(&id);
-                    (id, full)
-                })
-                .collect::<Vec<_>>()
-        })
-        .await
-        else {
-            return;
+        let reason = full.unwrap_or_default();
+        tracing::warn!(machine.id = %id, %reason, "a machine's disk is full");
+        let _ledger = agent.write_lock().await;
+        let Ok(Some(mut rec)) = agent.store().machine(&id) else {
+            continue;
         };
-        for (id, full) in seen {
-            if !self.0.full_disks.saw(&id, full.is_some()) {
-                continue;
-            }
-            let reason = full.unwrap_or_default();
-            tracing::warn!(machine.id = %id, %reason, "a machine's disk is full");
-            let _ledger = self.0.ledger.lock().await;
-            let Ok(Some(mut rec)) = self.0.store.machine(&id) else {
-                continue;
-            };
-            let mut b = Batch::default();
-            b.event(
-                &mut rec,
-                MachineEvent::new("disk_full", "started", "flyd").with_reason(reason),
-            );
-            b.machine(&rec);
-            if let Err(err) = self.commit(b).await {
-                tracing::warn!(machine.id = %id, error = %err, "recording a full disk");
-            }
+        let mut b = Batch::default();
+        b.event(
+            &mut rec,
+            MachineEvent::new("disk_full", "started", "flyd").with_reason(reason),
+        );
+        b.machine(&rec);
+        if let Err(err) = agent.commit(b).await {
+            tracing::warn!(machine.id = %id, error = %err, "recording a full disk");
         }
     }
 }
@@ -468,8 +444,8 @@ impl Agent {
 /// results kept in the agent and a machine's row republished when a status changes.
 fn spawn_checks(agent: &Agent) {
     let agent = agent.clone();
-    let shutdown = agent.0.shutdown.clone();
-    agent.0.tracker.clone().spawn(async move {
+    let shutdown = agent.shutdown_token();
+    agent.tracker().clone().spawn(async move {
         let (mut checker, mut results) = Checker::new();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -478,13 +454,13 @@ fn spawn_checks(agent: &Agent) {
                 () = shutdown.cancelled() => break,
                 _ = tick.tick() => {
                     if let Some(catalog) = agent.catalog() {
-                        let tasks = (&agent.0.tracker, &shutdown);
-                        checker.schedule(catalog, agent.host_id(), &agent.0.checks, tasks);
+                        let tasks = (agent.tracker(), &shutdown);
+                        checker.schedule(catalog, agent.host_id(), agent.checks(), tasks);
                     }
                 }
                 Some(result) = results.recv() => {
                     let id = result.0.clone();
-                    if checker.record(&agent.0.checks, result) {
+                    if checker.record(agent.checks(), result) {
                         republish(&agent, id).await;
                     }
                 }
@@ -497,8 +473,8 @@ fn spawn_checks(agent: &Agent) {
 /// have `config.metrics` (`machine_metrics.rs`), on their own address, else on loopback.
 fn spawn_machine_metrics(agent: &Agent) {
     let agent = agent.clone();
-    let shutdown = agent.0.shutdown.clone();
-    agent.0.tracker.clone().spawn(async move {
+    let shutdown = agent.shutdown_token();
+    agent.tracker().clone().spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -506,7 +482,7 @@ fn spawn_machine_metrics(agent: &Agent) {
                 () = shutdown.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            let targets = agent.0.store.select(|r| {
+            let targets = agent.store().select(|r| {
                 let metrics = r.config.metrics.as_ref()?;
                 let ip = r.private_ip.unwrap_or(std::net::Ipv4Addr::LOCALHOST);
                 (r.state == bazaar_types::state::MachineState::Started).then(|| {
@@ -519,16 +495,15 @@ fn spawn_machine_metrics(agent: &Agent) {
                 })
             });
             agent
-                .0
-                .machine_metrics
-                .schedule(targets, (&agent.0.tracker, &shutdown));
+                .machine_metrics()
+                .schedule(targets, (agent.tracker(), &shutdown));
         }
     });
 }
 
 /// Republishes machine `id`'s catalog row (its checks changed).
 async fn republish(agent: &Agent, id: String) {
-    let store = agent.0.store.clone();
+    let store = agent.store().clone();
     let id2 = id.clone();
     match tokio::task::spawn_blocking(move || store.machine(&id2)).await {
         Ok(Ok(Some(rec))) => agent.publish(&rec),
@@ -552,7 +527,7 @@ fn give_back_start_up_heap(agent: &Agent) {
     }
     trim();
     let stop = agent.shutdown_token();
-    agent.0.tracker.spawn(async move {
+    agent.tracker().spawn(async move {
         tokio::select! {
             () = stop.cancelled() => {}
             () = tokio::time::sleep(std::time::Duration::from_secs(3)) => trim(),

@@ -107,7 +107,7 @@ async fn fence(agent: &Agent, catalog: &bazaar_catalog::Catalog, fenced: &mut Ha
         ) {
             continue;
         }
-        match agent.destroy_machine(&id, true, None).await {
+        match crate::operations::destroy_machine(agent, &id, true, None).await {
             Ok(_) => {
                 tracing::info!(
                     machine.id = %id, epoch, host = %current.record.host_id,

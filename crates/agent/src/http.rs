@@ -199,7 +199,7 @@ async fn info(State(agent): State<Agent>) -> Json<bazaar_types::host::HostInfo> 
 
 async fn bid(State(agent): State<Agent>, body: Bytes) -> ApiResult<Response> {
     let req: BidRequest = parse_body(&body)?;
-    Ok(Json(agent.bid(req).await?).into_response())
+    Ok(Json(crate::market::bid(&agent, req).await?).into_response())
 }
 
 async fn claim(
@@ -208,12 +208,12 @@ async fn claim(
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: ClaimRequest = parse_body(&body)?;
-    let machine = agent.claim(&id, req).await?;
+    let machine = crate::market::claim(&agent, &id, req).await?;
     Ok((StatusCode::CREATED, Json(machine)).into_response())
 }
 
 async fn release(State(agent): State<Agent>, Path(id): Path<String>) -> ApiResult<Response> {
-    agent.release(&id).await?;
+    crate::market::release(&agent, &id).await?;
     Ok(Json(serde_json::json!({"ok": true})).into_response())
 }
 
@@ -236,7 +236,7 @@ async fn list(State(agent): State<Agent>, Query(q): Query<ListQuery>) -> ApiResu
 
 async fn create(State(agent): State<Agent>, body: Bytes) -> ApiResult<Response> {
     let req: ClaimRequest = parse_body(&body)?;
-    Ok(Json(agent.create(req).await?).into_response())
+    Ok(Json(crate::market::create(&agent, req).await?).into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -344,7 +344,10 @@ async fn update(
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: UpdateRequest = parse_body(&body)?;
-    Ok(Json(agent.update_machine(&id, req, nonce(&headers)).await?).into_response())
+    Ok(
+        Json(crate::operations::update_machine(&agent, &id, req, nonce(&headers)).await?)
+            .into_response(),
+    )
 }
 
 #[derive(Debug, Deserialize)]
@@ -370,7 +373,7 @@ async fn destroy(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let force = truthy(&q.force)? || truthy(&q.kill)?;
-    agent.destroy_machine(&id, force, nonce(&headers)).await?;
+    crate::operations::destroy_machine(&agent, &id, force, nonce(&headers)).await?;
     Ok(Json(serde_json::json!({"ok": true})).into_response())
 }
 
@@ -380,7 +383,7 @@ async fn start(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let before = agent.machine(&id).await?.state;
-    agent.start_machine(&id, nonce(&headers)).await?;
+    crate::operations::start_machine(&agent, &id, nonce(&headers)).await?;
     Ok(
         Json(serde_json::json!({"previous_state": before, "migrated": false, "new_host": ""}))
             .into_response(),
@@ -394,7 +397,7 @@ async fn stop(
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: StopRequest = parse_body(&body)?;
-    agent.stop_machine(&id, req, nonce(&headers)).await?;
+    crate::operations::stop_machine(&agent, &id, req, nonce(&headers)).await?;
     Ok(Json(serde_json::json!({"ok": true})).into_response())
 }
 
@@ -421,7 +424,7 @@ async fn restart(
     if let Some(sig) = &q.signal {
         req.signal = Some(bazaar_types::signal::Signal::parse(sig).map_err(AgentError::Invalid)?);
     }
-    agent.restart_machine(&id, req, nonce(&headers)).await?;
+    crate::operations::restart_machine(&agent, &id, req, nonce(&headers)).await?;
     Ok(Json(serde_json::json!({"ok": true})).into_response())
 }
 
@@ -432,9 +435,7 @@ async fn signal(
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: SignalRequest = parse_body(&body)?;
-    agent
-        .signal_machine(&id, req.signal, nonce(&headers))
-        .await?;
+    crate::operations::signal_machine(&agent, &id, req.signal, nonce(&headers)).await?;
     Ok(Json(serde_json::json!({"ok": true})).into_response())
 }
 
@@ -544,7 +545,7 @@ async fn suspend(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    agent.suspend_machine(&id, nonce(&headers)).await?;
+    crate::operations::suspend_machine(&agent, &id, nonce(&headers)).await?;
     Ok(Json(serde_json::json!({"ok": true})).into_response())
 }
 

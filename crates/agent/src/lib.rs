@@ -5,14 +5,16 @@
 //! reservations and claims.
 //!
 //! Layout, in layers (each module imports only from layers below it; `tests/layering.rs`
-//! fails on an import circle):
-//! - [`boot`], at the top: start-up ([`run_agent`], [`Agent::start`]: re-adoption, resuming
+//! fails on an import circle, on an `impl` block for another module's type and on the
+//! agent's `Inner` reachable outside `agent.rs`):
+//! - [`boot`], at the top: start-up ([`run_agent`], [`boot::start`]: re-adoption, resuming
 //!   operations, the agent's loops) and shutdown.
-//! - Above [`agent`], what needs the whole agent: [`operations`] (the accept side of
-//!   operations on existing machines), [`market`], [`leases`], [`publish`],
-//!   [`actor`], [`http`], [`volumes`] and the rest below.
-//! - [`agent`]: the agent's state, made of parts from the modules below it, and what every
-//!   operation shares (numbering, loading a live machine, durable commits).
+//! - Above [`agent`], what needs the whole agent, as functions over its narrow methods:
+//!   [`operations`] (the accept side of operations on existing machines), [`market`],
+//!   [`create`], [`leases`], [`publish`], [`actor`], [`http`], [`volumes`] and the rest below.
+//! - [`agent`]: the agent's state, made of parts from the modules below it and private to
+//!   it, what every operation shares (numbering, loading a live machine, durable commits),
+//!   and narrow accessors of its parts.
 //! - The parts, which know nothing of the agent: [`store`] (beside the ledger of
 //!   `bazaar-placement`), [`registry`]
 //!   (the channel to each machine's actor), [`tokens`], [`addresses`], [`checks`],
@@ -22,7 +24,8 @@
 //!   back; [`uid_claims`]: the uids claimed machine-wide, beside other agents' on the kernel.
 //! - [`connections`]: the agent's router served on the connections its listeners admit
 //!   (`bazaar_node::listen`: caps, eviction, head timeout).
-//! - [`market`]: bids, reservations, claims and creates (the host's side of the market).
+//! - [`market`]: bids, reservations, claims and creates (the host's side of the market);
+//!   [`create`]: a create request turned into a machine, for the market and preemption.
 //! - [`runnable`]: what this host can run, checked at start (the drivers it bids for).
 //! - [`leases`]: leases, cordons and metadata.
 //! - [`preempt`]: preemption bids and their claims; [`preemptions`]: the open bids.
@@ -40,7 +43,7 @@
 //! - [`driver`], [`oci`], [`network`], [`netlink`], [`idranges`], [`volume_fs`], [`exec`]:
 //!   the host plumbing, re-exported from `bazaar-runtime` (the driver of process and image
 //!   machines, their network, volumes' storage, exec). The actors reach machines only
-//!   through its [`bazaar_runtime::MachineDriver`] (`Inner::machine_driver`).
+//!   through its [`bazaar_runtime::MachineDriver`] (`Agent::machine_driver`).
 //! - [`restart`]: the restart policy (`bazaar_lifecycle::restart`).
 //! - [`http`]: the host interface (`/host/v1`).
 //! - [`cluster_security`]: the gossip keyring and the CA's revocations on this host.
@@ -70,7 +73,7 @@
 //!   `bazaar dev` on Ctrl-C, leftovers of a killed agent at start).
 //! - [`clock`]: the agent's "now" (the system clock, or tokio's in paused tests).
 //! - [`config`], [`secrets`], [`tokens`] (who calls the API), [`audit`] (what they changed),
-//!   [`fault`], [`error`].
+//!   [`fault`], [`error`], [`shim_exe`] (which executable runs the shims).
 //! - [`node`]: the agent as the `bazaar_node::Node` the API, proxy, certificates and
 //!   dashboard use.
 //! - [`app_secrets`]: apps' secrets, sealed in the catalog, opened into a workload's env at
@@ -92,6 +95,7 @@ pub mod clock;
 pub mod cluster_security;
 pub mod config;
 pub mod connections;
+pub mod create;
 pub mod disk_watch;
 pub mod dns;
 pub mod drain;
@@ -122,6 +126,7 @@ pub use bazaar_lifecycle::restart;
 pub mod runnable;
 pub mod schedule;
 pub mod secrets;
+pub mod shim_exe;
 pub mod snapshots;
 pub mod standby;
 pub mod store;

@@ -3,7 +3,7 @@
 //! once the catalogs met every node names the earlier app the app of the name
 //! (`bazaar_catalog`'s `replica::apps`). The other app's machines are not the app's: this
 //! host stops those of its own that run (they are unrouted already, and their owner
-//! refuses to start them again: `Agent::refuse_losing_app`), and leaves them for their
+//! refuses to start them again: `operations::refuse_losing_app`), and leaves them for their
 //! organization to destroy. The watcher looks on every catalog change and periodically.
 
 use crate::agent::Agent;
@@ -50,7 +50,7 @@ pub async fn stop_losers(agent: &Agent, catalog: &bazaar_catalog::Catalog) {
             signal: None,
             timeout: None,
         };
-        match agent.stop_machine(&id, stop, None).await {
+        match crate::operations::stop_machine(agent, &id, stop, None).await {
             Ok(_) => tracing::info!(machine.id = %id, "stopped: its app lost its name"),
             Err(err) => {
                 tracing::warn!(machine.id = %id, %err, "could not stop a machine whose app lost its name")

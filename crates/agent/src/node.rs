@@ -1,5 +1,5 @@
 //! The agent as the [`Node`] the services beside it (API, proxy, certificates, dashboard)
-//! use: [`Agent::node`] (in `boot.rs`, the composition root) hands out the [`NodeHandle`]
+//! use: [`handle`] (called by the composition root) hands out the [`NodeHandle`]
 //! they hold, made by `handle`; agent errors become [`NodeError`]s with the same status.
 
 use crate::agent::Agent;
@@ -22,8 +22,9 @@ struct AgentNode {
     config: NodeConfig,
 }
 
-/// `agent` as a node, for the services beside it ([`Agent::node`]).
-pub(crate) fn handle(agent: &Agent) -> NodeHandle {
+/// `agent` as a node, for the services beside it; their tasks are tracked by the
+/// handle's tracker (one per call: the composition root calls this once).
+pub fn handle(agent: &Agent) -> NodeHandle {
     let c = agent.config();
     let config = NodeConfig {
         region: c.region.clone(),
@@ -111,23 +112,21 @@ impl Node for AgentNode {
 
     fn start_machine<'a>(&'a self, id: &'a str) -> NodeFuture<'a, Result<(), NodeError>> {
         Box::pin(async move {
-            self.agent.start_machine(id, None).await?;
+            crate::operations::start_machine(&self.agent, id, None).await?;
             Ok(())
         })
     }
 
     fn suspend_machine<'a>(&'a self, id: &'a str) -> NodeFuture<'a, Result<(), NodeError>> {
         Box::pin(async move {
-            self.agent.suspend_machine(id, None).await?;
+            crate::operations::suspend_machine(&self.agent, id, None).await?;
             Ok(())
         })
     }
 
     fn stop_machine<'a>(&'a self, id: &'a str) -> NodeFuture<'a, Result<(), NodeError>> {
         Box::pin(async move {
-            self.agent
-                .stop_machine(id, Default::default(), None)
-                .await?;
+            crate::operations::stop_machine(&self.agent, id, Default::default(), None).await?;
             Ok(())
         })
     }

@@ -10,7 +10,6 @@ use crate::leases::check_lease;
 use crate::record::{MachineRecord, OpKind, Operation};
 use crate::registry::ActorMsg;
 use crate::store::Batch;
-use crate::sync::lock;
 use bazaar_lifecycle::accept::accept;
 use bazaar_types::config::MachineConfig;
 use bazaar_types::event::MachineEvent;
@@ -22,317 +21,308 @@ use bazaar_types::state::{check_transition, MachineState};
 use std::time::Duration;
 use tokio::sync::mpsc::OwnedPermit;
 
-impl Agent {
-    /// Starts a machine.
-    pub async fn start_machine(
-        &self,
-        id: &str,
-        nonce: Option<&str>,
-    ) -> Result<Machine, AgentError> {
-        self.submit(id, nonce, OpKind::Start, |rec| {
-            self.refuse_losing_app(&rec.app, &rec.app_id)?;
-            Ok(None)
-        })
-        .await
-    }
+/// Starts a machine.
+pub async fn start_machine(
+    agent: &Agent,
+    id: &str,
+    nonce: Option<&str>,
+) -> Result<Machine, AgentError> {
+    submit(agent, id, nonce, OpKind::Start, |rec| {
+        refuse_losing_app(agent, &rec.app, &rec.app_id)?;
+        Ok(None)
+    })
+    .await
+}
 
-    /// 409 for an app that lost its name to another app of the name (both made while
-    /// their hosts could not hear each other, `bazaar_catalog`'s `replica::apps`): it
-    /// takes no new machine and starts none of its own.
-    pub(crate) fn refuse_losing_app(&self, app: &str, app_id: &str) -> Result<(), AgentError> {
-        let Some(winner) = self.catalog().and_then(|c| c.lost_to(app, app_id)) else {
-            return Ok(());
-        };
-        Err(AgentError::Conflict(winner.lost_name_message(app_id)))
-    }
+/// 409 for an app that lost its name to another app of the name (both made while
+/// their hosts could not hear each other, `bazaar_catalog`'s `replica::apps`): it
+/// takes no new machine and starts none of its own.
+pub(crate) fn refuse_losing_app(agent: &Agent, app: &str, app_id: &str) -> Result<(), AgentError> {
+    let Some(winner) = agent.catalog().and_then(|c| c.lost_to(app, app_id)) else {
+        return Ok(());
+    };
+    Err(AgentError::Conflict(winner.lost_name_message(app_id)))
+}
 
-    /// Suspends a started machine: its processes are frozen; `start` resumes them.
-    pub async fn suspend_machine(
-        &self,
-        id: &str,
-        nonce: Option<&str>,
-    ) -> Result<Machine, AgentError> {
-        if !self.0.driver.cgroups {
-            return Err(AgentError::Invalid(
-                "suspend needs cgroups: run the agent as root with isolation on".into(),
-            ));
-        }
-        self.submit(id, nonce, OpKind::Suspend, |_| Ok(None)).await
+/// Suspends a started machine: its processes are frozen; `start` resumes them.
+pub async fn suspend_machine(
+    agent: &Agent,
+    id: &str,
+    nonce: Option<&str>,
+) -> Result<Machine, AgentError> {
+    if !agent.driver().cgroups {
+        return Err(AgentError::Invalid(
+            "suspend needs cgroups: run the agent as root with isolation on".into(),
+        ));
     }
+    submit(agent, id, nonce, OpKind::Suspend, |_| Ok(None)).await
+}
 
-    /// Stops a machine: its stop signal (or the one given), then SIGKILL after the timeout.
-    pub async fn stop_machine(
-        &self,
-        id: &str,
-        req: StopRequest,
-        nonce: Option<&str>,
-    ) -> Result<Machine, AgentError> {
-        self.submit_with_stop(id, req, nonce, |signal, timeout_ms| OpKind::Stop {
-            signal,
-            timeout_ms,
-        })
-        .await
+/// Stops a machine: its stop signal (or the one given), then SIGKILL after the timeout.
+pub async fn stop_machine(
+    agent: &Agent,
+    id: &str,
+    req: StopRequest,
+    nonce: Option<&str>,
+) -> Result<Machine, AgentError> {
+    submit_with_stop(agent, id, req, nonce, |signal, timeout_ms| OpKind::Stop {
+        signal,
+        timeout_ms,
+    })
+    .await
+}
+
+/// Restarts a started machine.
+pub async fn restart_machine(
+    agent: &Agent,
+    id: &str,
+    req: StopRequest,
+    nonce: Option<&str>,
+) -> Result<Machine, AgentError> {
+    submit_with_stop(agent, id, req, nonce, |signal, timeout_ms| {
+        OpKind::Restart { signal, timeout_ms }
+    })
+    .await
+}
+
+/// Submits an operation that stops the workload first, with the signal and timeout of
+/// the request or, failing that, of the machine's config.
+async fn submit_with_stop(
+    agent: &Agent,
+    id: &str,
+    req: StopRequest,
+    nonce: Option<&str>,
+    kind: fn(i32, u64) -> OpKind,
+) -> Result<Machine, AgentError> {
+    submit(agent, id, nonce, kind(0, 0), |rec| {
+        let (signal, timeout) = stop_params(&rec.config, &req);
+        Ok(Some(kind(signal.0, timeout.as_millis() as u64)))
+    })
+    .await
+}
+
+/// Destroys a machine: gracefully (stop first), or at once with `force`.
+pub async fn destroy_machine(
+    agent: &Agent,
+    id: &str,
+    force: bool,
+    nonce: Option<&str>,
+) -> Result<Machine, AgentError> {
+    submit(agent, id, nonce, OpKind::Destroy { force }, |_| Ok(None)).await
+}
+
+/// Replaces a machine's config with a new version and relaunches it (unless
+/// `skip_launch`).
+pub async fn update_machine(
+    agent: &Agent,
+    id: &str,
+    req: UpdateRequest,
+    nonce: Option<&str>,
+) -> Result<Machine, AgentError> {
+    let resources = validate_config(&req.config)?;
+    let mut ledger = agent.write_lock().await;
+    let mut rec = agent.load_live(id)?;
+    check_lease(&rec, nonce, agent.now_ms())?;
+    if let Some(expected) = &req.current_version {
+        if *expected != rec.instance_id {
+            return Err(AgentError::Conflict(format!(
+                "current_version {expected} does not match the machine's version {}",
+                rec.instance_id
+            )));
+        }
     }
-
-    /// Restarts a started machine.
-    pub async fn restart_machine(
-        &self,
-        id: &str,
-        req: StopRequest,
-        nonce: Option<&str>,
-    ) -> Result<Machine, AgentError> {
-        self.submit_with_stop(id, req, nonce, |signal, timeout_ms| OpKind::Restart {
-            signal,
-            timeout_ms,
-        })
-        .await
+    if bazaar_types::volume::mount_of(&req.config) != bazaar_types::volume::mount_of(&rec.config) {
+        return Err(AgentError::Invalid(
+            "config.mounts cannot be changed by an update; create a new machine".into(),
+        ));
     }
-
-    /// Submits an operation that stops the workload first, with the signal and timeout of
-    /// the request or, failing that, of the machine's config.
-    async fn submit_with_stop(
-        &self,
-        id: &str,
-        req: StopRequest,
-        nonce: Option<&str>,
-        kind: fn(i32, u64) -> OpKind,
-    ) -> Result<Machine, AgentError> {
-        self.submit(id, nonce, kind(0, 0), |rec| {
-            let (signal, timeout) = stop_params(&rec.config, &req);
-            Ok(Some(kind(signal.0, timeout.as_millis() as u64)))
-        })
-        .await
+    if let Some(region) = req.region.as_deref().filter(|r| !r.is_empty()) {
+        if region != rec.region {
+            return Err(AgentError::Invalid(format!(
+                "region {region}: an update cannot move machine {id} out of {}; a machine stays on its host (its id, volume and state live there). Create a machine in {region} with this config and destroy this one",
+                rec.region
+            )));
+        }
     }
-
-    /// Destroys a machine: gracefully (stop first), or at once with `force`.
-    pub async fn destroy_machine(
-        &self,
-        id: &str,
-        force: bool,
-        nonce: Option<&str>,
-    ) -> Result<Machine, AgentError> {
-        self.submit(id, nonce, OpKind::Destroy { force }, |_| Ok(None))
-            .await
+    if let Some(name) = req.name.as_deref().filter(|n| !n.is_empty()) {
+        if name != rec.name {
+            return Err(AgentError::Invalid(format!(
+                "name {name:?}: a machine's name cannot be changed by an update (it is {:?}); create a machine with the new name",
+                rec.name
+            )));
+        }
     }
-
-    /// Replaces a machine's config with a new version and relaunches it (unless
-    /// `skip_launch`).
-    pub async fn update_machine(
-        &self,
-        id: &str,
-        req: UpdateRequest,
-        nonce: Option<&str>,
-    ) -> Result<Machine, AgentError> {
-        let resources = validate_config(&req.config)?;
-        let mut ledger = self.0.ledger.lock().await;
-        let mut rec = self.load_live(id)?;
-        check_lease(&rec, nonce, self.now_ms())?;
-        if let Some(expected) = &req.current_version {
-            if *expected != rec.instance_id {
-                return Err(AgentError::Conflict(format!(
-                    "current_version {expected} does not match the machine's version {}",
-                    rec.instance_id
-                )));
-            }
-        }
-        if bazaar_types::volume::mount_of(&req.config)
-            != bazaar_types::volume::mount_of(&rec.config)
-        {
-            return Err(AgentError::Invalid(
-                "config.mounts cannot be changed by an update; create a new machine".into(),
-            ));
-        }
-        if let Some(region) = req.region.as_deref().filter(|r| !r.is_empty()) {
-            if region != rec.region {
-                return Err(AgentError::Invalid(format!(
-                    "region {region}: an update cannot move machine {id} out of {}; a machine stays on its host (its id, volume and state live there). Create a machine in {region} with this config and destroy this one",
-                    rec.region
-                )));
-            }
-        }
-        if let Some(name) = req.name.as_deref().filter(|n| !n.is_empty()) {
-            if name != rec.name {
-                return Err(AgentError::Invalid(format!(
-                    "name {name:?}: a machine's name cannot be changed by an update (it is {:?}); create a machine with the new name",
-                    rec.name
-                )));
-            }
-        }
-        if let Some(ttl) = req.lease_ttl {
-            crate::leases::new_lease(&rec, ttl, "", None, self.now_ms())?;
-        }
-        // The caller holds the lease (checked above) or there is none: a lease_ttl refreshes
-        // it under the same nonce, or takes a new one.
-        let held_nonce = rec
-            .lease
-            .as_ref()
-            .filter(|l| l.expires_at * 1000 > self.now_ms())
-            .map(|l| l.nonce.clone());
-        let kind = OpKind::Update {
-            skip_launch: req.skip_launch,
-            previous_instance_id: rec.instance_id.clone(),
-        };
-        let desired = check_transition(rec.desired, kind.action())?;
-        let place = self.0.actors.reserve(id)?;
-        let previous_resources = rec.resources;
-        // A preempted machine that an update launches takes its resources again first.
-        let was_preempted = rec.preempted_by.is_some() && !req.skip_launch;
-        if resources != previous_resources || was_preempted {
-            ledger.commit(id, resources).map_err(capacity_error)?;
-        }
+    if let Some(ttl) = req.lease_ttl {
+        crate::leases::new_lease(&rec, ttl, "", None, agent.now_ms())?;
+    }
+    // The caller holds the lease (checked above) or there is none: a lease_ttl refreshes
+    // it under the same nonce, or takes a new one.
+    let held_nonce = rec
+        .lease
+        .as_ref()
+        .filter(|l| l.expires_at * 1000 > agent.now_ms())
+        .map(|l| l.nonce.clone());
+    let kind = OpKind::Update {
+        skip_launch: req.skip_launch,
+        previous_instance_id: rec.instance_id.clone(),
+    };
+    let desired = check_transition(rec.desired, kind.action())?;
+    let place = agent.actors().reserve(id)?;
+    let previous_resources = rec.resources;
+    // A preempted machine that an update launches takes its resources again first.
+    let was_preempted = rec.preempted_by.is_some() && !req.skip_launch;
+    if resources != previous_resources || was_preempted {
+        ledger.commit(id, resources).map_err(capacity_error)?;
+    }
+    if was_preempted {
+        rec.preempted_by = None;
+    }
+    let undo = |ledger: &mut bazaar_placement::Ledger| {
         if was_preempted {
-            rec.preempted_by = None;
-        }
-        let undo = |ledger: &mut bazaar_placement::Ledger| {
-            if was_preempted {
-                ledger.uncommit(id);
-            } else {
-                ledger.restore(id, previous_resources);
-            }
-        };
-        let previous = rec.clone();
-        rec.config = req.config.clone();
-        rec.resources = resources;
-        rec.instance_id = ids::new_instance_id();
-        rec.desired = if req.skip_launch {
-            MachineState::Stopped
+            ledger.uncommit(id);
         } else {
-            desired
-        };
-        rec.updated_at_ms = self.now_ms();
-        if req.skip_service_registration {
-            rec.cordoned = true;
+            ledger.restore(id, previous_resources);
         }
-        if let Some(ttl) = req.lease_ttl {
-            rec.lease = Some(crate::leases::new_lease(
-                &rec,
-                ttl,
-                "",
-                held_nonce.as_deref(),
-                self.now_ms(),
-            )?);
-        }
-        if let Err(err) = self
-            .assign_ports(&mut rec)
-            .and_then(|()| self.assign_user(&mut rec))
-        {
-            undo(&mut ledger);
-            return Err(err);
-        }
-        let op = self.new_op(&mut rec, kind, "user");
-        let mut b = Batch::default();
-        b.version(id, &rec.instance_id, &rec.config)
-            .event(&mut rec, MachineEvent::new("update", "updating", "user"));
-        b.machine(&rec).op(&op);
-        if let Err(err) = self.commit(b).await {
-            undo(&mut ledger);
-            return Err(err);
-        }
-        let freed: Vec<u16> = previous
-            .host_ports
-            .values()
-            .filter(|p| !rec.host_ports.values().any(|q| q == *p))
-            .copied()
-            .collect();
-        self.0.addresses.release_ports(&freed);
-        drop(ledger);
-        let mut machine = self.enqueue(&rec, op, place).await?;
-        if req.lease_ttl.is_some() {
-            machine.nonce = rec.lease.as_ref().map(|l| l.nonce.clone());
-        }
-        Ok(machine)
+    };
+    let previous = rec.clone();
+    rec.config = req.config.clone();
+    rec.resources = resources;
+    rec.instance_id = ids::new_instance_id();
+    rec.desired = if req.skip_launch {
+        MachineState::Stopped
+    } else {
+        desired
+    };
+    rec.updated_at_ms = agent.now_ms();
+    if req.skip_service_registration {
+        rec.cordoned = true;
     }
-
-    /// Sends a signal to a started machine's workload (not an operation: nothing to resume).
-    pub async fn signal_machine(
-        &self,
-        id: &str,
-        signal: Signal,
-        nonce: Option<&str>,
-    ) -> Result<(), AgentError> {
-        let rec = self.load_live(id)?;
-        check_lease(&rec, nonce, self.now_ms())?;
-        let state = self.current_state(&rec);
-        check_transition(state, bazaar_types::state::Action::Signal)?;
-        let run = rec
-            .run
-            .filter(|r| r.run_id > rec.exit_handled_run)
-            .ok_or_else(|| AgentError::Conflict(format!("machine {id} has no running process")))?;
-        let handle = self
-            .0
-            .machine_driver
-            .adopt(id, run.run_id)
-            .map_err(|e| AgentError::Internal(e.to_string()))?
-            .ok_or_else(|| AgentError::Conflict(format!("machine {id} has no running process")))?;
-        handle
-            .signal(signal.0)
-            .map_err(|e| AgentError::Internal(e.to_string()))
+    if let Some(ttl) = req.lease_ttl {
+        rec.lease = Some(crate::leases::new_lease(
+            &rec,
+            ttl,
+            "",
+            held_nonce.as_deref(),
+            agent.now_ms(),
+        )?);
     }
+    if let Err(err) = agent
+        .assign_ports(&mut rec)
+        .and_then(|()| agent.assign_user(&mut rec))
+    {
+        undo(&mut ledger);
+        return Err(err);
+    }
+    let op = agent.new_op(&mut rec, kind, "user");
+    let mut b = Batch::default();
+    b.version(id, &rec.instance_id, &rec.config)
+        .event(&mut rec, MachineEvent::new("update", "updating", "user"));
+    b.machine(&rec).op(&op);
+    if let Err(err) = agent.commit(b).await {
+        undo(&mut ledger);
+        return Err(err);
+    }
+    let freed: Vec<u16> = previous
+        .host_ports
+        .values()
+        .filter(|p| !rec.host_ports.values().any(|q| q == *p))
+        .copied()
+        .collect();
+    agent.release_host_ports(&freed);
+    drop(ledger);
+    let mut machine = enqueue(agent, &rec, op, place).await?;
+    if req.lease_ttl.is_some() {
+        machine.nonce = rec.lease.as_ref().map(|l| l.nonce.clone());
+    }
+    Ok(machine)
+}
 
-    /// Validates `kind` against the machine's desired state and queues it.
-    async fn submit(
-        &self,
-        id: &str,
-        nonce: Option<&str>,
-        kind: OpKind,
-        refine: impl FnOnce(&MachineRecord) -> Result<Option<OpKind>, AgentError>,
-    ) -> Result<Machine, AgentError> {
-        let mut ledger = self.0.ledger.lock().await;
-        let mut rec = self.load_live(id)?;
-        let kind = refine(&rec)?.unwrap_or(kind);
-        // A preempted machine gave its resources away: starting it takes them again, or is
-        // refused for capacity (`preempt.rs`).
-        let recommit = rec.preempted_by.is_some()
-            && matches!(kind.action(), bazaar_types::state::Action::Start);
-        let op = accept(
-            &mut rec,
-            kind,
-            nonce,
-            self.next_op_id(),
-            "user",
-            self.now_ms(),
-        )?;
-        let place = self.0.actors.reserve(id)?;
+/// Sends a signal to a started machine's workload (not an operation: nothing to resume).
+pub async fn signal_machine(
+    agent: &Agent,
+    id: &str,
+    signal: Signal,
+    nonce: Option<&str>,
+) -> Result<(), AgentError> {
+    let rec = agent.load_live(id)?;
+    check_lease(&rec, nonce, agent.now_ms())?;
+    let state = agent.current_state(&rec);
+    check_transition(state, bazaar_types::state::Action::Signal)?;
+    let run = rec
+        .run
+        .filter(|r| r.run_id > rec.exit_handled_run)
+        .ok_or_else(|| AgentError::Conflict(format!("machine {id} has no running process")))?;
+    let handle = agent
+        .machine_driver()
+        .adopt(id, run.run_id)
+        .map_err(|e| AgentError::Internal(e.to_string()))?
+        .ok_or_else(|| AgentError::Conflict(format!("machine {id} has no running process")))?;
+    handle
+        .signal(signal.0)
+        .map_err(|e| AgentError::Internal(e.to_string()))
+}
+
+/// Validates `kind` against the machine's desired state and queues it.
+async fn submit(
+    agent: &Agent,
+    id: &str,
+    nonce: Option<&str>,
+    kind: OpKind,
+    refine: impl FnOnce(&MachineRecord) -> Result<Option<OpKind>, AgentError>,
+) -> Result<Machine, AgentError> {
+    let mut ledger = agent.write_lock().await;
+    let mut rec = agent.load_live(id)?;
+    let kind = refine(&rec)?.unwrap_or(kind);
+    // A preempted machine gave its resources away: starting it takes them again, or is
+    // refused for capacity (`preempt.rs`).
+    let recommit =
+        rec.preempted_by.is_some() && matches!(kind.action(), bazaar_types::state::Action::Start);
+    let op = accept(
+        &mut rec,
+        kind,
+        nonce,
+        agent.next_op_id(),
+        "user",
+        agent.now_ms(),
+    )?;
+    let place = agent.actors().reserve(id)?;
+    if recommit {
+        ledger
+            .commit(id, rec.resources)
+            .map_err(crate::error::capacity_error)?;
+        rec.preempted_by = None;
+    }
+    let mut b = Batch::default();
+    b.machine(&rec).op(&op);
+    if let Err(err) = agent.commit(b).await {
         if recommit {
-            ledger
-                .commit(id, rec.resources)
-                .map_err(crate::error::capacity_error)?;
-            rec.preempted_by = None;
+            ledger.uncommit(id);
         }
-        let mut b = Batch::default();
-        b.machine(&rec).op(&op);
-        if let Err(err) = self.commit(b).await {
-            if recommit {
-                ledger.uncommit(id);
-            }
-            return Err(err);
-        }
-        drop(ledger);
-        self.enqueue(&rec, op, place).await
+        return Err(err);
     }
+    drop(ledger);
+    enqueue(agent, &rec, op, place).await
+}
 
-    /// Hands a recorded operation to the machine's actor, in the place `place` taken in its
-    /// channel before the operation was recorded.
-    pub(crate) async fn enqueue(
-        &self,
-        rec: &MachineRecord,
-        op: Operation,
-        place: OwnedPermit<ActorMsg>,
-    ) -> Result<Machine, AgentError> {
-        self.0.crash.at(op.kind.name(), 0);
-        tracing::debug!(machine.id = %rec.id, op = op.kind.name(), "operation accepted");
-        // Shown from the moment the operation is accepted (the actor may not have begun it
-        // yet): a `wait` right after a restart must not find the machine still `started`
-        // from before it. Set before the actor can see the operation, so that its end
-        // (which clears the state) comes after this.
-        if !op.kind.steps().is_empty() {
-            lock(&self.0.transient)
-                .entry(rec.id.clone())
-                .or_insert(op.kind.transient_state());
-        }
-        place.send(ActorMsg::Op(op));
-        self.machine(&rec.id).await
+/// Hands a recorded operation to the machine's actor, in the place `place` taken in its
+/// channel before the operation was recorded.
+pub(crate) async fn enqueue(
+    agent: &Agent,
+    rec: &MachineRecord,
+    op: Operation,
+    place: OwnedPermit<ActorMsg>,
+) -> Result<Machine, AgentError> {
+    agent.crash_at(op.kind.name(), 0);
+    tracing::debug!(machine.id = %rec.id, op = op.kind.name(), "operation accepted");
+    // Shown from the moment the operation is accepted (the actor may not have begun it
+    // yet): a `wait` right after a restart must not find the machine still `started`
+    // from before it. Set before the actor can see the operation, so that its end
+    // (which clears the state) comes after this.
+    if !op.kind.steps().is_empty() {
+        agent.show_operation_state(&rec.id, op.kind.transient_state());
     }
+    place.send(ActorMsg::Op(op));
+    agent.machine(&rec.id).await
 }
 
 pub(crate) fn stop_params(config: &MachineConfig, req: &StopRequest) -> (Signal, Duration) {

@@ -130,7 +130,7 @@ pub(crate) async fn claim_preemption(
             return Err(AgentError::Internal(e.to_string()));
         }
     }
-    let (rec, op, batch) = match agent.prepare_create(&req) {
+    let (rec, op, batch) = match crate::create::prepare(agent, &req) {
         Ok(x) => x,
         Err(err) => {
             p.release(&mut ledger);
@@ -158,7 +158,7 @@ pub(crate) async fn claim_preemption(
     }
     drop(ledger);
     tracing::info!(machine.id = %rec.id, victims = ?stopped, "machine placed by preemption");
-    Ok(agent.accepted_create(rec, op).await)
+    Ok(crate::create::accepted(agent, rec, op).await)
 }
 
 /// Marks each victim preempted by `preemptor` with its event, stops those running, and
@@ -200,7 +200,7 @@ async fn stop_victims(
         agent.commit(b).await?;
         drop(ledger);
         if let Some((op, place)) = stop {
-            agent.enqueue(&rec, op, place).await?;
+            crate::operations::enqueue(agent, &rec, op, place).await?;
         }
         agent.publish(&rec);
     }

@@ -93,7 +93,7 @@ async fn check(
                 continue;
             }
             fired.insert((m.id.clone(), host.clone()));
-            match agent.start_machine(&m.id, None).await {
+            match crate::operations::start_machine(agent, &m.id, None).await {
                 Ok(_) => tracing::info!(
                     machine.id = %m.id, primary = %primary, host = %host,
                     "standby: primary's host is dead, starting"

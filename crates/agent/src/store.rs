@@ -573,10 +573,34 @@ impl Store {
 
     /// A machine's events, newest first, at most `limit`.
     pub fn events(&self, machine_id: &str, limit: usize) -> Result<Vec<MachineEvent>, StoreError> {
+        self.events_below(machine_id, format!("{machine_id}0"), limit)
+    }
+
+    /// The events of `rec` as it was recorded, newest first, at most `limit`: those numbered
+    /// below its `next_event_seq`. A write commits its events before the in-memory record
+    /// shows it, so events newer than a record just read may already be in the database;
+    /// shown with it, they would describe a machine that never was (a `start` event beside
+    /// the state from before it).
+    pub fn events_of(
+        &self,
+        rec: &MachineRecord,
+        limit: usize,
+    ) -> Result<Vec<MachineEvent>, StoreError> {
+        let end = format!("{}/{:020}", rec.id, rec.next_event_seq);
+        self.events_below(&rec.id, end, limit)
+    }
+
+    /// Machine `machine_id`'s events keyed below `end`, newest first, at most `limit`.
+    fn events_below(
+        &self,
+        machine_id: &str,
+        end: String,
+        limit: usize,
+    ) -> Result<Vec<MachineEvent>, StoreError> {
         self.on_db(|db| {
             let tx = db.begin_read()?;
             let t = tx.open_table(EVENTS)?;
-            let (start, end) = (format!("{machine_id}/"), format!("{machine_id}0"));
+            let start = format!("{machine_id}/");
             let mut out = Vec::new();
             for row in t.range(start.as_str()..end.as_str())?.rev().take(limit) {
                 let (_, v) = row?;
@@ -681,6 +705,40 @@ mod tests {
         drop(store);
         let store = Store::open(&dir.path().join("agent.redb")).unwrap();
         assert!(store.machines().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_record_is_read_with_its_own_events_while_a_newer_write_is_not_shown_yet() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("agent.redb")).unwrap();
+        let mut rec: MachineRecord = serde_json::from_value(record_json("m1")).unwrap();
+        let mut b = Batch::default();
+        b.event(&mut rec, MachineEvent::new("exit", "stopped", "user"));
+        rec.state = bazaar_types::state::MachineState::Stopped;
+        b.machine(&rec);
+        store.write(&b).unwrap();
+        // A launch step's write: committed to the database, not yet shown by the record
+        // in memory (the moment between the two inside `Store::write`).
+        let mut launched = rec.clone();
+        let mut b = Batch::default();
+        b.event(&mut launched, MachineEvent::new("start", "started", "user"));
+        launched.state = bazaar_types::state::MachineState::Started;
+        b.machine(&launched);
+        store.on_db(|db| Store::write_tx(db, &b)).unwrap();
+        let shown = store.machine("m1").unwrap().unwrap();
+        assert_eq!(shown.state, bazaar_types::state::MachineState::Stopped);
+        let kinds = |events: Vec<MachineEvent>| -> Vec<String> {
+            events.into_iter().map(|e| e.kind).collect()
+        };
+        assert_eq!(kinds(store.events("m1", 20).unwrap()), ["start", "exit"]);
+        assert_eq!(
+            kinds(store.events_of(&shown, 20).unwrap()),
+            ["exit"],
+            "the stopped record is read without the start that came after it"
+        );
+        store.write(&b).unwrap();
+        let shown = store.machine("m1").unwrap().unwrap();
+        assert_eq!(kinds(store.events_of(&shown, 1).unwrap()), ["start"]);
     }
 
     #[test]

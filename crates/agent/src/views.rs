@@ -127,11 +127,18 @@ impl WaitQuery {
 }
 
 impl Reader<'_> {
-    /// One machine (tombstones included), with its latest events.
+    /// One machine (tombstones included), with its latest events, as it was at one moment.
+    /// An operation's step commits its events, then the in-memory record shows the step,
+    /// then (after its last step) the operation's transient state is cleared; read in the
+    /// reverse order (the transient state, the record, the record's own events), what is
+    /// shown existed at once. Read in that order, a restart could be shown `stopped` (the
+    /// record before its launch, no transient state any more) beside its new `start` event,
+    /// which `bazaar machine restart` took for a machine stopped after its start.
     pub(crate) async fn machine(&self, id: &str) -> Result<Machine, AgentError> {
+        let transient = lock(self.transient).get(id).copied();
         let rec = self.record_of(id)?;
-        let events = self.store.events(id, 20)?;
-        Ok(self.view(&rec, events))
+        let events = self.store.events_of(&rec, 20)?;
+        Ok(self.view_as(shown_state(&rec, transient), &rec, events))
     }
 
     /// Machines on this host, optionally of one app.
@@ -140,13 +147,18 @@ impl Reader<'_> {
         app: Option<&str>,
         include_deleted: bool,
     ) -> Result<Vec<Machine>, AgentError> {
+        // The transient states before the records, as in `machine`.
+        let transient = lock(self.transient).clone();
         let mut out: Vec<Machine> = self
             .store
             .machines()?
             .into_iter()
             .filter(|m| app.is_none_or(|a| m.app == a))
             .filter(|m| include_deleted || m.state != MachineState::Destroyed)
-            .map(|m| self.view(&m, Vec::new()))
+            .map(|m| {
+                let state = shown_state(&m, transient.get(&m.id).copied());
+                self.view_as(state, &m, Vec::new())
+            })
             .collect();
         out.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
         Ok(out)
@@ -283,7 +295,6 @@ impl Reader<'_> {
         }
     }
 
-    /// The state clients see: the running operation's state, else the recorded one.
     /// The stored record of machine `id` (tombstones included), or not found.
     fn record_of(&self, id: &str) -> Result<MachineRecord, AgentError> {
         if !ids::is_valid_machine_id(id) {
@@ -294,23 +305,28 @@ impl Reader<'_> {
             .ok_or_else(|| AgentError::MachineNotFound(id.into()))
     }
 
+    /// The state clients see: the running operation's state, else the recorded one.
     pub(crate) fn current_state(&self, rec: &MachineRecord) -> MachineState {
-        if rec.state == MachineState::Destroyed {
-            return rec.state;
-        }
-        lock(self.transient)
-            .get(&rec.id)
-            .copied()
-            .unwrap_or(rec.state)
+        shown_state(rec, lock(self.transient).get(&rec.id).copied())
     }
 
     /// Shows a record as the API's machine object.
     pub(crate) fn view(&self, rec: &MachineRecord, events: Vec<MachineEvent>) -> Machine {
+        self.view_as(self.current_state(rec), rec, events)
+    }
+
+    /// Shows a record as the API's machine object in `state` (its [`shown_state`]).
+    fn view_as(
+        &self,
+        state: MachineState,
+        rec: &MachineRecord,
+        events: Vec<MachineEvent>,
+    ) -> Machine {
         let live_run = rec.run.filter(|r| r.run_id > rec.exit_handled_run);
         Machine {
             id: rec.id.clone(),
             name: rec.name.clone(),
-            state: self.current_state(rec),
+            state,
             region: rec.region.clone(),
             instance_id: rec.instance_id.clone(),
             version: rec.instance_id.clone(),
@@ -325,7 +341,7 @@ impl Reader<'_> {
             checks: self
                 .checks
                 .of(&rec.id)
-                .filter(|_| self.current_state(rec) == MachineState::Started)
+                .filter(|_| state == MachineState::Started)
                 .map(|list| {
                     list.iter()
                         .map(|c| {
@@ -444,6 +460,14 @@ impl Reader<'_> {
             config: bazaar_types::replacement::carries_config(&rec.config.metadata)
                 .then(|| Box::new(rec.config.clone())),
         }
+    }
+}
+
+/// The state clients see of `rec`: the running operation's (`transient`), else the recorded one.
+fn shown_state(rec: &MachineRecord, transient: Option<MachineState>) -> MachineState {
+    match rec.state {
+        MachineState::Destroyed => rec.state,
+        recorded => transient.unwrap_or(recorded),
     }
 }
 

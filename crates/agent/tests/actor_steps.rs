@@ -5,7 +5,7 @@
 //! stop's kill timeout).
 
 use bazaar_agent::clock::Clock;
-use bazaar_agent::{Agent, AgentConfig, Seams};
+use bazaar_agent::{boot, market, operations, Agent, AgentConfig, Seams};
 use bazaar_runtime::launch_error::{LaunchError, LaunchStep};
 use bazaar_testkit::fake_driver::{FakeDriver, SIGTERM};
 use bazaar_types::event::MachineEvent;
@@ -28,7 +28,7 @@ async fn start_agent(driver: &Arc<FakeDriver>) -> (Agent, tempfile::TempDir) {
         clock: Clock::tokio(),
         crash: None,
     };
-    let agent = Agent::start_in_process(config, seams).await.unwrap();
+    let agent = boot::start_in_process(config, seams).await.unwrap();
     (agent, dir)
 }
 
@@ -42,7 +42,7 @@ async fn create(agent: &Agent, policy: &str) -> String {
         },
     }))
     .unwrap();
-    agent.create(req).await.unwrap().id
+    market::create(agent, req).await.unwrap().id
 }
 
 async fn wait_for(agent: &Agent, id: &str, state: MachineState) {
@@ -69,18 +69,19 @@ async fn create_start_stop_destroy_go_through_the_driver() {
     wait_for(&agent, &id, MachineState::Started).await;
     let first = driver.run(&id, 1).expect("run 1 launched");
 
-    agent
-        .stop_machine(&id, stop_request("SIGTERM", "5s"), None)
+    operations::stop_machine(&agent, &id, stop_request("SIGTERM", "5s"), None)
         .await
         .unwrap();
     wait_for(&agent, &id, MachineState::Stopped).await;
     assert_eq!(first.signals(), vec![SIGTERM]);
 
-    agent.start_machine(&id, None).await.unwrap();
+    operations::start_machine(&agent, &id, None).await.unwrap();
     wait_for(&agent, &id, MachineState::Started).await;
     assert_eq!(driver.launches(&id), 2, "a start launches a new run");
 
-    agent.destroy_machine(&id, true, None).await.unwrap();
+    operations::destroy_machine(&agent, &id, true, None)
+        .await
+        .unwrap();
     wait_for(&agent, &id, MachineState::Destroyed).await;
     assert_eq!(driver.destroyed(), vec![id.clone()]);
     let second = driver.run(&id, 2).unwrap();
@@ -102,7 +103,7 @@ async fn create_start_stop_destroy_go_through_the_driver() {
             "{expected:?} not in {kinds:?}"
         );
     }
-    agent.shutdown().await;
+    boot::shutdown(&agent).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -138,7 +139,7 @@ async fn a_launch_that_fails_leaves_the_machine_failed_with_the_error() {
         agent.machine(&id).await.unwrap().state,
         MachineState::Failed
     );
-    agent.shutdown().await;
+    boot::shutdown(&agent).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -174,5 +175,5 @@ async fn a_wait_for_started_is_answered_with_the_kind_of_the_launch_failure() {
     assert!(err.to_string().contains("No space left on device"), "{err}");
     // A wait for `failed` is answered as always.
     wait_for(&agent, &id, MachineState::Failed).await;
-    agent.shutdown().await;
+    boot::shutdown(&agent).await;
 }

@@ -1,7 +1,10 @@
-//! The agent is layered (issue 21): its state is made of parts in modules below `agent`
-//! (which imports only downward), what needs the whole agent sits above it, and start-up
-//! (`boot`) above everything. This reads the crate's sources ([`bazaar_layering`]) and
-//! fails on an import circle between its top-level modules.
+//! The agent is layered (issues 21 and 35): its state is made of parts in modules below
+//! `agent` (which imports only downward), what needs the whole agent sits above it, and
+//! start-up (`boot`) above everything. This reads the crate's sources ([`bazaar_layering`])
+//! and fails on an import circle between its top-level modules (imports being `crate::`
+//! paths and `super::` paths that leave a module), on an `impl` block in one module for a
+//! type of another (the way around the imports: `impl Agent` elsewhere than `agent.rs`),
+//! and on `Inner`, the agent's state, becoming reachable outside `agent.rs`.
 
 use bazaar_layering::Graph;
 use std::path::Path;
@@ -81,82 +84,52 @@ fn the_agent_is_made_of_parts_below_it_and_started_from_above() {
     assert!(above_boot.is_empty(), "{above_boot:?} import boot");
 }
 
-/// Today's `impl` blocks in one module for a type of another (`impl Agent` blocks reaching
-/// into the agent's `Inner`), as `(module, type)`: a way around the layers, to be removed
-/// by a later refactor (issue 35). A new one fails the test below, and so does one that is
-/// gone but still listed (a ratchet: the list only shrinks).
-const FOREIGN_IMPLS: [(&str, &str); 3] = [
-    ("boot", "Agent"),
-    ("market", "Agent"),
-    ("operations", "Agent"),
-];
-
+/// `impl` blocks in one module for a type another module defines (`impl Agent` in
+/// `operations.rs`, reaching into the agent's `Inner` as `self.0`) are a way around the
+/// layers: each module adds methods to its own types only, and what needs the whole agent
+/// is a function over its narrow methods (`operations::start_machine(&agent, ...)`).
 #[test]
-fn no_new_impl_blocks_for_another_modules_types() {
-    let found: Vec<(String, String)> = graph()
+fn no_impl_blocks_for_another_modules_types() {
+    let found: Vec<String> = graph()
         .foreign_impls()
         .into_iter()
-        .map(|f| (f.module, f.ty))
-        .collect();
-    let listed: Vec<(String, String)> = FOREIGN_IMPLS
-        .iter()
-        .map(|(m, t)| (m.to_string(), t.to_string()))
-        .collect();
-    let new: Vec<String> = found
-        .iter()
-        .filter(|f| !listed.contains(f))
-        .map(|(m, t)| format!("(\"{m}\", \"{t}\"),"))
+        .map(|f| format!("impl {} (of {}) in {}", f.ty, f.owner, f.module))
         .collect();
     assert!(
-        new.is_empty(),
-        "impl blocks for a type of another module (add methods in the type's own module):\n{}",
-        new.join("\n")
-    );
-    let gone: Vec<&(String, String)> = listed.iter().filter(|l| !found.contains(l)).collect();
-    assert!(
-        gone.is_empty(),
-        "{gone:?} no longer in the sources: remove them from FOREIGN_IMPLS"
+        found.is_empty(),
+        "impl blocks for a type of another module (add methods in the type's own module, or make them functions):\n{}",
+        found.join("\n")
     );
 }
 
-/// Modules that still reach into `Inner` through an agent handle's field (`agent.0.x`,
-/// `self.agent.0.x`) outside `agent.rs`, beside the `impl Agent` blocks above (whose
-/// `self.0` is theirs): a ratchet too. The others use the agent's narrow methods.
-const INNER_REACHERS: [&str; 2] = ["actor", "boot"];
-
-/// Top-level module of each source file and its text with whitespace removed.
-fn sources(dir: &Path, module: Option<&str>, out: &mut Vec<(String, String)>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
-        let module = module.map_or(stem.clone(), str::to_owned);
-        if path.is_dir() {
-            sources(&path, Some(&module), out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            let text = std::fs::read_to_string(&path).unwrap();
-            out.push((module, text.split_whitespace().collect()));
-        }
-    }
-}
-
+/// No module but `agent.rs` touches `Inner`'s fields: the compiler refuses it as long as
+/// the agent's handle and `Inner`'s fields are private to `agent.rs`, which this checks.
+/// The other modules use the agent's narrow methods.
 #[test]
-fn no_new_module_reaches_into_the_agents_inner_state() {
-    let mut files = Vec::new();
-    sources(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-        None,
-        &mut files,
+fn only_agent_rs_reaches_the_agents_inner_state() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/agent.rs");
+    let source = std::fs::read_to_string(path).unwrap();
+    let lines: Vec<&str> = source.lines().map(str::trim).collect();
+    assert!(
+        lines.contains(&"pub struct Agent(Arc<Inner>);"),
+        "the agent's handle on Inner must stay private to agent.rs: `pub struct Agent(Arc<Inner>);`"
     );
-    assert!(files.iter().any(|(m, _)| m == "agent"), "read no sources");
-    let mut reaching: Vec<String> = files
+    let start = lines
         .iter()
-        .filter(|(m, text)| m != "agent" && text.contains("agent.0."))
-        .map(|(m, _)| m.clone())
+        .position(|l| *l == "struct Inner {")
+        .expect("agent.rs defines a private `struct Inner {`");
+    let len = lines[start..]
+        .iter()
+        .position(|l| *l == "}")
+        .expect("Inner's fields end");
+    let public: Vec<&str> = lines[start + 1..start + len]
+        .iter()
+        .copied()
+        .filter(|l| !l.starts_with("//") && !l.starts_with("#["))
+        .filter(|l| l.starts_with("pub"))
         .collect();
-    reaching.sort();
-    reaching.dedup();
-    assert_eq!(
-        reaching, INNER_REACHERS,
-        "modules reaching into Inner through `agent.0` (use or add a narrow method in agent.rs)"
+    assert!(
+        len > 10 && public.is_empty(),
+        "Inner's fields must be private to agent.rs (add a narrow method instead): {public:?}"
     );
 }

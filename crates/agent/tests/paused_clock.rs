@@ -9,7 +9,7 @@ use bazaar_agent::clock::Clock;
 use bazaar_agent::error::AgentError;
 use bazaar_agent::fault::CrashPoint;
 use bazaar_agent::leases;
-use bazaar_agent::{Agent, AgentConfig, Seams};
+use bazaar_agent::{boot, market, operations, Agent, AgentConfig, Seams};
 use bazaar_testkit::fake_driver::{FakeDriver, SIGKILL, SIGTERM};
 use bazaar_types::host::{BidRequest, BidResponse, ClaimRequest, StopRequest};
 use bazaar_types::state::MachineState;
@@ -55,7 +55,7 @@ impl Host {
             clock: self.clock,
             crash,
         };
-        Agent::start_in_process(config, seams).await.unwrap()
+        boot::start_in_process(config, seams).await.unwrap()
     }
 }
 
@@ -76,7 +76,7 @@ async fn create_with(agent: &Agent, config: Value) -> String {
     }
     let req: ClaimRequest =
         serde_json::from_value(json!({"app": "paused", "config": base})).unwrap();
-    agent.create(req).await.unwrap().id
+    market::create(agent, req).await.unwrap().id
 }
 
 async fn create(agent: &Agent, policy: &str) -> String {
@@ -112,7 +112,7 @@ async fn a_lease_not_renewed_ends_at_its_ttl_and_another_holder_can_take_it() {
     assert!(created);
     let taken = leases::lease_acquire(&agent, &id, 30, "b", None).await;
     assert!(matches!(taken, Err(AgentError::Conflict(_))), "{taken:?}");
-    let stop = agent.stop_machine(&id, stop_request(None), None).await;
+    let stop = operations::stop_machine(&agent, &id, stop_request(None), None).await;
     assert!(matches!(stop, Err(AgentError::Conflict(_))), "{stop:?}");
 
     // Renewed by its holder at 20 s, it lasts until 50 s.
@@ -141,19 +141,16 @@ async fn a_lease_not_renewed_ends_at_its_ttl_and_another_holder_can_take_it() {
         .unwrap();
     assert!(created);
     assert_ne!(b.nonce, a.nonce);
-    let stop = agent
-        .stop_machine(&id, stop_request(None), Some(&a.nonce))
-        .await;
+    let stop = operations::stop_machine(&agent, &id, stop_request(None), Some(&a.nonce)).await;
     assert!(
         matches!(stop, Err(AgentError::Conflict(_))),
         "the old holder: {stop:?}"
     );
-    agent
-        .stop_machine(&id, stop_request(None), Some(&b.nonce))
+    operations::stop_machine(&agent, &id, stop_request(None), Some(&b.nonce))
         .await
         .unwrap();
     wait_for(&agent, &id, MachineState::Stopped).await;
-    agent.shutdown().await;
+    boot::shutdown(&agent).await;
 }
 
 /// Ends the newest run of `id` (its `n`-th launch) with `exit_code`, then returns how long
@@ -195,7 +192,7 @@ async fn on_failure_restarts_with_a_doubling_backoff_up_to_max_retries() {
     assert_eq!(state(&agent, &id).await, MachineState::Stopped);
     let machine = agent.machine(&id).await.unwrap();
     assert_eq!(machine.state, MachineState::Stopped);
-    agent.shutdown().await;
+    boot::shutdown(&agent).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -225,7 +222,7 @@ async fn always_restarts_a_clean_exit_too_and_no_restarts_nothing() {
     tokio::time::sleep(LATER).await;
     assert_eq!(host.driver.launches(&no), 1);
     assert_eq!(state(&agent, &no).await, MachineState::Stopped);
-    agent.shutdown().await;
+    boot::shutdown(&agent).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -243,8 +240,7 @@ async fn a_stop_kills_a_run_that_ignores_its_signal_after_the_kill_timeout() {
     for (id, timeout, expected) in [(&asked, Some("30s"), 30), (&configured, None, 45)] {
         wait_for(&agent, id, MachineState::Started).await;
         let t0 = Instant::now();
-        agent
-            .stop_machine(id, stop_request(timeout), None)
+        operations::stop_machine(&agent, id, stop_request(timeout), None)
             .await
             .unwrap();
         let run = host.driver.run(id, 1).unwrap();
@@ -258,7 +254,7 @@ async fn a_stop_kills_a_run_that_ignores_its_signal_after_the_kill_timeout() {
         assert_eq!(run.signals(), vec![SIGTERM, SIGKILL]);
         wait_for(&agent, id, MachineState::Stopped).await;
     }
-    agent.shutdown().await;
+    boot::shutdown(&agent).await;
 }
 
 /// Runs operation `op` on a machine made by `setup`, crashing the agent at boundary `k`
@@ -273,8 +269,7 @@ async fn crash_and_resume(host: &Host, op: &str, k: u32) -> (Agent, String) {
             let id = create(&agent, "no").await;
             wait_for(&agent, &id, MachineState::Started).await;
             if op == "start" {
-                agent
-                    .stop_machine(&id, stop_request(None), None)
+                operations::stop_machine(&agent, &id, stop_request(None), None)
                     .await
                     .unwrap();
                 wait_for(&agent, &id, MachineState::Stopped).await;
@@ -288,19 +283,19 @@ async fn crash_and_resume(host: &Host, op: &str, k: u32) -> (Agent, String) {
         tokio::spawn(async move {
             match op.as_str() {
                 "create" => create(&agent, "no").await,
-                "start" => agent.start_machine(&id, None).await.map(|m| m.id).unwrap(),
-                "stop" => agent
-                    .stop_machine(&id, stop_request(None), None)
+                "start" => operations::start_machine(&agent, &id, None)
                     .await
                     .map(|m| m.id)
                     .unwrap(),
-                "restart" => agent
-                    .restart_machine(&id, stop_request(None), None)
+                "stop" => operations::stop_machine(&agent, &id, stop_request(None), None)
                     .await
                     .map(|m| m.id)
                     .unwrap(),
-                "destroy" => agent
-                    .destroy_machine(&id, true, None)
+                "restart" => operations::restart_machine(&agent, &id, stop_request(None), None)
+                    .await
+                    .map(|m| m.id)
+                    .unwrap(),
+                "destroy" => operations::destroy_machine(&agent, &id, true, None)
                     .await
                     .map(|m| m.id)
                     .unwrap(),
@@ -318,7 +313,7 @@ async fn crash_and_resume(host: &Host, op: &str, k: u32) -> (Agent, String) {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     assert!(crash.fired(), "{op}:{k} never reached");
-    agent.shutdown().await;
+    boot::shutdown(&agent).await;
     drop(agent);
 
     let agent = host.start().await;
@@ -379,7 +374,7 @@ async fn an_operation_cut_by_a_crash_at_any_step_finishes_once_after_a_restart()
                 launches,
                 "{op}:{k}: launches later"
             );
-            agent.shutdown().await;
+            boot::shutdown(&agent).await;
         }
     }
 }
@@ -394,7 +389,7 @@ async fn a_restarted_agent_re_adopts_live_runs_and_records_runs_that_ended_meanw
     for id in [&live, &ended, &ended_clean] {
         wait_for(&agent, id, MachineState::Started).await;
     }
-    agent.shutdown().await;
+    boot::shutdown(&agent).await;
     drop(agent);
     // While the agent is away, two runs end: one fails, one exits cleanly.
     host.driver.run(&ended, 1).unwrap().end(Some(2), None);
@@ -413,7 +408,7 @@ async fn a_restarted_agent_re_adopts_live_runs_and_records_runs_that_ended_meanw
     wait_for(&agent, &live, MachineState::Started).await;
     tokio::time::sleep(LATER).await;
     assert_eq!(host.driver.launches(&ended_clean), 1);
-    agent.shutdown().await;
+    boot::shutdown(&agent).await;
 }
 
 fn bid_request(cpus: u32, memory_mb: u64, ttl_ms: u64) -> BidRequest {
@@ -429,12 +424,16 @@ async fn a_reservation_not_claimed_in_time_gives_its_capacity_back() {
         reservation_id,
         expires_at_ms,
         ..
-    } = agent.bid(bid_request(4, 4096, 3000)).await.unwrap()
+    } = market::bid(&agent, bid_request(4, 4096, 3000))
+        .await
+        .unwrap()
     else {
         panic!("no bid on an empty host");
     };
     assert_eq!(expires_at_ms, host.clock.now_ms() + 3000);
-    let refused = agent.bid(bid_request(1, 256, 3000)).await.unwrap();
+    let refused = market::bid(&agent, bid_request(1, 256, 3000))
+        .await
+        .unwrap();
     assert!(
         matches!(
             refused,
@@ -447,7 +446,9 @@ async fn a_reservation_not_claimed_in_time_gives_its_capacity_back() {
     );
 
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let refused = agent.bid(bid_request(1, 256, 3000)).await.unwrap();
+    let refused = market::bid(&agent, bid_request(1, 256, 3000))
+        .await
+        .unwrap();
     assert!(
         matches!(refused, BidResponse::Refusal { .. }),
         "at 2 s: {refused:?}"
@@ -460,15 +461,17 @@ async fn a_reservation_not_claimed_in_time_gives_its_capacity_back() {
         "config": {"init": {"exec": ["/bin/true"]}, "guest": {"cpus": 4, "memory_mb": 4096}},
     }))
     .unwrap();
-    let claim = agent.claim(&reservation_id, req).await;
+    let claim = market::claim(&agent, &reservation_id, req).await;
     assert!(
         matches!(claim, Err(AgentError::ReservationNotFound(_))),
         "{claim:?}"
     );
-    let bid = agent.bid(bid_request(4, 4096, 3000)).await.unwrap();
+    let bid = market::bid(&agent, bid_request(4, 4096, 3000))
+        .await
+        .unwrap();
     assert!(
         matches!(bid, BidResponse::Bid { .. }),
         "after expiry: {bid:?}"
     );
-    agent.shutdown().await;
+    boot::shutdown(&agent).await;
 }

@@ -65,7 +65,7 @@ async fn other_host_with_app(seed: &Catalog, name: &str, org: &str, created_at_m
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_app_that_lost_its_name_is_told_and_takes_no_machines() {
     let mut node = InProcessAgent::start().await.unwrap();
-    let api = bazaar_api::router(node.agent.node());
+    let api = bazaar_api::router(node.node());
     node.serve(api.clone());
 
     // This side of the partition: org-a makes race2 and a machine in it.

@@ -83,7 +83,7 @@ fn store_of(node: &InProcessAgent) -> (CertStore, tokio_util::sync::Cancellation
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_apps_hostnames_and_secrets_do_not_pass_to_a_new_app_of_its_name() {
     let node = InProcessAgent::start().await.unwrap();
-    let api = bazaar_api::router(node.agent.node());
+    let api = bazaar_api::router(node.node());
     let (store, shutdown) = store_of(&node);
     let hostname = "shop.example.com";
 
@@ -159,7 +159,7 @@ async fn a_deleted_apps_hostnames_and_secrets_do_not_pass_to_a_new_app_of_its_na
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_app_attaches_no_other_apps_name_under_the_app_domain_nor_its_hostnames() {
     let node = InProcessAgent::start().await.unwrap();
-    let api = bazaar_api::router(node.agent.node());
+    let api = bazaar_api::router(node.node());
     let (store, shutdown) = store_of(&node);
     create_app(&api, "a1", "alpha").await;
     create_app(&api, "b1", "beta").await;
@@ -203,7 +203,7 @@ async fn an_app_attaches_no_other_apps_name_under_the_app_domain_nor_its_hostnam
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certificates_are_checked_and_issued_on_flys_paths() {
     let node = InProcessAgent::start().await.unwrap();
-    let api = bazaar_api::router(node.agent.node());
+    let api = bazaar_api::router(node.node());
     create_app(&api, "shop", "acme").await;
     create_app(&api, "blog", "acme").await;
     let (s, v) = add_cert(&api, "shop", "www.shop.example", "www.shop.example").await;

@@ -13,7 +13,7 @@ use serde_json::json;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_machines_api_refuses_the_cluster_secret_and_changes_nothing() {
     let mut node = InProcessAgent::start().await.unwrap();
-    let api = bazaar_api::router(node.agent.node());
+    let api = bazaar_api::router(node.node());
     node.serve(api.clone());
     let admin = Some(api_token());
     let (s, v) = oneshot(

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 async fn agent_with_apps(apps: &[&str]) -> (InProcessAgent, Router) {
     let mut node = InProcessAgent::start().await.unwrap();
-    let api = bazaar_api::router(node.agent.node());
+    let api = bazaar_api::router(node.node());
     node.serve(api.clone());
     for app in apps {
         let body = json!({"app_name": app, "org_slug": "personal"}).to_string();

@@ -17,7 +17,7 @@ fn org() -> Option<&'static str> {
 /// An agent serving its host interface and Machines API, with app `app`.
 async fn agent_with_app(app: &str) -> (InProcessAgent, Router) {
     let mut node = InProcessAgent::start().await.unwrap();
-    let api = bazaar_api::router(node.agent.node());
+    let api = bazaar_api::router(node.node());
     node.serve(api.clone());
     create_app(&api, app).await;
     (node, api)

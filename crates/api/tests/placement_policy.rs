@@ -26,7 +26,7 @@ async fn constraints_place_on_labelled_hosts_and_impossible_ones_are_refused() {
     .await
     .unwrap();
     let host = node.agent.host_id().to_string();
-    let api = bazaar_api::router(node.agent.node());
+    let api = bazaar_api::router(node.node());
     node.serve(api.clone());
     let token = Some(api_token());
     let body = json!({"app_name": "pp", "org_slug": "personal"}).to_string();

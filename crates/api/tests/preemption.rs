@@ -24,7 +24,7 @@ async fn a_critical_machine_displaces_a_batch_one_and_never_the_reverse() {
     let mut node = InProcessAgent::start_with(|c| c.memory_mb = Some(512))
         .await
         .unwrap();
-    let api = bazaar_api::router(node.agent.node());
+    let api = bazaar_api::router(node.node());
     node.serve(api.clone());
     let token = Some(api_token());
     let body = json!({"app_name": "pre", "org_slug": "personal"}).to_string();

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_priority_class_is_kept_and_an_unknown_one_refused_with_400() {
     let mut node = InProcessAgent::start().await.unwrap();
-    let api = bazaar_api::router(node.agent.node());
+    let api = bazaar_api::router(node.node());
     node.serve(api.clone());
     let body = json!({"app_name": "prio", "org_slug": "personal"}).to_string();
     let (s, v) = oneshot(

@@ -49,7 +49,7 @@ async fn wait_usage(api: &Router, path: &str, machines: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_past_a_quota_is_refused_with_403_naming_it() {
     let mut node = InProcessAgent::start().await.unwrap();
-    let api = bazaar_api::router(node.agent.node());
+    let api = bazaar_api::router(node.node());
     node.serve(api.clone());
     for (app, org) in [("qa", "acme"), ("qb", "acme"), ("qc", "other")] {
         let body = json!({"app_name": app, "org_slug": org});

@@ -19,7 +19,7 @@ fn org() -> Option<&'static str> {
 /// An agent serving its host interface, its Machines API, and an app `a1`.
 async fn agent_with_app() -> (InProcessAgent, Router) {
     let mut node = InProcessAgent::start().await.unwrap();
-    let api = bazaar_api::router(node.agent.node());
+    let api = bazaar_api::router(node.node());
     node.serve(api.clone());
     let (s, v) = oneshot(
         &api,

@@ -61,7 +61,7 @@ fn sleeper() -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_machines_api_requests_get_fly_shaped_4xx_and_change_nothing() {
     let node = InProcessAgent::start().await.unwrap();
-    let api = bazaar_api::router(node.agent.node());
+    let api = bazaar_api::router(node.node());
     let (s, v) = call(
         &api,
         Method::POST,

@@ -22,7 +22,7 @@ pub async fn serve(
     let outcome = bazaar_agent::run_agent(
         config,
         |agent| {
-            let node = node.get_or_init(|| agent.node());
+            let node = node.get_or_init(|| bazaar_agent::node::handle(&agent));
             let proxy = bazaar_proxy::Proxy::start(node.clone())?;
             bazaar_api::guardian::spawn(bazaar_api::Api::new(node.clone()));
             bazaar_api::per_host::spawn(bazaar_api::Api::new(node.clone()));

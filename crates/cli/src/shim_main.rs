@@ -1,7 +1,7 @@
 //! `bazaar-shim`: the per-machine supervisor and `shim-exec` as a small executable of
 //! their own (only [`bazaar_shim`] is linked in). The agent runs its shims from it when it
 //! sits beside `bazaar` with the same version, since it loads in half the time and memory
-//! of the whole `bazaar` (see `bazaar_agent::shim_executable`). It takes the same internal
+//! of the whole `bazaar` (see `bazaar_agent::shim_exe::shim_executable`). It takes the same internal
 //! commands as `bazaar`:
 //!
 //! - `bazaar-shim shim RUN_DIR`

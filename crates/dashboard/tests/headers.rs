@@ -10,7 +10,7 @@ use tower::ServiceExt;
 #[tokio::test]
 async fn every_answer_carries_the_security_headers() {
     let agent = InProcessAgent::start().await.unwrap();
-    let ui = bazaar_dashboard::router(agent.agent.node(), axum::Router::new());
+    let ui = bazaar_dashboard::router(agent.node(), axum::Router::new());
     let requests = [
         (Method::GET, "/ui/", "", StatusCode::OK),
         (Method::GET, "/ui/signin", "", StatusCode::OK),

@@ -11,7 +11,7 @@ use tower::ServiceExt;
 #[tokio::test]
 async fn the_cluster_secret_does_not_sign_in() {
     let agent = InProcessAgent::start().await.unwrap();
-    let ui = bazaar_dashboard::router(agent.agent.node(), axum::Router::new());
+    let ui = bazaar_dashboard::router(agent.node(), axum::Router::new());
     let sign_in = |token: &str| {
         Request::builder()
             .method(Method::POST)

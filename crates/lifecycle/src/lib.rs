@@ -13,6 +13,7 @@
 //!   checking one; and metadata keys.
 //! - [`record`]: the machine as the agent stores it, and how an actor's work merges with what
 //!   the accept side changed meanwhile.
+//! - [`schedule`]: when a scheduled machine (`config.schedule`) is started again.
 //!
 //! The agent (`bazaar-agent`) is the shell: it feeds these functions what its store, its
 //! driver and its clock say, and carries out what they decide. Each rule is tested here in
@@ -27,3 +28,4 @@ pub mod lease;
 pub mod operation;
 pub mod record;
 pub mod restart;
+pub mod schedule;

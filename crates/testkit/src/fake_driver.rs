@@ -1,5 +1,5 @@
 //! A fake [`MachineDriver`] for running the real agent in-process (its store, ledger and
-//! actors; `Agent::start_in_process`): launches make in-memory runs that record the signals
+//! actors; `bazaar_agent::boot::start_in_process`): launches make in-memory runs that record the signals
 //! they get and end when told to, so no shim, no runc and nothing on the host is needed.
 //! Runs outlive the agent that launched them, as shims do: an agent started again on the
 //! same data dir with the same driver finds and re-adopts them.

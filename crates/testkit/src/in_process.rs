@@ -57,7 +57,7 @@ impl InProcessAgent {
         };
         let mut config = config;
         configure(&mut config);
-        let agent = Agent::start(config.clone()).await?;
+        let agent = bazaar_agent::boot::start(config.clone()).await?;
         let mut catalog_config = CatalogConfig::new(
             agent.host_id(),
             &config.region,
@@ -74,6 +74,12 @@ impl InProcessAgent {
             server: None,
             _dir: dir,
         })
+    }
+
+    /// The agent as the node the services beside it (the API, the dashboard) are given,
+    /// as the composition root hands it to them (`bazaar_agent::node::handle`).
+    pub fn node(&self) -> bazaar_node::NodeHandle {
+        bazaar_agent::node::handle(&self.agent)
     }
 
     /// The host interface (`/host/v1`) as `run_agent` serves it.
@@ -101,7 +107,7 @@ impl InProcessAgent {
             server.abort();
         }
         self.catalog.kill().await;
-        self.agent.shutdown().await;
+        bazaar_agent::boot::shutdown(&self.agent).await;
     }
 }
 

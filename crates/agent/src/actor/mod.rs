@@ -30,7 +30,7 @@ pub fn spawn_actor(
     ops: Vec<Operation>,
     run: Option<Box<dyn Run>>,
 ) {
-    let rx = agent.0.actors.register(&rec.id);
+    let rx = agent.actors().register(&rec.id);
     let actor = Actor {
         agent: agent.clone(),
         id: rec.id.clone(),
@@ -38,7 +38,7 @@ pub fn spawn_actor(
         run,
         rx,
     };
-    agent.0.tracker.spawn(actor.run(rec));
+    agent.tracker().spawn(actor.run(rec));
 }
 
 struct Actor {
@@ -58,15 +58,14 @@ struct Exit {
 
 impl Actor {
     async fn run(mut self, rec: MachineRecord) {
-        let shutdown = self.agent.0.shutdown.clone();
+        let shutdown = self.agent.shutdown_token();
         tokio::select! {
             () = shutdown.cancelled() => {}
             () = self.main(rec) => {}
         }
         // Stop routing new operations here; they are durable and resume on restart.
         self.agent
-            .0
-            .actors
+            .actors()
             .retire(&self.id, shutdown.is_cancelled());
     }
 
@@ -80,7 +79,7 @@ impl Actor {
             }
             self.drop_superseded_policy_ops().await;
             if let Some(op) = self.queue.front().cloned() {
-                let wait = self.agent.0.clock.until(op.not_before_ms);
+                let wait = self.agent.clock().until(op.not_before_ms);
                 if !wait.is_zero() {
                     let woke = tokio::select! {
                         msg = self.rx.recv() => Some(msg),
@@ -98,7 +97,7 @@ impl Actor {
                 if let Some(MachineState::Destroyed) = done {
                     // Any operation queued behind a destroy refers to a gone machine.
                     self.queue.clear();
-                    self.agent.0.actors.remove(&self.id);
+                    self.agent.actors().remove(&self.id);
                     return;
                 }
                 continue;
@@ -139,7 +138,7 @@ impl Actor {
             return;
         }
         let mut dropped = Vec::new();
-        let metrics = &self.agent.0.metrics;
+        let metrics = &self.agent.metrics();
         let last = self.queue.len() - 1;
         let mut i = 0;
         self.queue.retain(|op| {
@@ -163,7 +162,7 @@ impl Actor {
     }
 
     fn load(&self) -> Option<MachineRecord> {
-        match self.agent.0.store.machine(&self.id) {
+        match self.agent.store().machine(&self.id) {
             Ok(rec) => rec,
             Err(err) => {
                 tracing::error!(machine.id = %self.id, error = %err, "reading machine");
@@ -173,16 +172,7 @@ impl Actor {
     }
 
     fn set_transient(&self, state: Option<MachineState>) {
-        let mut t = self
-            .agent
-            .0
-            .transient
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        match state {
-            Some(s) => t.insert(self.id.clone(), s),
-            None => t.remove(&self.id),
-        };
+        self.agent.set_operation_state(&self.id, state);
     }
 
     /// On start: re-adopt the live run, or record how it ended while the agent was away.
@@ -207,8 +197,7 @@ impl Actor {
     fn exit_of(&self, run_id: u64) -> Exit {
         let record = self
             .agent
-            .0
-            .machine_driver
+            .machine_driver()
             .exit_record(&self.id, run_id)
             .unwrap_or_else(|| ExitRecord {
                 run_id,
@@ -242,8 +231,8 @@ impl Actor {
         }
         b.event(&mut rec, event);
         // A full disk the housekeeping loop has not reported yet (`disk_watch.rs`).
-        let full = self.agent.0.machine_driver.disk_full(&self.id);
-        if let Some(full) = full.filter(|_| self.agent.0.full_disks.saw(&self.id, true)) {
+        let full = self.agent.machine_driver().disk_full(&self.id);
+        if let Some(full) = full.filter(|_| self.agent.full_disks().saw(&self.id, true)) {
             b.event(
                 &mut rec,
                 MachineEvent::new("disk_full", "stopped", "flyd").with_reason(full),
@@ -323,7 +312,10 @@ impl Actor {
     /// Runs `op` from its first unrecorded step to the end. Returns the settled state.
     async fn execute(&mut self, mut op: Operation) -> Option<MachineState> {
         let steps = op.kind.steps();
-        if !steps.is_empty() {
+        // Cleared once, by the operation that set it: an operation queued meanwhile has set
+        // its own (`operations::enqueue`), which a second clear here would take away.
+        let mut shows_transient = !steps.is_empty();
+        if shows_transient {
             // Shown while the steps run (`starting`, `stopping`, ...); an operation with
             // nothing to run (a create with skip_launch) never shows one.
             self.set_transient(Some(op.kind.transient_state()));
@@ -339,7 +331,7 @@ impl Actor {
             if let Err(err) = self.agent.commit(b).await {
                 tracing::error!(machine.id = %self.id, error = %err, "finishing operation");
             }
-            self.agent.0.metrics.operation(&op.kind, Outcome::Completed);
+            self.agent.metrics().operation(&op.kind, Outcome::Completed);
         }
         while let Some(step) = op.next_step() {
             let Some(mut rec) = self.load() else { break };
@@ -368,7 +360,7 @@ impl Actor {
             b.machine(&rec);
             self.record(&before, &mut rec, b, step.name()).await;
             let aborted = outcome == StepOutcome::Abort;
-            let metrics = &self.agent.0.metrics;
+            let metrics = &self.agent.metrics();
             metrics.step(step, started.elapsed(), aborted);
             if last {
                 let ended = if aborted {
@@ -378,16 +370,20 @@ impl Actor {
                 };
                 metrics.operation(&op.kind, ended);
             }
-            self.agent.0.crash.at(op.kind.name(), op.steps_done);
+            self.agent.crash_at(op.kind.name(), op.steps_done);
             if last {
                 self.set_transient(None);
+                shows_transient = false;
             }
             self.agent.publish(&rec);
             if last {
                 break;
             }
         }
-        self.set_transient(None);
+        if shows_transient {
+            // The loop ended before the last step (the machine is gone).
+            self.set_transient(None);
+        }
         if let Some(rec) = self.load() {
             self.agent.publish(&rec);
             // A run that was adopted as already over (it ended while we were away) is
@@ -442,14 +438,14 @@ fn exit_event(exit: &Exit, requested: bool, restarting: bool) -> MachineEvent {
 /// Host shutdown (dev clusters): remember which run each machine had, so it is relaunched
 /// when the host comes back, then stop every workload gracefully.
 pub async fn stop_all_for_host_shutdown(agent: &Agent) {
-    let machines = agent.0.store.machines().unwrap_or_default();
+    let machines = agent.store().machines().unwrap_or_default();
     let mut handles = Vec::new();
     let mut b = Batch::default();
     for mut rec in machines {
         let Some(run) = rec.run.filter(|r| r.run_id > rec.exit_handled_run) else {
             continue;
         };
-        if let Ok(Some(h)) = agent.0.machine_driver.adopt(&rec.id, run.run_id) {
+        if let Ok(Some(h)) = agent.machine_driver().adopt(&rec.id, run.run_id) {
             rec.host_shutdown_run = Some(run.run_id);
             b.machine(&rec);
             let (signal, timeout) = rec.config.stop_signal_and_timeout();
@@ -459,7 +455,7 @@ pub async fn stop_all_for_host_shutdown(agent: &Agent) {
     if handles.is_empty() {
         return;
     }
-    if let Err(err) = agent.0.store.write(&b) {
+    if let Err(err) = agent.store().write(&b) {
         tracing::error!(error = %err, "recording host shutdown");
         return;
     }

@@ -49,7 +49,7 @@ impl Actor {
                 }
             }
         }
-        let driver = self.agent.0.machine_driver.clone();
+        let driver = self.agent.machine_driver().clone();
         // From the operation's creation (the store write) to here: whole milliseconds.
         let queued_ms = now_ms().saturating_sub(op.created_at_ms) as f64;
         let mut timing = Vec::new();
@@ -202,7 +202,7 @@ impl Actor {
             ..
         } = &op.kind
         {
-            let previous = self.agent.0.store.versions(&self.id).ok().and_then(|v| {
+            let previous = self.agent.store().versions(&self.id).ok().and_then(|v| {
                 v.into_iter()
                     .find(|(iid, _)| iid == previous_instance_id)
                     .map(|(_, config)| config)
@@ -276,13 +276,13 @@ impl Actor {
         b: &mut Batch,
     ) -> StepOutcome {
         {
-            let mut ledger = self.agent.0.ledger.lock().await;
+            let mut ledger = self.agent.write_lock().await;
             ledger.uncommit(&self.id);
         }
         if let Err(err) = crate::volumes::detach_volumes(&self.agent, &self.id).await {
             tracing::error!(machine.id = %self.id, error = %err, "detaching volumes");
         }
-        self.agent.0.machine_driver.destroy(&self.id).await;
+        self.agent.machine_driver().destroy(&self.id).await;
         self.agent.release_ports(rec);
         rec.state = MachineState::Destroyed;
         rec.destroyed_at_ms = Some(now_ms());
