@@ -314,6 +314,7 @@ impl Agent {
         crate::snapshots::spawn_snapshot_pruning(&agent);
         spawn_checks(&agent);
         spawn_machine_metrics(&agent);
+        crate::reclaim::spawn(&agent);
         tracing::info!(
             host.id = %agent.0.host_id,
             num_machines,

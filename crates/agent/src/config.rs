@@ -176,6 +176,54 @@ pub struct AgentConfig {
     /// published in its host row for machines' placement constraints, affinities and
     /// spread (docs/POLICY.md). Names the agent publishes itself are refused.
     pub labels: BTreeMap<String, String>,
+    /// Oversubscription with reclamation (`[reclaim]`, docs/POLICY.md "Reclamation"): off
+    /// by default.
+    pub reclaim: ReclaimConfig,
+}
+
+/// `[reclaim]`: whether this host lends what its services reserve and do not use to
+/// `batch` machines, how often it measures each machine's use, and Borg's rule's
+/// parameters (`bazaar_placement::reclaim::Reclaim`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReclaimConfig {
+    /// Hold `batch` machines against the reclaimed room instead of capacity by requests.
+    pub enabled: bool,
+    /// Time between two measurements of every machine's CPU and memory use.
+    #[serde(with = "millis")]
+    pub interval: Duration,
+    /// The safety margin over measured use, in percent of the use.
+    pub margin_pct: u64,
+    /// The share of the gap between a reservation and its target closed per measurement,
+    /// in percent.
+    pub decay_pct: u64,
+    /// Measurements after a service starts during which its reservation stays at its
+    /// request.
+    pub grace_observations: u32,
+}
+
+impl Default for ReclaimConfig {
+    fn default() -> Self {
+        let rule = bazaar_placement::reclaim::Reclaim::default();
+        ReclaimConfig {
+            enabled: false,
+            interval: Duration::from_secs(5),
+            margin_pct: rule.margin_pct,
+            decay_pct: rule.decay_pct,
+            grace_observations: rule.grace_observations,
+        }
+    }
+}
+
+impl ReclaimConfig {
+    /// The rule these parameters make.
+    pub fn rule(&self) -> bazaar_placement::reclaim::Reclaim {
+        bazaar_placement::reclaim::Reclaim {
+            margin_pct: self.margin_pct,
+            decay_pct: self.decay_pct.clamp(1, 100),
+            grace_observations: self.grace_observations,
+        }
+    }
 }
 
 impl Default for AgentConfig {
@@ -244,6 +292,7 @@ impl Default for AgentConfig {
             request_head_timeout: bazaar_node::listen::Limits::default().head_timeout,
             region_info: Default::default(),
             labels: BTreeMap::new(),
+            reclaim: ReclaimConfig::default(),
         }
     }
 }

@@ -58,7 +58,8 @@ impl Agent {
         // Open reservations live in memory only: losing them in a crash is the same as
         // their expiry, which the exchange handles (the claim fails, the next offer is
         // taken). Claimed ones are persisted with the machine they became.
-        match ledger.reserve(&id, want, expires_at_ms) {
+        let pool = bazaar_placement::ledger::Pool::for_priority(req.priority.unwrap_or_default());
+        match ledger.reserve_in(&id, want, expires_at_ms, pool) {
             Ok((_, score)) => Ok(BidResponse::Bid {
                 host_id: self.0.host_id.clone(),
                 reservation_id: id,
@@ -164,7 +165,8 @@ impl Agent {
             return Err(AgentError::Conflict(crate::drain::REFUSAL.into()));
         }
         let (rec, op, batch) = self.prepare_create(&req)?;
-        if let Err(err) = ledger.commit(&rec.id, rec.resources) {
+        let pool = crate::agent::pool_of(&rec.config);
+        if let Err(err) = ledger.commit_in(&rec.id, rec.resources, pool) {
             self.release_ports(&rec);
             return Err(capacity_error(err));
         }

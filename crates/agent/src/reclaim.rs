@@ -1,0 +1,152 @@
+//! Oversubscription with reclamation on this host (issue 34 item 3, docs/POLICY.md
+//! "Reclamation"): the I/O shell around the ledger's pure rule. With `[reclaim] enabled`,
+//! every `interval` it reads each machine's cgroup ([`crate::usage`]: CPU time, memory
+//! working set), turns the readings into use ([`bazaar_placement::reclaim::Meter`]) and
+//! hands it to the ledger, whose services' reservations decay towards use plus a margin
+//! and rise again with it (`Ledger::observe`, `Ledger::restarted`). The batch machines the
+//! ledger evicts to make a grown reservation fit are stopped here, newest first, each with
+//! a `reclaimed` event naming the service; like a preempted machine they hold nothing
+//! until they start again (`preempted_by`), and a start then needs room in the reclaimed
+//! pool. The host's row then advertises the new room (`publish.rs`). Functions of the
+//! agent's narrow API.
+
+use crate::agent::Agent;
+use crate::error::AgentError;
+use crate::record::OpKind;
+use crate::store::Batch;
+use bazaar_placement::ledger::Eviction;
+use bazaar_placement::reclaim::{Meter, Reading};
+use bazaar_types::event::MachineEvent;
+use bazaar_types::state::{check_transition, Action, MachineState};
+use std::time::Duration;
+
+/// Starts the reclamation loop when the host reclaims.
+pub(crate) fn spawn(agent: &Agent) {
+    if !agent.config().reclaim.enabled {
+        return;
+    }
+    let agent = agent.clone();
+    let shutdown = agent.shutdown_token();
+    let interval = agent
+        .config()
+        .reclaim
+        .interval
+        .max(Duration::from_millis(10));
+    agent.tracker().clone().spawn(async move {
+        let mut meter = Meter::default();
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            if let Err(err) = round(&agent, &mut meter).await {
+                tracing::warn!(error = %err, "measuring machines for reclamation");
+            }
+        }
+    });
+}
+
+/// One measurement of every machine this host holds, and the batch machines it evicts
+/// stopped.
+pub(crate) async fn round(agent: &Agent, meter: &mut Meter) -> Result<(), AgentError> {
+    let targets: Vec<(String, bool, Option<String>)> = agent
+        .store()
+        .machines()?
+        .into_iter()
+        .filter(|m| m.state != MachineState::Destroyed)
+        .map(|m| {
+            let started = agent.current_state(&m) == MachineState::Started;
+            let cgroup = agent.driver().machine_cgroup(&m.id, m.config.runs_image());
+            (m.id, started, cgroup)
+        })
+        .collect();
+    let probe = agent.usage_probe().clone();
+    let samples = tokio::task::spawn_blocking(move || {
+        targets
+            .into_iter()
+            .map(|(id, started, cgroup)| {
+                let sample = started
+                    .then(|| probe.sample(&id, cgroup.as_deref()))
+                    .flatten()
+                    .map(|s| (s.cpu_usec, s.memory_bytes.div_ceil(1 << 20)));
+                (id, started, sample)
+            })
+            .collect::<Vec<_>>()
+    })
+    .await?;
+    let now_us = agent.now_ms().saturating_mul(1000);
+    let mut ledger = agent.write_lock().await;
+    for (id, started, sample) in &samples {
+        match meter.read(id, *started, *sample, now_us) {
+            Reading::Nothing => {}
+            Reading::Restarted => ledger.restarted(id),
+            Reading::Use(used) => ledger.observe(id, used),
+        }
+    }
+    meter.retain(|id| samples.iter().any(|(m, _, _)| m == id));
+    let evicted = ledger.take_evictions();
+    let mut stops = Vec::new();
+    for e in &evicted {
+        match mark_reclaimed(agent, e).await {
+            Ok(stop) => stops.push(stop),
+            Err(err) => {
+                tracing::warn!(machine.id = %e.machine_id, error = %err, "stopping a reclaimed batch machine")
+            }
+        }
+    }
+    drop(ledger);
+    for (rec, stop) in stops {
+        tracing::info!(machine.id = %rec.id, "batch machine stopped: its room was reclaimed");
+        if let Some((op, place)) = stop {
+            agent.enqueue(&rec, op, place).await?;
+        }
+        agent.publish(&rec);
+    }
+    crate::publish::publish_host(agent).await;
+    Ok(())
+}
+
+type Stop = (
+    crate::record::MachineRecord,
+    Option<(
+        crate::record::Operation,
+        tokio::sync::mpsc::OwnedPermit<crate::registry::ActorMsg>,
+    )>,
+);
+
+/// Records that batch machine `e.machine_id` was evicted for `e.for_machine`'s
+/// reservation (its event, `preempted_by`) and, when it runs, its stop operation; the
+/// caller holds the write lock and enqueues the stop after.
+async fn mark_reclaimed(agent: &Agent, e: &Eviction) -> Result<Stop, AgentError> {
+    let mut rec = agent.load_live(&e.machine_id)?;
+    let status = format!(
+        "stopped for machine {}'s reservation (reclamation)",
+        e.for_machine
+    );
+    rec.preempted_by = Some(e.for_machine.clone());
+    rec.updated_at_ms = agent.now_ms();
+    let mut b = Batch::default();
+    b.event(&mut rec, MachineEvent::new("reclaimed", &status, "bazaar"));
+    let running = agent.current_state(&rec) != MachineState::Stopped;
+    let stop = match check_transition(rec.desired, Action::Stop) {
+        Ok(desired) if running => {
+            let place = agent.actors().reserve(&rec.id)?;
+            rec.desired = desired;
+            let (signal, timeout) =
+                crate::operations::stop_params(&rec.config, &Default::default());
+            let kind = OpKind::Stop {
+                signal: signal.0,
+                timeout_ms: timeout.as_millis() as u64,
+            };
+            let op = agent.new_op(&mut rec, kind, "bazaar");
+            b.op(&op);
+            Some((op, place))
+        }
+        _ => None,
+    };
+    b.machine(&rec);
+    agent.commit(b).await?;
+    Ok((rec, stop))
+}
