@@ -191,10 +191,13 @@ impl Agent {
         let mut ports = HashSet::new();
         let mut addresses = HashSet::new();
         let mut uids = HashMap::new();
-        for m in machines
+        // Oldest first: the ledger's batch pool stops the newest first.
+        let mut by_age: Vec<&MachineRecord> = machines
             .iter()
             .filter(|m| m.state != MachineState::Destroyed)
-        {
+            .collect();
+        by_age.sort_by_key(|m| m.created_at_ms);
+        for m in by_age {
             // A preempted machine holds nothing until it starts again (`preempt.rs`).
             if m.preempted_by.is_none() {
                 ledger.restore_in(&m.id, m.resources, pool_of(&m.config));

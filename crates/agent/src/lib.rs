@@ -26,6 +26,9 @@
 //! - [`runnable`]: what this host can run, checked at start (the drivers it bids for).
 //! - [`leases`]: leases, cordons and metadata.
 //! - [`preempt`]: preemption bids and their claims; [`preemptions`]: the open bids.
+//! - [`reclaim`]: oversubscription with reclamation (machines' use measured through the
+//!   [`usage`] part, reservations decaying in the ledger, batch machines stopped when a
+//!   service needs its reservation back).
 //! - [`publish`]: this host's rows in the catalog (host record, machines) and the live state
 //!   `wait` watches.
 //! - [`views`]: reads of machines (the API view, lists, events, versions, logs, `wait`),

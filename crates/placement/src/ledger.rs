@@ -280,7 +280,9 @@ impl Ledger {
     }
 
     /// Commits resources for a machine found on start, even beyond capacity (capacity may
-    /// have been lowered by config; the machines exist regardless).
+    /// have been lowered by config; the machines exist regardless). With reclamation on, the
+    /// reclaimed pool may be past capacity too until reservations decay (see
+    /// [`reclaiming`]).
     pub fn restore(&mut self, machine_id: &str, resources: Resources) {
         self.restore_in(machine_id, resources, Pool::Service);
     }
@@ -290,7 +292,7 @@ impl Ledger {
         let pool = self.effective(pool);
         self.forget(machine_id);
         self.committed.insert(machine_id.to_string(), resources);
-        self.held_as(machine_id, resources, pool);
+        self.held_restored(machine_id, resources, pool);
     }
 
     /// Restores a persisted reservation.

@@ -214,7 +214,7 @@ impl Ledger {
     }
 
     /// One more observation of service `machine_id`'s use: its reservation moves by the
-    /// rule, and batch machines are evicted if it grew past what is left. A machine of the
+    /// rule, and when it grew, batch machines are evicted until the pool fits. A machine of the
     /// batch pool, or unknown, is ignored.
     pub fn observe(&mut self, machine_id: &str, used: Use) {
         let Some(r) = self.reclaim.as_mut() else {
@@ -226,6 +226,7 @@ impl Ledger {
         let Some(h) = r.held.get_mut(machine_id) else {
             return;
         };
+        let before = h.reservation;
         h.reservation = Use {
             millicpus: r.rule.next(
                 request.millicpus,
@@ -240,8 +241,12 @@ impl Ledger {
                 h.age,
             ),
         };
+        let rose = h.reservation.millicpus > before.millicpus
+            || h.reservation.memory_mb > before.memory_mb;
         h.age = h.age.saturating_add(1);
-        self.fit(machine_id);
+        if rose {
+            self.fit(machine_id);
+        }
     }
 
     /// Service `machine_id` started again: its reservation is its request again, with a new
@@ -329,6 +334,35 @@ impl Ledger {
                     },
                 );
                 self.fit(machine_id);
+            }
+        }
+    }
+
+    /// A machine found on start (`Ledger::restore_in`): a service's reservation starts at
+    /// its request with no grace (it was running before), and nothing is evicted: batch
+    /// machines already running stay, and until the reservations have decayed below what
+    /// they hold the pool admits no new batch machine; a reservation that grows evicts as
+    /// always.
+    pub(super) fn held_restored(&mut self, machine_id: &str, request: Resources, pool: Pool) {
+        let Some(r) = self.reclaim.as_mut() else {
+            return;
+        };
+        match pool {
+            Pool::Batch => {
+                r.held.remove(machine_id);
+                r.batch.insert(machine_id.to_string(), r.next_seq);
+                r.next_seq += 1;
+            }
+            Pool::Service => {
+                r.batch.remove(machine_id);
+                let age = r.rule.grace_observations;
+                r.held.insert(
+                    machine_id.to_string(),
+                    Held {
+                        reservation: Use::of(request),
+                        age,
+                    },
+                );
             }
         }
     }

@@ -120,6 +120,37 @@ fn a_service_committed_or_started_again_gets_its_request_back() {
 }
 
 #[test]
+fn a_restarted_agent_keeps_its_batch_machines_until_a_reservation_grows() {
+    let mut l = Ledger::new(r(4, 4096)).with_reclaim(RULE);
+    l.restore_in("svc", r(2, 2048), Pool::Service);
+    l.restore_in("batch0", r(2, 2048), Pool::Batch);
+    l.restore_in("batch1", r(1, 1024), Pool::Batch);
+    // 2,000 + 3,000 > 4,000: past capacity, but nothing is stopped for a restart, and no
+    // new batch machine comes in.
+    assert!(l.take_evictions().is_empty());
+    assert!(l.reserve_in("b", r(1, 256), 10, Pool::Batch).is_err());
+    // No grace: the first observations decay towards use, evicting nothing.
+    idle(&mut l, "svc", 3);
+    assert!(l.take_evictions().is_empty());
+    assert!(l.reservation_of("svc").unwrap().millicpus < 1000);
+    // Growth evicts until the pool fits.
+    l.observe(
+        "svc",
+        Use {
+            millicpus: 2000,
+            memory_mb: 100,
+        },
+    );
+    let ev: Vec<String> = l
+        .take_evictions()
+        .into_iter()
+        .map(|e| e.machine_id)
+        .collect();
+    assert_eq!(ev, vec!["batch1".to_string()]);
+    assert!(l.batch_held().fits_in(Use::of(l.capacity())));
+}
+
+#[test]
 fn with_reclamation_off_batch_is_held_by_requests_like_any_machine() {
     let mut l = Ledger::new(r(4, 4096));
     l.commit("svc", r(4, 4096)).unwrap();
