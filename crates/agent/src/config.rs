@@ -179,6 +179,43 @@ pub struct AgentConfig {
     /// Oversubscription with reclamation (`[reclaim]`, docs/POLICY.md "Reclamation"): off
     /// by default.
     pub reclaim: ReclaimConfig,
+    /// Shared CPUs' burst model (`[burst]`, docs/POLICY.md "Shared CPU bursts"): off by
+    /// default (a shared vCPU then has a core of `cpu.max`).
+    pub burst: BurstConfig,
+}
+
+/// `[burst]`: shared vCPUs get a baseline share of a core and a burst balance (Fly's
+/// model, `bazaar_placement::burst`), accounted at every measurement (`[reclaim]
+/// interval`) and applied to the machine's cgroup `cpu.max`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BurstConfig {
+    pub enabled: bool,
+    /// Each shared vCPU's guaranteed share of a core, in percent.
+    pub baseline_pct: f64,
+    /// The largest balance, in milliseconds of one full core per vCPU.
+    pub max_balance_ms: u64,
+}
+
+impl Default for BurstConfig {
+    fn default() -> Self {
+        let rule = bazaar_placement::burst::Burst::default();
+        BurstConfig {
+            enabled: false,
+            baseline_pct: rule.baseline_pct,
+            max_balance_ms: rule.max_balance_ms,
+        }
+    }
+}
+
+impl BurstConfig {
+    /// The model these parameters make.
+    pub fn rule(&self) -> bazaar_placement::burst::Burst {
+        bazaar_placement::burst::Burst {
+            baseline_pct: self.baseline_pct.clamp(0.1, 100.0),
+            max_balance_ms: self.max_balance_ms,
+        }
+    }
 }
 
 /// `[reclaim]`: whether this host lends what its services reserve and do not use to
@@ -189,7 +226,8 @@ pub struct AgentConfig {
 pub struct ReclaimConfig {
     /// Hold `batch` machines against the reclaimed room instead of capacity by requests.
     pub enabled: bool,
-    /// Time between two measurements of every machine's CPU and memory use.
+    /// Time between two measurements of every machine's CPU and memory use (reclamation's
+    /// and shared CPU bursts' alike).
     #[serde(with = "millis")]
     pub interval: Duration,
     /// The safety margin over measured use, in percent of the use.
@@ -293,6 +331,7 @@ impl Default for AgentConfig {
             region_info: Default::default(),
             labels: BTreeMap::new(),
             reclaim: ReclaimConfig::default(),
+            burst: BurstConfig::default(),
         }
     }
 }

@@ -7,13 +7,17 @@
 //! ledger evicts to make a grown reservation fit are stopped here, newest first, each with
 //! a `reclaimed` event naming the service; like a preempted machine they hold nothing
 //! until they start again (`preempted_by`), and a start then needs room in the reclaimed
-//! pool. The host's row then advertises the new room (`publish.rs`). Functions of the
-//! agent's narrow API.
+//! pool. The host's row then advertises the new room (`publish.rs`).
+//!
+//! With `[burst] enabled`, the same readings step each started shared-CPU machine's burst
+//! balance (`bazaar_placement::burst`, Fly's model) and its cgroup's CPU limit is set to
+//! its vCPUs or its baseline when that changes. Functions of the agent's narrow API.
 
 use crate::agent::Agent;
 use crate::error::AgentError;
 use crate::record::OpKind;
 use crate::store::Batch;
+use bazaar_placement::burst::Shares;
 use bazaar_placement::ledger::Eviction;
 use bazaar_placement::reclaim::{Meter, Reading};
 use bazaar_types::event::MachineEvent;
@@ -22,7 +26,7 @@ use std::time::Duration;
 
 /// Starts the reclamation loop when the host reclaims.
 pub(crate) fn spawn(agent: &Agent) {
-    if !agent.config().reclaim.enabled {
+    if !agent.config().reclaim.enabled && !agent.config().burst.enabled {
         return;
     }
     let agent = agent.clone();
@@ -34,12 +38,21 @@ pub(crate) fn spawn(agent: &Agent) {
         .max(Duration::from_millis(10));
     agent.tracker().clone().spawn(async move {
         let mut meter = Meter::default();
+        let mut shares = Shares::default();
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 _ = tick.tick() => {}
+            }
+            if agent.config().burst.enabled {
+                if let Err(err) = burst_round(&agent, &mut shares).await {
+                    tracing::warn!(error = %err, "accounting shared CPU bursts");
+                }
+            }
+            if !agent.config().reclaim.enabled {
+                continue;
             }
             if let Err(err) = round(&agent, &mut meter).await {
                 tracing::warn!(error = %err, "measuring machines for reclamation");
@@ -105,6 +118,73 @@ pub(crate) async fn round(agent: &Agent, meter: &mut Meter) -> Result<(), AgentE
         agent.publish(&rec);
     }
     crate::publish::publish_host(agent).await;
+    Ok(())
+}
+
+/// Steps the burst balance of every shared-CPU machine and writes the limits that changed.
+pub(crate) async fn burst_round(agent: &Agent, shares: &mut Shares) -> Result<(), AgentError> {
+    let rule = agent.config().burst.rule();
+    // (id, shared vCPUs, started, cgroup)
+    let targets: Vec<(String, u32, bool, Option<String>)> = agent
+        .store()
+        .machines()?
+        .into_iter()
+        .filter(|m| m.state != MachineState::Destroyed)
+        .filter_map(|m| {
+            let guest = match (&m.config.guest, &m.config.size) {
+                (Some(g), _) => g.clone(),
+                (None, Some(size)) => bazaar_types::guest::Guest::preset(size).ok()?,
+                (None, None) => bazaar_types::guest::Guest::default(),
+            };
+            let size = guest.validate().ok()?;
+            if size.performance {
+                return None;
+            }
+            let started = agent.current_state(&m) == MachineState::Started;
+            let cgroup = agent.driver().machine_cgroup(&m.id, m.config.runs_image());
+            Some((m.id, size.cpus, started, cgroup))
+        })
+        .collect();
+    let now_us = agent.now_ms().saturating_mul(1000);
+    let probe = agent.usage_probe().clone();
+    let read: Vec<(String, u32, bool, Option<String>, Option<u64>)> =
+        tokio::task::spawn_blocking(move || {
+            targets
+                .into_iter()
+                .map(|(id, cpus, started, cgroup)| {
+                    let used = started
+                        .then(|| probe.sample(&id, cgroup.as_deref()))
+                        .flatten()
+                        .map(|s| s.cpu_usec);
+                    (id, cpus, started, cgroup, used)
+                })
+                .collect()
+        })
+        .await?;
+    shares.retain(|id| read.iter().any(|(m, ..)| m == id));
+    let mut writes = Vec::new();
+    for (id, cpus, started, cgroup, used) in read {
+        match used {
+            Some(cpu_usec) if started => {
+                if let Some(limit) = shares.read(&rule, &id, cpus, cpu_usec, now_us) {
+                    writes.push((id, cgroup, limit));
+                }
+            }
+            _ => shares.not_running(&id, cpus),
+        }
+    }
+    if writes.is_empty() {
+        return Ok(());
+    }
+    let probe = agent.usage_probe().clone();
+    tokio::task::spawn_blocking(move || {
+        for (id, cgroup, limit) in writes {
+            if probe.limit_cpu(&id, cgroup.as_deref(), limit.cores()) {
+                tracing::info!(machine.id = %id, ?limit, "shared CPU limit");
+            }
+        }
+    })
+    .await?;
     Ok(())
 }
 

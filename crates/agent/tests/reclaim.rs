@@ -6,7 +6,7 @@
 //! never holds more than the host has.
 
 use bazaar_agent::clock::Clock;
-use bazaar_agent::config::ReclaimConfig;
+use bazaar_agent::config::{BurstConfig, ReclaimConfig};
 use bazaar_agent::ledger_dump::{current, LedgerDump};
 use bazaar_agent::usage::{UsageProbe, UsageSample};
 use bazaar_agent::{Agent, AgentConfig, Seams};
@@ -24,6 +24,8 @@ use tokio::time::Instant;
 #[derive(Debug, Default)]
 struct FedUsage {
     machines: Mutex<HashMap<String, Fed>>,
+    /// The CPU limits the agent set, in order.
+    limits: Mutex<Vec<(String, f64)>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -63,11 +65,26 @@ impl UsageProbe for FedUsage {
             memory_bytes: fed.memory_mb << 20,
         })
     }
+
+    fn limit_cpu(&self, machine_id: &str, _cgroup: Option<&str>, cores: f64) -> bool {
+        self.limits
+            .lock()
+            .unwrap()
+            .push((machine_id.to_string(), cores));
+        true
+    }
 }
 
 /// A host of 4 CPUs and 4096 MB that reclaims, measuring every second: a reservation
 /// stays at the request for 3 measurements, then closes half its gap per measurement.
 async fn start(usage: Arc<FedUsage>) -> (Agent, Arc<FakeDriver>, tempfile::TempDir) {
+    start_with(usage, BurstConfig::default()).await
+}
+
+async fn start_with(
+    usage: Arc<FedUsage>,
+    burst: BurstConfig,
+) -> (Agent, Arc<FakeDriver>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let driver = FakeDriver::new();
     let config = AgentConfig {
@@ -82,6 +99,7 @@ async fn start(usage: Arc<FedUsage>) -> (Agent, Arc<FakeDriver>, tempfile::TempD
             decay_pct: 50,
             grace_observations: 3,
         },
+        burst,
         ..AgentConfig::default()
     };
     let seams = Seams {
@@ -226,5 +244,53 @@ async fn a_batch_machine_runs_on_reclaimed_room_and_is_stopped_when_the_service_
     // While the service burns, the batch machine cannot start again.
     let start = agent.start_machine(&batch, None).await;
     assert!(start.is_err(), "{start:?}");
+    agent.shutdown().await;
+}
+
+/// Shared CPUs' burst model (docs/POLICY.md "Shared CPU bursts"): a shared machine busy
+/// past its balance is throttled to its baseline, gets its vCPU back once it has idled, and
+/// a performance machine is never limited.
+#[tokio::test(start_paused = true)]
+async fn a_shared_machine_is_throttled_to_its_baseline_when_its_burst_balance_is_spent() {
+    let usage = Arc::new(FedUsage::default());
+    let burst = BurstConfig {
+        enabled: true,
+        baseline_pct: 6.25,
+        max_balance_ms: 4_000,
+    };
+    let (agent, _driver, _dir) = start_with(usage.clone(), burst).await;
+    let create = |config: serde_json::Value| {
+        let req: ClaimRequest =
+            serde_json::from_value(json!({"app": "cpu", "config": config})).unwrap();
+        agent.create(req)
+    };
+    let shared = create(machine("default", 1, 256)).await.unwrap().id;
+    let mut performance = machine("default", 1, 2048);
+    performance["guest"]["cpu_kind"] = json!("performance");
+    let performance = create(performance).await.unwrap().id;
+    wait_for(&agent, &shared, MachineState::Started).await;
+    wait_for(&agent, &performance, MachineState::Started).await;
+    usage.set(&shared, 1000, 64);
+    usage.set(&performance, 1000, 64);
+    let limits = || usage.limits.lock().unwrap().clone();
+
+    // A full core spends 4 s of balance in a little over 4 s of readings (it earns 1/16 of
+    // a second per second; the first reading, a second in, only starts the count): still
+    // full at 3 s, throttled to 1/16 of a core by 8 s.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(limits().is_empty(), "{:?}", limits());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(limits(), vec![(shared.clone(), 0.0625)]);
+    // Idle, it earns some balance back: its vCPU in full again.
+    usage.set(&shared, 0, 64);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        limits(),
+        vec![(shared.clone(), 0.0625), (shared.clone(), 1.0)]
+    );
+    assert!(
+        !limits().iter().any(|(id, _)| *id == performance),
+        "a performance CPU is never limited"
+    );
     agent.shutdown().await;
 }

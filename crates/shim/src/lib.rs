@@ -115,7 +115,7 @@ use serde::{Deserialize, Serialize};
 
 pub use bazaar_types::failure::FailureKind;
 pub use cgroup::{cgroup_layout, cgroups_available, remove_cgroup, CgroupLayout};
-pub use cpu_use::cpu_usage_usec;
+pub use cpu_use::{cpu_usage_usec, set_cpu_limit};
 pub use enter::exec_main;
 pub use handle::ShimHandle;
 pub use memory::{memory_use, reclaim_memory, set_memory_limit, MemoryUse};
