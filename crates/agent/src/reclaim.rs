@@ -121,6 +121,9 @@ pub(crate) async fn round(agent: &Agent, meter: &mut Meter) -> Result<(), AgentE
     Ok(())
 }
 
+/// A shared machine read: id, vCPUs, started, cgroup, CPU time (µs).
+type SharedReading = (String, u32, bool, Option<String>, Option<u64>);
+
 /// Steps the burst balance of every shared-CPU machine and writes the limits that changed.
 pub(crate) async fn burst_round(agent: &Agent, shares: &mut Shares) -> Result<(), AgentError> {
     let rule = agent.config().burst.rule();
@@ -147,20 +150,19 @@ pub(crate) async fn burst_round(agent: &Agent, shares: &mut Shares) -> Result<()
         .collect();
     let now_us = agent.now_ms().saturating_mul(1000);
     let probe = agent.usage_probe().clone();
-    let read: Vec<(String, u32, bool, Option<String>, Option<u64>)> =
-        tokio::task::spawn_blocking(move || {
-            targets
-                .into_iter()
-                .map(|(id, cpus, started, cgroup)| {
-                    let used = started
-                        .then(|| probe.sample(&id, cgroup.as_deref()))
-                        .flatten()
-                        .map(|s| s.cpu_usec);
-                    (id, cpus, started, cgroup, used)
-                })
-                .collect()
-        })
-        .await?;
+    let read: Vec<SharedReading> = tokio::task::spawn_blocking(move || {
+        targets
+            .into_iter()
+            .map(|(id, cpus, started, cgroup)| {
+                let used = started
+                    .then(|| probe.sample(&id, cgroup.as_deref()))
+                    .flatten()
+                    .map(|s| s.cpu_usec);
+                (id, cpus, started, cgroup, used)
+            })
+            .collect()
+    })
+    .await?;
     shares.retain(|id| read.iter().any(|(m, ..)| m == id));
     let mut writes = Vec::new();
     for (id, cpus, started, cgroup, used) in read {
