@@ -156,3 +156,71 @@ async fn a_batch_machine_runs_on_an_idle_services_reclaimed_room_until_the_servi
     }
     drop(agents);
 }
+
+/// The CPU limit the kernel holds for machine `id`'s cgroup, in cores (v2 `cpu.max`, v1
+/// `cpu.cfs_quota_us` over a 100 ms period), found under any host's `bazaar/` directory.
+fn cpu_limit(id: &str) -> Option<f64> {
+    for (root, file) in [
+        ("/sys/fs/cgroup/bazaar", "cpu.max"),
+        ("/sys/fs/cgroup/cpu/bazaar", "cpu.cfs_quota_us"),
+    ] {
+        for host in std::fs::read_dir(root).into_iter().flatten().flatten() {
+            let Ok(text) = std::fs::read_to_string(host.path().join(id).join(file)) else {
+                continue;
+            };
+            let quota: f64 = text.split_whitespace().next()?.parse().ok()?;
+            return Some(quota / 100_000.0);
+        }
+    }
+    None
+}
+
+/// Shared CPUs' burst model on a real cgroup (`[burst]`): a shared machine that keeps a core
+/// busy spends its small balance and the kernel then holds it to its baseline (6.25 % of a
+/// core).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_shared_machine_is_held_to_its_baseline_once_its_balance_is_spent() {
+    if !is_root() || !bazaar_shim::cgroups_available() {
+        eprintln!("skipped: needs root and cgroups");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        "[reclaim]\ninterval = 300\n[burst]\nenabled = true\nmax_balance_ms = 300\n",
+    )
+    .unwrap();
+    let agents = start_cluster(std::path::Path::new(EXE), 1, |_, o| {
+        o.extra_args
+            .extend(["--config".to_string(), config.display().to_string()]);
+    })
+    .unwrap();
+    let fly = Fly::new(&agents[0]);
+    wait_for_hosts(&fly, 1).await;
+    let (s, v) = fly.post("/apps", json!({"app_name": "rec"})).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (s, m) = fly
+        .post(
+            "/apps/rec/machines",
+            machine("default", "while :; do :; done", 1, 256),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    let id = m["id"].as_str().unwrap().to_string();
+    wait_started(&fly, "rec", &id).await;
+    let throttled = bazaar_testkit::eventually(Duration::from_secs(30), || async {
+        cpu_limit(&id).filter(|cores| (cores - 0.0625).abs() < 1e-9)
+    })
+    .await;
+    assert!(
+        throttled.is_ok(),
+        "never held to its baseline: the limit is {:?} cores",
+        cpu_limit(&id)
+    );
+    let (s, v) = fly
+        .delete(&format!("/apps/rec/machines/{id}?force=true"))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    drop(agents);
+}
