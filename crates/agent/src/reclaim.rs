@@ -109,6 +109,29 @@ pub(crate) async fn round(agent: &Agent, meter: &mut Meter) -> Result<(), AgentE
             }
         }
     }
+    // A machine marked as holding nothing (reclaimed or preempted) that still runs with no
+    // stop queued (its actor was busy when it was marked) is stopped now.
+    for (id, started, _) in &samples {
+        if !*started || evicted.iter().any(|e| e.machine_id == *id) {
+            continue;
+        }
+        let Ok(mut rec) = agent.load_live(id) else {
+            continue;
+        };
+        if rec.preempted_by.is_none() {
+            continue;
+        }
+        let mut b = Batch::default();
+        if let Some(stop) = queue_stop(agent, &mut rec, &mut b) {
+            b.machine(&rec);
+            match agent.commit(b).await {
+                Ok(()) => stops.push((rec, Some(stop))),
+                Err(err) => {
+                    tracing::warn!(machine.id = %id, error = %err, "stopping a reclaimed machine")
+                }
+            }
+        }
+    }
     drop(ledger);
     for (rec, stop) in stops {
         tracing::info!(machine.id = %rec.id, "batch machine stopped: its room was reclaimed");
@@ -211,24 +234,41 @@ async fn mark_reclaimed(agent: &Agent, e: &Eviction) -> Result<Stop, AgentError>
     rec.updated_at_ms = agent.now_ms();
     let mut b = Batch::default();
     b.event(&mut rec, MachineEvent::new("reclaimed", &status, "bazaar"));
-    let running = agent.current_state(&rec) != MachineState::Stopped;
-    let stop = match check_transition(rec.desired, Action::Stop) {
-        Ok(desired) if running => {
-            let place = agent.actors().reserve(&rec.id)?;
-            rec.desired = desired;
-            let (signal, timeout) =
-                crate::operations::stop_params(&rec.config, &Default::default());
-            let kind = OpKind::Stop {
-                signal: signal.0,
-                timeout_ms: timeout.as_millis() as u64,
-            };
-            let op = agent.new_op(&mut rec, kind, "bazaar");
-            b.op(&op);
-            Some((op, place))
-        }
-        _ => None,
-    };
+    let stop = queue_stop(agent, &mut rec, &mut b);
     b.machine(&rec);
     agent.commit(b).await?;
     Ok((rec, stop))
+}
+
+/// The stop operation of `rec` when it runs and none is queued, put in `b`; `None` also
+/// when its actor cannot take one now (the next round tries again: the record says it
+/// holds nothing).
+fn queue_stop(
+    agent: &Agent,
+    rec: &mut crate::record::MachineRecord,
+    b: &mut Batch,
+) -> Option<(
+    crate::record::Operation,
+    tokio::sync::mpsc::OwnedPermit<crate::registry::ActorMsg>,
+)> {
+    if agent.current_state(rec) == MachineState::Stopped {
+        return None;
+    }
+    let desired = check_transition(rec.desired, Action::Stop).ok()?;
+    let place = match agent.actors().reserve(&rec.id) {
+        Ok(place) => place,
+        Err(err) => {
+            tracing::warn!(machine.id = %rec.id, error = %err, "a reclaimed machine's stop waits for the next round");
+            return None;
+        }
+    };
+    rec.desired = desired;
+    let (signal, timeout) = crate::operations::stop_params(&rec.config, &Default::default());
+    let kind = OpKind::Stop {
+        signal: signal.0,
+        timeout_ms: timeout.as_millis() as u64,
+    };
+    let op = agent.new_op(rec, kind, "bazaar");
+    b.op(&op);
+    Some((op, place))
 }
