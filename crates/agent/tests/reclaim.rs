@@ -87,6 +87,17 @@ async fn start_with(
 ) -> (Agent, Arc<FakeDriver>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let driver = FakeDriver::new();
+    let agent = start_at(&dir, &driver, usage, burst).await;
+    (agent, driver, dir)
+}
+
+/// The agent of data dir `dir`, whose runs are `driver`'s (they outlive an agent).
+async fn start_at(
+    dir: &tempfile::TempDir,
+    driver: &Arc<FakeDriver>,
+    usage: Arc<FedUsage>,
+    burst: BurstConfig,
+) -> Agent {
     let config = AgentConfig {
         data_dir: dir.path().join("data"),
         isolate: false,
@@ -108,8 +119,7 @@ async fn start_with(
         crash: None,
         usage: Some(usage),
     };
-    let agent = Agent::start_in_process(config, seams).await.unwrap();
-    (agent, driver, dir)
+    Agent::start_in_process(config, seams).await.unwrap()
 }
 
 fn machine(priority: &str, cpus: u32, memory_mb: u64) -> serde_json::Value {
@@ -292,5 +302,43 @@ async fn a_shared_machine_is_throttled_to_its_baseline_when_its_burst_balance_is
         !limits().iter().any(|(id, _)| *id == performance),
         "a performance CPU is never limited"
     );
+    agent.shutdown().await;
+}
+
+/// An agent that starts again keeps the batch machines running on reclaimed room (its
+/// services' reservations start at their requests with no grace, and only a growing one
+/// stops batch work), and still stops them when a service needs its reservation back.
+#[tokio::test(start_paused = true)]
+async fn a_restarted_agent_keeps_its_batch_machines_until_a_service_needs_the_room() {
+    let usage = Arc::new(FedUsage::default());
+    let (agent, driver, dir) = start(usage.clone()).await;
+    let req: ClaimRequest =
+        serde_json::from_value(json!({"app": "shop", "config": machine("default", 4, 4096)}))
+            .unwrap();
+    let service = agent.create(req).await.unwrap().id;
+    wait_for(&agent, &service, MachineState::Started).await;
+    usage.set(&service, 100, 200);
+    run_for(&agent, 20).await;
+    let claim: ClaimRequest =
+        serde_json::from_value(json!({"app": "crunch", "config": machine("batch", 2, 2048)}))
+            .unwrap();
+    let batch = agent.create(claim).await.unwrap().id;
+    wait_for(&agent, &batch, MachineState::Started).await;
+    agent.shutdown().await;
+    drop(agent);
+
+    let agent = start_at(&dir, &driver, usage.clone(), BurstConfig::default()).await;
+    wait_for(&agent, &batch, MachineState::Started).await;
+    run_for(&agent, 10).await;
+    assert_eq!(
+        agent.machine(&batch).await.unwrap().state,
+        MachineState::Started
+    );
+    assert_eq!(current(&agent).await.batch, vec![batch.clone()]);
+    usage.set(&service, 100, 3000);
+    run_for(&agent, 2).await;
+    wait_for(&agent, &batch, MachineState::Stopped).await;
+    let events = agent.events(&batch, 50).await.unwrap();
+    assert!(events.iter().any(|e| e.kind == "reclaimed"), "{events:?}");
     agent.shutdown().await;
 }

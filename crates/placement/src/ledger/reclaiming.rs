@@ -338,11 +338,12 @@ impl Ledger {
         }
     }
 
-    /// A machine found on start (`Ledger::restore_in`): a service's reservation starts at
-    /// its request with no grace (it was running before), and nothing is evicted: batch
-    /// machines already running stay, and until the reservations have decayed below what
-    /// they hold the pool admits no new batch machine; a reservation that grows evicts as
-    /// always.
+    /// A machine found on start (`Ledger::restore_in`): nothing is evicted for a restart.
+    /// A service's reservation starts at its request with no grace (it was running before);
+    /// when the batch machines found with them do not fit beside the requests, the services'
+    /// reservations are lowered, each by its share (by request) of the excess: the batch
+    /// machines were admitted on room reclaimed from them before the restart. The next
+    /// measurements correct the estimate; a reservation that grows evicts as always.
     pub(super) fn held_restored(&mut self, machine_id: &str, request: Resources, pool: Pool) {
         let Some(r) = self.reclaim.as_mut() else {
             return;
@@ -363,6 +364,63 @@ impl Ledger {
                         age,
                     },
                 );
+            }
+        }
+        self.shrink_to_fit();
+    }
+
+    /// Lowers the services' reservations, each by its share of the excess by request, until
+    /// reservations + batch ≤ capacity (after a restart).
+    fn shrink_to_fit(&mut self) {
+        let cap = Use::of(self.capacity);
+        let held = self.batch_held();
+        if held.fits_in(cap) {
+            return;
+        }
+        let requests: Vec<(String, Use)> = self
+            .reclaim
+            .as_ref()
+            .map(|r| {
+                r.held
+                    .keys()
+                    .map(|id| {
+                        (
+                            id.clone(),
+                            Use::of(self.committed.get(id).copied().unwrap_or_default()),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let total = requests.iter().fold(Use::default(), |a, (_, u)| a.plus(*u));
+        let excess = Use {
+            millicpus: held.millicpus.saturating_sub(cap.millicpus),
+            memory_mb: held.memory_mb.saturating_sub(cap.memory_mb),
+        };
+        let share = |excess: u64, request: u64, total: u64| -> u64 {
+            // Rounded up, so that the shares cover the excess.
+            (u128::from(excess) * u128::from(request))
+                .div_ceil(u128::from(total.max(1)))
+                .try_into()
+                .unwrap_or(u64::MAX)
+        };
+        let Some(r) = self.reclaim.as_mut() else {
+            return;
+        };
+        for (id, request) in requests {
+            if let Some(h) = r.held.get_mut(&id) {
+                h.reservation = Use {
+                    millicpus: h.reservation.millicpus.saturating_sub(share(
+                        excess.millicpus,
+                        request.millicpus,
+                        total.millicpus,
+                    )),
+                    memory_mb: h.reservation.memory_mb.saturating_sub(share(
+                        excess.memory_mb,
+                        request.memory_mb,
+                        total.memory_mb,
+                    )),
+                };
             }
         }
     }

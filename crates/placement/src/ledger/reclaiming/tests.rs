@@ -125,9 +125,18 @@ fn a_restarted_agent_keeps_its_batch_machines_until_a_reservation_grows() {
     l.restore_in("svc", r(2, 2048), Pool::Service);
     l.restore_in("batch0", r(2, 2048), Pool::Batch);
     l.restore_in("batch1", r(1, 1024), Pool::Batch);
-    // 2,000 + 3,000 > 4,000: past capacity, but nothing is stopped for a restart, and no
-    // new batch machine comes in.
+    // 2,000 + 3,000 > 4,000: nothing is stopped for a restart; the service's reservation
+    // starts lowered by the excess (the batch machines ran on room reclaimed from it), and
+    // the pool is full.
     assert!(l.take_evictions().is_empty());
+    assert_eq!(
+        l.reservation_of("svc"),
+        Some(Use {
+            millicpus: 1000,
+            memory_mb: 1024
+        })
+    );
+    assert!(l.batch_held().fits_in(Use::of(l.capacity())));
     assert!(l.reserve_in("b", r(1, 256), 10, Pool::Batch).is_err());
     // No grace: the first observations decay towards use, evicting nothing.
     idle(&mut l, "svc", 3);
