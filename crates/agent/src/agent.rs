@@ -117,6 +117,8 @@ struct Inner {
     /// Set by `bazaar host drain` (`drain.rs`), kept in the store's meta table: the host
     /// bids for nothing, creates nothing new and its row says `draining`.
     draining: std::sync::atomic::AtomicBool,
+    /// Where machines' use is measured for reclamation ([`crate::usage`]).
+    usage: Arc<dyn crate::usage::UsageProbe>,
 }
 
 /// What a test running the agent in-process puts in place of the host's own: the driver
@@ -129,6 +131,8 @@ pub struct Seams {
     pub clock: Clock,
     /// `None`: `BAZAAR_CRASH_AT` ([`CrashPoint::from_env`]).
     pub crash: Option<Arc<CrashPoint>>,
+    /// `None`: machines' cgroups ([`crate::usage::CgroupUsage`]).
+    pub usage: Option<Arc<dyn crate::usage::UsageProbe>>,
 }
 
 /// What a store holds at start that the agent has not acted on yet: its machines and its
@@ -179,19 +183,25 @@ impl Agent {
             .disk_gb
             .unwrap_or_else(|| crate::volume_fs::free_gb(&config.data_dir));
         let mut ledger = Ledger::new(config.capacity());
+        if config.reclaim.enabled {
+            ledger = ledger.with_reclaim(config.reclaim.rule());
+        }
         let draining = store.meta(crate::store::META_DRAINING)?.as_deref() == Some("true");
         ledger.set_draining(draining);
         let machines = store.machines()?;
         let mut ports = HashSet::new();
         let mut addresses = HashSet::new();
         let mut uids = HashMap::new();
-        for m in machines
+        // Oldest first: the ledger's batch pool stops the newest first.
+        let mut by_age: Vec<&MachineRecord> = machines
             .iter()
             .filter(|m| m.state != MachineState::Destroyed)
-        {
+            .collect();
+        by_age.sort_by_key(|m| m.created_at_ms);
+        for m in by_age {
             // A preempted machine holds nothing until it starts again (`preempt.rs`).
             if m.preempted_by.is_none() {
-                ledger.restore(&m.id, m.resources);
+                ledger.restore_in(&m.id, m.resources, pool_of(&m.config));
             }
             ports.extend(m.host_ports.values().copied());
             addresses.extend(m.private_ip);
@@ -256,6 +266,9 @@ impl Agent {
             full_disks: Default::default(),
             machine_metrics: Default::default(),
             draining: std::sync::atomic::AtomicBool::new(draining),
+            usage: seams
+                .usage
+                .unwrap_or_else(|| Arc::new(crate::usage::CgroupUsage)),
             config,
         });
         Ok((Agent(inner), Stored { machines, ops }))
@@ -559,6 +572,11 @@ impl Agent {
     }
 
     /// The channel to each machine's actor.
+    /// Where machines' use is measured ([`crate::usage`]).
+    pub(crate) fn usage_probe(&self) -> &Arc<dyn crate::usage::UsageProbe> {
+        &self.0.usage
+    }
+
     pub(crate) fn actors(&self) -> &Actors {
         &self.0.actors
     }
@@ -740,4 +758,10 @@ impl Agent {
         tokio::task::spawn_blocking(move || store.write(&batch)).await??;
         Ok(())
     }
+}
+
+/// The ledger pool a machine of `config` is held in: `batch` machines ride on the reclaimed
+/// room when the host reclaims (`bazaar_placement::ledger::Pool`).
+pub(crate) fn pool_of(config: &MachineConfig) -> bazaar_placement::ledger::Pool {
+    bazaar_placement::ledger::Pool::for_priority(config.priority())
 }

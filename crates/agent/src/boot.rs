@@ -305,6 +305,7 @@ pub async fn start_in_process(config: AgentConfig, seams: Seams) -> anyhow::Resu
     crate::snapshots::spawn_snapshot_pruning(&agent);
     spawn_checks(&agent);
     spawn_machine_metrics(&agent);
+    crate::reclaim::spawn(&agent);
     tracing::info!(
         host.id = %agent.host_id(),
         num_machines,

@@ -176,6 +176,92 @@ pub struct AgentConfig {
     /// published in its host row for machines' placement constraints, affinities and
     /// spread (docs/POLICY.md). Names the agent publishes itself are refused.
     pub labels: BTreeMap<String, String>,
+    /// Oversubscription with reclamation (`[reclaim]`, docs/POLICY.md "Reclamation"): off
+    /// by default.
+    pub reclaim: ReclaimConfig,
+    /// Shared CPUs' burst model (`[burst]`, docs/POLICY.md "Shared CPU bursts"): off by
+    /// default (a shared vCPU then has a core of `cpu.max`).
+    pub burst: BurstConfig,
+}
+
+/// `[burst]`: shared vCPUs get a baseline share of a core and a burst balance (Fly's
+/// model, `bazaar_placement::burst`), accounted at every measurement (`[reclaim]
+/// interval`) and applied to the machine's cgroup `cpu.max`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BurstConfig {
+    pub enabled: bool,
+    /// Each shared vCPU's guaranteed share of a core, in percent.
+    pub baseline_pct: f64,
+    /// The largest balance, in milliseconds of one full core per vCPU.
+    pub max_balance_ms: u64,
+}
+
+impl Default for BurstConfig {
+    fn default() -> Self {
+        let rule = bazaar_placement::burst::Burst::default();
+        BurstConfig {
+            enabled: false,
+            baseline_pct: rule.baseline_pct,
+            max_balance_ms: rule.max_balance_ms,
+        }
+    }
+}
+
+impl BurstConfig {
+    /// The model these parameters make.
+    pub fn rule(&self) -> bazaar_placement::burst::Burst {
+        bazaar_placement::burst::Burst {
+            baseline_pct: self.baseline_pct.clamp(0.1, 100.0),
+            max_balance_ms: self.max_balance_ms,
+        }
+    }
+}
+
+/// `[reclaim]`: whether this host lends what its services reserve and do not use to
+/// `batch` machines, how often it measures each machine's use, and Borg's rule's
+/// parameters (`bazaar_placement::reclaim::Reclaim`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReclaimConfig {
+    /// Hold `batch` machines against the reclaimed room instead of capacity by requests.
+    pub enabled: bool,
+    /// Time between two measurements of every machine's CPU and memory use (reclamation's
+    /// and shared CPU bursts' alike).
+    #[serde(with = "millis")]
+    pub interval: Duration,
+    /// The safety margin over measured use, in percent of the use.
+    pub margin_pct: u64,
+    /// The share of the gap between a reservation and its target closed per measurement,
+    /// in percent.
+    pub decay_pct: u64,
+    /// Measurements after a service starts during which its reservation stays at its
+    /// request.
+    pub grace_observations: u32,
+}
+
+impl Default for ReclaimConfig {
+    fn default() -> Self {
+        let rule = bazaar_placement::reclaim::Reclaim::default();
+        ReclaimConfig {
+            enabled: false,
+            interval: Duration::from_secs(5),
+            margin_pct: rule.margin_pct,
+            decay_pct: rule.decay_pct,
+            grace_observations: rule.grace_observations,
+        }
+    }
+}
+
+impl ReclaimConfig {
+    /// The rule these parameters make.
+    pub fn rule(&self) -> bazaar_placement::reclaim::Reclaim {
+        bazaar_placement::reclaim::Reclaim {
+            margin_pct: self.margin_pct,
+            decay_pct: self.decay_pct.clamp(1, 100),
+            grace_observations: self.grace_observations,
+        }
+    }
 }
 
 impl Default for AgentConfig {
@@ -244,6 +330,8 @@ impl Default for AgentConfig {
             request_head_timeout: bazaar_node::listen::Limits::default().head_timeout,
             region_info: Default::default(),
             labels: BTreeMap::new(),
+            reclaim: ReclaimConfig::default(),
+            burst: BurstConfig::default(),
         }
     }
 }

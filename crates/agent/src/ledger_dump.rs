@@ -18,8 +18,61 @@ pub struct LedgerDump {
     pub capacity: Resources,
     /// Resources committed to each machine, by machine id.
     pub committed: BTreeMap<String, Resources>,
-    /// Sum of the open (unclaimed) reservations.
+    /// Sum of the open (unclaimed) reservations held against capacity by requests.
     pub reserved: Resources,
+    /// With reclamation on: the machines of `committed` held in the batch pool (not
+    /// against capacity by requests), and the reclaimed pool's figures.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batch: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaim: Option<ReclaimDump>,
+}
+
+/// The reclaimed pool of a host's ledger (docs/POLICY.md "Reclamation"), in millicpus and
+/// MiB: `batch_held` (services' reservations + batch machines + open batch bids) never
+/// passes the capacity while any batch machine or bid is held.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReclaimDump {
+    pub reservations: UseDump,
+    pub batch_held: UseDump,
+    pub batch_room: UseDump,
+}
+
+/// An amount in millicpus and MiB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UseDump {
+    pub millicpus: u64,
+    pub memory_mb: u64,
+}
+
+impl From<bazaar_placement::ledger::Use> for UseDump {
+    fn from(u: bazaar_placement::ledger::Use) -> UseDump {
+        UseDump {
+            millicpus: u.millicpus,
+            memory_mb: u.memory_mb,
+        }
+    }
+}
+
+/// The ledger as it is now (the caller holds its lock).
+pub fn dump(host_id: &str, ledger: &bazaar_placement::Ledger) -> LedgerDump {
+    LedgerDump {
+        host_id: host_id.to_string(),
+        capacity: ledger.capacity(),
+        committed: ledger.commitments().clone(),
+        reserved: ledger.reserved(),
+        batch: ledger
+            .commitments()
+            .keys()
+            .filter(|id| ledger.in_batch_pool(id))
+            .cloned()
+            .collect(),
+        reclaim: ledger.reclaiming().then(|| ReclaimDump {
+            reservations: ledger.service_reservations().into(),
+            batch_held: ledger.batch_held().into(),
+            batch_room: ledger.batch_room().into(),
+        }),
+    }
 }
 
 pub fn routes() -> Router<Agent> {
@@ -27,11 +80,11 @@ pub fn routes() -> Router<Agent> {
 }
 
 async fn ledger(State(agent): State<Agent>) -> Json<LedgerDump> {
+    Json(current(&agent).await)
+}
+
+/// Host `agent`'s ledger now, read under its lock.
+pub async fn current(agent: &Agent) -> LedgerDump {
     let ledger = agent.write_lock().await;
-    Json(LedgerDump {
-        host_id: agent.host_id().to_string(),
-        capacity: ledger.capacity(),
-        committed: ledger.commitments().clone(),
-        reserved: ledger.reserved(),
-    })
+    dump(agent.host_id(), &ledger)
 }

@@ -29,6 +29,9 @@
 //! - [`runnable`]: what this host can run, checked at start (the drivers it bids for).
 //! - [`leases`]: leases, cordons and metadata.
 //! - [`preempt`]: preemption bids and their claims; [`preemptions`]: the open bids.
+//! - [`reclaim`]: oversubscription with reclamation (machines' use measured through the
+//!   [`usage`] part, reservations decaying in the ledger, batch machines stopped when a
+//!   service needs its reservation back).
 //! - [`publish`]: this host's rows in the catalog (host record, machines) and the live state
 //!   `wait` watches.
 //! - [`views`]: reads of machines (the API view, lists, events, versions, logs, `wait`),
@@ -120,6 +123,7 @@ pub mod preempt;
 pub mod preemptions;
 pub mod ps;
 pub mod publish;
+pub mod reclaim;
 pub mod record;
 pub mod registry;
 pub use bazaar_lifecycle::restart;
@@ -133,6 +137,7 @@ pub mod store;
 pub mod sync;
 pub mod tokens;
 pub mod uid_claims;
+pub mod usage;
 pub mod views;
 pub mod volume_record;
 pub mod volumes;

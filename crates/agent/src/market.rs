@@ -50,7 +50,8 @@ pub async fn bid(agent: &Agent, req: BidRequest) -> Result<BidResponse, AgentErr
     // Open reservations live in memory only: losing them in a crash is the same as
     // their expiry, which the exchange handles (the claim fails, the next offer is
     // taken). Claimed ones are persisted with the machine they became.
-    match ledger.reserve(&id, want, expires_at_ms) {
+    let pool = bazaar_placement::ledger::Pool::for_priority(req.priority.unwrap_or_default());
+    match ledger.reserve_in(&id, want, expires_at_ms, pool) {
         Ok((_, score)) => Ok(BidResponse::Bid {
             host_id: agent.host_id().to_string(),
             reservation_id: id,
@@ -156,7 +157,8 @@ pub async fn create(agent: &Agent, req: ClaimRequest) -> Result<Machine, AgentEr
         return Err(AgentError::Conflict(crate::drain::REFUSAL.into()));
     }
     let (rec, op, batch) = crate::create::prepare(agent, &req)?;
-    if let Err(err) = ledger.commit(&rec.id, rec.resources) {
+    let pool = crate::agent::pool_of(&rec.config);
+    if let Err(err) = ledger.commit_in(&rec.id, rec.resources, pool) {
         agent.release_ports(&rec);
         return Err(capacity_error(err));
     }

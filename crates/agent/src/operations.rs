@@ -171,8 +171,14 @@ pub async fn update_machine(
     let previous_resources = rec.resources;
     // A preempted machine that an update launches takes its resources again first.
     let was_preempted = rec.preempted_by.is_some() && !req.skip_launch;
-    if resources != previous_resources || was_preempted {
-        ledger.commit(id, resources).map_err(capacity_error)?;
+    // A change of class between `batch` and the others moves the machine between the
+    // ledger's pools (when the host reclaims).
+    let previous_pool = crate::agent::pool_of(&rec.config);
+    let pool = crate::agent::pool_of(&req.config);
+    if resources != previous_resources || was_preempted || pool != previous_pool {
+        ledger
+            .commit_in(id, resources, pool)
+            .map_err(capacity_error)?;
     }
     if was_preempted {
         rec.preempted_by = None;
@@ -181,7 +187,7 @@ pub async fn update_machine(
         if was_preempted {
             ledger.uncommit(id);
         } else {
-            ledger.restore(id, previous_resources);
+            ledger.restore_in(id, previous_resources, previous_pool);
         }
     };
     let previous = rec.clone();
@@ -288,7 +294,7 @@ async fn submit(
     let place = agent.actors().reserve(id)?;
     if recommit {
         ledger
-            .commit(id, rec.resources)
+            .commit_in(id, rec.resources, crate::agent::pool_of(&rec.config))
             .map_err(crate::error::capacity_error)?;
         rec.preempted_by = None;
     }

@@ -44,6 +44,8 @@ pub(crate) fn preemption_bid(
         .into_iter()
         .filter(|m| m.state != MachineState::Destroyed && m.preempted_by.is_none())
         .filter(|m| !named.contains(&m.id))
+        // A batch machine on reclaimed room holds nothing services are placed against.
+        .filter(|m| !ledger.in_batch_pool(&m.id))
         .map(|m| Victim {
             priority: m.config.priority(),
             machine_id: m.id,

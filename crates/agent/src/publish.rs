@@ -82,7 +82,8 @@ pub async fn publish_host(agent: &Agent) {
     };
     // Advertise capacity minus what is committed: reservations are short-lived, and
     // counting them would make a host look full to every exchange during a burst.
-    let (capacity, free) = {
+    // A host that reclaims also advertises the room it offers batch machines.
+    let (capacity, free, batch_free) = {
         let ledger = agent.write_lock().await;
         let (cap, used) = (ledger.capacity(), ledger.committed());
         (
@@ -91,6 +92,7 @@ pub async fn publish_host(agent: &Agent) {
                 cpus: cap.cpus.saturating_sub(used.cpus),
                 memory_mb: cap.memory_mb.saturating_sub(used.memory_mb),
             },
+            ledger.reclaiming().then(|| ledger.batch_free()),
         )
     };
     let num_machines = agent.actors().len() as u32;
@@ -140,6 +142,12 @@ pub async fn publish_host(agent: &Agent) {
                 }))
                 .chain(agent.cannot_run_all().iter().map(|(driver, why)| {
                     (bazaar_types::host::cannot_run_label(driver), why.clone())
+                }))
+                .chain(batch_free.map(|room| {
+                    (
+                        bazaar_types::host::BATCH_FREE_LABEL.to_string(),
+                        format!("{}/{}", room.cpus, room.memory_mb),
+                    )
                 }))
                 .collect::<BTreeMap<_, _>>(),
             draining: agent.is_draining(),

@@ -27,6 +27,7 @@ async fn start_agent(driver: &Arc<FakeDriver>) -> (Agent, tempfile::TempDir) {
         driver: Some(driver.clone()),
         clock: Clock::tokio(),
         crash: None,
+        usage: None,
     };
     let agent = boot::start_in_process(config, seams).await.unwrap();
     (agent, dir)

@@ -54,6 +54,7 @@ impl Host {
             driver: Some(self.driver.clone()),
             clock: self.clock,
             crash,
+            usage: None,
         };
         boot::start_in_process(config, seams).await.unwrap()
     }

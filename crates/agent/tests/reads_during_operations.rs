@@ -58,6 +58,7 @@ async fn a_machine_read_during_a_restart_is_restarting_until_it_has_started() {
         driver: Some(driver.clone()),
         clock: Clock::System,
         crash: None,
+        usage: None,
     };
     let agent = boot::start_in_process(config, seams).await.unwrap();
     let req: ClaimRequest = serde_json::from_value(json!({

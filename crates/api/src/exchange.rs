@@ -155,6 +155,8 @@ impl Api {
                     count: remaining,
                     pinned_host: order.pinned_host.clone(),
                     driver: Some(order.template.config.driver().to_string()),
+                    batch: order.template.config.priority()
+                        == bazaar_types::priority::Priority::Batch,
                     ..Default::default()
                 };
                 let (ok, excluded) = candidates(&cands, group, &preq);

@@ -23,3 +23,4 @@ mod placement_latency;
 mod placement_policy;
 mod preemption;
 mod quotas;
+mod reclaim;

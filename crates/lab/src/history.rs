@@ -142,6 +142,14 @@ pub struct LedgerSample {
     /// By machine id.
     pub committed: BTreeMap<String, Resources>,
     pub reserved: Resources,
+    /// Machines of `committed` in the reclaimed pool (a host with `[reclaim]`): not held
+    /// against capacity by requests.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batch: Vec<String>,
+    /// The reclaimed pool's services' reservations + batch machines + open batch bids, in
+    /// millicpus and MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_held: Option<(u64, u64)>,
 }
 
 /// One request through a host's proxy to the app that always has a machine on every host.

@@ -66,6 +66,9 @@ pub struct PlacementRequest {
     /// The machine's driver (`process`, `oci`): a host whose labels say it cannot run it
     /// (`bazaar_types::host::cannot_run`) is left out, with its reason.
     pub driver: Option<String>,
+    /// A `batch` machine: a host advertising a reclaimed room (`bazaar_types::host::
+    /// batch_free`) is judged by that room instead of its free capacity.
+    pub batch: bool,
 }
 
 /// Parses a region expression: `ams`, `ams,ord` (tried in order), `any`, or `ams,any`.
@@ -147,15 +150,19 @@ pub fn candidates<'a>(
             .find(|(k, v)| h.labels.get(*k) != Some(*v))
         {
             Some(format!("missing label {k}={v}"))
-        } else if h.free.memory_mb < req.size.memory_mb {
+        } else if free_for(h, req).memory_mb < req.size.memory_mb {
             Some(format!(
-                "advertises {} MB free, needs {}",
-                h.free.memory_mb, req.size.memory_mb
+                "advertises {} MB free{}, needs {}",
+                free_for(h, req).memory_mb,
+                room_name(h, req),
+                req.size.memory_mb
             ))
-        } else if h.free.cpus < req.size.cpus {
+        } else if free_for(h, req).cpus < req.size.cpus {
             Some(format!(
-                "advertises {} cpus free, needs {}",
-                h.free.cpus, req.size.cpus
+                "advertises {} cpus free{}, needs {}",
+                free_for(h, req).cpus,
+                room_name(h, req),
+                req.size.cpus
             ))
         } else {
             None
@@ -169,6 +176,23 @@ pub fn candidates<'a>(
         }
     }
     (ok, excluded)
+}
+
+/// What host `h` advertises free for `req`: its reclaimed room for a batch machine where it
+/// has one, else its free capacity.
+pub fn free_for(h: &Candidate, req: &PlacementRequest) -> Resources {
+    match req.batch {
+        true => bazaar_types::host::batch_free(&h.labels).unwrap_or(h.free),
+        false => h.free,
+    }
+}
+
+fn room_name(h: &Candidate, req: &PlacementRequest) -> &'static str {
+    if req.batch && bazaar_types::host::batch_free(&h.labels).is_some() {
+        " for batch machines"
+    } else {
+        ""
+    }
 }
 
 /// The hosts to ask for `req.count` machines: `sample_size · count` asks over a random
@@ -200,7 +224,8 @@ pub fn choose_asks<R: Rng + ?Sized>(
     };
     let slots = |c: &Candidate| -> u64 {
         let per = |free: u64, want: u64| free.checked_div(want).unwrap_or(u64::MAX);
-        per(c.free.memory_mb, req.size.memory_mb).min(per(c.free.cpus as u64, req.size.cpus as u64))
+        let free = free_for(c, req);
+        per(free.memory_mb, req.size.memory_mb).min(per(free.cpus as u64, req.size.cpus as u64))
     };
     let mut asks = Vec::with_capacity(wanted);
     let mut pass = 0u64;
@@ -354,6 +379,40 @@ mod tests {
             .unwrap_err()
             .contains("known regions: ams, ord, sin"));
         assert!(parse_regions("", &known).is_err());
+    }
+
+    #[test]
+    fn a_batch_machine_is_judged_by_the_reclaimed_room_a_host_advertises() {
+        let mut full = host("full", "ams", 0);
+        full.labels
+            .insert(bazaar_types::host::BATCH_FREE_LABEL.into(), "2/1024".into());
+        let hosts = vec![full, host("plain", "ams", 0)];
+        let regions = vec!["ams".to_string()];
+        let size = Resources {
+            cpus: 1,
+            memory_mb: 512,
+        };
+        let service = PlacementRequest {
+            size,
+            count: 1,
+            ..Default::default()
+        };
+        let (ok, excluded) = candidates(&hosts, &regions, &service);
+        assert!(ok.is_empty(), "full by requests: {excluded:?}");
+        let batch = PlacementRequest {
+            batch: true,
+            ..service
+        };
+        let (ok, excluded) = candidates(&hosts, &regions, &batch);
+        assert_eq!(ok.len(), 1);
+        assert_eq!(ok[0].host_id, "full");
+        assert_eq!(excluded[0].host_id, "plain");
+        assert!(
+            excluded[0]
+                .reason
+                .contains("advertises 0 MB free, needs 512"),
+            "{excluded:?}"
+        );
     }
 
     #[test]

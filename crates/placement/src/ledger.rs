@@ -3,6 +3,14 @@
 //! `committed + reserved <= capacity` holds whatever the number of concurrent exchanges.
 //! The agent persists the ledger's reservations and rebuilds committed resources from its
 //! machines on start; the simulator drives it directly.
+//!
+//! With reclamation on ([`Ledger::with_reclaim`], [`reclaiming`]) a second pool rides on
+//! what services reserve and do not use: `batch` machines are held against capacity minus
+//! each service's decaying reservation, and a second invariant holds as well
+//! (reservations + batch ≤ capacity): see [`reclaiming`].
+
+mod reclaiming;
+pub use reclaiming::{Eviction, Pool, Use};
 
 use crate::score::{score, ScorePolicy};
 use bazaar_types::host::Resources;
@@ -16,6 +24,9 @@ pub struct Reservation {
     pub expires_at_ms: u64,
     /// Set once claimed: the machine it became (kept so a repeated claim is idempotent).
     pub claimed_by: Option<String>,
+    /// Held against the reclaimed room ([`Pool::Batch`]) rather than capacity by requests.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub batch: bool,
 }
 
 /// Why the ledger refused.
@@ -31,6 +42,13 @@ pub enum LedgerError {
     AlreadyClaimed { id: String, machine: String },
     #[error("host is draining")]
     Draining,
+    #[error("insufficient reclaimed room for batch machines: {want} millicpus / {want_mb} MB requested, {free} millicpus / {free_mb} MB free")]
+    InsufficientBatchRoom {
+        want: u64,
+        want_mb: u64,
+        free: u64,
+        free_mb: u64,
+    },
 }
 
 /// A host's capacity accounting.
@@ -43,6 +61,8 @@ pub struct Ledger {
     reservations: BTreeMap<String, Reservation>,
     policy: ScorePolicy,
     draining: bool,
+    /// The batch pool and the services' reservations, when reclamation is on.
+    reclaim: Option<reclaiming::Reclaiming>,
 }
 
 impl Ledger {
@@ -54,6 +74,7 @@ impl Ledger {
             reservations: BTreeMap::new(),
             policy: ScorePolicy::default(),
             draining: false,
+            reclaim: None,
         }
     }
 
@@ -73,17 +94,23 @@ impl Ledger {
         self.capacity
     }
 
-    /// Sum of committed resources.
+    /// Sum of resources committed against capacity by requests (every machine; with
+    /// reclamation on, every machine but those of the batch pool).
     pub fn committed(&self) -> Resources {
-        sum(self.committed.values().copied())
+        sum(self
+            .committed
+            .iter()
+            .filter(|(id, _)| !self.in_batch_pool(id))
+            .map(|(_, r)| *r))
     }
 
-    /// Sum of open (unclaimed) reservations.
+    /// Sum of open (unclaimed) reservations held against capacity by requests (not those of
+    /// the batch pool).
     pub fn reserved(&self) -> Resources {
         sum(self
             .reservations
             .values()
-            .filter(|r| r.claimed_by.is_none())
+            .filter(|r| r.claimed_by.is_none() && !r.batch)
             .map(|r| r.resources))
     }
 
@@ -152,6 +179,7 @@ impl Ledger {
             resources: want,
             expires_at_ms,
             claimed_by: None,
+            batch: false,
         };
         self.reservations
             .insert(id.to_string(), reservation.clone());
@@ -177,7 +205,13 @@ impl Ledger {
         }
         reservation.claimed_by = Some(machine_id.to_string());
         let resources = reservation.resources;
+        let pool = if reservation.batch {
+            Pool::Batch
+        } else {
+            Pool::Service
+        };
         self.committed.insert(machine_id.to_string(), resources);
+        self.held_as(machine_id, resources, pool);
         Ok(resources)
     }
 
@@ -215,21 +249,50 @@ impl Ledger {
     /// creates, and growing a machine on update). Refused if it does not fit; a machine that
     /// already holds resources is re-sized (its old share is counted as free).
     pub fn commit(&mut self, machine_id: &str, want: Resources) -> Result<(), LedgerError> {
+        self.commit_in(machine_id, want, Pool::Service)
+    }
+
+    /// As [`Ledger::commit`], in `pool`: a batch machine with reclamation on is held against
+    /// the reclaimed room ([`Ledger::batch_room`]) instead.
+    pub fn commit_in(
+        &mut self,
+        machine_id: &str,
+        want: Resources,
+        pool: Pool,
+    ) -> Result<(), LedgerError> {
+        let pool = self.effective(pool);
         let previous = self.committed.remove(machine_id);
-        if let Err(err) = self.check_fits(want) {
+        let was_batch = self.forget(machine_id);
+        let fits = match pool {
+            Pool::Service => self.check_fits(want),
+            Pool::Batch => self.check_batch_fits(want),
+        };
+        if let Err(err) = fits {
             if let Some(p) = previous {
                 self.committed.insert(machine_id.to_string(), p);
+                self.held_as(machine_id, p, was_batch);
             }
             return Err(err);
         }
         self.committed.insert(machine_id.to_string(), want);
+        self.held_as(machine_id, want, pool);
         Ok(())
     }
 
     /// Commits resources for a machine found on start, even beyond capacity (capacity may
-    /// have been lowered by config; the machines exist regardless).
+    /// have been lowered by config; the machines exist regardless). With reclamation on, the
+    /// reclaimed pool may be past capacity too until reservations decay (see
+    /// [`reclaiming`]).
     pub fn restore(&mut self, machine_id: &str, resources: Resources) {
+        self.restore_in(machine_id, resources, Pool::Service);
+    }
+
+    /// As [`Ledger::restore`], in `pool`.
+    pub fn restore_in(&mut self, machine_id: &str, resources: Resources, pool: Pool) {
+        let pool = self.effective(pool);
+        self.forget(machine_id);
         self.committed.insert(machine_id.to_string(), resources);
+        self.held_restored(machine_id, resources, pool);
     }
 
     /// Restores a persisted reservation.
@@ -244,6 +307,7 @@ impl Ledger {
 
     /// Frees a machine's resources (destroyed).
     pub fn uncommit(&mut self, machine_id: &str) -> Option<Resources> {
+        self.forget(machine_id);
         self.committed.remove(machine_id)
     }
 

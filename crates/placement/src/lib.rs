@@ -11,11 +11,14 @@
 //! - [`volume`]: where a volume may go (disk, `require_unique_zone`, the compute hint).
 //! - [`preemption`]: which lower-priority machines a full host would stop, which host's
 //!   preemption bid wins, and the ledger's side of such a bid.
+//! - [`burst`]: shared CPUs' baseline share and burst balance (Fly's model), the limit a
+//!   shared machine's cgroup gets.
 //! - [`reclaim`]: reservations that decay from the request towards measured use plus a
 //!   margin (Borg's rule), the room that leaves `batch` machines, and which of them stop
 //!   when a service needs its reservation back.
 #![forbid(unsafe_code)]
 
+pub mod burst;
 pub mod constraints;
 pub mod exchange;
 pub mod ledger;

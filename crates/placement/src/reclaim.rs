@@ -73,9 +73,133 @@ pub fn to_stop(capacity: u64, reservations: u64, batch: &[u64]) -> usize {
     stopped
 }
 
+/// A machine's CPU use between two readings of its cgroup's cumulative CPU time
+/// (`usage_usec`), `elapsed_us` apart, in millicpus (1000 = one core busy throughout; a
+/// machine's vCPU is a core of `cpu.max`). A counter that went back (the cgroup was made
+/// again) or no time elapsed gives `None`.
+pub fn cpu_millis(before_usec: u64, after_usec: u64, elapsed_us: u64) -> Option<u64> {
+    if after_usec < before_usec || elapsed_us == 0 {
+        return None;
+    }
+    let busy = u128::from(after_usec - before_usec) * 1000 / u128::from(elapsed_us);
+    Some(u64::try_from(busy).unwrap_or(u64::MAX))
+}
+
+/// What one reading of a machine gives the ledger ([`Meter::read`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// Nothing yet (a first reading, or none could be taken).
+    Nothing,
+    /// The machine started since the last reading: its reservation is its request again
+    /// (`Ledger::restarted`).
+    Restarted,
+    /// Its use since the last reading (`Ledger::observe`); zero while it is not started.
+    Use(crate::ledger::Use),
+}
+
+/// Turns readings of machines' cgroups (cumulative CPU time and memory) into what the
+/// ledger observes, keeping each machine's last reading.
+#[derive(Debug, Default, Clone)]
+pub struct Meter {
+    /// By machine: whether it was started at its last reading, and that reading's CPU time
+    /// and time (microseconds).
+    last: std::collections::BTreeMap<String, (bool, Option<(u64, u64)>)>,
+}
+
+impl Meter {
+    /// Machine `id` at `now_us`: `started` or not, and, when read, its cumulative CPU time
+    /// (µs) and memory working set (MiB).
+    pub fn read(
+        &mut self,
+        id: &str,
+        started: bool,
+        sample: Option<(u64, u64)>,
+        now_us: u64,
+    ) -> Reading {
+        let previous = self.last.get(id).copied();
+        if !started {
+            self.last.insert(id.to_string(), (false, None));
+            return Reading::Use(crate::ledger::Use::default());
+        }
+        let reading = match (previous, sample) {
+            (Some((false, _)), _) => Reading::Restarted,
+            (Some((true, Some((cpu0, t0)))), Some((cpu1, memory_mb))) => {
+                match cpu_millis(cpu0, cpu1, now_us.saturating_sub(t0)) {
+                    Some(millicpus) => Reading::Use(crate::ledger::Use {
+                        millicpus,
+                        memory_mb,
+                    }),
+                    None => Reading::Nothing,
+                }
+            }
+            _ => Reading::Nothing,
+        };
+        self.last
+            .insert(id.to_string(), (true, sample.map(|(cpu, _)| (cpu, now_us))));
+        reading
+    }
+
+    /// Forgets machines no longer there.
+    pub fn retain(&mut self, live: impl Fn(&str) -> bool) {
+        self.last.retain(|id, _| live(id));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ledger::Use;
+
+    #[test]
+    fn the_meter_gives_use_between_readings_and_notices_a_start() {
+        let mut m = Meter::default();
+        assert_eq!(
+            m.read("a", true, Some((0, 10)), 0),
+            Reading::Nothing,
+            "first"
+        );
+        assert_eq!(
+            m.read("a", true, Some((2_500_000, 64)), 5_000_000),
+            Reading::Use(Use {
+                millicpus: 500,
+                memory_mb: 64
+            })
+        );
+        assert_eq!(m.read("a", true, None, 10_000_000), Reading::Nothing);
+        assert_eq!(
+            m.read("a", false, None, 15_000_000),
+            Reading::Use(Use::default())
+        );
+        assert_eq!(
+            m.read("a", true, Some((9, 1)), 20_000_000),
+            Reading::Restarted
+        );
+        assert_eq!(
+            m.read("a", true, Some((9 + 5_000_000, 1)), 25_000_000),
+            Reading::Use(Use {
+                millicpus: 1000,
+                memory_mb: 1
+            })
+        );
+        m.retain(|id| id != "a");
+        assert_eq!(
+            m.read("a", true, Some((0, 1)), 30_000_000),
+            Reading::Nothing
+        );
+    }
+
+    #[test]
+    fn cpu_use_is_the_counters_delta_over_the_time_between_readings() {
+        assert_eq!(cpu_millis(1_000, 1_000, 5_000_000), Some(0));
+        assert_eq!(cpu_millis(0, 2_500_000, 5_000_000), Some(500));
+        assert_eq!(
+            cpu_millis(0, 10_000_000, 5_000_000),
+            Some(2000),
+            "two cores"
+        );
+        assert_eq!(cpu_millis(9, 3, 5_000_000), None, "the counter went back");
+        assert_eq!(cpu_millis(0, 3, 0), None);
+    }
 
     const R: Reclaim = Reclaim {
         margin_pct: 20,

@@ -292,6 +292,21 @@ impl Cgroup {
         Some((self.dir_with("memory")?, self.v2_root.is_some()))
     }
 
+    /// The directory with the run's CPU limit (v1: the cpu hierarchy's), and whether it is
+    /// v2.
+    pub(crate) fn cpu_limit_dir(&self) -> Option<(&Path, bool)> {
+        Some((self.dir_with("cpu")?, self.v2_root.is_some()))
+    }
+
+    /// The directory with the run's CPU time (v2: `cpu.stat`, in every cgroup; v1: the
+    /// cpuacct hierarchy's), and whether it is v2.
+    pub(crate) fn cpu_time_dir(&self) -> Option<(&Path, bool)> {
+        match &self.v2_root {
+            Some(_) => Some((&self.dirs[0].0, true)),
+            None => Some((self.dir_with("cpuacct")?, false)),
+        }
+    }
+
     fn exists(&self) -> bool {
         self.dirs.iter().any(|(p, _)| p.exists())
     }

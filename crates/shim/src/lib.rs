@@ -93,6 +93,7 @@
 //! relies on the shim being single-threaded: the shim never starts a thread or a runtime.
 
 mod cgroup;
+mod cpu_use;
 mod enter;
 mod files;
 mod handle;
@@ -115,6 +116,7 @@ use serde::{Deserialize, Serialize};
 
 pub use bazaar_types::failure::FailureKind;
 pub use cgroup::{cgroup_layout, cgroups_available, remove_cgroup, CgroupLayout};
+pub use cpu_use::{cpu_usage_usec, set_cpu_limit};
 pub use enter::exec_main;
 pub use handle::ShimHandle;
 pub use memory::{memory_use, reclaim_memory, set_memory_limit, MemoryUse};

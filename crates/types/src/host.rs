@@ -32,6 +32,21 @@ pub const CANNOT_RUN_LABEL: &str = "cannot_run_";
 /// `systrap`: chosen when the agent starts), on a host that runs them.
 pub const GVISOR_PLATFORM_LABEL: &str = "gvisor_platform";
 
+/// The host label advertising the room a host with reclamation on offers `batch` machines
+/// (capacity minus its services' decaying reservations and its batch machines:
+/// docs/POLICY.md "Reclamation"), as `CPUS/MEMORY_MB` (`3/2048`). Absent: batch machines
+/// are held against capacity by requests there, like any other.
+pub const BATCH_FREE_LABEL: &str = "bazaar_batch_free";
+
+/// The batch room a host with `labels` advertises ([`BATCH_FREE_LABEL`]).
+pub fn batch_free(labels: &std::collections::BTreeMap<String, String>) -> Option<Resources> {
+    let (cpus, memory_mb) = labels.get(BATCH_FREE_LABEL)?.split_once('/')?;
+    Some(Resources {
+        cpus: cpus.parse().ok()?,
+        memory_mb: memory_mb.parse().ok()?,
+    })
+}
+
 /// The label of a host that cannot run `driver` machines.
 pub fn cannot_run_label(driver: &str) -> String {
     format!("{CANNOT_RUN_LABEL}{driver}")

@@ -168,5 +168,19 @@ pub(super) fn ledger(n: &Node, secret: &str, at_ms: u64) -> Option<LedgerSample>
             .map(|(id, r)| (id.clone(), res(r)))
             .collect(),
         reserved: res(&v["reserved"]),
+        batch: v["batch"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|id| Some(id.as_str()?.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        batch_held: v["reclaim"]["batch_held"].as_object().map(|o| {
+            (
+                o["millicpus"].as_u64().unwrap_or_default(),
+                o["memory_mb"].as_u64().unwrap_or_default(),
+            )
+        }),
     })
 }
