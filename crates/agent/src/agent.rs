@@ -293,7 +293,12 @@ impl Agent {
     /// The image store of this host's image machines, when it runs them: the registry it
     /// serves (`bazaar-registry`) keeps what is pushed there.
     pub fn image_store(&self) -> Option<bazaar_image::ImageStore> {
-        self.0.driver.oci.as_ref().ok().map(|oci| oci.images.clone())
+        self.0
+            .driver
+            .oci
+            .as_ref()
+            .ok()
+            .map(|oci| oci.images.clone())
     }
 
     /// The host plumbing of this host's machines (paths, cgroups, network).

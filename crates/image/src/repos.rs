@@ -117,8 +117,7 @@ impl RepoStore {
 
     /// Whether repository `name` holds blob `digest`: its size if so.
     pub fn blob_size(&self, name: &str, digest: &Digest) -> Result<Option<u64>> {
-        if !exists(&self.blob_link(name, digest))? && !exists(&self.manifest_link(name, digest))?
-        {
+        if !exists(&self.blob_link(name, digest))? && !exists(&self.manifest_link(name, digest))? {
             return Ok(None);
         }
         let blob = self.store.blob_path(digest);
@@ -224,10 +223,7 @@ impl RepoStore {
             .or_else(|| document_media_type(bytes))
             .unwrap_or_else(|| crate::manifest::OCI_MANIFEST.to_string());
         self.store.put_blob(bytes)?;
-        self.link(
-            &self.manifest_link(name, &digest),
-            media_type.as_bytes(),
-        )?;
+        self.link(&self.manifest_link(name, &digest), media_type.as_bytes())?;
         if reference.parse::<Digest>().is_err() {
             self.link(&self.tag_path(name, reference), digest.as_str().as_bytes())?;
         }

@@ -5,8 +5,8 @@
 //! once their digest is checked.
 
 use crate::protocol::{
-    app_of, credential, name_unknown, operation, valid_name, valid_tag, ErrorCode,
-    RegistryError, Route, Upload, CHALLENGE,
+    app_of, credential, name_unknown, operation, valid_name, valid_tag, ErrorCode, RegistryError,
+    Route, Upload, CHALLENGE,
 };
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -249,7 +249,13 @@ async fn get_blob(shared: &Shared, name: &str, digest: &str, head: bool) -> Answ
 }
 
 /// Appends `body` to `path`, at most `max` bytes (413 past it: the caller drops the upload).
-async fn append(body: Body, headers: &HeaderMap, path: &Path, max: u64, limit: u64) -> Result<u64, RegistryError> {
+async fn append(
+    body: Body,
+    headers: &HeaderMap,
+    path: &Path,
+    max: u64,
+    limit: u64,
+) -> Result<u64, RegistryError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
@@ -266,7 +272,10 @@ async fn append(body: Body, headers: &HeaderMap, path: &Path, max: u64, limit: u
     let mut written = 0u64;
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| {
-            RegistryError::new(ErrorCode::BlobUploadInvalid, format!("reading the upload: {e}"))
+            RegistryError::new(
+                ErrorCode::BlobUploadInvalid,
+                format!("reading the upload: {e}"),
+            )
         })?;
         written += chunk.len() as u64;
         if written > max {
@@ -426,7 +435,8 @@ async fn upload(
     headers: &HeaderMap,
     body: Body,
 ) -> Answer {
-    let unknown = || RegistryError::new(ErrorCode::BlobUploadUnknown, format!("upload {id} unknown"));
+    let unknown =
+        || RegistryError::new(ErrorCode::BlobUploadUnknown, format!("upload {id} unknown"));
     let slot = shared
         .uploads
         .lock()

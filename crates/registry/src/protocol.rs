@@ -283,7 +283,11 @@ impl Upload {
     /// where the upload is) against the upload: it must start where the upload ends (416
     /// otherwise, with the range the upload has). Answers the most bytes the chunk may
     /// bring under `limit`.
-    pub fn accept_chunk(&self, content_range: Option<&str>, limit: u64) -> Result<u64, RegistryError> {
+    pub fn accept_chunk(
+        &self,
+        content_range: Option<&str>,
+        limit: u64,
+    ) -> Result<u64, RegistryError> {
         if let Some(range) = content_range {
             let parsed = range
                 .trim()
@@ -398,7 +402,10 @@ mod tests {
     fn the_token_comes_as_bearer_or_as_a_basic_password() {
         assert_eq!(credential("Bearer abc").as_deref(), Some("abc"));
         let basic = base64::engine::general_purpose::STANDARD.encode("x:tok:en");
-        assert_eq!(credential(&format!("Basic {basic}")).as_deref(), Some("tok:en"));
+        assert_eq!(
+            credential(&format!("Basic {basic}")).as_deref(),
+            Some("tok:en")
+        );
         let empty = base64::engine::general_purpose::STANDARD.encode("x:");
         assert_eq!(credential(&format!("Basic {empty}")), None);
         assert_eq!(credential("Basic !!!"), None);
@@ -435,14 +442,24 @@ mod tests {
         assert_eq!(bad.status, StatusCode::RANGE_NOT_SATISFIABLE);
         let over = up.accept_chunk(Some("10-100"), 100).unwrap_err();
         assert_eq!(over.status, StatusCode::PAYLOAD_TOO_LARGE);
-        let full = Upload { offset: 100, ..up.clone() };
+        let full = Upload {
+            offset: 100,
+            ..up.clone()
+        };
         assert_eq!(
             full.accept_chunk(None, 100).unwrap_err().status,
             StatusCode::PAYLOAD_TOO_LARGE
         );
         assert!(up.belongs_to("web") && !up.belongs_to("api"));
         assert_eq!(up.range(), "0-9");
-        assert_eq!(Upload { offset: 0, ..up.clone() }.range(), "0-0");
+        assert_eq!(
+            Upload {
+                offset: 0,
+                ..up.clone()
+            }
+            .range(),
+            "0-0"
+        );
         assert!(!up.expired(UPLOAD_IDLE));
         assert!(up.expired(UPLOAD_IDLE + Duration::from_secs(1)));
     }
