@@ -301,6 +301,14 @@ impl Agent {
             .map(|oci| oci.images.clone())
     }
 
+    /// Where this host's image machines pull the cluster's own images from (set once, by
+    /// the node's composition root; `bazaar_image::peers`).
+    pub fn set_image_peers(&self, peers: std::sync::Arc<dyn bazaar_image::peers::PeerSource>) {
+        if let Ok(oci) = &self.0.driver.oci {
+            let _ = oci.peers.set(peers);
+        }
+    }
+
     /// The host plumbing of this host's machines (paths, cgroups, network).
     pub(crate) fn driver(&self) -> &Driver {
         &self.0.driver

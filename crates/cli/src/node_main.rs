@@ -48,6 +48,9 @@ pub async fn serve(
             bazaar_api::guardian::spawn(bazaar_api::Api::new(node.clone()));
             bazaar_api::per_host::spawn(bazaar_api::Api::new(node.clone()));
             bazaar_certs::spawn_renewal(node)?;
+            agent.set_image_peers(std::sync::Arc::new(bazaar_registry::peers::NodePeers::new(
+                node.clone(),
+            )?));
             let (store, config) = registry_store(&agent)?;
             let registry = bazaar_registry::router(node.clone(), store, config);
             let api = bazaar_api::router(node.clone());

@@ -37,6 +37,7 @@ pub mod error;
 pub mod gc;
 pub mod idmap;
 pub mod manifest;
+pub mod peers;
 pub mod reference;
 pub mod registry;
 pub mod repos;

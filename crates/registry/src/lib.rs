@@ -9,9 +9,12 @@
 //! - [`protocol`]: the distribution API's rules, pure: routes, error bodies, credentials,
 //!   operations, upload chunks.
 //! - [`http`]: the axum shell ([`router`]).
+//! - [`peers`]: the other hosts this host pulls the cluster's images from
+//!   (`registry.bazaar.internal/...`, [`bazaar_image::peers`]).
 #![forbid(unsafe_code)]
 
 pub mod http;
+pub mod peers;
 pub mod protocol;
 
 pub use http::{router, RegistryConfig};

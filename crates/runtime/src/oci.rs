@@ -121,6 +121,9 @@ pub struct OciRuntime {
     pub last_use: Arc<LastUse>,
     /// Credentials by registry host (`--registry-auth`); others are pulled anonymously.
     pub credentials: BTreeMap<String, Auth>,
+    /// The other hosts the cluster's own images (`registry.bazaar.internal/...`) are
+    /// pulled from, once the node has set it (`bazaar_image::peers`).
+    pub peers: Arc<std::sync::OnceLock<Arc<dyn bazaar_image::peers::PeerSource>>>,
     /// `/run/bazaar/<host id>`: what runc must reach as a machine's root (its rootfs).
     pub runtime_dir: PathBuf,
     /// `bazaar/<host id>`, the parent of the machines' cgroups (the driver's naming).
@@ -214,6 +217,7 @@ impl OciRuntime {
             network: Arc::new(network),
             last_use: Arc::default(),
             credentials,
+            peers: Arc::default(),
             runtime_dir: Path::new("/run/bazaar").join(host_id),
             cgroup_parent: format!("bazaar/{host_id}"),
             disk_templates: PathBuf::from("disk-templates"),
@@ -303,6 +307,21 @@ impl OciRuntime {
         let reference: Reference = rec.config.image.parse().map_err(|e| {
             LaunchError::image(S::Image, &format!("image {:?}", rec.config.image), &e)
         })?;
+        // The cluster's registry serves a machine only its own app's images (every host
+        // could fetch any app's from its peers).
+        let repo_app = reference.repository.split('/').next().unwrap_or_default();
+        if bazaar_image::peers::is_cluster(&reference) && repo_app != rec.app {
+            return Err(LaunchError::new(
+                S::Image,
+                FailureKind::Permission,
+                format!(
+                    "image {reference}: a machine of app {} may run only its app's images of the cluster registry ({}/{}/...)",
+                    rec.app,
+                    bazaar_image::peers::CLUSTER_REGISTRY,
+                    rec.app
+                ),
+            ));
+        }
         self.last_use.touch(&reference.to_string());
         let stored = self
             .images
@@ -523,13 +542,30 @@ impl OciRuntime {
                 }
             }
         };
-        let image = self
-            .images
-            .pull(reference, &self.auth_for(reference), &progress)
-            .await
-            .map_err(|e| {
-                LaunchError::image(LaunchStep::Image, &format!("pulling {reference}"), &e)
-            })?;
+        let fail = |e: bazaar_image::Error| {
+            LaunchError::image(LaunchStep::Image, &format!("pulling {reference}"), &e)
+        };
+        let mut served_by = String::new();
+        let image = if bazaar_image::peers::is_cluster(reference) {
+            let peers = self.peers.get().map(|p| p.peers()).unwrap_or_default();
+            let pulled = self
+                .images
+                .pull_cluster(reference, &peers, &progress)
+                .await
+                .map_err(fail)?;
+            let mut hosts: Vec<&str> = pulled.sources.iter().map(|(_, h)| h.as_str()).collect();
+            hosts.sort_unstable();
+            hosts.dedup();
+            if !hosts.is_empty() {
+                served_by = format!(", from {}", hosts.join(", "));
+            }
+            pulled.image
+        } else {
+            self.images
+                .pull(reference, &self.auth_for(reference), &progress)
+                .await
+                .map_err(fail)?
+        };
         let b = bytes.lock().unwrap_or_else(|e| e.into_inner());
         let fetched: u64 = b
             .values()
@@ -538,7 +574,7 @@ impl OciRuntime {
             .sum();
         let cached = b.values().filter(|(_, cached)| *cached).count();
         let event = MachineEvent::new("pull", "pulled", "flyd").with_reason(format!(
-            "{reference}: {} layers ({cached} cached), {fetched} bytes in {} ms",
+            "{reference}: {} layers ({cached} cached), {fetched} bytes in {} ms{served_by}",
             image.layers.len(),
             started.elapsed().as_millis()
         ));
