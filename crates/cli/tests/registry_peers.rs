@@ -2,13 +2,14 @@
 //! host 1's API port (`/v2`, with an app token as buildah's `--creds x:TOKEN` sends it) runs
 //! on hosts 2 and 3 as `registry.bazaar.internal/<app>@<digest>`, each fetching the layers
 //! it lacks from a peer that holds them (the pull event names the host that served them);
-//! another app's machine cannot run it.
+//! another app's machine cannot run it. `bazaar image push` sends a `docker save` archive
+//! into the same registry.
 
 mod common;
 
 use bazaar_auth::Scope;
 use bazaar_testkit::images::{
-    busybox_rootfs_layer, config_with, ensure_packages, push_with_config,
+    busybox_rootfs_layer, config_with, docker_save, ensure_packages, push_with_config,
 };
 use bazaar_testkit::start_cluster;
 use common::*;
@@ -64,7 +65,7 @@ async fn hosts_pull_the_cluster_images_from_their_peers() {
     let host0 = agents[0].url().trim_start_matches("http://").to_string();
     let auth = bazaar_image::Auth::Basic {
         username: "x".into(),
-        password: token,
+        password: token.clone(),
     };
     let registry = bazaar_image::Registry::new(&host0, auth, true).unwrap();
     let layer = busybox_rootfs_layer(&["sh", "sleep"], ("etc/motd", b"peers\n"));
@@ -117,4 +118,49 @@ async fn hosts_pull_the_cluster_images_from_their_peers() {
     })
     .await;
     assert!(refused.is_ok(), "the launch is refused naming why");
+
+    // An image built elsewhere: `bazaar image push` of its archive to host 1, run on host 0.
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("imported.tar");
+    let other_layer = busybox_rootfs_layer(&["sh", "sleep"], ("etc/motd", b"archived\n"));
+    let config = config_with(
+        &[&other_layer],
+        &arch,
+        json!({"Cmd": ["/bin/sleep", "1000"]}),
+    );
+    std::fs::write(
+        &archive,
+        docker_save("built:elsewhere", &[&other_layer], &config),
+    )
+    .unwrap();
+    let out = std::process::Command::new(EXE)
+        .args([
+            "image",
+            "push",
+            archive.to_str().unwrap(),
+            "web/imported:v1",
+        ])
+        .env("BAZAAR_API_URL", agents[1].url())
+        .env("BAZAAR_TOKEN", &token)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pushed = stdout
+        .trim()
+        .strip_prefix("pushed ")
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        pushed.starts_with("registry.bazaar.internal/web/imported@sha256:"),
+        "{pushed}"
+    );
+    let (s, m) = fly.post("/apps/web/machines", on_host(pushed, 0)).await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    wait_started(&fly, "web", m["id"].as_str().unwrap()).await;
+    let pulled = pull_event(&fly, "web", m["id"].as_str().unwrap()).await;
+    assert!(pulled.contains(&format!("from {}", ids[1])), "{pulled}");
 }
