@@ -30,6 +30,7 @@
 //! the machine's writable layer, [`crate::layer`]), mounted again at
 //! `/run/bazaar/<host id>/rootfs/<id>`.
 
+mod cluster;
 mod rootfs;
 mod seccomp_profile;
 
@@ -307,21 +308,7 @@ impl OciRuntime {
         let reference: Reference = rec.config.image.parse().map_err(|e| {
             LaunchError::image(S::Image, &format!("image {:?}", rec.config.image), &e)
         })?;
-        // The cluster's registry serves a machine only its own app's images (every host
-        // could fetch any app's from its peers).
-        let repo_app = reference.repository.split('/').next().unwrap_or_default();
-        if bazaar_image::peers::is_cluster(&reference) && repo_app != rec.app {
-            return Err(LaunchError::new(
-                S::Image,
-                FailureKind::Permission,
-                format!(
-                    "image {reference}: a machine of app {} may run only its app's images of the cluster registry ({}/{}/...)",
-                    rec.app,
-                    bazaar_image::peers::CLUSTER_REGISTRY,
-                    rec.app
-                ),
-            ));
-        }
+        cluster::check_app(&reference, rec.app)?;
         self.last_use.touch(&reference.to_string());
         let stored = self
             .images
@@ -545,27 +532,9 @@ impl OciRuntime {
         let fail = |e: bazaar_image::Error| {
             LaunchError::image(LaunchStep::Image, &format!("pulling {reference}"), &e)
         };
-        let mut served_by = String::new();
-        let image = if bazaar_image::peers::is_cluster(reference) {
-            let peers = self.peers.get().map(|p| p.peers()).unwrap_or_default();
-            let pulled = self
-                .images
-                .pull_cluster(reference, &peers, &progress)
-                .await
-                .map_err(fail)?;
-            let mut hosts: Vec<&str> = pulled.sources.iter().map(|(_, h)| h.as_str()).collect();
-            hosts.sort_unstable();
-            hosts.dedup();
-            if !hosts.is_empty() {
-                served_by = format!(", from {}", hosts.join(", "));
-            }
-            pulled.image
-        } else {
-            self.images
-                .pull(reference, &self.auth_for(reference), &progress)
-                .await
-                .map_err(fail)?
-        };
+        let (image, served_by) = cluster::pull(self, reference, &progress)
+            .await
+            .map_err(fail)?;
         let b = bytes.lock().unwrap_or_else(|e| e.into_inner());
         let fetched: u64 = b
             .values()
