@@ -52,6 +52,7 @@ pub async fn serve(
                 node.clone(),
             )?));
             let (store, config) = registry_store(&agent)?;
+            bazaar_registry::retention::spawn(node.clone(), store.clone(), Default::default());
             let registry = bazaar_registry::router(node.clone(), store, config);
             let api = bazaar_api::router(node.clone());
             let ui = bazaar_dashboard::router(node.clone(), api.clone());

@@ -319,3 +319,141 @@ fn document_media_type(bytes: &[u8]) -> Option<String> {
     let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
     Some(v.get("mediaType")?.as_str()?.to_string())
 }
+
+/// A manifest a repository holds, as retention sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldManifest {
+    pub name: String,
+    pub digest: Digest,
+    /// When it was pushed (or last fetched from a peer).
+    pub pushed: std::time::SystemTime,
+    /// The manifests an index names (empty for an image manifest).
+    pub children: Vec<Digest>,
+}
+
+impl RepoStore {
+    /// Every repository name.
+    pub fn names(&self) -> Result<Vec<String>> {
+        fn walk(dir: &Path, prefix: &str, out: &mut Vec<String>) -> Result<()> {
+            for e in fs::read_dir(dir).at(dir)? {
+                let e = e.at(dir)?;
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with('_') || !e.file_type().at(e.path())?.is_dir() {
+                    continue;
+                }
+                let full = if prefix.is_empty() {
+                    name
+                } else {
+                    format!("{prefix}/{name}")
+                };
+                let path = e.path();
+                if ["_blobs", "_manifests", "_tags"]
+                    .iter()
+                    .any(|d| path.join(d).is_dir())
+                {
+                    out.push(full.clone());
+                }
+                walk(&path, &full, out)?;
+            }
+            Ok(())
+        }
+        let root = self.store.root().join("repos");
+        let mut out = Vec::new();
+        if exists(&root)? {
+            walk(&root, "", &mut out)?;
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The manifests repository `name` holds.
+    pub fn held(&self, name: &str) -> Result<Vec<HeldManifest>> {
+        let dir = self.dir(name).join("_manifests");
+        let mut out = Vec::new();
+        let entries = match fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(e).at(dir),
+        };
+        for e in entries {
+            let e = e.at(&dir)?;
+            let Ok(digest) = format!("sha256:{}", e.file_name().to_string_lossy()).parse() else {
+                continue;
+            };
+            let pushed = e.metadata().at(e.path())?.modified().at(e.path())?;
+            let children = match self.manifest(name, &format!("{digest}"))? {
+                Some(m) => match Document::parse(Some(&m.media_type), &m.bytes) {
+                    Ok(Document::Index(i)) => i.manifests.into_iter().map(|d| d.digest).collect(),
+                    _ => Vec::new(),
+                },
+                None => continue,
+            };
+            out.push(HeldManifest {
+                name: name.to_string(),
+                digest,
+                pushed,
+                children,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Lets repository `name` go of manifest `digest` and of the tags naming it, then of
+    /// every blob link no manifest it keeps names and older than `grace` (a younger one may
+    /// belong to a push in progress). The store's garbage collection frees what no one
+    /// links any more. Answers the blob links dropped.
+    pub fn release(
+        &self,
+        name: &str,
+        digest: &Digest,
+        grace: std::time::Duration,
+    ) -> Result<usize> {
+        let tags_dir = self.dir(name).join("_tags");
+        if let Ok(rd) = fs::read_dir(&tags_dir) {
+            for e in rd.flatten() {
+                let points_here = fs::read(e.path())
+                    .is_ok_and(|b| String::from_utf8_lossy(&b).trim() == digest.as_str());
+                if points_here {
+                    fs::remove_file(e.path()).at(e.path())?;
+                }
+            }
+        }
+        let link = self.manifest_link(name, digest);
+        match fs::remove_file(&link) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).at(link),
+        }
+        let mut needed = std::collections::HashSet::new();
+        for m in self.held(name)? {
+            if let Some(stored) = self.manifest(name, m.digest.as_str())? {
+                if let Ok(Document::Manifest(doc)) =
+                    Document::parse(Some(&stored.media_type), &stored.bytes)
+                {
+                    needed.insert(doc.config.digest);
+                    needed.extend(doc.layers.into_iter().map(|l| l.digest));
+                }
+            }
+        }
+        let blobs = self.dir(name).join("_blobs");
+        let mut dropped = 0;
+        if let Ok(rd) = fs::read_dir(&blobs) {
+            let now = std::time::SystemTime::now();
+            for e in rd.flatten() {
+                let Ok(d) = format!("sha256:{}", e.file_name().to_string_lossy()).parse::<Digest>()
+                else {
+                    continue;
+                };
+                let young = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| now.duration_since(t).unwrap_or_default() < grace);
+                if !needed.contains(&d) && !young {
+                    fs::remove_file(e.path()).at(e.path())?;
+                    dropped += 1;
+                }
+            }
+        }
+        Ok(dropped)
+    }
+}

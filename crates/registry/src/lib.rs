@@ -9,6 +9,8 @@
 //! - [`protocol`]: the distribution API's rules, pure: routes, error bodies, credentials,
 //!   operations, upload chunks.
 //! - [`http`]: the axum shell ([`router`]).
+//! - [`retention`]: what a host's registry keeps (the images machines run, recent
+//!   releases) and lets go of.
 //! - [`peers`]: the other hosts this host pulls the cluster's images from
 //!   (`registry.bazaar.internal/...`, [`bazaar_image::peers`]).
 #![forbid(unsafe_code)]
@@ -16,5 +18,6 @@
 pub mod http;
 pub mod peers;
 pub mod protocol;
+pub mod retention;
 
 pub use http::{router, RegistryConfig};

@@ -491,3 +491,79 @@ async fn a_manifest_is_taken_only_with_its_blobs_and_its_own_digest() {
     );
     fx.stop().await;
 }
+
+#[tokio::test]
+async fn retention_lets_old_releases_go_and_the_store_frees_their_blobs() {
+    let fx = Fixture::start().await;
+    let token = app_token("web");
+    let client = fx.client(&token);
+    let shared = layer(vec![file("bin/app", b"shared\n")]);
+    let mut releases = Vec::new();
+    for (i, page) in [b"one\n", b"two\n", b"tri\n"].iter().enumerate() {
+        let own = layer(vec![file("www/index.html", *page)]);
+        let digest =
+            images::push(&client, "web", &format!("v{i}"), &[&shared, &own], "amd64").await;
+        // Pushed an hour apart, oldest first.
+        let link = fx
+            .store
+            .root()
+            .join("repos/web/_manifests")
+            .join(digest.hex());
+        let when =
+            std::time::SystemTime::now() - std::time::Duration::from_secs(3600 * (3 - i as u64));
+        std::fs::File::options()
+            .write(true)
+            .open(&link)
+            .unwrap()
+            .set_modified(when)
+            .unwrap();
+        releases.push((digest, own));
+    }
+    let rule = bazaar_registry::retention::Retention {
+        newest: 1,
+        grace: std::time::Duration::ZERO,
+    };
+    let gone = bazaar_registry::retention::apply(&fx.agent.agent.node(), &fx.store, rule).unwrap();
+    assert_eq!(gone, 2);
+    fx.store.gc(&[]).await.unwrap();
+    let t = Some(token.as_str());
+    let (_, _, body) = fx
+        .call(Method::GET, "/v2/web/tags/list", t, &[], vec![])
+        .await;
+    let tags: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        tags["tags"],
+        serde_json::json!(["v2"]),
+        "old releases' tags go with them"
+    );
+    for (i, (digest, own)) in releases.iter().enumerate() {
+        let kept = i == 2;
+        let (status, _, _) = fx
+            .call(
+                Method::GET,
+                &format!("/v2/web/manifests/{digest}"),
+                t,
+                &[],
+                vec![],
+            )
+            .await;
+        assert_eq!(status == StatusCode::OK, kept, "release {i}");
+        assert_eq!(
+            fx.store.blob_path(&own.digest()).exists(),
+            kept,
+            "release {i}'s layer"
+        );
+    }
+    // The layer every release shares stays with the newest.
+    let (status, _, _) = fx
+        .call(
+            Method::GET,
+            &format!("/v2/web/blobs/{}", shared.digest()),
+            t,
+            &[],
+            vec![],
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    fx.stop().await;
+}
