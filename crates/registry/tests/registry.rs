@@ -364,6 +364,17 @@ async fn chunked_uploads_are_checked_against_their_digest_before_they_enter_the_
         .collect();
     assert!(tmp.is_empty(), "{tmp:?}");
 
+    // A cross-repository mount is not taken: an upload starts instead (202), as the spec
+    // allows.
+    let mount = format!("/v2/web/blobs/uploads/?mount={digest}&from=web");
+    let (status, headers, _) = fx.call(Method::POST, &mount, t, &[], vec![]).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert!(location(&headers).starts_with("/v2/web/blobs/uploads/"));
+    let (status, _, _) = fx
+        .call(Method::DELETE, &location(&headers), t, &[], vec![])
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+
     // Over the limit: 413, the upload dropped.
     let (_, headers, _) = fx
         .call(Method::POST, "/v2/web/blobs/uploads/", t, &[], vec![])
