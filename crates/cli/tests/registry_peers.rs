@@ -11,7 +11,7 @@ use bazaar_auth::Scope;
 use bazaar_testkit::images::{
     busybox_rootfs_layer, config_with, docker_save, ensure_packages, push_with_config,
 };
-use bazaar_testkit::start_cluster;
+use bazaar_testkit::{start_cluster, start_plain_cluster};
 use common::*;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -163,4 +163,40 @@ async fn hosts_pull_the_cluster_images_from_their_peers() {
     wait_started(&fly, "web", m["id"].as_str().unwrap()).await;
     let pulled = pull_event(&fly, "web", m["id"].as_str().unwrap()).await;
     assert!(pulled.contains(&format!("from {}", ids[1])), "{pulled}");
+}
+
+/// Without cluster certificates, hosts fetch from each other's API port with the cluster
+/// secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_certificates_peers_are_reached_with_the_cluster_secret() {
+    if !bazaar_testkit::can_run(is_root(), "root (image machines)") {
+        return;
+    }
+    ensure_packages();
+    let agents = start_plain_cluster(std::path::Path::new(EXE), 2, |i, o| {
+        o.extra_args
+            .extend(["--label".to_string(), format!("n={i}")]);
+    })
+    .unwrap();
+    let host0 = agents[0].client().info().await.unwrap().id;
+    let fly = Fly::new(&agents[0]);
+    wait_for_hosts(&fly, 2).await;
+    fly.create_app("web").await;
+    let auth = bazaar_image::Auth::Basic {
+        username: "x".into(),
+        password: bazaar_testkit::api_token().into(),
+    };
+    let addr = agents[0].url().trim_start_matches("http://").to_string();
+    let registry = bazaar_image::Registry::new(&addr, auth, true).unwrap();
+    let layer = busybox_rootfs_layer(&["sh", "sleep"], ("etc/motd", b"plain\n"));
+    let arch = bazaar_image::manifest::Platform::current().architecture;
+    let config = config_with(&[&layer], &arch, json!({"Cmd": ["/bin/sleep", "1000"]}));
+    let digest = push_with_config(&registry, "web", "v1", &[&layer], &config).await;
+    let image = format!("registry.bazaar.internal/web@{digest}");
+    let (s, m) = fly.post("/apps/web/machines", on_host(&image, 1)).await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    let id = m["id"].as_str().unwrap().to_string();
+    wait_started(&fly, "web", &id).await;
+    let pulled = pull_event(&fly, "web", &id).await;
+    assert!(pulled.contains(&format!("from {host0}")), "{pulled}");
 }
