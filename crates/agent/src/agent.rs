@@ -304,6 +304,25 @@ impl Agent {
         &self.0.config
     }
 
+    /// The image store of this host's image machines, when it runs them: the registry it
+    /// serves (`bazaar-registry`) keeps what is pushed there.
+    pub fn image_store(&self) -> Option<bazaar_image::ImageStore> {
+        self.0
+            .driver
+            .oci
+            .as_ref()
+            .ok()
+            .map(|oci| oci.images.clone())
+    }
+
+    /// Where this host's image machines pull the cluster's own images from (set once, by
+    /// the node's composition root; `bazaar_image::peers`).
+    pub fn set_image_peers(&self, peers: std::sync::Arc<dyn bazaar_image::peers::PeerSource>) {
+        if let Ok(oci) = &self.0.driver.oci {
+            let _ = oci.peers.set(peers);
+        }
+    }
+
     /// The host plumbing of this host's machines (paths, cgroups, network).
     pub(crate) fn driver(&self) -> &Driver {
         &self.0.driver

@@ -191,13 +191,34 @@ async fn trust_callers(
 ) -> axum::response::Response {
     if let Some(connections::Connection(conn)) = req.extensions().get() {
         if !conn.is_trusted()
-            && bazaar_node::access::bearer(&req)
-                .is_some_and(|t| agent.is_cluster_secret(t) || agent.caller(t).is_ok())
+            && presented_token(&req)
+                .is_some_and(|t| agent.is_cluster_secret(&t) || agent.caller(&t).is_ok())
         {
             conn.trust();
         }
     }
     next.run(req).await
+}
+
+/// The token of a request: a bearer token, or the password of `Basic` credentials (how
+/// registry clients such as buildah send a token to the registry on `/v2`).
+fn presented_token(req: &axum::extract::Request) -> Option<String> {
+    use base64::Engine as _;
+    if let Some(t) = bazaar_node::access::bearer(req) {
+        return Some(t.to_string());
+    }
+    let value = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let encoded = value.strip_prefix("Basic ")?.trim();
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .ok()?;
+    let decoded = String::from_utf8(decoded).ok()?;
+    let (_, password) = decoded.split_once(':')?;
+    Some(password.to_string())
 }
 
 /// Each supervised machine holds a few pidfds; lift the soft limit on open files to the hard
@@ -534,4 +555,28 @@ fn give_back_start_up_heap(agent: &Agent) {
             () = tokio::time::sleep(std::time::Duration::from_secs(3)) => trim(),
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::presented_token;
+    use base64::Engine as _;
+
+    fn with(auth: &str) -> axum::extract::Request {
+        axum::http::Request::builder()
+            .header(axum::http::header::AUTHORIZATION, auth)
+            .body(axum::body::Body::empty())
+            .unwrap()
+    }
+
+    #[test]
+    fn a_registry_clients_basic_password_counts_as_its_token() {
+        assert_eq!(presented_token(&with("Bearer tok")).as_deref(), Some("tok"));
+        let basic = base64::engine::general_purpose::STANDARD.encode("x:tok");
+        assert_eq!(
+            presented_token(&with(&format!("Basic {basic}"))).as_deref(),
+            Some("tok")
+        );
+        assert_eq!(presented_token(&with("Basic %%%")), None);
+    }
 }

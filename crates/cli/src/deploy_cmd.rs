@@ -161,7 +161,8 @@ pub struct DeployArgs {
     #[arg(long, value_name = "REF")]
     image: Option<String>,
     /// Where an image built from the app's Dockerfile is pushed (`HOST[:PORT]`, a registry
-    /// the cluster's hosts pull from); the deploy runs the pushed digest.
+    /// the cluster's hosts pull from); the deploy runs the pushed digest. Default: the
+    /// cluster's own registry, on the agent of `--api-url` with the deploy's token.
     #[arg(long, env = "BAZAAR_REGISTRY", value_name = "HOST[:PORT]")]
     registry: Option<String>,
     /// A build argument for the Dockerfile (KEY=VALUE; repeatable; over `[build.args]`).
@@ -200,33 +201,43 @@ pub async fn deploy(a: DeployArgs) -> anyhow::Result<()> {
     finish(&a.target, &out)
 }
 
-/// Builds the app's Dockerfile with buildah, pushes it to `--registry` and answers the
-/// pushed digest's reference (`bazaar_deploy::build`); the builder's output goes to stderr.
+/// Builds the app's Dockerfile with buildah, pushes it to the cluster's registry (or
+/// `--registry`) and answers the pushed digest's reference (`bazaar_deploy::build`); the
+/// builder's output goes to stderr.
 async fn build_image(a: &DeployArgs, config: &AppConfig) -> anyhow::Result<String> {
-    let registry = a.registry.as_deref().context(
-        "building the app's Dockerfile needs --registry HOST[:PORT] (or BAZAAR_REGISTRY): where the cluster pulls the image from; or deploy an image built elsewhere with --image",
-    )?;
+    use bazaar_deploy::build::PushTo;
+    let (to, token) = match a.registry.as_deref() {
+        Some(r) => (PushTo::External(r), None),
+        None => {
+            let token = a.target.token.as_deref().context(
+                "no token to push the build to the cluster's registry with: set BAZAAR_TOKEN or pass --token (or push elsewhere with --registry)",
+            )?;
+            (
+                PushTo::Cluster {
+                    api_url: &a.target.api_url,
+                },
+                Some(token),
+            )
+        }
+    };
     let file = a.target.config_path().context("no app config")?;
     let dir = match file.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
     let unique = bazaar_types::ids::new_instance_id().to_lowercase();
-    let plan = bazaar_deploy::build::plan(
-        config,
-        &dir,
-        registry,
-        &unique,
-        &a.build_args,
-        &a.build_secrets,
-    )
-    .map_err(anyhow::Error::msg)?;
+    let plan =
+        bazaar_deploy::build::plan(config, &dir, to, &unique, &a.build_args, &a.build_secrets)
+            .map_err(anyhow::Error::msg)?;
     eprintln!(
         "building {} from {} ...",
         plan.tag,
         plan.dockerfile.display()
     );
-    let image = bazaar_deploy::build::build_and_push(&plan, |line| eprintln!("  {line}")).await?;
+    let image = bazaar_deploy::build::build_and_push(&plan, &config.app, token, |line| {
+        eprintln!("  {line}")
+    })
+    .await?;
     eprintln!("pushed {image}");
     Ok(image)
 }

@@ -34,10 +34,28 @@ enum ImageCommand {
     Import { file: PathBuf },
     /// Forget every image no machine of this host uses and free their layers.
     Prune,
+    /// Push a `docker save` or OCI-layout archive into the cluster's registry as
+    /// NAME[:TAG] (`<app>` or `<app>/<path>`), through the agent at `--api-url` with an API
+    /// token of the app; machines run it as `registry.bazaar.internal/NAME@DIGEST`.
+    Push {
+        file: PathBuf,
+        name: String,
+        /// A Machines API token that may update the app.
+        #[arg(long, env = "BAZAAR_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
 }
 
 /// Runs `bazaar image`.
 pub async fn image(a: ImageArgs) -> anyhow::Result<()> {
+    if let ImageCommand::Push { file, name, token } = &a.command {
+        let token = token
+            .as_deref()
+            .context("no token: set BAZAAR_TOKEN or pass --token (an API token of the app)")?;
+        let pushed = crate::image_push::push(&a.conn.api_url, token, file, name).await?;
+        println!("pushed {pushed}");
+        return Ok(());
+    }
     let host = a.conn.client()?;
     let json = a.json;
     match a.command {
@@ -74,6 +92,7 @@ pub async fn image(a: ImageArgs) -> anyhow::Result<()> {
                 println!("imported {} ({})", i.reference, i.digest);
             }
         }
+        ImageCommand::Push { .. } => unreachable!("pushed above"),
         ImageCommand::Prune => {
             let report = host.prune_images().await.map_err(refused)?;
             if json {

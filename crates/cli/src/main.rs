@@ -26,6 +26,7 @@ mod dev;
 mod drain_cmd;
 mod host_cmd;
 mod image_cmd;
+mod image_push;
 mod lab_cmd;
 mod launch_timing;
 mod machine_wait;

@@ -10,3 +10,4 @@ mod isolation_image;
 mod isolation_process;
 mod microvm_machines;
 mod oci_machines;
+mod registry_peers;

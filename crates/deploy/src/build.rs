@@ -1,7 +1,10 @@
 //! Images built from source for `bazaar deploy`, as `fly deploy` builds them: the app's
 //! Dockerfile is built by a real builder on the operator's machine (buildah, Debian's
 //! daemonless builder), tagged for the registry the cluster pulls from, pushed, and the
-//! deploy runs the pushed digest (so every host runs the same bytes).
+//! deploy runs the pushed digest (so every host runs the same bytes). By default that is
+//! the cluster's own registry ([`PushTo::Cluster`]): pushed to the agent the CLI talks to
+//! (`/v2` on its API port, with the deploy's token) and run as
+//! `registry.bazaar.internal/<app>@<digest>`, which every host pulls from its peers.
 //!
 //! [`plan`] and the argv functions are pure; [`build_and_push`] runs them.
 
@@ -25,17 +28,31 @@ pub struct BuildPlan {
     pub secrets: Vec<String>,
     /// The image the build is pushed as: `REGISTRY/APP:deployment-ULID`.
     pub tag: String,
-    /// Push over plain HTTP (a loopback registry).
+    /// Push over plain HTTP (a loopback registry, or the cluster's on a plain API port).
     pub plain_http: bool,
+    /// Pushed to the cluster's registry: run as [`CLUSTER_REGISTRY`]`/<app>@<digest>`.
+    pub cluster: bool,
+}
+
+/// The name every host resolves to the cluster's own registry (`bazaar_image::peers`).
+pub const CLUSTER_REGISTRY: &str = "registry.bazaar.internal";
+
+/// Where a build is pushed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushTo<'a> {
+    /// The cluster's registry, on the agent at this API URL (`http[s]://HOST:PORT`).
+    Cluster { api_url: &'a str },
+    /// A registry of the operator's (`--registry HOST[:PORT]`) the hosts pull from.
+    External(&'a str),
 }
 
 /// The build of `config` (its `[build] dockerfile`) from the directory `dir` of its file,
-/// pushed to `registry` (`HOST[:PORT]`) as a new tag `deployment-<unique>` of the app.
+/// pushed to `to` as a new tag `deployment-<unique>` of the app.
 /// `args` are `--build-arg` values (`KEY=VALUE`).
 pub fn plan(
     config: &AppConfig,
     dir: &Path,
-    registry: &str,
+    to: PushTo<'_>,
     unique: &str,
     args: &[String],
     secrets: &[String],
@@ -45,6 +62,18 @@ pub fn plan(
         .dockerfile
         .as_deref()
         .ok_or("[build] names no dockerfile to build")?;
+    let (registry, cluster_plain) = match to {
+        PushTo::External(r) => (r, None),
+        PushTo::Cluster { api_url } => {
+            let (scheme, rest) = api_url.split_once("://").ok_or_else(|| {
+                format!("the API URL {api_url:?} must be http://HOST:PORT or https://HOST:PORT")
+            })?;
+            (
+                rest.split('/').next().unwrap_or(rest),
+                Some(scheme == "http"),
+            )
+        }
+    };
     let registry = registry.trim_end_matches('/');
     if registry.is_empty() || registry.contains("://") || registry.contains(char::is_whitespace) {
         return Err(format!(
@@ -68,7 +97,8 @@ pub fn plan(
     }
     let host = registry.split('/').next().unwrap_or(registry);
     let name = host.rsplit_once(':').map_or(host, |(h, _)| h);
-    let plain_http = name == "localhost" || name.starts_with("127.") || name == "[::1]";
+    let plain_http =
+        cluster_plain.unwrap_or(name == "localhost" || name.starts_with("127.") || name == "[::1]");
     Ok(BuildPlan {
         context: dir.to_path_buf(),
         dockerfile: dir.join(dockerfile),
@@ -77,6 +107,7 @@ pub fn plan(
         secrets: secrets.to_vec(),
         tag: format!("{registry}/{}:deployment-{unique}", config.app),
         plain_http,
+        cluster: cluster_plain.is_some(),
     })
 }
 
@@ -104,11 +135,15 @@ pub fn build_argv(plan: &BuildPlan) -> Vec<String> {
     argv
 }
 
-/// `buildah push ...`: pushes `plan.tag` and writes its manifest digest to `digest_file`.
-pub fn push_argv(plan: &BuildPlan, digest_file: &Path) -> Vec<String> {
+/// `buildah push ...`: pushes `plan.tag` and writes its manifest digest to `digest_file`;
+/// with the credentials in `auth_file` (containers-auth.json, [`auth_file_json`]) if any.
+pub fn push_argv(plan: &BuildPlan, digest_file: &Path, auth_file: Option<&Path>) -> Vec<String> {
     let mut argv: Vec<String> = vec!["buildah".into(), "push".into()];
     if plan.plain_http {
         argv.push("--tls-verify=false".into());
+    }
+    if let Some(f) = auth_file {
+        argv.extend(["--authfile".into(), f.display().to_string()]);
     }
     argv.extend([
         "--digestfile".into(),
@@ -117,6 +152,24 @@ pub fn push_argv(plan: &BuildPlan, digest_file: &Path) -> Vec<String> {
         format!("docker://{}", plan.tag),
     ]);
     argv
+}
+
+/// The credentials file buildah reads with `--authfile`: `token` as the password for
+/// `registry` (how the cluster's registry takes a Machines API token), never on a command
+/// line other users could read.
+pub fn auth_file_json(registry: &str, token: &str) -> String {
+    use base64::Engine as _;
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("x:{token}"));
+    serde_json::json!({"auths": {registry: {"auth": auth}}}).to_string()
+}
+
+/// The reference a deploy of `plan` runs: the pushed repository at its digest (for the
+/// cluster's registry, under the name every host resolves to it).
+pub fn deployed(plan: &BuildPlan, app: &str, digest: &str) -> String {
+    if plan.cluster {
+        return format!("{CLUSTER_REGISTRY}/{app}@{}", digest.trim());
+    }
+    pinned(&plan.tag, digest)
 }
 
 /// The reference a deploy runs: the pushed repository at its digest.
@@ -128,24 +181,35 @@ pub fn pinned(tag: &str, digest: &str) -> String {
     format!("{repo}@{}", digest.trim())
 }
 
-/// Builds and pushes `plan` with buildah, handing each line the builder prints to
-/// `progress`; answers the pinned reference of the pushed image.
+/// Builds and pushes `plan` with buildah (with `token` as the registry password, if
+/// given), handing each line the builder prints to `progress`; answers the reference the
+/// deploy runs ([`deployed`]).
 pub async fn build_and_push(
     plan: &BuildPlan,
+    app: &str,
+    token: Option<&str>,
     mut progress: impl FnMut(&str),
 ) -> anyhow::Result<String> {
     run(&build_argv(plan), &mut progress).await?;
-    let digest_file = std::env::temp_dir().join(format!(
-        "bazaar-build-{}-{}.digest",
-        std::process::id(),
-        ulid::Ulid::new()
-    ));
-    let pushed = run(&push_argv(plan, &digest_file), &mut progress).await;
-    let digest = std::fs::read_to_string(&digest_file);
-    let _ = std::fs::remove_file(&digest_file);
-    pushed?;
-    let digest = digest.map_err(|e| anyhow::anyhow!("buildah push wrote no digest: {e}"))?;
-    Ok(pinned(&plan.tag, &digest))
+    let scratch = tempfile::Builder::new().prefix("bazaar-build-").tempdir()?;
+    let digest_file = scratch.path().join("digest");
+    let auth_file = match token {
+        Some(t) => {
+            let path = scratch.path().join("auth.json");
+            let host = plan.tag.split('/').next().unwrap_or_default();
+            std::fs::write(&path, auth_file_json(host, t))?;
+            Some(path)
+        }
+        None => None,
+    };
+    run(
+        &push_argv(plan, &digest_file, auth_file.as_deref()),
+        &mut progress,
+    )
+    .await?;
+    let digest = std::fs::read_to_string(&digest_file)
+        .map_err(|e| anyhow::anyhow!("buildah push wrote no digest: {e}"))?;
+    Ok(deployed(plan, app, &digest))
 }
 
 /// Runs `argv`, its output (both streams) line by line to `progress`.
@@ -198,7 +262,7 @@ mod tests {
         let p = plan(
             &config(APP),
             Path::new("/src/web"),
-            "127.0.0.1:5000",
+            PushTo::External("127.0.0.1:5000"),
             "01J",
             &["MODE=debug".into(), "EXTRA=a=b".into()],
             &["id=npm,src=/root/.npmrc".into()],
@@ -231,7 +295,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            push_argv(&p, Path::new("/tmp/d")),
+            push_argv(&p, Path::new("/tmp/d"), None),
             [
                 "buildah",
                 "push",
@@ -245,28 +309,81 @@ mod tests {
         let remote = plan(
             &config(APP),
             Path::new("/s"),
-            "registry.example.com:443",
+            PushTo::External("registry.example.com:443"),
             "x",
             &[],
             &[],
         )
         .unwrap();
         assert!(!remote.plain_http);
-        assert!(!push_argv(&remote, Path::new("/d")).contains(&"--tls-verify=false".to_string()));
+        assert!(
+            !push_argv(&remote, Path::new("/d"), None).contains(&"--tls-verify=false".to_string())
+        );
+    }
+
+    #[test]
+    fn by_default_the_build_goes_to_the_clusters_registry_with_the_token() {
+        let to = PushTo::Cluster {
+            api_url: "http://10.0.0.5:4280",
+        };
+        let p = plan(&config(APP), Path::new("/s"), to, "01J", &[], &[]).unwrap();
+        assert_eq!(p.tag, "10.0.0.5:4280/web:deployment-01J");
+        assert!(p.plain_http && p.cluster, "{p:?}");
+        let argv = push_argv(&p, Path::new("/t/d"), Some(Path::new("/t/auth.json")));
+        assert!(
+            argv.windows(2).any(|w| w == ["--authfile", "/t/auth.json"]),
+            "{argv:?}"
+        );
+        assert!(!argv.iter().any(|a| a.contains("creds")), "{argv:?}");
+        let auth: serde_json::Value =
+            serde_json::from_str(&auth_file_json("10.0.0.5:4280", "TOKEN")).unwrap();
+        use base64::Engine as _;
+        let encoded = auth["auths"]["10.0.0.5:4280"]["auth"].as_str().unwrap();
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .unwrap();
+        assert_eq!(decoded, b"x:TOKEN");
+        assert_eq!(
+            deployed(&p, "web", "sha256:abc\n"),
+            "registry.bazaar.internal/web@sha256:abc"
+        );
+        let https = PushTo::Cluster {
+            api_url: "https://node1:4280/",
+        };
+        let p = plan(&config(APP), Path::new("/s"), https, "x", &[], &[]).unwrap();
+        assert!(!p.plain_http && p.tag.starts_with("node1:4280/"), "{p:?}");
+        let bad = PushTo::Cluster { api_url: "node1" };
+        assert!(plan(&config(APP), Path::new("/s"), bad, "x", &[], &[]).is_err());
     }
 
     #[test]
     fn bad_input_is_named() {
         let c = config(APP);
         let dir = Path::new("/s");
-        let e = plan(&c, dir, "http://r:5000", "x", &[], &[]).unwrap_err();
+        let e = plan(&c, dir, PushTo::External("http://r:5000"), "x", &[], &[]).unwrap_err();
         assert!(e.contains("HOST[:PORT]"), "{e}");
-        let e = plan(&c, dir, "r:5000", "x", &["NOVALUE".into()], &[]).unwrap_err();
+        let e = plan(
+            &c,
+            dir,
+            PushTo::External("r:5000"),
+            "x",
+            &["NOVALUE".into()],
+            &[],
+        )
+        .unwrap_err();
         assert!(e.contains("KEY=VALUE"), "{e}");
-        let e = plan(&c, dir, "r:5000", "x", &[], &["src=/f".into()]).unwrap_err();
+        let e = plan(
+            &c,
+            dir,
+            PushTo::External("r:5000"),
+            "x",
+            &[],
+            &["src=/f".into()],
+        )
+        .unwrap_err();
         assert!(e.contains("id=NAME"), "{e}");
         let image_only = config("app = \"web\"\n[build]\n  image = \"x:1\"\n");
-        assert!(plan(&image_only, dir, "r:5000", "x", &[], &[]).is_err());
+        assert!(plan(&image_only, dir, PushTo::External("r:5000"), "x", &[], &[]).is_err());
     }
 
     #[test]

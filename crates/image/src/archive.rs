@@ -37,7 +37,37 @@ struct SaveEntry {
     layers: Vec<String>,
 }
 
+/// An image of an archive: its names, manifest and config; its layers' blobs are in the
+/// store, not unpacked ([`ImageStore::read_archive`]).
+#[derive(Debug, Clone)]
+pub struct ArchiveImage {
+    pub names: Vec<String>,
+    pub manifest_bytes: Vec<u8>,
+    pub manifest: Manifest,
+    pub config_bytes: Vec<u8>,
+}
+
 impl ImageStore {
+    /// The images of the archive at `path` with their layers' blobs put in the store, not
+    /// unpacked and not recorded: what `bazaar image push` sends on to a registry.
+    pub async fn read_archive(&self, path: &Path) -> Result<Vec<ArchiveImage>> {
+        let _shared = self.gc_lock().read().await;
+        let store = self.clone();
+        let archive = path.to_path_buf();
+        let found = tokio::task::spawn_blocking(move || store.scan_archive(&archive))
+            .await
+            .expect("import task panicked")?;
+        Ok(found
+            .into_iter()
+            .map(|f| ArchiveImage {
+                names: f.names,
+                manifest_bytes: f.manifest_bytes,
+                manifest: f.manifest,
+                config_bytes: f.config_bytes,
+            })
+            .collect())
+    }
+
     /// Imports every image of the archive at `path` and returns their records. Names come
     /// from `RepoTags` (docker save) or the `io.containerd.image.name` /
     /// `org.opencontainers.image.ref.name` annotations (OCI); a bare tag or no name at all

@@ -1,5 +1,6 @@
-//! Garbage collection: deletes blobs and unpacked layers that no image record references and
-//! no live machine rootfs uses.
+//! Garbage collection: deletes blobs and unpacked layers that no image record references,
+//! no repository of the host's registry links ([`crate::repos`]) and no live machine rootfs
+//! uses.
 
 use crate::digest::Digest;
 use crate::error::{IoContext, Result};
@@ -68,6 +69,8 @@ impl ImageStore {
                 keep_layers.insert(l.digest);
             }
         }
+        // What the registry's repositories hold stays until they let it go.
+        keep_blobs.extend(self.repos().linked()?);
         for dir in live {
             if let Some(record) = read_record(dir)? {
                 keep_layers.extend(record.layers);

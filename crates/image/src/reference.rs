@@ -44,7 +44,7 @@ pub fn is_loopback_host(registry: &str) -> bool {
     host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-fn valid_repository(repo: &str) -> bool {
+pub(crate) fn valid_repository(repo: &str) -> bool {
     repo.split('/').all(|part| {
         let b = part.as_bytes();
         !b.is_empty()

@@ -440,11 +440,35 @@ impl Registry {
     /// Uploads a blob unless the registry has it (HEAD), with a monolithic POST + PUT.
     pub async fn push_blob(&self, repo: &str, data: &[u8]) -> Result<Digest> {
         let digest = Digest::of(data);
+        self.push_blob_body(repo, &digest, || reqwest::Body::from(data.to_vec()))
+            .await?;
+        Ok(digest)
+    }
+
+    /// [`Registry::push_blob`] of the file at `path`, whose digest is `digest`, streamed
+    /// (a layer may be larger than memory).
+    pub async fn push_blob_file(&self, repo: &str, path: &Path, digest: &Digest) -> Result<()> {
+        std::fs::metadata(path).at(path)?;
+        self.push_blob_body(repo, digest, || {
+            // A file gone since is sent empty: the registry refuses it by its digest.
+            std::fs::File::open(path)
+                .map(|f| reqwest::Body::from(tokio::fs::File::from_std(f)))
+                .unwrap_or_else(|_| reqwest::Body::from(Vec::new()))
+        })
+        .await
+    }
+
+    async fn push_blob_body(
+        &self,
+        repo: &str,
+        digest: &Digest,
+        body: impl Fn() -> reqwest::Body,
+    ) -> Result<()> {
         let scope = scope(repo, true);
         let head = self.url(&format!("v2/{repo}/blobs/{digest}"));
         let resp = self.send(&scope, || self.http.head(head.clone())).await?;
         if resp.status() == StatusCode::OK {
-            return Ok(digest);
+            return Ok(());
         }
         let start = self.url(&format!("v2/{repo}/blobs/uploads/"));
         let resp = self.send(&scope, || self.http.post(start.clone())).await?;
@@ -469,11 +493,11 @@ impl Registry {
                 self.http
                     .request(Method::PUT, put.clone())
                     .header(CONTENT_TYPE, "application/octet-stream")
-                    .body(data.to_vec())
+                    .body(body())
             })
             .await?;
         expect(resp, &[StatusCode::CREATED]).await?;
-        Ok(digest)
+        Ok(())
     }
 
     /// PUTs a manifest or index under `target` (a tag or its digest); returns its digest.

@@ -30,6 +30,7 @@
 //! the machine's writable layer, [`crate::layer`]), mounted again at
 //! `/run/bazaar/<host id>/rootfs/<id>`.
 
+mod cluster;
 mod rootfs;
 mod seccomp_profile;
 
@@ -121,6 +122,9 @@ pub struct OciRuntime {
     pub last_use: Arc<LastUse>,
     /// Credentials by registry host (`--registry-auth`); others are pulled anonymously.
     pub credentials: BTreeMap<String, Auth>,
+    /// The other hosts the cluster's own images (`registry.bazaar.internal/...`) are
+    /// pulled from, once the node has set it (`bazaar_image::peers`).
+    pub peers: Arc<std::sync::OnceLock<Arc<dyn bazaar_image::peers::PeerSource>>>,
     /// `/run/bazaar/<host id>`: what runc must reach as a machine's root (its rootfs).
     pub runtime_dir: PathBuf,
     /// `bazaar/<host id>`, the parent of the machines' cgroups (the driver's naming).
@@ -214,6 +218,7 @@ impl OciRuntime {
             network: Arc::new(network),
             last_use: Arc::default(),
             credentials,
+            peers: Arc::default(),
             runtime_dir: Path::new("/run/bazaar").join(host_id),
             cgroup_parent: format!("bazaar/{host_id}"),
             disk_templates: PathBuf::from("disk-templates"),
@@ -303,6 +308,7 @@ impl OciRuntime {
         let reference: Reference = rec.config.image.parse().map_err(|e| {
             LaunchError::image(S::Image, &format!("image {:?}", rec.config.image), &e)
         })?;
+        cluster::check_app(&reference, rec.app)?;
         self.last_use.touch(&reference.to_string());
         let stored = self
             .images
@@ -523,13 +529,12 @@ impl OciRuntime {
                 }
             }
         };
-        let image = self
-            .images
-            .pull(reference, &self.auth_for(reference), &progress)
+        let fail = |e: bazaar_image::Error| {
+            LaunchError::image(LaunchStep::Image, &format!("pulling {reference}"), &e)
+        };
+        let (image, served_by) = cluster::pull(self, reference, &progress)
             .await
-            .map_err(|e| {
-                LaunchError::image(LaunchStep::Image, &format!("pulling {reference}"), &e)
-            })?;
+            .map_err(fail)?;
         let b = bytes.lock().unwrap_or_else(|e| e.into_inner());
         let fetched: u64 = b
             .values()
@@ -538,7 +543,7 @@ impl OciRuntime {
             .sum();
         let cached = b.values().filter(|(_, cached)| *cached).count();
         let event = MachineEvent::new("pull", "pulled", "flyd").with_reason(format!(
-            "{reference}: {} layers ({cached} cached), {fetched} bytes in {} ms",
+            "{reference}: {} layers ({cached} cached), {fetched} bytes in {} ms{served_by}",
             image.layers.len(),
             started.elapsed().as_millis()
         ));
