@@ -35,7 +35,7 @@ enum ImageCommand {
     /// Forget every image no machine of this host uses and free their layers.
     Prune,
     /// Push a `docker save` or OCI-layout archive into the cluster's registry as
-    /// NAME[:TAG] (`<app>` or `<app>/<path>`), through the agent at `--api-url` with an API
+    /// `NAME[:TAG]` (`<app>` or `<app>/<path>`), through the agent at `--api-url` with an API
     /// token of the app; machines run it as `registry.bazaar.internal/NAME@DIGEST`.
     Push {
         file: PathBuf,

@@ -4,10 +4,10 @@
 //! The agent persists the ledger's reservations and rebuilds committed resources from its
 //! machines on start; the simulator drives it directly.
 //!
-//! With reclamation on ([`Ledger::with_reclaim`], [`reclaiming`]) a second pool rides on
+//! With reclamation on ([`Ledger::with_reclaim`], `ledger/reclaiming.rs`) a second pool rides on
 //! what services reserve and do not use: `batch` machines are held against capacity minus
 //! each service's decaying reservation, and a second invariant holds as well
-//! (reservations + batch ≤ capacity): see [`reclaiming`].
+//! (reservations + batch ≤ capacity): see `ledger/reclaiming.rs`.
 
 mod reclaiming;
 pub use reclaiming::{Eviction, Pool, Use};
@@ -282,7 +282,7 @@ impl Ledger {
     /// Commits resources for a machine found on start, even beyond capacity (capacity may
     /// have been lowered by config; the machines exist regardless). With reclamation on, the
     /// reclaimed pool may be past capacity too until reservations decay (see
-    /// [`reclaiming`]).
+    /// `ledger/reclaiming.rs`).
     pub fn restore(&mut self, machine_id: &str, resources: Resources) {
         self.restore_in(machine_id, resources, Pool::Service);
     }
