@@ -67,7 +67,7 @@ pub(crate) fn restore_machine_network(driver: &Driver, used: &HashSet<Ipv4Addr>)
             // removal of its veth).
             let mut keep = used.clone();
             for _ in 0..crate::network::POOL_MIN {
-                keep.extend(n.allocate(&keep));
+                keep.extend(n.allocate(&keep).ok());
             }
             crate::cleanup::remove_unused_namespaces(n, &keep);
             n.prepare_ahead(|| used.clone());
@@ -139,12 +139,7 @@ impl Addresses {
                     AgentError::Internal(format!("setting up the machine network: {e}"))
                 })?;
                 let mut used = lock(&self.ips);
-                let ip = network.allocate(&used).ok_or_else(|| {
-                    AgentError::Capacity(format!(
-                        "no free address left in this host's machine network {}",
-                        network.subnet
-                    ))
-                })?;
+                let ip = network.allocate(&used).map_err(AgentError::Capacity)?;
                 used.insert(ip);
                 rec.private_ip = Some(ip);
                 rec.uid_base = Some(

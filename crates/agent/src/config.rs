@@ -106,7 +106,7 @@ pub struct AgentConfig {
     /// tests): the agent then fetches from this host's own services.
     pub allow_loopback_registries: bool,
     /// The subnet of this host's machine network (CIDR); `None` keeps the one used before,
-    /// or picks the first free /24 of 10.213.0.0/16.
+    /// or picks the first free /19 of 10.192.0.0/12.
     pub machine_subnet: Option<String>,
     /// Let image machines reach beyond this host (masquerade their traffic).
     pub machine_nat: bool,

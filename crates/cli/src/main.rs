@@ -214,8 +214,8 @@ struct AgentArgs {
     /// `/v2/...` from this host's own services.
     #[arg(long)]
     allow_loopback_registries: bool,
-    /// Subnet of this host's machine network (image machines), e.g. 10.213.4.0/24
-    /// (default: the one used before, or the first free /24 of 10.213.0.0/16).
+    /// Subnet of this host's machine network, e.g. 10.192.32.0/19, a /16 to a /29
+    /// (default: the one used before, or the first free /19 of 10.192.0.0/12).
     #[arg(long)]
     machine_subnet: Option<String>,
     /// Let image machines reach beyond this host (outbound NAT).

@@ -154,7 +154,11 @@ impl IdRanges {
 pub fn claim_file(dir: &Path, name: &str, holder: &str) -> std::io::Result<bool> {
     let path = dir.join(name);
     let aside = dir.join(format!(".{name}.{}", std::process::id()));
-    std::fs::write(&aside, holder.as_bytes())?;
+    if let Err(e) = std::fs::write(&aside, holder.as_bytes()) {
+        // A full disk: no empty claim file left behind.
+        let _ = std::fs::remove_file(&aside);
+        return Err(e);
+    }
     let linked = std::fs::hard_link(&aside, &path);
     let _ = std::fs::remove_file(&aside);
     match linked {

@@ -29,7 +29,7 @@
 //! id>`, once per host, in a subnet no route of the host covers): the machine network needs
 //! no iproute2. The namespaces themselves are made by a short-lived child process
 //! ([`bazaar_image::IdMap`]); the firewall with nftables (`nft`, once per host, and once per
-//! namespace only in subnets larger than a /20).
+//! namespace only in subnets larger than a /19).
 
 use crate::idranges::{IdRanges, RANGE_SIZE};
 use crate::netlink::{self, Rtnl};
@@ -55,9 +55,10 @@ pub fn resolv_conf(gateway: Ipv4Addr) -> String {
 
 /// The user namespaces owning them.
 const USERNS_DIR: &str = "/run/bazaar/userns";
-/// Subnets with at most this many machine addresses have all of them in the anti-spoofing
-/// set from the start ([`Network::anti_spoofing_rules`]).
-const PREFILLED_SOURCES: usize = 4094;
+/// Subnets with at most this many machine addresses (a /19, the default, or smaller) have
+/// all of them in the anti-spoofing set from the start ([`Network::anti_spoofing_rules`]:
+/// one `nft` run of 8,189 elements takes some 70 ms, once; one per namespace 2-6 ms each).
+const PREFILLED_SOURCES: usize = 8189;
 /// This host's machine network, set up the first time an image machine needs it (a host
 /// that never runs one creates no bridge), or at start when it already has image machines.
 #[derive(Debug)]
@@ -213,8 +214,8 @@ pub struct Attached {
 
 impl Network {
     /// Sets up (or finds again) the bridge of host `host_id`. The subnet is `configured`,
-    /// else the one this host used before (`data_dir/network`), else the first free /24 of
-    /// 10.213.0.0/16. Idempotent.
+    /// else the one this host used before (`data_dir/network`), else the first free /19 of
+    /// 10.192.0.0/12. Idempotent.
     ///
     /// `data_dir/network` records the subnet (line 1) and the bridge (line 2).
     pub fn setup(
@@ -344,7 +345,7 @@ impl Network {
 
     /// Whether the anti-spoofing set holds every address of the subnet from the start.
     fn sources_prefilled(&self) -> bool {
-        (1usize << (32 - self.subnet.prefix)) - 3 <= PREFILLED_SOURCES
+        self.subnet.capacity() <= PREFILLED_SOURCES
     }
 
     /// Lets `ip`'s veth send with source `ip` (and nothing else).
@@ -360,11 +361,11 @@ impl Network {
         )
     }
 
-    /// The first address of the subnet not in `used`.
-    pub fn allocate(&self, used: &HashSet<Ipv4Addr>) -> Option<Ipv4Addr> {
-        self.subnet
-            .machine_addresses()
-            .find(|ip| !used.contains(ip))
+    /// The first address of the subnet not in `used`, or why there is none
+    /// ([`Subnet::first_free`], [`check_bridge_room`]).
+    pub fn allocate(&self, used: &HashSet<Ipv4Addr>) -> Result<Ipv4Addr, String> {
+        check_bridge_room(used.len())?;
+        self.subnet.first_free(used)
     }
 
     /// The name of the network namespace for `ip`: `<bridge>-<index in the subnet>`.
@@ -584,6 +585,23 @@ impl Drop for LowPriority {
         // agent (the only one with a machine network) has.
         unsafe { libc::setpriority(libc::PRIO_PROCESS, self.tid, self.before) };
     }
+}
+
+/// The ports a Linux bridge holds (the kernel's `BR_MAX_PORTS`, 1,024, less port number 0):
+/// every address handed out has its veth on the one bridge, so this, not the subnet, is the
+/// most machines a host's network holds (issue 36: the next limit past the /24; a veth
+/// beyond it fails with `EXFULL`, "Exchange full").
+pub const BRIDGE_PORTS: usize = 1023;
+
+/// Whether one more address fits on the bridge when `held` are handed out: a clear refusal
+/// at create instead of a launch that fails on the full bridge.
+pub fn check_bridge_room(held: usize) -> Result<(), String> {
+    if held >= BRIDGE_PORTS {
+        return Err(format!(
+            "this host's machine network is full: its bridge holds at most {BRIDGE_PORTS} machines (a Linux bridge's ports), and {held} have addresses"
+        ));
+    }
+    Ok(())
 }
 
 /// The MAC address of the machine network's interface that has `ip`: a machine's `eth0`,

@@ -25,7 +25,8 @@
 //! (the sync took 5-7 ms of its first start, issue 36): a thread syncs it right after and
 //! then writes `disk.synced`; a work disk without that mark whose file system does not
 //! mount (the host went down before its copy reached the disk: the machine had no time to
-//! keep anything there) is made again, and one with it is an error, as before. (Copies made
+//! keep anything there) is made again, and one with it is an error, as before; releasing
+//! the disk waits for that thread, so it never writes into a directory being removed. (Copies made
 //! ahead on a thread were tried and dropped: their writes and syncs slowed the next starts
 //! more than the copy costs.)
 //!
@@ -197,21 +198,75 @@ fn template(templates: &Path, size_mb: u64) -> io::Result<std::path::PathBuf> {
     made.map(|()| path)
 }
 
+/// The marks of kept disks whose sync thread has not finished ([`sync_later`]): a release
+/// waits for its disk's ([`release`]), so no `disk.synced` is written into a machine
+/// directory being removed (a mark written between `remove_dir_all`'s listing and its
+/// `rmdir` left the directory behind, not empty).
+static SYNCING: Syncing = Syncing {
+    marks: std::sync::Mutex::new(Vec::new()),
+    done: std::sync::Condvar::new(),
+};
+
+struct Syncing {
+    marks: std::sync::Mutex<Vec<std::path::PathBuf>>,
+    done: std::sync::Condvar,
+}
+
+impl Syncing {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<std::path::PathBuf>> {
+        self.marks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn finish(&self, mark: &Path) {
+        self.lock().retain(|m| m != mark);
+        self.done.notify_all();
+    }
+
+    /// Waits (at most `within`) until no sync writes `mark`.
+    fn wait(&self, mark: &Path, within: std::time::Duration) {
+        let deadline = std::time::Instant::now() + within;
+        let mut marks = self.lock();
+        while marks.iter().any(|m| m == mark) {
+            let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) else {
+                tracing::warn!(mark = %mark.display(), "a machine's disk is still syncing as it is released");
+                return;
+            };
+            marks = self
+                .done
+                .wait_timeout(marks, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// How long a test makes the sync thread wait before it syncs (a slow disk).
+#[cfg(test)]
+static SYNC_DELAY_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Syncs a kept disk's `image` on a thread of its own, then writes `synced` (errors are
 /// logged: the next start tries again).
 fn sync_later(image: std::path::PathBuf, synced: std::path::PathBuf) {
+    SYNCING.lock().push(synced.clone());
+    let mark = synced.clone();
     let sync = move || {
+        #[cfg(test)]
+        std::thread::sleep(std::time::Duration::from_millis(
+            SYNC_DELAY_MS.load(std::sync::atomic::Ordering::Relaxed),
+        ));
         let done = std::fs::File::open(&image)
             .and_then(|f| f.sync_all())
             .and_then(|()| std::fs::write(&synced, b""));
         if let Err(err) = done {
             tracing::warn!(error = %err, image = %image.display(), "syncing a machine's new disk");
         }
+        SYNCING.finish(&synced);
     };
     if let Err(err) = std::thread::Builder::new()
         .name("disk-sync".into())
         .spawn(sync)
     {
+        SYNCING.finish(&mark);
         tracing::warn!(error = %err, "starting a thread to sync a machine's new disk");
     }
 }
@@ -345,6 +400,12 @@ fn mount_image(image: &Path, target: &Path) -> io::Result<io::Result<()>> {
 /// (their loop devices go with them). An image machine's rootfs mounted over its layer must
 /// be unmounted first. Idempotent.
 pub fn release(machine_dir: &Path) -> io::Result<()> {
+    // The machine's directory may be removed next: its disk's sync (a thread that writes
+    // a mark there) finishes first.
+    SYNCING.wait(
+        &machine_dir.join(WORK.synced),
+        std::time::Duration::from_secs(30),
+    );
     release_disk(&WORK, machine_dir)?;
     release_disk(&LAYER, machine_dir)
 }
@@ -530,6 +591,32 @@ mod tests {
         lose_copy(&image);
         assert!(ensure(&machine, &templates, 32).is_err());
         assert!(image.exists() && synced.exists());
+        assert_eq!(loops_below(&dir), 0);
+    }
+
+    #[test]
+    fn a_release_waits_for_its_disks_sync_so_the_directory_can_go() {
+        if !rustix::process::geteuid().is_root() || !Path::new("/dev/loop-control").exists() {
+            return; // loop devices and mounts need root
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().canonicalize().unwrap();
+        let (machine, templates) = (dir.join("m1"), dir.join("templates"));
+        std::fs::create_dir_all(&machine).unwrap();
+        let _released = Released(&machine);
+        // A slow disk: the sync is still to come when the machine is destroyed.
+        SYNC_DELAY_MS.store(300, std::sync::atomic::Ordering::Relaxed);
+        assert!(ensure(&machine, &templates, 32).unwrap());
+        assert!(!machine.join("disk.synced").exists());
+        release(&machine).unwrap();
+        // Nothing writes into the directory once released: it is removed whole, and stays.
+        assert!(
+            machine.join("disk.synced").exists(),
+            "the sync finished first"
+        );
+        std::fs::remove_dir_all(&machine).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        assert!(!machine.exists());
         assert_eq!(loops_below(&dir), 0);
     }
 

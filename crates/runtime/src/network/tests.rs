@@ -52,8 +52,8 @@ fn in_fresh_namespace<T: Send>(work: impl FnOnce() -> T + Send) -> Option<T> {
 #[test]
 fn the_bridge_is_made_and_subnets_picked_without_iproute2() {
     in_fresh_namespace(|| {
-        // Nothing routed yet: the pool's first /24.
-        let first: Subnet = "10.213.0.0/24".parse().unwrap();
+        // Nothing routed yet: the pool's first /19.
+        let first: Subnet = "10.192.0.0/19".parse().unwrap();
         assert_eq!(pick_subnet("bz-test0").unwrap(), first);
         let net = Network {
             bridge: "bz-test0".into(),
@@ -69,15 +69,15 @@ fn the_bridge_is_made_and_subnets_picked_without_iproute2() {
         let index = netlink::link_index("bz-test0").expect("the bridge exists");
         let routes = Rtnl::open().unwrap().routes().unwrap();
         assert!(
-            routes.iter().any(|r| r.dst == Ipv4Addr::new(10, 213, 0, 0)
-                && r.prefix == 24
+            routes.iter().any(|r| r.dst == Ipv4Addr::new(10, 192, 0, 0)
+                && r.prefix == 19
                 && r.oif == Some(index)),
             "{routes:?}"
         );
-        // Another host's bridge skips the /24 now routed; this one keeps its own.
+        // Another host's bridge skips the /19 now routed; this one keeps its own.
         assert_eq!(
             pick_subnet("bz-test1").unwrap(),
-            "10.213.1.0/24".parse().unwrap()
+            "10.192.32.0/19".parse().unwrap()
         );
         assert_eq!(pick_subnet("bz-test0").unwrap(), first);
         net.teardown();
@@ -108,9 +108,19 @@ fn subnets_parse_and_hand_out_addresses() {
     let a = net.allocate(&used).unwrap();
     assert_eq!(a, Ipv4Addr::new(10, 213, 7, 2));
     used.insert(a);
-    assert_eq!(net.allocate(&used), Some(Ipv4Addr::new(10, 213, 7, 3)));
+    assert_eq!(net.allocate(&used), Ok(Ipv4Addr::new(10, 213, 7, 3)));
     assert_eq!(s.machine_addresses().count(), 253);
     assert!("10.0.0.0/33".parse::<Subnet>().is_err());
+    // Larger than a /16: more machines than id ranges, and veth names too long.
+    assert!("10.0.0.0/15".parse::<Subnet>().is_err());
+    let largest = Network {
+        subnet: "10.200.0.0/16".parse().unwrap(),
+        ..net.clone()
+    };
+    assert_eq!(largest.subnet.capacity(), 65533);
+    let last = Ipv4Addr::new(10, 200, 255, 254);
+    assert_eq!(largest.veth_name(last), "b0a1b2c3d65534");
+    assert_eq!(largest.netns_name(last), "bz-0a1b2c3d-65534");
     assert!("10.0.0.0".parse::<Subnet>().is_err());
     let other: Subnet = "10.213.0.0/16".parse().unwrap();
     assert!(s.overlaps(&other) && other.overlaps(&s));
@@ -224,4 +234,27 @@ fn a_reused_address_is_reached_at_once_from_the_host() {
             "the host does not reach the address's new namespace: {reached:?}"
         );
     });
+}
+
+#[test]
+fn a_host_holds_as_many_machines_as_its_bridge_has_ports_whatever_the_subnet() {
+    let net = Network {
+        bridge: "bz-0a1b2c3d".into(),
+        subnet: "10.192.0.0/19".parse().unwrap(),
+        nat: false,
+        setup_locks: Arc::default(),
+        id_ranges: Arc::new(IdRanges::new("test")),
+        pool: Arc::default(),
+    };
+    let mut used = HashSet::new();
+    while let Ok(ip) = net.allocate(&used) {
+        assert!(used.insert(ip), "{ip} handed out twice");
+    }
+    assert_eq!(used.len(), BRIDGE_PORTS);
+    let err = net.allocate(&used).unwrap_err();
+    assert!(err.contains("at most 1023 machines"), "{err}");
+    // One released, one more fits.
+    let released = Ipv4Addr::new(10, 192, 1, 7);
+    assert!(used.remove(&released));
+    assert_eq!(net.allocate(&used), Ok(released));
 }
