@@ -45,6 +45,11 @@ pub struct CatalogConfig {
     pub tombstone_ttl: Duration,
     /// The largest datagram sent or accepted.
     pub max_packet_size: usize,
+    /// Where this node keeps the rows it owns that no store rebuilds (apps, app secrets,
+    /// quotas, edge certificates: [`crate::own_rows`]), so that they outlive a restart of
+    /// every node at once. `None`: in memory only, as for a node that has peers to learn
+    /// them back from.
+    pub own_rows_dir: Option<std::path::PathBuf>,
 }
 
 /// A host's identity in a cluster with a CA, as the catalog uses it.
@@ -87,6 +92,7 @@ impl CatalogConfig {
             sync_fanout: 2,
             tombstone_ttl: Duration::from_secs(600),
             max_packet_size: 1400,
+            own_rows_dir: None,
         }
     }
 

@@ -27,6 +27,7 @@ pub mod keyring;
 pub mod membership;
 pub mod metrics;
 mod node;
+pub mod own_rows;
 pub mod records;
 pub mod replica;
 pub mod sync;
@@ -139,6 +140,14 @@ impl Catalog {
             tokio::spawn(sync::serve(shared.clone(), listener)),
             tokio::spawn(sync::anti_entropy(shared.clone(), pulls_rx)),
         ];
+        // The rows of a previous life that only this node kept, with fresh versions.
+        if let Some(dir) = &shared.config.own_rows_dir {
+            let kept = own_rows::OwnRows::new(dir).load();
+            tracing::info!(num = kept.len(), "republishing this node's kept rows");
+            for record in kept {
+                shared.publish(record, false);
+            }
+        }
         tracing::info!(node = shared.node_id(), %addr, "catalog started");
         Ok(Catalog {
             inner: Arc::new(Inner {

@@ -218,8 +218,20 @@ impl Shared {
         *blocked = addrs.iter().copied().collect();
     }
 
-    /// Writes one of this node's own rows with a fresh version, and disseminates it.
+    /// Writes one of this node's own rows with a fresh version, and disseminates it. A row
+    /// no store rebuilds is kept on disk first ([`crate::own_rows`], with
+    /// `CatalogConfig::own_rows_dir`).
     pub fn publish(&self, record: Record, deleted: bool) {
+        if let Some(dir) = &self.config.own_rows_dir {
+            if let Err(err) = crate::own_rows::OwnRows::new(dir).write(&record, deleted) {
+                tracing::error!(
+                    kind = ?record.kind(),
+                    key = record.key(),
+                    error = %err,
+                    "keeping a catalog row on disk: it lasts only while a peer holds it"
+                );
+            }
+        }
         let now = bazaar_types::now_ms();
         let version = {
             let mut st = self.write();

@@ -670,3 +670,49 @@ async fn a_slow_or_oversized_request_from_a_key_holder_loses_its_slot_quickly() 
     })
     .await;
 }
+
+/// A node with no peer (a host alone, or a whole cluster restarted at once) gets back the
+/// apps and app secrets it created, kept in its own-rows directory; one it deleted stays
+/// deleted.
+#[tokio::test]
+async fn a_lone_node_restarted_keeps_the_apps_and_secrets_it_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let lone = |port| {
+        let mut c = config("n1", port, &[]);
+        c.own_rows_dir = Some(dir.path().join("catalog-rows"));
+        c
+    };
+    let node = Catalog::start(lone(any_port())).await.unwrap();
+    let app = |name: &str| AppRecord {
+        id: format!("app_{name}"),
+        name: name.into(),
+        org_slug: "personal".into(),
+        created_at_ms: 1,
+        created_by_host: "n1".into(),
+    };
+    node.publish_app(app("kept"));
+    node.publish_app(app("gone"));
+    node.delete_app("gone");
+    node.publish_secret(bazaar_catalog::SecretRecord {
+        id: "kept/TOKEN".into(),
+        app: "kept".into(),
+        name: "TOKEN".into(),
+        set_by_host: "n1".into(),
+        sealed: Some("sealed".into()),
+        app_created_at_ms: 1,
+        ..Default::default()
+    });
+    node.leave().await;
+    drop(node);
+
+    let again = Catalog::start(lone(any_port())).await.unwrap();
+    assert_eq!(again.app("kept"), Some(app("kept")));
+    assert_eq!(again.app("gone"), None);
+    let secrets = again.app_secrets("kept");
+    assert_eq!(secrets.len(), 1, "{secrets:?}");
+    assert_eq!(secrets[0].sealed.as_deref(), Some("sealed"));
+    // Without the directory, the same node comes back empty (what the test guards).
+    let mut bare = config("n2", any_port(), &[]);
+    bare.own_rows_dir = None;
+    assert_eq!(Catalog::start(bare).await.unwrap().app("kept"), None);
+}

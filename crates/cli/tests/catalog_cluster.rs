@@ -207,3 +207,37 @@ async fn machines_and_host_liveness_spread_to_every_node() {
         t0.elapsed()
     );
 }
+
+/// A host alone (as a whole cluster restarted at once is) killed and started again still
+/// has the apps, secrets and quota it was asked for: they live in its catalog rows, which
+/// it keeps on disk (`bazaar_catalog::own_rows`), not only in peers' memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_host_killed_keeps_its_apps_secrets_and_quotas() {
+    let mut agents = start_cluster(std::path::Path::new(EXE), 1, |_, _| {}).unwrap();
+    let fly = bazaar_testkit::Fly::new(&agents[0]);
+    fly.create_app("kept").await;
+    let (s, v) = fly
+        .post(
+            "/apps/kept/secrets",
+            serde_json::json!({"values": {"TOKEN": "s3cret"}}),
+        )
+        .await;
+    assert!(s.is_success(), "{s} {v}");
+    let (s, v) = fly
+        .post(
+            "/orgs/personal/apps/kept/quota",
+            serde_json::json!({"machines": 3}),
+        )
+        .await;
+    assert!(s.is_success(), "{s} {v}");
+
+    agents[0].kill9();
+    agents[0].spawn(&[]).unwrap();
+    let fly = bazaar_testkit::Fly::new(&agents[0]);
+    let (s, app) = fly.get("/apps/kept").await;
+    assert_eq!(s, reqwest::StatusCode::OK, "the app is gone: {app}");
+    let (_, secrets) = fly.get("/apps/kept/secrets").await;
+    assert!(secrets.to_string().contains("TOKEN"), "{secrets}");
+    let (_, quota) = fly.get("/orgs/personal/apps/kept/quota").await;
+    assert!(quota.to_string().contains('3'), "{quota}");
+}
