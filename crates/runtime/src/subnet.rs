@@ -66,7 +66,8 @@ impl Subnet {
         (base + 2..base + size - 1).map(Ipv4Addr::from)
     }
 
-    /// How many addresses machines can have ([`Subnet::machine_addresses`]).
+    /// How many addresses machines can have (those after the gateway, before the broadcast
+    /// address).
     pub fn capacity(&self) -> usize {
         (1usize << (32 - self.prefix)) - 3
     }
