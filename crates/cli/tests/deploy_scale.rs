@@ -171,12 +171,13 @@ async fn scale_to_zero_and_back_across_regions_and_dry_runs_change_nothing() {
         "dockerfile = \"Dockerfile\"",
     );
     std::fs::write(&fly, &dockerfile).unwrap();
-    // Without --image it is built (a dry run plans without building); a real deploy needs
-    // the registry to push to.
+    // Without --image it is built (a dry run plans without building) and pushed to the
+    // cluster's registry; with no Dockerfile here, the build fails and nothing changes.
     let (ok, _, err) = env.cli(&["deploy", "-c", fly.to_str().unwrap(), "--dry-run"]);
     assert!(ok, "{err}");
     let (ok, _, err) = env.cli(&["deploy", "-c", fly.to_str().unwrap()]);
-    assert!(!ok && err.contains("--registry"), "{err}");
+    assert!(!ok && err.contains("Dockerfile"), "{err}");
+    assert_eq!(ids_and_versions(&env.machines(app).await), before);
     let built = "registry.example.com/web:built-elsewhere";
     let (ok, out, err) = env.cli_json(&[
         "deploy",
