@@ -28,7 +28,7 @@ use std::path::{Component, Path, PathBuf};
 pub const STORE_COPY: &str = "backup/agent.redb";
 /// Directories of the data dir whose files a backup holds: keys, and the catalog rows the
 /// host owns that no store rebuilds (apps, app secrets, quotas, certificates).
-const KEY_DIRS: [&str; 3] = ["tls", "mesh", crate::boot::OWN_ROWS_DIR];
+const KEY_DIRS: [&str; 3] = ["tls", "mesh", bazaar_catalog::own_rows::DIR_NAME];
 /// Top-level files of the data dir a backup holds, where there: the host's catalog key,
 /// the cluster secret it made, the gossip keys and the revocations it was given. (Others
 /// are written anew at each start, or are logs, or are no files to copy: the sandbox's

@@ -24,10 +24,6 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The data dir's directory of the catalog rows this host owns and no store rebuilds.
-pub const OWN_ROWS_DIR: &str = "catalog-rows";
-
 /// A root agent that does not isolate runs its process machines as root: no other user
 /// reaches their work directories in the private (0700) data dir, and nothing confines
 /// them. That is the operator's call (`--allow-root-machines`, like Nomad's `raw_exec`),
@@ -74,7 +70,7 @@ pub async fn run_agent(
     catalog_config.gossip_keys = cluster_security::load_gossip_keys(&config.data_dir)?;
     // Apps, app secrets, quotas and certificates this host created live in no store:
     // kept here, they outlive a restart of the whole cluster (`bazaar_catalog::own_rows`).
-    catalog_config.own_rows_dir = Some(config.data_dir.join(OWN_ROWS_DIR));
+    catalog_config.own_rows_dir = Some(config.data_dir.join(bazaar_catalog::own_rows::DIR_NAME));
     if let Some(tls) = &host_tls {
         let row_key = catalog_config.signing_key.verifying_key().to_bytes();
         catalog_config.cluster = Some(bazaar_catalog::ClusterIdentity {

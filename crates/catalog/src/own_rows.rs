@@ -13,6 +13,10 @@ use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// The name of the directory of kept rows in a host's data dir (the agent's
+/// `DATA/catalog-rows`; its backups hold it).
+pub const DIR_NAME: &str = "catalog-rows";
+
 /// A kept row, as written to its file.
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "kind", content = "record", rename_all = "snake_case")]
