@@ -6,6 +6,7 @@
 //! dies of the command's signal).
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, PidfdFlags};
 use rustix::thread::ThreadNameSpaceType;
@@ -66,15 +67,35 @@ fn add_workload_env(spec: &mut ShimSpec, pids: &PidRecord) {
     }
 }
 
+/// How long an exec waits for the run's pid record to be written.
+const PIDS_PATIENCE: Duration = Duration::from_secs(2);
+
+/// The pid record of run `run_id`. The shim writes it just after it has told the agent the
+/// run started (`supervisor.rs`, so that a start waits for no file write), so an exec that
+/// comes right after a start may find no record yet, or the previous run's: it waits for
+/// this run's, at most `patience`. A record of this run that says it stopped, or of a later
+/// run, means the process is gone.
+fn pids_of_run(run_dir: &Path, run_id: u64, patience: Duration) -> Result<PidRecord, String> {
+    let gone = || "the machine's process is gone".to_owned();
+    let deadline = Instant::now() + patience;
+    loop {
+        match PidRecord::read(run_dir) {
+            Some(p) if p.run_id == run_id => return if p.running { Ok(p) } else { Err(gone()) },
+            Some(p) if p.run_id > run_id => return Err(gone()),
+            // Not written yet, or the previous run's.
+            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            _ => return Err(gone()),
+        }
+    }
+}
+
 fn run(run_dir: &Path, argv: &[String]) -> Result<i32, String> {
     let path = run_dir.join(SPEC_FILE);
     let bytes = std::fs::read(&path)
         .map_err(|err| format!("reading {}: {}", path.display(), describe(&err)))?;
     let mut spec: ShimSpec = serde_json::from_slice(&bytes)
         .map_err(|err| format!("parsing {}: {err}", path.display()))?;
-    let pids = PidRecord::read(run_dir)
-        .filter(|p| p.running && p.run_id == spec.run_id)
-        .ok_or("the machine's process is gone")?;
+    let pids = pids_of_run(run_dir, spec.run_id, PIDS_PATIENCE)?;
     add_workload_env(&mut spec, &pids);
     let (euid, egid) = sys::effective_ids();
     let creds = user::resolve(spec.user.as_deref(), euid, egid)?;
@@ -142,5 +163,53 @@ fn run(run_dir: &Path, argv: &[String]) -> Result<i32, String> {
                 Err(msg)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(run_id: u64, running: bool) -> Vec<u8> {
+        serde_json::to_vec(&PidRecord {
+            run_id,
+            shim_pid: 1,
+            shim_start: 1,
+            init_pid: None,
+            init_start: None,
+            workload_pid: Some(2),
+            workload_start: Some(2),
+            running,
+            marks: Vec::new(),
+        })
+        .unwrap()
+    }
+
+    /// An exec right after a start (the agent told the run started, the shim has not
+    /// written its pid record yet) waits for the record instead of saying the process is
+    /// gone; a record of this run that stopped, or of a later run, is gone at once.
+    #[test]
+    fn an_exec_right_after_a_start_waits_for_the_runs_pid_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(crate::PID_FILE);
+        std::fs::write(&path, record(6, true)).unwrap();
+        let writer = {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                std::fs::write(path, record(7, true)).unwrap();
+            })
+        };
+        let found = pids_of_run(dir.path(), 7, Duration::from_secs(10)).unwrap();
+        assert_eq!((found.run_id, found.running), (7, true));
+        writer.join().unwrap();
+
+        std::fs::write(&path, record(7, false)).unwrap();
+        let started = Instant::now();
+        assert!(pids_of_run(dir.path(), 7, Duration::from_secs(10)).is_err());
+        assert!(pids_of_run(dir.path(), 6, Duration::from_secs(10)).is_err());
+        assert!(started.elapsed() < Duration::from_secs(5), "gone at once");
+        std::fs::remove_file(&path).unwrap();
+        assert!(pids_of_run(dir.path(), 7, Duration::from_millis(50)).is_err());
     }
 }
