@@ -281,8 +281,13 @@ async fn gvisor_machines_run_sandboxed_with_their_address_volume_and_lifecycle()
     // Its own address answers from inside; a machine on the same host does not, in either
     // direction, as between runc machines (bridge ports isolated: machines of one host talk
     // through the proxy, and to other hosts' machines over the mesh).
-    let out = sh(&fly, "web", &id, &fetch(ip)).await;
-    assert!(out.contains("hello from the image"), "{out}");
+    // (Its server starts once its probes are done: until then nothing answers.)
+    let own = bazaar_testkit::eventually(Duration::from_secs(20), || async {
+        let out = sh(&fly, "web", &id, &fetch(ip)).await;
+        out.contains("hello from the image").then_some(out)
+    })
+    .await;
+    assert!(own.is_ok(), "its own address never answered from inside");
     let out = sh(&fly, "web", &id, &fetch(peer_ip)).await;
     assert!(!out.contains("hello"), "reached the peer directly: {out}");
     let out = sh(&fly, "web", &peer, &fetch(ip)).await;
