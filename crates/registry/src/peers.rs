@@ -4,6 +4,9 @@
 //! cluster certificates, else on its API address with the cluster secret, as other calls
 //! between hosts go (`bazaar-api`'s `to_node`). Each host asks its peers in an order of
 //! its own (by a hash of both ids), so hosts pulling at once spread over the holders.
+//! Suspect hosts are asked after the alive ones, not left out: a host that has just
+//! started does not yet know every peer as alive, and the one that was pushed to may be
+//! among them (a missing answer costs a connect timeout of 500 ms).
 
 use bazaar_catalog::HostStatus;
 use bazaar_image::peers::{Peer, PeerSource};
@@ -28,9 +31,21 @@ impl NodePeers {
     }
 }
 
-/// The order `me` asks its peers in: by the hash of both ids.
-pub fn peer_order(me: &str, peers: &mut [(String, Peer)]) {
-    peers.sort_by_cached_key(|(id, _)| Digest::of(format!("{me}\0{id}").as_bytes()));
+/// The order `me` asks its peers in: the alive ones, then the suspect ones (dead and
+/// departed hosts are not asked), each by the hash of both ids.
+pub fn peer_order<'a>(me: &str, hosts: &'a [(String, HostStatus)]) -> Vec<&'a str> {
+    let mut asked: Vec<(bool, Digest, &str)> = hosts
+        .iter()
+        .filter(|(id, status)| {
+            id != me && matches!(status, HostStatus::Alive | HostStatus::Suspect)
+        })
+        .map(|(id, status)| {
+            let rank = Digest::of(format!("{me}\0{id}").as_bytes());
+            (*status != HostStatus::Alive, rank, id.as_str())
+        })
+        .collect();
+    asked.sort();
+    asked.into_iter().map(|(_, _, id)| id).collect()
 }
 
 impl PeerSource for NodePeers {
@@ -38,14 +53,17 @@ impl PeerSource for NodePeers {
         let Some(catalog) = self.node.catalog() else {
             return Vec::new();
         };
-        let me = self.node.host_id().to_string();
-        let mut peers: Vec<(String, Peer)> = catalog
-            .hosts()
+        let hosts = catalog.hosts();
+        let statuses: Vec<(String, HostStatus)> = hosts
+            .iter()
+            .map(|h| (h.record.id.clone(), h.status))
+            .collect();
+        let link = self.node.host_link();
+        peer_order(self.node.host_id(), &statuses)
             .into_iter()
-            .filter(|h| h.record.id != me && h.status == HostStatus::Alive)
+            .filter_map(|id| hosts.iter().find(|h| h.record.id == id))
             .map(|h| {
-                let link = self.node.host_link();
-                let peer = match link.and_then(|l| Some((l, l.url_for(&h.record.api_addr, "")?))) {
+                match link.and_then(|l| Some((l, l.url_for(&h.record.api_addr, "")?))) {
                     Some((link, base)) => Peer {
                         host_id: h.record.id.clone(),
                         base,
@@ -58,11 +76,50 @@ impl PeerSource for NodePeers {
                         client: self.plain.clone(),
                         bearer: Some(self.node.cluster_secret().to_string()),
                     },
-                };
-                (h.record.id, peer)
+                }
             })
-            .collect();
-        peer_order(&me, &mut peers);
-        peers.into_iter().map(|(_, p)| p).collect()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hosts(list: &[(&str, HostStatus)]) -> Vec<(String, HostStatus)> {
+        list.iter().map(|(id, s)| (id.to_string(), *s)).collect()
+    }
+
+    #[test]
+    fn alive_peers_are_asked_first_then_suspect_ones_never_dead_ones_or_itself() {
+        let all = hosts(&[
+            ("me", HostStatus::Alive),
+            ("s1", HostStatus::Suspect),
+            ("a1", HostStatus::Alive),
+            ("d1", HostStatus::Dead),
+            ("a2", HostStatus::Alive),
+            ("l1", HostStatus::Left),
+            ("s2", HostStatus::Suspect),
+        ]);
+        let order = peer_order("me", &all);
+        assert_eq!(order.len(), 4, "{order:?}");
+        let mut alive = order[..2].to_vec();
+        alive.sort();
+        assert_eq!(alive, ["a1", "a2"]);
+        let mut suspect = order[2..].to_vec();
+        suspect.sort();
+        assert_eq!(suspect, ["s1", "s2"]);
+    }
+
+    #[test]
+    fn hosts_ask_the_same_peers_in_orders_of_their_own() {
+        let ids: Vec<String> = (0..16).map(|i| format!("h{i}")).collect();
+        let all: Vec<(String, HostStatus)> =
+            ids.iter().map(|id| (id.clone(), HostStatus::Alive)).collect();
+        let firsts: std::collections::BTreeSet<&str> =
+            ids.iter().map(|me| peer_order(me, &all)[0]).collect();
+        // Sixteen hosts pulling at once do not all start at one holder.
+        assert!(firsts.len() > 4, "{firsts:?}");
+        assert_eq!(peer_order("h0", &all), peer_order("h0", &all), "stable");
     }
 }
