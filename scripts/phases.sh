@@ -31,13 +31,15 @@ PY
   fi
 }
 
-# The fuzz phase, its build overlapped: `fuzz_start` builds the fuzz targets in the
+# The fuzz phase, overlapped with the rest: `fuzz_start` builds the fuzz targets in the
 # background under SCHED_IDLE (`chrt --idle`: it gets only the CPU time nothing else wants,
 # such as the single-threaded links of the test build and the waits of the tests, so it
 # does not slow them), in its own session (its autogroup at nice 19) so that `fuzz_stop`
-# can end all of it; the build
-# log is target/fuzz-build.log. `fuzz_wait` waits for that build, then runs every target
-# for FUZZ_SECONDS (20 by default), two at a time, with the whole machine.
+# can end all of it; then, still there, it runs every target two at a time until each has
+# used FUZZ_SECONDS (20 by default) of CPU (`scripts/fuzz --cpu-seconds`: the same work as
+# a run of that long on a free core, wherever the CPU comes from). Its log is
+# target/fuzz-build.log. `fuzz_wait` waits for it (what is left runs with the machine to
+# itself once the tests are done) and prints each target's result.
 fuzz_start() {
   local dir
   dir=$(mkdir -p "${CARGO_TARGET_DIR:-target}" && cd "${CARGO_TARGET_DIR:-target}" && pwd)
@@ -50,6 +52,11 @@ fuzz_start() {
     start=$(date +%s); rc=0
     ./scripts/fuzz --build-only >"$BAZAAR_FUZZ_LOG" 2>&1 || rc=$?
     echo "fuzz: the targets built in the background in $(($(date +%s) - start)) s" >>"$BAZAAR_FUZZ_LOG"
+    if [ "$rc" = 0 ]; then
+      start=$(date +%s)
+      ./scripts/fuzz --cpu-seconds "${FUZZ_SECONDS:-20}" --jobs 2 >>"$BAZAAR_FUZZ_LOG" 2>&1 || rc=$?
+      echo "fuzz: the targets ran in the background in $(($(date +%s) - start)) s" >>"$BAZAAR_FUZZ_LOG"
+    fi
     echo "$rc" >"$BAZAAR_FUZZ_RC"' </dev/null &
   export BAZAAR_FUZZ_PID=$!
 }
@@ -57,13 +64,12 @@ fuzz_start() {
 fuzz_wait() {
   [ -n "${BAZAAR_FUZZ_RC:-}" ] || fuzz_start
   while [ ! -f "$BAZAAR_FUZZ_RC" ]; do sleep 1; done
+  grep -E '^fuzz: ' "$BAZAAR_FUZZ_LOG" || true
   if [ "$(cat "$BAZAAR_FUZZ_RC")" != 0 ]; then
     tail -n 60 "$BAZAAR_FUZZ_LOG" >&2
-    echo "fuzz: building the targets failed (log: $BAZAAR_FUZZ_LOG)" >&2
+    echo "fuzz: building or running the targets failed (log: $BAZAAR_FUZZ_LOG)" >&2
     return 1
   fi
-  tail -n 1 "$BAZAAR_FUZZ_LOG"
-  ./scripts/fuzz --seconds "${FUZZ_SECONDS:-20}" --jobs 2
 }
 
 # Ends a background fuzz run still going (the run stopped early, or failed before waiting).
