@@ -4,7 +4,7 @@
 //! clock and a sequence number inside their tag; stale and replayed ones are refused
 //! ([`ReplayGuard`]), and every row a broadcast carries is checked against its owner's key.
 
-use crate::membership::{NodeIdentity, SuspicionTimeouts};
+use crate::membership::{NodeIdentity, Rejoin, SuspicionTimeouts, REJOIN_ANNOUNCES};
 use crate::node::{Command, Counters, Shared};
 use crate::replica::Kind;
 use crate::wire::{self, BroadcastItem, Goodbye, Refusal, ReplayGuard, DGRAM_GOODBYE, DGRAM_SWIM};
@@ -160,6 +160,7 @@ pub(crate) struct Gossip {
     sent: u64,
     replays: ReplayGuard,
     suspicions: SuspicionTimeouts,
+    rejoin: Rejoin,
 }
 
 impl Gossip {
@@ -203,6 +204,7 @@ impl Gossip {
             sent: 0,
             replays: ReplayGuard::default(),
             suspicions,
+            rejoin: Rejoin::default(),
         }
     }
 
@@ -243,7 +245,12 @@ impl Gossip {
                     None => return,
                 },
                 _ = sleep_until(next) => self.fire_timers(),
-                _ = join.tick() => self.join_if_alone(),
+                _ = join.tick() => {
+                    self.join_if_alone();
+                    if self.rejoin.waiting() {
+                        self.announce_to_known();
+                    }
+                }
             }
             self.flush().await;
         }
@@ -379,6 +386,21 @@ impl Gossip {
         }
     }
 
+    /// Announces this node to a few members it knows, whatever their state ([`Rejoin`]).
+    fn announce_to_known(&mut self) {
+        let targets = Rejoin::targets(
+            self.swim.iter_membership_state(),
+            self.shared.addr,
+            REJOIN_ANNOUNCES,
+            rand::random::<u32>() as usize,
+        );
+        for dst in targets {
+            if let Err(e) = self.swim.announce(dst, &mut self.runtime) {
+                tracing::debug!(error = %e, "announce failed");
+            }
+        }
+    }
+
     async fn leave(&mut self) {
         self.shared.write().left = true;
         let bye = wire::encode(&Goodbye {
@@ -400,10 +422,7 @@ impl Gossip {
 
     /// Sends what foca asked to send, schedules its timers, and reacts to notifications.
     async fn flush(&mut self) {
-        while let Some((to, data)) = self.runtime.to_send() {
-            let datagram = self.seal(DGRAM_SWIM, &data);
-            self.send(&datagram, to.addr).await;
-        }
+        self.send_queued().await;
         let now = Instant::now();
         while let Some((after, timer)) = self.runtime.to_schedule() {
             self.seq += 1;
@@ -414,7 +433,9 @@ impl Gossip {
             }));
         }
         let mut membership_changed = false;
+        let mut announce = false;
         while let Some(n) = self.runtime.to_notify() {
+            announce |= self.rejoin.note(&n);
             match &n {
                 OwnedNotification::Defunct => {
                     tracing::warn!("this node was declared down and cannot rejoin")
@@ -429,10 +450,21 @@ impl Gossip {
         if membership_changed {
             self.refresh_members();
         }
+        if announce {
+            self.announce_to_known();
+            self.send_queued().await;
+        }
         self.shared.counters.broadcast_backlog.store(
             self.swim.custom_broadcast_backlog() as u64,
             Ordering::Relaxed,
         );
+    }
+
+    async fn send_queued(&mut self) {
+        while let Some((to, data)) = self.runtime.to_send() {
+            let datagram = self.seal(DGRAM_SWIM, &data);
+            self.send(&datagram, to.addr).await;
+        }
     }
 
     /// Signs a datagram from this node, with the next sequence number.

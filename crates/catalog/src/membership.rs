@@ -1,6 +1,7 @@
 //! Membership: the SWIM identity given to foca, this node's view of every host's liveness
-//! (alive, suspect, dead, left) derived from foca's member list and from goodbyes, and the
-//! timeout of suspicions that foca would otherwise keep forever ([`SuspicionTimeouts`]).
+//! (alive, suspect, dead, left) derived from foca's member list and from goodbyes, the
+//! timeout of suspicions that foca would otherwise keep forever ([`SuspicionTimeouts`]),
+//! and the announces that take a node back in after it changed identity ([`Rejoin`]).
 
 use crate::records::HostStatus;
 use serde::{Deserialize, Serialize};
@@ -202,6 +203,69 @@ impl SuspicionTimeouts {
     }
 }
 
+/// Takes a node that changed identity back into the cluster.
+///
+/// foca renews a node's identity when it hears the cluster declared it down (a partition
+/// healing, say): the node then forgets its timers, counts as disconnected, and tells only
+/// the members it holds active, by gossip addressed to their identities. It starts probing
+/// again only once a message reaches its new identity. When every node of a side renews at
+/// once (each told "you are down" by the other side in the same instant, as a heal does),
+/// each one's gossip is addressed to the others' old identities, which foca drops: nobody
+/// answers, nobody probes, and the sides stay apart for good (the catalog's partition test
+/// failed so, about once in 25 runs). An announce is accepted by address whatever
+/// identity the receiver holds now, so a renewed node announces itself to a few known
+/// members right away, and again at every join tick until foca says it is active.
+#[derive(Debug, Default)]
+pub struct Rejoin {
+    waiting: bool,
+}
+
+/// How many members a renewed node announces itself to at once.
+pub const REJOIN_ANNOUNCES: usize = 3;
+
+impl Rejoin {
+    /// Notes one of foca's notifications; answers whether to announce now (a new identity).
+    pub fn note(&mut self, notification: &foca::OwnedNotification<NodeIdentity>) -> bool {
+        match notification {
+            foca::OwnedNotification::Rejoin(_) => {
+                self.waiting = true;
+                true
+            }
+            foca::OwnedNotification::Active => {
+                self.waiting = false;
+                false
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the node renewed its identity and has not been answered yet.
+    pub fn waiting(&self) -> bool {
+        self.waiting
+    }
+
+    /// Up to `count` members to announce to, one per address other than `me`, taken
+    /// around the list from `start` (a random number, so that retries reach others).
+    pub fn targets<'a>(
+        members: impl Iterator<Item = &'a foca::Member<NodeIdentity>>,
+        me: SocketAddr,
+        count: usize,
+        start: usize,
+    ) -> Vec<NodeIdentity> {
+        let mut known: Vec<&NodeIdentity> = Vec::new();
+        for m in members {
+            if m.id().addr != me && !known.iter().any(|k| k.addr == m.id().addr) {
+                known.push(m.id());
+            }
+        }
+        known.sort_by_key(|id| id.addr);
+        let len = known.len();
+        (0..count.min(len))
+            .map(|i| known[(start + i) % len].clone())
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,12 +325,18 @@ mod tests {
             timers: Vec<(Duration, Timer<NodeIdentity>)>,
             /// `None`: foca alone, without the catalog's suspicion timeouts.
             suspicions: Option<SuspicionTimeouts>,
+            rejoin: Rejoin,
         }
 
         pub struct Sim {
             pub nodes: Vec<Node>,
             now: Duration,
             start: Instant,
+            /// Whether nodes announce themselves after a new identity ([`Rejoin`]).
+            pub rejoin_announces: bool,
+            /// Node indexes that cannot reach each other: one side of a partition.
+            cut: Vec<usize>,
+            announces: usize,
         }
 
         impl Sim {
@@ -297,12 +367,16 @@ mod tests {
                                 config.probe_period * 2,
                             )
                         }),
+                        rejoin: Rejoin::default(),
                     })
                     .collect();
                 let mut sim = Sim {
                     nodes,
                     now: Duration::ZERO,
                     start: Instant::now(),
+                    rejoin_announces: timeouts,
+                    cut: Vec::new(),
+                    announces: 0,
                 };
                 let first = sim.id(0);
                 for i in 1..n {
@@ -329,13 +403,52 @@ mod tests {
                     .map(|m| (m.id().clone(), m.state()))
             }
 
+            /// Cuts nodes `side` off from the others (both ways); an empty side heals.
+            pub fn partition(&mut self, side: &[usize]) {
+                self.cut = side.to_vec();
+            }
+
+            /// Every node is told "you are down" (foca's TurnUndead) by a node it holds
+            /// down, `by[i]` for node `i`, all in the same instant, before any answer
+            /// travels: as both sides of a heal announce to each other at once.
+            pub fn all_told_down(&mut self, by: &[usize]) {
+                use foca::Codec as _;
+                let mut datagrams = Vec::new();
+                for (i, &j) in by.iter().enumerate() {
+                    let header = foca::Header {
+                        src: self.id(j),
+                        src_incarnation: 0,
+                        dst: self.id(i),
+                        message: foca::Message::TurnUndead,
+                    };
+                    let mut data = Vec::new();
+                    PostcardCodec.encode_header(&header, &mut data).unwrap();
+                    datagrams.push((i, data));
+                }
+                for (i, data) in datagrams {
+                    let node = &mut self.nodes[i];
+                    node.swim.handle_data(&data, &mut node.runtime).unwrap();
+                }
+                self.deliver();
+            }
+
+            fn reaches(&self, from: usize, to: usize) -> bool {
+                self.cut.contains(&from) == self.cut.contains(&to)
+            }
+
             /// Advances the clock by `d`, 10 ms at a time.
             pub fn run(&mut self, d: Duration) {
                 let end = self.now + d;
                 while self.now < end {
                     self.now += Duration::from_millis(10);
                     let now = self.start + self.now;
+                    // The gossip task's join tick, every two probe periods.
+                    let join_tick = self.now.as_millis().is_multiple_of(500);
                     for node in &mut self.nodes {
+                        if join_tick && self.rejoin_announces && node.rejoin.waiting() {
+                            self.announces += 1;
+                            node.announce_to_known(self.announces);
+                        }
                         let mut due: Vec<Timer<NodeIdentity>> = Vec::new();
                         node.timers.retain(|(at, t)| {
                             let fire = *at <= self.now;
@@ -350,41 +463,73 @@ mod tests {
                         }
                         if let Some(s) = &mut node.suspicions {
                             let overdue = s.overdue(node.swim.iter_membership_state(), now);
-                            let downs = overdue.into_iter().map(Member::down);
-                            node.swim
-                                .apply_many(downs, true, &mut node.runtime)
-                                .unwrap();
+                            // As the gossip task: foca is called only with something to
+                            // apply (any call lets a disconnected node count as connected).
+                            if !overdue.is_empty() {
+                                let downs = overdue.into_iter().map(Member::down);
+                                node.swim
+                                    .apply_many(downs, true, &mut node.runtime)
+                                    .unwrap();
+                            }
                         }
                     }
                     self.deliver();
                 }
             }
 
-            /// Delivers every datagram sent (and what answering them sends) at once.
+            /// Delivers every datagram sent (and what answering them sends) at once, but
+            /// across a partition.
             fn deliver(&mut self) {
                 loop {
                     let mut sent = Vec::new();
-                    for node in &mut self.nodes {
-                        while let Some((to, data)) = node.runtime.to_send() {
-                            sent.push((to.addr, data));
-                        }
+                    for (from, node) in self.nodes.iter_mut().enumerate() {
                         while let Some((after, timer)) = node.runtime.to_schedule() {
                             node.timers.push((self.now + after, timer));
                         }
-                        while node.runtime.to_notify().is_some() {}
+                        let mut announce = false;
+                        while let Some(n) = node.runtime.to_notify() {
+                            announce |= node.rejoin.note(&n);
+                        }
+                        if announce && self.rejoin_announces {
+                            self.announces += 1;
+                            node.announce_to_known(self.announces);
+                        }
+                        while let Some((to, data)) = node.runtime.to_send() {
+                            sent.push((from, to.addr, data));
+                        }
                     }
                     if sent.is_empty() {
                         return;
                     }
-                    for (addr, data) in sent {
-                        if let Some(node) = self
+                    for (from, addr, data) in sent {
+                        let Some(to) = self
                             .nodes
-                            .iter_mut()
-                            .find(|n| n.swim.identity().addr == addr)
-                        {
+                            .iter()
+                            .position(|n| n.swim.identity().addr == addr)
+                        else {
+                            continue;
+                        };
+                        if self.reaches(from, to) {
+                            let node = &mut self.nodes[to];
                             let _ = node.swim.handle_data(&data, &mut node.runtime);
                         }
                     }
+                }
+            }
+        }
+
+        impl Node {
+            /// What the gossip task's `announce_to_known` does.
+            fn announce_to_known(&mut self, start: usize) {
+                let me = self.swim.identity().addr;
+                let targets = Rejoin::targets(
+                    self.swim.iter_membership_state(),
+                    me,
+                    REJOIN_ANNOUNCES,
+                    start,
+                );
+                for dst in targets {
+                    let _ = self.swim.announce(dst, &mut self.runtime);
                 }
             }
         }
@@ -437,6 +582,39 @@ mod tests {
                 // foca alone: still suspect 20 s later, though n2 answers every probe.
                 assert_eq!((seen, state), (c, foca::State::Suspect));
             }
+        }
+    }
+
+    /// Both sides of a healed partition told "you are down" by the other in the same
+    /// instant renew their identities at once: each renewed node's gossip goes to the
+    /// others' old identities and is dropped. Without the announces of [`Rejoin`] nobody
+    /// is answered and the sides stay apart; with them the cluster is whole again.
+    #[test]
+    fn sides_that_renew_at_once_after_a_partition_come_together() {
+        for announces in [false, true] {
+            let mut sim = sim::Sim::new(5, true, 3);
+            sim.rejoin_announces = announces;
+            sim.run(Duration::from_secs(3));
+            sim.partition(&[3, 4]);
+            sim.run(Duration::from_secs(5));
+            assert_eq!(sim.view(0, 3).unwrap().1, foca::State::Down);
+            assert_eq!(sim.view(3, 0).unwrap().1, foca::State::Down);
+            sim.partition(&[]);
+            sim.all_told_down(&[3, 4, 3, 0, 1]);
+            sim.run(Duration::from_secs(20));
+            let whole = (0..5).all(|i| {
+                (0..5)
+                    .filter(|j| *j != i)
+                    .all(|j| sim.view(i, j).is_some_and(|(_, s)| s == foca::State::Alive))
+            });
+            let views: Vec<_> = (0..5)
+                .map(|i| {
+                    (0..5)
+                        .map(|j| sim.view(i, j).map(|v| v.1))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            assert_eq!(whole, announces, "announces {announces}: {views:?}");
         }
     }
 }

@@ -96,6 +96,37 @@ async fn cluster(n: usize) -> Vec<Catalog> {
     nodes
 }
 
+/// Polls `check` every 20 ms until it holds (true) or `within` has passed (false), for a
+/// caller that says what it saw when it fails.
+async fn eventually_or_timeout(within: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        if check() {
+            return true;
+        }
+        if start.elapsed() > within {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Each node's digest and the status it holds of every host, one line per node.
+fn views(nodes: &[Catalog]) -> String {
+    nodes
+        .iter()
+        .map(|n| {
+            let mut hosts: Vec<String> = n
+                .hosts()
+                .iter()
+                .map(|h| format!("{}={}", h.record.id, h.status.as_str()))
+                .collect();
+            hosts.sort();
+            format!("{}: {} {}\n", n.node_id(), n.digest(), hosts.join(" "))
+        })
+        .collect()
+}
+
 fn status_on(c: &Catalog, host: &str) -> Option<HostStatus> {
     c.host(host).map(|h| h.status)
 }
@@ -304,19 +335,22 @@ async fn partitioned_groups_keep_serving_and_converge_after_healing() {
     // Usually 3 s; the bound is wide because rejoining members declared dead across a
     // healed partition waits for background seed retries, which a loaded CI box slows
     // (seen once past 15 s in CI; a known issue to look into).
-    eventually(
-        "all nodes converge to identical views",
-        HEAL_PATIENCE,
-        || {
-            let d = nodes[0].digest();
-            nodes.iter().all(|n| {
-                n.digest() == d
-                    && n.hosts().len() == 5
-                    && n.hosts().iter().all(|h| h.status == HostStatus::Alive)
-            })
-        },
-    )
+    let seen = std::cell::RefCell::new(String::new());
+    let converged = eventually_or_timeout(HEAL_PATIENCE, || {
+        let d = nodes[0].digest();
+        *seen.borrow_mut() = views(&nodes);
+        nodes.iter().all(|n| {
+            n.digest() == d
+                && n.hosts().len() == 5
+                && n.hosts().iter().all(|h| h.status == HostStatus::Alive)
+        })
+    })
     .await;
+    assert!(
+        converged,
+        "all nodes converge to identical views within {HEAL_PATIENCE:?}; last seen:\n{}",
+        seen.borrow()
+    );
     for n in &nodes {
         for id in ["ml", "mr", "ml2", "mr2"] {
             assert_eq!(
