@@ -62,8 +62,8 @@ impl PeerSource for NodePeers {
         peer_order(self.node.host_id(), &statuses)
             .into_iter()
             .filter_map(|id| hosts.iter().find(|h| h.record.id == id))
-            .map(|h| {
-                match link.and_then(|l| Some((l, l.url_for(&h.record.api_addr, "")?))) {
+            .map(
+                |h| match link.and_then(|l| Some((l, l.url_for(&h.record.api_addr, "")?))) {
                     Some((link, base)) => Peer {
                         host_id: h.record.id.clone(),
                         base,
@@ -76,8 +76,8 @@ impl PeerSource for NodePeers {
                         client: self.plain.clone(),
                         bearer: Some(self.node.cluster_secret().to_string()),
                     },
-                }
-            })
+                },
+            )
             .collect()
     }
 }
@@ -114,8 +114,10 @@ mod tests {
     #[test]
     fn hosts_ask_the_same_peers_in_orders_of_their_own() {
         let ids: Vec<String> = (0..16).map(|i| format!("h{i}")).collect();
-        let all: Vec<(String, HostStatus)> =
-            ids.iter().map(|id| (id.clone(), HostStatus::Alive)).collect();
+        let all: Vec<(String, HostStatus)> = ids
+            .iter()
+            .map(|id| (id.clone(), HostStatus::Alive))
+            .collect();
         let firsts: std::collections::BTreeSet<&str> =
             ids.iter().map(|me| peer_order(me, &all)[0]).collect();
         // Sixteen hosts pulling at once do not all start at one holder.
