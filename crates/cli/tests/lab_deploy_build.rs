@@ -2,7 +2,8 @@
 //! makes from Debian's packages is pushed into the cluster's registry (`bazaar image
 //! push`, as an operator mirrors a base); an app directory whose Dockerfile starts `FROM`
 //! it (as machines name it, `registry.bazaar.internal/...`), `COPY`s a static busybox and a
-//! page and runs the base's own shell (`CMD`), goes through `bazaar deploy`: buildah builds
+//! page and runs the base's own shell (`CMD`; it exits on the stop signal, so a replaced
+//! machine does not wait out its kill timeout), goes through `bazaar deploy`: buildah builds
 //! it, it is pushed to h1 only, h2 and h3 fetch every layer from a peer (their logs name
 //! the host that served each one), and every proxy serves the page. A second deploy after a
 //! one-line change pushes only the changed layer, and only it travels between hosts.
@@ -26,7 +27,7 @@ const HOSTS: [&str; 3] = ["h1", "h2", "h3"];
 const DOCKERFILE: &str = r#"FROM registry.bazaar.internal/built/debian:bookworm
 COPY busybox /bin/busybox-static
 COPY www /www
-CMD ["/bin/sh", "-c", "exec /bin/busybox-static httpd -f -p 8080 -h /www"]
+CMD ["/bin/sh", "-c", "trap 'exit 0' INT TERM; /bin/busybox-static httpd -f -p 8080 -h /www & wait"]
 "#;
 
 const FLY_TOML: &str = r#"app = "built"
