@@ -398,6 +398,17 @@ impl RepoStore {
         Ok(out)
     }
 
+    /// Removes tag `tag` of repository `name` (the manifest stays, under its digest);
+    /// answers whether there was one.
+    pub fn untag(&self, name: &str, tag: &str) -> Result<bool> {
+        let path = self.tag_path(name, tag);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e).at(path),
+        }
+    }
+
     /// Lets repository `name` go of manifest `digest` and of the tags naming it, then of
     /// every blob link no manifest it keeps names and older than `grace` (a younger one may
     /// belong to a push in progress). The store's garbage collection frees what no one

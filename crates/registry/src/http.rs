@@ -180,7 +180,12 @@ async fn serve(shared: &Arc<Shared>, req: Request) -> Answer {
         (Route::Upload { id, .. }, m) => upload(shared, &name, &id, m, &uri, &headers, body).await,
         (Route::Manifest { reference, .. }, Method::PUT) => {
             let resp = put_manifest(shared, &name, &reference, &headers, body).await;
-            audit(shared, &caller, &uri, &name, &resp);
+            audit(shared, &caller, "PUT", &uri, &name, &resp);
+            resp
+        }
+        (Route::Manifest { reference, .. }, Method::DELETE) => {
+            let resp = delete_manifest(shared, &name, &reference);
+            audit(shared, &caller, "DELETE", &uri, &name, &resp);
             resp
         }
         (Route::Manifest { reference, .. }, m) if m == Method::GET || m == Method::HEAD => {
@@ -194,7 +199,7 @@ async fn serve(shared: &Arc<Shared>, req: Request) -> Answer {
     }
 }
 
-fn audit(shared: &Shared, caller: &Caller, uri: &Uri, name: &str, resp: &Answer) {
+fn audit(shared: &Shared, caller: &Caller, method: &str, uri: &Uri, name: &str, resp: &Answer) {
     let status = match resp {
         Ok(r) => r.status(),
         Err(e) => e.status,
@@ -203,7 +208,7 @@ fn audit(shared: &Shared, caller: &Caller, uri: &Uri, name: &str, resp: &Answer)
         time: bazaar_types::rfc3339(bazaar_types::now_ms()),
         time_ms: bazaar_types::now_ms(),
         token_id: caller.id(),
-        method: "PUT".into(),
+        method: method.into(),
         path: uri.path().to_string(),
         app: Some(app_of(name).to_string()),
         machine_id: None,
@@ -542,6 +547,53 @@ async fn put_manifest(
     Ok(answer(StatusCode::CREATED)
         .header(header::LOCATION, format!("/v2/{name}/manifests/{digest}"))
         .header("docker-content-digest", digest.as_str())
+        .header(header::CONTENT_LENGTH, 0)
+        .body(Body::empty())
+        .expect("a well-formed answer"))
+}
+
+/// `DELETE` of a manifest, as the distribution spec has it: by digest, the manifest and
+/// every tag naming it leave this host's repository (its blobs' links follow once no kept
+/// manifest names them and they are older than the retention's grace, so a push in
+/// progress keeps what it uploaded); by tag, that tag only. `202`, or `404
+/// MANIFEST_UNKNOWN` if the repository does not hold it.
+fn delete_manifest(shared: &Shared, name: &str, reference: &str) -> Answer {
+    let unknown = || {
+        RegistryError::new(
+            ErrorCode::ManifestUnknown,
+            format!("manifest {reference} unknown in {name}"),
+        )
+    };
+    match reference.parse::<Digest>() {
+        Ok(digest) => {
+            let held = shared
+                .repos
+                .manifest(name, reference)
+                .map_err(internal)?
+                .is_some();
+            if !held {
+                return Err(unknown());
+            }
+            let grace = crate::retention::Retention::default().grace;
+            shared
+                .repos
+                .release(name, &digest, grace)
+                .map_err(internal)?;
+        }
+        Err(_) if valid_tag(reference) => {
+            if !shared.repos.untag(name, reference).map_err(internal)? {
+                return Err(unknown());
+            }
+        }
+        Err(_) => {
+            return Err(RegistryError::new(
+                ErrorCode::ManifestInvalid,
+                format!("{reference:?} is neither a tag nor a digest"),
+            ))
+        }
+    }
+    tracing::info!(repository = name, reference, "manifest deleted");
+    Ok(answer(StatusCode::ACCEPTED)
         .header(header::CONTENT_LENGTH, 0)
         .body(Body::empty())
         .expect("a well-formed answer"))
