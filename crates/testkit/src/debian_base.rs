@@ -1,7 +1,8 @@
 //! A small Debian base image for tests, made without pulling from any image registry (issue
 //! 38 item 4): the `.deb` files of a few Debian packages (`base-files`, `libc6` and the
 //! dynamically linked `busybox`, with `/bin/sh` and a few applets linked to it) come from
-//! apt as `apt-get install` gets them (the host's configured mirror or its cache), are
+//! apt's cache (`/var/cache/apt/archives`) or, for those not there, from the host's
+//! configured mirror as `apt-get install` gets them (`apt-get download`); they are
 //! unpacked with `dpkg-deb -x` into a root filesystem, and written as one layer of a
 //! `docker save` archive. The archive is cached under [`cache_dir`], named by the exact
 //! package files it was made of, so only a new package version makes it again.
@@ -16,6 +17,9 @@ use std::process::Command;
 
 /// The packages of the base image.
 pub const PACKAGES: &[&str] = &["base-files", "libc6", "busybox"];
+
+/// Where apt keeps the packages it downloaded.
+const APT_ARCHIVES: &str = "/var/cache/apt/archives";
 
 /// Busybox applets linked in `/bin` (the package ships only `/bin/busybox`).
 const APPLETS: &[&str] = &["sh", "ls", "cat", "echo", "sleep", "env", "id"];
@@ -64,10 +68,20 @@ pub fn debian_base_in(dir: &Path) -> DebianBase {
         .unwrap();
     let debs = work.path().join("debs");
     std::fs::create_dir_all(&debs).unwrap();
-    run(Command::new("apt-get")
-        .arg("download")
-        .args(PACKAGES)
-        .current_dir(&debs));
+    // apt's own cache first (what `apt-get install` left there): no mirror needed then.
+    let mut missing = Vec::new();
+    for file in &files {
+        let cached = Path::new(APT_ARCHIVES).join(file);
+        if std::fs::copy(&cached, debs.join(file)).is_err() {
+            missing.push(file.split('_').next().unwrap_or(file).to_string());
+        }
+    }
+    if !missing.is_empty() {
+        run(Command::new("apt-get")
+            .arg("download")
+            .args(&missing)
+            .current_dir(&debs));
+    }
     let rootfs = work.path().join("rootfs");
     std::fs::create_dir_all(rootfs.join("tmp")).unwrap();
     for deb in std::fs::read_dir(&debs).unwrap().flatten() {
