@@ -21,7 +21,8 @@
 //! Run: `cargo bench -p bazaar --bench registry` (prints Markdown tables for
 //! docs/benchmarks/registry.md). `BAZAAR_BENCH_HOSTS` (default 5) and
 //! `BAZAAR_BENCH_LAYER_MB` (default 64) change the size; `BAZAAR_BENCH_VERBOSE` shows each
-//! deploy's output with the time of each line.
+//! deploy's output with the time of each line. `BAZAAR_BENCH_LAB=N` runs only the peer-to-peer
+//! distribution, on a `bazaar lab` of N hosts in network namespaces (`registry/lab.rs`).
 
 use bazaar_testkit::images::{
     busybox_rootfs_layer, config_with, ensure_packages, layer, push_with_config, Entry, Layer,
@@ -30,6 +31,9 @@ use bazaar_testkit::images::{
 use bazaar_testkit::{start_cluster, Fly};
 use serde_json::json;
 use std::time::{Duration, Instant};
+
+#[path = "registry/lab.rs"]
+mod lab;
 
 const EXE: &str = env!("CARGO_BIN_EXE_bazaar");
 
@@ -117,6 +121,24 @@ async fn run() {
     let n = env_or("BAZAAR_BENCH_HOSTS", 5).max(2);
     let mb = env_or("BAZAAR_BENCH_LAYER_MB", 64);
     ensure_packages();
+    let on_lab = env_or("BAZAAR_BENCH_LAB", 0);
+    if on_lab > 0 {
+        let (layers, config) = image(mb, "lab", 3);
+        let (took, pulls) = lab::distribution(EXE, on_lab.max(2), &layers, &config).await;
+        let total_mb = (layers.iter().map(|l| l.blob.len()).sum::<usize>() as f64) / 1048576.0;
+        println!("| lab hosts pulling | image | peer to peer |");
+        println!("|---:|---:|---:|");
+        println!(
+            "| {} | {total_mb:.1} MiB | {:.2} s |",
+            on_lab.max(2) - 1,
+            took.as_secs_f64()
+        );
+        println!();
+        for (i, p) in pulls.iter().enumerate() {
+            println!("h{}: {p}", i + 2);
+        }
+        return;
+    }
     let central = TestRegistry::start(None);
     let agents = start_cluster(std::path::Path::new(EXE), n, |i, o| {
         o.extra_args
