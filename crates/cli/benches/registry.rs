@@ -6,9 +6,23 @@
 //! registry every host pulls from). The time is from the first create to the last machine
 //! started; the pull events say which host served the peer-to-peer layers.
 //!
-//! Run: `cargo bench -p bazaar --bench registry` (prints a Markdown table for
+//! Then **deploy from source to serving** on the same cluster: an app directory (a
+//! Dockerfile `FROM` the test kit's Debian base, mirrored into the cluster's registry with
+//! `bazaar image push`, `COPY` of busybox-static and a page, `CMD` the base's shell running
+//! busybox's httpd and exiting on the stop signal, as a well-behaved app does: httpd as PID
+//! 1 ignores SIGINT, and every replacement would wait out the 5 s `kill_timeout`) through `bazaar deploy` (buildah builds it and pushes it to host 0),
+//! timed from the command's start until host 0's proxy serves the new page: once with an
+//! empty buildah storage (the base pulled, every layer built and pushed: not cached) and
+//! then after a one-line change (only the page's layer built and pushed: cached), and a
+//! one-line change again with the storage emptied first (not cached). The bench
+//! uses a buildah storage of its own (`CONTAINERS_STORAGE_CONF`), so nothing of the
+//! operator's is used or left.
+//!
+//! Run: `cargo bench -p bazaar --bench registry` (prints Markdown tables for
 //! docs/benchmarks/registry.md). `BAZAAR_BENCH_HOSTS` (default 5) and
-//! `BAZAAR_BENCH_LAYER_MB` (default 64) change the size.
+//! `BAZAAR_BENCH_LAYER_MB` (default 64) change the size; `BAZAAR_BENCH_VERBOSE` shows each
+//! deploy's output with the time of each line. `BAZAAR_BENCH_LAB=N` runs only the peer-to-peer
+//! distribution, on a `bazaar lab` of N hosts in network namespaces (`registry/lab.rs`).
 
 use bazaar_testkit::images::{
     busybox_rootfs_layer, config_with, ensure_packages, layer, push_with_config, Entry, Layer,
@@ -17,6 +31,9 @@ use bazaar_testkit::images::{
 use bazaar_testkit::{start_cluster, Fly};
 use serde_json::json;
 use std::time::{Duration, Instant};
+
+#[path = "registry/lab.rs"]
+mod lab;
 
 const EXE: &str = env!("CARGO_BIN_EXE_bazaar");
 
@@ -104,6 +121,24 @@ async fn run() {
     let n = env_or("BAZAAR_BENCH_HOSTS", 5).max(2);
     let mb = env_or("BAZAAR_BENCH_LAYER_MB", 64);
     ensure_packages();
+    let on_lab = env_or("BAZAAR_BENCH_LAB", 0);
+    if on_lab > 0 {
+        let (layers, config) = image(mb, "lab", 3);
+        let (took, pulls) = lab::distribution(EXE, on_lab.max(2), &layers, &config).await;
+        let total_mb = (layers.iter().map(|l| l.blob.len()).sum::<usize>() as f64) / 1048576.0;
+        println!("| lab hosts pulling | image | peer to peer |");
+        println!("|---:|---:|---:|");
+        println!(
+            "| {} | {total_mb:.1} MiB | {:.2} s |",
+            on_lab.max(2) - 1,
+            took.as_secs_f64()
+        );
+        println!();
+        for (i, p) in pulls.iter().enumerate() {
+            println!("h{}: {p}", i + 2);
+        }
+        return;
+    }
     let central = TestRegistry::start(None);
     let agents = start_cluster(std::path::Path::new(EXE), n, |i, o| {
         o.extra_args
@@ -152,6 +187,142 @@ async fn run() {
     println!();
     for (i, p) in pulls.iter().enumerate() {
         println!("host {}: {p}", i + 1);
+    }
+    println!();
+    deploy_from_source(&fly, &agents[0]).await;
+}
+
+/// `bazaar deploy` from a Dockerfile to serving through `agent`'s proxy, not cached and
+/// cached (see the module doc).
+async fn deploy_from_source(fly: &Fly, agent: &bazaar_testkit::TestAgent) {
+    fly.create_app("built").await;
+    let token = bazaar_testkit::api_token();
+    let work = tempfile::tempdir().expect("temporary directory");
+    // A buildah storage of the bench's own: the first build finds nothing cached.
+    let storage = work.path().join("storage");
+    let storage_conf = work.path().join("storage.conf");
+    std::fs::write(
+        &storage_conf,
+        format!(
+            "[storage]\ndriver = \"overlay\"\ngraphroot = \"{0}/graph\"\nrunroot = \"{0}/run\"\n",
+            storage.display()
+        ),
+    )
+    .expect("storage.conf");
+    bazaar_testkit::debian_base::push_debian_base(
+        std::path::Path::new(EXE),
+        &agent.url(),
+        token,
+        "built/debian:bookworm",
+    );
+    let app = work.path().join("app");
+    std::fs::create_dir_all(app.join("www")).expect("app directory");
+    std::fs::copy("/bin/busybox", app.join("busybox")).expect("busybox-static");
+    std::fs::write(
+        app.join("Dockerfile"),
+        "FROM registry.bazaar.internal/built/debian:bookworm\n\
+         COPY busybox /bin/busybox-static\nCOPY www /www\n\
+         CMD [\"/bin/sh\", \"-c\", \"trap 'exit 0' INT TERM; /bin/busybox-static httpd -f -p 8080 -h /www & wait\"]\n",
+    )
+    .expect("Dockerfile");
+    std::fs::write(
+        app.join("fly.toml"),
+        "app = \"built\"\n[build]\n[http_service]\n  internal_port = 8080\n",
+    )
+    .expect("fly.toml");
+    let proxy = agent.proxy_url();
+    let http = reqwest::Client::new();
+    let wipe = || {
+        let _ = std::process::Command::new("buildah")
+            .args(["rmi", "--all", "--force"])
+            .env("CONTAINERS_STORAGE_CONF", &storage_conf)
+            .output();
+    };
+    let mut rows = Vec::new();
+    let runs = [
+        (
+            "first deploy (a new machine), not cached",
+            "release one\n",
+            false,
+        ),
+        (
+            "one-line change (a machine replaced), cached",
+            "release two\n",
+            false,
+        ),
+        (
+            "one-line change (a machine replaced), not cached",
+            "release three\n",
+            true,
+        ),
+    ];
+    for (what, page, empty_storage) in runs {
+        if empty_storage {
+            wipe();
+        }
+        std::fs::write(app.join("www/index.html"), page).expect("page");
+        let t0 = Instant::now();
+        let mut child = std::process::Command::new(EXE)
+            .args(["deploy", "-c"])
+            .arg(app.join("fly.toml"))
+            .args(["--count", "1"])
+            .env("BAZAAR_API_URL", agent.url())
+            .env("BAZAAR_TOKEN", token)
+            .env("CONTAINERS_STORAGE_CONF", &storage_conf)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("bazaar deploy");
+        let stderr = child.stderr.take().expect("piped");
+        // The command runs on a thread of its own while the proxy is polled from the start.
+        let deploy = tokio::task::spawn_blocking(move || {
+            let mut pushed = None;
+            let mut said = String::new();
+            for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)) {
+                let line = line.expect("stderr");
+                if line.starts_with("pushed ") {
+                    pushed = Some(t0.elapsed());
+                }
+                said.push_str(&format!("{:6.2} s  {line}\n", t0.elapsed().as_secs_f64()));
+            }
+            assert!(
+                child.wait().expect("wait").success(),
+                "bazaar deploy: {said}"
+            );
+            if std::env::var_os("BAZAAR_BENCH_VERBOSE").is_some() {
+                eprint!("{said}");
+            }
+            (
+                pushed.expect("bazaar deploy says what it pushed"),
+                t0.elapsed(),
+            )
+        });
+        bazaar_testkit::eventually(Duration::from_secs(120), || async {
+            let r = http
+                .get(&proxy)
+                .header("host", "built.localhost")
+                .send()
+                .await
+                .ok()?;
+            (r.text().await.ok()? == page).then_some(())
+        })
+        .await
+        .expect("the new page served");
+        let serving = t0.elapsed();
+        let (pushed, deployed) = deploy.await.expect("the deploy thread");
+        rows.push((what, pushed, serving, deployed));
+    }
+    // Empties the bench's storage (its overlay mounts too) before the directory goes.
+    wipe();
+    println!("| deploy from source | built and pushed | serving the new page | `bazaar deploy` returned |");
+    println!("|---|---:|---:|---:|");
+    for (what, pushed, serving, deployed) in rows {
+        println!(
+            "| {what} | {:.2} s | {:.2} s | {:.2} s |",
+            pushed.as_secs_f64(),
+            serving.as_secs_f64(),
+            deployed.as_secs_f64()
+        );
     }
 }
 

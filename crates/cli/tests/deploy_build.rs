@@ -169,7 +169,7 @@ async fn layers(env: &Env, host: &str, token: Option<&str>, pinned: &str) -> Vec
 }
 
 /// Removes the images a test built from the host's buildah storage.
-struct BuiltImages(String);
+pub(crate) struct BuiltImages(pub(crate) String);
 
 impl Drop for BuiltImages {
     fn drop(&mut self) {

@@ -14,6 +14,7 @@ mod deploy_scale;
 mod deploy_standby;
 mod deploy_volumes;
 mod install_guide;
+mod lab_deploy_build;
 mod package;
 mod rolling_upgrade;
 mod tour;

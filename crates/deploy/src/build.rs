@@ -6,6 +6,12 @@
 //! (`/v2` on its API port, with the deploy's token) and run as
 //! `registry.bazaar.internal/<app>@<digest>`, which every host pulls from its peers.
 //!
+//! A Dockerfile may start `FROM` an image in the cluster's registry (a base image the
+//! operator mirrored there, docs/REGISTRY.md), named as machines name it
+//! (`registry.bazaar.internal/<app>/...`) or by the API address: the build gets a
+//! registries.conf that sends that name to the API address ([`registries_conf`]) and the
+//! deploy's token in its `--authfile` ([`auth_file_json`]).
+//!
 //! [`plan`] and the argv functions are pure; [`build_and_push`] runs them.
 
 use crate::config::AppConfig;
@@ -113,15 +119,23 @@ pub fn plan(
 
 /// `buildah bud ...`: builds the plan's Dockerfile into the local image `plan.tag`.
 pub fn build_argv(plan: &BuildPlan) -> Vec<String> {
-    let mut argv: Vec<String> = vec![
-        "buildah".into(),
-        "bud".into(),
+    build_argv_with_auth(plan, None)
+}
+
+/// [`build_argv`], pulling its `FROM` images with the credentials in `auth_file` (the
+/// cluster's registry wants the deploy's token for a base image mirrored there).
+pub fn build_argv_with_auth(plan: &BuildPlan, auth_file: Option<&Path>) -> Vec<String> {
+    let mut argv: Vec<String> = vec!["buildah".into(), "bud".into()];
+    if let Some(f) = auth_file {
+        argv.extend(["--authfile".into(), f.display().to_string()]);
+    }
+    argv.extend([
         "--layers".into(),
         "-f".into(),
         plan.dockerfile.display().to_string(),
         "-t".into(),
         plan.tag.clone(),
-    ];
+    ]);
     if let Some(t) = &plan.target {
         argv.extend(["--target".into(), t.clone()]);
     }
@@ -163,6 +177,37 @@ pub fn auth_file_json(registry: &str, token: &str) -> String {
     serde_json::json!({"auths": {registry: {"auth": auth}}}).to_string()
 }
 
+/// The credentials file for a build to the cluster's registry at `registry`: the
+/// operator's own file `existing` (logins to other registries, credential helpers) with
+/// `token` added for `registry` and for [`CLUSTER_REGISTRY`] (the name a `FROM` may use).
+pub fn merged_auth_file_json(existing: Option<&str>, registry: &str, token: &str) -> String {
+    let mut file: serde_json::Value = existing
+        .and_then(|t| serde_json::from_str(t).ok())
+        .filter(serde_json::Value::is_object)
+        .unwrap_or_else(|| serde_json::json!({}));
+    let ours: serde_json::Value =
+        serde_json::from_str(&auth_file_json(registry, token)).expect("auth_file_json writes JSON");
+    let entry = ours["auths"][registry].clone();
+    if !file["auths"].is_object() {
+        file["auths"] = serde_json::json!({});
+    }
+    file["auths"][registry] = entry.clone();
+    file["auths"][CLUSTER_REGISTRY] = entry;
+    file.to_string()
+}
+
+/// The registries.conf a build to the cluster's registry at `registry` runs with: the
+/// system's `system` (its search registries and mirrors) and two entries of ours, so that
+/// `FROM registry.bazaar.internal/<app>/...` pulls from `registry`, and over plain HTTP
+/// when `plain_http` (only from it: other registries keep TLS).
+pub fn registries_conf(system: &str, registry: &str, plain_http: bool) -> String {
+    format!(
+        "{system}\n\n# bazaar deploy: the cluster's registry\n\
+         [[registry]]\nprefix = \"{CLUSTER_REGISTRY}\"\nlocation = \"{registry}\"\ninsecure = {plain_http}\n\n\
+         [[registry]]\nlocation = \"{registry}\"\ninsecure = {plain_http}\n"
+    )
+}
+
 /// The reference a deploy of `plan` runs: the pushed repository at its digest (for the
 /// cluster's registry, under the name every host resolves to it).
 pub fn deployed(plan: &BuildPlan, app: &str, digest: &str) -> String {
@@ -190,18 +235,34 @@ pub async fn build_and_push(
     token: Option<&str>,
     mut progress: impl FnMut(&str),
 ) -> anyhow::Result<String> {
-    run(&build_argv(plan), &mut progress).await?;
     let scratch = tempfile::Builder::new().prefix("bazaar-build-").tempdir()?;
     let digest_file = scratch.path().join("digest");
+    let host = plan.tag.split('/').next().unwrap_or_default();
     let auth_file = match token {
         Some(t) => {
             let path = scratch.path().join("auth.json");
-            let host = plan.tag.split('/').next().unwrap_or_default();
-            std::fs::write(&path, auth_file_json(host, t))?;
+            write_private(&path, &auth_file_json(host, t))?;
             Some(path)
         }
         None => None,
     };
+    let mut build = tokio::process::Command::new("buildah");
+    let build_auth = match token.filter(|_| plan.cluster) {
+        Some(t) => {
+            let path = scratch.path().join("build-auth.json");
+            let existing = operator_auth_file().and_then(|p| std::fs::read_to_string(p).ok());
+            write_private(&path, &merged_auth_file_json(existing.as_deref(), host, t))?;
+            let system = std::fs::read_to_string(SYSTEM_REGISTRIES_CONF).unwrap_or_default();
+            let conf = scratch.path().join("registries.conf");
+            std::fs::write(&conf, registries_conf(&system, host, plan.plain_http))?;
+            build.env("CONTAINERS_REGISTRIES_CONF", &conf);
+            Some(path)
+        }
+        None => None,
+    };
+    let argv = build_argv_with_auth(plan, build_auth.as_deref());
+    build.args(&argv[1..]);
+    run_command(build, &argv, &mut progress).await?;
     run(
         &push_argv(plan, &digest_file, auth_file.as_deref()),
         &mut progress,
@@ -212,10 +273,46 @@ pub async fn build_and_push(
     Ok(deployed(plan, app, &digest))
 }
 
+/// The system's registries.conf, which a build's own one extends.
+const SYSTEM_REGISTRIES_CONF: &str = "/etc/containers/registries.conf";
+
+/// The credentials file buildah would read without `--authfile`, if there is one:
+/// `REGISTRY_AUTH_FILE`, `$XDG_RUNTIME_DIR/containers/auth.json`, `~/.docker/config.json`.
+fn operator_auth_file() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("REGISTRY_AUTH_FILE").map(PathBuf::from),
+        std::env::var_os("XDG_RUNTIME_DIR").map(|d| PathBuf::from(d).join("containers/auth.json")),
+        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".docker/config.json")),
+    ];
+    candidates.into_iter().flatten().find(|p| p.is_file())
+}
+
+/// Writes a file only its owner can read (it holds credentials).
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?
+        .write_all(text.as_bytes())
+}
+
 /// Runs `argv`, its output (both streams) line by line to `progress`.
 async fn run(argv: &[String], progress: &mut impl FnMut(&str)) -> anyhow::Result<()> {
-    let mut child = tokio::process::Command::new(&argv[0])
-        .args(&argv[1..])
+    let mut command = tokio::process::Command::new(&argv[0]);
+    command.args(&argv[1..]);
+    run_command(command, argv, progress).await
+}
+
+/// Runs `command` (which is `argv`), its output line by line to `progress`.
+async fn run_command(
+    mut command: tokio::process::Command,
+    argv: &[String],
+    progress: &mut impl FnMut(&str),
+) -> anyhow::Result<()> {
+    let mut child = command
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -384,6 +481,50 @@ mod tests {
         assert!(e.contains("id=NAME"), "{e}");
         let image_only = config("app = \"web\"\n[build]\n  image = \"x:1\"\n");
         assert!(plan(&image_only, dir, PushTo::External("r:5000"), "x", &[], &[]).is_err());
+    }
+
+    #[test]
+    fn a_build_to_the_cluster_pulls_its_base_from_the_clusters_registry() {
+        let to = PushTo::Cluster {
+            api_url: "http://10.0.0.5:4280",
+        };
+        let p = plan(&config(APP), Path::new("/s"), to, "01J", &[], &[]).unwrap();
+        let argv = build_argv_with_auth(&p, Some(Path::new("/t/build-auth.json")));
+        assert_eq!(
+            argv[..4],
+            ["buildah", "bud", "--authfile", "/t/build-auth.json"]
+        );
+        assert!(!argv.iter().any(|a| a.contains("tls-verify")), "{argv:?}");
+        // The system's settings stay; the cluster's name and address are plain HTTP only.
+        let system = "unqualified-search-registries = [\"docker.io\"]\n";
+        let conf: toml::Value =
+            toml::from_str(&registries_conf(system, "10.0.0.5:4280", true)).unwrap();
+        assert_eq!(
+            conf["unqualified-search-registries"][0].as_str(),
+            Some("docker.io")
+        );
+        let entries = conf["registry"].as_array().unwrap();
+        assert_eq!(entries[0]["prefix"].as_str(), Some(CLUSTER_REGISTRY));
+        assert_eq!(entries[0]["location"].as_str(), Some("10.0.0.5:4280"));
+        assert_eq!(entries[0]["insecure"].as_bool(), Some(true));
+        assert_eq!(entries[1]["location"].as_str(), Some("10.0.0.5:4280"));
+        let tls: toml::Value = toml::from_str(&registries_conf("", "node1:4280", false)).unwrap();
+        assert_eq!(tls["registry"][1]["insecure"].as_bool(), Some(false));
+        // The operator's logins and helpers stay; the token is added for both names.
+        let existing =
+            r#"{"auths":{"docker.io":{"auth":"b3A6cHc="}},"credHelpers":{"gcr.io":"gcloud"}}"#;
+        let merged: serde_json::Value =
+            serde_json::from_str(&merged_auth_file_json(Some(existing), "10.0.0.5:4280", "T"))
+                .unwrap();
+        assert_eq!(merged["auths"]["docker.io"]["auth"], "b3A6cHc=");
+        assert_eq!(merged["credHelpers"]["gcr.io"], "gcloud");
+        assert_eq!(
+            merged["auths"]["10.0.0.5:4280"],
+            merged["auths"][CLUSTER_REGISTRY]
+        );
+        let fresh: serde_json::Value =
+            serde_json::from_str(&merged_auth_file_json(Some("not json"), "h:1", "T")).unwrap();
+        assert!(fresh["auths"]["h:1"]["auth"].is_string(), "{fresh}");
     }
 
     #[test]

@@ -7,7 +7,12 @@
 //! ROOT/repos/<name>/_blobs/<hex>       a blob (layer, config) pushed to <name>
 //! ROOT/repos/<name>/_manifests/<hex>   a manifest pushed to <name>; holds its media type
 //! ROOT/repos/<name>/_tags/<tag>        the digest <tag> names
+//! ROOT/uploads/<id>                    a chunked upload in progress: its bytes so far
+//! ROOT/uploads/<id>.repo               the repository it is for
 //! ```
+//!
+//! Uploads in progress outlive the agent ([`RepoStore::resumable_uploads`]): a client whose
+//! upload was cut by a restart asks where it stands and goes on from there.
 //!
 //! A repository name's components start with a letter or digit ([`valid_repository`]), so
 //! `_blobs` and friends never collide with a nested repository. Every file is written by
@@ -113,6 +118,65 @@ impl RepoStore {
     /// system as the blobs, so adopting it is a rename). Emptied when the store opens.
     pub fn upload_path(&self, id: &str) -> PathBuf {
         tmp_name(&self.store.tmp_dir(), &format!("upload-{id}"))
+    }
+
+    fn upload_dir(&self) -> PathBuf {
+        self.store.root().join("uploads")
+    }
+
+    /// Begins a chunked upload `id` (a fresh id of the registry's) for repository `name`:
+    /// an empty file for its bytes, and beside it the repository's name, so that the
+    /// upload can be taken up again after a restart. Answers the bytes' file.
+    pub fn open_upload(&self, id: &str, name: &str) -> Result<PathBuf> {
+        let dir = self.upload_dir();
+        fs::create_dir_all(&dir).at(&dir)?;
+        let data = dir.join(id);
+        fs::File::create(&data).at(&data)?;
+        write_atomic(
+            &self.store.tmp_dir(),
+            &dir.join(format!("{id}.repo")),
+            name.as_bytes(),
+        )?;
+        Ok(data)
+    }
+
+    /// Ends upload `id`: its bytes (unless adopted already) and its record go.
+    pub fn close_upload(&self, id: &str) {
+        let dir = self.upload_dir();
+        let _ = fs::remove_file(dir.join(id));
+        let _ = fs::remove_file(dir.join(format!("{id}.repo")));
+    }
+
+    /// The uploads left in progress (by an agent that stopped): id, repository, the file
+    /// of their bytes and its length. Bytes without a record (a start cut short) and
+    /// records without bytes are removed.
+    pub fn resumable_uploads(&self) -> Result<Vec<(String, String, PathBuf, u64)>> {
+        let dir = self.upload_dir();
+        let entries = match fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e).at(dir),
+        };
+        let mut out = Vec::new();
+        for e in entries {
+            let path = e.at(&dir)?.path();
+            let file_name = path.file_name().unwrap_or_default().to_string_lossy();
+            let (id, is_record) = match file_name.strip_suffix(".repo") {
+                Some(id) => (id.to_string(), true),
+                None => (file_name.to_string(), false),
+            };
+            let data = dir.join(&id);
+            let record = dir.join(format!("{id}.repo"));
+            let name = read_opt(&record)?.map(|b| String::from_utf8_lossy(&b).into_owned());
+            match (is_record, name, fs::metadata(&data)) {
+                (true, Some(name), Ok(meta)) if valid_repository(&name) => {
+                    out.push((id, name, data, meta.len()));
+                }
+                (false, Some(_), Ok(_)) => {}
+                _ => self.close_upload(&id),
+            }
+        }
+        Ok(out)
     }
 
     /// Whether repository `name` holds blob `digest`: its size if so.
@@ -396,6 +460,17 @@ impl RepoStore {
             });
         }
         Ok(out)
+    }
+
+    /// Removes tag `tag` of repository `name` (the manifest stays, under its digest);
+    /// answers whether there was one.
+    pub fn untag(&self, name: &str, tag: &str) -> Result<bool> {
+        let path = self.tag_path(name, tag);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e).at(path),
+        }
     }
 
     /// Lets repository `name` go of manifest `digest` and of the tags naming it, then of

@@ -1,8 +1,8 @@
 //! The axum shell of the registry: one handler for every `/v2` path, which checks the
 //! caller, parses the route ([`crate::protocol`]) and carries it out on the host's
-//! repositories ([`bazaar_image::RepoStore`]). Upload bytes stream to a temporary file of
-//! the image store, bounded by [`RegistryConfig::max_blob_bytes`], and enter the store only
-//! once their digest is checked.
+//! repositories ([`bazaar_image::RepoStore`]). Upload bytes stream to a file of the image
+//! store, bounded by [`RegistryConfig::max_blob_bytes`], and enter the store only once their
+//! digest is checked; a chunked upload's file and record outlive a restart of the agent.
 
 use crate::protocol::{
     app_of, credential, name_unknown, operation, valid_name, valid_tag, ErrorCode, RegistryError,
@@ -64,13 +64,37 @@ struct Shared {
 
 type Answer = Result<Response, RegistryError>;
 
-/// The distribution API on `/v2`, over the repositories of `store`.
+/// The distribution API on `/v2`, over the repositories of `store`. Uploads an earlier
+/// agent left in progress are taken up again where their bytes end.
 pub fn router(node: NodeHandle, store: ImageStore, config: RegistryConfig) -> Router {
+    let repos = store.repos();
+    let mut uploads = HashMap::new();
+    match repos.resumable_uploads() {
+        Ok(left) => {
+            if !left.is_empty() {
+                tracing::info!(uploads = left.len(), "uploads in progress taken up again");
+            }
+            for (id, name, path, offset) in left {
+                let state = Upload {
+                    name,
+                    offset,
+                    touched: std::time::Duration::ZERO,
+                };
+                let slot = Slot {
+                    state,
+                    path,
+                    ended: false,
+                };
+                uploads.insert(id, Arc::new(tokio::sync::Mutex::new(slot)));
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "uploads in progress could not be read"),
+    }
     let shared = Arc::new(Shared {
         node,
-        repos: store.repos(),
+        repos,
         config,
-        uploads: Mutex::default(),
+        uploads: Mutex::new(uploads),
         epoch: Instant::now(),
     });
     Router::new()
@@ -180,7 +204,12 @@ async fn serve(shared: &Arc<Shared>, req: Request) -> Answer {
         (Route::Upload { id, .. }, m) => upload(shared, &name, &id, m, &uri, &headers, body).await,
         (Route::Manifest { reference, .. }, Method::PUT) => {
             let resp = put_manifest(shared, &name, &reference, &headers, body).await;
-            audit(shared, &caller, &uri, &name, &resp);
+            audit(shared, &caller, "PUT", &uri, &name, &resp);
+            resp
+        }
+        (Route::Manifest { reference, .. }, Method::DELETE) => {
+            let resp = delete_manifest(shared, &name, &reference);
+            audit(shared, &caller, "DELETE", &uri, &name, &resp);
             resp
         }
         (Route::Manifest { reference, .. }, m) if m == Method::GET || m == Method::HEAD => {
@@ -194,7 +223,7 @@ async fn serve(shared: &Arc<Shared>, req: Request) -> Answer {
     }
 }
 
-fn audit(shared: &Shared, caller: &Caller, uri: &Uri, name: &str, resp: &Answer) {
+fn audit(shared: &Shared, caller: &Caller, method: &str, uri: &Uri, name: &str, resp: &Answer) {
     let status = match resp {
         Ok(r) => r.status(),
         Err(e) => e.status,
@@ -203,7 +232,7 @@ fn audit(shared: &Shared, caller: &Caller, uri: &Uri, name: &str, resp: &Answer)
         time: bazaar_types::rfc3339(bazaar_types::now_ms()),
         time_ms: bazaar_types::now_ms(),
         token_id: caller.id(),
-        method: "PUT".into(),
+        method: method.into(),
         path: uri.path().to_string(),
         app: Some(app_of(name).to_string()),
         machine_id: None,
@@ -333,17 +362,19 @@ impl Shared {
     fn sweep(&self) {
         let now = self.now();
         let mut uploads = self.uploads.lock().unwrap_or_else(|e| e.into_inner());
-        uploads.retain(|_, slot| match slot.try_lock() {
+        uploads.retain(|id, slot| match slot.try_lock() {
             Ok(mut s) if s.state.expired(now) => {
                 s.ended = true;
-                let _ = std::fs::remove_file(&s.path);
+                self.repos.close_upload(id);
                 false
             }
             _ => true,
         });
     }
 
+    /// Ends upload `id`: out of the table, its bytes and record off the disk.
     fn forget(&self, id: &str) {
+        self.repos.close_upload(id);
         self.uploads
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -374,8 +405,9 @@ async fn start_upload(
     // `mount`/`from` (a blob of another repository) is not taken: an upload starts instead,
     // as the spec allows.
     shared.sweep();
-    // The upload's file exists from the start, so an empty upload finishes as one.
-    tokio::fs::File::create(&path).await.map_err(internal)?;
+    // The upload's file exists from the start, so an empty upload finishes as one; its
+    // record beside it lets it outlive a restart.
+    let path = shared.repos.open_upload(&id, name).map_err(internal)?;
     let slot = Arc::new(tokio::sync::Mutex::new(Slot {
         state: Upload {
             name: name.to_string(),
@@ -395,7 +427,7 @@ async fn start_upload(
         full
     };
     if full {
-        let _ = tokio::fs::remove_file(&guard.path).await;
+        shared.repos.close_upload(&id);
         return Err(RegistryError::new(
             ErrorCode::TooManyRequests,
             format!(
@@ -489,10 +521,12 @@ async fn upload(
             let Some(digest) = digest else {
                 return Ok(upload_answer(StatusCode::ACCEPTED, name, id, &slot.state));
             };
-            // Finished: whatever the digest check says, this upload is over.
+            // Finished: whatever the digest check says, this upload is over (its bytes
+            // adopted or removed, then its record).
             slot.ended = true;
+            let adopted = adopt(shared, name, slot.path.clone(), &digest).await;
             shared.forget(id);
-            adopt(shared, name, slot.path.clone(), &digest).await
+            adopted
         }
         m => Err(RegistryError::new(
             ErrorCode::Unsupported,
@@ -542,6 +576,53 @@ async fn put_manifest(
     Ok(answer(StatusCode::CREATED)
         .header(header::LOCATION, format!("/v2/{name}/manifests/{digest}"))
         .header("docker-content-digest", digest.as_str())
+        .header(header::CONTENT_LENGTH, 0)
+        .body(Body::empty())
+        .expect("a well-formed answer"))
+}
+
+/// `DELETE` of a manifest, as the distribution spec has it: by digest, the manifest and
+/// every tag naming it leave this host's repository (its blobs' links follow once no kept
+/// manifest names them and they are older than the retention's grace, so a push in
+/// progress keeps what it uploaded); by tag, that tag only. `202`, or `404
+/// MANIFEST_UNKNOWN` if the repository does not hold it.
+fn delete_manifest(shared: &Shared, name: &str, reference: &str) -> Answer {
+    let unknown = || {
+        RegistryError::new(
+            ErrorCode::ManifestUnknown,
+            format!("manifest {reference} unknown in {name}"),
+        )
+    };
+    match reference.parse::<Digest>() {
+        Ok(digest) => {
+            let held = shared
+                .repos
+                .manifest(name, reference)
+                .map_err(internal)?
+                .is_some();
+            if !held {
+                return Err(unknown());
+            }
+            let grace = crate::retention::Retention::default().grace;
+            shared
+                .repos
+                .release(name, &digest, grace)
+                .map_err(internal)?;
+        }
+        Err(_) if valid_tag(reference) => {
+            if !shared.repos.untag(name, reference).map_err(internal)? {
+                return Err(unknown());
+            }
+        }
+        Err(_) => {
+            return Err(RegistryError::new(
+                ErrorCode::ManifestInvalid,
+                format!("{reference:?} is neither a tag nor a digest"),
+            ))
+        }
+    }
+    tracing::info!(repository = name, reference, "manifest deleted");
+    Ok(answer(StatusCode::ACCEPTED)
         .header(header::CONTENT_LENGTH, 0)
         .body(Body::empty())
         .expect("a well-formed answer"))

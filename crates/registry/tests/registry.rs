@@ -595,3 +595,117 @@ async fn retention_lets_old_releases_go_and_the_store_frees_their_blobs() {
     assert_eq!(status, StatusCode::OK);
     fx.stop().await;
 }
+
+#[tokio::test]
+async fn a_manifest_is_deleted_by_tag_or_digest_only_with_a_token_that_may_push_to_it() {
+    let fx = Fixture::start().await;
+    let token = app_token("web");
+    let top = layer(vec![file("www/index.html", b"doomed\n")]);
+    let pushed = images::push(&fx.client(&token), "web", "v1", &[&top], "amd64").await;
+    let by_digest = format!("/v2/web/manifests/{pushed}");
+    let status = |(s, _, _): (StatusCode, HeaderMap, Vec<u8>)| s;
+
+    // Another app's token does not see the repository; a read-only one may not delete.
+    let (s, _, body) = fx
+        .call(
+            Method::DELETE,
+            &by_digest,
+            Some(&app_token("other")),
+            &[],
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        (s, code(&body).as_str()),
+        (StatusCode::NOT_FOUND, "NAME_UNKNOWN")
+    );
+    let (s, _, body) = fx
+        .call(
+            Method::DELETE,
+            &by_digest,
+            Some(&read_only_token("web")),
+            &[],
+            vec![],
+        )
+        .await;
+    assert_eq!((s, code(&body).as_str()), (StatusCode::FORBIDDEN, "DENIED"));
+    let (s, _, _) = fx
+        .call(Method::GET, &by_digest, Some(&token), &[], vec![])
+        .await;
+    assert_eq!(s, StatusCode::OK, "nothing was deleted");
+
+    // By tag: the tag goes, the manifest stays under its digest.
+    let (s, _, _) = fx
+        .call(
+            Method::DELETE,
+            "/v2/web/manifests/v1",
+            Some(&token),
+            &[],
+            vec![],
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let (s, _, body) = fx
+        .call(
+            Method::GET,
+            "/v2/web/manifests/v1",
+            Some(&token),
+            &[],
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        (s, code(&body).as_str()),
+        (StatusCode::NOT_FOUND, "MANIFEST_UNKNOWN")
+    );
+    let get = fx
+        .call(Method::GET, &by_digest, Some(&token), &[], vec![])
+        .await;
+    assert_eq!(status(get), StatusCode::OK);
+
+    // By digest: the manifest and any tag naming it go; a second delete finds nothing.
+    images::push(&fx.client(&token), "web", "v2", &[&top], "amd64").await;
+    let (s, _, _) = fx
+        .call(Method::DELETE, &by_digest, Some(&token), &[], vec![])
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    for path in [by_digest.as_str(), "/v2/web/manifests/v2"] {
+        let (s, _, body) = fx.call(Method::GET, path, Some(&token), &[], vec![]).await;
+        assert_eq!(
+            (s, code(&body).as_str()),
+            (StatusCode::NOT_FOUND, "MANIFEST_UNKNOWN"),
+            "{path}"
+        );
+    }
+    let (_, _, body) = fx
+        .call(Method::GET, "/v2/web/tags/list", Some(&token), &[], vec![])
+        .await;
+    let tags: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(tags["tags"], serde_json::json!([]), "{tags}");
+    let (s, _, body) = fx
+        .call(Method::DELETE, &by_digest, Some(&token), &[], vec![])
+        .await;
+    assert_eq!(
+        (s, code(&body).as_str()),
+        (StatusCode::NOT_FOUND, "MANIFEST_UNKNOWN")
+    );
+    let (s, _, body) = fx
+        .call(
+            Method::DELETE,
+            "/v2/web/manifests/v9",
+            Some(&token),
+            &[],
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        (s, code(&body).as_str()),
+        (StatusCode::NOT_FOUND, "MANIFEST_UNKNOWN")
+    );
+    // The blob a push may still need stays within the grace (the store's collection
+    // frees it after).
+    let blob = format!("/v2/web/blobs/{}", top.digest());
+    let (s, _, _) = fx.call(Method::GET, &blob, Some(&token), &[], vec![]).await;
+    assert_eq!(s, StatusCode::OK);
+    fx.stop().await;
+}

@@ -6,6 +6,7 @@
 //! ([`start_plain_cluster`] for the old path with the cluster secret alone).
 //! [`fake_driver`] runs the real agent in-process with no shim (tests on a paused clock).
 
+pub mod debian_base;
 pub mod fake_driver;
 mod fly;
 pub mod host_guard;
