@@ -187,6 +187,14 @@ impl Addresses {
         Ok(())
     }
 
+    /// Why the next machine would get no address, if it would not: the machine network of
+    /// an isolating host is full ([`bazaar_runtime::network::check_bridge_room`]). The host
+    /// then bids for nothing and says so in its record, so the exchange goes elsewhere.
+    pub(crate) fn network_full(&self, driver: &Driver) -> Option<String> {
+        driver.network.as_ref().filter(|_| driver.isolate)?;
+        bazaar_runtime::network::check_bridge_room(lock(&self.ips).len()).err()
+    }
+
     /// Gives back the address and host ports [`Addresses::assign`] handed out.
     pub(crate) fn release(&self, driver: &Driver, rec: &MachineRecord) {
         if let Some(ip) = rec.private_ip {

@@ -627,6 +627,12 @@ impl Agent {
         self.0.addresses.assign(&self.0.driver, rec)
     }
 
+    /// Why this host has no address for another machine, if it has none
+    /// ([`Addresses::network_full`]).
+    pub(crate) fn network_full(&self) -> Option<String> {
+        self.0.addresses.network_full(&self.0.driver)
+    }
+
     /// Gives back what [`Agent::assign_ports`] and [`Agent::assign_user`] handed out.
     pub(crate) fn release_ports(&self, rec: &MachineRecord) {
         crate::identity::release_user(&self.0.addresses, rec);

@@ -38,6 +38,13 @@ pub async fn bid(agent: &Agent, req: BidRequest) -> Result<BidResponse, AgentErr
             retryable: false,
         });
     }
+    if let Some(why) = agent.network_full() {
+        return Ok(BidResponse::Refusal {
+            host_id: agent.host_id().to_string(),
+            reason: why,
+            retryable: false,
+        });
+    }
     let ttl =
         Duration::from_millis(req.ttl_ms.unwrap_or(u64::MAX)).min(agent.config().reservation_ttl);
     let want = Resources {

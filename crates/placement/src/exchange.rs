@@ -122,8 +122,9 @@ pub struct Exclusion {
     pub reason: String,
 }
 
-/// Hosts of `regions` that are alive, not draining, meet the constraints and advertise
-/// enough free capacity for one machine; and why the others were left out.
+/// Hosts of `regions` that are alive, not draining, have addresses left, meet the
+/// constraints and advertise enough free capacity for one machine; and why the others were
+/// left out.
 pub fn candidates<'a>(
     hosts: &'a [Candidate],
     regions: &[String],
@@ -142,6 +143,8 @@ pub fn candidates<'a>(
             .and_then(|d| bazaar_types::host::cannot_run(&h.labels, d).map(|why| (d, why)))
         {
             Some(format!("cannot run {driver} machines: missing {why}"))
+        } else if let Some(why) = bazaar_types::host::network_full(&h.labels) {
+            Some(why.to_string())
         } else if req.pinned_host.as_ref().is_some_and(|p| *p != h.host_id) {
             Some("not the host the machine is pinned to".to_string())
         } else if let Some((k, v)) = req
@@ -484,6 +487,26 @@ mod tests {
             ..req("oci")
         };
         assert_eq!(candidates(&hosts, &ams, &any).0.len(), 2);
+    }
+
+    #[test]
+    fn a_host_whose_machine_network_is_full_is_left_out_with_why() {
+        let mut hosts = vec![host("a", "ams", 4096), host("b", "ams", 4096)];
+        let why = "this host's machine network is full: its bridge holds at most 1023 machines";
+        hosts[0]
+            .labels
+            .insert(bazaar_types::host::NETWORK_FULL_LABEL.into(), why.into());
+        let req = PlacementRequest {
+            size: Resources {
+                cpus: 1,
+                memory_mb: 256,
+            },
+            count: 1,
+            ..Default::default()
+        };
+        let (ok, ex) = candidates(&hosts, &["ams".to_string()], &req);
+        assert_eq!(ok.iter().map(|c| &c.host_id).collect::<Vec<_>>(), ["b"]);
+        assert_eq!((ex[0].host_id.as_str(), ex[0].reason.as_str()), ("a", why));
     }
 
     #[test]

@@ -38,6 +38,17 @@ pub const GVISOR_PLATFORM_LABEL: &str = "gvisor_platform";
 /// are held against capacity by requests there, like any other.
 pub const BATCH_FREE_LABEL: &str = "bazaar_batch_free";
 
+/// The host label of a host whose machine network has no address left (every machine of an
+/// isolating host takes one: its bridge holds at most 1,023), saying so; the exchange asks
+/// it for no machine until the label goes.
+pub const NETWORK_FULL_LABEL: &str = "bazaar_network_full";
+
+/// Why a host with `labels` takes no machine for want of addresses, if it says so
+/// ([`NETWORK_FULL_LABEL`]).
+pub fn network_full(labels: &std::collections::BTreeMap<String, String>) -> Option<&str> {
+    labels.get(NETWORK_FULL_LABEL).map(String::as_str)
+}
+
 /// The batch room a host with `labels` advertises ([`BATCH_FREE_LABEL`]).
 pub fn batch_free(labels: &std::collections::BTreeMap<String, String>) -> Option<Resources> {
     let (cpus, memory_mb) = labels.get(BATCH_FREE_LABEL)?.split_once('/')?;
