@@ -143,9 +143,11 @@ pub async fn publish_host(agent: &Agent) {
                 .chain(agent.cannot_run_all().iter().map(|(driver, why)| {
                     (bazaar_types::host::cannot_run_label(driver), why.clone())
                 }))
-                .chain(agent.network_full().map(|why| {
-                    (bazaar_types::host::NETWORK_FULL_LABEL.to_string(), why)
-                }))
+                .chain(
+                    agent
+                        .network_full()
+                        .map(|why| (bazaar_types::host::NETWORK_FULL_LABEL.to_string(), why)),
+                )
                 .chain(batch_free.map(|room| {
                     (
                         bazaar_types::host::BATCH_FREE_LABEL.to_string(),

@@ -65,6 +65,16 @@ impl Fixture {
         Registry::new(&self.addr.to_string(), auth, true).unwrap()
     }
 
+    /// A request with no headers and no body.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+    ) -> (StatusCode, HeaderMap, Vec<u8>) {
+        self.call(method, path, token, &[], vec![]).await
+    }
+
     async fn call(
         &self,
         method: Method,
@@ -138,20 +148,14 @@ async fn an_image_pushed_with_a_token_of_its_app_is_pulled_back_whole() {
     images::push(&fx.client(&token), "web/worker", "v1", &[&base], "amd64").await;
 
     let (status, headers, body) = fx
-        .call(Method::GET, "/v2/web/tags/list", Some(&token), &[], vec![])
+        .send(Method::GET, "/v2/web/tags/list", Some(&token))
         .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["docker-distribution-api-version"], "registry/2.0");
     let tags: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(tags, serde_json::json!({"name": "web", "tags": ["v1"]}));
     let (status, headers, _) = fx
-        .call(
-            Method::HEAD,
-            "/v2/web/manifests/v1",
-            Some(&token),
-            &[],
-            vec![],
-        )
+        .send(Method::HEAD, "/v2/web/manifests/v1", Some(&token))
         .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["docker-content-digest"], pushed.as_str());
@@ -181,7 +185,7 @@ async fn an_image_pushed_with_a_token_of_its_app_is_pulled_back_whole() {
     // Garbage collection keeps what the repositories hold.
     fx.store.gc(&[]).await.unwrap();
     let path = format!("/v2/web/blobs/{}", top.digest());
-    let (status, headers, body) = fx.call(Method::GET, &path, Some(&token), &[], vec![]).await;
+    let (status, headers, body) = fx.send(Method::GET, &path, Some(&token)).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body, top.blob);
     assert_eq!(headers["docker-content-digest"], top.digest().as_str());
@@ -218,35 +222,19 @@ async fn a_token_of_app_a_neither_pushes_to_nor_pulls_from_app_b() {
     let pushed = fx.client(&token_a).push_blob("b", &mine.blob).await;
     assert!(pushed.is_err(), "{pushed:?}");
     let (status, headers, _) = fx
-        .call(
-            Method::GET,
-            "/v2/b/tags/list",
-            Some(tokens::admin()),
-            &[],
-            vec![],
-        )
+        .send(Method::GET, "/v2/b/tags/list", Some(tokens::admin()))
         .await;
     assert_eq!(status, StatusCode::OK, "{headers:?}");
     let path = format!("/v2/b/blobs/{}", mine.digest());
-    let (status, _, _) = fx
-        .call(Method::HEAD, &path, Some(tokens::admin()), &[], vec![])
-        .await;
+    let (status, _, _) = fx.send(Method::HEAD, &path, Some(tokens::admin())).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
     // A read-only token of B pulls, but does not push.
     let reader = read_only_token("b");
-    let (status, _, _) = fx
-        .call(Method::GET, &blob, Some(&reader), &[], vec![])
-        .await;
+    let (status, _, _) = fx.send(Method::GET, &blob, Some(&reader)).await;
     assert_eq!(status, StatusCode::OK);
     let (status, _, body) = fx
-        .call(
-            Method::POST,
-            "/v2/b/blobs/uploads/",
-            Some(&reader),
-            &[],
-            vec![],
-        )
+        .send(Method::POST, "/v2/b/blobs/uploads/", Some(&reader))
         .await;
     assert_eq!(
         (status, code(&body).as_str()),
@@ -255,7 +243,7 @@ async fn a_token_of_app_a_neither_pushes_to_nor_pulls_from_app_b() {
 
     // No credentials, or a forged token: 401 with a challenge clients answer.
     for token in [None, Some("not-a-token")] {
-        let (status, headers, body) = fx.call(Method::GET, "/v2/", token, &[], vec![]).await;
+        let (status, headers, body) = fx.send(Method::GET, "/v2/", token).await;
         assert_eq!(status, StatusCode::UNAUTHORIZED);
         assert_eq!(code(&body), "UNAUTHORIZED");
         assert!(
@@ -266,9 +254,7 @@ async fn a_token_of_app_a_neither_pushes_to_nor_pulls_from_app_b() {
             "{headers:?}"
         );
     }
-    let (status, _, _) = fx
-        .call(Method::GET, "/v2/", Some(&token_a), &[], vec![])
-        .await;
+    let (status, _, _) = fx.send(Method::GET, "/v2/", Some(&token_a)).await;
     assert_eq!(status, StatusCode::OK);
     fx.stop().await;
 }
@@ -282,9 +268,7 @@ async fn chunked_uploads_are_checked_against_their_digest_before_they_enter_the_
     let digest = Digest::of(&data);
 
     // POST, PATCH, PATCH, PUT ?digest=.
-    let (status, headers, _) = fx
-        .call(Method::POST, "/v2/web/blobs/uploads/", t, &[], vec![])
-        .await;
+    let (status, headers, _) = fx.send(Method::POST, "/v2/web/blobs/uploads/", t).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     let upload = location(&headers);
     assert_eq!(headers[header::RANGE], "0-0");
@@ -317,25 +301,17 @@ async fn chunked_uploads_are_checked_against_their_digest_before_they_enter_the_
     assert_eq!(status, StatusCode::ACCEPTED);
     // The upload is this repository's only.
     let other = upload.replace("/v2/web/", "/v2/web/other/");
-    let (status, _, body) = fx.call(Method::GET, &other, t, &[], vec![]).await;
+    let (status, _, body) = fx.send(Method::GET, &other, t).await;
     assert_eq!(
         (status, code(&body).as_str()),
         (StatusCode::NOT_FOUND, "BLOB_UPLOAD_UNKNOWN")
     );
     let (status, headers, _) = fx
-        .call(
-            Method::PUT,
-            &format!("{upload}?digest={digest}"),
-            t,
-            &[],
-            vec![],
-        )
+        .send(Method::PUT, &format!("{upload}?digest={digest}"), t)
         .await;
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(headers["docker-content-digest"], digest.as_str());
-    let (status, _, body) = fx
-        .call(Method::GET, &location(&headers), t, &[], vec![])
-        .await;
+    let (status, _, body) = fx.send(Method::GET, &location(&headers), t).await;
     assert_eq!((status, body), (StatusCode::OK, data.clone()));
     // Finished uploads are gone.
     let (status, _, _) = fx.call(Method::PATCH, &upload, t, &[], b"x".to_vec()).await;
@@ -352,7 +328,7 @@ async fn chunked_uploads_are_checked_against_their_digest_before_they_enter_the_
         (StatusCode::BAD_REQUEST, "DIGEST_INVALID")
     );
     let blob = format!("/v2/web/blobs/{liar}");
-    let (status, _, body) = fx.call(Method::GET, &blob, t, &[], vec![]).await;
+    let (status, _, body) = fx.send(Method::GET, &blob, t).await;
     assert_eq!(
         (status, code(&body).as_str()),
         (StatusCode::NOT_FOUND, "BLOB_UNKNOWN")
@@ -367,40 +343,32 @@ async fn chunked_uploads_are_checked_against_their_digest_before_they_enter_the_
     // A cross-repository mount is not taken: an upload starts instead (202), as the spec
     // allows.
     let mount = format!("/v2/web/blobs/uploads/?mount={digest}&from=web");
-    let (status, headers, _) = fx.call(Method::POST, &mount, t, &[], vec![]).await;
+    let (status, headers, _) = fx.send(Method::POST, &mount, t).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     assert!(location(&headers).starts_with("/v2/web/blobs/uploads/"));
-    let (status, _, _) = fx
-        .call(Method::DELETE, &location(&headers), t, &[], vec![])
-        .await;
+    let (status, _, _) = fx.send(Method::DELETE, &location(&headers), t).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
 
     // Over the limit: 413, the upload dropped.
-    let (_, headers, _) = fx
-        .call(Method::POST, "/v2/web/blobs/uploads/", t, &[], vec![])
-        .await;
+    let (_, headers, _) = fx.send(Method::POST, "/v2/web/blobs/uploads/", t).await;
     let upload = location(&headers);
     let big = vec![7u8; LIMIT as usize + 1];
     let (status, _, body) = fx.call(Method::PATCH, &upload, t, &[], big.clone()).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert!(String::from_utf8_lossy(&body).contains(&LIMIT.to_string()));
-    let (status, _, _) = fx.call(Method::GET, &upload, t, &[], vec![]).await;
+    let (status, _, _) = fx.send(Method::GET, &upload, t).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     let path = format!("/v2/web/blobs/uploads/?digest={}", Digest::of(&big));
     let (status, _, _) = fx.call(Method::POST, &path, t, &[], big).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
 
     // A bad digest and a bad name are told apart.
-    let (status, _, body) = fx
-        .call(Method::GET, "/v2/web/blobs/sha256:zz", t, &[], vec![])
-        .await;
+    let (status, _, body) = fx.send(Method::GET, "/v2/web/blobs/sha256:zz", t).await;
     assert_eq!(
         (status, code(&body).as_str()),
         (StatusCode::BAD_REQUEST, "DIGEST_INVALID")
     );
-    let (status, _, body) = fx
-        .call(Method::GET, "/v2/Web/tags/list", t, &[], vec![])
-        .await;
+    let (status, _, body) = fx.send(Method::GET, "/v2/Web/tags/list", t).await;
     assert_eq!(
         (status, code(&body).as_str()),
         (StatusCode::BAD_REQUEST, "NAME_INVALID")
@@ -456,16 +424,12 @@ async fn a_manifest_is_taken_only_with_its_blobs_and_its_own_digest() {
         (status, code(&body).as_str()),
         (StatusCode::BAD_REQUEST, "MANIFEST_INVALID")
     );
-    let (status, _, body) = fx
-        .call(Method::GET, "/v2/web/manifests/v1", t, &[], vec![])
-        .await;
+    let (status, _, body) = fx.send(Method::GET, "/v2/web/manifests/v1", t).await;
     assert_eq!(
         (status, code(&body).as_str()),
         (StatusCode::NOT_FOUND, "MANIFEST_UNKNOWN")
     );
-    let (status, _, body) = fx
-        .call(Method::GET, "/v2/web/tags/list", t, &[], vec![])
-        .await;
+    let (status, _, body) = fx.send(Method::GET, "/v2/web/tags/list", t).await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
 
     let (status, headers, _) = fx
@@ -484,7 +448,7 @@ async fn a_manifest_is_taken_only_with_its_blobs_and_its_own_digest() {
         "/v2/web/manifests/v1".to_string(),
         format!("/v2/web/manifests/{digest}"),
     ] {
-        let (status, headers, body) = fx.call(Method::GET, &path, t, &[], vec![]).await;
+        let (status, headers, body) = fx.send(Method::GET, &path, t).await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(
             headers[header::CONTENT_TYPE],
@@ -493,9 +457,7 @@ async fn a_manifest_is_taken_only_with_its_blobs_and_its_own_digest() {
         assert_eq!(body, manifest);
     }
     // Nobody pushed to this one.
-    let (status, _, body) = fx
-        .call(Method::GET, "/v2/web/none/tags/list", t, &[], vec![])
-        .await;
+    let (status, _, body) = fx.send(Method::GET, "/v2/web/none/tags/list", t).await;
     assert_eq!(
         (status, code(&body).as_str()),
         (StatusCode::NOT_FOUND, "NAME_UNKNOWN")
@@ -555,9 +517,7 @@ async fn retention_lets_old_releases_go_and_the_store_frees_their_blobs() {
     );
     fx.store.gc(&[]).await.unwrap();
     let t = Some(token.as_str());
-    let (_, _, body) = fx
-        .call(Method::GET, "/v2/web/tags/list", t, &[], vec![])
-        .await;
+    let (_, _, body) = fx.send(Method::GET, "/v2/web/tags/list", t).await;
     let tags: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(
         tags["tags"],
@@ -567,13 +527,7 @@ async fn retention_lets_old_releases_go_and_the_store_frees_their_blobs() {
     for (i, (digest, own)) in releases.iter().enumerate() {
         let kept = i != 1;
         let (status, _, _) = fx
-            .call(
-                Method::GET,
-                &format!("/v2/web/manifests/{digest}"),
-                t,
-                &[],
-                vec![],
-            )
+            .send(Method::GET, &format!("/v2/web/manifests/{digest}"), t)
             .await;
         assert_eq!(status == StatusCode::OK, kept, "release {i}");
         assert_eq!(
@@ -607,70 +561,40 @@ async fn a_manifest_is_deleted_by_tag_or_digest_only_with_a_token_that_may_push_
 
     // Another app's token does not see the repository; a read-only one may not delete.
     let (s, _, body) = fx
-        .call(
-            Method::DELETE,
-            &by_digest,
-            Some(&app_token("other")),
-            &[],
-            vec![],
-        )
+        .send(Method::DELETE, &by_digest, Some(&app_token("other")))
         .await;
     assert_eq!(
         (s, code(&body).as_str()),
         (StatusCode::NOT_FOUND, "NAME_UNKNOWN")
     );
     let (s, _, body) = fx
-        .call(
-            Method::DELETE,
-            &by_digest,
-            Some(&read_only_token("web")),
-            &[],
-            vec![],
-        )
+        .send(Method::DELETE, &by_digest, Some(&read_only_token("web")))
         .await;
     assert_eq!((s, code(&body).as_str()), (StatusCode::FORBIDDEN, "DENIED"));
-    let (s, _, _) = fx
-        .call(Method::GET, &by_digest, Some(&token), &[], vec![])
-        .await;
+    let (s, _, _) = fx.send(Method::GET, &by_digest, Some(&token)).await;
     assert_eq!(s, StatusCode::OK, "nothing was deleted");
 
     // By tag: the tag goes, the manifest stays under its digest.
     let (s, _, _) = fx
-        .call(
-            Method::DELETE,
-            "/v2/web/manifests/v1",
-            Some(&token),
-            &[],
-            vec![],
-        )
+        .send(Method::DELETE, "/v2/web/manifests/v1", Some(&token))
         .await;
     assert_eq!(s, StatusCode::ACCEPTED);
     let (s, _, body) = fx
-        .call(
-            Method::GET,
-            "/v2/web/manifests/v1",
-            Some(&token),
-            &[],
-            vec![],
-        )
+        .send(Method::GET, "/v2/web/manifests/v1", Some(&token))
         .await;
     assert_eq!(
         (s, code(&body).as_str()),
         (StatusCode::NOT_FOUND, "MANIFEST_UNKNOWN")
     );
-    let get = fx
-        .call(Method::GET, &by_digest, Some(&token), &[], vec![])
-        .await;
+    let get = fx.send(Method::GET, &by_digest, Some(&token)).await;
     assert_eq!(status(get), StatusCode::OK);
 
     // By digest: the manifest and any tag naming it go; a second delete finds nothing.
     images::push(&fx.client(&token), "web", "v2", &[&top], "amd64").await;
-    let (s, _, _) = fx
-        .call(Method::DELETE, &by_digest, Some(&token), &[], vec![])
-        .await;
+    let (s, _, _) = fx.send(Method::DELETE, &by_digest, Some(&token)).await;
     assert_eq!(s, StatusCode::ACCEPTED);
     for path in [by_digest.as_str(), "/v2/web/manifests/v2"] {
-        let (s, _, body) = fx.call(Method::GET, path, Some(&token), &[], vec![]).await;
+        let (s, _, body) = fx.send(Method::GET, path, Some(&token)).await;
         assert_eq!(
             (s, code(&body).as_str()),
             (StatusCode::NOT_FOUND, "MANIFEST_UNKNOWN"),
@@ -678,25 +602,17 @@ async fn a_manifest_is_deleted_by_tag_or_digest_only_with_a_token_that_may_push_
         );
     }
     let (_, _, body) = fx
-        .call(Method::GET, "/v2/web/tags/list", Some(&token), &[], vec![])
+        .send(Method::GET, "/v2/web/tags/list", Some(&token))
         .await;
     let tags: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(tags["tags"], serde_json::json!([]), "{tags}");
-    let (s, _, body) = fx
-        .call(Method::DELETE, &by_digest, Some(&token), &[], vec![])
-        .await;
+    let (s, _, body) = fx.send(Method::DELETE, &by_digest, Some(&token)).await;
     assert_eq!(
         (s, code(&body).as_str()),
         (StatusCode::NOT_FOUND, "MANIFEST_UNKNOWN")
     );
     let (s, _, body) = fx
-        .call(
-            Method::DELETE,
-            "/v2/web/manifests/v9",
-            Some(&token),
-            &[],
-            vec![],
-        )
+        .send(Method::DELETE, "/v2/web/manifests/v9", Some(&token))
         .await;
     assert_eq!(
         (s, code(&body).as_str()),
@@ -705,7 +621,7 @@ async fn a_manifest_is_deleted_by_tag_or_digest_only_with_a_token_that_may_push_
     // The blob a push may still need stays within the grace (the store's collection
     // frees it after).
     let blob = format!("/v2/web/blobs/{}", top.digest());
-    let (s, _, _) = fx.call(Method::GET, &blob, Some(&token), &[], vec![]).await;
+    let (s, _, _) = fx.send(Method::GET, &blob, Some(&token)).await;
     assert_eq!(s, StatusCode::OK);
     fx.stop().await;
 }
