@@ -11,3 +11,4 @@ mod isolation_process;
 mod microvm_machines;
 mod oci_machines;
 mod registry_peers;
+mod sandbox_support;

@@ -11,9 +11,8 @@
 
 use crate::common;
 
-use bazaar_testkit::images::{
-    busybox_rootfs_layer, config_with, ensure_packages, push_with_config, TestRegistry,
-};
+use crate::sandbox_support::*;
+use bazaar_testkit::images::{ensure_packages, TestRegistry};
 use bazaar_testkit::start_cluster;
 use common::*;
 use reqwest::StatusCode;
@@ -30,119 +29,20 @@ const PROBE_AND_SERVE: &str = "for f in -U -n; do unshare $f true 2>>/tmp/probes
      echo unshare$f=$? >>/tmp/probes; done; \
      trap 'echo got its stop signal; exit 0' INT TERM; httpd -f -p 8080 -h /www & wait";
 
+/// A gVisor sandbox starts in a fraction of a second.
+const PATIENCE: Patience = Patience {
+    wait_secs: 30,
+    exec: Duration::from_secs(20),
+    exec_timeout_secs: 20,
+    serve: Duration::from_secs(20),
+};
+
 async fn push_image(registry: &TestRegistry) -> String {
-    let reg =
-        bazaar_image::Registry::new(&registry.host, bazaar_image::Auth::Anonymous, true).unwrap();
-    let layer = busybox_rootfs_layer(
-        &[
-            "sh", "httpd", "cat", "id", "nc", "printf", "echo", "ls", "sleep", "unshare", "arping",
-            "nslookup", "dmesg", "wc", "head", "dd",
-        ],
-        ("etc/motd", b"gvisor\n"),
-    );
-    let config = config_with(
-        &[&layer],
-        bazaar_image::manifest::Platform::current()
-            .architecture
-            .as_str(),
-        json!({"Cmd": ["/bin/sh", "-c", PROBE_AND_SERVE], "Env": ["PATH=/bin"]}),
-    );
-    push_with_config(&reg, "gv", "1", &[&layer], &config).await;
-    format!("{}/gv:1", registry.host)
-}
-
-fn config(image: &str, runtime: &str) -> Value {
-    json!({
-        "image": image,
-        "runtime": runtime,
-        "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256},
-        "services": [{"protocol": "tcp", "internal_port": 8080,
-                      "ports": [{"port": 80, "handlers": ["http"]}]}],
-    })
-}
-
-async fn create(fly: &Fly, app: &str, config: Value) -> (String, Ipv4Addr) {
-    let (s, m) = fly
-        .post(&format!("/apps/{app}/machines"), json!({"config": config}))
-        .await;
-    assert_eq!(s, StatusCode::OK, "{m}");
-    let ip = m["private_ip"].as_str().unwrap().parse().unwrap();
-    (m["id"].as_str().unwrap().to_string(), ip)
-}
-
-/// Waits until the machine is `state`; otherwise fails with its events and its log.
-async fn reaches(fly: &Fly, data_dir: &Path, app: &str, id: &str, state: &str) {
-    let (s, w) = fly
-        .get(&format!(
-            "/apps/{app}/machines/{id}/wait?state={state}&timeout=30"
-        ))
-        .await;
-    if s != StatusCode::OK {
-        let (_, ev) = fly.get(&format!("/apps/{app}/machines/{id}/events")).await;
-        panic!(
-            "machine {id} never {state}: {w}\nevents: {ev}\nlog: {}",
-            log(data_dir, id)
-        );
-    }
-}
-
-fn log(data_dir: &Path, id: &str) -> String {
-    std::fs::read_to_string(data_dir.join("machines").join(id).join("output.log"))
-        .unwrap_or_default()
-}
-
-/// Runs `cmd` with `sh -c` in the machine once exec answers (retried for a while, as
-/// after a restart); its stdout.
-async fn sh(fly: &Fly, app: &str, id: &str, cmd: &str) -> String {
-    let v = bazaar_testkit::eventually(Duration::from_secs(20), || async {
-        let (s, v) = fly
-            .post(
-                &format!("/apps/{app}/machines/{id}/exec"),
-                json!({"command": ["/bin/sh", "-c", cmd], "timeout": 20}),
-            )
-            .await;
-        (s == StatusCode::OK).then_some(v)
-    })
-    .await
-    .unwrap_or_else(|_| panic!("exec {cmd:?} never answered 200"));
-    v["stdout"].as_str().unwrap_or_default().to_string()
-}
-
-async fn served(proxy: &str, app: &str) -> String {
-    bazaar_testkit::eventually(Duration::from_secs(20), || async {
-        let resp = reqwest::Client::new()
-            .get(format!("{proxy}/index.html"))
-            .header("host", format!("{app}.localhost"))
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await
-            .ok()?;
-        (resp.status() == 200).then_some(resp.text().await.ok()?)
-    })
-    .await
-    .expect("served through the proxy")
-}
-
-/// Host processes whose command line names `needle` (runsc's sandbox, gofer and its
-/// `run`, which name the machine's run directory).
-fn processes_naming(needle: &str) -> Vec<String> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-        .filter(|c| c.contains(needle))
-        .collect()
-}
-
-/// Removes a host file when the test ends, however it ends.
-struct HostFile(std::path::PathBuf);
-
-impl Drop for HostFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+    let applets = [
+        "sh", "httpd", "cat", "id", "nc", "printf", "echo", "ls", "sleep", "unshare", "arping",
+        "nslookup", "dmesg", "wc", "head", "dd",
+    ];
+    push_busybox(registry, "gv", &applets, b"gvisor\n", PROBE_AND_SERVE).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,7 +109,7 @@ async fn gvisor_machines_run_sandboxed_with_their_address_volume_and_lifecycle()
     gv_config["mounts"] = json!([{"volume": vol_id, "path": "/data"}]);
     let (id, ip) = create(&fly, "web", gv_config).await;
     for (app, m) in [("web", &peer), ("other", &stranger), ("web", &id)] {
-        reaches(&fly, &data_dir, app, m, "started").await;
+        reaches(&fly, &data_dir, PATIENCE, (app, m), "started").await;
     }
     let run_dir = |id: &str| {
         let runs: Vec<_> = std::fs::read_dir(data_dir.join("machines").join(id).join("runs"))
@@ -247,28 +147,28 @@ async fn gvisor_machines_run_sandboxed_with_their_address_volume_and_lifecycle()
     // Inside gVisor's kernel, on its own address, with the image's root.
     let out = sh(
         &fly,
-        "web",
-        &id,
+        PATIENCE,
+        ("web", &id),
         "dmesg | head -3; id -u; echo $FLY_PRIVATE_IP",
     )
     .await;
     assert!(out.contains("gVisor"), "not gVisor's kernel: {out}");
     assert!(out.ends_with(&format!("\n0\n{ip}\n")), "{out}");
     let host_version = std::fs::read_to_string("/proc/version").unwrap();
-    let version = sh(&fly, "web", &id, "cat /proc/version").await;
+    let version = sh(&fly, PATIENCE, ("web", &id), "cat /proc/version").await;
     assert_ne!(version, host_version, "the host's kernel answered");
 
     // Served through the proxy (both machines of the app answer the same page).
     assert_eq!(
-        served(&agent.proxy_url(), "web").await,
+        served(&agent.proxy_url(), PATIENCE, "web").await,
         "hello from the image\n"
     );
 
     // The other machine of its app by name, through the internal DNS on its gateway.
     let out = sh(
         &fly,
-        "web",
-        &id,
+        PATIENCE,
+        ("web", &id),
         &format!("nslookup {peer}.vm.web.internal 2>&1"),
     )
     .await;
@@ -283,26 +183,26 @@ async fn gvisor_machines_run_sandboxed_with_their_address_volume_and_lifecycle()
     // through the proxy, and to other hosts' machines over the mesh).
     // (Its server starts once its probes are done: until then nothing answers.)
     let own = bazaar_testkit::eventually(Duration::from_secs(20), || async {
-        let out = sh(&fly, "web", &id, &fetch(ip)).await;
+        let out = sh(&fly, PATIENCE, ("web", &id), &fetch(ip)).await;
         out.contains("hello from the image").then_some(out)
     })
     .await;
     assert!(own.is_ok(), "its own address never answered from inside");
-    let out = sh(&fly, "web", &id, &fetch(peer_ip)).await;
+    let out = sh(&fly, PATIENCE, ("web", &id), &fetch(peer_ip)).await;
     assert!(!out.contains("hello"), "reached the peer directly: {out}");
-    let out = sh(&fly, "web", &peer, &fetch(ip)).await;
+    let out = sh(&fly, PATIENCE, ("web", &peer), &fetch(ip)).await;
     assert!(
         !out.contains("hello"),
         "the peer reached it directly: {out}"
     );
 
     // Its volume, through the gofer: what it writes is on the host's volume.
-    sh(&fly, "web", &id, "echo kept > /data/x").await;
+    sh(&fly, PATIENCE, ("web", &id), "echo kept > /data/x").await;
     let on_host = data_dir.join("volumes").join(&vol_id).join("mnt/x");
     assert_eq!(std::fs::read_to_string(&on_host).unwrap(), "kept\n");
 
     // Escapes, refused. Another app's machine:
-    let out = sh(&fly, "web", &id, &fetch(stranger_ip)).await;
+    let out = sh(&fly, PATIENCE, ("web", &id), &fetch(stranger_ip)).await;
     assert!(!out.contains("hello"), "reached another app: {out}");
     // A host file (it has only its image's root):
     let secret =
@@ -310,18 +210,24 @@ async fn gvisor_machines_run_sandboxed_with_their_address_volume_and_lifecycle()
     std::fs::write(&secret.0, "host secret\n").unwrap();
     let out = sh(
         &fly,
-        "web",
-        &id,
+        PATIENCE,
+        ("web", &id),
         &format!("cat {} 2>&1; ls /", secret.0.display()),
     )
     .await;
     assert!(!out.contains("host secret"), "{out}");
     assert!(!out.contains("machines") && !out.contains("home"), "{out}");
     // The kernel's memory:
-    let out = sh(&fly, "web", &id, "cat /proc/kcore 2>/dev/null | wc -c").await;
+    let out = sh(
+        &fly,
+        PATIENCE,
+        ("web", &id),
+        "cat /proc/kcore 2>/dev/null | wc -c",
+    )
+    .await;
     assert_eq!(out.trim(), "0", "{out}");
     // New namespaces (the machine's own processes, under the bundle's seccomp list):
-    let probes = sh(&fly, "web", &id, "cat /tmp/probes").await;
+    let probes = sh(&fly, PATIENCE, ("web", &id), "cat /tmp/probes").await;
     assert!(
         probes.contains("unshare-U=1") && probes.contains("unshare-n=1"),
         "{probes}"
@@ -340,8 +246,8 @@ async fn gvisor_machines_run_sandboxed_with_their_address_volume_and_lifecycle()
     let gateway = Ipv4Addr::from(u32::from(subnet) + 1);
     let out = sh(
         &fly,
-        "web",
-        &id,
+        PATIENCE,
+        ("web", &id),
         &format!("arping -c 1 -w 1 -I eth0 {gateway} 2>&1; echo rc=$?"),
     )
     .await;
@@ -352,8 +258,8 @@ async fn gvisor_machines_run_sandboxed_with_their_address_volume_and_lifecycle()
     let port = listener.local_addr().unwrap().port();
     let out = sh(
         &fly,
-        "web",
-        &id,
+        PATIENCE,
+        ("web", &id),
         &format!("echo hi | nc -w 2 {gateway} {port} 2>&1; echo rc=$?"),
     )
     .await;
@@ -385,47 +291,53 @@ async fn gvisor_machines_run_sandboxed_with_their_address_volume_and_lifecycle()
         .post(&format!("/apps/web/machines/{id}/stop"), json!({}))
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    reaches(&fly, &data_dir, "web", &id, "stopped").await;
+    reaches(&fly, &data_dir, PATIENCE, ("web", &id), "stopped").await;
     assert!(
         log(&data_dir, &id).contains("got its stop signal"),
         "{}",
         log(&data_dir, &id)
     );
     // Started again: the volume kept its data, the rest starts from the image.
-    sh(&fly, "web", &peer, "true").await;
+    sh(&fly, PATIENCE, ("web", &peer), "true").await;
     let (s, v) = fly
         .post(&format!("/apps/web/machines/{id}/start"), json!({}))
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    reaches(&fly, &data_dir, "web", &id, "started").await;
-    assert_eq!(sh(&fly, "web", &id, "cat /data/x").await, "kept\n");
+    reaches(&fly, &data_dir, PATIENCE, ("web", &id), "started").await;
+    assert_eq!(
+        sh(&fly, PATIENCE, ("web", &id), "cat /data/x").await,
+        "kept\n"
+    );
     // Restarted.
     let (s, v) = fly
         .post(&format!("/apps/web/machines/{id}/restart"), json!({}))
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    reaches(&fly, &data_dir, "web", &id, "started").await;
+    reaches(&fly, &data_dir, PATIENCE, ("web", &id), "started").await;
 
     // Suspended where gVisor allows it (its cgroup frozen), and resumed.
     let (s, v) = fly
         .post(&format!("/apps/web/machines/{id}/suspend"), json!({}))
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    reaches(&fly, &data_dir, "web", &id, "suspended").await;
+    reaches(&fly, &data_dir, PATIENCE, ("web", &id), "suspended").await;
     let (s, v) = fly
         .post(&format!("/apps/web/machines/{id}/start"), json!({}))
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    reaches(&fly, &data_dir, "web", &id, "started").await;
+    reaches(&fly, &data_dir, PATIENCE, ("web", &id), "started").await;
 
     // The agent killed with -9 and restarted: the same run is adopted again.
-    sh(&fly, "web", &id, "echo alive > /tmp/marker").await;
+    sh(&fly, PATIENCE, ("web", &id), "echo alive > /tmp/marker").await;
     let before = run_dir(&id);
     agents[0].kill9();
     agents[0].restart().unwrap();
     let agent = &agents[0];
     let fly = Fly::new(agent);
-    assert_eq!(sh(&fly, "web", &id, "cat /tmp/marker").await, "alive\n");
+    assert_eq!(
+        sh(&fly, PATIENCE, ("web", &id), "cat /tmp/marker").await,
+        "alive\n"
+    );
     assert_eq!(run_dir(&id), before);
 
     // Destroyed: no runsc process, cgroup, mount or directory of it is left.

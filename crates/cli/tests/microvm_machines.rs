@@ -13,123 +13,33 @@ use crate::common;
 #[path = "../../microvm/tests/support/mod.rs"]
 mod support;
 
-use bazaar_testkit::images::{
-    busybox_rootfs_layer, config_with, ensure_packages, push_with_config, TestRegistry,
-};
+use crate::sandbox_support::*;
+use bazaar_testkit::images::{ensure_packages, TestRegistry};
 use bazaar_testkit::start_cluster;
 use common::*;
 use reqwest::StatusCode;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 /// The first process: says it booted, serves, and says so when its stop signal comes.
 const SERVE: &str = "echo booted in the guest; \
      trap 'echo got its stop signal; exit 0' INT TERM; httpd -f -p 8080 -h /www & wait";
 
+/// A microVM boots under TCG in seconds.
+const PATIENCE: Patience = Patience {
+    wait_secs: 60,
+    exec: Duration::from_secs(90),
+    exec_timeout_secs: 10,
+    serve: Duration::from_secs(90),
+};
+
 async fn push_image(registry: &TestRegistry) -> String {
-    let reg =
-        bazaar_image::Registry::new(&registry.host, bazaar_image::Auth::Anonymous, true).unwrap();
-    let layer = busybox_rootfs_layer(
-        &[
-            "sh", "httpd", "cat", "nc", "printf", "echo", "ls", "sleep", "unshare", "uname",
-        ],
-        ("etc/motd", b"microvm\n"),
-    );
-    let config = config_with(
-        &[&layer],
-        bazaar_image::manifest::Platform::current()
-            .architecture
-            .as_str(),
-        json!({"Cmd": ["/bin/sh", "-c", SERVE], "Env": ["PATH=/bin"]}),
-    );
-    push_with_config(&reg, "vm", "1", &[&layer], &config).await;
-    format!("{}/vm:1", registry.host)
-}
-
-fn config(image: &str, runtime: &str) -> Value {
-    json!({
-        "image": image,
-        "runtime": runtime,
-        "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256},
-        "services": [{"protocol": "tcp", "internal_port": 8080,
-                      "ports": [{"port": 80, "handlers": ["http"]}]}],
-    })
-}
-
-async fn create(fly: &Fly, app: &str, config: Value) -> (String, Ipv4Addr) {
-    let (s, m) = fly
-        .post(&format!("/apps/{app}/machines"), json!({"config": config}))
-        .await;
-    assert_eq!(s, StatusCode::OK, "{m}");
-    let ip = m["private_ip"].as_str().unwrap().parse().unwrap();
-    (m["id"].as_str().unwrap().to_string(), ip)
-}
-
-/// Waits until the machine is `state`; otherwise fails with its events and its log.
-async fn reaches(fly: &Fly, data_dir: &Path, app: &str, id: &str, state: &str) {
-    let (s, w) = fly
-        .get(&format!(
-            "/apps/{app}/machines/{id}/wait?state={state}&timeout=60"
-        ))
-        .await;
-    if s != StatusCode::OK {
-        let (_, ev) = fly.get(&format!("/apps/{app}/machines/{id}/events")).await;
-        panic!(
-            "machine {id} never {state}: {w}\nevents: {ev}\nlog: {}",
-            log(data_dir, id)
-        );
-    }
-}
-
-fn log(data_dir: &Path, id: &str) -> String {
-    std::fs::read_to_string(data_dir.join("machines").join(id).join("output.log"))
-        .unwrap_or_default()
-}
-
-/// Runs `cmd` with `sh -c` in the machine once exec answers (retried while the guest
-/// boots); its stdout.
-async fn sh(fly: &Fly, app: &str, id: &str, cmd: &str) -> String {
-    let v = bazaar_testkit::eventually(Duration::from_secs(90), || async {
-        let (s, v) = fly
-            .post(
-                &format!("/apps/{app}/machines/{id}/exec"),
-                json!({"command": ["/bin/sh", "-c", cmd], "timeout": 10}),
-            )
-            .await;
-        (s == StatusCode::OK && v["exit_code"] != 125).then_some(v)
-    })
-    .await
-    .unwrap_or_else(|_| panic!("exec {cmd:?} never answered 200"));
-    v["stdout"].as_str().unwrap_or_default().to_string()
-}
-
-async fn served(proxy: &str, app: &str) -> String {
-    bazaar_testkit::eventually(Duration::from_secs(90), || async {
-        let resp = reqwest::Client::new()
-            .get(format!("{proxy}/index.html"))
-            .header("host", format!("{app}.localhost"))
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await
-            .ok()?;
-        (resp.status() == 200).then_some(resp.text().await.ok()?)
-    })
-    .await
-    .expect("served through the proxy")
-}
-
-/// Host processes whose command line names `needle` (QEMU names the run directory).
-fn processes_naming(needle: &str) -> Vec<String> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-        .filter(|c| c.contains(needle) && !c.contains("microvm_machines"))
-        .collect()
+    let applets = [
+        "sh", "httpd", "cat", "nc", "printf", "echo", "ls", "sleep", "unshare", "uname",
+    ];
+    push_busybox(registry, "vm", &applets, b"microvm\n", SERVE).await
 }
 
 /// Network namespaces of the host that hold a microVM's tap.
@@ -146,15 +56,6 @@ fn namespaces_with_a_tap() -> Vec<String> {
                 .is_ok_and(|o| o.status.success())
         })
         .collect()
-}
-
-/// Removes a host file when the test ends, however it ends.
-struct HostFile(PathBuf);
-
-impl Drop for HostFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,8 +104,8 @@ async fn microvm_machines_boot_serve_stop_and_leave_nothing() {
     fly.create_app("other").await;
     let (stranger, stranger_ip) = create(&fly, "other", config(&image, "runc")).await;
     let (id, ip) = create(&fly, "web", config(&image, "microvm")).await;
-    reaches(&fly, &data_dir, "other", &stranger, "started").await;
-    reaches(&fly, &data_dir, "web", &id, "started").await;
+    reaches(&fly, &data_dir, PATIENCE, ("other", &stranger), "started").await;
+    reaches(&fly, &data_dir, PATIENCE, ("web", &id), "started").await;
     let machine_dir = data_dir.join("machines").join(&id);
     assert!(
         processes_naming(&machine_dir.display().to_string())
@@ -215,7 +116,13 @@ async fn microvm_machines_boot_serve_stop_and_leave_nothing() {
 
     // `exec` answers from the guest's own kernel, with the machine's address.
     let host_release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let out = sh(&fly, "web", &id, "uname -r; echo $FLY_PRIVATE_IP").await;
+    let out = sh(
+        &fly,
+        PATIENCE,
+        ("web", &id),
+        "uname -r; echo $FLY_PRIVATE_IP",
+    )
+    .await;
     let (release, private_ip) = out.split_once('\n').unwrap_or((&out, ""));
     assert_ne!(release, host_release.trim(), "the host's kernel answered");
     assert!(release.ends_with("-cloud-amd64"), "{out}");
@@ -235,7 +142,7 @@ async fn microvm_machines_boot_serve_stop_and_leave_nothing() {
 
     // Served through the proxy, from the guest's address.
     assert_eq!(
-        served(&agent.proxy_url(), "web").await,
+        served(&agent.proxy_url(), PATIENCE, "web").await,
         "hello from the image\n"
     );
     // Its console is its log: the workload's output.
@@ -248,8 +155,8 @@ async fn microvm_machines_boot_serve_stop_and_leave_nothing() {
     std::fs::write(&secret.0, "host secret\n").unwrap();
     let out = sh(
         &fly,
-        "web",
-        &id,
+        PATIENCE,
+        ("web", &id),
         &format!("cat {} 2>&1; ls /", secret.0.display()),
     )
     .await;
@@ -261,7 +168,7 @@ async fn microvm_machines_boot_serve_stop_and_leave_nothing() {
             "printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {ip} 8080 2>&1; echo rc=$?"
         )
     };
-    let out = sh(&fly, "web", &id, &fetch(stranger_ip)).await;
+    let out = sh(&fly, PATIENCE, ("web", &id), &fetch(stranger_ip)).await;
     assert!(!out.contains("hello"), "reached another app: {out}");
     // The host's listeners, through the gateway:
     let network = std::fs::read_to_string(data_dir.join("network")).unwrap();
@@ -280,8 +187,8 @@ async fn microvm_machines_boot_serve_stop_and_leave_nothing() {
     let port = listener.local_addr().unwrap().port();
     let out = sh(
         &fly,
-        "web",
-        &id,
+        PATIENCE,
+        ("web", &id),
         &format!("echo hi | nc -w 2 {gateway} {port} 2>&1; echo rc=$?"),
     )
     .await;
@@ -291,7 +198,13 @@ async fn microvm_machines_boot_serve_stop_and_leave_nothing() {
     );
     assert!(!out.contains("rc=0"), "{out}");
     // What differs from a container: root in the guest makes namespaces in its own kernel.
-    let out = sh(&fly, "web", &id, "unshare -U -n true; echo rc=$?").await;
+    let out = sh(
+        &fly,
+        PATIENCE,
+        ("web", &id),
+        "unshare -U -n true; echo rc=$?",
+    )
+    .await;
     assert_eq!(out.trim(), "rc=0", "{out}");
 
     // Stopped: its stop signal (SIGINT, Fly's default) reaches its first process in the
@@ -300,7 +213,7 @@ async fn microvm_machines_boot_serve_stop_and_leave_nothing() {
         .post(&format!("/apps/web/machines/{id}/stop"), json!({}))
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    reaches(&fly, &data_dir, "web", &id, "stopped").await;
+    reaches(&fly, &data_dir, PATIENCE, ("web", &id), "stopped").await;
     let text = log(&data_dir, &id);
     assert!(text.contains("got its stop signal"), "{text}");
     assert!(text.contains("bazaar-vminit: exit 0"), "{text}");
@@ -340,14 +253,17 @@ async fn microvm_machines_boot_serve_stop_and_leave_nothing() {
         .post(&format!("/apps/web/machines/{id}/start"), json!({}))
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    reaches(&fly, &data_dir, "web", &id, "started").await;
-    sh(&fly, "web", &id, "echo alive > /tmp/marker").await;
+    reaches(&fly, &data_dir, PATIENCE, ("web", &id), "started").await;
+    sh(&fly, PATIENCE, ("web", &id), "echo alive > /tmp/marker").await;
     let qemu_before = processes_naming(&machine_dir.display().to_string());
     agents[0].kill9();
     agents[0].restart().unwrap();
     let agent = &agents[0];
     let fly = Fly::new(agent);
-    assert_eq!(sh(&fly, "web", &id, "cat /tmp/marker").await, "alive\n");
+    assert_eq!(
+        sh(&fly, PATIENCE, ("web", &id), "cat /tmp/marker").await,
+        "alive\n"
+    );
     assert_eq!(
         processes_naming(&machine_dir.display().to_string()),
         qemu_before
