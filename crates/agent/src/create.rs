@@ -108,6 +108,9 @@ pub(crate) fn prepare(
     batch
         .version(&id, &instance_id, &req.config)
         .event(&mut rec, MachineEvent::new("launch", "created", "user"));
+    if let Some(why) = &req.displaced_from {
+        batch.event(&mut rec, MachineEvent::new("replaced", why, "bazaar"));
+    }
     batch.machine(&rec).op(&op);
     if let Some(p) = &req.placement {
         batch.placement(&id, p);

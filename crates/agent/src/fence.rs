@@ -36,6 +36,7 @@ pub(crate) async fn superseded_by(
     agent: &Agent,
     id: &str,
     config: &MachineConfig,
+    epoch: u64,
 ) -> Option<String> {
     if !can_move(config) {
         return None;
@@ -56,7 +57,15 @@ pub(crate) async fn superseded_by(
         }
     };
     let current = catalog.machine(id)?;
-    (current.record.host_id != agent.host_id()).then_some(current.record.host_id)
+    // A row of a lower epoch is the claim this copy supersedes (a displaced machine's old
+    // host, a dead host), not one that supersedes it.
+    superseded(
+        agent.host_id(),
+        epoch,
+        &current.record.host_id,
+        current.record.epoch,
+    )
+    .then_some(current.record.host_id)
 }
 
 /// Whether a machine can have been claimed on another host: not if it mounts a volume
