@@ -29,13 +29,22 @@ pub struct LedgerDump {
 }
 
 /// The reclaimed pool of a host's ledger (docs/POLICY.md "Reclamation"), in millicpus and
-/// MiB: `batch_held` (services' reservations + batch machines + open batch bids) never
+/// MiB: `batch_held` (services' reservations + batch machines, their CPU at its throttled
+/// share, + open batch bids) never
 /// passes the capacity while any batch machine or bid is held.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReclaimDump {
     pub reservations: UseDump,
     pub batch_held: UseDump,
     pub batch_room: UseDump,
+    /// The share of its CPU request each batch machine keeps, per mille (1000: none is
+    /// throttled; `batch_held` counts their CPU at it).
+    #[serde(default = "whole")]
+    pub batch_cpu_share: u64,
+}
+
+fn whole() -> u64 {
+    1000
 }
 
 /// An amount in millicpus and MiB.
@@ -71,6 +80,7 @@ pub fn dump(host_id: &str, ledger: &bazaar_placement::Ledger) -> LedgerDump {
             reservations: ledger.service_reservations().into(),
             batch_held: ledger.batch_held().into(),
             batch_room: ledger.batch_room().into(),
+            batch_cpu_share: ledger.batch_cpu_share(),
         }),
     }
 }
