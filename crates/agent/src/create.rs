@@ -90,6 +90,7 @@ pub(crate) fn prepare(
         image_ref: None,
         epoch: req.epoch,
         preempted_by: None,
+        displaced_running: false,
     };
     rec.cordoned = req.skip_service_registration;
     if let Some(ttl) = req.lease_ttl {

@@ -135,6 +135,7 @@ pub(crate) async fn round(
         }
         let mut b = Batch::default();
         if let Some(stop) = queue_stop(agent, &mut rec, &mut b) {
+            rec.displaced_running = true;
             b.machine(&rec);
             match agent.commit(b).await {
                 Ok(()) => stops.push((rec, Some(stop))),
@@ -267,6 +268,7 @@ async fn mark_reclaimed(agent: &Agent, e: &Eviction) -> Result<Stop, AgentError>
     let mut b = Batch::default();
     b.event(&mut rec, MachineEvent::new("reclaimed", &status, "bazaar"));
     let stop = queue_stop(agent, &mut rec, &mut b);
+    rec.displaced_running = agent.current_state(&rec) != MachineState::Stopped;
     b.machine(&rec);
     agent.commit(b).await?;
     Ok((rec, stop))

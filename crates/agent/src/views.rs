@@ -440,7 +440,7 @@ impl Reader<'_> {
         let displaced_by = rec
             .preempted_by
             .clone()
-            .filter(|_| self.current_state(rec) == MachineState::Stopped)
+            .filter(|_| rec.displaced_running && self.current_state(rec) == MachineState::Stopped)
             .filter(|_| bazaar_types::replacement::re_placed_when_displaced(&rec.config));
         bazaar_catalog::MachineRecord {
             id: rec.id.clone(),

@@ -104,7 +104,14 @@ pub fn spawn(api: Api) {
                     continue;
                 }
                 tried.insert(d.machine_id.clone(), now);
-                re_place(&api, &me, d).await;
+                // Earlier re-placements of this round took time: still displaced here (not
+                // destroyed or started again meanwhile)?
+                let still = catalog
+                    .machine(&d.machine_id)
+                    .is_some_and(|m| !to_re_place(&me, std::slice::from_ref(&m)).is_empty());
+                if still {
+                    re_place(&api, &me, d).await;
+                }
             }
         }
     });
@@ -142,7 +149,16 @@ async fn re_place(api: &Api, me: &str, d: Displaced) {
         pinned_host: None,
         avoid_host: Some(me.to_string()),
     };
-    match api.place(order).await {
+    // Held: no operation on this host's copy while it moves (a destroy acknowledged here
+    // would be undone by the new copy).
+    match api.0.node.hold_for_move(&d.machine_id).await {
+        Ok(true) => {}
+        _ => return,
+    }
+    let placed = api.place(order).await;
+    let moved = placed.as_ref().is_ok_and(|p| !p.machines.is_empty());
+    api.0.node.end_move(&d.machine_id, moved);
+    match placed {
         Ok(placed) if !placed.machines.is_empty() => tracing::info!(
             machine.id = %d.machine_id, by = %d.displaced_by, to = ?placed.record.winners,
             epoch = d.epoch, "displaced machine re-placed on another host"

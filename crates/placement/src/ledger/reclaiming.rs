@@ -342,6 +342,14 @@ impl Ledger {
         }
     }
 
+    /// The batch machines evicted and not yet taken by [`Ledger::take_evictions`]: they
+    /// hold nothing, and their host has yet to stop them.
+    pub fn pending_evictions(&self) -> Vec<String> {
+        self.reclaim.as_ref().map_or_else(Vec::new, |r| {
+            r.evicted.iter().map(|e| e.machine_id.clone()).collect()
+        })
+    }
+
     /// The batch machines evicted since the last call, oldest eviction first.
     pub fn take_evictions(&mut self) -> Vec<Eviction> {
         self.reclaim
