@@ -4,7 +4,8 @@
 //! `default` machine, a `critical` machine pinned to `a` stops the batch one by preemption;
 //! while host `b` is full the batch machine stays stopped on `a`, displaced, and once `b`
 //! has room it (restart policy `on-failure`, the default) runs on `b` under its own id, its `replaced` event naming where it came from and for what; the
-//! cluster lists it once, and `a`'s stopped copy is gone.
+//! cluster lists it once, and `a`'s stopped copy is gone. One stopped by hand before it was
+//! preempted stays stopped on `a`.
 
 use axum::http::{Method, StatusCode};
 use bazaar_testkit::api_token;
@@ -161,6 +162,71 @@ async fn a_preempted_batch_machine_runs_again_on_another_host() {
             (a_id.as_str(), "started")
         );
     }
+    b.stop().await;
+    a.stop().await;
+}
+
+/// A batch machine stopped by hand and then preempted stays where it is, stopped: only a
+/// machine displaced while it ran is moved, even with room elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_stopped_by_hand_and_then_preempted_stays_stopped_where_it_is() {
+    let a = host("a", Vec::new()).await;
+    let b = host("b", vec![a.catalog.local_addr()]).await;
+    let a_id = a.agent.host_id().to_string();
+    bazaar_testkit::eventually(Duration::from_secs(20), || async {
+        (a.catalog.hosts().len() == 2 && b.catalog.hosts().len() == 2).then_some(())
+    })
+    .await
+    .expect("the two hosts see each other");
+    let api = bazaar_api::router(a.node());
+    let token = Some(api_token());
+    let body = json!({"app_name": "kept", "org_slug": "personal"}).to_string();
+    let (s, v) = oneshot(&api, Method::POST, "/v1/apps", token, Some(&body)).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let path = "/v1/apps/kept/machines";
+    let on_a = json!({"constraints": [{"label": "name", "value": "a"}]});
+    let prefers_a = json!({"affinities": [{"label": "name", "value": "a", "weight": 100}]});
+    let mut ids = Vec::new();
+    for (priority, placement) in [("batch", prefers_a), ("default", on_a.clone())] {
+        let body = machine(priority, placement);
+        let (s, m) = oneshot(&api, Method::POST, path, token, Some(&body)).await;
+        assert_eq!(s, StatusCode::OK, "{m}");
+        ids.push(m["id"].as_str().unwrap().to_string());
+    }
+    let batch = ids[0].clone();
+    let stop = format!("{path}/{batch}/stop");
+    let (s, v) = oneshot(&api, Method::POST, &stop, token, None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    bazaar_testkit::eventually(Duration::from_secs(10), || async {
+        (a.catalog.machine(&batch)?.record.state == "stopped").then_some(())
+    })
+    .await
+    .expect("stopped by hand");
+    let body = machine("critical", on_a);
+    let (s, m) = oneshot(&api, Method::POST, path, token, Some(&body)).await;
+    assert_eq!(s, StatusCode::OK, "{m}");
+    // Its host's loop looks every 0.5 s: three looks later it is still here, not displaced.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let row = a.catalog.machine(&batch).unwrap().record;
+    assert_eq!(
+        (
+            row.host_id.as_str(),
+            row.state.as_str(),
+            row.displaced_by,
+            row.epoch
+        ),
+        (a_id.as_str(), "stopped", None, 0)
+    );
+    let (_, m): (StatusCode, Value) =
+        oneshot(&api, Method::GET, &format!("{path}/{batch}"), token, None).await;
+    assert!(
+        m["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["type"] == "preempted"),
+        "{m}"
+    );
     b.stop().await;
     a.stop().await;
 }
