@@ -110,6 +110,7 @@ pub(crate) async fn round(
             Reading::Use(used) => ledger.observe(id, used),
         }
     }
+    ledger.rebalance_batch_cpu();
     meter.retain(|id| samples.iter().any(|(m, _, _)| m == id));
     let evicted = ledger.take_evictions();
     let mut stops = Vec::new();

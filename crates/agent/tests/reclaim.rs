@@ -265,6 +265,22 @@ async fn a_batch_machine_runs_on_reclaimed_room_and_is_stopped_when_the_service_
         MachineState::Started
     );
     assert_eq!(current(&agent).await.batch, vec![batch.clone()]);
+    // It idles again: within a few measurements its reservation has decayed and the batch
+    // machine has its 2 cores back.
+    usage.set(&service, 100, 200);
+    run_for(&agent, 4).await;
+    assert_eq!(
+        usage.limits.lock().unwrap().last(),
+        Some(&(batch.clone(), 2.0)),
+        "the batch machine's CPU limit back to its request"
+    );
+    let events = agent.events(&batch, 50).await.unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == "throttled" && e.status == "CPU limit back to its request"),
+        "{events:?}"
+    );
 
     // The service burns 3 CPUs: its reservation rises to 3,600 millicpus at once, and the
     // batch machine no longer fits even throttled to a quarter (500): it is stopped,

@@ -18,7 +18,7 @@
 //! newest batch machines evicted in the same call, as few as [`crate::reclaim::to_stop`]
 //! says (CPU counted at the floor); the evicted machines are uncommitted at once and listed
 //! by [`Ledger::take_evictions`] for the host to stop. As reservations fall again the share
-//! rises back, at each observation. (When the services' reservations alone pass capacity, which only restored machines
+//! rises back ([`Ledger::rebalance_batch_cpu`], once per measurement round). (When the services' reservations alone pass capacity, which only restored machines
 //! can do, no batch machine is left.)
 
 use super::{Ledger, LedgerError, Reservation};
@@ -257,9 +257,21 @@ impl Ledger {
         h.age = h.age.saturating_add(1);
         if rose {
             self.fit(machine_id);
-        } else {
-            self.rethrottle(machine_id);
         }
+    }
+
+    /// Gives throttled batch machines back what the services' reservations no longer take:
+    /// the share rises to the most that fits. Once per measurement round, after every
+    /// [`Ledger::observe`] (the share falls in `observe` itself, when a reservation grows).
+    pub fn rebalance_batch_cpu(&mut self) {
+        let Some(r) = self.reclaim.as_ref() else {
+            return;
+        };
+        if r.cpu_share >= 1000 {
+            return;
+        }
+        let for_machine = r.throttled_for.clone().unwrap_or_default();
+        self.rethrottle(&for_machine);
     }
 
     /// The share of its CPU request each batch machine keeps now, per mille (1000 when none

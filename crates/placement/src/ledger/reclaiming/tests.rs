@@ -69,8 +69,10 @@ fn batch_cpu_is_throttled_before_any_batch_machine_is_stopped_and_given_back_aft
     assert_eq!(l.batch_cpu_limit("batch0"), Some(400));
     assert!(l.batch_held().fits_in(Use::of(l.capacity())));
     // The service idles again: its reservation decays and the batch machine's CPU comes
-    // back in full.
+    // back in full (at the end of the measurement round).
     idle(&mut l, "svc", 40);
+    assert_eq!(l.batch_cpu_share(), 400, "not before the round's end");
+    l.rebalance_batch_cpu();
     assert_eq!(
         (l.batch_cpu_share(), l.batch_cpu_limit("batch0")),
         (1000, None)
@@ -258,6 +260,7 @@ enum Op {
     Commit(u8, u32, u64, bool),
     Observe(u8, u64, u64),
     Restarted(u8),
+    Rebalance,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -272,6 +275,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(i, c, m, b)| Op::Commit(i, c, m, b)),
         (0u8..12, 0u64..4000, 0u64..2048).prop_map(|(i, c, m)| Op::Observe(i, c, m)),
         (0u8..12).prop_map(Op::Restarted),
+        Just(Op::Rebalance),
     ]
 }
 
@@ -325,6 +329,7 @@ fn check_ops(ops: Vec<Op>, rule: Reclaim) -> Result<(), TestCaseError> {
                     },
                 ),
                 Op::Restarted(i) => l.restarted(&format!("m{i}")),
+                Op::Rebalance => l.rebalance_batch_cpu(),
             }
             let used = super::super::add(l.committed(), l.reserved());
             prop_assert!(
