@@ -238,6 +238,10 @@ pub struct ReclaimConfig {
     /// Measurements after a service starts during which its reservation stays at its
     /// request.
     pub grace_observations: u32,
+    /// How far batch machines' CPU is throttled (`cpu.max`), in percent of their request,
+    /// before any is stopped for CPU when a service needs its reservation back; 100 stops
+    /// them at once.
+    pub throttle_floor_pct: u64,
 }
 
 impl Default for ReclaimConfig {
@@ -249,6 +253,7 @@ impl Default for ReclaimConfig {
             margin_pct: rule.margin_pct,
             decay_pct: rule.decay_pct,
             grace_observations: rule.grace_observations,
+            throttle_floor_pct: rule.throttle_floor_pct,
         }
     }
 }
@@ -260,6 +265,7 @@ impl ReclaimConfig {
             margin_pct: self.margin_pct,
             decay_pct: self.decay_pct.clamp(1, 100),
             grace_observations: self.grace_observations,
+            throttle_floor_pct: self.throttle_floor_pct.clamp(1, 100),
         }
     }
 }

@@ -90,6 +90,7 @@ pub(crate) fn prepare(
         image_ref: None,
         epoch: req.epoch,
         preempted_by: None,
+        displaced_running: false,
     };
     rec.cordoned = req.skip_service_registration;
     if let Some(ttl) = req.lease_ttl {
@@ -108,6 +109,9 @@ pub(crate) fn prepare(
     batch
         .version(&id, &instance_id, &req.config)
         .event(&mut rec, MachineEvent::new("launch", "created", "user"));
+    if let Some(why) = &req.displaced_from {
+        batch.event(&mut rec, MachineEvent::new("replaced", why, "bazaar"));
+    }
     batch.machine(&rec).op(&op);
     if let Some(p) = &req.placement {
         batch.placement(&id, p);

@@ -36,6 +36,7 @@ pub(crate) async fn superseded_by(
     agent: &Agent,
     id: &str,
     config: &MachineConfig,
+    epoch: u64,
 ) -> Option<String> {
     if !can_move(config) {
         return None;
@@ -56,7 +57,15 @@ pub(crate) async fn superseded_by(
         }
     };
     let current = catalog.machine(id)?;
-    (current.record.host_id != agent.host_id()).then_some(current.record.host_id)
+    // A row of a lower epoch is the claim this copy supersedes (a displaced machine's old
+    // host, a dead host), not one that supersedes it.
+    superseded(
+        agent.host_id(),
+        epoch,
+        &current.record.host_id,
+        current.record.epoch,
+    )
+    .then_some(current.record.host_id)
 }
 
 /// Whether a machine can have been claimed on another host: not if it mounts a volume
@@ -75,8 +84,10 @@ pub fn spawn(agent: &Agent) {
             return;
         };
         let shutdown = agent.shutdown_token();
-        // Copies whose destroy was accepted: not asked again.
-        let mut fenced: HashSet<String> = HashSet::new();
+        // Copies (id, epoch) whose destroy was accepted: not asked again. By epoch: a
+        // machine may come back here as a new copy (a displaced machine moved back and
+        // forth) and be superseded again.
+        let mut fenced: HashSet<(String, u64)> = HashSet::new();
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
@@ -87,13 +98,17 @@ pub fn spawn(agent: &Agent) {
     });
 }
 
-async fn fence(agent: &Agent, catalog: &bazaar_catalog::Catalog, fenced: &mut HashSet<String>) {
+async fn fence(
+    agent: &Agent,
+    catalog: &bazaar_catalog::Catalog,
+    fenced: &mut HashSet<(String, u64)>,
+) {
     let mine: Vec<(String, u64)> = agent.store().select(|m| {
         (m.state != MachineState::Destroyed && can_move(&m.config)).then(|| (m.id.clone(), m.epoch))
     });
-    fenced.retain(|id| mine.iter().any(|(m, _)| m == id));
+    fenced.retain(|copy| mine.contains(copy));
     for (id, epoch) in mine {
-        if fenced.contains(&id) {
+        if fenced.contains(&(id.clone(), epoch)) {
             continue;
         }
         let Some(current) = catalog.machine(&id) else {
@@ -107,14 +122,14 @@ async fn fence(agent: &Agent, catalog: &bazaar_catalog::Catalog, fenced: &mut Ha
         ) {
             continue;
         }
-        match crate::operations::destroy_machine(agent, &id, true, None).await {
+        match crate::operations::destroy_moved(agent, &id).await {
             Ok(_) => {
                 tracing::info!(
                     machine.id = %id, epoch, host = %current.record.host_id,
                     new_epoch = current.record.epoch,
                     "fence: machine claimed again on another host, destroying this copy"
                 );
-                fenced.insert(id);
+                fenced.insert((id, epoch));
             }
             Err(err) => {
                 tracing::warn!(machine.id = %id, error = %err, "fence: could not destroy the superseded copy")

@@ -26,16 +26,30 @@ pub struct LedgerDump {
     pub batch: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reclaim: Option<ReclaimDump>,
+    /// Machines this host keeps (not destroyed) that hold nothing in the ledger: displaced
+    /// by preemption or reclamation until they start again (or move to another host), and
+    /// batch machines evicted that the next measurement stops.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub displaced: Vec<String>,
 }
 
 /// The reclaimed pool of a host's ledger (docs/POLICY.md "Reclamation"), in millicpus and
-/// MiB: `batch_held` (services' reservations + batch machines + open batch bids) never
+/// MiB: `batch_held` (services' reservations + batch machines, their CPU at its throttled
+/// share, + open batch bids) never
 /// passes the capacity while any batch machine or bid is held.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReclaimDump {
     pub reservations: UseDump,
     pub batch_held: UseDump,
     pub batch_room: UseDump,
+    /// The share of its CPU request each batch machine keeps, per mille (1000: none is
+    /// throttled; `batch_held` counts their CPU at it).
+    #[serde(default = "whole")]
+    pub batch_cpu_share: u64,
+}
+
+fn whole() -> u64 {
+    1000
 }
 
 /// An amount in millicpus and MiB.
@@ -67,10 +81,12 @@ pub fn dump(host_id: &str, ledger: &bazaar_placement::Ledger) -> LedgerDump {
             .filter(|id| ledger.in_batch_pool(id))
             .cloned()
             .collect(),
+        displaced: Vec::new(),
         reclaim: ledger.reclaiming().then(|| ReclaimDump {
             reservations: ledger.service_reservations().into(),
             batch_held: ledger.batch_held().into(),
             batch_room: ledger.batch_room().into(),
+            batch_cpu_share: ledger.batch_cpu_share(),
         }),
     }
 }
@@ -86,5 +102,13 @@ async fn ledger(State(agent): State<Agent>) -> Json<LedgerDump> {
 /// Host `agent`'s ledger now, read under its lock.
 pub async fn current(agent: &Agent) -> LedgerDump {
     let ledger = agent.write_lock().await;
-    dump(agent.host_id(), &ledger)
+    let mut d = dump(agent.host_id(), &ledger);
+    d.displaced = agent.store().select(|m| {
+        (m.state != bazaar_types::state::MachineState::Destroyed
+            && m.preempted_by.is_some()
+            && !ledger.commitments().contains_key(&m.id))
+        .then(|| m.id.clone())
+    });
+    d.displaced.extend(ledger.pending_evictions());
+    d
 }

@@ -126,6 +126,7 @@ pub mod publish;
 pub mod reclaim;
 pub mod record;
 pub mod registry;
+pub mod throttle;
 pub use bazaar_lifecycle::restart;
 pub mod runnable;
 pub mod schedule;

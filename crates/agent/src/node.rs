@@ -131,6 +131,14 @@ impl Node for AgentNode {
         })
     }
 
+    fn hold_for_move<'a>(&'a self, id: &'a str) -> NodeFuture<'a, Result<bool, NodeError>> {
+        Box::pin(async move { Ok(crate::preempt::hold_for_move(&self.agent, id).await?) })
+    }
+
+    fn end_move(&self, id: &str, moved: bool) {
+        crate::preempt::end_move(&self.agent, id, moved);
+    }
+
     fn has_machine<'a>(&'a self, id: &'a str) -> NodeFuture<'a, Result<(), NodeError>> {
         Box::pin(async move {
             self.agent.machine(id).await?;

@@ -122,6 +122,7 @@ pub async fn update_machine(
     let resources = validate_config(&req.config)?;
     let mut ledger = agent.write_lock().await;
     let mut rec = agent.load_live(id)?;
+    refuse_moving(agent, id)?;
     check_lease(&rec, nonce, agent.now_ms())?;
     if let Some(expected) = &req.current_version {
         if *expected != rec.instance_id {
@@ -182,6 +183,7 @@ pub async fn update_machine(
     }
     if was_preempted {
         rec.preempted_by = None;
+        rec.displaced_running = false;
     }
     let undo = |ledger: &mut bazaar_placement::Ledger| {
         if was_preempted {
@@ -276,9 +278,53 @@ async fn submit(
     kind: OpKind,
     refine: impl FnOnce(&MachineRecord) -> Result<Option<OpKind>, AgentError>,
 ) -> Result<Machine, AgentError> {
+    submit_as(agent, id, nonce, kind, refine, false).await
+}
+
+/// Refuses an operation on a displaced machine that this host is moving to another host
+/// (or has moved; `preempt::hold_for_move`): the caller's catalog has not seen the move yet.
+fn refuse_moving(agent: &Agent, id: &str) -> Result<(), AgentError> {
+    if agent.preemptions().moving(id) {
+        return Err(AgentError::Conflict(format!(
+            "machine {id} was displaced here and is being moved to another host; try again"
+        )));
+    }
+    Ok(())
+}
+
+/// Destroys this host's copy of a machine that was moved to another host (the fence),
+/// which no other operation may touch while it moves.
+pub(crate) async fn destroy_moved(agent: &Agent, id: &str) -> Result<Machine, AgentError> {
+    let destroyed = submit_as(
+        agent,
+        id,
+        None,
+        OpKind::Destroy { force: true },
+        |_| Ok(None),
+        true,
+    )
+    .await;
+    if destroyed.is_ok() {
+        agent.preemptions().end_move(id);
+    }
+    destroyed
+}
+
+/// [`submit`], by the mover of a displaced machine when `mover`.
+async fn submit_as(
+    agent: &Agent,
+    id: &str,
+    nonce: Option<&str>,
+    kind: OpKind,
+    refine: impl FnOnce(&MachineRecord) -> Result<Option<OpKind>, AgentError>,
+    mover: bool,
+) -> Result<Machine, AgentError> {
     let mut ledger = agent.write_lock().await;
     let mut rec = agent.load_live(id)?;
     let kind = refine(&rec)?.unwrap_or(kind);
+    if !mover {
+        refuse_moving(agent, id)?;
+    }
     // A preempted machine gave its resources away: starting it takes them again, or is
     // refused for capacity (`preempt.rs`).
     let recommit =
@@ -297,6 +343,7 @@ async fn submit(
             .commit_in(id, rec.resources, crate::agent::pool_of(&rec.config))
             .map_err(crate::error::capacity_error)?;
         rec.preempted_by = None;
+        rec.displaced_running = false;
     }
     let mut b = Batch::default();
     b.machine(&rec).op(&op);

@@ -194,6 +194,7 @@ async fn stop_victims(
                 let op = agent.new_op(&mut rec, kind, "bazaar");
                 b.op(&op);
                 waits.push((v.clone(), timeout + STOP_MARGIN));
+                rec.displaced_running = true;
                 Some((op, place))
             }
             _ => None,
@@ -212,4 +213,33 @@ async fn stop_victims(
             .await?;
     }
     Ok(())
+}
+
+/// Holds displaced machine `id` for its move to another host (the API's `displaced.rs`):
+/// `true` when it is still displaced here (stopped for another machine while it ran, not
+/// started or destroyed since), and from now on every other operation on it is refused
+/// (409) until [`end_move`] says the move failed or the fence destroys this copy once the
+/// new one supersedes it; so no destroy acknowledged here is undone by the move, and no
+/// start here makes a second copy.
+pub(crate) async fn hold_for_move(agent: &Agent, id: &str) -> Result<bool, AgentError> {
+    let _ledger = agent.write_lock().await;
+    let Ok(rec) = agent.load_live(id) else {
+        return Ok(false);
+    };
+    let displaced = rec.preempted_by.is_some()
+        && rec.displaced_running
+        && agent.current_state(&rec) == MachineState::Stopped
+        && !agent.preemptions().moving(id);
+    if displaced {
+        agent.preemptions().start_move(id);
+    }
+    Ok(displaced)
+}
+
+/// Ends the hold of [`hold_for_move`]: a machine not `moved` is this host's again; a moved
+/// one stays held until the fence destroys it.
+pub(crate) fn end_move(agent: &Agent, id: &str, moved: bool) {
+    if !moved {
+        agent.preemptions().end_move(id);
+    }
 }

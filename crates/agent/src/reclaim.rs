@@ -5,7 +5,8 @@
 //! hands it to the ledger, whose services' reservations decay towards use plus a margin
 //! and rise again with it (`Ledger::observe`, `Ledger::restarted`). The batch machines the
 //! ledger evicts to make a grown reservation fit are stopped here, newest first, each with
-//! a `reclaimed` event naming the service; like a preempted machine they hold nothing
+//! a `reclaimed` event naming the service, unless throttling their CPU is enough
+//! ([`crate::throttle`]); like a preempted machine they hold nothing
 //! until they start again (`preempted_by`), and a start then needs room in the reclaimed
 //! pool. The host's row then advertises the new room (`publish.rs`).
 //!
@@ -17,11 +18,13 @@ use crate::agent::Agent;
 use crate::error::AgentError;
 use crate::record::OpKind;
 use crate::store::Batch;
+use crate::throttle::{CpuCaps, Planned};
 use bazaar_placement::burst::Shares;
 use bazaar_placement::ledger::Eviction;
 use bazaar_placement::reclaim::{Meter, Reading};
 use bazaar_types::event::MachineEvent;
 use bazaar_types::state::{check_transition, Action, MachineState};
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// Starts the reclamation loop when the host reclaims.
@@ -39,6 +42,7 @@ pub(crate) fn spawn(agent: &Agent) {
     agent.tracker().clone().spawn(async move {
         let mut meter = Meter::default();
         let mut shares = Shares::default();
+        let mut caps = CpuCaps::default();
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -47,14 +51,14 @@ pub(crate) fn spawn(agent: &Agent) {
                 _ = tick.tick() => {}
             }
             if agent.config().burst.enabled {
-                if let Err(err) = burst_round(&agent, &mut shares).await {
+                if let Err(err) = burst_round(&agent, &mut shares, &mut caps).await {
                     tracing::warn!(error = %err, "accounting shared CPU bursts");
                 }
             }
             if !agent.config().reclaim.enabled {
                 continue;
             }
-            if let Err(err) = round(&agent, &mut meter).await {
+            if let Err(err) = round(&agent, &mut meter, &mut caps).await {
                 tracing::warn!(error = %err, "measuring machines for reclamation");
             }
         }
@@ -63,7 +67,11 @@ pub(crate) fn spawn(agent: &Agent) {
 
 /// One measurement of every machine this host holds, and the batch machines it evicts
 /// stopped.
-pub(crate) async fn round(agent: &Agent, meter: &mut Meter) -> Result<(), AgentError> {
+pub(crate) async fn round(
+    agent: &Agent,
+    meter: &mut Meter,
+    caps: &mut CpuCaps,
+) -> Result<(), AgentError> {
     let targets: Vec<(String, bool, Option<String>)> = agent
         .store()
         .machines()?
@@ -74,6 +82,10 @@ pub(crate) async fn round(agent: &Agent, meter: &mut Meter) -> Result<(), AgentE
             let cgroup = agent.driver().machine_cgroup(&m.id, m.config.runs_image());
             (m.id, started, cgroup)
         })
+        .collect();
+    let cgroups: HashMap<String, Option<String>> = targets
+        .iter()
+        .map(|(id, _, cgroup)| (id.clone(), cgroup.clone()))
         .collect();
     let probe = agent.usage_probe().clone();
     let samples = tokio::task::spawn_blocking(move || {
@@ -98,6 +110,7 @@ pub(crate) async fn round(agent: &Agent, meter: &mut Meter) -> Result<(), AgentE
             Reading::Use(used) => ledger.observe(id, used),
         }
     }
+    ledger.rebalance_batch_cpu();
     meter.retain(|id| samples.iter().any(|(m, _, _)| m == id));
     let evicted = ledger.take_evictions();
     let mut stops = Vec::new();
@@ -123,6 +136,7 @@ pub(crate) async fn round(agent: &Agent, meter: &mut Meter) -> Result<(), AgentE
         }
         let mut b = Batch::default();
         if let Some(stop) = queue_stop(agent, &mut rec, &mut b) {
+            rec.displaced_running = true;
             b.machine(&rec);
             match agent.commit(b).await {
                 Ok(()) => stops.push((rec, Some(stop))),
@@ -132,7 +146,21 @@ pub(crate) async fn round(agent: &Agent, meter: &mut Meter) -> Result<(), AgentE
             }
         }
     }
+    // The batch machines left, throttled or not (the ledger's share).
+    let plan: Vec<Planned> = samples
+        .iter()
+        .filter(|(id, started, _)| *started && ledger.in_batch_pool(id))
+        .map(|(id, _, _)| Planned {
+            id: id.clone(),
+            cpus: ledger.committed_to(id).map_or(1, |r| r.cpus),
+            limit: ledger.batch_cpu_limit(id),
+            cgroup: cgroups.get(id).cloned().flatten(),
+        })
+        .collect();
+    let share = ledger.batch_cpu_share();
+    let for_machine = ledger.throttled_for().map(str::to_string);
     drop(ledger);
+    crate::throttle::apply(agent, caps, plan, share, for_machine).await;
     for (rec, stop) in stops {
         tracing::info!(machine.id = %rec.id, "batch machine stopped: its room was reclaimed");
         if let Some((op, place)) = stop {
@@ -148,7 +176,11 @@ pub(crate) async fn round(agent: &Agent, meter: &mut Meter) -> Result<(), AgentE
 type SharedReading = (String, u32, bool, Option<String>, Option<u64>);
 
 /// Steps the burst balance of every shared-CPU machine and writes the limits that changed.
-pub(crate) async fn burst_round(agent: &Agent, shares: &mut Shares) -> Result<(), AgentError> {
+pub(crate) async fn burst_round(
+    agent: &Agent,
+    shares: &mut Shares,
+    caps: &mut CpuCaps,
+) -> Result<(), AgentError> {
     let rule = agent.config().burst.rule();
     // (id, shared vCPUs, started, cgroup)
     let targets: Vec<(String, u32, bool, Option<String>)> = agent
@@ -187,12 +219,14 @@ pub(crate) async fn burst_round(agent: &Agent, shares: &mut Shares) -> Result<()
     })
     .await?;
     shares.retain(|id| read.iter().any(|(m, ..)| m == id));
+    caps.retain_burst(|id| read.iter().any(|(m, ..)| m == id));
     let mut writes = Vec::new();
     for (id, cpus, started, cgroup, used) in read {
         match used {
             Some(cpu_usec) if started => {
                 if let Some(limit) = shares.read(&rule, &id, cpus, cpu_usec, now_us) {
-                    writes.push((id, cgroup, limit));
+                    let cores = caps.with_burst(&id, limit.cores());
+                    writes.push((id, cgroup, limit, cores));
                 }
             }
             _ => shares.not_running(&id, cpus),
@@ -203,8 +237,8 @@ pub(crate) async fn burst_round(agent: &Agent, shares: &mut Shares) -> Result<()
     }
     let probe = agent.usage_probe().clone();
     tokio::task::spawn_blocking(move || {
-        for (id, cgroup, limit) in writes {
-            if probe.limit_cpu(&id, cgroup.as_deref(), limit.cores()) {
+        for (id, cgroup, limit, cores) in writes {
+            if probe.limit_cpu(&id, cgroup.as_deref(), cores) {
                 tracing::info!(machine.id = %id, ?limit, "shared CPU limit");
             }
         }
@@ -235,6 +269,7 @@ async fn mark_reclaimed(agent: &Agent, e: &Eviction) -> Result<Stop, AgentError>
     let mut b = Batch::default();
     b.event(&mut rec, MachineEvent::new("reclaimed", &status, "bazaar"));
     let stop = queue_stop(agent, &mut rec, &mut b);
+    rec.displaced_running = agent.current_state(&rec) != MachineState::Stopped;
     b.machine(&rec);
     agent.commit(b).await?;
     Ok((rec, stop))

@@ -436,6 +436,12 @@ impl Reader<'_> {
                 })
             })
             .collect();
+        // A displaced machine that will be re-placed elsewhere says so, with its config.
+        let displaced_by = rec
+            .preempted_by
+            .clone()
+            .filter(|_| rec.displaced_running && self.current_state(rec) == MachineState::Stopped)
+            .filter(|_| bazaar_types::replacement::re_placed_when_displaced(&rec.config));
         bazaar_catalog::MachineRecord {
             id: rec.id.clone(),
             app: rec.app.clone(),
@@ -457,8 +463,10 @@ impl Reader<'_> {
             updated_at_ms: rec.updated_at_ms,
             epoch: rec.epoch,
             resources: rec.resources,
-            config: bazaar_types::replacement::carries_config(&rec.config.metadata)
-                .then(|| Box::new(rec.config.clone())),
+            config: (bazaar_types::replacement::carries_config(&rec.config.metadata)
+                || displaced_by.is_some())
+            .then(|| Box::new(rec.config.clone())),
+            displaced_by,
         }
     }
 }

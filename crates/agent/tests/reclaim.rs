@@ -2,7 +2,8 @@
 //! real agent with the test kit's fake driver, docs/POLICY.md "Reclamation"): the machines'
 //! use is fed through the agent's usage seam, so a service idles or burns on command. A
 //! `batch` machine is placed on room a host full by requests refuses to services, is
-//! stopped with a `reclaimed` event when the service's use grows, and the reclaimed pool
+//! throttled (its CPU limit lowered, a `throttled` event) when the service's use grows, and
+//! stopped with a `reclaimed` event when it grows past what throttling can give back, and the reclaimed pool
 //! never holds more than the host has.
 
 use bazaar_agent::clock::Clock;
@@ -109,6 +110,7 @@ async fn start_at(
             margin_pct: 20,
             decay_pct: 50,
             grace_observations: 3,
+            throttle_floor_pct: 25,
         },
         burst,
         ..AgentConfig::default()
@@ -240,8 +242,49 @@ async fn a_batch_machine_runs_on_reclaimed_room_and_is_stopped_when_the_service_
         MachineState::Started
     );
 
+    // The service burns 2 CPUs: its reservation rises to 2,400 millicpus, and the batch
+    // machine (2,000) fits only throttled: its cgroup is held at 1.6 cores, it runs on.
+    usage.set(&service, 2000, 200);
+    run_for(&agent, 2).await;
+    assert_eq!(
+        usage.limits.lock().unwrap().last(),
+        Some(&(batch.clone(), 1.6)),
+        "the batch machine's CPU limit"
+    );
+    let events = agent.events(&batch, 50).await.unwrap();
+    let throttled = events
+        .iter()
+        .find(|e| e.kind == "throttled")
+        .unwrap_or_else(|| panic!("no throttled event: {events:?}"));
+    assert_eq!(
+        throttled.status,
+        format!("CPU held at 1600 millicpus (80.0 % of its request) for machine {service}'s reservation (reclamation)")
+    );
+    assert_eq!(
+        agent.machine(&batch).await.unwrap().state,
+        MachineState::Started
+    );
+    assert_eq!(current(&agent).await.batch, vec![batch.clone()]);
+    // It idles again: within a few measurements its reservation has decayed and the batch
+    // machine has its 2 cores back.
+    usage.set(&service, 100, 200);
+    run_for(&agent, 4).await;
+    assert_eq!(
+        usage.limits.lock().unwrap().last(),
+        Some(&(batch.clone(), 2.0)),
+        "the batch machine's CPU limit back to its request"
+    );
+    let events = agent.events(&batch, 50).await.unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == "throttled" && e.status == "CPU limit back to its request"),
+        "{events:?}"
+    );
+
     // The service burns 3 CPUs: its reservation rises to 3,600 millicpus at once, and the
-    // batch machine (2,000) no longer fits: it is stopped, saying for whom.
+    // batch machine no longer fits even throttled to a quarter (500): it is stopped,
+    // saying for whom.
     usage.set(&service, 3000, 200);
     run_for(&agent, 2).await;
     wait_for(&agent, &batch, MachineState::Stopped).await;

@@ -73,6 +73,8 @@ pub struct Order {
     pub dry_run: bool,
     /// Only this host may take the machines (it holds the volume they mount).
     pub pinned_host: Option<String>,
+    /// This host is not asked (a machine displaced from it is re-placed elsewhere).
+    pub avoid_host: Option<String>,
 }
 
 impl Api {
@@ -121,8 +123,11 @@ impl Api {
     /// Places `order.count` machines through the market.
     pub async fn place(&self, order: Order) -> Result<Placed, ApiError> {
         let started = Instant::now();
-        let (cands, addrs) = self.market_view()?;
+        let (mut cands, addrs) = self.market_view()?;
         let known = Self::known_regions(&cands);
+        if let Some(avoid) = &order.avoid_host {
+            cands.retain(|c| c.host_id != *avoid);
+        }
         let groups = parse_regions(&order.regions, &known).map_err(ApiError::BadRequest)?;
         // The machine's placement policy (`config.placement`): impossible constraints are
         // refused now; the others filter each round and add to the bids' scores.

@@ -191,12 +191,14 @@ async fn replace(api: &Api, r: Replacement) {
             skip_service_registration: r.cordoned,
             placement: None,
             epoch: r.epoch,
+            displaced_from: None,
         },
         size,
         count: 1,
         regions: r.region.clone(),
         dry_run: false,
         pinned_host: None,
+        avoid_host: None,
     };
     let started = Instant::now();
     match api.place(order).await {

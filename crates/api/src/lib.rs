@@ -29,6 +29,7 @@ pub mod apps;
 pub mod audit;
 pub mod catalog;
 pub mod certificates;
+pub mod displaced;
 pub mod error;
 pub mod exchange;
 pub mod guardian;

@@ -206,12 +206,14 @@ async fn make_copy(api: &Api, host: &HostView, copy: Copy) {
             skip_service_registration: false,
             placement: None,
             epoch: 0,
+            displaced_from: None,
         },
         size,
         count: 1,
         regions: host.record.region.clone(),
         dry_run: false,
         pinned_host: Some(host.record.id.clone()),
+        avoid_host: None,
     };
     match api.place(order).await {
         Ok(placed) if !placed.machines.is_empty() => tracing::info!(

@@ -102,12 +102,14 @@ pub async fn placements(
             skip_service_registration: false,
             placement: None,
             epoch: 0,
+            displaced_from: None,
         },
         size: size.into(),
         count,
         regions,
         dry_run: true,
         pinned_host: None,
+        avoid_host: None,
     };
     let placed = api.place(order).await?;
     let (cands, _) = api.market_view()?;

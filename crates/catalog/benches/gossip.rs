@@ -406,6 +406,7 @@ fn machine_record(id: &str, host: &str, state: &str) -> MachineRecord {
         updated_at_ms: 1_700_000_000_000,
         epoch: 0,
         config: None,
+        displaced_by: None,
     }
 }
 

@@ -91,6 +91,12 @@ pub struct MachineRecord {
     /// (`bazaar_types::per_host`: each matching host makes its copy from it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<Box<bazaar_types::config::MachineConfig>>,
+    /// The machine that displaced this one from its host (by preemption, or by taking back
+    /// the reclaimed room it ran on), while it is stopped for it. Its host re-places such a
+    /// machine on another host when its config allows (`bazaar_types::replacement::
+    /// re_placed_when_displaced`), and then publishes its config in this row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub displaced_by: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -288,6 +288,7 @@ fn main() {
             cpus: Some(64),
             dead_after_ms: None,
             replace_after_ms: None,
+            config: None,
         },
     })
     .expect("lab up");

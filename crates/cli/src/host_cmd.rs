@@ -281,6 +281,7 @@ async fn run_on(
                     skip_service_registration: false,
                     placement: None,
                     epoch: 0,
+                    displaced_from: None,
                 })
                 .await?;
             if !skip_launch {

@@ -77,6 +77,10 @@ struct FaultsArgs {
     /// Also write the matrix (markdown) to this file.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Hosts reclaim (`[reclaim] enabled`, measured every 0.5 s) and the workload mixes
+    /// `batch` and `default` machines (docs/POLICY.md).
+    #[arg(long)]
+    policies: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -109,6 +113,10 @@ struct UpArgs {
     /// Also wait until every host sees every other alive in its catalog.
     #[arg(long)]
     wait_converged: bool,
+    /// An agent config file (TOML: `[reclaim]`, `[burst]`, ..., docs/CONFIG.md) every host
+    /// starts with.
+    #[arg(long)]
+    agent_config: Option<PathBuf>,
 }
 
 /// Runs one `bazaar lab` subcommand.
@@ -195,6 +203,13 @@ fn run_up(dir: PathBuf, up: UpArgs) -> anyhow::Result<()> {
         .map(str::parse)
         .transpose()
         .map_err(anyhow::Error::msg)?;
+    let config = match &up.agent_config {
+        Some(file) => Some(
+            std::fs::read_to_string(file)
+                .map_err(|e| anyhow::anyhow!("reading the agent config {}: {e}", file.display()))?,
+        ),
+        None => None,
+    };
     let started = std::time::Instant::now();
     let lab = Lab::up(UpOptions {
         dir,
@@ -208,6 +223,7 @@ fn run_up(dir: PathBuf, up: UpArgs) -> anyhow::Result<()> {
             cpus: up.cpus,
             dead_after_ms: up.dead_after_ms,
             replace_after_ms: up.replace_after_ms,
+            config,
         },
     })?;
     let plan = lab.plan();
@@ -265,6 +281,7 @@ fn run_faults(dir: PathBuf, f: FaultsArgs) -> anyhow::Result<()> {
     if let Some(r) = f.rounds {
         opts.rounds = r;
     }
+    opts.policies = f.policies;
     let started = std::time::Instant::now();
     let runs = bazaar_lab::faults::run(&opts, |run| {
         println!(

@@ -47,6 +47,7 @@ pub async fn serve(
             let proxy = bazaar_proxy::Proxy::start(node.clone())?;
             bazaar_api::guardian::spawn(bazaar_api::Api::new(node.clone()));
             bazaar_api::per_host::spawn(bazaar_api::Api::new(node.clone()));
+            bazaar_api::displaced::spawn(bazaar_api::Api::new(node.clone()));
             bazaar_certs::spawn_renewal(node)?;
             agent.set_image_peers(std::sync::Arc::new(bazaar_registry::peers::NodePeers::new(
                 node.clone(),

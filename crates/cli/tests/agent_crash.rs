@@ -38,6 +38,7 @@ fn request(id: &str, version: &str) -> ClaimRequest {
         skip_service_registration: false,
         placement: None,
         epoch: 0,
+        displaced_from: None,
     }
 }
 

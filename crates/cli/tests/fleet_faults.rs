@@ -21,7 +21,11 @@ fn every_fault_keeps_every_invariant() {
         .prefix("bazaar-faults-")
         .tempdir()
         .unwrap();
-    let opts = bazaar_lab::faults::FaultOptions::ci(dir.path().to_path_buf(), PathBuf::from(EXE));
+    let mut opts =
+        bazaar_lab::faults::FaultOptions::ci(dir.path().to_path_buf(), PathBuf::from(EXE));
+    // `BAZAAR_LAB_POLICIES=1`: the same run with reclamation on and batch machines in the
+    // workload (docs/POLICY.md, "What is wired").
+    opts.policies = std::env::var("BAZAAR_LAB_POLICIES").is_ok_and(|v| v == "1");
     let started = std::time::Instant::now();
     let report = bazaar_lab::faults::run(&opts, |run| {
         eprintln!(

@@ -545,6 +545,7 @@ mod tests {
             reserved: res(0, 0),
             batch: Vec::new(),
             batch_held: None,
+            displaced: Vec::new(),
         }
     }
 

@@ -55,7 +55,18 @@ pub struct FaultOptions {
     /// How long a fault lasts before it is healed.
     pub fault_for: Duration,
     pub bounds: Bounds,
+    /// Scheduling policies on (docs/POLICY.md): hosts reclaim ([`POLICIES`]) and every
+    /// other workload client makes `batch` machines, which ride on reclaimed room and are
+    /// throttled, stopped and re-placed as services need it back.
+    pub policies: bool,
 }
+
+/// The agent config of a run with [`FaultOptions::policies`]: reclamation measured every
+/// 0.5 s, a reservation decaying after 2 s. Its hosts are small (4 shared vCPUs, 768 MB each) so that
+/// batch machines fill what services reserve and do not use, and a service started again
+/// takes it back (throttling or stopping batch machines, which are then re-placed).
+pub const POLICIES: &str =
+    "[reclaim]\nenabled = true\ninterval = 500\ngrace_observations = 4\ndecay_pct = 50\n";
 
 impl FaultOptions {
     /// The CI size: 3 hosts, each fault once, short workloads.
@@ -70,6 +81,7 @@ impl FaultOptions {
             live_per_client: 2,
             fault_for: Duration::from_secs(5),
             bounds: BOUNDS,
+            policies: false,
         }
     }
 
@@ -96,6 +108,10 @@ const DEAD_AFTER_MS: u64 = 2000;
 /// Memory each host offers (MB): a workload or web machine takes 256 (the least for a
 /// shared CPU).
 const HOST_MEMORY_MB: u64 = 2048;
+/// CPUs (shared vCPUs) and memory (MB) each host offers in a run with policies: a web
+/// machine and two more services by requests, and batch machines beside them on what they
+/// do not use.
+const POLICY_HOST: (u32, u64) = (4, 768);
 /// How long the runner waits for the catalogs to agree after a heal.
 const CONVERGE_WAIT: Duration = Duration::from_secs(30);
 /// Deadline of one Machines API call.
@@ -136,10 +152,15 @@ pub fn run(opts: &FaultOptions, mut each: impl FnMut(&FaultRun)) -> anyhow::Resu
         exe: opts.exe.clone(),
         small_disk: true,
         agent: AgentSettings {
-            memory_mb: Some(HOST_MEMORY_MB),
-            cpus: None,
+            memory_mb: Some(if opts.policies {
+                POLICY_HOST.1
+            } else {
+                HOST_MEMORY_MB
+            }),
+            cpus: opts.policies.then_some(POLICY_HOST.0),
             dead_after_ms: Some(DEAD_AFTER_MS),
             replace_after_ms: None,
+            config: opts.policies.then(|| POLICIES.to_string()),
         },
     })?;
     let mut guard = Guard(Some(lab));
@@ -354,8 +375,9 @@ fn run_one(
             let (n, sh, token, app) = (n.clone(), shared.clone(), token.clone(), app.clone());
             let client = threads.len() + 1;
             let live = opts.live_per_client;
+            let priority = (opts.policies && client % 2 == 1).then_some("batch");
             threads.push(std::thread::spawn(move || {
-                workload(client, &n, &sh, &token, &app, live)
+                workload(client, &n, &sh, &token, &app, live, priority)
             }));
         }
         let (n2, sh) = (n.clone(), shared.clone());
@@ -469,7 +491,8 @@ fn run_one(
                 .collect::<Option<Vec<String>>>()
         });
         let sample = ledger(n, &secret, shared.now_ms());
-        if let (Some(held), Some(sample)) = (held, sample) {
+        if let (Some(mut held), Some(sample)) = (held, sample) {
+            held.retain(|id| !sample.displaced.contains(id));
             end.held.insert(n.name.clone(), held);
             end.ledgers.push(sample);
         }

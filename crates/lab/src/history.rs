@@ -150,6 +150,9 @@ pub struct LedgerSample {
     /// millicpus and MiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_held: Option<(u64, u64)>,
+    /// Machines the host keeps that hold nothing: displaced by preemption or reclamation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub displaced: Vec<String>,
 }
 
 /// One request through a host's proxy to the app that always has a machine on every host.
@@ -212,8 +215,8 @@ pub struct EndState {
     pub converged_after_ms: Option<u64>,
     /// The last ledger of every host, taken with the truth.
     pub ledgers: Vec<LedgerSample>,
-    /// Lab host name → the ids of every machine it holds (of any app, not destroyed),
-    /// taken with the ledgers.
+    /// Lab host name → the ids of every machine it holds (of any app, not destroyed, and
+    /// not displaced: a displaced machine holds nothing), taken with the ledgers.
     pub held: BTreeMap<String, Vec<String>>,
 }
 

@@ -637,6 +637,10 @@ impl Lab {
     }
 
     fn spawn_agent(&mut self, h: &HostPlan) -> anyhow::Result<()> {
+        if let Some(config) = &self.state.agent.config {
+            let file = AgentSettings::config_file(h, &self.data_dir(h));
+            std::fs::write(&file, config).with_context(|| format!("writing {}", file.display()))?;
+        }
         let mut args = self.state.plan.agent_args(
             h,
             &self.state.agent,

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Port of every agent's HTTP listener (API and host interface) on its host's address.
 pub const API_PORT: u16 = 4280;
@@ -308,6 +308,10 @@ impl LabPlan {
         if let Some(ms) = settings.replace_after_ms {
             args.extend(["--replace-after".into(), format!("{ms}ms")]);
         }
+        if settings.config.is_some() {
+            let file = AgentSettings::config_file(host, data_dir);
+            args.extend(["--config".into(), file.display().to_string()]);
+        }
         args
     }
 
@@ -413,6 +417,18 @@ pub struct AgentSettings {
     /// agent's default when `None`.
     #[serde(default)]
     pub replace_after_ms: Option<u64>,
+    /// The agent's config file every host starts with (TOML: `[reclaim]`, `[burst]`, ...,
+    /// docs/CONFIG.md), written beside its data dir ([`AgentSettings::config_file`]) and
+    /// passed as `--config`; `None`: no file.
+    #[serde(default)]
+    pub config: Option<String>,
+}
+
+impl AgentSettings {
+    /// Where host `host`'s config file is, beside its data dir `data_dir`.
+    pub fn config_file(host: &HostPlan, data_dir: &Path) -> PathBuf {
+        data_dir.with_file_name(format!("{}.agent.toml", host.name))
+    }
 }
 
 /// The network faults in force: directed blocks between hosts and packet loss per host.
@@ -605,6 +621,7 @@ mod tests {
             cpus: None,
             dead_after_ms: Some(2000),
             replace_after_ms: Some(5000),
+            config: Some("[reclaim]\nenabled = true\n".into()),
         };
         let args = plan.agent_args(
             &plan.hosts[0],
@@ -623,6 +640,7 @@ mod tests {
         assert!(joined.contains("--memory-mb 512"));
         assert!(joined.contains("--dead-after-ms 2000"));
         assert!(joined.contains("--replace-after 5000ms"));
+        assert!(joined.contains("--config /d/h1.agent.toml"), "{joined}");
         assert!(!joined.contains("--cpus"));
         // Workloads must outlive their agent (kill, restart, upgrade).
         assert!(!joined.contains("stop-machines-on-shutdown"));
@@ -634,6 +652,7 @@ mod tests {
             Path::new("/t"),
         );
         assert!(!args.contains(&"--join".to_string()));
+        assert!(!args.contains(&"--config".to_string()));
     }
 
     #[test]

@@ -85,6 +85,11 @@ pub struct MachineRecord {
     /// no commitment in the ledger until it starts again, which commits it first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preempted_by: Option<String>,
+    /// It was running when it was displaced (preempted or reclaimed): its host re-places
+    /// it on another host when its config allows (`bazaar_types::replacement::
+    /// re_placed_when_displaced`); one stopped by hand before stays where it is.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub displaced_running: bool,
     // How the exchange placed the machine is stored apart (`Store::placement`).
 }
 
@@ -104,6 +109,9 @@ impl MachineRecord {
         }
         if stored.preempted_by != before.preempted_by {
             self.preempted_by = stored.preempted_by.clone();
+        }
+        if stored.displaced_running != before.displaced_running {
+            self.displaced_running = stored.displaced_running;
         }
         if stored.host_ports != before.host_ports {
             self.host_ports = stored.host_ports.clone();
@@ -186,6 +194,7 @@ pub(crate) mod tests {
             image_ref: None,
             epoch: 0,
             preempted_by: None,
+            displaced_running: false,
         }
     }
 

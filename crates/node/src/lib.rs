@@ -113,6 +113,19 @@ pub trait Node: std::fmt::Debug + Send + Sync + 'static {
     fn stop_machine<'a>(&'a self, id: &'a str) -> NodeFuture<'a, Result<(), NodeError>>;
     /// `Ok` when machine `id` is this host's.
     fn has_machine<'a>(&'a self, id: &'a str) -> NodeFuture<'a, Result<(), NodeError>>;
+    /// Holds displaced machine `id` of this host for its move to another host: `true` when
+    /// it is still displaced here, and then no other operation touches it until
+    /// [`Node::end_move`] (or until its copy here is destroyed once moved). A node that
+    /// does not move machines answers `false`.
+    fn hold_for_move<'a>(&'a self, id: &'a str) -> NodeFuture<'a, Result<bool, NodeError>> {
+        let _ = id;
+        Box::pin(async { Ok(false) })
+    }
+    /// Ends the hold of [`Node::hold_for_move`]: the machine was `moved`, or is this
+    /// host's again.
+    fn end_move(&self, id: &str, moved: bool) {
+        let _ = (id, moved);
+    }
     /// Publishes where this host's proxy listens (and its hop listener) in the host record.
     fn set_proxy_addrs(&self, proxy: SocketAddr, hop: Option<SocketAddr>) -> NodeFuture<'_, ()>;
     /// The host's own metrics (agent and catalog) as Prometheus text, without the closing

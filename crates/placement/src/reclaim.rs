@@ -18,6 +18,10 @@ pub struct Reclaim {
     /// Observations after a start during which the reservation stays at the request (Borg:
     /// ~300 s of start-up; 60 observations of 5 s).
     pub grace_observations: u32,
+    /// How far batch machines' CPU is throttled, in percent of their request, before any is
+    /// stopped for CPU when a service needs its reservation back ([`cpu_share`]); 100 stops
+    /// them at once. Memory is never throttled: it is taken back by stopping.
+    pub throttle_floor_pct: u64,
 }
 
 impl Default for Reclaim {
@@ -26,6 +30,7 @@ impl Default for Reclaim {
             margin_pct: 20,
             decay_pct: 10,
             grace_observations: 60,
+            throttle_floor_pct: 25,
         }
     }
 }
@@ -55,6 +60,40 @@ impl Reclaim {
 /// batch machine already running (never below zero).
 pub fn batch_room(capacity: u64, reservations: u64, batch: u64) -> u64 {
     capacity.saturating_sub(reservations.saturating_add(batch))
+}
+
+/// The share of its CPU request, per mille, every batch machine keeps so that services'
+/// reservations (`fixed`, with open batch bids) and the batch machines (`batch`, their
+/// requests in millicpus) fit `capacity`: 1000 when they fit in full, less when the batch
+/// machines must be throttled (each to its request × share / 1000, rounded down, so the
+/// sum fits). A share below the rule's floor means some must be stopped first: see
+/// [`Reclaim::floor_size`] and [`to_stop`].
+pub fn cpu_share(capacity: u64, fixed: u64, batch: &[u64]) -> u64 {
+    let total: u64 = batch.iter().sum();
+    if total == 0 {
+        return 1000;
+    }
+    let room = u128::from(capacity.saturating_sub(fixed));
+    u64::try_from(room * 1000 / u128::from(total))
+        .unwrap_or(u64::MAX)
+        .min(1000)
+}
+
+impl Reclaim {
+    /// What a batch machine of `request` millicpus holds throttled as far as the rule
+    /// allows (rounded up): the size [`to_stop`] counts for CPU.
+    pub fn floor_size(&self, request: u64) -> u64 {
+        (u128::from(request) * u128::from(self.throttle_floor_pct.min(100)))
+            .div_ceil(100)
+            .try_into()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Whether `share` (per mille, [`cpu_share`]) is as far as batch machines may be
+    /// throttled.
+    pub fn share_allowed(&self, share: u64) -> bool {
+        share >= self.throttle_floor_pct.min(100) * 10
+    }
 }
 
 /// Which batch machines to stop, newest first, so that reservations and the batch machines
@@ -205,7 +244,33 @@ mod tests {
         margin_pct: 20,
         decay_pct: 10,
         grace_observations: 3,
+        throttle_floor_pct: 25,
     };
+
+    #[test]
+    fn batch_cpu_is_shared_out_evenly_and_floored_before_any_is_stopped() {
+        // 4 cores, services hold 1.8: three batch machines of 1 core fit in full.
+        assert_eq!(cpu_share(4000, 1800, &[1000, 1000, 1000]), 733);
+        assert_eq!(cpu_share(4000, 800, &[1000, 1000, 1000]), 1000);
+        assert_eq!(cpu_share(4000, 5000, &[1000]), 0);
+        assert_eq!(cpu_share(4000, 5000, &[]), 1000);
+        let rule = Reclaim::default();
+        assert_eq!(rule.throttle_floor_pct, 25);
+        assert!(rule.share_allowed(733) && rule.share_allowed(250) && !rule.share_allowed(249));
+        // Throttled to the floor, 3.6 reserved leaves room for one of 1 core at 25 %...
+        let floors: Vec<u64> = [1000, 1000].iter().map(|c| rule.floor_size(*c)).collect();
+        assert_eq!(floors, [250, 250]);
+        assert_eq!(to_stop(4000, 3600, &floors), 1);
+        // ...which then keeps 40 %.
+        assert_eq!(cpu_share(4000, 3600, &[1000]), 400);
+        // A floor of 100 % never throttles: the share must be whole.
+        let never = Reclaim {
+            throttle_floor_pct: 100,
+            ..rule
+        };
+        assert!(!never.share_allowed(999) && never.share_allowed(1000));
+        assert_eq!(never.floor_size(1000), 1000);
+    }
 
     #[test]
     fn the_reservation_starts_at_the_request_and_decays_towards_use_plus_margin() {

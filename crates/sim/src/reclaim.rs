@@ -100,6 +100,8 @@ fn run(policy: Policy, hosts: usize, days: u32, seed: u64) -> Outcome {
         margin_pct: 20,
         decay_pct: 30,
         grace_observations: 1,
+        // The simulator's experiment stops batch work when services need it back.
+        throttle_floor_pct: 100,
     };
     let mut rng = StdRng::seed_from_u64(seed);
     let steps = days * STEPS_PER_DAY;

@@ -38,6 +38,17 @@ impl InProcessAgent {
     pub async fn start_with(
         configure: impl FnOnce(&mut AgentConfig),
     ) -> anyhow::Result<InProcessAgent> {
+        Self::start_member(Vec::new(), bazaar_agent::Seams::default(), configure).await
+    }
+
+    /// [`InProcessAgent::start_with`] as a member of a cluster: its catalog joins through
+    /// `seeds` (another in-process agent's [`Catalog::local_addr`]), and its machines run
+    /// with `seams` (the test kit's fake driver: [`crate::fake_driver::FakeDriver`]).
+    pub async fn start_member(
+        seeds: Vec<SocketAddr>,
+        seams: bazaar_agent::Seams,
+        configure: impl FnOnce(&mut AgentConfig),
+    ) -> anyhow::Result<InProcessAgent> {
         let dir = tempfile::Builder::new()
             .prefix("bazaar-inproc-")
             .tempdir()?;
@@ -57,16 +68,19 @@ impl InProcessAgent {
         };
         let mut config = config;
         configure(&mut config);
-        let agent = bazaar_agent::boot::start(config.clone()).await?;
+        let agent = bazaar_agent::boot::start_in_process(config.clone(), seams).await?;
         let mut catalog_config = CatalogConfig::new(
             agent.host_id(),
             &config.region,
             loopback,
             agent.cluster_secret(),
         );
+        catalog_config.seeds = seeds;
         catalog_config.signing_key = bazaar_agent::secrets::host_signing_key(&config.data_dir)?;
         let catalog = Catalog::start(catalog_config).await?;
         bazaar_agent::publish::attach_catalog(&agent, catalog.clone()).await;
+        // As `run_agent` does: a copy claimed again on another host is destroyed here.
+        bazaar_agent::fence::spawn(&agent);
         Ok(InProcessAgent {
             agent,
             catalog,
@@ -74,6 +88,23 @@ impl InProcessAgent {
             server: None,
             _dir: dir,
         })
+    }
+
+    /// [`InProcessAgent::start_member`] whose machines run on a new
+    /// [`crate::fake_driver::FakeDriver`], returned with it.
+    pub async fn start_fake_member(
+        seeds: Vec<SocketAddr>,
+        configure: impl FnOnce(&mut AgentConfig),
+    ) -> anyhow::Result<(
+        InProcessAgent,
+        std::sync::Arc<crate::fake_driver::FakeDriver>,
+    )> {
+        let driver = crate::fake_driver::FakeDriver::new();
+        let seams = bazaar_agent::Seams {
+            driver: Some(driver.clone()),
+            ..bazaar_agent::Seams::default()
+        };
+        Ok((Self::start_member(seeds, seams, configure).await?, driver))
     }
 
     /// The agent as the node the services beside it (the API, the dashboard) are given,

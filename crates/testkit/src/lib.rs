@@ -695,6 +695,7 @@ pub fn create_request(app: &str, argv: &[&str]) -> bazaar_types::host::ClaimRequ
         skip_service_registration: false,
         placement: None,
         epoch: 0,
+        displaced_from: None,
     }
 }
 

@@ -173,6 +173,11 @@ pub struct ClaimRequest {
     /// the copy with the highest epoch is the machine (see `replacement`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub epoch: u64,
+    /// Why this copy is made: set when the machine was displaced from another host
+    /// (preempted, or its reclaimed room taken back) and is re-placed here, which the new
+    /// copy records as its `replaced` event (docs/POLICY.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub displaced_from: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -4,6 +4,9 @@
 //! `[deploy] replace_on_host_failure = true`, or by any API client) is re-placed on another
 //! host of its region when its host has been dead for the agents' `--replace-after`. A
 //! machine with a volume holds state and is never re-placed, so it cannot opt in.
+//!
+//! A machine *displaced* from its host (stopped there by preemption or reclamation, issue 34)
+//! is re-placed on another host when [`re_placed_when_displaced`] says its config allows.
 
 use crate::config::MachineConfig;
 use std::collections::BTreeMap;
@@ -21,6 +24,17 @@ pub fn opted_in(metadata: &BTreeMap<String, String>) -> bool {
 /// other hosts make from it.
 pub fn carries_config(metadata: &BTreeMap<String, String>) -> bool {
     opted_in(metadata) || crate::per_host::opted_in(metadata)
+}
+
+/// Whether a machine displaced from its host (preempted, or stopped when a service took its
+/// reclaimed room back) is re-placed on another host: when its restart policy would have
+/// run it again (`always` or `on-failure`: it did not stop on its own; `no` leaves it
+/// stopped), it holds no volume (state that lives on its host) and it is not a per-host
+/// machine (one copy per host, never moved).
+pub fn re_placed_when_displaced(config: &MachineConfig) -> bool {
+    config.restart_policy().policy != crate::config::RestartPolicyKind::No
+        && config.mounts.is_empty()
+        && !crate::per_host::opted_in(&config.metadata)
 }
 
 /// Refuses a config whose opt-in is not `true`/`false`, or that opts in with a volume; the
@@ -54,6 +68,29 @@ mod tests {
             c.metadata.insert(METADATA_KEY.into(), v.into());
         }
         c
+    }
+
+    #[test]
+    fn a_displaced_machine_moves_unless_its_policy_is_no_or_it_holds_state() {
+        let mut c = config(None, false);
+        assert!(re_placed_when_displaced(&c), "on-failure by default");
+        for (policy, moves) in [("always", true), ("on-failure", true), ("no", false)] {
+            c.restart =
+                Some(serde_json::from_value(serde_json::json!({"policy": policy})).unwrap());
+            assert_eq!(re_placed_when_displaced(&c), moves, "{policy}");
+        }
+        assert!(
+            !re_placed_when_displaced(&config(None, true)),
+            "a volume stays"
+        );
+        let mut per_host = config(None, false);
+        per_host
+            .metadata
+            .insert(crate::per_host::METADATA_KEY.into(), "true".into());
+        assert!(
+            !re_placed_when_displaced(&per_host),
+            "a per-host copy stays"
+        );
     }
 
     #[test]

@@ -85,7 +85,7 @@ impl Actor {
                 // dead, or its claim here went unanswered) never runs again here
                 // (`fence.rs`).
                 if let Some(host) =
-                    crate::fence::superseded_by(&self.agent, &self.id, &rec.config).await
+                    crate::fence::superseded_by(&self.agent, &self.id, &rec.config, rec.epoch).await
                 {
                     let exit = ExitRecord {
                         run_id,

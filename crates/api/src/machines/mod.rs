@@ -108,12 +108,14 @@ fn order_for(
             skip_service_registration: req.skip_service_registration,
             placement: None,
             epoch: 0,
+            displaced_from: None,
         },
         size,
         count,
         regions,
         dry_run: false,
         pinned_host,
+        avoid_host: None,
     })
 }
 

@@ -11,8 +11,17 @@ use std::time::Duration;
 
 /// One workload client: creates machines of `app` through node `n` (up to `live`), and
 /// updates, stops, starts and destroys the ones it made, until told to stop. `token` is
-/// an API token of the lab.
-pub(super) fn workload(client: usize, n: &Node, sh: &Shared, token: &str, app: &str, live: usize) {
+/// an API token of the lab. Its machines are of class `priority` (`config.priority`) when
+/// given.
+pub(super) fn workload(
+    client: usize,
+    n: &Node,
+    sh: &Shared,
+    token: &str,
+    app: &str,
+    live: usize,
+    priority: Option<&str>,
+) {
     let mut mine: Vec<String> = Vec::new();
     let mut made = 0;
     while !sh.stop.load(Ordering::SeqCst) {
@@ -38,12 +47,12 @@ pub(super) fn workload(client: usize, n: &Node, sh: &Shared, token: &str, app: &
             Op::Create { tag, .. } => (
                 "POST",
                 format!("/v1/apps/{app}/machines"),
-                Some(json!({"name": tag, "config": load_config(0)})),
+                Some(json!({"name": tag, "config": load_config(0, priority)})),
             ),
             Op::Update { id, .. } => (
                 "POST",
                 format!("/v1/apps/{app}/machines/{id}"),
-                Some(json!({"config": load_config(start_ms)})),
+                Some(json!({"config": load_config(start_ms, priority)})),
             ),
             Op::Stop { id, .. } => ("POST", format!("/v1/apps/{app}/machines/{id}/stop"), None),
             Op::Start { id, .. } => ("POST", format!("/v1/apps/{app}/machines/{id}/start"), None),
@@ -85,13 +94,17 @@ pub(super) fn workload(client: usize, n: &Node, sh: &Shared, token: &str, app: &
 }
 
 /// A workload machine: a process that sleeps, 256 MB; `version` makes each update differ.
-fn load_config(version: u64) -> Value {
-    json!({
+fn load_config(version: u64, priority: Option<&str>) -> Value {
+    let mut config = json!({
         "image": "process", "driver": "process",
         "init": {"exec": ["sleep", "100000"]},
         "env": {"LOAD_VERSION": version.to_string()},
         "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256},
-    })
+    });
+    if let Some(p) = priority {
+        config["priority"] = json!(p);
+    }
+    config
 }
 
 fn outcome(reply: Reply) -> Outcome {
@@ -169,6 +182,14 @@ pub(super) fn ledger(n: &Node, secret: &str, at_ms: u64) -> Option<LedgerSample>
             .collect(),
         reserved: res(&v["reserved"]),
         batch: v["batch"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|id| Some(id.as_str()?.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        displaced: v["displaced"]
             .as_array()
             .map(|a| {
                 a.iter()

@@ -10,11 +10,15 @@
 //!
 //! Two invariants hold after every call: services' requests + open service bids ≤ capacity
 //! (the ledger's own), and services' reservations + batch machines + open batch bids ≤
-//! capacity. When a reservation grows (use grows, a service is committed or starts again),
-//! the newest batch machines are evicted in the same call, as few as
-//! [`crate::reclaim::to_stop`] says, then open batch bids if that is not enough; the evicted
-//! machines are uncommitted at once and listed by [`Ledger::take_evictions`] for the host to
-//! stop. (When the services' reservations alone pass capacity, which only restored machines
+//! capacity, the batch machines' CPU counted at their throttled share. When a reservation
+//! grows (use grows, a service is committed or starts again), the batch machines' CPU is
+//! first throttled: each keeps the same share of its request ([`crate::reclaim::cpu_share`],
+//! [`Ledger::batch_cpu_limit`], which the host writes to its cgroup), down to the rule's
+//! `throttle_floor_pct`; past that, or for memory, open batch bids are dropped and then the
+//! newest batch machines evicted in the same call, as few as [`crate::reclaim::to_stop`]
+//! says (CPU counted at the floor); the evicted machines are uncommitted at once and listed
+//! by [`Ledger::take_evictions`] for the host to stop. As reservations fall again the share
+//! rises back ([`Ledger::rebalance_batch_cpu`], once per measurement round). (When the services' reservations alone pass capacity, which only restored machines
 //! can do, no batch machine is left.)
 
 use super::{Ledger, LedgerError, Reservation};
@@ -100,6 +104,11 @@ pub(super) struct Reclaiming {
     /// Services' reservations, by machine id.
     held: BTreeMap<String, Held>,
     evicted: Vec<Eviction>,
+    /// The share of its CPU request every batch machine keeps, per mille (1000: none is
+    /// throttled).
+    cpu_share: u64,
+    /// The service whose reservation's growth throttled the batch machines, while they are.
+    throttled_for: Option<String>,
 }
 
 impl Ledger {
@@ -111,6 +120,8 @@ impl Ledger {
             next_seq: 0,
             held: BTreeMap::new(),
             evicted: Vec::new(),
+            cpu_share: 1000,
+            throttled_for: None,
         });
         self
     }
@@ -249,6 +260,85 @@ impl Ledger {
         }
     }
 
+    /// Gives throttled batch machines back what the services' reservations no longer take:
+    /// the share rises to the most that fits. Once per measurement round, after every
+    /// [`Ledger::observe`] (the share falls in `observe` itself, when a reservation grows).
+    pub fn rebalance_batch_cpu(&mut self) {
+        let Some(r) = self.reclaim.as_ref() else {
+            return;
+        };
+        if r.cpu_share >= 1000 {
+            return;
+        }
+        let for_machine = r.throttled_for.clone().unwrap_or_default();
+        self.rethrottle(&for_machine);
+    }
+
+    /// The share of its CPU request each batch machine keeps now, per mille (1000 when none
+    /// is throttled, and with reclamation off).
+    pub fn batch_cpu_share(&self) -> u64 {
+        self.reclaim.as_ref().map_or(1000, |r| r.cpu_share)
+    }
+
+    /// Batch machine `machine_id`'s CPU limit in millicpus while the batch machines are
+    /// throttled (its request × [`Ledger::batch_cpu_share`], rounded down); `None` when it
+    /// runs at its request or is no batch machine.
+    pub fn batch_cpu_limit(&self, machine_id: &str) -> Option<u64> {
+        let r = self.reclaim.as_ref()?;
+        if r.cpu_share >= 1000 || !r.batch.contains_key(machine_id) {
+            return None;
+        }
+        let request = Use::of(self.committed.get(machine_id).copied()?).millicpus;
+        Some(request * r.cpu_share / 1000)
+    }
+
+    /// The service whose reservation's growth throttled the batch machines, while they are.
+    pub fn throttled_for(&self) -> Option<&str> {
+        self.reclaim.as_ref()?.throttled_for.as_deref()
+    }
+
+    /// Sets the batch machines' CPU share to the most that fits beside the services'
+    /// reservations and open batch bids (`for_machine`: whose reservation moved).
+    fn rethrottle(&mut self, for_machine: &str) {
+        let Some(r) = self.reclaim.as_ref() else {
+            return;
+        };
+        let requests: Vec<u64> = r
+            .batch
+            .keys()
+            .map(|id| Use::of(self.committed.get(id).copied().unwrap_or_default()).millicpus)
+            .collect();
+        let fixed = self.service_reservations().millicpus + Use::of(self.open_batch()).millicpus;
+        let share = crate::reclaim::cpu_share(Use::of(self.capacity).millicpus, fixed, &requests);
+        if let Some(r) = self.reclaim.as_mut() {
+            if share >= 1000 {
+                r.throttled_for = None;
+            } else if r.cpu_share >= 1000 || r.throttled_for.is_none() {
+                r.throttled_for = Some(for_machine.to_string());
+            }
+            r.cpu_share = share;
+        }
+    }
+
+    /// Open batch bids together.
+    fn open_batch(&self) -> Resources {
+        super::sum(
+            self.reservations
+                .values()
+                .filter(|r| r.claimed_by.is_none() && r.batch)
+                .map(|r| r.resources),
+        )
+    }
+
+    /// Whether reservations + batch (CPU at its share) + open batch bids fit, with the
+    /// share no lower than the rule allows.
+    fn pool_fits(&self) -> bool {
+        let Some(r) = self.reclaim.as_ref() else {
+            return true;
+        };
+        self.batch_held().fits_in(Use::of(self.capacity)) && r.rule.share_allowed(r.cpu_share)
+    }
+
     /// Service `machine_id` started again: its reservation is its request again, with a new
     /// start-up grace (evicting batch machines as needed).
     pub fn restarted(&mut self, machine_id: &str) {
@@ -262,6 +352,14 @@ impl Ledger {
         {
             self.held_as(machine_id, request, Pool::Service);
         }
+    }
+
+    /// The batch machines evicted and not yet taken by [`Ledger::take_evictions`]: they
+    /// hold nothing, and their host has yet to stop them.
+    pub fn pending_evictions(&self) -> Vec<String> {
+        self.reclaim.as_ref().map_or_else(Vec::new, |r| {
+            r.evicted.iter().map(|e| e.machine_id.clone()).collect()
+        })
     }
 
     /// The batch machines evicted since the last call, oldest eviction first.
@@ -431,7 +529,11 @@ impl Ledger {
     /// resource (the larger count).
     fn fit(&mut self, for_machine: &str) {
         let cap = Use::of(self.capacity);
-        if self.reclaim.is_none() || self.batch_held().fits_in(cap) {
+        let Some(rule) = self.reclaim.as_ref().map(|r| r.rule) else {
+            return;
+        };
+        self.rethrottle(for_machine);
+        if self.pool_fits() {
             return;
         }
         let mut open: Vec<String> = self
@@ -440,9 +542,13 @@ impl Ledger {
             .filter(|r| r.claimed_by.is_none() && r.batch)
             .map(|r| r.id.clone())
             .collect();
-        while !self.batch_held().fits_in(cap) {
+        while !self.pool_fits() {
             let Some(id) = open.pop() else { break };
             self.reservations.remove(&id);
+            self.rethrottle(for_machine);
+        }
+        if self.pool_fits() {
+            return;
         }
         let Some(r) = self.reclaim.as_ref() else {
             return;
@@ -461,7 +567,9 @@ impl Ledger {
                 .map(|r| r.resources),
         );
         let fixed = self.service_reservations().plus(Use::of(open_batch));
-        let cpu: Vec<u64> = sizes.iter().map(|s| s.millicpus).collect();
+        // CPU counted throttled as far as the rule allows: only what that cannot make fit
+        // is stopped for CPU.
+        let cpu: Vec<u64> = sizes.iter().map(|s| rule.floor_size(s.millicpus)).collect();
         let mem: Vec<u64> = sizes.iter().map(|s| s.memory_mb).collect();
         let n = to_stop(cap.millicpus, fixed.millicpus, &cpu).max(to_stop(
             cap.memory_mb,
@@ -485,20 +593,32 @@ impl Ledger {
                 });
             }
         }
+        self.rethrottle(for_machine);
     }
 
     /// Services' reservations, batch machines and open batch bids together: at most the
     /// capacity whenever any batch machine or bid is held.
+    /// Batch machines' CPU is counted at its share ([`Ledger::batch_cpu_limit`]).
     pub fn batch_held(&self) -> Use {
-        let open_batch = super::sum(
-            self.reservations
-                .values()
-                .filter(|r| r.claimed_by.is_none() && r.batch)
-                .map(|r| r.resources),
-        );
+        let batch = self.batch_committed();
+        let share = self.batch_cpu_share();
+        let batch_cpu: u64 = if share >= 1000 {
+            Use::of(batch).millicpus
+        } else {
+            self.reclaim.as_ref().map_or(0, |r| {
+                r.batch
+                    .keys()
+                    .filter_map(|id| self.committed.get(id))
+                    .map(|c| Use::of(*c).millicpus * share / 1000)
+                    .sum()
+            })
+        };
         self.service_reservations()
-            .plus(Use::of(self.batch_committed()))
-            .plus(Use::of(open_batch))
+            .plus(Use {
+                millicpus: batch_cpu,
+                memory_mb: batch.memory_mb,
+            })
+            .plus(Use::of(self.open_batch()))
     }
 }
 

@@ -5,12 +5,88 @@ fn r(cpus: u32, memory_mb: u64) -> Resources {
     Resources { cpus, memory_mb }
 }
 
-/// A short grace so tests reach the decay quickly.
+/// A short grace so tests reach the decay quickly; batch machines are stopped, never
+/// throttled.
 const RULE: Reclaim = Reclaim {
     margin_pct: 20,
     decay_pct: 50,
     grace_observations: 2,
+    throttle_floor_pct: 100,
 };
+
+/// [`RULE`] throttling batch machines' CPU down to a quarter before stopping any.
+const THROTTLING: Reclaim = Reclaim {
+    throttle_floor_pct: 25,
+    ..RULE
+};
+
+fn burn(l: &mut Ledger, id: &str, millicpus: u64, memory_mb: u64) {
+    l.observe(
+        id,
+        Use {
+            millicpus,
+            memory_mb,
+        },
+    );
+}
+
+#[test]
+fn batch_cpu_is_throttled_before_any_batch_machine_is_stopped_and_given_back_after() {
+    let mut l = Ledger::new(r(4, 4096)).with_reclaim(THROTTLING);
+    l.commit("svc", r(4, 3072)).unwrap();
+    idle(&mut l, "svc", 40);
+    for i in 0..3 {
+        l.commit_in(&format!("batch{i}"), r(1, 1200), Pool::Batch)
+            .unwrap();
+    }
+    assert_eq!(
+        (l.batch_cpu_share(), l.batch_cpu_limit("batch0")),
+        (1000, None)
+    );
+    // 1.8 reserved + 3 batch > 4: all three keep 2.2 / 3 of a core, none is stopped.
+    burn(&mut l, "svc", 1500, 100);
+    assert!(l.take_evictions().is_empty());
+    assert_eq!(l.batch_cpu_share(), 733);
+    assert_eq!(l.batch_cpu_limit("batch2"), Some(733));
+    assert_eq!(
+        l.batch_cpu_limit("svc"),
+        None,
+        "services are never throttled"
+    );
+    assert_eq!(l.throttled_for(), Some("svc"));
+    assert!(l.batch_held().fits_in(Use::of(l.capacity())));
+    // No room for more batch work while they are throttled.
+    assert_eq!(l.batch_room().millicpus, 0);
+    // 3.6 reserved: three at 25 % would need 0.75 > 0.4: the newest two go, the oldest
+    // keeps 40 %.
+    burn(&mut l, "svc", 3000, 100);
+    let ev: Vec<String> = l
+        .take_evictions()
+        .into_iter()
+        .map(|e| e.machine_id)
+        .collect();
+    assert_eq!(ev, ["batch2", "batch1"]);
+    assert_eq!(l.batch_cpu_limit("batch0"), Some(400));
+    assert!(l.batch_held().fits_in(Use::of(l.capacity())));
+    // The service idles again: its reservation decays and the batch machine's CPU comes
+    // back in full (at the end of the measurement round).
+    idle(&mut l, "svc", 40);
+    assert_eq!(l.batch_cpu_share(), 400, "not before the round's end");
+    l.rebalance_batch_cpu();
+    assert_eq!(
+        (l.batch_cpu_share(), l.batch_cpu_limit("batch0")),
+        (1000, None)
+    );
+    assert_eq!(l.throttled_for(), None);
+    // Memory is never throttled: a service taking its memory back stops the batch machine.
+    burn(&mut l, "svc", 100, 3072);
+    let ev: Vec<String> = l
+        .take_evictions()
+        .into_iter()
+        .map(|e| e.machine_id)
+        .collect();
+    assert_eq!(ev, ["batch0"]);
+}
 
 fn idle(l: &mut Ledger, id: &str, times: usize) {
     for _ in 0..times {
@@ -184,6 +260,7 @@ enum Op {
     Commit(u8, u32, u64, bool),
     Observe(u8, u64, u64),
     Restarted(u8),
+    Rebalance,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -198,6 +275,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(i, c, m, b)| Op::Commit(i, c, m, b)),
         (0u8..12, 0u64..4000, 0u64..2048).prop_map(|(i, c, m)| Op::Observe(i, c, m)),
         (0u8..12).prop_map(Op::Restarted),
+        Just(Op::Rebalance),
     ]
 }
 
@@ -207,26 +285,71 @@ proptest! {
     /// request; an evicted machine holds nothing.
     #[test]
     fn reservations_and_batch_never_pass_capacity(ops in proptest::collection::vec(op(), 1..300)) {
+        check_ops(ops, RULE)?;
+    }
+
+    /// The same with batch machines' CPU throttled first: their CPU counted at its share,
+    /// which is never below the floor.
+    #[test]
+    fn reservations_and_throttled_batch_never_pass_capacity(ops in proptest::collection::vec(op(), 1..300)) {
+        check_ops(ops, THROTTLING)?;
+    }
+}
+
+fn check_ops(ops: Vec<Op>, rule: Reclaim) -> Result<(), TestCaseError> {
+    {
         let cap = r(8, 4096);
-        let mut l = Ledger::new(cap).with_reclaim(RULE);
+        let mut l = Ledger::new(cap).with_reclaim(rule);
         let pool = |b: bool| if b { Pool::Batch } else { Pool::Service };
         for (t, op) in ops.into_iter().enumerate() {
             match op {
-                Op::Reserve(i, c, m, b) => { let _ = l.reserve_in(&format!("r{i}"), r(c, m), t as u64 + 50, pool(b)); }
-                Op::Claim(i) => { let _ = l.claim(&format!("r{i}"), &format!("m{i}")); }
-                Op::Release(i) => { l.release(&format!("r{i}")); }
-                Op::Expire(now) => { l.expire(now, 10); }
-                Op::Uncommit(i) => { l.uncommit(&format!("m{i}")); }
-                Op::Commit(i, c, m, b) => { let _ = l.commit_in(&format!("m{i}"), r(c, m), pool(b)); }
-                Op::Observe(i, c, m) => l.observe(&format!("m{i}"), Use { millicpus: c, memory_mb: m }),
+                Op::Reserve(i, c, m, b) => {
+                    let _ = l.reserve_in(&format!("r{i}"), r(c, m), t as u64 + 50, pool(b));
+                }
+                Op::Claim(i) => {
+                    let _ = l.claim(&format!("r{i}"), &format!("m{i}"));
+                }
+                Op::Release(i) => {
+                    l.release(&format!("r{i}"));
+                }
+                Op::Expire(now) => {
+                    l.expire(now, 10);
+                }
+                Op::Uncommit(i) => {
+                    l.uncommit(&format!("m{i}"));
+                }
+                Op::Commit(i, c, m, b) => {
+                    let _ = l.commit_in(&format!("m{i}"), r(c, m), pool(b));
+                }
+                Op::Observe(i, c, m) => l.observe(
+                    &format!("m{i}"),
+                    Use {
+                        millicpus: c,
+                        memory_mb: m,
+                    },
+                ),
                 Op::Restarted(i) => l.restarted(&format!("m{i}")),
+                Op::Rebalance => l.rebalance_batch_cpu(),
             }
             let used = super::super::add(l.committed(), l.reserved());
-            prop_assert!(used.cpus <= cap.cpus && used.memory_mb <= cap.memory_mb, "{used:?}");
+            prop_assert!(
+                used.cpus <= cap.cpus && used.memory_mb <= cap.memory_mb,
+                "{used:?}"
+            );
             prop_assert!(l.batch_held().fits_in(Use::of(cap)), "{:?}", l.batch_held());
+            if l.batch_committed().cpus > 0 {
+                prop_assert!(
+                    rule.share_allowed(l.batch_cpu_share()),
+                    "{}",
+                    l.batch_cpu_share()
+                );
+            }
             for (id, request) in l.commitments() {
                 if let Some(res) = l.reservation_of(id) {
-                    prop_assert!(res.fits_in(Use::of(*request)), "{id}: {res:?} > {request:?}");
+                    prop_assert!(
+                        res.fits_in(Use::of(*request)),
+                        "{id}: {res:?} > {request:?}"
+                    );
                 }
             }
             for e in l.take_evictions() {
@@ -235,4 +358,5 @@ proptest! {
             }
         }
     }
+    Ok(())
 }
