@@ -29,7 +29,7 @@ fn every_fault_keeps_every_invariant() {
     let started = std::time::Instant::now();
     let report = bazaar_lab::faults::run(&opts, |run| {
         eprintln!(
-            "{}: {} ops, {} acknowledged, converged {:?} ms after heal, {} violation(s)",
+            "{}: {} ops, {} acknowledged, converged {:?} ms after the last operation, {} violation(s)",
             run.row.fault,
             run.row.tried,
             run.row.acknowledged,

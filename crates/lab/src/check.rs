@@ -335,11 +335,18 @@ fn check_convergence(h: &History, bounds: &Bounds, v: &mut Vec<Violation>) {
                     diffs.extend(excerpt(h, Some(&m.id), Some(&m.name)));
                 }
             }
+            diffs.extend(
+                h.end
+                    .last_disagreement
+                    .iter()
+                    .map(|d| format!("before: {d}")),
+            );
             v.push(Violation {
                 invariant: "converge",
                 detail: match took {
                     Some(ms) => format!(
-                        "catalogs equalled the owners' truth {ms} ms after the heal (bound {} ms)",
+                        "catalogs equalled the owners' truth {ms} ms after the workload ended, {} ms after the heal (bound {} ms)",
+                        h.end.quiet_after_ms,
                         bounds.converge_ms
                     ),
                     None => "catalogs never equalled the owners' truth after the heal".into(),
@@ -600,6 +607,7 @@ mod tests {
                     ("h2".into(), vec!["m3".into()]),
                 ]
                 .into(),
+                ..EndState::default()
             },
         }
     }
@@ -722,7 +730,8 @@ mod tests {
     fn slow_or_missing_convergence_is_caught_with_the_difference() {
         let mut h = clean();
         h.end.converged_after_ms = Some(9_000);
-        assert_eq!(broken(&h), ["converge"]);
+        h.end.last_disagreement = vec!["h2 lacks m3".into()];
+        assert_eq!(check(&h, &BOUNDS).1[0].excerpt, ["before: h2 lacks m3"]);
         h.end.converged_after_ms = None;
         h.end
             .catalogs

@@ -454,18 +454,28 @@ fn run_one(
     for t in threads {
         let _ = t.join();
     }
+    // The truth is still only once the workload's last call has ended (a call may take up
+    // to its 10 s timeout; a create that preempts waits for its victims to stop):
+    // convergence is timed from then.
+    let quiet_ms = shared.now_ms().max(healed_ms);
 
     // The catalogs against the owners, until they agree and every machine has settled.
     let apps = [app.clone(), "web".to_string()];
-    let mut end = EndState::default();
+    let mut end = EndState {
+        quiet_after_ms: quiet_ms - healed_ms,
+        ..EndState::default()
+    };
     let wait_from = Instant::now();
     loop {
         end.truth = truth(&nodes, &secret, &apps);
         end.catalogs = catalogs(&nodes, &secret, &apps);
         let agree =
             end.catalogs.len() == nodes.len() && end.catalogs.values().all(|c| *c == end.truth);
+        if !agree && end.converged_after_ms.is_none() {
+            end.last_disagreement = disagreement(&end, &nodes);
+        }
         if agree && end.converged_after_ms.is_none() {
-            end.converged_after_ms = Some(shared.now_ms() - healed_ms);
+            end.converged_after_ms = Some(shared.now_ms() - quiet_ms);
         }
         // The checks look at the end once the operations still queued have run (an
         // acknowledged destroy may be waiting behind a start).
@@ -639,6 +649,38 @@ fn truth(nodes: &[Node], secret: &str, apps: &[String]) -> Vec<MachineView> {
     all
 }
 
+/// How each node's catalog differs from the owners' truth (a few rows each).
+fn disagreement(end: &EndState, nodes: &[Node]) -> Vec<String> {
+    let mut out = Vec::new();
+    for n in nodes {
+        let Some(rows) = end.catalogs.get(&n.name) else {
+            out.push(format!("{}: no answer", n.name));
+            continue;
+        };
+        let missing = end.truth.iter().filter(|m| !rows.contains(m)).take(3);
+        out.extend(missing.map(|m| format!("{} lacks or differs on {m:?}", n.name)));
+        let extra = rows.iter().filter(|m| !end.truth.contains(m)).take(3);
+        out.extend(extra.map(|m| format!("{} shows {m:?}, which no owner holds so", n.name)));
+        if *rows != end.truth && out.is_empty() {
+            let twice = |list: &[MachineView]| -> Vec<String> {
+                list.windows(2)
+                    .filter(|w| w[0] == w[1])
+                    .map(|w| format!("{:?}", w[0]))
+                    .collect()
+            };
+            out.push(format!(
+                "{}: the same rows, counted differently: {} against the truth's {}; twice in the catalog {:?}, in the truth {:?}",
+                n.name,
+                rows.len(),
+                end.truth.len(),
+                twice(rows),
+                twice(&end.truth)
+            ));
+        }
+    }
+    out
+}
+
 /// Each node's catalog of `apps` (not destroyed); a node that does not answer is left out.
 fn catalogs(nodes: &[Node], secret: &str, apps: &[String]) -> BTreeMap<String, Vec<MachineView>> {
     let mut out = BTreeMap::new();
@@ -698,7 +740,7 @@ fn pids_of(id: &str) -> Vec<u32> {
 /// The fault matrix as a markdown table (one row per run).
 pub fn matrix(runs: &[FaultRun]) -> String {
     let mut out = String::from(
-        "| fault | round | ops tried | acknowledged | indeterminate | lost | duplicated | overcommits | converged after heal | proxy errors during fault | violations |\n\
+        "| fault | round | ops tried | acknowledged | indeterminate | lost | duplicated | overcommits | converged after the last op | proxy errors during fault | violations |\n\
          |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in runs {

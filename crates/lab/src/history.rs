@@ -210,9 +210,17 @@ pub struct EndState {
     pub truth: Vec<MachineView>,
     /// Each node's catalog of the run's apps at its last poll (not destroyed).
     pub catalogs: BTreeMap<String, Vec<MachineView>>,
-    /// How long after the heal every catalog first equalled the truth; `None`: not within
-    /// the time the runner waited.
+    /// How long after the heal the workload's last operation ended (the workload runs 1 s
+    /// past the heal, then its operations in flight finish).
+    #[serde(default)]
+    pub quiet_after_ms: u64,
+    /// How long after that (the truth is still from then on) every catalog first equalled
+    /// the truth; `None`: not within the time the runner waited.
     pub converged_after_ms: Option<u64>,
+    /// What the catalogs still got wrong at the last poll before they agreed: a late
+    /// convergence says what it waited for.
+    #[serde(default)]
+    pub last_disagreement: Vec<String>,
     /// The last ledger of every host, taken with the truth.
     pub ledgers: Vec<LedgerSample>,
     /// Lab host name → the ids of every machine it holds (of any app, not destroyed, and
