@@ -66,6 +66,13 @@ async fn crash_case(op: &str, boundary: u32) {
     if op != "create" {
         c.create(&request(&id, "v1")).await.unwrap();
         wait_state(&c, &id, MachineState::Started).await;
+        // Started means spawned: its first line may not be written yet, and a count taken
+        // before it would expect one run too few (CI saw `update:1` so).
+        bazaar_testkit::eventually(Duration::from_secs(10), || async {
+            (lines(&counter) == 1).then_some(())
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{op}: the first run never wrote its line"));
         if op == "start" {
             c.stop(&id, &StopRequest::default()).await.unwrap();
             wait_state(&c, &id, MachineState::Stopped).await;
