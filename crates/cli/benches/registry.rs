@@ -102,19 +102,23 @@ async fn distribute(fly: &Fly, image: &str, n: usize) -> (Duration, Vec<String>)
     let mut pulls = Vec::new();
     for id in ids {
         let (_, events) = fly.get(&format!("/apps/bench/machines/{id}/events")).await;
-        let pull = events
-            .as_array()
-            .and_then(|e| e.iter().find(|e| e["type"] == "pull"))
-            .map(|e| {
-                e["request"]["reason"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string()
-            })
-            .unwrap_or_else(|| events.to_string());
-        pulls.push(pull);
+        pulls.push(pull_reason(&events));
     }
     (took, pulls)
+}
+
+/// What a machine's pull event says (which host served each layer), else all its events.
+fn pull_reason(events: &serde_json::Value) -> String {
+    events
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["type"] == "pull"))
+        .map(|e| {
+            e["request"]["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .unwrap_or_else(|| events.to_string())
 }
 
 async fn run() {

@@ -128,17 +128,7 @@ pub async fn distribution(
     for id in ids {
         let url = format!("{api}/v1/apps/bench/machines/{id}/events");
         let (_, events) = call(&http, &token, &url, None).await;
-        let pull = events
-            .as_array()
-            .and_then(|e| e.iter().find(|e| e["type"] == "pull"))
-            .map(|e| {
-                e["request"]["reason"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string()
-            })
-            .unwrap_or_else(|| events.to_string());
-        pulls.push(pull);
+        pulls.push(super::pull_reason(&events));
     }
     (took, pulls)
 }
