@@ -71,9 +71,10 @@ impl Env {
         })
         .expect("cluster starts");
         // Placement by region needs every host in agent 0's catalog (a loaded machine can
-        // take a moment to gossip the ord host): wait for it here, on a thread of its own
-        // (the tests call this from inside their runtime).
-        let fly = Fly::new(&agents[0]);
+        // take a moment to gossip the ord host), and a host pulling an image of the
+        // cluster's registry needs its peers in its own: wait until every agent knows all
+        // three, on a thread of its own (the tests call this from inside their runtime).
+        let flys: Vec<Fly> = agents.iter().map(Fly::new).collect();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -82,19 +83,24 @@ impl Env {
             rt.block_on(bazaar_testkit::eventually(
                 Duration::from_secs(15),
                 || async {
-                    let (_, r) = fly.get("/platform/regions").await;
-                    let hosts: u64 = r["regions"]
-                        .as_array()?
-                        .iter()
-                        .filter_map(|g| g["hosts"].as_u64())
-                        .sum();
-                    (hosts == 3).then_some(())
+                    for fly in &flys {
+                        let (_, r) = fly.get("/platform/regions").await;
+                        let hosts: u64 = r["regions"]
+                            .as_array()?
+                            .iter()
+                            .filter_map(|g| g["hosts"].as_u64())
+                            .sum();
+                        if hosts != 3 {
+                            return None;
+                        }
+                    }
+                    Some(())
                 },
             ))
         })
         .join()
         .unwrap()
-        .expect("agent 0 knows all three hosts");
+        .expect("every agent knows all three hosts");
         let dir = tempfile::Builder::new()
             .prefix("bazaar-deploy-")
             .tempdir()
