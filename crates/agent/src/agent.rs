@@ -174,6 +174,8 @@ impl Agent {
             network: None,
             seccomp: crate::driver::seccomp_filters(&config.data_dir, is_root && config.isolate),
             sandbox_base: crate::driver::sandbox_base(&config.data_dir, is_root && config.isolate),
+            disk_pool: (is_root && config.isolate)
+                .then(|| bazaar_runtime::disk_pool::DiskPool::new(&config.data_dir)),
         };
         let driver = Driver {
             network: crate::addresses::machine_network(&config, &host_id, &driver),

@@ -41,24 +41,7 @@ async fn an_isolated_start_records_each_step_and_explain_shows_them() {
     let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     // The start event holds the steps, in the order they ran.
-    let (_, events) = fly.get(&format!("/apps/timed/machines/{id}/events")).await;
-    let start = events
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["type"] == "start")
-        .unwrap_or_else(|| panic!("a start event: {events}"));
-    let steps: Vec<(String, f64)> = start["request"]["timing"]
-        .as_array()
-        .unwrap_or_else(|| panic!("timing in {start}"))
-        .iter()
-        .map(|s| {
-            (
-                s["step"].as_str().unwrap().to_owned(),
-                s["ms"].as_f64().unwrap(),
-            )
-        })
-        .collect();
+    let (start, steps) = start_steps(&fly, &id).await;
     let names: Vec<&str> = steps.iter().map(|(n, _)| n.as_str()).collect();
     let isolated = [
         "queued",
@@ -111,4 +94,91 @@ async fn an_isolated_start_records_each_step_and_explain_shows_them() {
         "{json}"
     );
     assert!((json["launch_ms"].as_f64().unwrap() - launch_ms).abs() < 1e-6);
+}
+
+/// Machine `id`'s start event and its launch steps (name, ms), in the order they ran.
+async fn start_steps(fly: &Fly, id: &str) -> (serde_json::Value, Vec<(String, f64)>) {
+    let (_, events) = fly.get(&format!("/apps/timed/machines/{id}/events")).await;
+    let start = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["type"] == "start")
+        .unwrap_or_else(|| panic!("a start event: {events}"))
+        .clone();
+    let steps = start["request"]["timing"]
+        .as_array()
+        .unwrap_or_else(|| panic!("timing in {start}"))
+        .iter()
+        .map(|s| {
+            (
+                s["step"].as_str().unwrap().to_owned(),
+                s["ms"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    (start, steps)
+}
+
+/// Creates a machine of app `timed` running `sleep`, started; returns its id.
+async fn started_machine(fly: &Fly) -> String {
+    let (s, m) = fly
+        .post(
+            "/apps/timed/machines",
+            serde_json::json!({"config": process_config(&["sleep", "1000"])}),
+        )
+        .await;
+    assert_eq!(s, reqwest::StatusCode::OK, "{m}");
+    let id = m["id"].as_str().unwrap().to_string();
+    wait_started(fly, "timed", &id).await;
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_start_takes_a_work_disk_made_ahead_once_the_host_has_seen_its_size() {
+    assert!(is_root(), "this test needs root (CI runs as root)");
+    let agent = TestAgent::start(AgentOptions::new(EXE)).expect("agent starts");
+    let fly = Fly::new(&agent);
+    fly.create_app("timed").await;
+    let names =
+        |steps: Vec<(String, f64)>| -> Vec<String> { steps.into_iter().map(|(n, _)| n).collect() };
+    let first = started_machine(&fly).await;
+    let first_steps = names(start_steps(&fly, &first).await.1);
+    assert!(
+        first_steps.iter().any(|n| n == "work_disk"),
+        "the first of its size makes its disk: {first_steps:?}"
+    );
+    // The pool makes disks of that size, one after the other: a second image means the
+    // first is ready.
+    let pool = agent.data_dir.join("disk-pool");
+    let images = || std::fs::read_dir(&pool).map_or(0, |d| d.count());
+    assert!(
+        bazaar_testkit::holds_within(std::time::Duration::from_secs(30), || images() >= 2).await,
+        "disks made ahead in {}",
+        pool.display()
+    );
+    let second = started_machine(&fly).await;
+    let second_steps = names(start_steps(&fly, &second).await.1);
+    assert!(
+        second_steps.iter().any(|n| n == "work_disk_ahead")
+            && !second_steps.iter().any(|n| n == "work_disk"),
+        "the next takes one made ahead: {second_steps:?}"
+    );
+    // It is the machine's own disk: mounted on its work directory, the image in its
+    // directory, handed to its user.
+    let dir = agent.data_dir.join("machines").join(&second);
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let work = dir.join("work");
+    assert!(
+        mountinfo.contains(&format!(" {} ", work.display())),
+        "{} is a mount",
+        work.display()
+    );
+    assert!(dir.join("disk.img").exists());
+    use std::os::unix::fs::MetadataExt;
+    assert_ne!(
+        std::fs::metadata(&work).unwrap().uid(),
+        0,
+        "owned by the machine's user"
+    );
 }

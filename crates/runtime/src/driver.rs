@@ -53,6 +53,8 @@ pub struct Driver {
     pub seccomp: Option<PathBuf>,
     /// The mount namespace sandboxed runs start from, made once at start ([`sandbox_base`]).
     pub sandbox_base: Option<PathBuf>,
+    /// Work disks made ahead for sandboxed machines' first starts ([`crate::disk_pool`]).
+    pub disk_pool: Option<Arc<crate::disk_pool::DiskPool>>,
 }
 
 /// Compiles the seccomp filters of sandboxed process machines into `DATA/seccomp.bpf`, for
@@ -285,8 +287,8 @@ impl Driver {
         }
         match rec.uid.filter(|_| spec.sandbox.is_some()) {
             Some(uid) => {
-                if self.limit_work_disk(rec).await? {
-                    timing.mark("work_disk");
+                if let Some(step) = self.limit_work_disk(rec).await? {
+                    timing.mark(step);
                 }
                 self.give_to_machine_user(rec, uid)?;
                 timing.mark("owner");
@@ -476,20 +478,36 @@ impl Driver {
         (mb > 0).then_some(mb)
     }
 
-    /// Makes the machine's work directory a file system of its size, once, and mounts it
-    /// (false: the machine has no limit).
-    async fn limit_work_disk(&self, rec: &Workload<'_>) -> Result<bool, LaunchError> {
+    /// Makes the machine's work directory a file system of its size, once, and mounts it.
+    /// Returns the timing step it was (`work_disk`, or `work_disk_ahead` for a disk made
+    /// ahead by the pool), `None` when the machine has no limit.
+    async fn limit_work_disk(
+        &self,
+        rec: &Workload<'_>,
+    ) -> Result<Option<&'static str>, LaunchError> {
         let Some(mb) = self.work_disk_mb(rec) else {
-            return Ok(false);
+            return Ok(None);
         };
         let dir = self.machine_dir(rec.id);
+        if let Some(pool) = &self.disk_pool {
+            // A first start takes one made ahead (a few system calls, on this thread).
+            let installed = pool.install(&dir, mb);
+            pool.fill_in_background();
+            match installed {
+                Ok(true) => return Ok(Some("work_disk_ahead")),
+                Ok(false) => {}
+                Err(err) => {
+                    tracing::warn!(machine.id = rec.id, error = %err, "taking a work disk made ahead (making one)");
+                }
+            }
+        }
         let templates = self.machines_dir.with_file_name("disk-templates");
         let what = format!("making the machine's {mb} MB work disk");
         tokio::task::spawn_blocking(move || crate::work_disk::ensure(&dir, &templates, mb))
             .await
             .map_err(|e| LaunchError::new(LaunchStep::WorkDisk, FailureKind::Io, e.to_string()))?
             .map_err(|e| LaunchError::io(LaunchStep::WorkDisk, what, &e))?;
-        Ok(true)
+        Ok(Some("work_disk"))
     }
 
     /// An isolated workload without `init.user` runs as nobody: the root of its volume, as
@@ -654,6 +672,7 @@ mod tests {
             network: None,
             seccomp: None,
             sandbox_base: None,
+            disk_pool: None,
         }
     }
 

@@ -12,10 +12,12 @@
 //!   side of QEMU microVM machines (root disk, initramfs, QEMU in the network namespace).
 //! - [`volume_fs`]: volumes' storage (ext4 images on loop devices, or directories);
 //!   [`work_disk`]: a machine's writable space, limited in size the same way ([`layer`]:
-//!   an image machine's, emptied at each start).
+//!   an image machine's, emptied at each start); [`disk_pool`]: work disks made ahead, so
+//!   a first start only moves one into place.
 //! - [`exec`]: running a command inside a machine.
 //! - [`prerequisites`]: what this host lacks to run each driver's machines.
 
+pub mod disk_pool;
 pub mod driver;
 pub mod exec;
 pub mod gvisor;

@@ -554,7 +554,7 @@ impl Network {
 
 /// Lowers the calling thread's scheduling priority (nice +10) until dropped: for work done
 /// ahead, in a thread of the blocking pool that goes back to other work afterwards.
-struct LowPriority {
+pub(crate) struct LowPriority {
     tid: libc::id_t,
     before: libc::c_int,
 }
@@ -562,7 +562,7 @@ struct LowPriority {
 impl LowPriority {
     const NICENESS: libc::c_int = 10;
 
-    fn this_thread() -> Option<LowPriority> {
+    pub(crate) fn this_thread() -> Option<LowPriority> {
         let tid = rustix::thread::gettid().as_raw_nonzero().get() as libc::id_t;
         // SAFETY: getpriority and setpriority take plain integers. -1 is also a valid
         // niceness, so errno tells an error apart; a failure leaves the priority as it was.

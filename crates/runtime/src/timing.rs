@@ -7,7 +7,8 @@
 //! ends there): `queued` (from the operation's creation to the launch step; whole
 //! milliseconds), `run_dir`, `network` (the address's network namespace and veth: made
 //! now, or taken from the pool made ahead), `work_disk` (its file system, made and
-//! mounted once), `owner` (work directory handed to the machine's user), `files`,
+//! mounted once; `work_disk_ahead` when the first start took one made ahead,
+//! `crate::disk_pool`), `owner` (work directory handed to the machine's user), `files`,
 //! `spec_written` (the shim's spec), `spawned` (posix_spawn of the shim), `shim_start`
 //! (the shim's exec and start-up), `shim_spec` (spec read, run dir locked),
 //! `seccomp_load` (the filters compiled once at agent start, read), `shim_cgroup` (user,

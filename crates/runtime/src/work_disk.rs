@@ -26,9 +26,11 @@
 //! then writes `disk.synced`; a work disk without that mark whose file system does not
 //! mount (the host went down before its copy reached the disk: the machine had no time to
 //! keep anything there) is made again, and one with it is an error, as before; releasing
-//! the disk waits for that thread, so it never writes into a directory being removed. (Copies made
-//! ahead on a thread were tried and dropped: their writes and syncs slowed the next starts
-//! more than the copy costs.)
+//! the disk waits for that thread, so it never writes into a directory being removed. Most
+//! first starts do none of this: they take a disk the pool made ahead, copied, synced and
+//! mounted nowhere ([`crate::disk_pool`]; copies alone made ahead were tried before and
+//! dropped: their writes slowed the next starts more than the copy costs, and the mount of
+//! a cold loop device, which the pool also does ahead, was most of a start's disk time).
 //!
 //! Nothing is left on the host: destroy unmounts them (the loop device goes with the mount)
 //! before removing the machine's directory; a host reset or a test kit's release unmounts
@@ -41,23 +43,23 @@ use std::path::Path;
 use crate::volume_fs::{path_str, run};
 
 /// One of a machine's disks, by its names in the machine's directory.
-struct Disk {
+pub(crate) struct Disk {
     /// The image file.
-    image: &'static str,
+    pub(crate) image: &'static str,
     /// Written once the image holds a file system (a crash mid-copy makes it again).
-    formatted: &'static str,
+    pub(crate) formatted: &'static str,
     /// Where it is mounted.
-    mount: &'static str,
+    pub(crate) mount: &'static str,
     /// Whether what it holds is thrown away at each start: its copy is not synced (a start
     /// saves the time), and one that does not mount (the host went down before the copy
     /// reached its disk) is made again.
     disposable: bool,
     /// A kept disk: written once its copy was synced, after it was first mounted.
-    synced: &'static str,
+    pub(crate) synced: &'static str,
 }
 
 /// A process machine's work directory.
-const WORK: Disk = Disk {
+pub(crate) const WORK: Disk = Disk {
     image: "disk.img",
     formatted: "disk.formatted",
     mount: "work",
@@ -165,7 +167,7 @@ fn ensure_disk(
 
 /// The empty ext4 image of `size_mb` in `templates`, made now if it is not there yet
 /// (in a file of its own, renamed when complete: two launches may make it at once).
-fn template(templates: &Path, size_mb: u64) -> io::Result<std::path::PathBuf> {
+pub(crate) fn template(templates: &Path, size_mb: u64) -> io::Result<std::path::PathBuf> {
     let path = templates.join(format!("{size_mb}.img"));
     if path.exists() {
         return Ok(path);
@@ -273,7 +275,7 @@ fn sync_later(image: std::path::PathBuf, synced: std::path::PathBuf) {
 
 /// Copies `from` to `to` (created, renamed into place once complete) with its holes: only
 /// the ranges that hold data. Not synced.
-fn sparse_copy(from: &Path, to: &Path) -> io::Result<()> {
+pub(crate) fn sparse_copy(from: &Path, to: &Path) -> io::Result<()> {
     use rustix::fs::SeekFrom;
     let src = std::fs::File::open(from)?;
     let len = src.metadata()?.len();
@@ -338,10 +340,10 @@ const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
 
-/// Attaches `image` to a free loop device (autoclear: it goes when the mount does) and
-/// mounts its ext4 at `target`, `nosuid,nodev`. The inner error: the loop device is
-/// attached but its file system does not mount.
-fn mount_image(image: &Path, target: &Path) -> io::Result<io::Result<()>> {
+/// Attaches `image` to a free loop device, autoclear (it is detached once nothing holds it:
+/// the caller mounts it before it drops the returned descriptor). Returns the device's path
+/// and an open descriptor of it.
+pub(crate) fn attach_loop(image: &Path) -> io::Result<(String, std::fs::File)> {
     use std::os::fd::AsRawFd;
     let backing = std::fs::OpenOptions::new()
         .read(true)
@@ -349,7 +351,7 @@ fn mount_image(image: &Path, target: &Path) -> io::Result<io::Result<()>> {
         .open(image)?;
     let control = std::fs::File::open("/dev/loop-control")?;
     let mut tries = 0;
-    let device = loop {
+    loop {
         // SAFETY: LOOP_CTL_GET_FREE takes no argument and answers a device number.
         let n = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE as _) };
         if n < 0 {
@@ -372,7 +374,7 @@ fn mount_image(image: &Path, target: &Path) -> io::Result<io::Result<()>> {
         // length of the call.
         let r = unsafe { libc::ioctl(device.as_raw_fd(), LOOP_CONFIGURE as _, &config) };
         if r == 0 {
-            break (path, device);
+            return Ok((path, device));
         }
         let err = io::Error::last_os_error();
         // Another process took the device between the two calls: take the next free one.
@@ -382,7 +384,14 @@ fn mount_image(image: &Path, target: &Path) -> io::Result<io::Result<()>> {
         if err.raw_os_error() != Some(libc::EBUSY) || tries > 256 {
             return Err(err);
         }
-    };
+    }
+}
+
+/// Attaches `image` to a free loop device (autoclear: it goes when the mount does) and
+/// mounts its ext4 at `target`, `nosuid,nodev`. The inner error: the loop device is
+/// attached but its file system does not mount.
+fn mount_image(image: &Path, target: &Path) -> io::Result<io::Result<()>> {
+    let device = attach_loop(image)?;
     let mounted = rustix::mount::mount(
         device.0.as_str(),
         target,
@@ -445,7 +454,7 @@ pub fn full(machine_dir: &Path) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -458,7 +467,7 @@ mod tests {
 
     /// Loop devices backed by a file below `dir`, once those going have gone (autoclear
     /// is not instant), within 2 s.
-    fn loops_below(dir: &Path) -> usize {
+    pub(crate) fn loops_below(dir: &Path) -> usize {
         for _ in 0..100 {
             if attached_below(dir) == 0 {
                 break;
@@ -482,7 +491,7 @@ mod tests {
 
     /// A machine's disk unmounted however the test ends, so a failure leaves nothing on
     /// the host.
-    struct Released<'a>(&'a Path);
+    pub(crate) struct Released<'a>(pub(crate) &'a Path);
     impl Drop for Released<'_> {
         fn drop(&mut self) {
             let _ = release(self.0);
