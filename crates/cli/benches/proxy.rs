@@ -17,6 +17,8 @@
 //! with apt-get when missing; prints Markdown tables for docs/benchmarks/proxy.md).
 //! `BAZAAR_BENCH_SECS` (default 3) sets each wrk run's length, `BAZAAR_BENCH_CONNS`
 //! (default 64) its connections, `BAZAAR_BENCH_WAKES` (default 40) the number of wake-ups,
+//! `BAZAAR_BENCH_ISOLATE` (set: the backend is an isolated machine, reached by every proxy
+//! at its private address behind its veth, issue 36; unset: a root machine on loopback),
 //! `BAZAAR_BENCH_ROUNDS` (default 12) the interleaved rounds (every other one in
 //! reverse order), `BAZAAR_BENCH_PIN` (set: every proxy on CPU 0, wrk and the backend on
 //! CPU 1), `BAZAAR_BENCH_EXE` another
@@ -69,17 +71,24 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // `BAZAAR_BENCH_ISOLATE`: the backend is an isolated machine (its own user and network
+    // namespace, behind its veth; every proxy reaches its private address), as users run
+    // them (issue 36); otherwise the proxies alone are compared, against a backend on the
+    // host's loopback.
+    let isolated = std::env::var_os("BAZAAR_BENCH_ISOLATE").is_some();
     let agents = start_cluster(&exe, 1, |_, o| {
-        // Without isolation (to compare the proxies alone), which a root agent allows
-        // only with root machines.
-        o.isolate = false;
-        o.extra_args.extend([
-            "--autostop-idle-ms".into(),
-            "3600000".into(),
-            "--allow-root-machines".into(),
-        ]);
+        o.extra_args
+            .extend(["--autostop-idle-ms".into(), "3600000".into()]);
+        if !isolated {
+            // Without isolation, which a root agent allows only with root machines.
+            o.isolate = false;
+            o.extra_args.push("--allow-root-machines".into());
+        }
     })
     .expect("agent");
+    // An isolated machine sees the host's /usr, not this build's directory: the backend
+    // (this executable) is copied there for the run.
+    let backend_copy = isolated.then(BackendCopy::new);
     let agent = &agents[0];
     // The agent's HTTPS listener (the test kit asks for one), when this build has one.
     let bazaar_tls_port = bazaar_has_tls(&exe).then(|| {
@@ -91,7 +100,10 @@ fn main() {
     let base = agent.url();
     let proxy = agent.proxy_addr();
     let http = reqwest::Client::new();
-    let me = std::env::current_exe().unwrap().display().to_string();
+    let me = match &backend_copy {
+        Some(copy) => copy.exe.display().to_string(),
+        None => std::env::current_exe().unwrap().display().to_string(),
+    };
     let api = |m: reqwest::Method, path: String, body: Option<Value>| {
         let mut r = http
             .request(m, format!("{base}/v1{path}"))
@@ -122,7 +134,7 @@ fn main() {
                 "concurrency": {"type": "requests", "soft_limit": 10000}}],
         }})
     };
-    let (backend_port, wake_id) = rt.block_on(async {
+    let (backend, wake_id) = rt.block_on(async {
         api(
             reqwest::Method::POST,
             "/apps".into(),
@@ -154,16 +166,25 @@ fn main() {
             None,
         )
         .await;
-        let port = m["host_ports"]["8080"].as_u64().expect("host port") as u16;
+        let backend = match isolated {
+            true => format!(
+                "{}:8080",
+                m["private_ip"].as_str().expect("a private address")
+            ),
+            false => format!(
+                "127.0.0.1:{}",
+                m["host_ports"]["8080"].as_u64().expect("host port")
+            ),
+        };
         let w = api(
             reqwest::Method::POST,
             "/apps/wake/machines".into(),
             Some(machine(true)),
         )
         .await;
-        (port, w["id"].as_str().unwrap().to_string())
+        (backend, w["id"].as_str().unwrap().to_string())
     });
-    let direct = format!("127.0.0.1:{backend_port}");
+    let direct = backend;
     wait_ok(&rt, &format!("http://{direct}/"), None);
     wait_ok(&rt, &format!("http://{proxy}/"), Some("bench.localhost"));
     let peers_dir = tempfile::tempdir().unwrap();
@@ -498,6 +519,32 @@ fn children(pid: u32) -> Vec<u32> {
     }
 }
 
+/// The backend executable copied where an isolated machine sees it (below the host's
+/// `/usr`, which its root shares read-only), removed when dropped.
+struct BackendCopy {
+    dir: std::path::PathBuf,
+    exe: std::path::PathBuf,
+}
+
+impl BackendCopy {
+    fn new() -> BackendCopy {
+        let dir = std::path::PathBuf::from(format!(
+            "/usr/local/lib/bazaar-bench-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("backend");
+        std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+        BackendCopy { dir, exe }
+    }
+}
+
+impl Drop for BackendCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// The backend machine: answers `hello, world\n` on `$PORT`.
 fn backend() {
     use hyper::server::conn::http1;
@@ -514,7 +561,9 @@ fn backend() {
         .build()
         .unwrap();
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        // An isolated machine listens on its private address, one on the host on loopback.
+        let ip = std::env::var("BAZAAR_PRIVATE_IP").unwrap_or_else(|_| "127.0.0.1".into());
+        let listener = tokio::net::TcpListener::bind((ip.as_str(), port))
             .await
             .unwrap();
         loop {
