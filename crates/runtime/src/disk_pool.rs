@@ -160,8 +160,9 @@ impl DiskPool {
     /// machine's directory, marked formatted and synced, and its file system moved onto
     /// the work directory. `Ok(false)`: nothing done, the caller makes the disk
     /// ([`work_disk::ensure`]). An error leaves what the caller's `ensure` completes (the
-    /// image in place and marked, or nothing). Counts the demand either way.
-    pub fn install(&self, machine_dir: &Path, size_mb: u64) -> io::Result<bool> {
+    /// image in place and marked, or nothing). A first start counts as demand for its size
+    /// and wakes the filler, whether it found a disk or not.
+    pub fn install(self: &Arc<Self>, machine_dir: &Path, size_mb: u64) -> io::Result<bool> {
         let formatted = machine_dir.join(WORK.formatted);
         let work = machine_dir.join(WORK.mount);
         if formatted.exists() || std::fs::read_dir(&work).is_ok_and(|mut d| d.next().is_some()) {
@@ -173,6 +174,7 @@ impl DiskPool {
             size.demand.ask(Instant::now());
             size.ready.pop()
         };
+        self.fill_in_background();
         let Some(mut disk) = taken else {
             return Ok(false);
         };
@@ -192,7 +194,8 @@ impl DiskPool {
         Ok(true)
     }
 
-    /// Fills the pool on a blocking thread, unless one does already.
+    /// Fills the pool on a blocking thread, unless one does already (outside a tokio
+    /// runtime: on the calling thread).
     pub fn fill_in_background(self: &Arc<Self>) {
         if self.filling.swap(true, Ordering::AcqRel) {
             return;

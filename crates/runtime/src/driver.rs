@@ -491,9 +491,7 @@ impl Driver {
         let dir = self.machine_dir(rec.id);
         if let Some(pool) = &self.disk_pool {
             // A first start takes one made ahead (a few system calls, on this thread).
-            let installed = pool.install(&dir, mb);
-            pool.fill_in_background();
-            match installed {
+            match pool.install(&dir, mb) {
                 Ok(true) => return Ok(Some("work_disk_ahead")),
                 Ok(false) => {}
                 Err(err) => {
