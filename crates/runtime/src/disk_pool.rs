@@ -3,9 +3,12 @@
 //! template, a loop device, the first `mount(2)` of a cold device) took 5-15 ms of that
 //! start. The pool makes them before they are asked for, on a thread at a lower CPU
 //! priority than launches: the copy, its `fsync`, the loop device and the file system,
-//! mounted *nowhere* (`fsopen`/`fsmount`: a detached mount, held by a descriptor). A launch
-//! that finds one of its size renames the image into the machine's directory and moves the
-//! mount onto its work directory (`move_mount(2)`): a few system calls, no blocking thread.
+//! mounted *nowhere* (`fsopen`/`fsmount`: a detached mount, held by a descriptor), in a
+//! directory shaped like a machine's (`disk.img`, its marks, an empty `work`). A launch that
+//! finds one of its size renames that directory into the machine's (or, when the machine's
+//! directory exists already, the image and its marks into it) and moves the mount onto its
+//! work directory (`move_mount(2)`): a few system calls, no blocking thread, and on the
+//! host's file system one rename instead of five new entries.
 //!
 //! How many are kept, per size ([`Demand`]): as many as machines of that size first started
 //! in the last 10 s, at least 2 and at most 16, while that size was asked for in the last
@@ -77,18 +80,19 @@ impl Demand {
     }
 }
 
-/// A disk made ahead: its image in the pool's directory, its file system mounted nowhere.
-/// Dropped untaken, its mount goes with the descriptor and its image is removed.
+/// A disk made ahead: a directory of the pool shaped like a machine's (the image, marked
+/// formatted and synced, and an empty `work`), its file system mounted nowhere. Dropped
+/// untaken, its mount goes with the descriptor and its directory is removed.
 struct Ready {
-    image: PathBuf,
+    dir: PathBuf,
     mount: Option<OwnedFd>,
 }
 
 impl Drop for Ready {
     fn drop(&mut self) {
         drop(self.mount.take());
-        // Gone already once taken (renamed into a machine's directory).
-        let _ = std::fs::remove_file(&self.image);
+        // Gone already once taken (renamed into a machine's directory, or emptied into it).
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -165,7 +169,11 @@ impl DiskPool {
     pub fn install(self: &Arc<Self>, machine_dir: &Path, size_mb: u64) -> io::Result<bool> {
         let formatted = machine_dir.join(WORK.formatted);
         let work = machine_dir.join(WORK.mount);
-        if formatted.exists() || std::fs::read_dir(&work).is_ok_and(|mut d| d.next().is_some()) {
+        let fresh = !machine_dir.exists();
+        if !fresh
+            && (formatted.exists()
+                || std::fs::read_dir(&work).is_ok_and(|mut d| d.next().is_some()))
+        {
             return Ok(false);
         }
         let taken = {
@@ -178,9 +186,17 @@ impl DiskPool {
         let Some(mut disk) = taken else {
             return Ok(false);
         };
-        std::fs::rename(&disk.image, machine_dir.join(WORK.image))?;
-        std::fs::write(&formatted, b"")?;
-        std::fs::create_dir_all(&work)?;
+        if fresh {
+            // The machine's directory is the disk's: one rename.
+            if let Some(machines) = machine_dir.parent() {
+                std::fs::create_dir_all(machines)?;
+            }
+            std::fs::rename(&disk.dir, machine_dir)?;
+        } else {
+            std::fs::rename(disk.dir.join(WORK.image), machine_dir.join(WORK.image))?;
+            std::fs::write(&formatted, b"")?;
+            std::fs::create_dir_all(&work)?;
+        }
         let mount = disk.mount.take().expect("a disk made ahead is mounted");
         rustix::mount::move_mount(
             &mount,
@@ -189,8 +205,10 @@ impl DiskPool {
             &work,
             rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
         )?;
-        // Its copy was synced before it was offered.
-        std::fs::write(machine_dir.join(WORK.synced), b"")?;
+        if !fresh {
+            // Its copy was synced before it was offered.
+            std::fs::write(machine_dir.join(WORK.synced), b"")?;
+        }
         Ok(true)
     }
 
@@ -248,19 +266,23 @@ impl DiskPool {
         }
     }
 
-    /// One disk of `size_mb`: copied from its template, synced, attached and mounted
-    /// nowhere, its `lost+found` removed (the workload's directory starts empty).
+    /// One disk of `size_mb`: copied from its template, synced, marked formatted and
+    /// synced, attached and mounted nowhere, its `lost+found` removed (the workload's
+    /// directory starts empty).
     fn make(&self, size_mb: u64) -> io::Result<Ready> {
         let template = work_disk::template(&self.templates, size_mb)?;
-        std::fs::create_dir_all(&self.dir)?;
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let mut disk = Ready {
-            image: self.dir.join(format!("{n}.img")),
+            dir: self.dir.join(n.to_string()),
             mount: None,
         };
-        work_disk::sparse_copy(&template, &disk.image)?;
-        std::fs::File::open(&disk.image)?.sync_all()?;
-        disk.mount = Some(mount_nowhere(&disk.image)?);
+        std::fs::create_dir_all(disk.dir.join(WORK.mount))?;
+        let image = disk.dir.join(WORK.image);
+        work_disk::sparse_copy(&template, &image)?;
+        std::fs::File::open(&image)?.sync_all()?;
+        std::fs::write(disk.dir.join(WORK.formatted), b"")?;
+        std::fs::write(disk.dir.join(WORK.synced), b"")?;
+        disk.mount = Some(mount_nowhere(&image)?);
         Ok(disk)
     }
 }

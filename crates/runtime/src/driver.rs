@@ -262,20 +262,32 @@ impl Driver {
         timing: &mut crate::timing::Timing,
     ) -> Result<ShimHandle, LaunchError> {
         let run_dir = self.run_dir(rec.id, run_id);
-        std::fs::create_dir_all(&run_dir).map_err(|e| {
-            LaunchError::io(
-                LaunchStep::Prepare,
-                format_args!("creating {}", run_dir.display()),
-                &e,
-            )
-        })?;
+        let make_run_dir = || {
+            std::fs::create_dir_all(&run_dir).map_err(|e| {
+                LaunchError::io(
+                    LaunchStep::Prepare,
+                    format_args!("creating {}", run_dir.display()),
+                    &e,
+                )
+            })
+        };
         if rec.config.runs_image() {
+            make_run_dir()?;
             return self
                 .launch_image(rec, run_id, &run_dir, secret_env, events, image)
                 .await;
         }
-        timing.mark("run_dir");
         let mut spec = self.spec(rec, run_id);
+        let sandboxed_uid = rec.uid.filter(|_| spec.sandbox.is_some());
+        // The work disk first: a first start's disk made ahead comes as the machine's whole
+        // directory (`crate::disk_pool`).
+        if sandboxed_uid.is_some() {
+            if let Some(step) = self.limit_work_disk(rec).await? {
+                timing.mark(step);
+            }
+        }
+        make_run_dir()?;
+        timing.mark("run_dir");
         if let (Some(sandbox), Some(ip)) = (spec.sandbox.as_mut(), rec.private_ip) {
             sandbox.netns = Some(self.attach_network(ip).await?);
             timing.mark("network");
@@ -285,11 +297,8 @@ impl Driver {
                 .and_then(|n| n.ready())
                 .map(|n| crate::network::resolv_conf(n.subnet.gateway()));
         }
-        match rec.uid.filter(|_| spec.sandbox.is_some()) {
+        match sandboxed_uid {
             Some(uid) => {
-                if let Some(step) = self.limit_work_disk(rec).await? {
-                    timing.mark(step);
-                }
                 self.give_to_machine_user(rec, uid)?;
                 timing.mark("owner");
             }
@@ -500,6 +509,13 @@ impl Driver {
             }
         }
         let templates = self.machines_dir.with_file_name("disk-templates");
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            LaunchError::io(
+                LaunchStep::WorkDisk,
+                format_args!("creating {}", dir.display()),
+                &e,
+            )
+        })?;
         let what = format!("making the machine's {mb} MB work disk");
         tokio::task::spawn_blocking(move || crate::work_disk::ensure(&dir, &templates, mb))
             .await

@@ -477,7 +477,7 @@ pub(crate) mod tests {
         attached_below(dir)
     }
 
-    fn attached_below(dir: &Path) -> usize {
+    pub(crate) fn attached_below(dir: &Path) -> usize {
         std::fs::read_dir("/sys/block")
             .unwrap()
             .flatten()

@@ -1,5 +1,5 @@
 use super::*;
-use crate::work_disk::tests::{loops_below, Released};
+use crate::work_disk::tests::{attached_below, loops_below, Released};
 
 #[test]
 fn a_size_is_kept_ahead_as_recent_first_starts_ask_and_dropped_when_nobody_does() {
@@ -60,7 +60,7 @@ fn a_first_start_takes_a_disk_made_ahead_that_holds_its_size_and_leaves_nothing(
     let data = tmp.path().canonicalize().unwrap();
     let pool = filled(&data, 32, 1);
     assert_eq!(pool.ready(), vec![(32, POOL_MIN)]);
-    assert_eq!(loops_below(&data.join("disk-pool")), POOL_MIN);
+    assert_eq!(attached_below(&data.join("disk-pool")), POOL_MIN);
 
     let machine = data.join("machines/m1");
     std::fs::create_dir_all(&machine).unwrap();
@@ -128,25 +128,39 @@ fn a_machine_that_has_a_disk_or_files_from_before_limits_is_given_none() {
 }
 
 #[test]
-fn disks_a_killed_agent_made_ahead_are_gone_with_it_and_their_images_removed_at_the_next_start() {
+fn a_machine_without_a_directory_gets_the_disks_whole_and_a_new_pool_starts_empty() {
     if !can_mount() {
         return; // loop devices and mounts need root
     }
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().canonicalize().unwrap();
     let pool = filled(&data, 32, 1);
-    // A killed agent's descriptors are closed by the kernel; its images stay on disk.
-    let images: Vec<PathBuf> = std::fs::read_dir(data.join("disk-pool"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    let kept: Vec<PathBuf> = images.iter().map(|p| p.with_extension("kept")).collect();
-    for (image, kept) in images.iter().zip(&kept) {
-        std::fs::hard_link(image, kept).unwrap();
+    // A first start before anything made the machine's directory: the disk's directory
+    // becomes it, with its marks and its file system on `work`.
+    let machine = data.join("machines/fresh");
+    let _released = Released(&machine);
+    assert!(pool.install(&machine, 32).unwrap());
+    for name in ["disk.img", "disk.formatted", "disk.synced"] {
+        assert!(machine.join(name).exists(), "{name}");
     }
+    let work = machine.join("work");
+    assert!(crate::work_disk::ensure(&machine, &data.join("disk-templates"), 32).unwrap());
+    assert_eq!(std::fs::read_dir(&work).unwrap().count(), 0);
+    std::fs::write(work.join("kept"), b"data").unwrap();
+    crate::work_disk::release(&machine).unwrap();
+    assert!(
+        !work.join("kept").exists(),
+        "it was the mounted disk that held it"
+    );
+    assert!(crate::work_disk::ensure(&machine, &data.join("disk-templates"), 32).unwrap());
+    assert!(work.join("kept").exists());
+    crate::work_disk::release(&machine).unwrap();
+    // A killed agent's disks went with its descriptors; what it left in the pool's
+    // directory is removed when the next one starts.
     drop(pool);
     assert_eq!(loops_below(&data), 0);
-    assert!(kept.iter().all(|k| k.exists()));
+    std::fs::create_dir_all(data.join("disk-pool/7/work")).unwrap();
+    std::fs::write(data.join("disk-pool/7/disk.img"), b"left").unwrap();
     let again = DiskPool::new(&data);
     assert!(!data.join("disk-pool").exists(), "a new pool starts empty");
     assert!(again.ready().is_empty());
