@@ -38,6 +38,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// One round: create→started ms (sorted), creates/s, and each launch step's ms per machine.
 struct Round {
     lat: Vec<f64>,
+    /// Create answered (placed and claimed, before the launch), ms, sorted.
+    answered: Vec<f64>,
     rate: f64,
     steps: BTreeMap<String, Vec<f64>>,
     order: Vec<String>,
@@ -75,9 +77,9 @@ fn main() {
     let names = ["--no-isolate", "isolated", "isolated, before"];
     let mut by_kind: [Vec<Round>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     println!(
-        "| round | load (1 min) | machines | create→started p50 | p99 | creates/s (32 in flight) |"
+        "| round | load (1 min) | machines | create→started p50 | p99 | create answered p50 | creates/s (32 in flight) |"
     );
-    println!("|---|---:|---|---:|---:|---:|");
+    println!("|---|---:|---|---:|---:|---:|---:|");
     for (i, kind) in order.iter().copied().enumerate() {
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         let load = load.split_whitespace().next().unwrap_or("?").to_string();
@@ -88,10 +90,11 @@ fn main() {
         };
         let r = measure(&rt, exe, kind != 0, total, sequential);
         println!(
-            "| {i} | {load} | {} | {:.2} ms | {:.2} ms | {:.0} |",
+            "| {i} | {load} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.0} |",
             names[kind],
             pct(&r.lat, 0.5),
             pct(&r.lat, 0.99),
+            pct(&r.answered, 0.5),
             r.rate
         );
         by_kind[kind].push(r);
@@ -208,31 +211,36 @@ fn measure(
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let create = |http: reqwest::Client, base: String, body: Value| async move {
+            let t0 = Instant::now();
             let m = call(
                 http.post(format!("{base}/v1/apps/bench/machines"))
                     .json(&body),
             )
             .await;
+            let answered = t0.elapsed().as_secs_f64() * 1e3;
             let id = m["id"].as_str().expect("created").to_string();
             get(
                 http,
                 format!("{base}/v1/apps/bench/machines/{id}/wait?state=started&timeout=60"),
             )
             .await;
-            id
+            (id, answered)
         };
         // Warm-up: the first machine sets up the host's network.
         for _ in 0..6 {
             create(http.clone(), base.clone(), body.clone()).await;
         }
-        let mut lat = Vec::new();
+        let (mut lat, mut answered) = (Vec::new(), Vec::new());
         let mut ids = Vec::new();
         for _ in 0..sequential {
             let t0 = Instant::now();
-            ids.push(create(http.clone(), base.clone(), body.clone()).await);
+            let (id, answer_ms) = create(http.clone(), base.clone(), body.clone()).await;
+            ids.push(id);
             lat.push(t0.elapsed().as_secs_f64() * 1e3);
+            answered.push(answer_ms);
         }
         lat.sort_by(f64::total_cmp);
+        answered.sort_by(f64::total_cmp);
         let rest = total - sequential;
         let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
         let t0 = Instant::now();
@@ -276,6 +284,7 @@ fn measure(
         }
         Round {
             lat,
+            answered,
             rate,
             steps,
             order,
