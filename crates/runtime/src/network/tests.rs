@@ -269,8 +269,8 @@ fn a_host_holds_as_many_machines_as_its_subnet_has_addresses_on_bridges_with_roo
 
 /// Issue 36: past a bridge's ports, machines go on the host's further bridges, in the same
 /// subnet and behind the same gateway. A machine on the second bridge is reached from the
-/// host (as the proxy and the mesh reach it: routed by the host), reaches the gateway's DNS
-/// port, and nothing else: not the host's other listeners, not a machine on the first
+/// host (as the proxy reaches it) and from a peer the host routes (as the mesh's packets
+/// are), reaches the gateway's DNS port, and nothing else: not the host's other listeners, not a machine on the first
 /// bridge, not even when both route to each other through the gateway (the host's forward
 /// chain drops that; without its table they would talk, so the check can fail). Teardown
 /// leaves no bridge, route, veth or nftables table.
@@ -323,6 +323,17 @@ fn a_machine_on_a_later_bridge_is_reached_and_kept_apart_as_on_the_first() {
                 .unwrap_or_else(|e| panic!("the host does not reach {ip}: {e}"));
             app.accept().unwrap();
         }
+        // A peer routed in from outside the bridges, as the mesh device (`wg-<hash>`)
+        // forwards another host's machines' packets, reaches it too.
+        let peer = PeerNamespace::new(&format!("bzt-peer-{}", std::process::id()));
+        peer.route_to(subnet);
+        let from_peer = std::fs::File::open(Path::new(NETNS_DIR).join(&peer.0)).unwrap();
+        netlink::in_namespace(from_peer.as_fd(), || {
+            TcpStream::connect_timeout(&SocketAddr::from((on_second, 8080)), Duration::from_secs(3))
+        })
+        .expect("a routed peer (the mesh's path) reaches the machine on the second bridge");
+        second_app.accept().unwrap();
+        drop((from_peer, peer));
         // The machine reaches the gateway's DNS port, and no other listener of the host.
         let dns = TcpListener::bind((gateway, 53)).unwrap();
         from_second((gateway, 53).into()).expect("the machine reaches the gateway's DNS");
@@ -389,5 +400,56 @@ impl<const N: usize> Drop for TornDown<'_, N> {
             self.0.release(ip);
         }
         self.0.teardown();
+    }
+}
+
+/// A network namespace (`ip netns add`) with a veth to the calling thread's, addressed
+/// 10.99.0.2/24 there and 10.99.0.1/24 here: a peer whose packets the host routes, as it
+/// routes the mesh's. Removed when dropped.
+struct PeerNamespace(String);
+
+impl PeerNamespace {
+    fn new(name: &str) -> PeerNamespace {
+        let peer = PeerNamespace(name.to_string());
+        let link = format!("p{}", std::process::id());
+        peer.ip(&["netns", "add", name]);
+        peer.ip(&[
+            "link", "add", &link, "type", "veth", "peer", "name", "eth0", "netns", name,
+        ]);
+        peer.ip(&["addr", "add", "10.99.0.1/24", "dev", &link]);
+        peer.ip(&["link", "set", &link, "up"]);
+        peer.ip(&["-n", name, "addr", "add", "10.99.0.2/24", "dev", "eth0"]);
+        peer.ip(&["-n", name, "link", "set", "eth0", "up"]);
+        peer
+    }
+
+    /// Routes `subnet` from the peer through this namespace.
+    fn route_to(&self, subnet: Subnet) {
+        self.ip(&[
+            "-n",
+            &self.0,
+            "route",
+            "add",
+            &subnet.to_string(),
+            "via",
+            "10.99.0.1",
+        ]);
+    }
+
+    fn ip(&self, args: &[&str]) {
+        let out = Command::new("ip").args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for PeerNamespace {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.0])
+            .output();
     }
 }
