@@ -497,6 +497,36 @@ fn unescape(s: &str) -> String {
 mod tests {
     use super::*;
 
+    /// A host's later bridges (`bz-<hash>-<k>`, one per /23 of its subnet in use) go with
+    /// its first when the host is released (`bazaar host reset` after a killed agent);
+    /// another host's stay.
+    #[test]
+    fn a_release_removes_every_bridge_of_the_host_and_no_other() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: needs root (links of the host)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let host = format!("h_release_bridges_{}", std::process::id());
+        let first = bridge_name(&host);
+        let mine = [first.clone(), format!("{first}-1"), format!("{first}-15")];
+        let other = format!("{}-1", bridge_name(&format!("{host}_other")));
+        let exists = |name: &str| Path::new("/sys/class/net").join(name).exists();
+        for name in mine.iter().chain([&other]) {
+            assert!(
+                run("ip", &["link", "add", name, "type", "bridge"]),
+                "{name}"
+            );
+        }
+        let done = release_host(dir.path(), Some(&host));
+        let left: Vec<&String> = mine.iter().filter(|name| exists(name)).collect();
+        let other_kept = exists(&other);
+        run("ip", &["link", "delete", &other]);
+        assert!(left.is_empty(), "bridges of the host left: {left:?}");
+        assert_eq!(done.links, 3);
+        assert!(other_kept, "another host's bridge was removed");
+    }
+
     #[test]
     fn mount_paths_are_unescaped() {
         assert_eq!(unescape("/tmp/a\\040b/c"), "/tmp/a b/c");
