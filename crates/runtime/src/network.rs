@@ -28,7 +28,8 @@
 //! A namespace is wired by [`crate::netlink`] requests from the agent itself (veth pair,
 //! bridge port, address, route: no execs), and so are the bridges (`bz-<8 hex of the host
 //! id>` once per host, in a subnet no route of the host covers, and `bz-<8 hex>-<k>` when
-//! its slice's first namespace is made): the machine network needs no iproute2. The namespaces themselves are made by a short-lived child process
+//! its slice's first namespace is made): the machine network needs no iproute2. The
+//! namespaces themselves are made by a short-lived child process
 //! ([`bazaar_image::IdMap`]); the firewall with nftables (`nft`, once per host, and once per
 //! namespace only in subnets larger than a /19).
 
