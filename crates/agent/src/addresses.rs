@@ -188,11 +188,12 @@ impl Addresses {
     }
 
     /// Why the next machine would get no address, if it would not: the machine network of
-    /// an isolating host is full ([`bazaar_runtime::network::check_bridge_room`]). The host
-    /// then bids for nothing and says so in its record, so the exchange goes elsewhere.
+    /// an isolating host is full, every address of its subnet held
+    /// ([`LazyNetwork::check_room`]). The host then bids for nothing and says so in its
+    /// record, so the exchange goes elsewhere.
     pub(crate) fn network_full(&self, driver: &Driver) -> Option<String> {
-        driver.network.as_ref().filter(|_| driver.isolate)?;
-        bazaar_runtime::network::check_bridge_room(lock(&self.ips).len()).err()
+        let network = driver.network.as_ref().filter(|_| driver.isolate)?;
+        network.check_room(lock(&self.ips).len()).err()
     }
 
     /// Gives back the address and host ports [`Addresses::assign`] handed out.

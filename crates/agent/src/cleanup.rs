@@ -6,9 +6,9 @@
 //!   `bazaar/<host id>` of every hierarchy, their workloads and containers;
 //! - mounts below the data dir (overlay roots of image machines, ext4 volumes) and the loop
 //!   devices whose backing file is below it;
-//! - the machine network ([`crate::network`]): bridge `bz-<hash>`, namespaces
-//!   `bz-<hash>-<n>` and their ready markers, host-side veths `b<hash><n>`, nftables table
-//!   `bazaar_bz_<hash>`.
+//! - the machine network ([`crate::network`]): bridges `bz-<hash>` and `bz-<hash>-<k>`,
+//!   namespaces `bz-<hash>-<n>` and their ready markers, host-side veths `b<hash><n>`,
+//!   nftables table `bazaar_bz_<hash>`.
 //!
 //! [`release_host`] removes all of that and keeps the data (a dev cluster stopped with
 //! Ctrl-C resumes from it); [`reset_host`] also empties the data dir (`bazaar host reset`,
@@ -386,20 +386,22 @@ fn detach_loops_below(dir: &Path) -> usize {
     found.len() - left.len()
 }
 
-/// Deletes the namespaces, veths, bridge and nftables table named after `bridge`.
+/// Deletes the namespaces, veths, bridges and nftables tables named after `bridge`.
 fn remove_network(bridge: &str, done: &mut Released) {
     for name in namespaces_with_prefix(&format!("{bridge}-")) {
         let _ = std::fs::remove_file(Path::new(READY_DIR).join(&name));
         done.namespaces += unbind_namespace(&Path::new(NETNS_DIR).join(&name)) as usize;
     }
-    // Host-side veths (`b<hash><n>`) go with their namespace; any left, and the bridge.
+    // Host-side veths (`b<hash><n>`) go with their namespace; any left, and the bridges
+    // (`bz-<hash>` and `bz-<hash>-<k>`: their routes go with them).
     let veth_prefix = format!("b{}", &bridge[3..]);
+    let other_bridges = format!("{bridge}-");
     let links: Vec<String> = std::fs::read_dir("/sys/class/net")
         .into_iter()
         .flatten()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|l| l == bridge || l.starts_with(&veth_prefix))
+        .filter(|l| l == bridge || l.starts_with(&other_bridges) || l.starts_with(&veth_prefix))
         .collect();
     for link in links {
         done.links += bazaar_runtime::netlink::delete_link(&link).is_ok() as usize;
@@ -494,6 +496,36 @@ fn unescape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A host's later bridges (`bz-<hash>-<k>`, one per /23 of its subnet in use) go with
+    /// its first when the host is released (`bazaar host reset` after a killed agent);
+    /// another host's stay.
+    #[test]
+    fn a_release_removes_every_bridge_of_the_host_and_no_other() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: needs root (links of the host)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let host = format!("h_release_bridges_{}", std::process::id());
+        let first = bridge_name(&host);
+        let mine = [first.clone(), format!("{first}-1"), format!("{first}-15")];
+        let other = format!("{}-1", bridge_name(&format!("{host}_other")));
+        let exists = |name: &str| Path::new("/sys/class/net").join(name).exists();
+        for name in mine.iter().chain([&other]) {
+            assert!(
+                run("ip", &["link", "add", name, "type", "bridge"]),
+                "{name}"
+            );
+        }
+        let done = release_host(dir.path(), Some(&host));
+        let left: Vec<&String> = mine.iter().filter(|name| exists(name)).collect();
+        let other_kept = exists(&other);
+        run("ip", &["link", "delete", &other]);
+        assert!(left.is_empty(), "bridges of the host left: {left:?}");
+        assert_eq!(done.links, 3);
+        assert!(other_kept, "another host's bridge was removed");
+    }
 
     #[test]
     fn mount_paths_are_unescaped() {

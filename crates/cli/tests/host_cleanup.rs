@@ -168,10 +168,11 @@ fn traces(hosts: &[Host], cluster_dir: &Path) -> Vec<String> {
     for line in run_text("ip", &["-o", "link", "show"]).lines() {
         let name = line.split(": ").nth(1).unwrap_or("");
         let name = name.split('@').next().unwrap_or("");
-        if hosts
-            .iter()
-            .any(|h| name == h.bridge || name.starts_with(&format!("b{}", &h.bridge[3..])))
-        {
+        if hosts.iter().any(|h| {
+            name == h.bridge
+                || name.starts_with(&format!("{}-", h.bridge))
+                || name.starts_with(&format!("b{}", &h.bridge[3..]))
+        }) {
             found.push(format!("link {name}"));
         }
     }

@@ -492,7 +492,7 @@ mod tests {
     #[test]
     fn a_host_whose_machine_network_is_full_is_left_out_with_why() {
         let mut hosts = vec![host("a", "ams", 4096), host("b", "ams", 4096)];
-        let why = "this host's machine network is full: its bridge holds at most 1023 machines";
+        let why = "this host's machine network is full: its subnet 10.192.0.0/19 holds at most 8189 machines";
         hosts[0]
             .labels
             .insert(bazaar_types::host::NETWORK_FULL_LABEL.into(), why.into());

@@ -233,7 +233,7 @@ impl DiskPool {
     /// those no longer wanted, at a lower CPU priority than launches. Errors are logged
     /// (the next launch of that size makes its own disk and calls again).
     pub fn fill(&self) {
-        let _yielding = crate::network::LowPriority::this_thread();
+        let _yielding = crate::network::threads::LowPriority::this_thread();
         loop {
             let now = Instant::now();
             let (next, unwanted) = {

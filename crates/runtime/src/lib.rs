@@ -6,8 +6,9 @@
 //!   the borrowed view of a machine it takes ([`Workload`]).
 //! - [`driver`]: the real driver (command, environment, ports, shims) of process and image
 //!   machines; [`oci`] prepares image machines (image, rootfs, bundle, `runc`) and
-//!   [`network`] gives each one a network namespace on the host's bridge (wired by
-//!   [`netlink`] requests; user namespace id ranges from [`idranges`]; its [`subnet`]);
+//!   [`network`] gives each one a network namespace on one of the host's [`bridges`]
+//!   (wired by [`netlink`] requests; user namespace id ranges from [`idranges`]; its
+//!   [`subnet`]);
 //!   [`gvisor`] runs the same bundles under gVisor's `runsc`; [`microvm`] holds the host
 //!   side of QEMU microVM machines (root disk, initramfs, QEMU in the network namespace).
 //! - [`volume_fs`]: volumes' storage (ext4 images on loop devices, or directories);
@@ -17,6 +18,7 @@
 //! - [`exec`]: running a command inside a machine.
 //! - [`prerequisites`]: what this host lacks to run each driver's machines.
 
+pub mod bridges;
 pub mod disk_pool;
 pub mod driver;
 pub mod exec;

@@ -44,9 +44,11 @@ const IFA_LOCAL: u16 = 2;
 const RTA_DST: u16 = 1;
 const RTA_OIF: u16 = 4;
 const RTA_GATEWAY: u16 = 5;
+const RTA_PREFSRC: u16 = 7;
 const RT_TABLE_MAIN: u8 = 254;
 const RTPROT_BOOT: u8 = 3;
 const RT_SCOPE_UNIVERSE: u8 = 0;
+const RT_SCOPE_LINK: u8 = 253;
 const RTN_UNICAST: u8 = 1;
 
 /// A `NETLINK_ROUTE` socket of the calling thread's network namespace.
@@ -383,20 +385,7 @@ impl Rtnl {
 
     /// Routes everything through `gateway` on link `index`.
     pub(crate) fn add_default_route(&mut self, gateway: Ipv4Addr, index: u32) -> io::Result<()> {
-        let rtm = [
-            libc::AF_INET as u8,
-            0, // destination prefix: the default route
-            0,
-            0,
-            RT_TABLE_MAIN,
-            RTPROT_BOOT,
-            RT_SCOPE_UNIVERSE,
-            RTN_UNICAST,
-            0,
-            0,
-            0,
-            0,
-        ];
+        let rtm = route_message(0, RT_SCOPE_UNIVERSE);
         self.request(
             Message::new(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL)
                 .put(&rtm)
@@ -404,6 +393,65 @@ impl Rtnl {
                 .attr(RTA_OIF, &index.to_ne_bytes()),
         )
     }
+
+    /// Routes `dst/prefix` straight onto link `index` (on-link, no gateway), from source
+    /// `source`, whether or not that route was there (`ip route replace dst/prefix dev
+    /// index scope link src source`).
+    pub(crate) fn replace_link_route(
+        &mut self,
+        dst: Ipv4Addr,
+        prefix: u8,
+        index: u32,
+        source: Ipv4Addr,
+    ) -> io::Result<()> {
+        let rtm = route_message(prefix, RT_SCOPE_LINK);
+        self.request(
+            Message::new(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE)
+                .put(&rtm)
+                .attr(RTA_DST, &dst.octets())
+                .attr(RTA_PREFSRC, &source.octets())
+                .attr(RTA_OIF, &index.to_ne_bytes()),
+        )
+    }
+
+    /// Routes `dst/prefix` through `gateway` on link `index` (`ip route add dst/prefix via
+    /// gateway dev index`): what a machine may do in its own namespace (tests).
+    #[cfg(test)]
+    pub(crate) fn add_route_via(
+        &mut self,
+        dst: Ipv4Addr,
+        prefix: u8,
+        gateway: Ipv4Addr,
+        index: u32,
+    ) -> io::Result<()> {
+        let rtm = route_message(prefix, RT_SCOPE_UNIVERSE);
+        self.request(
+            Message::new(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL)
+                .put(&rtm)
+                .attr(RTA_DST, &dst.octets())
+                .attr(RTA_GATEWAY, &gateway.octets())
+                .attr(RTA_OIF, &index.to_ne_bytes()),
+        )
+    }
+}
+
+/// The `struct rtmsg` of a unicast route of the main table to a `prefix`-long destination
+/// (0: the default route).
+fn route_message(prefix: u8, scope: u8) -> [u8; 12] {
+    [
+        libc::AF_INET as u8,
+        prefix,
+        0,
+        0,
+        RT_TABLE_MAIN,
+        RTPROT_BOOT,
+        scope,
+        RTN_UNICAST,
+        0,
+        0,
+        0,
+        0,
+    ]
 }
 
 /// An IPv4 route: where to (`dst/prefix`; prefix 0 is a default route) and through which

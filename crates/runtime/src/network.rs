@@ -1,17 +1,18 @@
-//! The machine network of this host: a bridge with a private subnet, and for every image
-//! machine a network namespace with one end of a veth pair on that bridge and an address
+//! The machine network of this host: a private subnet on a few bridges (one per /23 of it,
+//! [`crate::bridges`]: a bridge holds at most 1,023 ports), and for every isolated machine
+//! a network namespace with one end of a veth pair on its address's bridge and an address
 //! of its own (`BAZAAR_PRIVATE_IP`). The edge proxy reaches a machine at
-//! `address:internal_port` through the bridge.
+//! `address:internal_port` through its bridge.
 //!
 //! Isolation: every machine's bridge port is `isolated` (the bridge forwards nothing
-//! between two machines), and an nftables rule drops what the host would route from the
-//! bridge back into it, so machines reach, with NAT on, the outside, but never each other
-//! (different apps or not; they talk through the proxy). Outbound NAT is off unless
-//! configured. Nothing from the bridge reaches the host's own listeners (any of its
-//! addresses) but replies to connections the host opened (the proxy, health checks) and
-//! DNS (UDP/TCP 53) to the gateway, where the internal DNS listens (`crate::dns`), and
-//! a machine sends only with its own address: a bridge-family table drops IPv4 and ARP
-//! whose source is not the address of the veth it came in on.
+//! between two machines), and an nftables rule drops what the host would route from one
+//! of its bridges into one of them (the same or another), so machines reach, with NAT on,
+//! the outside, but never each other (different apps or not; they talk through the
+//! proxy). Outbound NAT is off unless configured. Nothing from the bridges reaches the
+//! host's own listeners (any of its addresses) but replies to connections the host opened
+//! (the proxy, health checks) and DNS (UDP/TCP 53) to the gateway, where the internal DNS
+//! listens (`crate::dns`), and a machine sends only with its own address: a bridge-family
+//! table drops IPv4 and ARP whose source is not the address of the veth it came in on.
 //!
 //! Nothing is created until the host's first image machine ([`LazyNetwork`]). Namespaces
 //! belong to addresses: `/run/netns/<bridge>-<index>` for the index-th address
@@ -25,12 +26,15 @@
 //! ready; when a machine is destroyed its address gets a fresh one.
 //!
 //! A namespace is wired by [`crate::netlink`] requests from the agent itself (veth pair,
-//! bridge port, address, route: no execs), and so is the bridge (`bz-<8 hex of the host
-//! id>`, once per host, in a subnet no route of the host covers): the machine network needs
-//! no iproute2. The namespaces themselves are made by a short-lived child process
+//! bridge port, address, route: no execs), and so are the bridges (`bz-<8 hex of the host
+//! id>` once per host, in a subnet no route of the host covers, and `bz-<8 hex>-<k>` when
+//! its slice's first namespace is made): the machine network needs no iproute2. The
+//! namespaces themselves are made by a short-lived child process
 //! ([`bazaar_image::IdMap`]); the firewall with nftables (`nft`, once per host, and once per
 //! namespace only in subnets larger than a /19).
 
+pub use crate::bridges::BRIDGE_PORTS;
+use crate::bridges::{check_room, Bridges};
 use crate::idranges::{IdRanges, RANGE_SIZE};
 use crate::netlink::{self, Rtnl};
 use crate::subnet::pick_subnet;
@@ -131,6 +135,22 @@ impl LazyNetwork {
         self.cell.get()
     }
 
+    /// Why the next machine would get no address when `held` are handed out, if it would
+    /// not ([`Network::check_room`]; before the network is set up, of the subnet it will
+    /// have, or of a default one).
+    pub fn check_room(&self, held: usize) -> Result<(), String> {
+        match self.ready() {
+            Some(network) => network.check_room(held),
+            None => {
+                let subnet = locked(&self.configured).unwrap_or(Subnet {
+                    base: Ipv4Addr::UNSPECIFIED,
+                    prefix: crate::subnet::DEFAULT_PREFIX,
+                });
+                check_room(&subnet, held)
+            }
+        }
+    }
+
     /// Makes `subnet` the one to set up, unless the network is set up already (then it
     /// answers false: its machines have addresses of the old one).
     pub fn reconfigure(&self, subnet: Subnet) -> bool {
@@ -146,8 +166,14 @@ impl LazyNetwork {
 /// This host's machine network, once set up.
 #[derive(Debug, Clone)]
 pub struct Network {
+    /// The first bridge's name (`bz-<hash>`): the others, the namespaces, veths and
+    /// nftables tables are named after it.
     pub bridge: String,
     pub subnet: Subnet,
+    /// Which bridge each address is on.
+    pub bridges: Bridges,
+    /// The bridges set up by this process (held while one is being made).
+    bridges_made: Arc<Mutex<HashSet<usize>>>,
     pub nat: bool,
     /// One address's namespace is set up or removed by one thread at a time (a launch
     /// waits for the namespace being made ahead for its address instead of making it
@@ -213,17 +239,31 @@ pub struct Attached {
 }
 
 impl Network {
-    /// Sets up (or finds again) the bridge of host `host_id`. The subnet is `configured`,
-    /// else the one this host used before (`data_dir/network`), else the first free /19 of
-    /// 10.192.0.0/12. Idempotent.
+    /// Sets up (or finds again) the first bridge of host `host_id` and the firewall of
+    /// all of them (the others are made as their slices are used). The subnet is
+    /// `configured`, else the one this host used before (`data_dir/network`), else the first
+    /// free /19 of 10.192.0.0/12. Idempotent.
     ///
-    /// `data_dir/network` records the subnet (line 1) and the bridge (line 2).
+    /// `data_dir/network` records the subnet (line 1) and the first bridge (line 2).
     pub fn setup(
         data_dir: &Path,
         host_id: &str,
         configured: Option<Subnet>,
         nat: bool,
         id_ranges: Arc<IdRanges>,
+    ) -> Result<Network, String> {
+        Self::setup_sliced(data_dir, host_id, configured, nat, id_ranges, None)
+    }
+
+    /// [`Network::setup`] with bridges of a `/slice_prefix` each instead of the default
+    /// ([`Bridges::with_slice_prefix`]: tests span bridges with a few addresses).
+    pub fn setup_sliced(
+        data_dir: &Path,
+        host_id: &str,
+        configured: Option<Subnet>,
+        nat: bool,
+        id_ranges: Arc<IdRanges>,
+        slice_prefix: Option<u8>,
     ) -> Result<Network, String> {
         let bridge = bridge_name(host_id);
         let record = data_dir.join("network");
@@ -234,7 +274,11 @@ impl Network {
         let _lock = host_lock()?;
         let subnet = match configured.or(remembered) {
             Some(s) => s,
-            None => pick_subnet(&bridge)?,
+            None => pick_subnet(&own_bridge_links(&bridge))?,
+        };
+        let bridges = match slice_prefix {
+            Some(prefix) => Bridges::with_slice_prefix(&bridge, subnet, prefix)?,
+            None => Bridges::new(&bridge, subnet),
         };
         // Line 1 the subnet, line 2 the bridge (for whoever cleans up after this host).
         std::fs::write(&record, format!("{subnet}\n{bridge}\n"))
@@ -242,59 +286,69 @@ impl Network {
         let network = Network {
             bridge,
             subnet,
+            bridges,
+            bridges_made: Arc::default(),
             nat,
             setup_locks: Arc::default(),
             id_ranges,
             pool: Arc::default(),
         };
-        network.create_bridge()?;
+        network.bridge_link(0)?;
         network.firewall();
         Ok(network)
     }
 
-    fn create_bridge(&self) -> Result<(), String> {
-        let err = |what: &str, e: std::io::Error| format!("{what} bridge {}: {e}", self.bridge);
+    /// The link index of bridge `k`, set up first if this process has not yet (or it is
+    /// gone).
+    fn bridge_link(&self, k: usize) -> Result<u32, String> {
+        let mut made = locked(&self.bridges_made);
+        let name = self.bridges.name(k);
+        match netlink::link_index(&name) {
+            Some(index) if made.contains(&k) => Ok(index),
+            _ => {
+                let index = self.create_bridge(k)?;
+                made.insert(k);
+                Ok(index)
+            }
+        }
+    }
+
+    /// Makes bridge `k` unless it exists, and gives it the gateway's address and its route
+    /// ([`Bridges`]). Idempotent: an agent that starts again finds its bridges so.
+    fn create_bridge(&self, k: usize) -> Result<u32, String> {
+        let name = self.bridges.name(k);
+        let err = |what: &str, e: std::io::Error| format!("{what} bridge {name}: {e}");
         let mut rtnl = netlink::Rtnl::open().map_err(|e| err("making", e))?;
-        if !link_exists(&self.bridge) {
+        let gateway = self.subnet.gateway();
+        if !link_exists(&name) {
             // Its MAC fixed at birth only: changing a running bridge's would leave its
             // machines' neighbor entry for the gateway stale (their answers to the proxy
-            // lost) until they ask again.
-            match rtnl.add_bridge(&self.bridge, Some(mac_of(self.subnet.gateway()))) {
+            // lost) until they ask again. The same on every bridge: each is an L2 domain
+            // of its own.
+            match rtnl.add_bridge(&name, Some(mac_of(gateway))) {
                 // Made meanwhile by an agent of the same host id: it is the same bridge.
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
                 other => other.map_err(|e| err("making", e))?,
             }
         }
-        let index = netlink::link_index(&self.bridge)
-            .ok_or_else(|| format!("bridge {} is gone", self.bridge))?;
-        rtnl.replace_address(index, self.subnet.gateway(), self.subnet.prefix)
+        let index = netlink::link_index(&name).ok_or_else(|| format!("bridge {name} is gone"))?;
+        rtnl.replace_address(index, gateway, self.bridges.gateway_prefix(k))
             .map_err(|e| err("addressing", e))?;
-        rtnl.set_up(index).map_err(|e| err("bringing up", e))
+        rtnl.set_up(index).map_err(|e| err("bringing up", e))?;
+        if let Some(slice) = self.bridges.route(k) {
+            rtnl.replace_link_route(slice.base, slice.prefix, index, gateway)
+                .map_err(|e| err("routing its slice to", e))?;
+        }
+        Ok(index)
     }
 
-    /// nftables: nothing routed from the bridge back into it; nothing from the bridge to
-    /// the host but replies; no spoofed sources ([`Network::allow_source`]); masquerade
-    /// outbound when NAT is on. Without `nft` the bridge's port isolation still keeps
-    /// machines apart (and the host open to them: a warning says so).
+    /// nftables: nothing routed from one of the bridges into one of them; nothing from
+    /// them to the host but replies and DNS ([`Bridges::ip_table_rules`]); no spoofed
+    /// sources ([`Network::allow_source`]); masquerade outbound when NAT is on. Without
+    /// `nft` the bridges' port isolation still keeps machines apart (and the host open to
+    /// them: a warning says so).
     fn firewall(&self) {
-        let table = self.table();
-        let mut rules = format!(
-            "table ip {table}\ndelete table ip {table}\ntable ip {table} {{\n\
-             chain forward {{ type filter hook forward priority 0; iifname \"{br}\" oifname \"{br}\" drop; }}\n\
-             chain input {{ type filter hook input priority 0; \
-             iifname \"{br}\" ct state established,related accept; \
-             iifname \"{br}\" ip daddr {gw} meta l4proto {{ udp, tcp }} th dport 53 accept; \
-             iifname \"{br}\" counter drop; }}\n",
-            br = self.bridge,
-            gw = self.subnet.gateway(),
-        );
-        if self.nat {
-            rules += &format!(
-                "chain postrouting {{ type nat hook postrouting priority 100; ip saddr {} oifname != \"{}\" masquerade; }}\n",
-                self.subnet, self.bridge
-            );
-        }
-        rules += "}\n";
+        let mut rules = self.bridges.ip_table_rules(&self.table(), self.nat);
         rules += &self.anti_spoofing_rules();
         if let Err(err) = run_stdin("nft", &["-f", "-"], &rules) {
             tracing::warn!(error = %err, "nftables rules for the machine network not installed (machines stay apart through bridge port isolation, but reach the host and may spoof)");
@@ -362,10 +416,16 @@ impl Network {
     }
 
     /// The first address of the subnet not in `used`, or why there is none
-    /// ([`Subnet::first_free`], [`check_bridge_room`]).
+    /// ([`Network::check_room`], [`Subnet::first_free`]).
     pub fn allocate(&self, used: &HashSet<Ipv4Addr>) -> Result<Ipv4Addr, String> {
-        check_bridge_room(used.len())?;
+        self.check_room(used.len())?;
         self.subnet.first_free(used)
+    }
+
+    /// Whether one more address fits when `held` are handed out: the subnet is the limit
+    /// (every address has a bridge with room for it, [`Bridges`]).
+    pub fn check_room(&self, held: usize) -> Result<(), String> {
+        check_room(&self.subnet, held)
     }
 
     /// The name of the network namespace for `ip`: `<bridge>-<index in the subnet>`.
@@ -431,8 +491,7 @@ impl Network {
         }
         unbind_namespace(&attached.netns);
         let netns = make_namespaces(&attached, uid_base)?;
-        let bridge = netlink::link_index(&self.bridge)
-            .ok_or_else(|| format!("the bridge {} is gone", self.bridge))?;
+        let bridge = self.bridge_link(self.bridges.of(ip))?;
         rtnl.add_veth(&veth, bridge, "eth0", mac_of(ip), netns.as_fd())
             .and_then(|()| {
                 let index = netlink::link_index(&veth).ok_or_else(|| {
@@ -536,11 +595,14 @@ impl Network {
         unbind_namespace(&Path::new(USERNS_DIR).join(&ns));
     }
 
-    /// Removes the bridge and its firewall table (tests and dev clusters that go away), and
-    /// gives back the id ranges.
+    /// Removes the bridges (their routes go with them) and the firewall tables (tests and
+    /// dev clusters that go away), and gives back the id ranges.
     pub fn teardown(&self) {
         self.id_ranges.release_all();
-        let _ = netlink::delete_link(&self.bridge);
+        for name in self.bridges.names() {
+            let _ = netlink::delete_link(&name);
+        }
+        locked(&self.bridges_made).clear();
         let table = self.table();
         for family in ["ip", "bridge"] {
             let _ = run_stdin(
@@ -550,58 +612,6 @@ impl Network {
             );
         }
     }
-}
-
-/// Lowers the calling thread's scheduling priority (nice +10) until dropped: for work done
-/// ahead, in a thread of the blocking pool that goes back to other work afterwards.
-pub(crate) struct LowPriority {
-    tid: libc::id_t,
-    before: libc::c_int,
-}
-
-impl LowPriority {
-    const NICENESS: libc::c_int = 10;
-
-    pub(crate) fn this_thread() -> Option<LowPriority> {
-        let tid = rustix::thread::gettid().as_raw_nonzero().get() as libc::id_t;
-        // SAFETY: getpriority and setpriority take plain integers. -1 is also a valid
-        // niceness, so errno tells an error apart; a failure leaves the priority as it was.
-        unsafe {
-            *libc::__errno_location() = 0;
-            let before = libc::getpriority(libc::PRIO_PROCESS, tid);
-            if *libc::__errno_location() != 0 {
-                return None;
-            }
-            let lower = (before + Self::NICENESS).min(19);
-            (libc::setpriority(libc::PRIO_PROCESS, tid, lower) == 0)
-                .then_some(LowPriority { tid, before })
-        }
-    }
-}
-
-impl Drop for LowPriority {
-    fn drop(&mut self) {
-        // SAFETY: as above. Raising the priority back needs CAP_SYS_NICE, which a root
-        // agent (the only one with a machine network) has.
-        unsafe { libc::setpriority(libc::PRIO_PROCESS, self.tid, self.before) };
-    }
-}
-
-/// The ports a Linux bridge holds (the kernel's `BR_MAX_PORTS`, 1,024, less port number 0):
-/// every address handed out has its veth on the one bridge, so this, not the subnet, is the
-/// most machines a host's network holds (issue 36: the next limit past the /24; a veth
-/// beyond it fails with `EXFULL`, "Exchange full").
-pub const BRIDGE_PORTS: usize = 1023;
-
-/// Whether one more address fits on the bridge when `held` are handed out: a clear refusal
-/// at create instead of a launch that fails on the full bridge.
-pub fn check_bridge_room(held: usize) -> Result<(), String> {
-    if held >= BRIDGE_PORTS {
-        return Err(format!(
-            "this host's machine network is full: its bridge holds at most {BRIDGE_PORTS} machines (a Linux bridge's ports), and {held} have addresses"
-        ));
-    }
-    Ok(())
 }
 
 /// The MAC address of the machine network's interface that has `ip`: a machine's `eth0`,
@@ -615,11 +625,22 @@ pub(crate) fn mac_of(ip: Ipv4Addr) -> [u8; 6] {
     [0x02, 0x62, a, b, c, d]
 }
 
-/// The bridge of host `host_id`: `bz-<8 hex of a hash of the id>`. Everything else of the
-/// host's network is named after it: namespaces `<bridge>-<n>`, host-side veths
-/// `b<8 hex><n>`, the nftables table `bazaar_bz_<8 hex>` (the agent's `cleanup` finds them so).
+/// The first bridge of host `host_id`: `bz-<8 hex of a hash of the id>`. Everything else
+/// of the host's network is named after it: its other bridges `<bridge>-<k>`, namespaces
+/// `<bridge>-<n>`, host-side veths `b<8 hex><n>`, the nftables table `bazaar_bz_<8 hex>`
+/// (the agent's `cleanup` finds them so).
 pub fn bridge_name(host_id: &str) -> String {
     format!("bz-{}", &hex_of(host_id)[..8])
+}
+
+/// The links of the bridges named after `bridge` that exist (whatever the subnet: at most
+/// 128 of them), whose routes are this host's own when it picks a subnet again.
+fn own_bridge_links(bridge: &str) -> Vec<u32> {
+    let others = (1..128).map(|k| format!("{bridge}-{k}"));
+    std::iter::once(bridge.to_string())
+        .chain(others)
+        .filter_map(|name| netlink::link_index(&name))
+        .collect()
 }
 
 /// Makes a user namespace mapping `uid_base..` and a network namespace it owns, and binds
@@ -686,42 +707,6 @@ fn link_exists(name: &str) -> bool {
     netlink::link_index(name).is_some()
 }
 
-/// A lock per address, for setting up or removing its namespaces. Exact, not striped: the
-/// pool makes the namespace of the address as many ahead as it keeps, and a stripe shared
-/// with it would make a launch wait for that namespace instead of taking its own ready one.
-#[derive(Debug, Default)]
-struct AddressLocks {
-    /// The addresses held now.
-    held: Mutex<HashSet<Ipv4Addr>>,
-    /// Signalled whenever one is let go.
-    released: std::sync::Condvar,
-}
-
-impl AddressLocks {
-    /// Waits until no other thread holds `ip`, and holds it until the guard is dropped.
-    fn lock(&self, ip: Ipv4Addr) -> AddressGuard<'_> {
-        let mut held = locked(&self.held);
-        while held.contains(&ip) {
-            held = self.released.wait(held).unwrap_or_else(|e| e.into_inner());
-        }
-        held.insert(ip);
-        AddressGuard { locks: self, ip }
-    }
-}
-
-/// `ip` held in [`AddressLocks`] until dropped.
-struct AddressGuard<'a> {
-    locks: &'a AddressLocks,
-    ip: Ipv4Addr,
-}
-
-impl Drop for AddressGuard<'_> {
-    fn drop(&mut self) {
-        locked(&self.locks.held).remove(&self.ip);
-        self.locks.released.notify_all();
-    }
-}
-
 /// Hex of a short hash of `s` (stable across runs).
 fn hex_of(s: &str) -> String {
     // FNV-1a: stable, and enough to tell a machine's few agents apart.
@@ -770,6 +755,9 @@ fn run_stdin(program: &str, args: &[&str], input: &str) -> Result<(), String> {
         ))
     }
 }
+
+pub(crate) mod threads;
+use threads::{AddressGuard, AddressLocks, LowPriority};
 
 #[cfg(test)]
 mod tests;

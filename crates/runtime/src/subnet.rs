@@ -1,8 +1,8 @@
 //! The machine network's subnet: its CIDR form ([`Subnet`]), the first free address of it
 //! ([`Subnet::first_free`]), and the one a host picks when none is configured: the first
 //! /19 of 10.192.0.0/12 that no route of the host covers, read from the kernel by netlink
-//! (`pick_subnet`). A /19 holds 8,189 machine addresses (issue 36; the /24 held 253), more
-//! than the host's bridge has ports today (1,023: `network::BRIDGE_PORTS`); 10.192.0.0/12
+//! (`pick_subnet`). A /19 holds 8,189 machine addresses (issue 36; the /24 held 253), on
+//! 16 bridges of a /23 each (`crate::bridges`: a bridge has 1,023 ports); 10.192.0.0/12
 //! is private and outside the mesh's 10.208.0.0/12, and holds 128 of them, so many agents
 //! can share one machine (tests, dev clusters).
 
@@ -100,16 +100,15 @@ impl Subnet {
     }
 }
 
-/// The first /19 of the default pool that no route of this host covers, except one that
-/// is already `bridge`'s.
-pub(crate) fn pick_subnet(bridge: &str) -> Result<Subnet, String> {
+/// The first /19 of the default pool that no route of this host covers, except those
+/// through links `own` (the host's own bridges, when it picks its subnet again).
+pub(crate) fn pick_subnet(own: &[u32]) -> Result<Subnet, String> {
     let routes = netlink::Rtnl::open()
         .and_then(|mut rtnl| rtnl.routes())
         .map_err(|e| format!("reading the routes: {e}"))?;
-    let bridge = netlink::link_index(bridge);
     let taken: Vec<Subnet> = routes
         .iter()
-        .filter(|r| r.prefix > 0 && r.prefix <= 32 && (bridge.is_none() || r.oif != bridge))
+        .filter(|r| r.prefix > 0 && r.prefix <= 32 && !r.oif.is_some_and(|oif| own.contains(&oif)))
         .map(|r| {
             let mask = u32::MAX.checked_shl(32 - r.prefix as u32).unwrap_or(0);
             Subnet {

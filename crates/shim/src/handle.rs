@@ -9,7 +9,7 @@
 use std::fmt;
 use std::fs::{self, File};
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::OnceLock;
@@ -47,6 +47,11 @@ pub struct ShimHandle {
     run_id: u64,
     cgroup: Option<String>,
     pids: PidRecord,
+    /// `shim` registered with the tokio reactor, made on the first `wait`: the descriptor
+    /// itself, not a duplicate (one fewer open file per machine: the agent's open-file limit
+    /// bounds how many machines a host holds, issue 36). Declared before `shim`, so it is
+    /// dropped (deregistered) before `shim` is closed.
+    exit_watch: OnceLock<AsyncFd<ShimFd>>,
     /// pidfd of the shim.
     shim: OwnedFd,
     /// pidfd of the init of an isolated run (while it lives).
@@ -55,8 +60,6 @@ pub struct ShimHandle {
     workload: Option<OwnedFd>,
     /// The shim is our child (we spawned it) and must be reaped.
     child: bool,
-    /// A duplicate of `shim` registered with the tokio reactor, made on the first `wait`.
-    exit_watch: OnceLock<AsyncFd<OwnedFd>>,
     /// The shim delivers the signals it forwards itself (`ShimSpec::signal_argv`).
     signals_through_shim: bool,
 }
@@ -399,11 +402,18 @@ impl ShimHandle {
         self.reap();
     }
 
-    fn exit_watch(&self) -> Option<&AsyncFd<OwnedFd>> {
+    fn exit_watch(&self) -> Option<&AsyncFd<ShimFd>> {
         if let Some(watch) = self.exit_watch.get() {
             return Some(watch);
         }
-        let watch = watch_pidfd(self.shim.try_clone().ok()?)?;
+        // SAFETY: `self.shim` stays open, and is the same descriptor, for as long as the
+        // watch lives: the handle owns both and drops the watch first (field order). Of
+        // calls racing here only one registers (the reactor refuses the same descriptor
+        // twice: the others poll), and that one is kept.
+        let watch = unsafe {
+            AsyncFd::register_with_interest(ShimFd(self.shim.as_raw_fd()), Interest::READABLE)
+        }
+        .ok()?;
         Some(self.exit_watch.get_or_init(|| watch))
     }
 
@@ -445,6 +455,16 @@ fn reap_later(pidfd: OwnedFd) {
             );
         }
     });
+}
+
+/// The number of a [`ShimHandle`]'s shim pidfd, which the handle owns (and closes only
+/// after the reactor's watch on it is gone).
+struct ShimFd(RawFd);
+
+impl AsRawFd for ShimFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
 }
 
 /// Registers `pidfd` with the current tokio reactor (which must exist).

@@ -39,8 +39,8 @@ pub const GVISOR_PLATFORM_LABEL: &str = "gvisor_platform";
 pub const BATCH_FREE_LABEL: &str = "bazaar_batch_free";
 
 /// The host label of a host whose machine network has no address left (every machine of an
-/// isolating host takes one: its bridge holds at most 1,023), saying so; the exchange asks
-/// it for no machine until the label goes.
+/// isolating host takes one of its subnet's: 8,189 in the default /19), saying so; the
+/// exchange asks it for no machine until the label goes.
 pub const NETWORK_FULL_LABEL: &str = "bazaar_network_full";
 
 /// Why a host with `labels` takes no machine for want of addresses, if it says so
