@@ -190,8 +190,9 @@ impl Rtnl {
         }
     }
 
-    /// Makes veth pair `name` here (up, a port of bridge `master`) and `peer`, with MAC
-    /// address `peer_mac`, in the network namespace `netns`.
+    /// Makes veth pair `name` here (down, a port of bridge `master`: the caller turns its
+    /// IPv6 off and brings it up) and `peer`, with MAC address `peer_mac`, in the network
+    /// namespace `netns`.
     pub(crate) fn add_veth(
         &mut self,
         name: &str,
@@ -201,7 +202,7 @@ impl Rtnl {
         netns: BorrowedFd<'_>,
     ) -> io::Result<()> {
         let mut msg = Message::new(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL);
-        msg.link(0, IFF_UP)
+        msg.link(0, 0)
             .name(IFLA_IFNAME, name)
             .attr(IFLA_MASTER, &master.to_ne_bytes());
         let info = msg.nest(IFLA_LINKINFO);
@@ -214,6 +215,19 @@ impl Rtnl {
             .attr(IFLA_NET_NS_FD, &(netns.as_raw_fd() as u32).to_ne_bytes());
         msg.end(peer_at).end(data).end(info);
         self.request(&mut msg)
+    }
+
+    /// Turns IPv6 off on host link `name` (made down, so that it never had an address):
+    /// a machine's veth carries no IPv6 (the firewall drops it), and each one that has it
+    /// adds a link-local address with its duplicate detection and two routes to the host's
+    /// IPv6 table, which the kernel walks whole whenever a link goes down: with thousands of
+    /// machines, making and removing veths went quadratic (issue 36). A host without IPv6
+    /// has nothing to turn off.
+    pub(crate) fn disable_ipv6(name: &str) -> io::Result<()> {
+        match std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1") {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
     }
 
     /// Makes bridge port `index` isolated: the bridge forwards nothing between two

@@ -497,7 +497,9 @@ impl Network {
                 let index = netlink::link_index(&veth).ok_or_else(|| {
                     std::io::Error::other("the veth is gone right after it was made")
                 })?;
-                rtnl.isolate_bridge_port(index)
+                rtnl.isolate_bridge_port(index)?;
+                Rtnl::disable_ipv6(&veth)?;
+                rtnl.set_up(index)
             })
             .map_err(|e| format!("making the veth {veth} of {ns}: {e}"))?;
         let (prefix, gateway) = (self.subnet.prefix, self.subnet.gateway());

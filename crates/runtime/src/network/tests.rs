@@ -242,6 +242,45 @@ fn a_reused_address_is_reached_at_once_from_the_host() {
     });
 }
 
+/// A machine's veth carries no IPv6 on the host: no link-local address, no route in the
+/// host's IPv6 table (which the kernel walks whole at every link change: with thousands of
+/// machines their routes made starts and stops quadratic). (It is up: the tests around
+/// reach machines through it.)
+#[test]
+fn a_machines_veth_carries_no_ipv6_on_the_host() {
+    if !Path::new("/proc/sys/net/ipv6").exists() {
+        return; // a host without IPv6: nothing to turn off
+    }
+    in_fresh_namespace(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let host = "h_no_ipv6_test";
+        let subnet: Subnet = "10.213.10.0/24".parse().unwrap();
+        let net = Network::setup(
+            dir.path(),
+            host,
+            Some(subnet),
+            false,
+            Arc::new(IdRanges::new(host)),
+        )
+        .unwrap();
+        let ip = subnet.machine_addresses().next().unwrap();
+        net.attach(ip).unwrap();
+        let veth = net.veth_name(ip);
+        let disabled =
+            std::fs::read_to_string(format!("/proc/sys/net/ipv6/conf/{veth}/disable_ipv6"));
+        let routes = std::fs::read_to_string("/proc/thread-self/net/ipv6_route").unwrap();
+        net.release(ip);
+        net.teardown();
+        assert_eq!(disabled.unwrap().trim(), "1");
+        assert!(
+            !routes
+                .lines()
+                .any(|l| l.split_whitespace().last() == Some(veth.as_str())),
+            "IPv6 routes of {veth}: {routes}"
+        );
+    });
+}
+
 /// A host used to stop at 1,023 machines (its one bridge's ports): now every address of
 /// its subnet has room on one of its bridges, and the subnet is the limit.
 #[test]
