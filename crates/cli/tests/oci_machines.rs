@@ -151,6 +151,32 @@ async fn image_machines_run_isolated_on_their_own_address() {
         events.to_string().contains("pulled"),
         "the pull is in the events: {events}"
     );
+    // Its start says where the time went (`machine explain --timing`), in order.
+    let start = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["type"] == "start")
+        .unwrap_or_else(|| panic!("a start event: {events}"));
+    let steps: Vec<&str> = start["request"]["timing"]
+        .as_array()
+        .unwrap_or_else(|| panic!("timing in {start}"))
+        .iter()
+        .map(|s| s["step"].as_str().unwrap())
+        .collect();
+    let image_steps = [
+        "run_dir",
+        "layer",
+        "image_prepared",
+        "spawned",
+        "container_created",
+    ];
+    let in_order: Vec<&str> = steps
+        .iter()
+        .copied()
+        .filter(|s| image_steps.contains(s))
+        .collect();
+    assert_eq!(in_order, image_steps, "{steps:?}");
 
     let v = exec(
         &fly,

@@ -273,8 +273,9 @@ impl Driver {
         };
         if rec.config.runs_image() {
             make_run_dir()?;
+            timing.mark("run_dir");
             return self
-                .launch_image(rec, run_id, &run_dir, secret_env, events, image)
+                .launch_image(rec, run_id, &run_dir, secret_env, events, image, timing)
                 .await;
         }
         let mut spec = self.spec(rec, run_id);
@@ -355,6 +356,7 @@ impl Driver {
         secret_env: &[(String, String)],
         events: &mut Vec<MachineEvent>,
         image: &mut Option<ImageRef>,
+        timing: &mut crate::timing::Timing,
     ) -> Result<ShimHandle, LaunchError> {
         let oci = self.oci.as_ref().map_err(|e| {
             LaunchError::new(LaunchStep::Prepare, FailureKind::Unsupported, e.clone())
@@ -366,14 +368,14 @@ impl Driver {
         let cgroup = self.image_cgroup(rec.id);
         let mut env = self.machine_env(rec);
         env.extend(secret_env.iter().cloned());
-        let t_layer = std::time::Instant::now();
         let layer = oci
             .fresh_layer(rec.id, &self.machine_dir(rec.id), self.work_disk_mb(rec))
             .await?;
-        tracing::debug!(machine.id = %rec.id, ms = t_layer.elapsed().as_secs_f64() * 1e3, "writable layer ready");
+        timing.mark("layer");
         let prepared = oci
             .prepare(rec, &layer, run_dir, &cgroup, volume, &env)
             .await?;
+        timing.mark("image_prepared");
         events.extend(prepared.events);
         *image = Some(prepared.image_ref);
         let vm = rec.config.driver() == "microvm";
@@ -393,19 +395,12 @@ impl Driver {
             memory_mb: rec.resources.memory_mb + if vm { crate::microvm::OVERHEAD_MB } else { 0 },
             ..self.spec(rec, run_id)
         };
-        let t0 = std::time::Instant::now();
         let handle = ShimHandle::spawn(&self.exe, run_dir, &spec)
             .await
             .map_err(|e| LaunchError::shim(LaunchStep::Spawn, e))?;
-        let spawned = t0.elapsed();
         match crate::oci::wait_created(run_dir, &self.log_path(rec.id)).await {
             Ok(_) => {
-                tracing::debug!(
-                    machine.id = %rec.id,
-                    shim_ms = spawned.as_secs_f64() * 1e3,
-                    runc_ms = (t0.elapsed() - spawned).as_secs_f64() * 1e3,
-                    "container created"
-                );
+                timing.mark("container_created");
                 Ok(handle)
             }
             Err(err) => {

@@ -17,7 +17,11 @@
 //! `private_root` (root built and entered, capabilities dropped), `seccomp_exec` (the
 //! workload forked, its filters installed, exec'd), `shim_started` (the init's report read
 //! by the shim), `ready` (the shim's report read by the agent). A step that did not run
-//! (no sandbox, no work disk) has no entry.
+//! (no sandbox, no work disk) has no entry. An image machine's launch: `run_dir`, `layer`
+//! (its writable layer emptied, or made and mounted), `image_prepared` (the image found or
+//! pulled, its rootfs, the bundle and its network), the shim's steps as above (from
+//! `spec_written` to `ready`: the shim runs runc), and `container_created` (runc has
+//! created the container: the machine is started).
 
 use bazaar_types::event::StepTiming;
 
@@ -43,9 +47,11 @@ impl Timing {
             .push((step.to_owned(), bazaar_shim::monotonic_us()));
     }
 
-    /// Adds marks taken elsewhere on the same clock (a shim's).
+    /// Adds marks taken elsewhere on the same clock (a shim's), in time order with the
+    /// others (an image machine's agent marks `container_created` after the shim's marks).
     pub fn extend(&mut self, marks: &[(String, u64)]) {
         self.marks.extend(marks.iter().cloned());
+        self.marks.sort_by_key(|(_, us)| *us);
     }
 
     /// Milliseconds per step: each mark's distance from the one before (the first from
@@ -96,5 +102,27 @@ mod tests {
         let steps = t.steps();
         assert_eq!(steps.len(), 2);
         assert!(steps.iter().all(|s| s.ms >= 0.0));
+    }
+
+    #[test]
+    fn a_shims_marks_fall_between_the_agents_by_time() {
+        let mut t = Timing {
+            start_us: 1_000,
+            marks: vec![
+                ("spawned".into(), 2_000),
+                ("container_created".into(), 9_000),
+            ],
+        };
+        t.extend(&[("shim_start".into(), 3_000), ("shim_started".into(), 5_000)]);
+        let got: Vec<(String, f64)> = t.steps().into_iter().map(|s| (s.step, s.ms)).collect();
+        assert_eq!(
+            got,
+            [
+                ("spawned".to_owned(), 1.0),
+                ("shim_start".to_owned(), 1.0),
+                ("shim_started".to_owned(), 2.0),
+                ("container_created".to_owned(), 4.0),
+            ]
+        );
     }
 }
