@@ -275,7 +275,7 @@ impl Driver {
             make_run_dir()?;
             timing.mark("run_dir");
             return self
-                .launch_image(rec, run_id, &run_dir, secret_env, events, image, timing)
+                .launch_image(rec, run_id, secret_env, events, image, timing)
                 .await;
         }
         let mut spec = self.spec(rec, run_id);
@@ -352,12 +352,12 @@ impl Driver {
         &self,
         rec: &Workload<'_>,
         run_id: u64,
-        run_dir: &Path,
         secret_env: &[(String, String)],
         events: &mut Vec<MachineEvent>,
         image: &mut Option<ImageRef>,
         timing: &mut crate::timing::Timing,
     ) -> Result<ShimHandle, LaunchError> {
+        let run_dir = &self.run_dir(rec.id, run_id);
         let oci = self.oci.as_ref().map_err(|e| {
             LaunchError::new(LaunchStep::Prepare, FailureKind::Unsupported, e.clone())
         })?;
