@@ -29,15 +29,7 @@ async fn an_isolated_start_records_each_step_and_explain_shows_them() {
     let fly = Fly::new(&agent);
     fly.create_app("timed").await;
     let t0 = Instant::now();
-    let (s, m) = fly
-        .post(
-            "/apps/timed/machines",
-            serde_json::json!({"config": process_config(&["sleep", "1000"])}),
-        )
-        .await;
-    assert_eq!(s, reqwest::StatusCode::OK, "{m}");
-    let id = m["id"].as_str().unwrap().to_string();
-    wait_started(&fly, "timed", &id).await;
+    let id = started_machine(&fly).await;
     let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     // The start event holds the steps, in the order they ran.

@@ -217,19 +217,6 @@ impl Rtnl {
         self.request(&mut msg)
     }
 
-    /// Turns IPv6 off on host link `name` (made down, so that it never had an address):
-    /// a machine's veth carries no IPv6 (the firewall drops it), and each one that has it
-    /// adds a link-local address with its duplicate detection and two routes to the host's
-    /// IPv6 table, which the kernel walks whole whenever a link goes down: with thousands of
-    /// machines, making and removing veths went quadratic (issue 36). A host without IPv6
-    /// has nothing to turn off.
-    pub(crate) fn disable_ipv6(name: &str) -> io::Result<()> {
-        match std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1") {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            other => other,
-        }
-    }
-
     /// Makes bridge port `index` isolated: the bridge forwards nothing between two
     /// isolated ports.
     pub(crate) fn isolate_bridge_port(&mut self, index: u32) -> io::Result<()> {
@@ -446,6 +433,19 @@ impl Rtnl {
                 .attr(RTA_GATEWAY, &gateway.octets())
                 .attr(RTA_OIF, &index.to_ne_bytes()),
         )
+    }
+}
+
+/// Turns IPv6 off on host link `name` (made down, so that it never had an address):
+/// a machine's veth carries no IPv6 (the firewall drops it), and each one that has it
+/// adds a link-local address with its duplicate detection and two routes to the host's
+/// IPv6 table, which the kernel walks whole whenever a link goes down: with thousands of
+/// machines, making and removing veths went quadratic (issue 36). A host without IPv6
+/// has nothing to turn off.
+pub(crate) fn disable_ipv6(name: &str) -> io::Result<()> {
+    match std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1") {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
     }
 }
 

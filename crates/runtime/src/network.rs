@@ -498,7 +498,7 @@ impl Network {
                     std::io::Error::other("the veth is gone right after it was made")
                 })?;
                 rtnl.isolate_bridge_port(index)?;
-                Rtnl::disable_ipv6(&veth)?;
+                netlink::disable_ipv6(&veth)?;
                 rtnl.set_up(index)
             })
             .map_err(|e| format!("making the veth {veth} of {ns}: {e}"))?;

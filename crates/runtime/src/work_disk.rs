@@ -465,6 +465,16 @@ pub(crate) mod tests {
         assert_eq!(default_mb(65536), 8192);
     }
 
+    /// Writes 64 MB to a new file `path` on a disk of 32 MB: the error that stopped it.
+    pub(crate) fn write_64_mb(path: &Path) -> io::Error {
+        use std::io::Write;
+        let mut f = std::fs::File::create(path).unwrap();
+        let chunk = vec![1u8; 1 << 20];
+        (0..64)
+            .find_map(|_| f.write_all(&chunk).err())
+            .expect("64 MB do not fit in 32")
+    }
+
     /// Loop devices backed by a file below `dir`, once those going have gone (autoclear
     /// is not instant), within 2 s.
     pub(crate) fn loops_below(dir: &Path) -> usize {
@@ -500,7 +510,6 @@ pub(crate) mod tests {
 
     #[test]
     fn a_work_disk_stops_writes_at_its_size_and_leaves_nothing_once_released() {
-        use std::io::Write;
         if !rustix::process::geteuid().is_root() || !Path::new("/dev/loop-control").exists() {
             return; // loop devices and mounts need root
         }
@@ -518,13 +527,8 @@ pub(crate) mod tests {
             "no lost+found"
         );
         assert_eq!(full(&machine), None);
-        let mut f = std::fs::File::create(work.join("big")).unwrap();
-        let chunk = vec![1u8; 1 << 20];
-        let err = (0..64)
-            .find_map(|_| f.write_all(&chunk).err())
-            .expect("64 MB do not fit in 32");
+        let err = write_64_mb(&work.join("big"));
         assert_eq!(err.raw_os_error(), Some(libc::ENOSPC));
-        drop(f);
         assert!(full(&machine).unwrap().contains("disk full"));
         // The image is sparse: what the template and the machine cost is what they hold.
         use std::os::unix::fs::MetadataExt;
@@ -631,7 +635,6 @@ pub(crate) mod tests {
 
     #[test]
     fn an_image_machines_layer_is_a_disk_of_its_own_that_says_when_it_is_full() {
-        use std::io::Write;
         if !rustix::process::geteuid().is_root() || !Path::new("/dev/loop-control").exists() {
             return; // loop devices and mounts need root
         }
@@ -646,13 +649,8 @@ pub(crate) mod tests {
         assert!(machine.join("layer.img").exists());
         assert!(!machine.join("work").exists(), "not the work disk");
         assert_eq!(full(&machine), None);
-        let mut f = std::fs::File::create(layer.join("big")).unwrap();
-        let chunk = vec![1u8; 1 << 20];
-        let err = (0..64)
-            .find_map(|_| f.write_all(&chunk).err())
-            .expect("64 MB do not fit in 32");
+        let err = write_64_mb(&layer.join("big"));
         assert_eq!(err.raw_os_error(), Some(libc::ENOSPC));
-        drop(f);
         assert!(full(&machine).unwrap().contains("disk full"));
         release(&machine).unwrap();
         assert!(!is_mounted(&machine, &layer).unwrap());
@@ -687,7 +685,6 @@ pub(crate) mod tests {
     fn a_launch_tells_a_full_disk_from_a_read_only_one_and_a_missing_directory() {
         use crate::launch_error::{LaunchError, LaunchStep};
         use bazaar_types::failure::FailureKind;
-        use std::io::Write;
         if !rustix::process::geteuid().is_root() || !Path::new("/dev/loop-control").exists() {
             return; // loop devices and mounts need root
         }
@@ -709,12 +706,7 @@ pub(crate) mod tests {
         };
         launch(&work, "etc/app.conf").unwrap();
         // Full: the machine's own disk.
-        let mut f = std::fs::File::create(work.join("big")).unwrap();
-        let chunk = vec![1u8; 1 << 20];
-        (0..64)
-            .find_map(|_| f.write_all(&chunk).err())
-            .expect("64 MB do not fit in 32");
-        drop(f);
+        write_64_mb(&work.join("big"));
         let full = launch(&work, "etc/more.conf").expect_err("the disk is full");
         assert_eq!(full.kind, FailureKind::NoSpace, "{full}");
         assert_eq!(full.kind.http_status(), 507);

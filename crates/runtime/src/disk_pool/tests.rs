@@ -1,5 +1,5 @@
 use super::*;
-use crate::work_disk::tests::{attached_below, loops_below, Released};
+use crate::work_disk::tests::{attached_below, loops_below, write_64_mb, Released};
 
 #[test]
 fn a_size_is_kept_ahead_as_recent_first_starts_ask_and_dropped_when_nobody_does() {
@@ -52,7 +52,6 @@ fn filled(data: &Path, mb: u64, n: usize) -> Arc<DiskPool> {
 
 #[test]
 fn a_first_start_takes_a_disk_made_ahead_that_holds_its_size_and_leaves_nothing() {
-    use std::io::Write;
     if !can_mount() {
         return; // loop devices and mounts need root
     }
@@ -79,13 +78,8 @@ fn a_first_start_takes_a_disk_made_ahead_that_holds_its_size_and_leaves_nothing(
         "no lost+found"
     );
     assert!(machine.join("disk.formatted").exists() && machine.join("disk.synced").exists());
-    let mut f = std::fs::File::create(work.join("big")).unwrap();
-    let chunk = vec![1u8; 1 << 20];
-    let err = (0..64)
-        .find_map(|_| f.write_all(&chunk).err())
-        .expect("64 MB do not fit in 32");
+    let err = write_64_mb(&work.join("big"));
     assert_eq!(err.raw_os_error(), Some(libc::ENOSPC));
-    drop(f);
     // Its second start mounts its own image again, with what it wrote; the pool is not asked.
     crate::work_disk::release(&machine).unwrap();
     assert!(!pool.install(&machine, 32).unwrap());

@@ -190,6 +190,20 @@ fn names_fit_the_kernel_limits() {
     assert!(net.veth_name(Ipv4Addr::new(10, 0, 255, 254)).len() <= 15);
 }
 
+/// Host `host`'s machine network on `subnet` (no NAT), its state in `dir`.
+fn plain_network(dir: &Path, host: &str, subnet: &str) -> (Network, Subnet) {
+    let subnet: Subnet = subnet.parse().unwrap();
+    let net = Network::setup(
+        dir,
+        host,
+        Some(subnet),
+        false,
+        Arc::new(IdRanges::new(host)),
+    )
+    .unwrap();
+    (net, subnet)
+}
+
 /// A machine's address goes to the next machine with a fresh namespace, and the host must
 /// reach that one at once. Its veth had a MAC of its own, so the host's neighbor entry for
 /// the address (confirmed by the proxy's traffic, and trusted for up to 45 s) pointed at the
@@ -202,16 +216,7 @@ fn a_reused_address_is_reached_at_once_from_the_host() {
     use std::time::Duration;
     in_fresh_namespace(|| {
         let dir = tempfile::tempdir().unwrap();
-        let host = "h_neighbor_test";
-        let subnet: Subnet = "10.213.9.0/24".parse().unwrap();
-        let net = Network::setup(
-            dir.path(),
-            host,
-            Some(subnet),
-            false,
-            Arc::new(IdRanges::new(host)),
-        )
-        .unwrap();
+        let (net, subnet) = plain_network(dir.path(), "h_neighbor_test", "10.213.9.0/24");
         let ip = subnet.machine_addresses().next().unwrap();
         let addr = SocketAddr::from((ip, 8080));
         // A machine on the address, listening in its namespace.
@@ -253,16 +258,7 @@ fn a_machines_veth_carries_no_ipv6_on_the_host() {
     }
     in_fresh_namespace(|| {
         let dir = tempfile::tempdir().unwrap();
-        let host = "h_no_ipv6_test";
-        let subnet: Subnet = "10.213.10.0/24".parse().unwrap();
-        let net = Network::setup(
-            dir.path(),
-            host,
-            Some(subnet),
-            false,
-            Arc::new(IdRanges::new(host)),
-        )
-        .unwrap();
+        let (net, subnet) = plain_network(dir.path(), "h_no_ipv6_test", "10.213.10.0/24");
         let ip = subnet.machine_addresses().next().unwrap();
         net.attach(ip).unwrap();
         let veth = net.veth_name(ip);
