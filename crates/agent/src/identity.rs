@@ -49,7 +49,7 @@ pub(crate) fn assign_user(
     let uid = match &addresses.uid_claims {
         // Other agents on this kernel hand out uids too: only one nobody claimed.
         Some(claims) => claims
-            .claim_free(&rec.id, &used, range)
+            .claim_free(&used, range)
             .map_err(|e| AgentError::Internal(format!("claiming a machine uid: {e}")))?,
         None => range.into_iter().find(|uid| !used.contains(uid)),
     }
@@ -62,9 +62,10 @@ pub(crate) fn assign_user(
 /// Gives a destroyed (or refused) machine's uid back to `addresses`.
 pub(crate) fn release_user(addresses: &Addresses, rec: &MachineRecord) {
     if let Some(uid) = rec.uid {
-        lock(&addresses.uids).remove(&uid);
+        let mut used = lock(&addresses.uids);
+        used.remove(&uid);
         if let Some(claims) = &addresses.uid_claims {
-            claims.release(uid, &rec.id);
+            claims.release(uid, &used);
         }
     }
 }
