@@ -1,5 +1,6 @@
 //! Work disks made ahead (issue 36): the first start of a sandboxed process machine needs
-//! its own ext4 work disk ([`crate::work_disk`]), and making one (a sparse copy of the
+//! its own ext4 work disk ([`crate::work_disk`]), as an image machine's its writable layer
+//! disk (the same file system, mounted on `layer`), and making one (a sparse copy of the
 //! template, a loop device, the first `mount(2)` of a cold device) took 5-15 ms of that
 //! start. The pool makes them before they are asked for, on a thread at a lower CPU
 //! priority than launches: the copy, its `fsync`, the loop device and the file system,
@@ -29,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::work_disk::{self, WORK};
+use crate::work_disk::{self, LAYER, WORK};
 
 /// Disks of a size kept ahead: at least this many while the size is in demand.
 pub const POOL_MIN: usize = 2;
@@ -176,14 +177,7 @@ impl DiskPool {
         {
             return Ok(false);
         }
-        let taken = {
-            let mut sizes = self.sizes();
-            let size = sizes.entry(size_mb).or_default();
-            size.demand.ask(Instant::now());
-            size.ready.pop()
-        };
-        self.fill_in_background();
-        let Some(mut disk) = taken else {
+        let Some(mut disk) = self.take(size_mb) else {
             return Ok(false);
         };
         if fresh {
@@ -210,6 +204,51 @@ impl DiskPool {
             std::fs::write(machine_dir.join(WORK.synced), b"")?;
         }
         Ok(true)
+    }
+
+    /// Makes image machine `machine_dir`'s writable layer disk of `size_mb`
+    /// ([`work_disk::ensure_layer`]) from one made ahead, if there is one and the machine
+    /// has no layer disk yet (its first start): the image, its mark and its empty
+    /// directory renamed into the machine's, and its file system moved onto the layer
+    /// directory. `Ok(false)`: nothing done, the caller makes the disk. An error leaves what
+    /// the caller's `ensure_layer` completes. Counts as demand for its size, as
+    /// [`DiskPool::install`].
+    pub fn install_layer(self: &Arc<Self>, machine_dir: &Path, size_mb: u64) -> io::Result<bool> {
+        let formatted = machine_dir.join(LAYER.formatted);
+        let layer = machine_dir.join(LAYER.mount);
+        if formatted.exists() || std::fs::read_dir(&layer).is_ok_and(|mut d| d.next().is_some()) {
+            return Ok(false);
+        }
+        let Some(mut disk) = self.take(size_mb) else {
+            return Ok(false);
+        };
+        std::fs::create_dir_all(machine_dir)?;
+        std::fs::rename(disk.dir.join(WORK.image), machine_dir.join(LAYER.image))?;
+        std::fs::rename(disk.dir.join(WORK.formatted), &formatted)?;
+        // Onto an empty layer directory, if the machine has one.
+        std::fs::rename(disk.dir.join(WORK.mount), &layer)?;
+        let mount = disk.mount.take().expect("a disk made ahead is mounted");
+        rustix::mount::move_mount(
+            &mount,
+            "",
+            rustix::fs::CWD,
+            &layer,
+            rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+        )?;
+        Ok(true)
+    }
+
+    /// A disk of `size_mb` made ahead, if one is ready; counts the demand and wakes the
+    /// filler either way.
+    fn take(self: &Arc<Self>, size_mb: u64) -> Option<Ready> {
+        let taken = {
+            let mut sizes = self.sizes();
+            let size = sizes.entry(size_mb).or_default();
+            size.demand.ask(Instant::now());
+            size.ready.pop()
+        };
+        self.fill_in_background();
+        taken
     }
 
     /// Fills the pool on a blocking thread, unless one does already (outside a tokio

@@ -368,10 +368,22 @@ impl Driver {
         let cgroup = self.image_cgroup(rec.id);
         let mut env = self.machine_env(rec);
         env.extend(secret_env.iter().cloned());
-        let layer = oci
-            .fresh_layer(rec.id, &self.machine_dir(rec.id), self.work_disk_mb(rec))
-            .await?;
-        timing.mark("layer");
+        let machine_dir = self.machine_dir(rec.id);
+        let disk_mb = self.work_disk_mb(rec);
+        // A first start's layer disk made ahead ([`crate::disk_pool`]); a machine's next
+        // starts keep theirs.
+        let mut step = "layer";
+        if let (Some(pool), Some(mb)) = (&self.disk_pool, disk_mb) {
+            match pool.install_layer(&machine_dir, mb) {
+                Ok(true) => step = "layer_ahead",
+                Ok(false) => {}
+                Err(err) => {
+                    tracing::warn!(machine.id = rec.id, error = %err, "taking a layer disk made ahead (making one)");
+                }
+            }
+        }
+        let layer = oci.fresh_layer(rec.id, &machine_dir, disk_mb).await?;
+        timing.mark(step);
         let prepared = oci
             .prepare(rec, &layer, run_dir, &cgroup, volume, &env)
             .await?;

@@ -18,7 +18,8 @@
 //! workload forked, its filters installed, exec'd), `shim_started` (the init's report read
 //! by the shim), `ready` (the shim's report read by the agent). A step that did not run
 //! (no sandbox, no work disk) has no entry. An image machine's launch: `run_dir`, `layer`
-//! (its writable layer emptied, or made and mounted), `image_prepared` (the image found or
+//! (its writable layer emptied, or made and mounted; `layer_ahead` when the first start
+//! took a disk made ahead), `image_prepared` (the image found or
 //! pulled, its rootfs, the bundle and its network), the shim's steps as above (from
 //! `spec_written` to `ready`: the shim runs runc), and `container_created` (runc has
 //! created the container: the machine is started).

@@ -68,7 +68,7 @@ pub(crate) const WORK: Disk = Disk {
 };
 
 /// An image machine's writable layer (overlay upper and work, or the copied rootfs).
-const LAYER: Disk = Disk {
+pub(crate) const LAYER: Disk = Disk {
     image: "layer.img",
     formatted: "layer.formatted",
     mount: LAYER_DIR,

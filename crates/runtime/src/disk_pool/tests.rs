@@ -159,3 +159,36 @@ fn a_machine_without_a_directory_gets_the_disks_whole_and_a_new_pool_starts_empt
     assert!(!data.join("disk-pool").exists(), "a new pool starts empty");
     assert!(again.ready().is_empty());
 }
+
+#[test]
+fn an_image_machines_first_start_takes_a_disk_made_ahead_as_its_layer() {
+    if !can_mount() {
+        return; // loop devices and mounts need root
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().canonicalize().unwrap();
+    let pool = filled(&data, 32, 1);
+    // An image machine's directory holds its run directory before its layer is made.
+    let machine = data.join("machines/img");
+    std::fs::create_dir_all(machine.join("runs/1")).unwrap();
+    let _released = Released(&machine);
+    assert!(pool.install_layer(&machine, 32).unwrap());
+    for name in ["layer.img", "layer.formatted"] {
+        assert!(machine.join(name).exists(), "{name}");
+    }
+    assert!(!machine.join("disk.img").exists() && !machine.join("work").exists());
+    // The layer is the machine's own disk: mounted (ensure_layer finds it so), empty, and
+    // it stops writes at its size.
+    let layer = machine.join("layer");
+    assert!(crate::work_disk::ensure_layer(&machine, &data.join("disk-templates"), 32).unwrap());
+    assert_eq!(std::fs::read_dir(&layer).unwrap().count(), 0);
+    let err = write_64_mb(&layer.join("big"));
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC));
+    // Its next starts keep that disk: the pool is not asked again.
+    std::fs::remove_file(layer.join("big")).unwrap();
+    assert!(!pool.install_layer(&machine, 32).unwrap());
+    crate::work_disk::release(&machine).unwrap();
+    assert_eq!(loops_below(&machine), 0);
+    drop(pool);
+    assert_eq!(loops_below(&data), 0);
+}
