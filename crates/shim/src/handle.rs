@@ -187,6 +187,13 @@ impl ShimHandle {
             }
         };
         let shim_marks = std::mem::take(&mut pids.marks);
+        // The shim may start (and mark) before this thread sees the spawn return: it was
+        // spawned by its first mark.
+        let spawned = shim_marks
+            .iter()
+            .map(|(_, us)| *us)
+            .min()
+            .map_or(spawned, |first| spawned.min(first));
         pids.marks = [("spec_written", spec_written), ("spawned", spawned)]
             .into_iter()
             .map(|(step, us)| (step.to_owned(), us))

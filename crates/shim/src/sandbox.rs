@@ -362,7 +362,7 @@ pub(crate) fn enter(
         attach_inside(source, root, &target)
             .map_err(fail(&format!("mounting a volume at {}", target.display())))?;
     }
-    pivot(root).map_err(fail("pivot_root"))?;
+    pivot(root).map_err(fail("entering the root"))?;
     // Read-only from here on: the workload writes to its work directory, volume and /tmp.
     rustix::mount::mount_remount(
         "/",
@@ -373,13 +373,26 @@ pub(crate) fn enter(
     Ok(())
 }
 
-/// Makes `root` the root of this mount namespace and detaches the old one.
+/// Makes `root` the root of this mount namespace.
+///
+/// In a copy of the sandbox base (`root` is its [`BASE_STAGING`]) the root is moved onto
+/// `/` and entered with `chroot`: the old root left below it is the base's empty read-only
+/// tmpfs, nothing of the host's (the workload can neither `chroot` nor `pivot_root`: its
+/// seccomp filter refuses both, and it has no capability). `pivot_root` would walk every
+/// thread of the host to move the roots that point at the old one (`chroot_fs_refs`), a
+/// cost that grows with the host's machines (three processes each). Elsewhere (a copy of
+/// the host's mounts) the old root must go: `pivot_root`, then the old root detached.
 fn pivot(root: &Path) -> io::Result<()> {
     rustix::process::chdir(root)?;
-    // pivot_root(".", ".") stacks the old root under the new one at "/"; detaching "/"
-    // then removes the old root (runc's way: no directory for the old root is needed).
-    rustix::process::pivot_root(".", ".")?;
-    rustix::mount::unmount(".", UnmountFlags::DETACH)?;
+    if root == Path::new(BASE_STAGING) {
+        rustix::mount::mount_move(".", "/")?;
+        rustix::process::chroot(".")?;
+    } else {
+        // pivot_root(".", ".") stacks the old root under the new one at "/"; detaching "/"
+        // then removes the old root (runc's way: no directory for the old root is needed).
+        rustix::process::pivot_root(".", ".")?;
+        rustix::mount::unmount(".", UnmountFlags::DETACH)?;
+    }
     rustix::process::chdir("/")?;
     Ok(())
 }
