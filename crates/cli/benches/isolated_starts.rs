@@ -10,7 +10,9 @@
 //! (default 300: a third sequential, the rest 32 in flight), `BAZAAR_BENCH_ROUNDS` the
 //! rounds of each kind (default 3), `BAZAAR_BENCH_EXE` another `bazaar` build, and
 //! `BAZAAR_BENCH_BEFORE=<bazaar>` adds isolated rounds of that build (an earlier commit,
-//! with `bazaar-shim` beside it) to the interleaving, for before/after in one sitting.
+//! with `bazaar-shim` beside it) to the interleaving, for before/after in one sitting;
+//! `BAZAAR_BENCH_TMPFS=1` runs it with the data directories and `/run` state on tmpfs
+//! mounts (see `Tmpfs`).
 
 use bazaar_testkit::{api_token, start_plain_cluster, TestAgent};
 use serde_json::{json, Value};
@@ -48,6 +50,7 @@ struct Round {
 fn main() {
     // SAFETY: geteuid has no preconditions.
     assert_eq!(unsafe { libc::geteuid() }, 0, "isolation needs root");
+    let _tmpfs = (std::env::var("BAZAAR_BENCH_TMPFS").as_deref() == Ok("1")).then(Tmpfs::mount);
     let total = env_or("BAZAAR_BENCH_MACHINES", 300);
     let rounds = env_or("BAZAAR_BENCH_ROUNDS", 3);
     let sequential = (total / 3).max(1);
@@ -143,6 +146,64 @@ fn main() {
                 .collect();
             all.sort_by(f64::total_cmp);
             println!("| {step} | {:.2} | {:.2} |", pct(&all, 0.5), pct(&all, 0.9));
+        }
+    }
+}
+
+/// `BAZAAR_BENCH_TMPFS=1`: the agents' data directories (`TMPDIR`), `/run/bazaar` and
+/// `/run/netns` on tmpfs mounts made for the run and removed after it, as on a server whose
+/// `/run` is a tmpfs and whose data disk does not make new files slow (the development VM's
+/// root ext4 has no journal, and its inode allocator then checks every recently deleted
+/// inode it passes: docs/benchmarks/isolation.md). Refused while another agent's machines
+/// hold namespaces or uids on this host (the mounts would hide them).
+struct Tmpfs {
+    mounts: Vec<std::path::PathBuf>,
+}
+
+impl Tmpfs {
+    fn mount() -> Tmpfs {
+        let busy = |dir: &str| std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some());
+        assert!(
+            !busy("/run/netns") && !busy("/run/bazaar/uids") && !busy("/run/bazaar/netns-ready"),
+            "BAZAAR_BENCH_TMPFS: other machines hold namespaces or uids on this host"
+        );
+        let data = std::env::temp_dir().join(format!("bazaar-bench-tmpfs-{}", std::process::id()));
+        let mut tmpfs = Tmpfs { mounts: Vec::new() };
+        for (dir, options) in [
+            (data.as_path(), "size=8g"),
+            (std::path::Path::new("/run/bazaar"), "size=64m,mode=755"),
+            (std::path::Path::new("/run/netns"), "size=64m"),
+        ] {
+            std::fs::create_dir_all(dir).unwrap();
+            let ok = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+                .arg(dir)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "mounting a tmpfs on {}", dir.display());
+            tmpfs.mounts.push(dir.to_path_buf());
+        }
+        // `ip netns` and the agent bind namespaces below it: mounts there must propagate.
+        let shared = std::process::Command::new("mount")
+            .args(["--make-shared", "/run/netns"])
+            .status();
+        assert!(shared.is_ok_and(|s| s.success()));
+        // SAFETY: no other thread runs yet (the runtime is built after this).
+        unsafe { std::env::set_var("TMPDIR", &data) };
+        tmpfs
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        for dir in self.mounts.iter().rev() {
+            let _ = std::process::Command::new("umount")
+                .arg("--lazy")
+                .arg(dir)
+                .status();
+        }
+        if let Some(data) = self.mounts.first() {
+            let _ = std::fs::remove_dir(data);
         }
     }
 }
