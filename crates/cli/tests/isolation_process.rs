@@ -182,6 +182,11 @@ async fn a_process_machine_is_confined_to_its_own_uid_and_root() {
     let (code, out) = sh(&c, &a, "unshare -U true").await;
     assert_ne!(code, 0, "{out}");
     assert!(out.contains("Operation not permitted"), "{out}");
+    // Its root (entered with chroot in a copy of the base mount namespace) cannot be
+    // changed: chroot is refused by the filter too.
+    let (code, out) = sh(&c, &a, "/usr/sbin/chroot / /bin/true").await;
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("Operation not permitted"), "{out}");
 
     // A destroyed machine leaves no cgroup directory in any hierarchy.
     c.destroy(&b, true).await.unwrap();
