@@ -103,7 +103,9 @@ pub async fn sh(fly: &Fly, patience: Patience, (app, id): (&str, &str), cmd: &st
                 json!({"command": ["/bin/sh", "-c", cmd], "timeout": patience.exec_timeout_secs}),
             )
             .await;
-        (s == StatusCode::OK).then_some(v)
+        // 125: the command did not run (a microVM's `vm-exec` before its guest's exec
+        // port answers: the machine is started once QEMU runs, the guest boots after).
+        (s == StatusCode::OK && v["exit_code"].as_i64() != Some(125)).then_some(v)
     })
     .await
     .unwrap_or_else(|_| panic!("exec {cmd:?} never answered 200"));
